@@ -1,0 +1,104 @@
+// Package engine defines the Engine every worker drives: the simulated engine
+// in engine/sim and adapters to real engines implement it.
+package engine
+
+import (
+	"context"
+	"errors"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Role is the part an engine plays in (dis)aggregated serving.
+type Role string
+
+const (
+	RoleAggregated Role = "aggregated"
+	RolePrefill    Role = "prefill"
+	RoleDecode     Role = "decode"
+)
+
+// Valid reports whether r is a known role.
+func (r Role) Valid() bool {
+	return r == RoleAggregated || r == RolePrefill || r == RoleDecode
+}
+
+// Config is an engine's static description; workers register it.
+type Config struct {
+	Model            string
+	Role             Role
+	BlockSize        int // tokens per KV block
+	Blocks           int // device KV capacity in blocks
+	MaxBatchedTokens int // token budget per scheduler step
+	MaxSeqs          int // running sequences per step
+	// Digest names the KV layout (block size, layers, KV heads, head dim,
+	// dtype, TP); only workers with equal digests can share blocks.
+	Digest string
+}
+
+// FinishReason says why a generation ended.
+type FinishReason string
+
+const (
+	FinishNone      FinishReason = ""
+	FinishStop      FinishReason = "stop"   // a stop token was produced
+	FinishLength    FinishReason = "length" // max_tokens reached
+	FinishCancelled FinishReason = "cancelled"
+	FinishError     FinishReason = "error"
+)
+
+// Request is one generation.
+type Request struct {
+	ID          string
+	Tokens      []kv.Token // the prompt
+	MaxTokens   int        // tokens to generate (≥ 1)
+	StopTokens  []kv.Token // generation ends after emitting one of these
+	Seed        uint64
+	Temperature float64
+	LoRA        string // adapter name; mixed into block hashes
+	CacheSalt   string // cache namespace; mixed into block hashes
+}
+
+// Usage counts one generation's tokens.
+type Usage struct {
+	PromptTokens     int
+	CompletionTokens int
+	CachedTokens     int // prompt tokens served from the prefix cache (any tier or peer)
+}
+
+// Chunk is one piece of a generation's output stream. The last chunk has a
+// non-empty Finish (and Usage); an Err ends the stream with FinishError.
+type Chunk struct {
+	Tokens []kv.Token
+	Finish FinishReason
+	Usage  *Usage
+	Err    error
+}
+
+// Stats is an engine's load at one instant.
+type Stats struct {
+	Running              int
+	Waiting              int
+	UsedBlocks           int
+	TotalBlocks          int
+	PendingPrefillTokens int
+}
+
+// EventSink receives the engine's KV events in order, one batch per call.
+// It must not block for long: the engine calls it on its scheduling path.
+type EventSink func(batch []kv.Event)
+
+// Engine is what a worker drives.
+type Engine interface {
+	Config() Config
+	// Generate starts a request. The stream ends with a chunk whose Finish is
+	// set, then closes. Cancelling ctx stops the engine's work on it.
+	Generate(ctx context.Context, req *Request) (<-chan Chunk, error)
+	Stats() Stats
+	// SetEventSink installs where KV events go; nil drops them.
+	SetEventSink(EventSink)
+	Close() error
+}
+
+// ErrClosed is returned by Generate after Close.
+var ErrClosed = errors.New("engine closed")

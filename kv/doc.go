@@ -1,0 +1,4 @@
+// Package kv is kvmesh's shared vocabulary: tokens, blocks, block hashes,
+// tiers, worker keys, KV events and block payloads. Every other package
+// speaks it, so it stays small and depends on nothing but a hash function.
+package kv

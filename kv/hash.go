@@ -1,0 +1,132 @@
+package kv
+
+import (
+	"encoding/binary"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Token is one token id. Engines and the router agree on u32.
+type Token = uint32
+
+// BaseSeed is the XXH3 seed of every block hash (Dynamo-compatible).
+const BaseSeed uint64 = 1337
+
+// LocalHash identifies one block of tokens on its own, independent of what
+// precedes it. The index navigates by it because the router can always
+// recompute it from token ids.
+type LocalHash = uint64
+
+// SeqHash identifies a block together with every block before it.
+type SeqHash = uint64
+
+// Seed returns the local-hash seed for a request: BaseSeed plus
+// xxh3(lora, seed 0) plus xxh3(salt, seed 1), all wrapping. Empty strings
+// count as absent, so lora="" shares cache with no LoRA at all.
+func Seed(lora, salt string) uint64 {
+	s := BaseSeed
+	if lora != "" {
+		s += xxh3.HashStringSeed(lora, 0)
+	}
+	if salt != "" {
+		s += xxh3.HashStringSeed(salt, 1)
+	}
+	return s
+}
+
+// littleEndian is true on every platform Go ships for servers; there a
+// []uint32 already has the wire layout of the hash input and needs no copy.
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
+
+// HashTokens is the local hash of one block: XXH3-64 over the tokens as
+// u32 little-endian, with the given seed.
+func HashTokens(tokens []Token, seed uint64) LocalHash {
+	if len(tokens) == 0 {
+		return xxh3.HashSeed(nil, seed)
+	}
+	if littleEndian {
+		b := unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), len(tokens)*4)
+		return xxh3.HashSeed(b, seed)
+	}
+	b := make([]byte, len(tokens)*4)
+	for i, t := range tokens {
+		binary.LittleEndian.PutUint32(b[i*4:], t)
+	}
+	return xxh3.HashSeed(b, seed)
+}
+
+// ChainHash is the sequence hash of a block given its parent's sequence
+// hash: XXH3-64(LE(parent) ‖ LE(local)), seed 1337.
+func ChainHash(parent SeqHash, local LocalHash) SeqHash {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], parent)
+	binary.LittleEndian.PutUint64(b[8:], local)
+	return xxh3.HashSeed(b[:], BaseSeed)
+}
+
+// NumFullBlocks is how many complete blocks of blockSize fit in n tokens;
+// the partial tail is never hashed.
+func NumFullBlocks(n, blockSize int) int {
+	if blockSize <= 0 {
+		return 0
+	}
+	return n / blockSize
+}
+
+// BlocksNeeded is the KV capacity n tokens occupy: the tail rounds up.
+func BlocksNeeded(n, blockSize int) int {
+	if blockSize <= 0 {
+		return 0
+	}
+	return (n + blockSize - 1) / blockSize
+}
+
+// LocalHashes appends the local hash of every full block of tokens to dst.
+func LocalHashes(dst []LocalHash, tokens []Token, blockSize int, seed uint64) []LocalHash {
+	n := NumFullBlocks(len(tokens), blockSize)
+	for i := 0; i < n; i++ {
+		dst = append(dst, HashTokens(tokens[i*blockSize:(i+1)*blockSize], seed))
+	}
+	return dst
+}
+
+// SeqHashes appends the chained sequence hashes of local to dst:
+// seq[0] = local[0], seq[i] = ChainHash(seq[i-1], local[i]).
+func SeqHashes(dst []SeqHash, local []LocalHash) []SeqHash {
+	var prev SeqHash
+	for i, l := range local {
+		if i == 0 {
+			prev = l
+		} else {
+			prev = ChainHash(prev, l)
+		}
+		dst = append(dst, prev)
+	}
+	return dst
+}
+
+// Hasher hashes token sequences for one block size and request identity.
+type Hasher struct {
+	BlockSize int
+	Seed      uint64
+}
+
+// NewHasher returns a Hasher for blockSize with the LoRA/salt seed mixed in.
+func NewHasher(blockSize int, lora, salt string) Hasher {
+	return Hasher{BlockSize: blockSize, Seed: Seed(lora, salt)}
+}
+
+// Local returns the local hashes of every full block of tokens.
+func (h Hasher) Local(tokens []Token) []LocalHash {
+	return LocalHashes(make([]LocalHash, 0, NumFullBlocks(len(tokens), h.BlockSize)), tokens, h.BlockSize, h.Seed)
+}
+
+// Blocks returns both the local and the sequence hashes of every full block.
+func (h Hasher) Blocks(tokens []Token) (local []LocalHash, seq []SeqHash) {
+	local = h.Local(tokens)
+	return local, SeqHashes(make([]SeqHash, 0, len(local)), local)
+}

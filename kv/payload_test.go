@@ -1,0 +1,49 @@
+package kv
+
+import "testing"
+
+func TestPayloadDeterministicAndVerified(t *testing.T) {
+	for _, size := range []int{0, 1, 7, 8, 13, 256, 4096} {
+		a := Payload(42, 3, size)
+		b := Payload(42, 3, size)
+		if string(a) != string(b) {
+			t.Fatalf("size %d: payload not deterministic", size)
+		}
+		if err := VerifyPayload(a, 42, 3, Checksum(a)); err != nil {
+			t.Fatalf("size %d: %v", size, err)
+		}
+		if size >= 8 && string(Payload(42, 4, size)) == string(a) {
+			t.Fatalf("size %d: layer must change the payload", size)
+		}
+		if size >= 8 && string(Payload(43, 3, size)) == string(a) {
+			t.Fatalf("size %d: sequence hash must change the payload", size)
+		}
+		if size > 0 {
+			c := append([]byte(nil), a...)
+			c[size/2] ^= 1
+			if VerifyPayload(c, 42, 3, Checksum(a)) == nil {
+				t.Fatalf("size %d: a flipped bit must fail verification", size)
+			}
+			if VerifyPayload(c, 42, 3, Checksum(c)) == nil {
+				t.Fatalf("size %d: a flipped bit with a matching checksum must still fail", size)
+			}
+		}
+	}
+}
+
+func TestTierFromMedium(t *testing.T) {
+	cases := map[string]Tier{"GPU": TierDevice, "": TierDevice, "cpu_pinned": TierHost, "CPU_TIER2": TierDisk, "NVME": TierDisk, "REMOTE": TierExternal}
+	for m, want := range cases {
+		if got, ok := TierFromMedium(m); !ok || got != want {
+			t.Errorf("%q: %v %v, want %v", m, got, ok, want)
+		}
+	}
+	if _, ok := TierFromMedium("TAPE"); ok {
+		t.Error("unknown medium must not be ok")
+	}
+	for i := 0; i < NumTiers; i++ {
+		if p, err := ParseTier(Tier(i).String()); err != nil || p != Tier(i) {
+			t.Errorf("round trip of %v: %v %v", Tier(i), p, err)
+		}
+	}
+}
