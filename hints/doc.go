@@ -1,0 +1,29 @@
+// Package hints is the KV hint envelope: the advisory message the router
+// attaches to a booked request telling the chosen worker where it can pull a
+// longer cached prefix from, instead of recomputing it.
+//
+// Wire shape (identical across Dynamo, vLLM, SGLang and the TensorRT-LLM RFC):
+//
+//	{"protocol_version":"0.1","message_id":"<selection id>","actions":[
+//	  {"action_id":"a1","action_type":"kv.fetch","action_version":"1.0",
+//	   "payload":{"source_control_endpoint":"tcp://10.0.0.7:23280","block_hashes":[11,22,33]}}]}
+//
+// Policy, chosen where the reference consumers disagree:
+//   - an unknown protocol_version makes the whole hint ignored (ErrIgnored,
+//     counted, warned once per received value);
+//   - a kv.fetch with an action_version other than "1.0" is skipped: it is not
+//     interpreted (Fetch never returns it) but it is carried opaquely like any
+//     unknown action, so a newer consumer downstream can still use it;
+//   - the legacy action type kv.source_locations is accepted and converted to
+//     kv.fetch; it is never emitted (an unknown-version legacy action is dropped);
+//   - unknown actions round-trip byte for byte;
+//   - anything else malformed is rejected with one precise error naming the
+//     field (*Error, errors.Is(err, ErrMalformed)).
+//
+// Hints are advisory: callers on the worker side drop a hint that fails to
+// parse and serve the request without it.
+//
+// Lowering (Lower, PrefillLeg, DecodeLeg, InstallConnectorParams) places an
+// envelope into each engine's request body without mutating the caller's maps.
+// The package does no I/O.
+package hints

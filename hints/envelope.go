@@ -1,0 +1,468 @@
+package hints
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Protocol constants.
+const (
+	ProtocolVersion = "0.1"
+	// ActionFetch asks the target to pull blocks from a peer's control endpoint.
+	ActionFetch = "kv.fetch"
+	// ActionSourceLocations is the legacy name of kv.fetch: accepted, never emitted.
+	ActionSourceLocations = "kv.source_locations"
+	// FetchVersion is the only kv.fetch schema this package interprets.
+	FetchVersion = "1.0"
+	// FetchActionID is the action id the router gives its single fetch action.
+	FetchActionID = "a1"
+
+	ModeCopy = "copy"
+	ModeMove = "move"
+)
+
+// ErrMalformed matches (errors.Is) every validation error Parse returns.
+var ErrMalformed = errors.New("malformed KV hint")
+
+// ErrIgnored matches (errors.Is) the error Parse returns for an envelope whose
+// protocol_version is not understood: the hint is to be ignored, not rejected.
+var ErrIgnored = errors.New("KV hint ignored")
+
+// Error is a precise validation error: Path names the offending field
+// (e.g. "actions[0].payload.block_hashes[3]"), Msg says what is wrong.
+type Error struct {
+	Path string
+	Msg  string
+}
+
+func (e *Error) Error() string        { return e.Path + ": " + e.Msg }
+func (e *Error) Is(target error) bool { return target == ErrMalformed }
+
+// IgnoredError reports an envelope with an unsupported protocol_version.
+type IgnoredError struct{ Version string }
+
+func (e *IgnoredError) Error() string {
+	return fmt.Sprintf("protocol_version: unsupported %s (supported %q); hint ignored", quote(e.Version), ProtocolVersion)
+}
+func (e *IgnoredError) Is(target error) bool { return target == ErrIgnored }
+
+// Envelope is a parsed, validated hint.
+type Envelope struct {
+	ProtocolVersion string
+	MessageID       string
+	Actions         []Action
+}
+
+// Action is one entry of the envelope's actions list.
+//
+// Raw is exactly what Marshal emits for this action: for an action this
+// package does not interpret it is the action as received, byte for byte;
+// for an interpreted kv.fetch it is the normalised form. The other fields are
+// read-only views of Raw. An Action built by hand with Raw empty is emitted
+// from ID, Type, Version and Payload.
+type Action struct {
+	ID      string
+	Type    string
+	Version string
+	Payload json.RawMessage
+	Raw     json.RawMessage
+
+	fetch *Fetch // non-nil for an interpreted kv.fetch@1.0
+}
+
+// Fetch is the interpreted payload of a kv.fetch@1.0 action.
+type Fetch struct {
+	// SourceEndpoint is the canonical peer control endpoint; "" when the
+	// payload named none (fetch from local storage).
+	SourceEndpoint string
+	// BlockHashes are sequence hashes in request order (root-aligned prefix
+	// as the router emits them). Consumers should test membership, not
+	// positions: a router variant may send a suffix range.
+	BlockHashes []uint64
+	// Mode is always ModeCopy after Parse (move is rejected as unsupported).
+	Mode string
+	// NoRetain is nil when absent.
+	NoRetain *bool
+}
+
+func (f *Fetch) clone() *Fetch {
+	c := *f
+	c.BlockHashes = slices.Clone(f.BlockHashes)
+	if f.NoRetain != nil {
+		v := *f.NoRetain
+		c.NoRetain = &v
+	}
+	return &c
+}
+
+// Fetch returns a copy of the first interpreted kv.fetch action's payload
+// (KVCR semantics: the first kv.fetch wins).
+func (e *Envelope) Fetch() (*Fetch, bool) {
+	if e == nil {
+		return nil, false
+	}
+	for i := range e.Actions {
+		if f := e.Actions[i].fetch; f != nil {
+			return f.clone(), true
+		}
+	}
+	return nil, false
+}
+
+// NewFetch builds the router's envelope: message_id is the booking's
+// selection id, one kv.fetch action "a1". endpoint should already be
+// canonical (ParseEndpoint); "" omits the source. hashes are copied.
+func NewFetch(messageID, endpoint string, hashes []uint64) *Envelope {
+	f := &Fetch{SourceEndpoint: endpoint, BlockHashes: slices.Clone(hashes), Mode: ModeCopy}
+	return &Envelope{
+		ProtocolVersion: ProtocolVersion,
+		MessageID:       messageID,
+		Actions:         []Action{newFetchAction(FetchActionID, f)},
+	}
+}
+
+func newFetchAction(id string, f *Fetch) Action {
+	a := Action{ID: id, Type: ActionFetch, Version: FetchVersion, fetch: f}
+	a.Payload = appendFetchPayload(nil, f, false)
+	a.Raw = appendAction(nil, id, ActionFetch, FetchVersion, a.Payload)
+	return a
+}
+
+// Marshal emits the normalised envelope: fixed key order, interpreted
+// kv.fetch actions in canonical form (mode omitted when it is the default
+// "copy"), every other action exactly as received.
+func (e *Envelope) Marshal() []byte { return e.appendTo(nil, false) }
+
+// MarshalJSON implements json.Marshaler. encoding/json compacts the result,
+// so whitespace inside opaque actions is not kept on this path.
+func (e *Envelope) MarshalJSON() ([]byte, error) { return e.Marshal(), nil }
+
+// appendTo writes the envelope; explicitMode forces "mode" into every
+// interpreted fetch payload (SGLang re-emits it).
+func (e *Envelope) appendTo(b []byte, explicitMode bool) []byte {
+	b = append(b, `{"protocol_version":`...)
+	b = appendString(b, e.ProtocolVersion)
+	b = append(b, `,"message_id":`...)
+	b = appendString(b, e.MessageID)
+	b = append(b, `,"actions":[`...)
+	for i := range e.Actions {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		a := &e.Actions[i]
+		switch {
+		case a.fetch != nil && explicitMode:
+			b = appendAction(b, a.ID, a.Type, a.Version, appendFetchPayload(nil, a.fetch, true))
+		case len(a.Raw) > 0:
+			b = append(b, a.Raw...)
+		default:
+			p := a.Payload
+			if len(p) == 0 {
+				p = json.RawMessage(`{}`)
+			}
+			b = appendAction(b, a.ID, a.Type, a.Version, p)
+		}
+	}
+	return append(b, "]}"...)
+}
+
+func appendAction(b []byte, id, typ, version string, payload []byte) []byte {
+	b = append(b, `{"action_id":`...)
+	b = appendString(b, id)
+	b = append(b, `,"action_type":`...)
+	b = appendString(b, typ)
+	b = append(b, `,"action_version":`...)
+	b = appendString(b, version)
+	b = append(b, `,"payload":`...)
+	b = append(b, payload...)
+	return append(b, '}')
+}
+
+func appendFetchPayload(b []byte, f *Fetch, explicitMode bool) []byte {
+	b = append(b, '{')
+	if f.SourceEndpoint != "" {
+		b = append(b, `"source_control_endpoint":`...)
+		b = appendString(b, f.SourceEndpoint)
+		b = append(b, ',')
+	}
+	b = append(b, `"block_hashes":[`...)
+	for i, h := range f.BlockHashes {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, h, 10)
+	}
+	b = append(b, ']')
+	mode := f.Mode
+	if mode == "" {
+		mode = ModeCopy
+	}
+	if explicitMode || mode != ModeCopy {
+		b = append(b, `,"mode":`...)
+		b = appendString(b, mode)
+	}
+	if f.NoRetain != nil {
+		b = append(b, `,"no_retain":`...)
+		b = strconv.AppendBool(b, *f.NoRetain)
+	}
+	return append(b, '}')
+}
+
+func appendString(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always marshals
+	return append(b, q...)
+}
+
+// Parse validates a hint envelope. It returns an *Error (ErrMalformed) naming
+// the first offending field, an *IgnoredError (ErrIgnored) for an unknown
+// protocol_version, or the envelope. It never panics on input.
+func Parse(data []byte) (*Envelope, error) {
+	env, err := parse(data)
+	switch {
+	case errors.Is(err, ErrIgnored):
+		stats.ignoredVersion.Add(1)
+	case err != nil:
+		stats.malformed.Add(1)
+	}
+	return env, err
+}
+
+func parse(data []byte) (*Envelope, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
+		return nil, &Error{"envelope", "invalid JSON: " + jsonErrText(err)}
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, &Error{"envelope", "unexpected data after the JSON value"}
+	}
+	top, err := object("envelope", raw)
+	if err != nil {
+		return nil, err
+	}
+	pv, err := stringField(top, "", "protocol_version")
+	if err != nil {
+		return nil, err
+	}
+	if pv != ProtocolVersion {
+		warnOnce("protocol:"+clip(pv), "KV hint protocol_version mismatch; hint ignored", "supported", ProtocolVersion, "received", clip(pv))
+		return nil, &IgnoredError{Version: pv}
+	}
+	mid, err := stringField(top, "", "message_id")
+	if err != nil {
+		return nil, err
+	}
+	actsRaw, ok := top["actions"]
+	if !ok {
+		return nil, &Error{"actions", "missing"}
+	}
+	if k := kind(actsRaw); k != "list" {
+		return nil, &Error{"actions", "must be a list, got " + k}
+	}
+	var acts []json.RawMessage
+	if err := json.Unmarshal(actsRaw, &acts); err != nil {
+		return nil, &Error{"actions", "invalid: " + jsonErrText(err)}
+	}
+	env := &Envelope{ProtocolVersion: pv, MessageID: mid, Actions: make([]Action, 0, len(acts))}
+	for i, ar := range acts {
+		a, keep, err := parseAction(fmt.Sprintf("actions[%d]", i), ar)
+		if err != nil {
+			return nil, err
+		}
+		if keep {
+			env.Actions = append(env.Actions, a)
+		}
+	}
+	return env, nil
+}
+
+func parseAction(path string, raw json.RawMessage) (Action, bool, error) {
+	m, err := object(path, raw)
+	if err != nil {
+		return Action{}, false, err
+	}
+	var a Action
+	if a.ID, err = stringField(m, path+".", "action_id"); err != nil {
+		return a, false, err
+	}
+	if a.Type, err = stringField(m, path+".", "action_type"); err != nil {
+		return a, false, err
+	}
+	if a.Type == "" {
+		return a, false, &Error{path + ".action_type", "must not be empty"}
+	}
+	if a.Version, err = stringField(m, path+".", "action_version"); err != nil {
+		return a, false, err
+	}
+	p, ok := m["payload"]
+	if !ok {
+		return a, false, &Error{path + ".payload", "missing"}
+	}
+	if k := kind(p); k != "object" {
+		return a, false, &Error{path + ".payload", "must be an object, got " + k}
+	}
+	a.Payload, a.Raw = p, raw
+
+	if a.Type != ActionFetch && a.Type != ActionSourceLocations {
+		return a, true, nil // opaque: round-trips as received
+	}
+	if a.Version != FetchVersion {
+		stats.skippedActions.Add(1)
+		warnOnce("action:"+a.Type+"@"+clip(a.Version), "KV hint action_version not supported; action skipped",
+			"action_type", a.Type, "supported", FetchVersion, "received", clip(a.Version))
+		// An unknown kv.fetch version travels on opaquely; a legacy name is never emitted.
+		return a, a.Type == ActionFetch, nil
+	}
+	f, err := parseFetch(path+".payload", p)
+	if err != nil {
+		return a, false, err
+	}
+	if a.Type == ActionSourceLocations {
+		stats.legacyConverted.Add(1)
+	}
+	return newFetchAction(a.ID, f), true, nil
+}
+
+func parseFetch(path string, raw json.RawMessage) (*Fetch, error) {
+	m, err := object(path, raw)
+	if err != nil {
+		return nil, err
+	}
+	f := &Fetch{Mode: ModeCopy}
+	if ep, ok := m["source_control_endpoint"]; ok && kind(ep) != "null" {
+		p := path + ".source_control_endpoint"
+		if k := kind(ep); k != "string" {
+			return nil, &Error{p, "must be a non-empty tcp://host:port string, got " + k}
+		}
+		var s string
+		if err := json.Unmarshal(ep, &s); err != nil {
+			return nil, &Error{p, "invalid string: " + jsonErrText(err)}
+		}
+		if f.SourceEndpoint, err = ParseEndpoint(s); err != nil {
+			return nil, &Error{p, err.Error()}
+		}
+	}
+	hp := path + ".block_hashes"
+	hr, ok := m["block_hashes"]
+	if !ok {
+		return nil, &Error{hp, "missing"}
+	}
+	if k := kind(hr); k != "list" {
+		return nil, &Error{hp, "must be a list of integers, got " + k}
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(hr, &elems); err != nil {
+		return nil, &Error{hp, "invalid: " + jsonErrText(err)}
+	}
+	if len(elems) == 0 {
+		return nil, &Error{hp, "must not be empty"}
+	}
+	f.BlockHashes = make([]uint64, len(elems))
+	for i, e := range elems {
+		// ParseUint accepts only plain digits, so bools, strings, negatives,
+		// fractions (1.0), exponents (1e3) and values >= 2^64 all fail here.
+		v, err := strconv.ParseUint(string(e), 10, 64)
+		if err != nil {
+			return nil, &Error{fmt.Sprintf("%s[%d]", hp, i), "must be an integer in [0, 2^64), got " + show(e)}
+		}
+		f.BlockHashes[i] = v
+	}
+	if mr, ok := m["mode"]; ok {
+		var mode string
+		if kind(mr) != "string" || json.Unmarshal(mr, &mode) != nil || (mode != ModeCopy && mode != ModeMove) {
+			return nil, &Error{path + ".mode", `must be "copy" or "move", got ` + show(mr)}
+		}
+		if mode == ModeMove {
+			return nil, &Error{path + ".mode", `"move" is not supported (only "copy")`}
+		}
+	}
+	if nr, ok := m["no_retain"]; ok {
+		var v bool
+		if kind(nr) != "bool" || json.Unmarshal(nr, &v) != nil {
+			return nil, &Error{path + ".no_retain", "must be a bool, got " + show(nr)}
+		}
+		f.NoRetain = &v
+	}
+	return f, nil
+}
+
+// object decodes raw as a JSON object, keeping values raw. Keys match
+// exactly (no case folding, unlike struct decoding); a repeated key keeps
+// its last value.
+func object(path string, raw json.RawMessage) (map[string]json.RawMessage, error) {
+	if k := kind(raw); k != "object" {
+		return nil, &Error{path, "must be an object, got " + k}
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, &Error{path, "invalid object: " + jsonErrText(err)}
+	}
+	return m, nil
+}
+
+func stringField(m map[string]json.RawMessage, prefix, name string) (string, error) {
+	raw, ok := m[name]
+	if !ok {
+		return "", &Error{prefix + name, "missing"}
+	}
+	if k := kind(raw); k != "string" {
+		return "", &Error{prefix + name, "must be a string, got " + k}
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", &Error{prefix + name, "invalid string: " + jsonErrText(err)}
+	}
+	return s, nil
+}
+
+// kind names the JSON type of an already-validated value.
+func kind(raw []byte) string {
+	raw = bytes.TrimLeft(raw, " \t\r\n")
+	if len(raw) == 0 {
+		return "nothing"
+	}
+	switch raw[0] {
+	case '{':
+		return "object"
+	case '[':
+		return "list"
+	case '"':
+		return "string"
+	case 't', 'f':
+		return "bool"
+	case 'n':
+		return "null"
+	default:
+		return "number"
+	}
+}
+
+// show renders a raw JSON value for an error message, truncated.
+func show(raw []byte) string {
+	const max = 40
+	s := string(bytes.TrimSpace(raw))
+	if len(s) > max {
+		return s[:max] + "…"
+	}
+	return s
+}
+
+// clip bounds attacker-chosen strings before they reach logs.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64]
+	}
+	return s
+}
+
+// jsonErrText strips the package prefix from encoding/json errors.
+func jsonErrText(err error) string {
+	return strings.TrimPrefix(err.Error(), "json: ")
+}
