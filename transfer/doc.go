@@ -1,0 +1,84 @@
+// Package transfer moves KV blocks between peer workers: a control-endpoint
+// server that serves a BlockSource, a client that fetches from it, and the
+// helpers workers use to advertise and validate their endpoints.
+//
+// A transfer is destination-initiated, as in KVCR: the router's hint names a
+// source endpoint and an ordered list of sequence hashes (the engine's hash
+// domain, uint64); the target connects and asks; the source pins what it
+// holds and sends the longest contiguous available prefix, then says done,
+// then releases the pin. Unlike KVCR every block carries an XXH3 checksum of
+// its payload, and the target may also verify the bytes themselves.
+//
+// # Wire protocol, version 1
+//
+// Plain TCP; the client connects to tcp://host:port. A connection carries
+// one fetch at a time and may carry many in sequence (clients pool them).
+// Everything is little-endian. Every frame starts with a 12-byte header:
+//
+//	off size field
+//	0   2    magic "KT"
+//	2   1    version (1)
+//	3   1    type: 1 fetch, 2 block, 3 done, 4 refuse
+//	4   4    op: operation id chosen by the client, echoed by the source
+//	8   4    length: payload bytes that follow
+//
+// fetch (target → source), length = 14 + digest_len + 8·count:
+//
+//	u32 timeout_ms   remaining operation time, > 0
+//	u32 flags        0 in version 1 (anything else is refused)
+//	u16 digest_len   ≤ 255, then digest_len bytes of compatibility digest
+//	u32 count        1..65536, then count × u64 sequence hashes
+//
+// block (source → target), one per delivered block, in request order from
+// index 0 with no gaps; length = 20 + payload size (same for every block):
+//
+//	u32 index, u64 hash (= the request's hash at index), u64 checksum
+//	(kv.Checksum, XXH3-64 of the payload), payload (all layers concatenated)
+//
+// done (source → target) ends a served fetch; refuse (source → target) ends
+// a fetch that was not served. Both share one layout, frozen across
+// versions so a source can refuse a version it does not speak:
+//
+//	u32 completed    blocks sent (done) / 0 (refuse)
+//	u8  success      1 if every pinned block was sent
+//	u8  code         ok, not_found, digest_mismatch, bad_request,
+//	                 unsupported_version, busy, timeout, source_error, shutdown
+//	u16 msg_len      ≤ 1024, then a human-readable reason
+//
+// Exchanges: fetch → block* done, or fetch → refuse. A fetch whose digest is
+// non-empty and differs from the source's is refused (digest_mismatch). A
+// source holding none of the blocks answers done{0, false, not_found}; a
+// source holding the first k answers k blocks then done{k, true}. A source
+// that fails to read block j answers done{j, false, source_error} after
+// blocks 0..j-1. A version mismatch, a malformed frame or a frame of any
+// type but fetch is refused and the connection closed; frames larger than
+// the limits (request 512 KiB + 269 bytes, status 1032 bytes, block
+// MaxBlockBytes) are refused before anything is allocated for them. A peer
+// that does not send the magic is disconnected silently. Connections past
+// Server.MaxConns get refuse{busy} and are closed.
+//
+// # Deadlines
+//
+// The client's deadline is its operation timeout (default 1 s) or its
+// context's deadline, whichever is earlier; it sends the remaining time and
+// the source stops at receipt + min(that, MaxOpTimeout), answering
+// done{k, false, timeout}. On the client the deadline is absolute: a done
+// that arrives after it is a failure, never a success, and a timed-out or
+// cancelled fetch delivers no blocks. A connection refused by the peer
+// fails at once (OutcomeUnreachable), with no wait for the deadline.
+//
+// # Results
+//
+// FetchResult.Blocks is always a verified contiguous prefix of the request.
+// A block whose checksum (or Verify callback) fails cuts the prefix before
+// it (OutcomeCorrupt); a broken connection keeps what verified before it.
+// Success means the source delivered its whole available prefix in time:
+// a shorter prefix than requested is success with OutcomePartial.
+//
+// # Metrics
+//
+// kvmesh_transfer_duration_seconds{scope,result}, kvmesh_transfer_bytes_total
+// {operation}, kvmesh_transfer_blocks_total{operation} and
+// kvmesh_transfer_in_flight{operation}, scope/operation ∈ {fetch, serve},
+// result ∈ Outcome names. Labels never hold endpoints or hashes.
+package transfer

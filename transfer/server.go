@@ -1,0 +1,359 @@
+package transfer
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Server defaults.
+const (
+	DefaultMaxConns      = 256
+	DefaultMaxOpTimeout  = 5 * time.Second
+	DefaultIdleTimeout   = 60 * time.Second
+	DefaultMaxBlockBytes = 64 << 20
+	// flushBytes is how much the server batches before one write: large
+	// writes keep syscalls per byte low, small enough to overlap with the
+	// reader on the other side.
+	flushBytes = 512 << 10
+	// maxPooledBuf keeps huge-block buffers out of the pool.
+	maxPooledBuf = 4 << 20
+)
+
+// Server serves blocks from a BlockSource on a control endpoint. Each
+// connection carries one fetch at a time; connections are reused by clients.
+type Server struct {
+	Source BlockSource
+	// Digest is this source's compatibility digest. A request carrying a
+	// non-empty digest different from it is refused.
+	Digest string
+	// MaxConns bounds open connections (so concurrent fetches and their
+	// buffers); extra connections are refused with CodeBusy.
+	MaxConns int
+	// MaxOpTimeout caps the per-fetch deadline a request may ask for.
+	MaxOpTimeout time.Duration
+	// IdleTimeout closes a connection that sends no request for this long.
+	IdleTimeout time.Duration
+	// MaxBlockBytes bounds the block size the source may produce.
+	MaxBlockBytes int
+	Metrics       *Metrics
+	Logger        *slog.Logger
+
+	bufs sync.Pool
+}
+
+// Serve serves src on ln with default settings until ctx ends.
+func Serve(ctx context.Context, ln net.Listener, src BlockSource) error {
+	return (&Server{Source: src}).Serve(ctx, ln)
+}
+
+func (s *Server) defaults() {
+	if s.MaxConns <= 0 {
+		s.MaxConns = DefaultMaxConns
+	}
+	if s.MaxOpTimeout <= 0 {
+		s.MaxOpTimeout = DefaultMaxOpTimeout
+	}
+	if s.IdleTimeout <= 0 {
+		s.IdleTimeout = DefaultIdleTimeout
+	}
+	if s.MaxBlockBytes <= 0 {
+		s.MaxBlockBytes = DefaultMaxBlockBytes
+	}
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Serve accepts connections on ln until ctx ends, then closes ln and every
+// connection, waits for all handlers and returns nil. It returns an error
+// only if accepting fails for a reason other than shutdown. Serve owns ln.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if s.Source == nil {
+		ln.Close()
+		return errors.New("transfer server: nil BlockSource")
+	}
+	s.defaults()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var (
+		mu      sync.Mutex
+		conns   = make(map[net.Conn]struct{})
+		closing bool
+		wg      sync.WaitGroup
+	)
+	stop := context.AfterFunc(ctx, func() {
+		ln.Close()
+		mu.Lock()
+		closing = true
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	defer stop()
+
+	var acceptErr error
+	backoff := time.Duration(0)
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded) || isTemporary(err) {
+				// e.g. EMFILE: back off instead of spinning.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.Logger.Warn("transfer: accept failed, retrying", "err", err, "backoff", backoff)
+				t := time.NewTimer(backoff)
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+				t.Stop()
+				continue
+			}
+			acceptErr = fmt.Errorf("transfer server: accept: %w", err)
+			break
+		}
+		backoff = 0
+		mu.Lock()
+		if closing {
+			mu.Unlock()
+			c.Close()
+			continue
+		}
+		if len(conns) >= s.MaxConns {
+			mu.Unlock()
+			// A refuse frame fits in any socket buffer; the short deadline
+			// only guards against a pathological peer.
+			c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+			c.Write(appendStatus(nil, typeRefuse, 0, status{code: CodeBusy,
+				msg: fmt.Sprintf("source at its limit of %d connections", s.MaxConns)}))
+			c.Close()
+			continue
+		}
+		conns[c] = struct{}{}
+		wg.Add(1)
+		mu.Unlock()
+		go func() {
+			defer wg.Done()
+			s.handle(ctx, c)
+			mu.Lock()
+			delete(conns, c)
+			mu.Unlock()
+			c.Close()
+		}()
+	}
+	cancel()
+	wg.Wait()
+	return acceptErr
+}
+
+func isTemporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
+}
+
+// handle serves fetches on one connection until the peer closes it, idles
+// out, misbehaves, or the server shuts down.
+func (s *Server) handle(ctx context.Context, c net.Conn) {
+	br := bufio.NewReaderSize(c, 4096)
+	var hb [headerLen]byte
+	var req []byte
+	for ctx.Err() == nil {
+		c.SetReadDeadline(time.Now().Add(s.IdleTimeout))
+		h, err := readHeader(br, &hb)
+		if err != nil {
+			// EOF, idle timeout, shutdown or a peer that speaks something
+			// else: nothing sensible to answer.
+			return
+		}
+		c.SetReadDeadline(time.Time{})
+		if h.version != Version {
+			s.refuse(c, h.op, CodeUnsupportedVersion,
+				fmt.Sprintf("protocol version %d unsupported; this source speaks version %d", h.version, Version))
+			return
+		}
+		if h.typ != typeFetch {
+			s.refuse(c, h.op, CodeBadRequest, fmt.Sprintf("unexpected %s frame; sources accept only fetch", h.typ))
+			return
+		}
+		if h.length > maxRequestFrame {
+			// Never read (or allocate) a declared absurd size.
+			s.refuse(c, h.op, CodeBadRequest,
+				fmt.Sprintf("fetch frame of %d bytes exceeds the %d-byte limit", h.length, maxRequestFrame))
+			return
+		}
+		if cap(req) < int(h.length) {
+			req = make([]byte, h.length)
+		}
+		req = req[:h.length]
+		c.SetReadDeadline(time.Now().Add(s.IdleTimeout))
+		if _, err := io.ReadFull(br, req); err != nil {
+			return
+		}
+		c.SetReadDeadline(time.Time{})
+		r, err := decodeFetch(req)
+		if err != nil {
+			s.refuse(c, h.op, CodeBadRequest, err.Error())
+			return
+		}
+		if !s.serveFetch(ctx, c, h.op, r) {
+			return
+		}
+	}
+}
+
+func (s *Server) refuse(c net.Conn, op uint32, code Code, msg string) {
+	c.SetWriteDeadline(time.Now().Add(time.Second))
+	c.Write(appendStatus(nil, typeRefuse, op, status{code: code, msg: msg}))
+}
+
+func (s *Server) getBuf() []byte {
+	if b, ok := s.bufs.Get().(*[]byte); ok {
+		return (*b)[:0]
+	}
+	return make([]byte, 0, flushBytes+64<<10)
+}
+
+func (s *Server) putBuf(b []byte) {
+	if cap(b) <= maxPooledBuf {
+		s.bufs.Put(&b)
+	}
+}
+
+// serveFetch answers one fetch; it reports whether the connection can carry
+// another request.
+func (s *Server) serveFetch(ctx context.Context, c net.Conn, op uint32, r fetchReq) (keep bool) {
+	start := time.Now()
+	s.Metrics.begin(scopeServe)
+	outcome, sent, sentBytes := OutcomeFailed, 0, int64(0)
+	defer func() { s.Metrics.end(scopeServe, outcome, time.Since(start), sent, sentBytes) }()
+
+	if r.digest != "" && r.digest != s.Digest {
+		outcome = OutcomeRefused
+		s.refuse(c, op, CodeDigestMismatch,
+			fmt.Sprintf("compatibility digest mismatch: request %q, source %q", r.digest, s.Digest))
+		return true
+	}
+	// Deadline = receipt + min(requested, own cap), as in KVCR.
+	deadline := start.Add(min(time.Duration(r.timeoutMs)*time.Millisecond, s.MaxOpTimeout))
+
+	n, release := s.Source.Pin(r.hashes)
+	if release != nil {
+		defer release()
+	}
+	if n < 0 || n > len(r.hashes) {
+		outcome = OutcomeFailed
+		s.writeStatus(c, op, status{code: CodeSourceError, msg: fmt.Sprintf("source pinned %d of %d blocks", n, len(r.hashes))}, deadline)
+		return false
+	}
+	if n == 0 {
+		outcome = OutcomeNotFound
+		return s.writeStatus(c, op, status{code: CodeNotFound,
+			msg: fmt.Sprintf("source holds none of the %d requested blocks (first %016x)", len(r.hashes), r.hashes[0])}, deadline)
+	}
+
+	c.SetWriteDeadline(deadline)
+	buf := s.getBuf()
+	defer func() { s.putBuf(buf) }()
+	blockSize := -1
+	var zero [headerLen + blockMetaLen]byte
+	st := status{completed: uint32(n), success: true}
+	for i := 0; i < n; i++ {
+		if ctx.Err() != nil {
+			st = status{completed: uint32(i), code: CodeShutdown, msg: "source shutting down"}
+			break
+		}
+		if !time.Now().Before(deadline) {
+			st = status{completed: uint32(i), code: CodeTimeout,
+				msg: fmt.Sprintf("source deadline passed after %d of %d blocks", i, n)}
+			break
+		}
+		off := len(buf)
+		buf = append(buf, zero[:]...)
+		var err error
+		buf, err = s.Source.ReadBlock(r.hashes[i], buf)
+		if err == nil && len(buf) < off+len(zero) {
+			err = errors.New("ReadBlock shrank its buffer")
+		}
+		var size int
+		if err == nil {
+			size = len(buf) - off - len(zero)
+			switch {
+			case size == 0:
+				err = errors.New("empty payload")
+			case size > s.MaxBlockBytes:
+				err = fmt.Errorf("payload of %d bytes exceeds the %d-byte limit", size, s.MaxBlockBytes)
+			case blockSize >= 0 && size != blockSize:
+				err = fmt.Errorf("payload of %d bytes, earlier blocks had %d", size, blockSize)
+			}
+		}
+		if err != nil {
+			buf = buf[:min(off, len(buf))]
+			st = status{completed: uint32(i), code: CodeSourceError,
+				msg: fmt.Sprintf("reading block %d (%016x): %v", i, r.hashes[i], err)}
+			break
+		}
+		blockSize = size
+		payload := buf[off+len(zero):]
+		putBlockMeta(buf[off:], op, uint32(i), r.hashes[i], kv.Checksum(payload), size)
+		sent++
+		sentBytes += int64(size)
+		if len(buf) >= flushBytes {
+			if _, err := c.Write(buf); err != nil {
+				outcome = s.writeFailure(err)
+				return false
+			}
+			buf = buf[:0]
+		}
+	}
+	if int(st.completed) < sent {
+		sent = int(st.completed)
+	}
+	buf = appendStatus(buf, typeDone, op, st)
+	if _, err := c.Write(buf); err != nil {
+		outcome = s.writeFailure(err)
+		return false
+	}
+	switch {
+	case st.success && n == len(r.hashes):
+		outcome = OutcomeSuccess
+	case st.success:
+		outcome = OutcomePartial
+	case st.code == CodeTimeout:
+		outcome = OutcomeTimeout
+	case st.code == CodeShutdown:
+		outcome = OutcomeCancelled
+	default:
+		outcome = OutcomeFailed
+	}
+	c.SetWriteDeadline(time.Time{})
+	return st.code != CodeTimeout && st.code != CodeShutdown
+}
+
+func (s *Server) writeFailure(err error) Outcome {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return OutcomeTimeout
+	}
+	return OutcomeFailed
+}
+
+func (s *Server) writeStatus(c net.Conn, op uint32, st status, deadline time.Time) bool {
+	c.SetWriteDeadline(deadline)
+	_, err := c.Write(appendStatus(nil, typeDone, op, st))
+	c.SetWriteDeadline(time.Time{})
+	return err == nil
+}
