@@ -130,8 +130,8 @@ func TestParseValid(t *testing.T) {
 	yes := true
 	cases := []struct {
 		name, in string
-		want Fetch
-		out  string // normalised Marshal output
+		want     Fetch
+		out      string // normalised Marshal output
 	}{
 		{
 			"router form",
