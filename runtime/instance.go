@@ -1,0 +1,130 @@
+package runtime
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Instance is one worker's discovery record (JSON in the KV bucket).
+type Instance struct {
+	ID    uint64 `json:"instance_id"`
+	Model string `json:"model"`
+	// Role is aggregated, prefill or decode.
+	Role string `json:"role"`
+	// GRPCAddr is host:port of the worker API (api.Worker).
+	GRPCAddr string `json:"grpc_addr"`
+	DPSize   int    `json:"dp_size"`
+	// BlockSize is tokens per KV block.
+	BlockSize int `json:"block_size"`
+	// KVCapacity is blocks per tier, keyed by tier name (device, host, …).
+	KVCapacity       map[string]int `json:"kv_capacity,omitempty"`
+	MaxBatchedTokens int            `json:"max_batched_tokens,omitempty"`
+	// Digest names the KV layout; only equal digests share blocks.
+	Digest string `json:"compat_digest,omitempty"`
+	// ControlEndpoints is tcp://host:port per DP rank for peer KV transfer:
+	// all ranks or none.
+	ControlEndpoints []string `json:"control_endpoints,omitempty"`
+}
+
+// Workers returns the worker keys (one per DP rank) of the instance.
+func (in *Instance) Workers() []kv.WorkerKey {
+	n := max(in.DPSize, 1)
+	ws := make([]kv.WorkerKey, n)
+	for r := range ws {
+		ws[r] = kv.WorkerKey{Instance: in.ID, DPRank: uint32(r)}
+	}
+	return ws
+}
+
+// Validate checks a record before it is registered or trusted.
+func (in *Instance) Validate() error {
+	if in.ID == 0 {
+		return errors.New("instance: zero instance_id")
+	}
+	if in.Model == "" {
+		return errors.New("instance: empty model")
+	}
+	switch in.Role {
+	case "aggregated", "prefill", "decode":
+	default:
+		return fmt.Errorf("instance %x: role %q (want aggregated, prefill or decode)", in.ID, in.Role)
+	}
+	if err := validHostPort(in.GRPCAddr); err != nil {
+		return fmt.Errorf("instance %x: grpc_addr: %w", in.ID, err)
+	}
+	if in.DPSize < 1 || in.DPSize > 1024 {
+		return fmt.Errorf("instance %x: dp_size %d out of range 1..1024", in.ID, in.DPSize)
+	}
+	if in.BlockSize < 1 {
+		return fmt.Errorf("instance %x: block_size %d < 1", in.ID, in.BlockSize)
+	}
+	for name, n := range in.KVCapacity {
+		if _, err := kv.ParseTier(name); err != nil {
+			return fmt.Errorf("instance %x: kv_capacity: %w", in.ID, err)
+		}
+		if n < 0 {
+			return fmt.Errorf("instance %x: kv_capacity %s: negative %d", in.ID, name, n)
+		}
+	}
+	if len(in.ControlEndpoints) != 0 {
+		if len(in.ControlEndpoints) != in.DPSize {
+			return fmt.Errorf("instance %x: %d control endpoints for dp_size %d (all ranks or none)", in.ID, len(in.ControlEndpoints), in.DPSize)
+		}
+		for r, ep := range in.ControlEndpoints {
+			if err := ValidateControlEndpoint(ep); err != nil {
+				return fmt.Errorf("instance %x: control endpoint of rank %d: %w", in.ID, r, err)
+			}
+		}
+	}
+	return nil
+}
+
+// ValidateControlEndpoint accepts tcp://host:port with a concrete host: no
+// wildcard address, IPv6 in brackets.
+func ValidateControlEndpoint(ep string) error {
+	rest, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return fmt.Errorf("%q: want tcp://host:port", ep)
+	}
+	return validHostPort(rest)
+}
+
+func validHostPort(hp string) error {
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return fmt.Errorf("%q: %w", hp, err)
+	}
+	if host == "" || host == "*" {
+		return fmt.Errorf("%q: missing host", hp)
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("%q: wildcard address is not reachable", hp)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("%q: bad port", hp)
+	}
+	return nil
+}
+
+// ParseInstance decodes and validates a record.
+func ParseInstance(b []byte) (Instance, error) {
+	var in Instance
+	if err := json.Unmarshal(b, &in); err != nil {
+		return Instance{}, fmt.Errorf("instance record: %w", err)
+	}
+	if err := in.Validate(); err != nil {
+		return Instance{}, err
+	}
+	return in, nil
+}
+
+func instanceKey(model string, id uint64) string {
+	return ModelToken(model) + "." + InstanceToken(id)
+}

@@ -1,0 +1,71 @@
+package runtime
+
+import (
+	"testing"
+	"time"
+)
+
+// A NATS restart (same port, same data dir) must not end anything: the
+// registration refreshes again, watchers resync, and an instance that died
+// during the outage is removed.
+func TestDiscoverySurvivesNATSRestart(t *testing.T) {
+	dir := t.TempDir()
+	e, err := StartEmbedded(EmbeddedConfig{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := e.Port()
+	ctx := testCtx(t)
+	ncW, ncR := connect(t, e.URL()), connect(t, e.URL())
+	dw, err := OpenDiscovery(ctx, ncW, DiscoveryConfig{TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dr, err := OpenDiscovery(ctx, ncR, DiscoveryConfig{TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log eventLog
+	w, err := dr.Watch(ctx, "m", log.add)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	alive, err := dw.Register(ctx, testInstance(1, "m"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dies, err := dw.Register(ctx, testInstance(2, "m"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "both added", func() bool { return len(w.Instances()) == 2 })
+
+	e.Shutdown()
+	dies.cancel() // instance 2 dies while NATS is away
+	<-dies.done
+	time.Sleep(1500 * time.Millisecond)
+	e2, err := StartEmbedded(EmbeddedConfig{Port: port, DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e2.Shutdown()
+
+	eventually(t, 10*time.Second, "instance 2 removed after restart", func() bool { return log.count(InstanceRemoved, 2) == 1 })
+	eventually(t, 10*time.Second, "instance 1 present after restart", func() bool {
+		ins := w.Instances()
+		return len(ins) == 1 && ins[0].ID == 1
+	})
+	// It stays: refreshes continue on the new server.
+	time.Sleep(1500 * time.Millisecond)
+	if ins := w.Instances(); len(ins) != 1 || ins[0].ID != 1 {
+		t.Fatalf("after restart: %+v", ins)
+	}
+	if alive.Failures() == 0 && w.Resyncs() == 0 {
+		t.Log("note: outage produced no failed refresh and no resync")
+	}
+	if err := alive.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "instance 1 removed", func() bool { return log.count(InstanceRemoved, 1) >= 1 })
+}
