@@ -1,0 +1,377 @@
+package tokenizer
+
+import (
+	"math"
+	"sort"
+	"strings"
+)
+
+// BPE is a byte-level byte-pair-encoding tokenizer: tiktoken encodings and
+// Hugging Face byte-level BPE models (GPT-2, Llama-3, Qwen2 …) both end up
+// here. Token contents are raw bytes, so any byte string is encodable and
+// decoding never needs a byte-to-unicode table. A BPE is immutable after
+// construction and safe for concurrent use.
+type BPE struct {
+	name string
+
+	// pieces[id] is the raw bytes of token id; "" marks an unused id.
+	pieces  []string
+	special []bool // pieces[id] is a special added token
+
+	// vocab maps raw bytes to id for all mergeable (non-added) tokens.
+	vocab map[string]uint32
+	// merges (HF models) maps the pair (left<<32 | right) to
+	// (rank<<32 | result id). Nil for tiktoken encodings, where the rank of
+	// a merge is the id of the merged bytes (merging by vocab rank).
+	merges map[uint64]uint64
+	// wholeFirst: a pre-token that is itself a token is emitted as is
+	// (tiktoken always; HF when the model sets ignore_merges).
+	wholeFirst bool
+	byteID     [256]uint32
+
+	split          splitter
+	addPrefixSpace bool
+	normalize      func(string) string
+
+	// added tokens, matched in text before pre-tokenization, grouped by
+	// first byte and longest first (leftmost-longest matching).
+	addedByFirst [256][]addedToken
+	specialIDs   map[string]uint32
+}
+
+type addedToken struct {
+	content string
+	id      uint32
+	special bool
+}
+
+var _ Tokenizer = (*BPE)(nil)
+
+// Name returns the encoding's name (e.g. "o200k_base" or the HF file's model name).
+func (t *BPE) Name() string { return t.name }
+
+// VocabSize is one past the largest token id, added tokens included. Some
+// ids below it may be unused; they decode to "".
+func (t *BPE) VocabSize() int { return len(t.pieces) }
+
+// Piece returns the raw bytes of token id ("" for ids outside the vocabulary
+// or unused). It may be an incomplete UTF-8 sequence.
+func (t *BPE) Piece(id uint32) string {
+	if int64(id) >= int64(len(t.pieces)) {
+		return ""
+	}
+	return t.pieces[id]
+}
+
+// IsSpecial reports whether id is a special added token (e.g. <|im_end|>).
+func (t *BPE) IsSpecial(id uint32) bool {
+	return int64(id) < int64(len(t.special)) && t.special[id]
+}
+
+// TokenID returns the id of a special or added token given its exact text.
+func (t *BPE) TokenID(content string) (uint32, bool) {
+	id, ok := t.specialIDs[content]
+	return id, ok
+}
+
+// Decode concatenates the raw bytes of the tokens. Ids outside the vocabulary
+// (or unused ids) contribute nothing: an engine emitting arbitrary ids must
+// never crash the frontend. Special tokens are included; the result may end
+// in (or contain) invalid UTF-8 when the ids cut a character — use Decoder
+// for streaming.
+func (t *BPE) Decode(ids []uint32) string {
+	n := 0
+	for _, id := range ids {
+		n += len(t.Piece(id))
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, id := range ids {
+		b.WriteString(t.Piece(id))
+	}
+	return b.String()
+}
+
+// Encode tokenizes text as plain text: special tokens written in the text are
+// not recognised (they are encoded as ordinary bytes), so user content cannot
+// inject control tokens. Non-special added tokens are recognised, as Hugging
+// Face tokenizers do.
+func (t *BPE) Encode(text string) []uint32 { return t.encode(text, false) }
+
+// EncodeWithSpecial tokenizes text in which special tokens written literally
+// (e.g. "<|im_start|>" from a rendered chat template) become their ids.
+func (t *BPE) EncodeWithSpecial(text string) []uint32 { return t.encode(text, true) }
+
+func (t *BPE) encode(text string, allowSpecial bool) []uint32 {
+	out := make([]uint32, 0, len(text)/4+4)
+	seg := 0
+	for i := 0; i < len(text); {
+		cands := t.addedByFirst[text[i]]
+		matched := false
+		for _, a := range cands {
+			if (allowSpecial || !a.special) && strings.HasPrefix(text[i:], a.content) {
+				out = t.encodeOrdinary(out, text[seg:i])
+				out = append(out, a.id)
+				i += len(a.content)
+				seg = i
+				matched = true
+				break
+			}
+		}
+		if !matched {
+			i++
+		}
+	}
+	return t.encodeOrdinary(out, text[seg:])
+}
+
+// encodeOrdinary appends the tokens of a text segment that holds no added tokens.
+func (t *BPE) encodeOrdinary(out []uint32, text string) []uint32 {
+	if text == "" {
+		return out
+	}
+	if t.normalize != nil {
+		text = t.normalize(text)
+	}
+	if t.addPrefixSpace && text[0] != ' ' {
+		text = " " + text
+	}
+	var scratch mergeScratch
+	t.split.split(text, func(piece string) {
+		if t.wholeFirst {
+			if id, ok := t.vocab[piece]; ok {
+				out = append(out, id)
+				return
+			}
+		}
+		if len(piece) == 1 {
+			out = append(out, t.byteID[piece[0]])
+			return
+		}
+		out = t.bytePairMerge(out, piece, &scratch)
+	})
+	return out
+}
+
+// noRank marks a part that cannot merge with its right neighbour.
+const noRank = math.MaxUint32
+
+// mergeScratch holds reusable buffers for bytePairMerge within one Encode call.
+type mergeScratch struct {
+	start []int32
+	id    []uint32
+	rank  []uint32
+	heap  mergeHeap
+	next  []int32
+	prev  []int32
+}
+
+// pairRank returns the rank of merging the adjacent parts [a, mid) and
+// [mid, b) of piece with ids ia and ib, and the id of the result.
+func (t *BPE) pairRank(piece string, a, b int, ia, ib uint32) (uint32, uint32) {
+	if t.merges == nil {
+		if id, ok := t.vocab[piece[a:b]]; ok {
+			return id, id
+		}
+		return noRank, 0
+	}
+	if v, ok := t.merges[uint64(ia)<<32|uint64(ib)]; ok {
+		return uint32(v >> 32), uint32(v)
+	}
+	return noRank, 0
+}
+
+// heapThreshold: pieces this long merge with a heap (O(n log n)) instead of
+// the quadratic scan, so a megabyte of one repeated letter stays cheap.
+const heapThreshold = 64
+
+// bytePairMerge appends the BPE tokens of one pre-token: repeatedly merge
+// the adjacent pair with the lowest rank, leftmost first.
+func (t *BPE) bytePairMerge(out []uint32, piece string, s *mergeScratch) []uint32 {
+	if len(piece) >= heapThreshold {
+		return t.bytePairMergeHeap(out, piece, s)
+	}
+	n := len(piece)
+	s.start = s.start[:0]
+	s.id = s.id[:0]
+	s.rank = s.rank[:0]
+	for i := 0; i < n; i++ {
+		s.start = append(s.start, int32(i))
+		s.id = append(s.id, t.byteID[piece[i]])
+	}
+	s.start = append(s.start, int32(n))
+	end := func(k int) int { return int(s.start[k+1]) }
+	for k := 0; k < n-1; k++ {
+		r, _ := t.pairRank(piece, k, k+2, s.id[k], s.id[k+1])
+		s.rank = append(s.rank, r)
+	}
+	s.rank = append(s.rank, noRank)
+	for len(s.id) > 1 {
+		best, bestRank := -1, uint32(noRank)
+		for k, r := range s.rank[:len(s.id)-1] {
+			if r < bestRank {
+				best, bestRank = k, r
+			}
+		}
+		if best < 0 {
+			break
+		}
+		_, merged := t.pairRank(piece, int(s.start[best]), end(best+1), s.id[best], s.id[best+1])
+		s.id[best] = merged
+		s.id = append(s.id[:best+1], s.id[best+2:]...)
+		s.start = append(s.start[:best+1], s.start[best+2:]...)
+		s.rank = append(s.rank[:best+1], s.rank[best+2:]...)
+		if best+1 < len(s.id) {
+			s.rank[best], _ = t.pairRank(piece, int(s.start[best]), end(best+1), s.id[best], s.id[best+1])
+		} else {
+			s.rank[best] = noRank
+		}
+		if best > 0 {
+			s.rank[best-1], _ = t.pairRank(piece, int(s.start[best-1]), end(best), s.id[best-1], s.id[best])
+		}
+	}
+	return append(out, s.id...)
+}
+
+type mergeCand struct {
+	rank uint32
+	pos  int32
+}
+
+// mergeHeap is a typed binary min-heap ordered by (rank, pos).
+type mergeHeap []mergeCand
+
+func (h mergeHeap) less(a, b int) bool {
+	if h[a].rank != h[b].rank {
+		return h[a].rank < h[b].rank
+	}
+	return h[a].pos < h[b].pos
+}
+
+func (h *mergeHeap) push(c mergeCand) {
+	*h = append(*h, c)
+	x := *h
+	for i := len(x) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !x.less(i, p) {
+			break
+		}
+		x[i], x[p] = x[p], x[i]
+		i = p
+	}
+}
+
+func (h *mergeHeap) pop() mergeCand {
+	x := *h
+	top := x[0]
+	last := len(x) - 1
+	x[0] = x[last]
+	x = x[:last]
+	for i := 0; ; {
+		c := 2*i + 1
+		if c >= len(x) {
+			break
+		}
+		if c+1 < len(x) && x.less(c+1, c) {
+			c++
+		}
+		if !x.less(c, i) {
+			break
+		}
+		x[i], x[c] = x[c], x[i]
+		i = c
+	}
+	*h = x
+	return top
+}
+
+// bytePairMergeHeap is bytePairMerge on a doubly linked list of parts with a
+// heap of candidate merges; stale candidates are skipped by comparing ranks
+// (a rank names one merge, so an equal rank at the same position is the same
+// merge).
+func (t *BPE) bytePairMergeHeap(out []uint32, piece string, s *mergeScratch) []uint32 {
+	n := len(piece)
+	s.id = s.id[:0]
+	s.rank = s.rank[:0]
+	s.next = s.next[:0]
+	s.prev = s.prev[:0]
+	s.heap = s.heap[:0]
+	for i := 0; i < n; i++ {
+		s.id = append(s.id, t.byteID[piece[i]])
+		s.rank = append(s.rank, noRank)
+		s.next = append(s.next, int32(i+1))
+		s.prev = append(s.prev, int32(i-1))
+	}
+	s.next[n-1] = -1
+	// endOf is the byte end of the part starting at i.
+	endOf := func(i int32) int {
+		if nx := s.next[i]; nx >= 0 {
+			return int(nx)
+		}
+		return n
+	}
+	rankAt := func(i int32) uint32 {
+		j := s.next[i]
+		if j < 0 {
+			return noRank
+		}
+		r, _ := t.pairRank(piece, int(i), endOf(j), s.id[i], s.id[j])
+		return r
+	}
+	for i := int32(0); i < int32(n); i++ {
+		if r := rankAt(i); r != noRank {
+			s.rank[i] = r
+			s.heap = append(s.heap, mergeCand{r, i})
+		}
+	}
+	sort.Slice(s.heap, func(a, b int) bool { return s.heap.less(a, b) })
+	for len(s.heap) > 0 {
+		c := s.heap.pop()
+		i := c.pos
+		if s.rank[i] != c.rank {
+			continue
+		}
+		j := s.next[i]
+		_, merged := t.pairRank(piece, int(i), endOf(j), s.id[i], s.id[j])
+		s.id[i] = merged
+		k := s.next[j]
+		s.next[i] = k
+		if k >= 0 {
+			s.prev[k] = i
+		}
+		s.rank[j] = noRank
+		for _, b := range [2]int32{i, s.prev[i]} {
+			if b < 0 {
+				continue
+			}
+			s.rank[b] = rankAt(b)
+			if s.rank[b] != noRank {
+				s.heap.push(mergeCand{s.rank[b], b})
+			}
+		}
+	}
+	for i := int32(0); i >= 0; i = s.next[i] {
+		out = append(out, s.id[i])
+	}
+	return out
+}
+
+// setAdded installs the added tokens (special or not) for text matching.
+func (t *BPE) setAdded(tokens []addedToken) {
+	t.specialIDs = make(map[string]uint32, len(tokens))
+	for i := range t.addedByFirst {
+		t.addedByFirst[i] = nil
+	}
+	for _, a := range tokens {
+		if a.content == "" {
+			continue
+		}
+		t.specialIDs[a.content] = a.id
+		f := a.content[0]
+		t.addedByFirst[f] = append(t.addedByFirst[f], a)
+	}
+	for i := range t.addedByFirst {
+		l := t.addedByFirst[i]
+		sort.SliceStable(l, func(a, b int) bool { return len(l[a].content) > len(l[b].content) })
+	}
+}

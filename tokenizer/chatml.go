@@ -1,0 +1,65 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// ChatML is the built-in model's chat template, rendered in Go (no Jinja):
+//
+//	<|im_start|>system\nYou are …<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n
+//
+// A message's name, when set, follows the role after a space. Assistant tool
+// calls are appended to the content as <tool_call>{json}</tool_call> lines
+// (the Hermes/Qwen convention); a tool result keeps role "tool".
+type ChatML struct{}
+
+// Render implements ChatTemplate.
+func (ChatML) Render(messages []Message, addGenerationPrompt bool) (string, error) {
+	var b strings.Builder
+	for i, m := range messages {
+		if m.Role == "" {
+			return "", fmt.Errorf("tokenizer: message %d has no role", i)
+		}
+		if strings.ContainsAny(m.Role, "\n") || strings.Contains(m.Role, "<|") {
+			return "", fmt.Errorf("tokenizer: message %d has an invalid role %q", i, m.Role)
+		}
+		b.WriteString("<|im_start|>")
+		b.WriteString(m.Role)
+		if m.Name != "" {
+			b.WriteByte(' ')
+			b.WriteString(m.Name)
+		}
+		b.WriteByte('\n')
+		b.WriteString(m.Content)
+		for _, tc := range m.ToolCalls {
+			call := map[string]any{"name": tc.Function.Name, "arguments": json.RawMessage(argsJSON(tc.Function.Arguments))}
+			j, err := json.Marshal(call)
+			if err != nil {
+				return "", fmt.Errorf("tokenizer: message %d tool call %q: %w", i, tc.Function.Name, err)
+			}
+			if b.Len() > 0 && !strings.HasSuffix(b.String(), "\n") {
+				b.WriteByte('\n')
+			}
+			b.WriteString("<tool_call>")
+			b.Write(j)
+			b.WriteString("</tool_call>")
+		}
+		b.WriteString("<|im_end|>\n")
+	}
+	if addGenerationPrompt {
+		b.WriteString("<|im_start|>assistant\n")
+	}
+	return b.String(), nil
+}
+
+// argsJSON keeps valid JSON arguments as they are and quotes anything else,
+// so a malformed arguments string cannot break the rendered JSON.
+func argsJSON(s string) []byte {
+	if json.Valid([]byte(s)) {
+		return []byte(s)
+	}
+	q, _ := json.Marshal(s)
+	return q
+}

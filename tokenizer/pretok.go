@@ -1,0 +1,420 @@
+package tokenizer
+
+import (
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/dlclark/regexp2/v2"
+)
+
+// A splitter cuts text into pre-tokens; BPE then runs inside each piece
+// only. yield receives each piece as a sub-slice of text (no copies).
+type splitter interface {
+	split(text string, yield func(piece string))
+}
+
+// Regex patterns of the common byte-level BPE families. They are matched by
+// hand-written scanners (patternSplitter) because a backtracking regex engine
+// costs several hundred ns per piece; the scanners are checked against
+// regexp2 running the very same pattern in pretok_test.go.
+const (
+	// PatternO200k is tiktoken's o200k_base split pattern (GPT-4o).
+	PatternO200k = `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	// PatternCl100k is tiktoken's cl100k_base pattern, also Llama-3's Split pattern.
+	PatternCl100k = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	// PatternQwen2 is Qwen2/Qwen3's Split pattern: cl100k with single digits.
+	PatternQwen2 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	// PatternGPT2 is the GPT-2 pattern HF's ByteLevel pre-tokenizer uses when use_regex is true.
+	PatternGPT2 = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+)
+
+type patternKind int
+
+const (
+	kindO200k patternKind = iota
+	kindCl100k
+	kindQwen2
+	kindGPT2
+)
+
+// knownPatterns maps a regex (as written in tiktoken or tokenizer.json) to
+// its hand-written scanner. Llama-3's tokenizer.json spells \p{N}{1,3} and
+// the rest identically to cl100k, so one entry covers both.
+var knownPatterns = map[string]patternKind{
+	PatternO200k:  kindO200k,
+	PatternCl100k: kindCl100k,
+	PatternQwen2:  kindQwen2,
+	PatternGPT2:   kindGPT2,
+}
+
+// newSplitter returns the fast scanner for a known pattern and a regexp2
+// splitter (Isolated behaviour: matches and the gaps between them are both
+// pieces) for anything else.
+func newSplitter(pattern string) (splitter, error) {
+	if k, ok := knownPatterns[pattern]; ok {
+		return patternSplitter{kind: k}, nil
+	}
+	re, err := regexp2.Compile(pattern, regexp2.None)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: compile split pattern %q: %w", pattern, err)
+	}
+	return &regexSplitter{re: re}, nil
+}
+
+// regexSplitter is the general fallback. regexp2 works on runes; offsets are
+// mapped back to bytes so pieces stay sub-slices of the input.
+type regexSplitter struct{ re *regexp2.Regexp }
+
+func (r *regexSplitter) split(text string, yield func(string)) {
+	runes := []rune(text)
+	// byteOff[i] is the byte offset of rune i; invalid bytes decode to one
+	// RuneError rune of width 1, matching []rune's conversion.
+	byteOff := make([]int, len(runes)+1)
+	off := 0
+	for i := range runes {
+		byteOff[i] = off
+		_, n := utf8.DecodeRuneInString(text[off:])
+		off += n
+	}
+	byteOff[len(runes)] = len(text)
+	last := 0
+	m, err := r.re.FindRunesMatch(runes)
+	for err == nil && m != nil {
+		start, end := m.RuneIndex, m.RuneIndex+m.RuneLength
+		if start > last {
+			yield(text[byteOff[last]:byteOff[start]])
+		}
+		if end > start {
+			yield(text[byteOff[start]:byteOff[end]])
+		}
+		last = end
+		m, err = r.re.FindNextMatch(m)
+	}
+	// A regex error (only a timeout, which is never set) leaves the rest as one piece.
+	if last < len(runes) {
+		yield(text[byteOff[last]:])
+	}
+}
+
+// sequenceSplitter applies several splitters in turn, each to the pieces of
+// the one before (HF's pre_tokenizer Sequence of Splits).
+type sequenceSplitter []splitter
+
+func (s sequenceSplitter) split(text string, yield func(string)) {
+	var rec func(i int, t string)
+	rec = func(i int, t string) {
+		if i == len(s) {
+			yield(t)
+			return
+		}
+		s[i].split(t, func(p string) { rec(i+1, p) })
+	}
+	rec(0, text)
+}
+
+// Character classes as bits, computed once per rune.
+const (
+	cL    uint8 = 1 << iota // \p{L}
+	cN                      // \p{N}
+	cM                      // \p{M}
+	cS                      // \s (Go's unicode.IsSpace, which is what regexp2 uses)
+	cCRLF                   // \r or \n
+	cUp                     // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
+	cLo                     // [\p{Ll}\p{Lm}\p{Lo}\p{M}]
+)
+
+var asciiClass [128]uint8
+
+func init() {
+	for r := rune(0); r < 128; r++ {
+		asciiClass[r] = classOfSlow(r)
+	}
+}
+
+func classOfSlow(r rune) uint8 {
+	var c uint8
+	if unicode.IsLetter(r) {
+		c |= cL
+		if unicode.In(r, unicode.Lu, unicode.Lt, unicode.Lm, unicode.Lo) {
+			c |= cUp
+		}
+		if unicode.In(r, unicode.Ll, unicode.Lm, unicode.Lo) {
+			c |= cLo
+		}
+	}
+	if unicode.IsMark(r) {
+		c |= cM | cUp | cLo
+	}
+	if unicode.IsNumber(r) {
+		c |= cN
+	}
+	if unicode.IsSpace(r) {
+		c |= cS
+	}
+	if r == '\r' || r == '\n' {
+		c |= cCRLF
+	}
+	return c
+}
+
+// at decodes the rune at byte offset i: its class and width. Invalid bytes
+// are width 1 with no class (they fall in the "other symbols" branch).
+func at(s string, i int) (uint8, int) {
+	b := s[i]
+	if b < utf8.RuneSelf {
+		return asciiClass[b], 1
+	}
+	r, n := utf8.DecodeRuneInString(s[i:])
+	if r == utf8.RuneError && n == 1 {
+		return 0, 1
+	}
+	return classOfSlow(r), n
+}
+
+// patternSplitter scans one of the known patterns. Each alternative below
+// reproduces the leftmost-first backtracking result of the regex.
+type patternSplitter struct{ kind patternKind }
+
+func (p patternSplitter) split(s string, yield func(string)) {
+	for i := 0; i < len(s); {
+		var e int
+		switch p.kind {
+		case kindO200k:
+			e = matchO200k(s, i)
+		case kindCl100k:
+			e = matchCl100k(s, i, 3)
+		case kindQwen2:
+			e = matchCl100k(s, i, 1)
+		default:
+			e = matchGPT2(s, i)
+		}
+		if e <= i { // unreachable: every character matches some branch
+			_, n := at(s, i)
+			e = i + n
+		}
+		yield(s[i:e])
+		i = e
+	}
+}
+
+// contraction matches 's|'t|'re|'ve|'m|'ll|'d at i, case-insensitively when
+// fold is set (then s also matches U+017F, as Unicode case folding says).
+func contraction(s string, i int, fold bool) int {
+	if i+1 >= len(s) || s[i] != '\'' {
+		return i
+	}
+	lower := func(b byte) byte {
+		if fold && b >= 'A' && b <= 'Z' {
+			return b + 32
+		}
+		return b
+	}
+	c := lower(s[i+1])
+	switch c {
+	case 's', 't', 'm', 'd':
+		return i + 2
+	case 'r', 'v':
+		if i+2 < len(s) && lower(s[i+2]) == 'e' {
+			return i + 3
+		}
+	case 'l':
+		if i+2 < len(s) && lower(s[i+2]) == 'l' {
+			return i + 3
+		}
+	case 0xC5: // U+017F LATIN SMALL LETTER LONG S is C5 BF
+		if fold && i+2 < len(s) && s[i+2] == 0xBF {
+			return i + 3
+		}
+	}
+	return i
+}
+
+// run returns the end of the longest run of runes from i whose class has any
+// bit of want, and the number of runes in it (capped at max when max > 0).
+func run(s string, i int, want uint8, max int) (int, int) {
+	n := 0
+	for i < len(s) && (max <= 0 || n < max) {
+		c, w := at(s, i)
+		if c&want == 0 {
+			break
+		}
+		i += w
+		n++
+	}
+	return i, n
+}
+
+// whitespace handles the three trailing alternatives shared by all patterns:
+// \s*[\r\n]+ | \s+(?!\S) | \s+  (GPT-2 lacks the first; crlf=false).
+func whitespace(s string, i int, crlf bool) int {
+	c, w := at(s, i)
+	if c&cS == 0 {
+		return i
+	}
+	// Walk the whitespace run, remembering the end of the last \r/\n and
+	// the start of the last rune.
+	end, lastNL, lastStart := i, -1, i
+	for end < len(s) {
+		c, w = at(s, end)
+		if c&cS == 0 {
+			break
+		}
+		lastStart = end
+		end += w
+		if c&cCRLF != 0 {
+			lastNL = end
+		}
+	}
+	if crlf && lastNL >= 0 {
+		return lastNL // \s*[\r\n]+: greedy \s* backs off to the last newline
+	}
+	if end == len(s) || lastStart == i {
+		// \s+(?!\S) holds at end of text; a single rune before \S falls to \s+.
+		return end
+	}
+	return lastStart // \s+(?!\S): leave the last space to prefix the next word
+}
+
+// punct matches ` ?[^\s\p{L}\p{N}]+` followed by trailing chars in tail
+// (a class of \r \n and optionally '/').
+func punct(s string, i int, slash, crlfTail bool) int {
+	j := i
+	if s[j] == ' ' {
+		j++
+	}
+	e, n := i, 0
+	for k := j; k < len(s); {
+		c, w := at(s, k)
+		if c&(cS|cL|cN) != 0 {
+			break
+		}
+		k += w
+		e, n = k, n+1
+	}
+	if n == 0 {
+		return i
+	}
+	if crlfTail {
+		for e < len(s) && (s[e] == '\r' || s[e] == '\n' || (slash && s[e] == '/')) {
+			e++
+		}
+	}
+	return e
+}
+
+func matchO200k(s string, i int) int {
+	// Alternatives 1 and 2, each first with the optional [^\r\n\p{L}\p{N}] prefix.
+	c, w := at(s, i)
+	prefix := c&(cL|cN|cCRLF) == 0
+	for alt := 1; alt <= 2; alt++ {
+		if prefix && i+w < len(s) {
+			if e := o200kWord(s, i+w, alt); e > i+w {
+				return e
+			}
+		}
+		if e := o200kWord(s, i, alt); e > i {
+			return e
+		}
+	}
+	if c&cN != 0 {
+		e, _ := run(s, i, cN, 3)
+		return e
+	}
+	if e := punct(s, i, true, true); e > i {
+		return e
+	}
+	return whitespace(s, i, true)
+}
+
+// o200kWord matches alternative 1 (U*L+) or 2 (U+L*) at i, plus the optional
+// contraction; it returns i when the alternative fails.
+func o200kWord(s string, i, alt int) int {
+	// positions of the maximal U run
+	var starts [64]int
+	pos := starts[:0]
+	k := i
+	for k < len(s) {
+		c, w := at(s, k)
+		if c&cUp == 0 {
+			break
+		}
+		pos = append(pos, k)
+		k += w
+	}
+	var e int
+	if alt == 2 {
+		if k == i {
+			return i
+		}
+		e, _ = run(s, k, cLo, 0)
+	} else {
+		// U* greedy; L+ must match at the first position backtracking reaches.
+		if c, _ := at2(s, k); c&cLo != 0 {
+			e, _ = run(s, k, cLo, 0)
+		} else {
+			e = -1
+			for j := len(pos) - 1; j >= 0; j-- {
+				if c, w := at(s, pos[j]); c&cLo != 0 {
+					e = pos[j] + w
+					break
+				}
+			}
+			if e < 0 {
+				return i
+			}
+		}
+	}
+	return contraction(s, e, true)
+}
+
+// at2 is at that tolerates the end of text (class 0).
+func at2(s string, i int) (uint8, int) {
+	if i >= len(s) {
+		return 0, 0
+	}
+	return at(s, i)
+}
+
+func matchCl100k(s string, i int, digits int) int {
+	if e := contraction(s, i, true); e > i {
+		return e
+	}
+	c, w := at(s, i)
+	if c&(cL|cN|cCRLF) == 0 && i+w < len(s) {
+		if e, n := run(s, i+w, cL, 0); n > 0 {
+			return e
+		}
+	}
+	if c&cL != 0 {
+		e, _ := run(s, i, cL, 0)
+		return e
+	}
+	if c&cN != 0 {
+		e, _ := run(s, i, cN, digits)
+		return e
+	}
+	if e := punct(s, i, false, true); e > i {
+		return e
+	}
+	return whitespace(s, i, true)
+}
+
+func matchGPT2(s string, i int) int {
+	if e := contraction(s, i, false); e > i {
+		return e
+	}
+	j := i
+	if s[i] == ' ' && i+1 < len(s) {
+		j = i + 1
+	}
+	for _, cls := range [2]uint8{cL, cN} {
+		if e, n := run(s, j, cls, 0); n > 0 {
+			return e
+		}
+	}
+	if e := punct(s, i, false, false); e > i {
+		return e
+	}
+	return whitespace(s, i, false)
+}

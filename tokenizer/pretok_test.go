@@ -1,0 +1,66 @@
+package tokenizer
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func pieces(s splitter, text string) []string {
+	var out []string
+	s.split(text, func(p string) { out = append(out, p) })
+	return out
+}
+
+// TestSplitterMatchesRegex runs each hand-written scanner against regexp2
+// interpreting the same pattern (wrapped in (?:…) so regexp2 does not pick up
+// tiktoken-go's registered generated code for the bare pattern).
+func TestSplitterMatchesRegex(t *testing.T) {
+	extra := []string{"\x00", "\x7f", "\x1b[0m", "\u0085", "\u2028", "\u180e", "'S", "'m", "'M", "'d", "'ve", "'T", "'lL", "'Re", "'ſ", "'", "''s", "\u0301a", "a\u0301B", "ǅa", "ʰʰa", "Ab'LL", "\u00adx"}
+	for pattern, kind := range knownPatterns {
+		ref, err := newSplitter("(?:" + pattern + ")")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fast := patternSplitter{kind: kind}
+		r := rand.New(rand.NewPCG(uint64(kind), 99))
+		for i := 0; i < 1500; i++ {
+			var b strings.Builder
+			for b.Len() < 1+r.IntN(120) {
+				if r.IntN(3) == 0 {
+					b.WriteString(extra[r.IntN(len(extra))])
+				} else {
+					b.WriteString(randomText(r, 1))
+				}
+			}
+			text := b.String()
+			got, want := pieces(fast, text), pieces(ref, text)
+			if !slices.Equal(got, want) {
+				t.Fatalf("pattern %d, text %q:\n got  %q\n want %q", kind, text, got, want)
+			}
+		}
+	}
+}
+
+func TestSplitterEdgeCases(t *testing.T) {
+	o := patternSplitter{kind: kindO200k}
+	cases := []struct {
+		text string
+		want []string
+	}{
+		{"Hello world", []string{"Hello", " world"}},
+		{"HELLOworld", []string{"HELLOworld"}},
+		{"don't", []string{"don't"}},
+		{"x  y", []string{"x", " ", " y"}},
+		{"a \n\n b", []string{"a", " \n\n", " b"}},
+		{"12345", []string{"123", "45"}},
+		{"path/to\n", []string{"path", "/to", "\n"}},
+		{"  ", []string{"  "}},
+	}
+	for _, c := range cases {
+		if got := pieces(o, c.text); !slices.Equal(got, c.want) {
+			t.Errorf("split(%q) = %q, want %q", c.text, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,74 @@
+// Package tokenizer turns text into token ids and back for the frontend:
+// the built-in o200k_base encoding (vocabulary embedded, no downloads),
+// Hugging Face byte-level BPE tokenizer.json files, Jinja chat templates from
+// tokenizer_config.json, incremental UTF-8-safe detokenization for streaming
+// and a stop-sequence matcher.
+//
+// Token ids are uint32, as in kv. Decoding never fails: ids the vocabulary
+// does not have decode to the empty string.
+package tokenizer
+
+// Tokenizer encodes text to token ids and back. Implementations are safe for
+// concurrent use.
+type Tokenizer interface {
+	// Encode tokenizes plain text; special tokens written in it are not
+	// recognised (they become ordinary text tokens).
+	Encode(text string) []uint32
+	// EncodeWithSpecial tokenizes text where special tokens written
+	// literally (as in a rendered chat template) become their ids.
+	EncodeWithSpecial(text string) []uint32
+	// Decode concatenates the tokens' bytes; unknown ids contribute "".
+	Decode(ids []uint32) string
+	// Piece is the raw bytes of one token ("" when unknown); possibly a
+	// partial UTF-8 sequence.
+	Piece(id uint32) string
+	// IsSpecial reports whether id is a special token (chat markers, EOS).
+	IsSpecial(id uint32) bool
+	// TokenID looks up a special or added token by its text.
+	TokenID(content string) (uint32, bool)
+	// VocabSize is one past the largest id; ids in [0, VocabSize) may still
+	// be unused and decode to "".
+	VocabSize() int
+	// Name identifies the encoding or model.
+	Name() string
+}
+
+// Message is one chat message as the chat template sees it.
+type Message struct {
+	Role       string     `json:"role"`
+	Content    string     `json:"content"`
+	Name       string     `json:"name,omitempty"`
+	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
+	ToolCallID string     `json:"tool_call_id,omitempty"`
+}
+
+// ToolCall is an assistant's function call, in OpenAI's shape.
+type ToolCall struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"` // "function"
+	Function FunctionCall `json:"function"`
+}
+
+// FunctionCall names a function and carries its JSON-encoded arguments.
+type FunctionCall struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// ChatTemplate renders chat messages into the prompt text a model expects.
+type ChatTemplate interface {
+	// Render returns the prompt; with addGenerationPrompt it ends with the
+	// opening of the assistant's turn. Encode it with EncodeWithSpecial.
+	Render(messages []Message, addGenerationPrompt bool) (string, error)
+}
+
+// Builtin returns the built-in model's tokenizer (o200k_base with ChatML
+// special tokens) and its ChatML template. It fails only if the embedded
+// vocabulary is corrupt, which a unit test rules out.
+func Builtin() (Tokenizer, ChatTemplate, error) {
+	t, err := O200k()
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, ChatML{}, nil
+}
