@@ -1,0 +1,157 @@
+package events
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Encoder writes batches in vLLM's msgpack layout. Integers take their
+// smallest msgpack form, ts is always a float64, strings use fixstr/str8/…
+// as msgspec does. An Encoder is not safe for concurrent use.
+type Encoder struct {
+	buf bytes.Buffer
+	enc *msgpack.Encoder
+}
+
+// NewEncoder returns an Encoder.
+func NewEncoder() *Encoder {
+	e := &Encoder{}
+	e.enc = msgpack.NewEncoder(&e.buf)
+	return e
+}
+
+// EncodeBatch returns b encoded in shape s. The returned slice is a fresh
+// copy the caller may keep.
+func (e *Encoder) EncodeBatch(b *Batch, s Shape) ([]byte, error) {
+	e.buf.Reset()
+	if err := e.batch(b, s); err != nil {
+		return nil, err
+	}
+	return bytes.Clone(e.buf.Bytes()), nil
+}
+
+// EncodeBatch is a convenience for one-off encodes.
+func EncodeBatch(b *Batch, s Shape) ([]byte, error) { return NewEncoder().EncodeBatch(b, s) }
+
+func (e *Encoder) batch(b *Batch, s Shape) error {
+	w := e.enc
+	mapEvents := s == ShapeMapEvents || s == ShapeMap
+	if s == ShapeMap {
+		must(w.EncodeMapLen(3))
+		must(w.EncodeString(keyTS))
+	} else {
+		must(w.EncodeArrayLen(3))
+	}
+	must(w.EncodeFloat64(b.TS))
+	if s == ShapeMap {
+		must(w.EncodeString(keyEvents))
+	}
+	must(w.EncodeArrayLen(len(b.Events)))
+	for i := range b.Events {
+		if err := e.event(&b.Events[i], mapEvents); err != nil {
+			return fmt.Errorf("event %d: %w", i, err)
+		}
+	}
+	if s == ShapeMap {
+		must(w.EncodeString(keyDPRank))
+	}
+	if b.HasDPRank {
+		must(w.EncodeInt(b.DPRank))
+	} else {
+		must(w.EncodeNil())
+	}
+	return nil
+}
+
+// must documents that writes into a bytes.Buffer cannot fail.
+func must(err error) {
+	if err != nil {
+		panic(fmt.Sprintf("events: msgpack write to memory failed: %v", err))
+	}
+}
+
+func (e *Encoder) event(ev *Event, asMap bool) error {
+	w := e.enc
+	key := func(k string) {
+		if asMap {
+			must(w.EncodeString(k))
+		}
+	}
+	switch ev.Type {
+	case TypeStored:
+		if asMap {
+			must(w.EncodeMapLen(9))
+		} else {
+			must(w.EncodeArrayLen(9))
+		}
+		key(keyType)
+		must(w.EncodeString(TagStored))
+		key(keyHashes)
+		e.hashes(ev.BlockHashes)
+		key(keyParent)
+		if ev.HasParent {
+			must(w.EncodeUint(ev.Parent))
+		} else {
+			must(w.EncodeNil())
+		}
+		key(keyTokens)
+		must(w.EncodeArrayLen(len(ev.TokenIDs)))
+		for _, t := range ev.TokenIDs {
+			must(w.EncodeUint(uint64(t)))
+		}
+		key(keyBlockSize)
+		must(w.EncodeInt(int64(ev.BlockSize)))
+		key(keyLoRAID)
+		if ev.HasLoRAID {
+			must(w.EncodeInt(ev.LoRAID))
+		} else {
+			must(w.EncodeNil())
+		}
+		key(keyMedium)
+		e.optString(ev.Medium, ev.HasMedium)
+		key(keyLoRAName)
+		e.optString(ev.LoRAName, ev.HasLoRAName)
+		key(keyExtraKeys)
+		must(w.EncodeNil())
+	case TypeRemoved:
+		if asMap {
+			must(w.EncodeMapLen(3))
+		} else {
+			must(w.EncodeArrayLen(3))
+		}
+		key(keyType)
+		must(w.EncodeString(TagRemoved))
+		key(keyHashes)
+		e.hashes(ev.BlockHashes)
+		key(keyMedium)
+		e.optString(ev.Medium, ev.HasMedium)
+	case TypeCleared:
+		if asMap {
+			must(w.EncodeMapLen(1))
+		} else {
+			must(w.EncodeArrayLen(1))
+		}
+		key(keyType)
+		must(w.EncodeString(TagCleared))
+	default:
+		return fmt.Errorf("cannot encode event type %v", ev.Type)
+	}
+	return nil
+}
+
+func (e *Encoder) hashes(h []uint64) {
+	must(e.enc.EncodeArrayLen(len(h)))
+	for _, v := range h {
+		must(e.enc.EncodeUint(v))
+	}
+}
+
+func (e *Encoder) optString(s string, ok bool) {
+	if ok {
+		must(e.enc.EncodeString(s))
+	} else {
+		must(e.enc.EncodeNil())
+	}
+}

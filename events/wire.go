@@ -1,0 +1,132 @@
+package events
+
+import "fmt"
+
+// EventType is the tag of one wire event.
+type EventType uint8
+
+const (
+	TypeStored EventType = iota + 1
+	TypeRemoved
+	TypeCleared
+)
+
+// Wire tags, as vLLM's msgspec tagged structs name them.
+const (
+	TagStored  = "BlockStored"
+	TagRemoved = "BlockRemoved"
+	TagCleared = "AllBlocksCleared"
+)
+
+// Tag is the wire tag of t.
+func (t EventType) Tag() string {
+	switch t {
+	case TypeStored:
+		return TagStored
+	case TypeRemoved:
+		return TagRemoved
+	case TypeCleared:
+		return TagCleared
+	}
+	return fmt.Sprintf("EventType(%d)", uint8(t))
+}
+
+// String is the short name used in logs and by `kvmesh events listen`.
+func (t EventType) String() string {
+	switch t {
+	case TypeStored:
+		return "stored"
+	case TypeRemoved:
+		return "removed"
+	case TypeCleared:
+		return "cleared"
+	}
+	return fmt.Sprintf("type(%d)", uint8(t))
+}
+
+// Event is one decoded wire event. Optional wire fields carry a Has flag so
+// nil and absent stay distinguishable from zero.
+type Event struct {
+	Type EventType
+
+	// BlockStored and BlockRemoved.
+	BlockHashes []uint64 // engine hashes, bit-cast to u64 whatever their wire type
+	Medium      string
+	HasMedium   bool
+
+	// BlockStored only.
+	Parent      uint64
+	HasParent   bool
+	TokenIDs    []uint32
+	BlockSize   int
+	LoRAID      int64 // deprecated by vLLM; carried, never used for hashing
+	HasLoRAID   bool
+	LoRAName    string
+	HasLoRAName bool
+	// CacheSalt and Locality only arrive in map-shaped events.
+	CacheSalt string
+	Locality  string
+}
+
+// Batch is one decoded EventBatch: one sequence number on the wire.
+type Batch struct {
+	TS        float64
+	Events    []Event
+	DPRank    int64
+	HasDPRank bool
+}
+
+// Shape says how the encoder lays out a batch.
+type Shape uint8
+
+const (
+	// ShapeArray: positional batch and positional events (vLLM's classic
+	// msgspec array_like layout).
+	ShapeArray Shape = iota
+	// ShapeMapEvents: positional batch, events as maps tagged by "type"
+	// (vLLM after PR #42892, SGLang).
+	ShapeMapEvents
+	// ShapeMap: batch and events both maps.
+	ShapeMap
+)
+
+func (s Shape) String() string {
+	switch s {
+	case ShapeArray:
+		return "array"
+	case ShapeMapEvents:
+		return "map-events"
+	case ShapeMap:
+		return "map"
+	}
+	return fmt.Sprintf("shape(%d)", uint8(s))
+}
+
+// ParseShape accepts the names String prints.
+func ParseShape(s string) (Shape, error) {
+	for _, v := range []Shape{ShapeArray, ShapeMapEvents, ShapeMap} {
+		if v.String() == s {
+			return v, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown event shape %q (want array, map-events or map)", s)
+}
+
+// Field names of map-shaped batches and events (msgspec uses the Python
+// attribute names).
+const (
+	keyTS        = "ts"
+	keyEvents    = "events"
+	keyDPRank    = "data_parallel_rank"
+	keyType      = "type"
+	keyHashes    = "block_hashes"
+	keyParent    = "parent_block_hash"
+	keyTokens    = "token_ids"
+	keyBlockSize = "block_size"
+	keyLoRAID    = "lora_id"
+	keyMedium    = "medium"
+	keyLoRAName  = "lora_name"
+	keyExtraKeys = "extra_keys"
+	keyCacheSalt = "cache_salt"
+	keyLocality  = "locality"
+)
