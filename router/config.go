@@ -1,0 +1,193 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Mode selects how the router picks a worker.
+type Mode string
+
+const (
+	ModeRoundRobin Mode = "round-robin" // next worker in key order
+	ModeRandom     Mode = "random"      // uniform over non-busy workers
+	ModeKV         Mode = "kv"          // cost model over an event-fed index
+	ModeKVApprox   Mode = "kv-approx"   // cost model over the router's own routing history
+)
+
+// ParseMode accepts the names above.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(strings.ToLower(strings.TrimSpace(s))); m {
+	case ModeRoundRobin, ModeRandom, ModeKV, ModeKVApprox:
+		return m, nil
+	}
+	return "", fmt.Errorf("unknown router mode %q (want round-robin, random, kv or kv-approx)", s)
+}
+
+// Role is a worker's place in (dis)aggregated serving. Routing pools are
+// keyed by model and role; the empty role means aggregated.
+type Role string
+
+const (
+	RoleAggregated Role = "aggregated"
+	RolePrefill    Role = "prefill"
+	RoleDecode     Role = "decode"
+)
+
+func (r Role) norm() Role {
+	if r == "" {
+		return RoleAggregated
+	}
+	return r
+}
+
+// Config configures a Router. The zero value of every field picks the
+// default noted beside it.
+type Config struct {
+	Mode Mode // default ModeKV when Matcher is set, else ModeRoundRobin
+
+	// Matcher is the event-fed index (kv mode; required there).
+	Matcher Matcher
+	// Approx is the approximate index of kv-approx mode. Nil: the router
+	// builds one with NewApprox(ApproxTTL).
+	Approx ApproxIndex
+	// NewApprox builds the default approximate index; set by the wiring
+	// that links the index package.
+	NewApprox func(ttl time.Duration) ApproxIndex
+	ApproxTTL time.Duration // default 120 s
+
+	// Cost is the cost model (DESIGN.md §5); nil: DefaultCost().
+	Cost *CostModel
+
+	// Busy thresholds; zero disables each. A worker is busy when any is
+	// exceeded; when every candidate is busy Route returns a *BusyError.
+	MaxKVUsage       float64       // fraction of KV blocks in use (reported or estimated)
+	MaxPrefillTokens int64         // active prefill tokens
+	MaxPrefillFrac   float64       // active prefill tokens / worker's MaxBatchedTokens
+	BusyRetryAfter   time.Duration // suggestion in BusyError, default 1 s
+	LoadReportTTL    time.Duration // how long an UpdateLoad report counts, default 10 s
+
+	// Hints turns on hint planning (kv mode only: the planner trusts the
+	// index to say who really holds blocks).
+	Hints bool
+
+	// RouterID names this replica in replica-sync messages and decision
+	// ids; default a random 8-hex-digit id.
+	RouterID string
+	// OnReplicaEvent receives every load change this router makes, to be
+	// published to other replicas. It is called synchronously, outside the
+	// router's lock; the event's slices are only valid during the call.
+	OnReplicaEvent func(ReplicaEvent)
+
+	// Stale-request expiry: requests older than MaxRequestAge are freed
+	// (a lost Done must not pin load forever); checked at most every
+	// SweepInterval. Defaults 1 h and 30 s.
+	MaxRequestAge time.Duration
+	SweepInterval time.Duration
+
+	Now        func() time.Time      // default time.Now; the twin passes virtual time
+	Rand       *rand.Rand            // default seeded from the runtime; guarded by the router
+	Registerer prometheus.Registerer // nil: metrics are kept but not registered
+}
+
+// CostModel weighs a worker's cached prefix against its load:
+//
+//	credit  = Device·device + Host·host_only + Disk·disk_only   (blocks)
+//	prefill = max((active_prefill_tokens + ISL)/block_size − credit, 0)
+//	cost    = PrefillScale·prefill + decode_blocks
+//
+// Temperature 0 picks the minimum (ties at random); T > 0 samples a
+// softmax over min–max normalised costs.
+type CostModel struct {
+	Device, Host, Disk float64
+	PrefillScale       float64
+	Temperature        float64
+}
+
+// DefaultCost is Dynamo's default: credits 1.0/0.75/0.25, scale 1, T 0.
+func DefaultCost() CostModel {
+	return CostModel{Device: 1, Host: 0.75, Disk: 0.25, PrefillScale: 1}
+}
+
+func (m CostModel) validate() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"Device", m.Device}, {"Host", m.Host}, {"Disk", m.Disk}, {"PrefillScale", m.PrefillScale}, {"Temperature", m.Temperature}} {
+		if !(f.v >= 0) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("%w: cost %s %v must be finite and ≥ 0", errConfig, f.name, f.v)
+		}
+	}
+	return nil
+}
+
+var errConfig = errors.New("router config")
+
+func (c *Config) fill() error {
+	if c.Mode == "" {
+		if c.Matcher != nil {
+			c.Mode = ModeKV
+		} else {
+			c.Mode = ModeRoundRobin
+		}
+	}
+	if _, err := ParseMode(string(c.Mode)); err != nil {
+		return fmt.Errorf("%w: %w", errConfig, err)
+	}
+	if c.Mode == ModeKV && c.Matcher == nil {
+		return fmt.Errorf("%w: mode kv needs a Matcher (the event index)", errConfig)
+	}
+	if c.ApproxTTL == 0 {
+		c.ApproxTTL = 120 * time.Second
+	}
+	if c.ApproxTTL < 0 {
+		return fmt.Errorf("%w: ApproxTTL %v is negative", errConfig, c.ApproxTTL)
+	}
+	if c.Mode == ModeKVApprox && c.Approx == nil {
+		if c.NewApprox == nil {
+			return fmt.Errorf("%w: mode kv-approx needs Approx or NewApprox", errConfig)
+		}
+		c.Approx = c.NewApprox(c.ApproxTTL)
+	}
+	if c.Cost == nil {
+		d := DefaultCost()
+		c.Cost = &d
+	} else {
+		cm := *c.Cost // a private copy: the caller may reuse theirs
+		c.Cost = &cm
+	}
+	if err := c.Cost.validate(); err != nil {
+		return err
+	}
+	if c.MaxKVUsage < 0 || c.MaxPrefillTokens < 0 || c.MaxPrefillFrac < 0 {
+		return fmt.Errorf("%w: busy thresholds must be ≥ 0", errConfig)
+	}
+	if c.BusyRetryAfter <= 0 {
+		c.BusyRetryAfter = time.Second
+	}
+	if c.LoadReportTTL <= 0 {
+		c.LoadReportTTL = 10 * time.Second
+	}
+	if c.MaxRequestAge <= 0 {
+		c.MaxRequestAge = time.Hour
+	}
+	if c.SweepInterval <= 0 {
+		c.SweepInterval = 30 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Rand == nil {
+		c.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	if c.RouterID == "" {
+		c.RouterID = fmt.Sprintf("%08x", rand.Uint32())
+	}
+	return nil
+}

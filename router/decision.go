@@ -1,0 +1,87 @@
+package router
+
+import "github.com/kvmesh/kvmesh/kv"
+
+// Decision is one routing decision and the handle on the load it booked.
+// FirstToken and Done are idempotent and safe to call from any goroutine.
+type Decision struct {
+	ID     string       // selection id, unique per router replica
+	Worker kv.WorkerKey // the chosen worker key
+	// Overlap is the chosen worker's cumulative depth per tier, as the
+	// index reported it (see Match); TierBlocks splits it per tier.
+	Overlap [kv.NumTiers]uint32
+	// Local and Seq are the request's full-block local and sequence hashes,
+	// so downstream code need not rehash. Read-only.
+	Local     []kv.LocalHash
+	Seq       []kv.SeqHash
+	BlockSize int
+	ISL       int // prompt tokens
+	// CachedTokens is the prefix the router predicts the worker will not
+	// recompute (held on any tier); PrefillTokens = ISL − CachedTokens is
+	// what it booked as prefill load.
+	CachedTokens  int
+	PrefillTokens int
+	// Hint, when non-nil, names a peer holding a longer prefix than the
+	// chosen worker (Config.Hints).
+	Hint *HintPlan
+
+	r *Router
+	a *active
+}
+
+// TierBlocks returns the chosen worker's overlap split per tier: blocks of
+// the matched prefix first found on each tier (device, host-only, …).
+func (d *Decision) TierBlocks() [kv.NumTiers]uint32 {
+	var out [kv.NumTiers]uint32
+	var prev uint32
+	for t, v := range d.Overlap {
+		v = max(v, prev)
+		out[t] = v - prev
+		prev = v
+	}
+	return out
+}
+
+// FirstToken marks the request's prefill as done: its prefill tokens stop
+// counting against the worker.
+func (d *Decision) FirstToken() {
+	if d == nil || d.r == nil {
+		return
+	}
+	d.r.prefillDone(d.a, true)
+}
+
+// Done frees the request's load (end of stream, error or cancellation).
+func (d *Decision) Done() {
+	if d == nil || d.r == nil {
+		return
+	}
+	d.r.done(d.a, true)
+}
+
+func (r *Router) prefillDone(a *active, emit bool) {
+	r.mu.Lock()
+	if a.freed || a.prefill == 0 {
+		r.mu.Unlock()
+		return
+	}
+	a.load.prefillDone(a)
+	r.mu.Unlock()
+	if emit && r.cfg.OnReplicaEvent != nil {
+		r.cfg.OnReplicaEvent(ReplicaEvent{Kind: ReplicaFirstToken, Router: r.cfg.RouterID, Decision: a.id, Worker: a.load.key})
+	}
+}
+
+func (r *Router) done(a *active, emit bool) {
+	r.mu.Lock()
+	if a.freed {
+		r.mu.Unlock()
+		return
+	}
+	r.freeLocked(a)
+	delete(r.active, a.id)
+	r.mu.Unlock()
+	if emit && r.cfg.OnReplicaEvent != nil {
+		r.cfg.OnReplicaEvent(ReplicaEvent{Kind: ReplicaFree, Router: r.cfg.RouterID, Decision: a.id, Worker: a.load.key})
+	}
+}

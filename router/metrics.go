@@ -1,0 +1,92 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	hash, match, score, total prometheus.Observer
+	decisions                 prometheus.Counter
+	busy                      prometheus.Counter
+	expired                   prometheus.Counter
+	hints                     prometheus.Counter
+	islTokens, cachedTokens   prometheus.Counter
+}
+
+// newMetrics builds the router's metrics and registers them on reg (if not
+// nil). Collectors already registered by another router on the same
+// registry are shared.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	overhead := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvmesh_router_overhead_seconds",
+		Help:    "Time spent per routing decision, by stage (hash, match, score, total).",
+		Buckets: prometheus.ExponentialBuckets(1e-6, 2, 18), // 1 µs … 131 ms
+	}, []string{"stage"})
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
+	decisions := counter("kvmesh_router_decisions_total", "Routing decisions made.")
+	busy := counter("kvmesh_router_busy_rejections_total", "Requests rejected because every worker was busy.")
+	expired := counter("kvmesh_router_expired_requests_total", "Active requests freed by the stale-request sweep (a Done never came).")
+	hints := counter("kvmesh_router_hints_planned_total", "Decisions that carry a KV hint plan.")
+	isl := counter("kvmesh_router_isl_tokens_total", "Prompt tokens routed.")
+	cached := counter("kvmesh_router_predicted_cached_tokens_total", "Prompt tokens the router predicted cached on the chosen worker; divided by kvmesh_router_isl_tokens_total it is the predicted KV hit rate.")
+
+	if reg != nil {
+		var err error
+		overhead = register(reg, overhead, &err)
+		decisions = register(reg, decisions, &err)
+		busy = register(reg, busy, &err)
+		expired = register(reg, expired, &err)
+		hints = register(reg, hints, &err)
+		isl = register(reg, isl, &err)
+		cached = register(reg, cached, &err)
+		if err != nil {
+			return nil, fmt.Errorf("router: registering metrics: %w", err)
+		}
+	}
+	return &metrics{
+		hash:         overhead.WithLabelValues("hash"),
+		match:        overhead.WithLabelValues("match"),
+		score:        overhead.WithLabelValues("score"),
+		total:        overhead.WithLabelValues("total"),
+		decisions:    decisions,
+		busy:         busy,
+		expired:      expired,
+		hints:        hints,
+		islTokens:    isl,
+		cachedTokens: cached,
+	}, nil
+}
+
+func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		if *errp == nil {
+			*errp = err
+		}
+	}
+	return c
+}
+
+func (m *metrics) observe(t0, t1, t2, t3 time.Time, d *Decision) {
+	m.hash.Observe(t1.Sub(t0).Seconds())
+	m.match.Observe(t2.Sub(t1).Seconds())
+	m.score.Observe(t3.Sub(t2).Seconds())
+	m.total.Observe(t3.Sub(t0).Seconds())
+	m.decisions.Inc()
+	m.islTokens.Add(float64(d.ISL))
+	m.cachedTokens.Add(float64(d.CachedTokens))
+	if d.Hint != nil {
+		m.hints.Inc()
+	}
+}

@@ -1,0 +1,379 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Router picks workers. It is safe for concurrent use.
+type Router struct {
+	cfg Config
+	met *metrics
+
+	mu        sync.Mutex
+	pools     map[poolKey]*pool
+	workers   map[kv.WorkerKey]*worker
+	loads     map[kv.WorkerKey]*load
+	active    map[string]*active // open decisions, ours and other replicas'
+	lastSweep time.Time
+
+	approxMu sync.Mutex // serialises calls into cfg.Approx
+	nworkers atomic.Int64
+	seq      atomic.Uint64
+	scratch  sync.Pool // *scratch
+}
+
+// active is one open request's contribution to a worker's load.
+type active struct {
+	id      string
+	load    *load
+	seq     []kv.SeqHash // prompt blocks (refcounted in load.refs); read-only
+	private int64        // blocks not shared with anyone (partial tail)
+	prefill int64        // tokens still to prefill; 0 after the first token
+	start   time.Time
+	freed   bool
+}
+
+// New returns a Router for cfg (see Config for defaults).
+func New(cfg Config) (*Router, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	met, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	r := &Router{
+		cfg:     cfg,
+		met:     met,
+		pools:   make(map[poolKey]*pool),
+		workers: make(map[kv.WorkerKey]*worker),
+		loads:   make(map[kv.WorkerKey]*load),
+		active:  make(map[string]*active),
+	}
+	r.scratch.New = func() any { return new(scratch) }
+	return r, nil
+}
+
+// Mode is the router's selection mode.
+func (r *Router) Mode() Mode { return r.cfg.Mode }
+
+// ID is this replica's router id.
+func (r *Router) ID() string { return r.cfg.RouterID }
+
+// Request is what the router needs to know about one request.
+type Request struct {
+	Model  string
+	Role   Role // "" means aggregated
+	Tokens []kv.Token
+	LoRA   string // mixed into block hashes
+	Salt   string // cache salt, mixed into block hashes
+	// Exclude lists workers not to pick (e.g. ones a migrating request
+	// already failed on).
+	Exclude []kv.WorkerKey
+}
+
+// ErrAllBusy is matched (errors.Is) by the *BusyError Route returns when
+// every candidate worker is past a busy threshold.
+var ErrAllBusy = errors.New("router: all workers are busy")
+
+// BusyError says every candidate was busy and when to retry.
+type BusyError struct {
+	Model      string
+	Workers    int
+	RetryAfter time.Duration
+}
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("router: all %d workers of model %q are busy, retry after %v", e.Workers, e.Model, e.RetryAfter)
+}
+
+func (e *BusyError) Unwrap() error { return ErrAllBusy }
+
+// scratch is per-call working memory, pooled so Route does not allocate it.
+type scratch struct {
+	matches []Match
+	depth   [][kv.NumTiers]uint32 // per pool worker
+	cand    []int                 // pool indices still eligible
+	cost    []float64
+}
+
+// Route picks a worker for req and books the request's load on it. The
+// caller must call Done on the returned decision when the request ends for
+// any reason, and FirstToken when its first token arrives.
+func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	t0 := time.Now()
+	role := req.Role.norm()
+	pk := poolKey{req.Model, role}
+
+	r.mu.Lock()
+	p := r.pools[pk]
+	var bs int
+	if p != nil {
+		bs = p.blockSize
+	}
+	r.mu.Unlock()
+	if p == nil {
+		return nil, fmt.Errorf("%w for model %q role %s", ErrNoWorkers, req.Model, role)
+	}
+
+	// Hash outside the lock. The decision owns these slices (the hint
+	// planner, the worker and the load tracker read them later).
+	n := kv.NumFullBlocks(len(req.Tokens), bs)
+	var local []kv.LocalHash
+	var seq []kv.SeqHash
+	if n > 0 {
+		buf := make([]uint64, 2*n)
+		local = kv.LocalHashes(buf[:0:n], req.Tokens, bs, kv.Seed(req.LoRA, req.Salt))
+		seq = kv.SeqHashes(buf[n:n:2*n], local)
+	}
+	t1 := time.Now()
+
+	sc := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(sc)
+	sc.matches = sc.matches[:0]
+	if n > 0 {
+		switch r.cfg.Mode {
+		case ModeKV:
+			sc.matches = r.cfg.Matcher.FindMatches(local, sc.matches)
+		case ModeKVApprox:
+			r.approxMu.Lock()
+			sc.matches = r.cfg.Approx.FindMatches(local, sc.matches)
+			r.approxMu.Unlock()
+		}
+		if !slices.IsSortedFunc(sc.matches, func(a, b Match) int { return cmpKey(a.Worker, b.Worker) }) {
+			slices.SortFunc(sc.matches, func(a, b Match) int { return cmpKey(a.Worker, b.Worker) })
+		}
+	}
+	t2 := time.Now()
+
+	now := r.cfg.Now()
+	d := &Decision{r: r, Local: local, Seq: seq, ISL: len(req.Tokens), BlockSize: bs}
+	var ev ReplicaEvent
+	var emit bool
+
+	r.mu.Lock()
+	r.maybeSweep(now)
+	p = r.pools[pk] // the pool may have changed while we hashed
+	if p == nil || p.blockSize != bs {
+		r.mu.Unlock()
+		if p == nil {
+			return nil, fmt.Errorf("%w for model %q role %s", ErrNoWorkers, req.Model, role)
+		}
+		return nil, fmt.Errorf("router: model %q changed block size while routing; retry", req.Model)
+	}
+	chosen, err := r.choose(p, req, sc, seq, now)
+	if err != nil {
+		r.mu.Unlock()
+		if errors.Is(err, ErrAllBusy) {
+			r.met.busy.Inc()
+		}
+		return nil, err
+	}
+	w := p.workers[chosen]
+	d.Worker = w.info.Key
+	d.Overlap = sc.depth[chosen]
+	cachedBlocks := int(d.Overlap[kv.NumTiers-1])
+	d.CachedTokens = min(cachedBlocks*bs, d.ISL)
+	d.PrefillTokens = d.ISL - d.CachedTokens
+	d.ID = r.cfg.RouterID + "-" + strconv.FormatUint(r.seq.Add(1), 36)
+	a := &active{
+		id:      d.ID,
+		load:    w.load,
+		seq:     seq,
+		private: int64(kv.BlocksNeeded(d.ISL, bs) - n),
+		prefill: int64(d.PrefillTokens),
+		start:   now,
+	}
+	w.load.add(a)
+	r.active[d.ID] = a
+	d.a = a
+	if r.cfg.Hints && r.cfg.Mode == ModeKV {
+		if plan, ok := planHint(p, chosen, sc.depth, seq); ok {
+			d.Hint = &plan
+		}
+	}
+	if r.cfg.OnReplicaEvent != nil {
+		ev = ReplicaEvent{Kind: ReplicaAdd, Router: r.cfg.RouterID, Decision: d.ID, Worker: d.Worker,
+			PrefillTokens: a.prefill, PrivateBlocks: a.private, Blocks: seq}
+		emit = true
+	}
+	r.mu.Unlock()
+
+	if r.cfg.Mode == ModeKVApprox && n > 0 {
+		r.approxMu.Lock()
+		r.cfg.Approx.Insert(d.Worker, local, now)
+		r.approxMu.Unlock()
+	}
+	if emit {
+		r.cfg.OnReplicaEvent(ev)
+	}
+	t3 := time.Now()
+	r.met.observe(t0, t1, t2, t3, d)
+	return d, nil
+}
+
+// choose returns the index in p.workers of the worker to use. Called with
+// r.mu held.
+func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now time.Time) (int, error) {
+	nw := len(p.workers)
+	sc.depth = slices.Grow(sc.depth[:0], nw)[:nw]
+	sc.cand = sc.cand[:0]
+	// Merge the sorted matches with the sorted pool.
+	mi := 0
+	excluded := 0
+	for i, w := range p.workers {
+		for mi < len(sc.matches) && cmpKey(sc.matches[mi].Worker, w.info.Key) < 0 {
+			mi++
+		}
+		if mi < len(sc.matches) && sc.matches[mi].Worker == w.info.Key {
+			sc.depth[i] = sc.matches[mi].Depth
+		} else {
+			sc.depth[i] = [kv.NumTiers]uint32{}
+		}
+		if slices.Contains(req.Exclude, w.info.Key) {
+			excluded++
+			continue
+		}
+		if r.busy(w, now) {
+			continue
+		}
+		sc.cand = append(sc.cand, i)
+	}
+	if len(sc.cand) == 0 {
+		if excluded == nw {
+			return 0, fmt.Errorf("%w for model %q: all %d excluded", ErrNoWorkers, req.Model, nw)
+		}
+		return 0, &BusyError{Model: req.Model, Workers: nw - excluded, RetryAfter: r.cfg.BusyRetryAfter}
+	}
+	rng := r.cfg.Rand
+	switch r.cfg.Mode {
+	case ModeRoundRobin:
+		// Next candidate at or after the cursor, in key order.
+		start := int(p.rr % uint64(nw))
+		pick := sc.cand[0]
+		for _, i := range sc.cand {
+			if i >= start {
+				pick = i
+				break
+			}
+		}
+		p.rr = uint64(pick + 1)
+		return pick, nil
+	case ModeRandom:
+		return sc.cand[rng.IntN(len(sc.cand))], nil
+	}
+
+	cm := r.cfg.Cost
+	isl := float64(len(req.Tokens))
+	sc.cost = slices.Grow(sc.cost[:0], len(sc.cand))[:len(sc.cand)]
+	cmin, cmax := math.Inf(1), math.Inf(-1)
+	for j, i := range sc.cand {
+		w := p.workers[i]
+		c := cm.cost(sc.depth[i], w.load, seq, isl, p.blockSize)
+		sc.cost[j] = c
+		cmin, cmax = min(cmin, c), max(cmax, c)
+	}
+	if cm.Temperature == 0 || cmax == cmin {
+		// Arg-min with a uniform reservoir pick among ties; with T > 0 and
+		// equal costs the softmax is uniform, which is the same draw.
+		var pick, ties int
+		for j, c := range sc.cost {
+			if c != cmin {
+				continue
+			}
+			ties++
+			if ties == 1 || rng.IntN(ties) == 0 {
+				pick = sc.cand[j]
+			}
+		}
+		return pick, nil
+	}
+	// Softmax over min–max normalised costs: p ∝ exp(−(c−min)/((max−min)·T)).
+	scale := 1 / ((cmax - cmin) * cm.Temperature)
+	var sum float64
+	for j, c := range sc.cost {
+		e := math.Exp(-(c - cmin) * scale)
+		sc.cost[j] = e
+		sum += e
+	}
+	u := rng.Float64() * sum
+	for j, e := range sc.cost {
+		u -= e
+		if u < 0 {
+			return sc.cand[j], nil
+		}
+	}
+	return sc.cand[len(sc.cand)-1], nil
+}
+
+// cost is the DESIGN.md §5 cost of routing a request with isl tokens and
+// prompt blocks seq to a worker with cumulative overlap depth and load l.
+func (m *CostModel) cost(depth [kv.NumTiers]uint32, l *load, seq []kv.SeqHash, isl float64, blockSize int) float64 {
+	dev := float64(depth[kv.TierDevice])
+	host := float64(depth[kv.TierHost] - min(depth[kv.TierHost], depth[kv.TierDevice]))
+	disk := float64(depth[kv.TierDisk] - min(depth[kv.TierDisk], depth[kv.TierHost]))
+	credit := m.Device*dev + m.Host*host + m.Disk*disk
+	prefill := max((float64(l.prefillTokens)+isl)/float64(blockSize)-credit, 0)
+	// Decode blocks: what is active now plus what this request would add
+	// (its blocks already active on the worker are shared, not new).
+	reqBlocks := math.Ceil(isl / float64(blockSize))
+	decode := float64(l.uniqueBlocks()) + reqBlocks - float64(l.activePrefix(seq))
+	return m.PrefillScale*prefill + decode
+}
+
+// busy reports whether w is past a busy threshold. Called with r.mu held.
+func (r *Router) busy(w *worker, now time.Time) bool {
+	c := &r.cfg
+	l := w.load
+	if c.MaxPrefillTokens > 0 && l.prefillTokens > c.MaxPrefillTokens {
+		return true
+	}
+	if c.MaxPrefillFrac > 0 && w.info.MaxBatchedTokens > 0 &&
+		float64(l.prefillTokens) > c.MaxPrefillFrac*float64(w.info.MaxBatchedTokens) {
+		return true
+	}
+	if c.MaxKVUsage > 0 && r.kvUsage(l, w.info.KVBlocks, now) > c.MaxKVUsage {
+		return true
+	}
+	return false
+}
+
+// maybeSweep frees requests older than MaxRequestAge, at most once per
+// SweepInterval. Called with r.mu held.
+func (r *Router) maybeSweep(now time.Time) {
+	if now.Sub(r.lastSweep) < r.cfg.SweepInterval {
+		return
+	}
+	r.lastSweep = now
+	for id, a := range r.active {
+		if now.Sub(a.start) > r.cfg.MaxRequestAge {
+			r.freeLocked(a)
+			delete(r.active, id)
+			r.met.expired.Inc()
+		}
+	}
+}
+
+func (r *Router) freeLocked(a *active) {
+	if a.freed {
+		return
+	}
+	a.freed = true
+	a.load.free(a)
+	if a.load.idle() && !a.load.registered && r.loads[a.load.key] == a.load {
+		delete(r.loads, a.load.key) // a replica-only entry with nothing left
+	}
+}

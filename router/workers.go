@@ -1,0 +1,305 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// WorkerInfo is what discovery says about one worker key (instance + DP
+// rank). The router routes each request among the workers of its model and
+// role.
+type WorkerInfo struct {
+	Key              kv.WorkerKey
+	Model            string
+	Role             Role
+	BlockSize        int    // tokens per KV block; equal across a model's pool
+	KVBlocks         int    // device KV capacity in blocks (0: unknown)
+	MaxBatchedTokens int    // engine's max batched tokens (0: unknown)
+	Digest           string // compatibility digest (layout); hints need equal digests
+	ControlEndpoint  string // where this rank serves its blocks to peers ("" if none)
+	HintCapable      bool   // the worker accepts kv.fetch hints
+}
+
+// ErrNoWorkers means no (eligible) worker serves the request's model and role.
+var ErrNoWorkers = errors.New("router: no workers")
+
+type poolKey struct {
+	model string
+	role  Role
+}
+
+// pool is the live workers of one model and role, sorted by key so a merge
+// with the index's (sorted) matches is linear.
+type pool struct {
+	blockSize int
+	workers   []*worker
+	rr        uint64 // round-robin cursor
+}
+
+type worker struct {
+	info WorkerInfo
+	load *load
+}
+
+// load is the router's view of one worker key's activity. It outlives the
+// worker while replica messages refer to it and is detached (no longer in
+// Router.loads) when the worker is removed, so late frees are harmless.
+type load struct {
+	key           kv.WorkerKey
+	prefillTokens int64                // tokens still to prefill, over active requests
+	refs          map[kv.SeqHash]int32 // active prompt blocks, refcounted across requests
+	private       int64                // blocks no other request can share (partial tails)
+	requests      int64
+	registered    bool
+
+	// Last load report from the worker.
+	repUsed, repTotal, repRunning, repWaiting int64
+	repAt                                     time.Time
+	hasRep                                    bool
+}
+
+func (l *load) uniqueBlocks() int64 { return int64(len(l.refs)) + l.private }
+
+// activePrefix is how many leading blocks of seq are already active on l.
+// Active sets are unions of whole request prefixes, and a sequence hash
+// names its entire prefix, so membership is monotone along seq and a binary
+// search is exact.
+func (l *load) activePrefix(seq []kv.SeqHash) int {
+	if len(l.refs) == 0 || len(seq) == 0 {
+		return 0
+	}
+	lo, hi := 0, len(seq) // invariant: seq[:lo] active, seq[hi:] not
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if _, ok := l.refs[seq[m]]; ok {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo
+}
+
+func (l *load) add(a *active) {
+	l.prefillTokens += a.prefill
+	l.private += a.private
+	l.requests++
+	if l.refs == nil && len(a.seq) > 0 {
+		l.refs = make(map[kv.SeqHash]int32, len(a.seq))
+	}
+	for _, h := range a.seq {
+		l.refs[h]++
+	}
+}
+
+func (l *load) prefillDone(a *active) {
+	l.prefillTokens -= a.prefill
+	a.prefill = 0
+}
+
+func (l *load) free(a *active) {
+	l.prefillTokens -= a.prefill
+	a.prefill = 0
+	l.private -= a.private
+	l.requests--
+	for _, h := range a.seq {
+		if n := l.refs[h]; n <= 1 {
+			delete(l.refs, h)
+		} else {
+			l.refs[h] = n - 1
+		}
+	}
+}
+
+func (l *load) idle() bool { return l.requests == 0 }
+
+// AddWorker adds or updates a worker key. A key moves pools when its model
+// or role changes; its load view is kept.
+func (r *Router) AddWorker(info WorkerInfo) error {
+	if info.Model == "" {
+		return fmt.Errorf("router: worker %v: empty model", info.Key)
+	}
+	if info.BlockSize <= 0 {
+		return fmt.Errorf("router: worker %v: block size %d must be positive", info.Key, info.BlockSize)
+	}
+	if info.KVBlocks < 0 || info.MaxBatchedTokens < 0 {
+		return fmt.Errorf("router: worker %v: negative capacity", info.Key)
+	}
+	info.Role = info.Role.norm()
+	pk := poolKey{info.Model, info.Role}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.pools[pk]
+	if p != nil && len(p.workers) > 0 && p.blockSize != info.BlockSize {
+		if !(len(p.workers) == 1 && p.workers[0].info.Key == info.Key) {
+			return fmt.Errorf("router: worker %v: block size %d differs from model %q's %d",
+				info.Key, info.BlockSize, info.Model, p.blockSize)
+		}
+	}
+	if w := r.workers[info.Key]; w != nil {
+		old := poolKey{w.info.Model, w.info.Role}
+		if old != pk {
+			r.dropFromPool(old, info.Key)
+		} else {
+			w.info = info
+			p.blockSize = info.BlockSize
+			return nil
+		}
+	}
+	l := r.loads[info.Key]
+	if l == nil {
+		l = &load{key: info.Key}
+		r.loads[info.Key] = l
+	}
+	l.registered = true
+	w := &worker{info: info, load: l}
+	r.workers[info.Key] = w
+	if p == nil {
+		p = &pool{}
+		r.pools[pk] = p
+	}
+	p.blockSize = info.BlockSize
+	i, _ := slices.BinarySearchFunc(p.workers, info.Key, func(x *worker, k kv.WorkerKey) int { return cmpKey(x.info.Key, k) })
+	p.workers = slices.Insert(p.workers, i, w)
+	r.nworkers.Store(int64(len(r.workers)))
+	return nil
+}
+
+// RemoveWorker forgets a worker key: it is never chosen again and its load
+// view is dropped (decisions still open on it free nothing when they end).
+// Removing an unknown key is a no-op.
+func (r *Router) RemoveWorker(key kv.WorkerKey) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.workers[key]
+	if w == nil {
+		return
+	}
+	r.dropFromPool(poolKey{w.info.Model, w.info.Role}, key)
+	delete(r.workers, key)
+	if r.loads[key] == w.load {
+		delete(r.loads, key)
+	}
+	w.load.registered = false
+	r.nworkers.Store(int64(len(r.workers)))
+}
+
+func (r *Router) dropFromPool(pk poolKey, key kv.WorkerKey) {
+	p := r.pools[pk]
+	if p == nil {
+		return
+	}
+	p.workers = slices.DeleteFunc(p.workers, func(w *worker) bool { return w.info.Key == key })
+	if len(p.workers) == 0 {
+		delete(r.pools, pk)
+	}
+}
+
+// Workers returns the live workers of a model and role, in key order.
+func (r *Router) Workers(model string, role Role) []WorkerInfo {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.pools[poolKey{model, role.norm()}]
+	if p == nil {
+		return nil
+	}
+	out := make([]WorkerInfo, len(p.workers))
+	for i, w := range p.workers {
+		out[i] = w.info
+	}
+	return out
+}
+
+// UpdateLoad records a worker's own load report: KV blocks used of total,
+// running and waiting requests. Reports older than Config.LoadReportTTL
+// stop counting. Unknown keys are ignored.
+func (r *Router) UpdateLoad(key kv.WorkerKey, used, total, running, waiting int) {
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.workers[key]
+	if w == nil {
+		return
+	}
+	l := w.load
+	l.repUsed, l.repTotal, l.repRunning, l.repWaiting = int64(used), int64(total), int64(running), int64(waiting)
+	l.repAt, l.hasRep = now, true
+}
+
+// WorkerLoad is the router's load view of one worker key.
+type WorkerLoad struct {
+	Key                 kv.WorkerKey
+	ActivePrefillTokens int64
+	ActiveBlocks        int64 // unique active blocks
+	ActiveRequests      int64
+	KVUsage             float64 // fraction used: max(report, own estimate)
+}
+
+// Load returns the router's load view of a worker key (zero if unknown).
+func (r *Router) Load(key kv.WorkerKey) WorkerLoad {
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l := r.loads[key]
+	if l == nil {
+		return WorkerLoad{Key: key}
+	}
+	var capacity int
+	if w := r.workers[key]; w != nil {
+		capacity = w.info.KVBlocks
+	}
+	return WorkerLoad{
+		Key:                 key,
+		ActivePrefillTokens: l.prefillTokens,
+		ActiveBlocks:        l.uniqueBlocks(),
+		ActiveRequests:      l.requests,
+		KVUsage:             r.kvUsage(l, capacity, now),
+	}
+}
+
+// Loads returns the load view of every worker key the router knows of
+// (registered or referred to by replica messages), in key order.
+func (r *Router) Loads() []WorkerLoad {
+	r.mu.Lock()
+	keys := make([]kv.WorkerKey, 0, len(r.loads))
+	for k := range r.loads {
+		keys = append(keys, k)
+	}
+	r.mu.Unlock()
+	slices.SortFunc(keys, cmpKey)
+	out := make([]WorkerLoad, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, r.Load(k))
+	}
+	return out
+}
+
+func (r *Router) kvUsage(l *load, capacity int, now time.Time) float64 {
+	var u float64
+	if capacity > 0 {
+		u = float64(l.uniqueBlocks()) / float64(capacity)
+	}
+	if l.hasRep && l.repTotal > 0 && now.Sub(l.repAt) <= r.cfg.LoadReportTTL {
+		u = max(u, float64(l.repUsed)/float64(l.repTotal))
+	}
+	return u
+}
+
+func cmpKey(a, b kv.WorkerKey) int {
+	switch {
+	case a.Instance < b.Instance:
+		return -1
+	case a.Instance > b.Instance:
+		return 1
+	case a.DPRank < b.DPRank:
+		return -1
+	case a.DPRank > b.DPRank:
+		return 1
+	}
+	return 0
+}
