@@ -1,0 +1,262 @@
+package index
+
+import (
+	"math/bits"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// scratch is per-query state, pooled so FindMatches does not allocate.
+type scratch struct {
+	alive [kv.NumTiers][]uint64 // dense mode: slots still matching tier t or faster
+	hit   []uint64              // by rank: workers holding the first block
+	dep   [][kv.NumTiers]uint32 // by slot
+}
+
+// cand is one survivor in sparse mode: alive for tiers >= cur.
+type cand struct {
+	slot uint32
+	cur  uint8
+}
+
+func lowTier(m uint8) uint8 {
+	if m == 0 {
+		return kv.NumTiers
+	}
+	return uint8(bits.TrailingZeros8(m))
+}
+
+// FindMatches appends to dst one Match per worker key with
+// Depth[kv.NumTiers-1] > 0, in ascending WorkerKey order, and returns it.
+// It takes no lock and may run concurrently with writers; under concurrent
+// writes it reflects some mix of states each reader observed atomically.
+func (ix *Index) FindMatches(local []kv.LocalHash, dst []Match) []Match {
+	if len(local) == 0 {
+		return dst
+	}
+	s := ix.scratch.Get().(*scratch)
+	start := len(dst)
+	for {
+		var ok bool
+		dst, ok = ix.find(local, dst, s)
+		if ok {
+			break
+		}
+		ix.retries.Add(1)
+		dst = dst[:start]
+	}
+	ix.scratch.Put(s)
+	return dst
+}
+
+func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, bool) {
+	v := ix.vw.Load()
+	t := ix.ctab.Load()
+	dir := *ix.dir.Load()
+	W := v.words
+	if len(v.keys) == 0 {
+		return dst, true
+	}
+	if cap(s.hit) < W {
+		s.hit = make([]uint64, W)
+		for i := range s.alive {
+			s.alive[i] = make([]uint64, W)
+		}
+	}
+	if cap(s.dep) < len(v.keys) {
+		s.dep = make([][kv.NumTiers]uint32, len(v.keys)+64)
+	}
+	hit := s.hit[:W]
+	clear(hit)
+	dep := s.dep[:len(v.keys)]
+	var cs [2]cand
+	nc := 0
+	dense := false
+	var last uint64 = ^uint64(0) // valid slots in the last word
+	if r := len(v.keys) % 64; r != 0 {
+		last = 1<<r - 1
+	}
+	id, pg, h, dir, ok := ix.lookup(t, dir, 0, local[0])
+	if !ok {
+		return dst, false
+	}
+	if id == 0 {
+		return dst, true
+	}
+	// Level 0 seeds the survivors.
+	if h&ovfFlag != 0 {
+		hs := ix.hsetOf(uint32(h))
+		if hs == nil {
+			return dst, false
+		}
+		dense = true
+		for k := 0; k < W; k++ {
+			var c uint64
+			for tt := 0; tt < kv.NumTiers; tt++ {
+				if (k+1)*kv.NumTiers <= len(hs.words) {
+					c |= hs.words[k*kv.NumTiers+tt].Load()
+				}
+				if k == W-1 {
+					c &= last
+				}
+				s.alive[tt][k] = c
+			}
+		}
+		if nodeAt(dir, id).pg.Load() != pg {
+			return dst, false
+		}
+		for k := 0; k < W; k++ {
+			for tt := 0; tt < kv.NumTiers-1; tt++ {
+				for d := s.alive[kv.NumTiers-1][k] &^ s.alive[tt][k]; d != 0; d &= d - 1 {
+					dep[k*64+bits.TrailingZeros64(d)][tt] = 0
+				}
+			}
+			for x := s.alive[kv.NumTiers-1][k]; x != 0; x &= x - 1 {
+				sl := uint32(k*64 + bits.TrailingZeros64(x))
+				if int(sl) < len(v.rankOf) {
+					r := v.rankOf[sl]
+					hit[r>>6] |= 1 << (r & 63)
+				}
+			}
+		}
+	} else {
+		for _, e := range [2]uint32{uint32(h), uint32(h >> 32)} {
+			if e != 0 && int(e>>4) < len(v.rankOf) {
+				sl := e >> 4
+				cs[nc] = cand{slot: sl, cur: lowTier(uint8(e & 15))}
+				r := v.rankOf[sl]
+				hit[r>>6] |= 1 << (r & 63)
+				for tt := uint8(0); tt < cs[nc].cur; tt++ {
+					dep[sl][tt] = 0
+				}
+				nc++
+			}
+		}
+	}
+	parent := id
+	depth := len(local)
+	for i := 1; i < len(local); i++ {
+		id, pg, h, dir, ok = ix.lookup(t, dir, parent, local[i])
+		if !ok {
+			return dst, false
+		}
+		if id == 0 {
+			depth = i
+			break
+		}
+		parent = id
+		if dense {
+			if h&ovfFlag != 0 {
+				hs := ix.hsetOf(uint32(h))
+				if hs == nil {
+					return dst, false
+				}
+				any := uint64(0)
+				for k := 0; k < W; k++ {
+					var c uint64
+					for tt := 0; tt < kv.NumTiers; tt++ {
+						if (k+1)*kv.NumTiers <= len(hs.words) {
+							c |= hs.words[k*kv.NumTiers+tt].Load()
+						}
+						if k == W-1 {
+							c &= last
+						}
+						a := s.alive[tt][k]
+						for d := a &^ c; d != 0; d &= d - 1 {
+							dep[k*64+bits.TrailingZeros64(d)][tt] = uint32(i)
+						}
+						s.alive[tt][k] = a & c
+						any |= a & c
+					}
+				}
+				if nodeAt(dir, id).pg.Load() != pg {
+					return dst, false
+				}
+				if any == 0 {
+					depth = -1
+					break
+				}
+				continue
+			}
+			// Inline node: at most two survivors remain; go sparse.
+			dense = false
+			nc = 0
+			var keep [2]uint32
+			nk := 0
+			for _, e := range [2]uint32{uint32(h), uint32(h >> 32)} {
+				if e == 0 {
+					continue
+				}
+				sl := e >> 4
+				k, b := int(sl>>6), uint64(1)<<(sl&63)
+				if k >= W || s.alive[kv.NumTiers-1][k]&b == 0 {
+					continue
+				}
+				cur := uint8(0)
+				for cur < kv.NumTiers && s.alive[cur][k]&b == 0 {
+					cur++
+				}
+				keep[nk] = sl
+				nk++
+				cs[nc] = cand{slot: sl, cur: cur}
+				nc++
+			}
+			// Everyone else still alive drops out here.
+			for tt := 0; tt < kv.NumTiers; tt++ {
+				for k := 0; k < W; k++ {
+					for d := s.alive[tt][k]; d != 0; d &= d - 1 {
+						sl := uint32(k*64 + bits.TrailingZeros64(d))
+						if (nk > 0 && sl == keep[0]) || (nk > 1 && sl == keep[1]) {
+							continue
+						}
+						dep[sl][tt] = uint32(i)
+					}
+				}
+			}
+			// fall through to the sparse step for this same node
+		}
+		live := 0
+		for j := 0; j < nc; j++ {
+			c := &cs[j]
+			if c.cur >= kv.NumTiers {
+				continue
+			}
+			low := lowTier(maskIn(ix, h, c.slot))
+			for ; c.cur < low && c.cur < kv.NumTiers; c.cur++ {
+				dep[c.slot][c.cur] = uint32(i)
+			}
+			if c.cur < kv.NumTiers {
+				live++
+			}
+		}
+		if live == 0 {
+			depth = -1
+			break
+		}
+	}
+	if depth >= 0 {
+		if dense {
+			for tt := 0; tt < kv.NumTiers; tt++ {
+				for k := 0; k < W; k++ {
+					for d := s.alive[tt][k]; d != 0; d &= d - 1 {
+						dep[k*64+bits.TrailingZeros64(d)][tt] = uint32(depth)
+					}
+				}
+			}
+		} else {
+			for j := 0; j < nc; j++ {
+				for c := cs[j].cur; c < kv.NumTiers; c++ {
+					dep[cs[j].slot][c] = uint32(depth)
+				}
+			}
+		}
+	}
+	for k := 0; k < W; k++ {
+		for x := hit[k]; x != 0; x &= x - 1 {
+			r := k*64 + bits.TrailingZeros64(x)
+			sl := v.slotOf[r]
+			dst = append(dst, Match{Worker: v.keys[sl], Depth: dep[sl]})
+		}
+	}
+	return dst, true
+}

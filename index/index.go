@@ -1,0 +1,785 @@
+// Package index is kvmesh's KV index: which worker holds which KV blocks on
+// which tier, fed by KV events and queried by the router.
+//
+// Layout. One node per distinct path of local hashes (parent-scoped, so
+// equal blocks under different prefixes are different nodes). Nodes live in
+// fixed-size chunks addressed by uint32 ids, so the GC scans no per-node
+// pointers and a chunk never moves. A node's hot part (local hash, parent
+// id with a generation, holders) is 24 bytes; its cold part (shared engine
+// hash, child count) 12 more. Holders are packed inline: up to two
+// (worker slot, tier mask) entries in one word; a node with more holders
+// points to an overflow bitset per tier over dense worker slots. Children
+// are found through one open-addressing table keyed by (parent id, local
+// hash) whose slots are just node ids (4 bytes). Engine hashes resolve
+// through a second such table: a node remembers the first engine hash any
+// worker stored it under, and workers that report that same hash (vLLM and
+// the sim do) cost nothing more; a worker using another hash for the node
+// gets a per-worker exception entry.
+//
+// Concurrency. Writers serialise on one mutex (events of a worker stay in
+// order because Apply is synchronous). Readers take no lock: every field a
+// reader touches is read atomically, tables and the chunk directory are
+// replaced copy-on-write and reclaimed by the GC (RCU), and a node carries
+// a generation next to its parent id that changes whenever it is freed or
+// reused, so a reader that raced a recycle notices and retries.
+package index
+
+import (
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Match is one worker's overlap with a query.
+type Match struct {
+	Worker kv.WorkerKey
+	// Depth[t] = number of leading query blocks the worker holds on tier t
+	// or a faster tier (cumulative):
+	// Depth[TierDevice] ≤ Depth[TierHost] ≤ Depth[TierDisk] ≤ Depth[TierExternal].
+	Depth [kv.NumTiers]uint32
+}
+
+// Stats counts applied work and every kind of bad input the index absorbed.
+type Stats struct {
+	Events, Blocks uint64
+	// ParentNotFound: a Stored whose parent engine hash the worker does not
+	// hold on any tier; the whole event is dropped (as Dynamo does).
+	ParentNotFound uint64
+	// DuplicateStore: a block stored on a tier where the worker already
+	// holds it under the same engine hash; a no-op.
+	DuplicateStore uint64
+	// RemoveUnknown: a removed engine hash the worker does not hold on that
+	// tier (or an unknown worker); ignored.
+	RemoveUnknown uint64
+	// Rebound: a store that broke the one-to-one mapping between a worker's
+	// engine hashes and nodes: the engine hash named another node (that
+	// holding is dropped) or the node had another engine hash (re-keyed).
+	Rebound uint64
+	// BadTier, BadKind: events with an unknown tier or kind; dropped.
+	BadTier, BadKind uint64
+	// UnknownWorkerCleared: Cleared for a worker the index never saw.
+	UnknownWorkerCleared uint64
+	// TooManyWorkers: a Stored for a new worker beyond 2^27 slots; dropped.
+	TooManyWorkers uint64
+	// Nodes is the number of live nodes; Holdings the (worker, block) pairs;
+	// Overflow the nodes with more than two holders.
+	Nodes, Holdings, Overflow uint64
+	// ReadRetries counts lookups restarted because a node was recycled
+	// under them.
+	ReadRetries uint64
+}
+
+const (
+	chunkBits = 12
+	chunkSize = 1 << chunkBits
+	chunkMask = chunkSize - 1
+
+	noParent  = 0xFFFFFFFF // parent id of a freed node
+	tomb      = 0xFFFFFFFF // deleted table slot
+	ovfFlag   = 1 << 63
+	hasEngBit = 1 << 31
+	maxSlots  = 1 << 27
+)
+
+// hot is what readers touch; every access is atomic.
+type hot struct {
+	local   atomic.Uint64
+	pg      atomic.Uint64 // generation<<32 | parent id
+	holders atomic.Uint64 // two inline entries (slot<<4|mask) or ovfFlag|overflow id
+}
+
+type chunk struct {
+	hot [chunkSize]hot
+	eng [chunkSize]uint64 // writer only
+	nc  [chunkSize]uint32 // writer only: children | hasEngBit
+}
+
+// hset is an overflow holder set: per 64-slot word k and tier t, words[k*NumTiers+t].
+type hset struct {
+	words []atomic.Uint64
+	n     int // holders (writer only)
+}
+
+type ovfChunk [chunkSize]atomic.Pointer[hset]
+
+// table is an open-addressing table of node ids with linear probing.
+type table struct {
+	slots      []atomic.Uint32
+	mask       uint64
+	used, dead int
+}
+
+func newTable(n int) *table {
+	size := 1024
+	for size < n*2 {
+		size <<= 1
+	}
+	return &table{slots: make([]atomic.Uint32, size), mask: uint64(size - 1)}
+}
+
+type wstate struct {
+	key    kv.WorkerKey
+	slot   uint32
+	counts [kv.NumTiers]int64
+	exc    map[uint64]uint32 // engine hash -> node, where not the node's shared hash
+	over   map[uint32]uint64 // node -> engine hash, the inverse of exc
+}
+
+// view is the readers' copy of the worker table.
+type view struct {
+	keys   []kv.WorkerKey // by slot
+	slotOf []uint32       // by rank (ascending WorkerKey)
+	rankOf []uint32       // by slot
+	words  int            // 64-slot words covering every slot
+}
+
+// Index is the event-driven KV index. The zero value is not usable; call New.
+type Index struct {
+	mu sync.Mutex // writers
+
+	dir    atomic.Pointer[[]*chunk]
+	ovfDir atomic.Pointer[[]*ovfChunk]
+	ctab   atomic.Pointer[table] // (parent, local) -> node
+	etab   *table                // shared engine hash -> node (writer only)
+	vw     atomic.Pointer[view]
+
+	next, ovfNext uint32
+	free, ovfFree []uint32
+	workers       map[kv.WorkerKey]*wstate
+	slots         []*wstate
+	freeSlots     []uint32
+	cand          []uint32 // nodes that may have become empty during an event
+	st            Stats
+	seed          uint64
+	retries       atomic.Uint64
+	scratch       sync.Pool
+}
+
+// New returns an empty index.
+func New() *Index {
+	ix := &Index{workers: map[kv.WorkerKey]*wstate{}, next: 1, ovfNext: 1, seed: 0x2545F4914F6CDD1D}
+	d := []*chunk{new(chunk)} // id 0 is the root
+	ix.dir.Store(&d)
+	od := []*ovfChunk{new(ovfChunk)}
+	ix.ovfDir.Store(&od)
+	ix.ctab.Store(newTable(0))
+	ix.etab = newTable(0)
+	ix.vw.Store(&view{})
+	ix.scratch.New = func() any { return new(scratch) }
+	return ix
+}
+
+func nodeAt(dir []*chunk, id uint32) *hot { return &dir[id>>chunkBits].hot[id&chunkMask] }
+
+func (ix *Index) chunkOf(id uint32) *chunk { return (*ix.dir.Load())[id>>chunkBits] }
+
+func (ix *Index) hsetOf(idx uint32) *hset {
+	return (*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Load()
+}
+
+func mix(x uint64) uint64 {
+	x ^= x >> 32
+	x *= 0xd6e8feb86659fd93
+	x ^= x >> 32
+	x *= 0xd6e8feb86659fd93
+	x ^= x >> 32
+	return x
+}
+
+func (ix *Index) childHash(parent uint32, local uint64) uint64 {
+	return mix(local ^ ix.seed ^ uint64(parent)*0x9E3779B97F4A7C15)
+}
+
+// lookup finds the child of parent with the given local hash. It returns
+// the node id, its pg word as validated and its holders word; id 0 if absent.
+func (ix *Index) lookup(t *table, dir []*chunk, parent uint32, local uint64) (id uint32, pg, holders uint64, d []*chunk, ok bool) {
+	i := ix.childHash(parent, local) & t.mask
+	for {
+		id = t.slots[i].Load()
+		if id == 0 {
+			return 0, 0, 0, dir, true
+		}
+		if id != tomb {
+			if int(id>>chunkBits) >= len(dir) {
+				dir = *ix.dir.Load()
+				if int(id>>chunkBits) >= len(dir) {
+					return 0, 0, 0, dir, false
+				}
+			}
+			n := nodeAt(dir, id)
+			pg = n.pg.Load()
+			if uint32(pg) == parent && n.local.Load() == local {
+				holders = n.holders.Load()
+				if n.pg.Load() != pg {
+					return 0, 0, 0, dir, false
+				}
+				return id, pg, holders, dir, true
+			}
+		}
+		i = (i + 1) & t.mask
+	}
+}
+
+// findChild is the writer's lookup (no concurrent mutation possible).
+func (ix *Index) findChild(parent uint32, local uint64) uint32 {
+	id, _, _, _, _ := ix.lookup(ix.ctab.Load(), *ix.dir.Load(), parent, local)
+	return id
+}
+
+func (ix *Index) etabFind(h uint64) uint32 {
+	t := ix.etab
+	for i := mix(h^ix.seed) & t.mask; ; i = (i + 1) & t.mask {
+		id := t.slots[i].Load()
+		if id == 0 {
+			return 0
+		}
+		if id != tomb && ix.chunkOf(id).eng[id&chunkMask] == h && ix.chunkOf(id).nc[id&chunkMask]&hasEngBit != 0 {
+			return id
+		}
+	}
+}
+
+func (ix *Index) tableInsert(tp *atomic.Pointer[table], t *table, hash uint64, id uint32, rehash func(uint32) uint64) *table {
+	if (t.used+t.dead+1)*4 > len(t.slots)*3 {
+		nt := newTable(t.used + 1)
+		for i := range t.slots {
+			if x := t.slots[i].Load(); x != 0 && x != tomb {
+				j := rehash(x) & nt.mask
+				for nt.slots[j].Load() != 0 {
+					j = (j + 1) & nt.mask
+				}
+				nt.slots[j].Store(x)
+				nt.used++
+			}
+		}
+		t = nt
+		if tp != nil {
+			tp.Store(t)
+		}
+	}
+	for i := hash & t.mask; ; i = (i + 1) & t.mask {
+		x := t.slots[i].Load()
+		if x == 0 || x == tomb {
+			if x == tomb {
+				t.dead--
+			}
+			t.slots[i].Store(id)
+			t.used++
+			return t
+		}
+	}
+}
+
+func tableDelete(t *table, hash uint64, id uint32) {
+	for i := hash & t.mask; ; i = (i + 1) & t.mask {
+		x := t.slots[i].Load()
+		if x == 0 {
+			return
+		}
+		if x == id {
+			t.slots[i].Store(tomb)
+			t.used--
+			t.dead++
+			return
+		}
+	}
+}
+
+func (ix *Index) rehashChild(id uint32) uint64 {
+	n := nodeAt(*ix.dir.Load(), id)
+	return ix.childHash(uint32(n.pg.Load()), n.local.Load())
+}
+
+func (ix *Index) rehashEng(id uint32) uint64 { return mix(ix.chunkOf(id).eng[id&chunkMask] ^ ix.seed) }
+
+// newNode creates the child (parent, local).
+func (ix *Index) newNode(parent uint32, local uint64) uint32 {
+	var id uint32
+	if k := len(ix.free); k > 0 {
+		id = ix.free[k-1]
+		ix.free = ix.free[:k-1]
+	} else {
+		id = ix.next
+		ix.next++
+		d := *ix.dir.Load()
+		if int(id>>chunkBits) >= len(d) {
+			nd := append(append(make([]*chunk, 0, len(d)+1), d...), new(chunk))
+			ix.dir.Store(&nd)
+		}
+	}
+	c := ix.chunkOf(id)
+	n := &c.hot[id&chunkMask]
+	n.local.Store(local)
+	n.holders.Store(0)
+	gen := n.pg.Load()>>32 + 1
+	n.pg.Store(gen<<32 | uint64(parent))
+	c.eng[id&chunkMask] = 0
+	c.nc[id&chunkMask] = 0
+	if parent != 0 {
+		ix.chunkOf(parent).nc[parent&chunkMask]++
+	}
+	t := ix.ctab.Load()
+	ix.tableInsert(&ix.ctab, t, ix.childHash(parent, local), id, ix.rehashChild)
+	ix.st.Nodes++
+	return id
+}
+
+// freeNode releases an empty, childless node and walks up to its parent.
+func (ix *Index) maybeFree(id uint32) {
+	for id != 0 {
+		c := ix.chunkOf(id)
+		n := &c.hot[id&chunkMask]
+		pg := n.pg.Load()
+		if uint32(pg) == noParent || n.holders.Load() != 0 && ix.holderCount(n.holders.Load()) != 0 || c.nc[id&chunkMask]&^hasEngBit != 0 {
+			return
+		}
+		parent := uint32(pg)
+		tableDelete(ix.ctab.Load(), ix.childHash(parent, n.local.Load()), id)
+		if c.nc[id&chunkMask]&hasEngBit != 0 {
+			tableDelete(ix.etab, mix(c.eng[id&chunkMask]^ix.seed), id)
+		}
+		n.pg.Store((pg>>32+1)<<32 | noParent)
+		if h := n.holders.Load(); h&ovfFlag != 0 {
+			idx := uint32(h)
+			(*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Store(nil)
+			ix.ovfFree = append(ix.ovfFree, idx)
+			ix.st.Overflow--
+		}
+		n.holders.Store(0)
+		c.nc[id&chunkMask] = 0
+		ix.free = append(ix.free, id)
+		ix.st.Nodes--
+		if parent == 0 {
+			return
+		}
+		ix.chunkOf(parent).nc[parent&chunkMask]--
+		id = parent
+	}
+}
+
+func (ix *Index) holderCount(h uint64) int {
+	if h&ovfFlag != 0 {
+		return ix.hsetOf(uint32(h)).n
+	}
+	n := 0
+	if uint32(h) != 0 {
+		n++
+	}
+	if uint32(h>>32) != 0 {
+		n++
+	}
+	return n
+}
+
+// maskOf returns the tier mask slot holds id on.
+func (ix *Index) maskOf(id, slot uint32) uint8 {
+	return maskIn(ix, nodeAt(*ix.dir.Load(), id).holders.Load(), slot)
+}
+
+func maskIn(ix *Index, h uint64, slot uint32) uint8 {
+	if h&ovfFlag != 0 {
+		hs := ix.hsetOf(uint32(h))
+		k := int(slot >> 6)
+		if (k+1)*kv.NumTiers > len(hs.words) {
+			return 0
+		}
+		var m uint8
+		for t := 0; t < kv.NumTiers; t++ {
+			m |= uint8(hs.words[k*kv.NumTiers+t].Load()>>(slot&63)&1) << t
+		}
+		return m
+	}
+	for _, e := range [2]uint32{uint32(h), uint32(h >> 32)} {
+		if e != 0 && e>>4 == slot {
+			return uint8(e & 15)
+		}
+	}
+	return 0
+}
+
+// setMask sets slot's tier mask on id (0 removes the holder).
+func (ix *Index) setMask(id, slot uint32, m uint8) {
+	n := nodeAt(*ix.dir.Load(), id)
+	h := n.holders.Load()
+	if h&ovfFlag == 0 {
+		e := [2]uint32{uint32(h), uint32(h >> 32)}
+		ne := slot<<4 | uint32(m)
+		if m == 0 {
+			ne = 0
+		}
+		placed := false
+		for i := range e {
+			if e[i] != 0 && e[i]>>4 == slot {
+				e[i], placed = ne, true
+			}
+		}
+		if !placed && m != 0 {
+			switch {
+			case e[0] == 0:
+				e[0], placed = ne, true
+			case e[1] == 0:
+				e[1], placed = ne, true
+			}
+		}
+		if placed || m == 0 {
+			n.holders.Store(uint64(e[0]) | uint64(e[1])<<32)
+			return
+		}
+		// Third holder: move to an overflow set.
+		hs := ix.newHset(slot)
+		for _, x := range e {
+			hs.set(x>>4, uint8(x&15))
+		}
+		hs.set(slot, m)
+		var idx uint32
+		if k := len(ix.ovfFree); k > 0 {
+			idx = ix.ovfFree[k-1]
+			ix.ovfFree = ix.ovfFree[:k-1]
+		} else {
+			idx = ix.ovfNext
+			ix.ovfNext++
+			d := *ix.ovfDir.Load()
+			if int(idx>>chunkBits) >= len(d) {
+				nd := append(append(make([]*ovfChunk, 0, len(d)+1), d...), new(ovfChunk))
+				ix.ovfDir.Store(&nd)
+			}
+		}
+		(*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Store(hs)
+		n.holders.Store(ovfFlag | uint64(idx))
+		ix.st.Overflow++
+		return
+	}
+	idx := uint32(h)
+	p := &(*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask]
+	hs := p.Load()
+	if int(slot>>6+1)*kv.NumTiers > len(hs.words) {
+		if m == 0 {
+			return
+		}
+		// Grow copy-on-write so readers never see a short slice change.
+		nh := ix.newHset(slot)
+		for i := range hs.words {
+			nh.words[i].Store(hs.words[i].Load())
+		}
+		nh.n = hs.n
+		p.Store(nh)
+		hs = nh
+	}
+	hs.set(slot, m)
+}
+
+func (ix *Index) newHset(slot uint32) *hset {
+	w := len(ix.slots)
+	if int(slot)+1 > w {
+		w = int(slot) + 1
+	}
+	return &hset{words: make([]atomic.Uint64, (w+63)/64*kv.NumTiers)}
+}
+
+func (hs *hset) set(slot uint32, m uint8) {
+	k, bit := int(slot>>6)*kv.NumTiers, uint64(1)<<(slot&63)
+	had := false
+	for t := 0; t < kv.NumTiers; t++ {
+		w := &hs.words[k+t]
+		if w.Load()&bit != 0 {
+			had = true
+		}
+		if m&(1<<t) != 0 {
+			w.Or(bit)
+		} else {
+			w.And(^bit)
+		}
+	}
+	switch {
+	case had && m == 0:
+		hs.n--
+	case !had && m != 0:
+		hs.n++
+	}
+}
+
+func (ix *Index) worker(w kv.WorkerKey, create bool) *wstate {
+	if ws := ix.workers[w]; ws != nil || !create {
+		return ws
+	}
+	ws := &wstate{key: w}
+	if k := len(ix.freeSlots); k > 0 {
+		ws.slot = ix.freeSlots[k-1]
+		ix.freeSlots = ix.freeSlots[:k-1]
+		ix.slots[ws.slot] = ws
+	} else {
+		if len(ix.slots) >= maxSlots {
+			return nil
+		}
+		ws.slot = uint32(len(ix.slots))
+		ix.slots = append(ix.slots, ws)
+	}
+	ix.workers[w] = ws
+	ix.publishView()
+	return ws
+}
+
+func (ix *Index) publishView() {
+	v := &view{keys: make([]kv.WorkerKey, len(ix.slots)), rankOf: make([]uint32, len(ix.slots)), words: (len(ix.slots) + 63) / 64}
+	for s, ws := range ix.slots {
+		if ws != nil {
+			v.keys[s] = ws.key
+			v.slotOf = append(v.slotOf, uint32(s))
+		}
+	}
+	sort.Slice(v.slotOf, func(i, j int) bool { return less(v.keys[v.slotOf[i]], v.keys[v.slotOf[j]]) })
+	for r, s := range v.slotOf {
+		v.rankOf[s] = uint32(r)
+	}
+	ix.vw.Store(v)
+}
+
+func less(a, b kv.WorkerKey) bool {
+	if a.Instance != b.Instance {
+		return a.Instance < b.Instance
+	}
+	return a.DPRank < b.DPRank
+}
+
+// engineOf is the engine hash ws uses for node id (which it holds).
+func (ix *Index) engineOf(ws *wstate, id uint32) uint64 {
+	if e, ok := ws.over[id]; ok {
+		return e
+	}
+	return ix.chunkOf(id).eng[id&chunkMask]
+}
+
+// resolve finds the node ws holds under engine hash h, or 0.
+func (ix *Index) resolve(ws *wstate, h uint64) uint32 {
+	if id, ok := ws.exc[h]; ok {
+		return id
+	}
+	id := ix.etabFind(h)
+	if id == 0 || ix.maskOf(id, ws.slot) == 0 {
+		return 0
+	}
+	if _, ok := ws.over[id]; ok {
+		return 0
+	}
+	return id
+}
+
+func (ix *Index) unbind(ws *wstate, id uint32) {
+	if e, ok := ws.over[id]; ok {
+		delete(ws.exc, e)
+		delete(ws.over, id)
+	}
+}
+
+// drop removes every tier of ws's holding of id.
+func (ix *Index) drop(ws *wstate, id uint32) {
+	m := ix.maskOf(id, ws.slot)
+	for t := 0; t < kv.NumTiers; t++ {
+		if m&(1<<t) != 0 {
+			ws.counts[t]--
+		}
+	}
+	if m != 0 {
+		ix.st.Holdings--
+	}
+	ix.setMask(id, ws.slot, 0)
+	ix.unbind(ws, id)
+	ix.cand = append(ix.cand, id)
+}
+
+// bind makes h the engine hash ws uses for node id.
+func (ix *Index) bind(ws *wstate, id uint32, h uint64) {
+	if ix.maskOf(id, ws.slot) != 0 {
+		if ix.engineOf(ws, id) == h {
+			return
+		}
+		ix.st.Rebound++
+		ix.unbind(ws, id)
+	}
+	if other := ix.resolve(ws, h); other != 0 && other != id {
+		ix.st.Rebound++
+		ix.drop(ws, other)
+	}
+	c := ix.chunkOf(id)
+	k := id & chunkMask
+	if c.nc[k]&hasEngBit == 0 && ix.etabFind(h) == 0 {
+		c.eng[k] = h
+		c.nc[k] |= hasEngBit
+		ix.etab = ix.tableInsert(nil, ix.etab, mix(h^ix.seed), id, ix.rehashEng)
+	}
+	if c.nc[k]&hasEngBit != 0 && c.eng[k] == h {
+		return
+	}
+	if ws.exc == nil {
+		ws.exc, ws.over = map[uint64]uint32{}, map[uint32]uint64{}
+	}
+	ws.exc[h] = id
+	ws.over[id] = h
+}
+
+// Apply applies one KV event. Bad input is counted in Stats, never fatal.
+func (ix *Index) Apply(ev kv.Event) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ix.apply(&ev)
+	for _, id := range ix.cand {
+		ix.maybeFree(id)
+	}
+	ix.cand = ix.cand[:0]
+}
+
+func (ix *Index) apply(ev *kv.Event) {
+	ix.st.Events++
+	switch ev.Kind {
+	case kv.EventStored:
+		if !ev.Tier.Valid() {
+			ix.st.BadTier++
+			return
+		}
+		ws := ix.worker(ev.Worker, true)
+		if ws == nil {
+			ix.st.TooManyWorkers++
+			return
+		}
+		p := uint32(0)
+		if ev.HasParent {
+			if p = ix.resolve(ws, ev.Parent); p == 0 {
+				ix.st.ParentNotFound++
+				return
+			}
+		}
+		bit := uint8(1) << ev.Tier
+		for _, b := range ev.Blocks {
+			ix.st.Blocks++
+			c := ix.findChild(p, b.LocalHash)
+			if c == 0 {
+				c = ix.newNode(p, b.LocalHash)
+				ix.cand = append(ix.cand, c)
+			}
+			ix.bind(ws, c, b.EngineHash)
+			m := ix.maskOf(c, ws.slot)
+			if m&bit != 0 {
+				ix.st.DuplicateStore++
+			} else {
+				if m == 0 {
+					ix.st.Holdings++
+				}
+				ws.counts[ev.Tier]++
+				ix.setMask(c, ws.slot, m|bit)
+			}
+			p = c
+		}
+	case kv.EventRemoved:
+		if !ev.Tier.Valid() {
+			ix.st.BadTier++
+			return
+		}
+		ws := ix.worker(ev.Worker, false)
+		bit := uint8(1) << ev.Tier
+		for _, h := range ev.Removed {
+			ix.st.Blocks++
+			var id uint32
+			if ws != nil {
+				id = ix.resolve(ws, h)
+			}
+			m := uint8(0)
+			if id != 0 {
+				m = ix.maskOf(id, ws.slot)
+			}
+			if m&bit == 0 {
+				ix.st.RemoveUnknown++
+				continue
+			}
+			if m == bit {
+				ix.drop(ws, id)
+			} else {
+				ws.counts[ev.Tier]--
+				ix.setMask(id, ws.slot, m&^bit)
+			}
+		}
+	case kv.EventCleared:
+		ws := ix.worker(ev.Worker, false)
+		if ws == nil {
+			ix.st.UnknownWorkerCleared++
+			return
+		}
+		ix.clear(ws)
+	default:
+		ix.st.BadKind++
+	}
+}
+
+// clear drops all of ws's holdings: a scan over all nodes (clears and
+// worker removals are rare; per-worker lists would cost memory per holding).
+func (ix *Index) clear(ws *wstate) {
+	if ws.counts == ([kv.NumTiers]int64{}) {
+		return
+	}
+	ix.forEachHeld(ws.slot, func(id uint32, _ uint8) { ix.drop(ws, id) })
+	ws.exc, ws.over = nil, nil
+}
+
+func (ix *Index) forEachHeld(slot uint32, f func(id uint32, m uint8)) {
+	d := *ix.dir.Load()
+	for id := uint32(1); id < ix.next; id++ {
+		n := nodeAt(d, id)
+		if uint32(n.pg.Load()) == noParent {
+			continue
+		}
+		if m := maskIn(ix, n.holders.Load(), slot); m != 0 {
+			f(id, m)
+		}
+	}
+}
+
+// RemoveWorker drops everything w holds and forgets w.
+func (ix *Index) RemoveWorker(w kv.WorkerKey) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ws := ix.workers[w]
+	if ws == nil {
+		return
+	}
+	ix.clear(ws)
+	for _, id := range ix.cand {
+		ix.maybeFree(id)
+	}
+	ix.cand = ix.cand[:0]
+	delete(ix.workers, w)
+	ix.slots[ws.slot] = nil
+	ix.freeSlots = append(ix.freeSlots, ws.slot)
+	ix.publishView()
+}
+
+// BlockCounts returns how many blocks w holds on each tier.
+func (ix *Index) BlockCounts(w kv.WorkerKey) (c [kv.NumTiers]int) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if ws := ix.workers[w]; ws != nil {
+		for t := range c {
+			c[t] = int(ws.counts[t])
+		}
+	}
+	return c
+}
+
+// Workers lists the workers the index knows, ascending.
+func (ix *Index) Workers() []kv.WorkerKey {
+	v := ix.vw.Load()
+	out := make([]kv.WorkerKey, len(v.slotOf))
+	for r, s := range v.slotOf {
+		out[r] = v.keys[s]
+	}
+	return out
+}
+
+// Stats returns the counters.
+func (ix *Index) Stats() Stats {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	s := ix.st
+	s.ReadRetries = ix.retries.Load()
+	return s
+}
