@@ -1,0 +1,94 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Backend runs preprocessed (tokenized) requests: the router picks a worker
+// and the request plane streams its tokens back. The frontend knows nothing
+// of workers; kvmesh's wiring implements this over router and gRPC.
+type Backend interface {
+	Generate(ctx context.Context, req *GenerateRequest) (TokenStream, error)
+}
+
+// GenerateRequest is what reaches the router: tokens and sampling only. It
+// has no field for client routing hints, so none can reach a worker.
+type GenerateRequest struct {
+	RequestID   string
+	Model       string
+	Tokens      []uint32
+	MaxTokens   int
+	StopTokens  []uint32
+	Seed        uint64
+	Temperature float64
+	TopP        float64
+	// Attempt counts migrations: 0 for the first try.
+	Attempt int
+}
+
+// TokenStream is one generation's output.
+type TokenStream interface {
+	// Recv returns the next chunk. After the chunk whose Finish is set it
+	// returns io.EOF. An error wrapping ErrWorkerLost means the worker died
+	// mid-stream and the request may be migrated.
+	Recv() (TokenChunk, error)
+	Close() error
+}
+
+// TokenChunk is a piece of output. The final chunk sets Finish ("stop" or
+// "length") and the usage fields.
+type TokenChunk struct {
+	Tokens       []uint32
+	Finish       string
+	PromptTokens int
+	CachedTokens int
+}
+
+// ErrWorkerLost marks a failure of the worker (not of the request): the
+// frontend migrates the request to another worker.
+var ErrWorkerLost = errors.New("worker lost")
+
+// ErrNoWorkers: no worker serves the model right now.
+var ErrNoWorkers = errors.New("no worker available")
+
+// BusyError: every worker is over its busy threshold.
+type BusyError struct{ RetryAfter time.Duration }
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("all workers are busy; retry after %s", e.RetryAfter)
+}
+
+// Model is one served model with its preprocessing.
+type Model struct {
+	Name    string
+	Created int64
+	// Encode tokenizes a plain-text prompt.
+	Encode func(text string) []uint32
+	// EncodeChat renders the chat template (with the generation prompt) and
+	// tokenizes it.
+	EncodeChat func(msgs []Message) ([]uint32, error)
+	// NewDetokenizer returns an incremental, UTF-8-safe decoder.
+	NewDetokenizer func() Detokenizer
+	// EOS token ids end a generation with finish reason "stop".
+	EOS []uint32
+	// MaxContext bounds prompt + completion tokens (0: unbounded).
+	MaxContext int
+	// DefaultMaxTokens applies when the request sets no limit.
+	DefaultMaxTokens int
+}
+
+// Detokenizer turns a token stream into text without splitting a UTF-8
+// character across pieces.
+type Detokenizer interface {
+	Push(id uint32) string
+	Flush() string
+}
+
+// ModelSource lists the models the frontend serves.
+type ModelSource interface {
+	Model(name string) (*Model, bool)
+	Models() []*Model
+}

@@ -1,0 +1,224 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"time"
+)
+
+// usage is what a finished generation reports.
+type usage struct {
+	PromptTokens     int
+	CompletionTokens int
+	CachedTokens     int
+}
+
+// genOutcome is how a generation ended.
+type genOutcome struct {
+	Finish string
+	Usage  usage
+}
+
+// stopMatcher applies stop strings to streamed text: Push returns the text
+// that is safe to emit and whether a stop string was hit (the text before it
+// is emitted, the stop string is not); Flush returns what was held back.
+type stopMatcher interface {
+	Push(text string) (emit string, hit bool)
+	Flush() string
+}
+
+// generate runs one prompt to completion, calling emit with every piece of
+// text as soon as it is final. It migrates the request to another worker
+// when its worker dies, so emit sees one uninterrupted stream. A non-nil
+// error before anything was emitted becomes the HTTP error; after that the
+// caller reports it in-stream.
+func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []uint32, p genParams, emit func(text string) error) (genOutcome, *apiError) {
+	maxTokens := p.MaxTokens
+	if maxTokens == 0 {
+		maxTokens = m.DefaultMaxTokens
+	}
+	if m.MaxContext > 0 {
+		if len(prompt) >= m.MaxContext {
+			return genOutcome{}, invalid("messages", "the prompt has %d tokens, but the model's context holds %d", len(prompt), m.MaxContext)
+		}
+		if room := m.MaxContext - len(prompt); maxTokens > room {
+			if p.MaxTokens > 0 {
+				return genOutcome{}, invalid("max_tokens", "prompt (%d tokens) plus max_tokens (%d) exceeds the model's context of %d tokens", len(prompt), p.MaxTokens, m.MaxContext)
+			}
+			maxTokens = room
+		}
+	}
+	seed := p.Seed
+	if !p.HasSeed {
+		seed = s.rng()
+	}
+
+	detok := m.NewDetokenizer()
+	stops := newStopMatcher(p.Stop)
+	out := genOutcome{Usage: usage{PromptTokens: len(prompt)}}
+	var generated []uint32
+	started := time.Now()
+	var lastToken time.Time
+	stopHit := false
+
+	emitText := func(t string) error {
+		if t == "" {
+			return nil
+		}
+		return emit(t)
+	}
+
+	for attempt := 0; ; attempt++ {
+		req := &GenerateRequest{
+			RequestID:   reqID,
+			Model:       m.Name,
+			Tokens:      append(append(make([]uint32, 0, len(prompt)+len(generated)), prompt...), generated...),
+			MaxTokens:   maxTokens - len(generated),
+			StopTokens:  m.EOS,
+			Seed:        seed,
+			Temperature: p.Temperature,
+			TopP:        p.TopP,
+			Attempt:     attempt,
+		}
+		stream, err := s.backend.Generate(ctx, req)
+		if err != nil {
+			if errors.Is(err, ErrWorkerLost) && attempt < s.cfg.MigrationLimit && ctx.Err() == nil {
+				s.metrics.migrations.Inc()
+				continue
+			}
+			return out, s.backendError(err)
+		}
+		finished, lost, aerr := s.drain(ctx, stream, m, &out, &generated, detok, stops, emitText, started, &lastToken, &stopHit)
+		stream.Close()
+		if aerr != nil {
+			return out, aerr
+		}
+		if finished {
+			break
+		}
+		if lost != nil {
+			if attempt < s.cfg.MigrationLimit && ctx.Err() == nil && len(generated) < maxTokens {
+				slog.Warn("migrating request after worker loss", "request", reqID, "generated", len(generated), "attempt", attempt+1, "err", lost)
+				s.metrics.migrations.Inc()
+				continue
+			}
+			if len(generated) >= maxTokens {
+				out.Finish = "length"
+				break
+			}
+			return out, unavailable(1, "the worker failed mid-generation and the migration limit (%d) is spent: %v", s.cfg.MigrationLimit, lost)
+		}
+	}
+	if !stopHit {
+		tail := detok.Flush()
+		hit := false
+		if stops != nil {
+			tail, hit = stops.Push(tail)
+			if !hit {
+				tail += stops.Flush()
+			}
+		}
+		if err := emitText(tail); err != nil {
+			return out, clientGone(err)
+		}
+		if hit {
+			out.Finish = "stop"
+		}
+	}
+	out.Usage.CompletionTokens = len(generated)
+	return out, nil
+}
+
+// drain reads one stream. It returns finished when the generation ended
+// (finish reason set), lost when the worker failed and migration may help.
+func (s *Server) drain(ctx context.Context, stream TokenStream, m *Model, out *genOutcome, generated *[]uint32,
+	detok Detokenizer, stops stopMatcher, emit func(string) error, started time.Time, lastToken *time.Time, stopHit *bool) (finished bool, lost error, aerr *apiError) {
+	for {
+		ch, err := stream.Recv()
+		if err == io.EOF {
+			// A stream that ends without a finish reason lost its worker.
+			return false, ErrWorkerLost, nil
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, nil, clientGone(ctx.Err())
+			}
+			if errors.Is(err, ErrWorkerLost) {
+				return false, err, nil
+			}
+			return false, nil, s.backendError(err)
+		}
+		if out.Usage.CachedTokens == 0 && ch.CachedTokens > 0 && len(*generated) == 0 {
+			out.Usage.CachedTokens = ch.CachedTokens
+		}
+		for _, id := range ch.Tokens {
+			now := time.Now()
+			if lastToken.IsZero() {
+				s.metrics.ttft.WithLabelValues(m.Name).Observe(now.Sub(started).Seconds())
+			} else {
+				s.metrics.itl.WithLabelValues(m.Name).Observe(now.Sub(*lastToken).Seconds())
+			}
+			*lastToken = now
+			*generated = append(*generated, id)
+			if isEOS(m, id) {
+				continue // counted, never shown (like skip_special_tokens)
+			}
+			text := detok.Push(id)
+			if stops != nil {
+				var hit bool
+				text, hit = stops.Push(text)
+				if err := emit(text); err != nil {
+					return false, nil, clientGone(err)
+				}
+				if hit {
+					out.Finish, *stopHit = "stop", true
+					return true, nil, nil
+				}
+				continue
+			}
+			if err := emit(text); err != nil {
+				return false, nil, clientGone(err)
+			}
+		}
+		if ch.Finish != "" {
+			out.Finish = ch.Finish
+			return true, nil, nil
+		}
+	}
+}
+
+// clientGone marks a failure to write to, or a cancellation by, the client;
+// there is nobody left to answer.
+func clientGone(err error) *apiError {
+	return &apiError{Status: 499, Type: "client_closed_request", Message: "client went away: " + err.Error()}
+}
+
+func (s *Server) backendError(err error) *apiError {
+	var busy *BusyError
+	switch {
+	case errors.As(err, &busy):
+		secs := int(busy.RetryAfter / time.Second)
+		if secs < 1 {
+			secs = 1
+		}
+		return unavailable(secs, "every worker is busy; retry after %d s", secs)
+	case errors.Is(err, ErrNoWorkers):
+		return unavailable(1, "no worker is available for this model right now")
+	case errors.Is(err, ErrWorkerLost):
+		return unavailable(1, "the worker failed and the request could not be migrated: %v", err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return clientGone(err)
+	}
+	return internal("generation failed: %v", err)
+}
+
+func isEOS(m *Model, id uint32) bool {
+	for _, e := range m.EOS {
+		if e == id {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,279 @@
+package frontend
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+type usageJSON struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func toUsage(u usage) *usageJSON {
+	j := &usageJSON{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens}
+	j.PromptTokensDetails.CachedTokens = u.CachedTokens
+	return j
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		writeError(w, aerr)
+		return ""
+	}
+	req, aerr := parseChat(body)
+	if aerr != nil {
+		writeError(w, aerr)
+		return ""
+	}
+	m, aerr := s.lookupModel(req.Model)
+	if aerr != nil {
+		writeError(w, aerr)
+		return ""
+	}
+	prompt, err := m.EncodeChat(req.Messages)
+	if err != nil {
+		writeError(w, invalid("messages", "the chat template could not render these messages: %v", err))
+		return m.Name
+	}
+	id, created := newID("chatcmpl-"), time.Now().Unix()
+	if !req.Stream {
+		var text []byte
+		out, aerr := s.generate(r.Context(), m, id, prompt, req.genParams, func(t string) error {
+			text = append(text, t...)
+			return nil
+		})
+		if aerr != nil {
+			writeError(w, aerr)
+			return m.Name
+		}
+		writeJSON(w, http.StatusOK, map[string]any{
+			"id": id, "object": "chat.completion", "created": created, "model": m.Name,
+			"choices": []any{map[string]any{
+				"index":         0,
+				"message":       map[string]any{"role": "assistant", "content": string(text)},
+				"logprobs":      nil,
+				"finish_reason": out.Finish,
+			}},
+			"usage": toUsage(out.Usage),
+		})
+		return m.Name
+	}
+
+	sse := newSSE(w)
+	chunk := func(delta map[string]any, finish any) map[string]any {
+		c := map[string]any{
+			"id": id, "object": "chat.completion.chunk", "created": created, "model": m.Name,
+			"choices": []any{map[string]any{"index": 0, "delta": delta, "logprobs": nil, "finish_reason": finish}},
+		}
+		if req.IncludeUsage {
+			c["usage"] = nil
+		}
+		return c
+	}
+	out, aerr := s.generate(r.Context(), m, id, prompt, req.genParams, func(t string) error {
+		if !sse.started {
+			if err := sse.send(chunk(map[string]any{"role": "assistant", "content": ""}, nil)); err != nil {
+				return err
+			}
+		}
+		return sse.send(chunk(map[string]any{"content": t}, nil))
+	})
+	if aerr != nil {
+		sse.fail(aerr)
+		return m.Name
+	}
+	if !sse.started {
+		_ = sse.send(chunk(map[string]any{"role": "assistant", "content": ""}, nil))
+	}
+	_ = sse.send(chunk(map[string]any{}, out.Finish))
+	if req.IncludeUsage {
+		_ = sse.send(map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": m.Name,
+			"choices": []any{}, "usage": toUsage(out.Usage)})
+	}
+	sse.done()
+	return m.Name
+}
+
+func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) string {
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		writeError(w, aerr)
+		return ""
+	}
+	req, aerr := parseCompletion(body)
+	if aerr != nil {
+		writeError(w, aerr)
+		return ""
+	}
+	m, aerr := s.lookupModel(req.Model)
+	if aerr != nil {
+		writeError(w, aerr)
+		return ""
+	}
+	var prompts [][]uint32
+	var texts []string
+	for _, t := range req.Texts {
+		prompts = append(prompts, m.Encode(t))
+		texts = append(texts, t)
+	}
+	for _, ids := range req.TokenPrompts {
+		prompts = append(prompts, ids)
+		if req.Echo {
+			d := m.NewDetokenizer()
+			var b []byte
+			for _, id := range ids {
+				b = append(b, d.Push(id)...)
+			}
+			texts = append(texts, string(append(b, d.Flush()...)))
+		}
+	}
+	for i, p := range prompts {
+		if len(p) == 0 {
+			writeError(w, invalid("prompt", "prompt %d is empty after tokenization", i))
+			return m.Name
+		}
+	}
+	id, created := newID("cmpl-"), time.Now().Unix()
+	if !req.Stream {
+		var choices []any
+		var total usage
+		for i, p := range prompts {
+			var text []byte
+			if req.Echo {
+				text = append(text, texts[i]...)
+			}
+			out, aerr := s.generate(r.Context(), m, fmt.Sprintf("%s-%d", id, i), p, req.genParams, func(t string) error {
+				text = append(text, t...)
+				return nil
+			})
+			if aerr != nil {
+				writeError(w, aerr)
+				return m.Name
+			}
+			total.PromptTokens += out.Usage.PromptTokens
+			total.CompletionTokens += out.Usage.CompletionTokens
+			total.CachedTokens += out.Usage.CachedTokens
+			choices = append(choices, map[string]any{"index": i, "text": string(text), "logprobs": nil, "finish_reason": out.Finish})
+		}
+		writeJSON(w, http.StatusOK, map[string]any{
+			"id": id, "object": "text_completion", "created": created, "model": m.Name,
+			"choices": choices, "usage": toUsage(total),
+		})
+		return m.Name
+	}
+
+	sse := newSSE(w)
+	chunk := func(text string, finish any) map[string]any {
+		c := map[string]any{
+			"id": id, "object": "text_completion", "created": created, "model": m.Name,
+			"choices": []any{map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": finish}},
+		}
+		if req.IncludeUsage {
+			c["usage"] = nil
+		}
+		return c
+	}
+	if req.Echo {
+		if err := sse.send(chunk(texts[0], nil)); err != nil {
+			return m.Name
+		}
+	}
+	out, aerr := s.generate(r.Context(), m, id, prompts[0], req.genParams, func(t string) error {
+		return sse.send(chunk(t, nil))
+	})
+	if aerr != nil {
+		sse.fail(aerr)
+		return m.Name
+	}
+	_ = sse.send(chunk("", out.Finish))
+	if req.IncludeUsage {
+		_ = sse.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": m.Name,
+			"choices": []any{}, "usage": toUsage(out.Usage)})
+	}
+	sse.done()
+	return m.Name
+}
+
+// sseWriter writes OpenAI's server-sent events: `data: {json}\n\n`, then
+// `data: [DONE]`. Headers go out with the first event, so an error before
+// any output is still a plain HTTP error.
+type sseWriter struct {
+	w       http.ResponseWriter
+	started bool
+	failed  bool
+}
+
+func newSSE(w http.ResponseWriter) *sseWriter { return &sseWriter{w: w} }
+
+func (s *sseWriter) start() {
+	if s.started {
+		return
+	}
+	s.started = true
+	h := s.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	h.Set("X-Accel-Buffering", "no")
+	s.w.WriteHeader(http.StatusOK)
+}
+
+func (s *sseWriter) send(v any) error {
+	if s.failed {
+		return errClientWrite
+	}
+	s.start()
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 0, len(b)+8)
+	buf = append(append(append(buf, "data: "...), b...), "\n\n"...)
+	if _, err := s.w.Write(buf); err != nil {
+		s.failed = true
+		return err
+	}
+	if f, ok := s.w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return nil
+}
+
+// fail reports an error: as the HTTP response if nothing was streamed yet,
+// else as an in-stream error event (OpenAI's shape) before [DONE].
+func (s *sseWriter) fail(e *apiError) {
+	if e.Status == 499 {
+		return // the client is gone
+	}
+	if !s.started {
+		writeError(s.w, e)
+		return
+	}
+	_ = s.send(map[string]any{"error": e})
+	s.done()
+}
+
+func (s *sseWriter) done() {
+	if s.failed {
+		return
+	}
+	s.start()
+	_, _ = s.w.Write([]byte("data: [DONE]\n\n"))
+	if f, ok := s.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+type clientWriteError struct{}
+
+func (clientWriteError) Error() string { return "write to client failed" }
+
+var errClientWrite error = clientWriteError{}

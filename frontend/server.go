@@ -1,0 +1,205 @@
+// Package frontend is kvmesh's OpenAI-compatible HTTP API: it validates
+// requests, renders chat templates, tokenizes, hands tokens to a Backend
+// (router + workers), detokenizes and streams the answer back, migrating a
+// request to another worker when its worker dies.
+package frontend
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Config tunes the frontend.
+type Config struct {
+	// MaxBodyBytes bounds a request body (413 above it).
+	MaxBodyBytes int64
+	// MigrationLimit is how many times a request may move to another worker
+	// after its worker dies mid-stream.
+	MigrationLimit int
+	// Ready reports whether the frontend can serve (GET /health); nil: always.
+	Ready func() error
+}
+
+// DefaultConfig returns the defaults: 16 MiB bodies, 3 migrations.
+func DefaultConfig() Config {
+	return Config{MaxBodyBytes: 16 << 20, MigrationLimit: 3}
+}
+
+// Server is the HTTP frontend.
+type Server struct {
+	cfg      Config
+	backend  Backend
+	models   ModelSource
+	metrics  *metrics
+	gatherer prometheus.Gatherer
+	mux      *http.ServeMux
+	rng      func() uint64
+}
+
+// New builds a frontend. Its metrics go to reg (and GET /metrics serves
+// gatherer); both may be one *prometheus.Registry.
+func New(cfg Config, backend Backend, models ModelSource, reg prometheus.Registerer, gatherer prometheus.Gatherer) *Server {
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultConfig().MaxBodyBytes
+	}
+	s := &Server{cfg: cfg, backend: backend, models: models, metrics: newMetrics(reg), gatherer: gatherer, rng: randomU64}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", s.instrument("chat", s.handleChat))
+	mux.HandleFunc("POST /v1/completions", s.instrument("completions", s.handleCompletions))
+	mux.HandleFunc("GET /v1/models", s.handleModels)
+	mux.HandleFunc("GET /health", s.handleHealth)
+	mux.HandleFunc("GET /live", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"status":"live"}`)
+	})
+	if gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
+			Message: "unknown route " + r.Method + " " + r.URL.Path})
+	})
+	s.mux = mux
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func randomU64() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:])
+}
+
+func newID(prefix string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// statusWriter remembers the status for the requests_total metric.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (s *Server) instrument(endpoint string, h func(http.ResponseWriter, *http.Request) string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s.metrics.inflight.Inc()
+		defer s.metrics.inflight.Dec()
+		sw := &statusWriter{ResponseWriter: w}
+		start := time.Now()
+		model := h(sw, r)
+		if model == "" {
+			model = "unknown" // bounded label: never the client's unvalidated string
+		}
+		s.metrics.requests.WithLabelValues(model, endpoint, statusLabel(sw.status)).Inc()
+		s.metrics.duration.WithLabelValues(model, endpoint).Observe(time.Since(start).Seconds())
+	}
+}
+
+func statusLabel(code int) string {
+	if code == 0 {
+		code = 499 // the client left before any answer
+	}
+	return strconv.Itoa(code)
+}
+
+// readBody reads a bounded body: 413 above the limit.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+			Message: "request body of " + strconv.FormatInt(r.ContentLength, 10) + " bytes exceeds the limit of " + strconv.FormatInt(s.cfg.MaxBodyBytes, 10) + " bytes"}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+				Message: "request body exceeds the limit of " + strconv.FormatInt(s.cfg.MaxBodyBytes, 10) + " bytes"}
+		}
+		return nil, invalid("", "could not read the request body: %v", err)
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
+		return nil, invalid("", "Content-Type must be application/json, got %q", ct)
+	}
+	return body, nil
+}
+
+func (s *Server) lookupModel(name string) (*Model, *apiError) {
+	m, ok := s.models.Model(name)
+	if !ok {
+		return nil, notFound("model", "the model '%s' does not exist or is not served here", name)
+	}
+	return m, nil
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	type card struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	ms := s.models.Models()
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Name < ms[j].Name })
+	out := struct {
+		Object string `json:"object"`
+		Data   []card `json:"data"`
+	}{Object: "list", Data: []card{}}
+	for _, m := range ms {
+		out.Data = append(out.Data, card{ID: m.Name, Object: "model", Created: m.Created, OwnedBy: "kvmesh"})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.Ready != nil {
+		if err := s.cfg.Ready(); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "reason": err.Error()})
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "healthy"})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		slog.Debug("writing response", "err", err)
+	}
+}
