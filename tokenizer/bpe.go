@@ -191,6 +191,12 @@ func (t *BPE) bytePairMerge(out []uint32, piece string, s *mergeScratch) []uint3
 	if len(piece) >= heapThreshold {
 		return t.bytePairMergeHeap(out, piece, s)
 	}
+	return t.bytePairMergeScan(out, piece, s)
+}
+
+// bytePairMergeScan finds each merge by a linear scan: fastest for the
+// short pieces that make up almost all text.
+func (t *BPE) bytePairMergeScan(out []uint32, piece string, s *mergeScratch) []uint32 {
 	n := len(piece)
 	s.start = s.start[:0]
 	s.id = s.id[:0]
@@ -374,4 +380,10 @@ func (t *BPE) setAdded(tokens []addedToken) {
 		l := t.addedByFirst[i]
 		sort.SliceStable(l, func(a, b int) bool { return len(l[a].content) > len(l[b].content) })
 	}
+}
+
+// bytePairMergeScanForTest forces the quadratic path regardless of length.
+func (t *BPE) bytePairMergeScanForTest(piece string) []uint32 {
+	var s mergeScratch
+	return t.bytePairMergeScan(nil, piece, &s)
 }

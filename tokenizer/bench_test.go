@@ -1,0 +1,79 @@
+package tokenizer
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	tiktoken "github.com/tiktoken-go/tokenizer"
+)
+
+// benchText builds a deterministic prompt-like text of roughly n tokens:
+// English prose, some code, numbers, a little CJK and emoji.
+func benchText(n int) string {
+	words := strings.Fields(`the a of to and in is that for it as with was on be by this are at from or an
+		which have not has but they their can been more one all would there also its were model cache token
+		request router worker block prefix latency throughput memory transfer engine prefill decode server
+		client stream response context window attention layer tensor batch queue schedule policy routing
+		Kubernetes NVIDIA Dynamo vLLM SGLang TensorRT-LLM GPU CPU network bandwidth hit rate overlap`)
+	r := rand.New(rand.NewPCG(7, 7))
+	var b strings.Builder
+	for b.Len() < n*4 {
+		switch r.IntN(20) {
+		case 0:
+			b.WriteString("\n\n```go\nfunc route(req *Request) (int, error) {\n\tif len(req.Tokens) > 8192 {\n\t\treturn 0, errTooLong\n\t}\n\treturn pick(req), nil\n}\n```\n\n")
+		case 1:
+			b.WriteString(" 在分布式推理系统中，键值缓存的复用可以显著降低首个令牌的延迟。🚀 ")
+		default:
+			k := 8 + r.IntN(16)
+			for i := 0; i < k; i++ {
+				w := words[r.IntN(len(words))]
+				if i == 0 {
+					w = strings.ToUpper(w[:1]) + w[1:]
+				}
+				b.WriteString(w)
+				if i < k-1 {
+					b.WriteByte(' ')
+				}
+			}
+			if r.IntN(4) == 0 {
+				b.WriteString(", with ")
+				b.WriteString(strings.Repeat("9", 1+r.IntN(6)))
+				b.WriteString(" requests per second")
+			}
+			b.WriteString(". ")
+		}
+	}
+	return b.String()
+}
+
+// BenchmarkEncodeO200k8k encodes an ~8k-token prompt; it reports ns/token.
+func BenchmarkEncodeO200k8k(b *testing.B) {
+	tok := builtinBPE(b)
+	text := benchText(8192)
+	n := len(tok.Encode(text))
+	b.SetBytes(int64(len(text)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		tok.Encode(text)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/token")
+	b.ReportMetric(float64(n), "tokens")
+}
+
+// BenchmarkEncodeTiktokenGo8k is the reference library on the same text, for comparison.
+func BenchmarkEncodeTiktokenGo8k(b *testing.B) {
+	ref, err := tiktoken.Get(tiktoken.O200kBase)
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := benchText(8192)
+	ids, _, _ := ref.Encode(text)
+	n := len(ids)
+	b.SetBytes(int64(len(text)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		ref.Encode(text)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/token")
+}
