@@ -1,0 +1,108 @@
+package api
+
+import (
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// KeyToProto converts a worker key.
+func KeyToProto(w kv.WorkerKey) *WorkerKey {
+	return &WorkerKey{Instance: w.Instance, DpRank: w.DPRank}
+}
+
+// KeyFromProto converts a worker key; nil is the zero key.
+func KeyFromProto(w *WorkerKey) kv.WorkerKey {
+	return kv.WorkerKey{Instance: w.GetInstance(), DPRank: w.GetDpRank()}
+}
+
+// EventToProto converts a KV event. Slices are shared, not copied.
+func EventToProto(e *kv.Event) *KvEvent {
+	p := &KvEvent{
+		Id:        e.ID,
+		Worker:    KeyToProto(e.Worker),
+		Tier:      uint32(e.Tier),
+		HasParent: e.HasParent,
+		Parent:    e.Parent,
+		Tokens:    e.Tokens,
+		Lora:      e.LoRA,
+		Removed:   e.Removed,
+	}
+	switch e.Kind {
+	case kv.EventStored:
+		p.Kind = EventKind_EVENT_KIND_STORED
+	case kv.EventRemoved:
+		p.Kind = EventKind_EVENT_KIND_REMOVED
+	case kv.EventCleared:
+		p.Kind = EventKind_EVENT_KIND_CLEARED
+	}
+	if len(e.Blocks) > 0 {
+		bs := make([]StoredBlock, len(e.Blocks))
+		p.Blocks = make([]*StoredBlock, len(e.Blocks))
+		for i, b := range e.Blocks {
+			bs[i].EngineHash, bs[i].LocalHash = b.EngineHash, b.LocalHash
+			p.Blocks[i] = &bs[i]
+		}
+	}
+	return p
+}
+
+// EventFromProto converts and validates a KV event from the wire.
+func EventFromProto(p *KvEvent) (kv.Event, error) {
+	if p == nil {
+		return kv.Event{}, fmt.Errorf("kv event: nil")
+	}
+	e := kv.Event{
+		ID:        p.Id,
+		Worker:    KeyFromProto(p.Worker),
+		HasParent: p.HasParent,
+		Parent:    p.Parent,
+		Tokens:    p.Tokens,
+		LoRA:      p.Lora,
+		Removed:   p.Removed,
+	}
+	if p.Tier >= kv.NumTiers {
+		return kv.Event{}, fmt.Errorf("kv event %d: unknown tier %d", p.Id, p.Tier)
+	}
+	e.Tier = kv.Tier(p.Tier)
+	switch p.Kind {
+	case EventKind_EVENT_KIND_STORED:
+		e.Kind = kv.EventStored
+		if len(p.Blocks) == 0 {
+			return kv.Event{}, fmt.Errorf("kv event %d: stored event without blocks", p.Id)
+		}
+		e.Blocks = make([]kv.StoredBlock, len(p.Blocks))
+		for i, b := range p.Blocks {
+			e.Blocks[i] = kv.StoredBlock{EngineHash: b.GetEngineHash(), LocalHash: b.GetLocalHash()}
+		}
+	case EventKind_EVENT_KIND_REMOVED:
+		e.Kind = kv.EventRemoved
+	case EventKind_EVENT_KIND_CLEARED:
+		e.Kind = kv.EventCleared
+	default:
+		return kv.Event{}, fmt.Errorf("kv event %d: unknown kind %v", p.Id, p.Kind)
+	}
+	return e, nil
+}
+
+// EventsToProto converts a batch.
+func EventsToProto(evs []kv.Event) []*KvEvent {
+	out := make([]*KvEvent, len(evs))
+	for i := range evs {
+		out[i] = EventToProto(&evs[i])
+	}
+	return out
+}
+
+// EventsFromProto converts a batch; the first bad event fails it.
+func EventsFromProto(ps []*KvEvent) ([]kv.Event, error) {
+	out := make([]kv.Event, len(ps))
+	for i, p := range ps {
+		e, err := EventFromProto(p)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = e
+	}
+	return out, nil
+}

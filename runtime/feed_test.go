@@ -1,0 +1,326 @@
+package runtime
+
+import (
+	"context"
+	"math/rand/v2"
+	"net"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/kv"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// lockedIndex is the router-side applier under test: the reference index.
+type lockedIndex struct {
+	mu sync.Mutex
+	ix *ref.Index
+}
+
+func (l *lockedIndex) Apply(e kv.Event) { l.mu.Lock(); l.ix.Apply(e); l.mu.Unlock() }
+func (l *lockedIndex) RemoveWorker(w kv.WorkerKey) {
+	l.mu.Lock()
+	l.ix.RemoveWorker(w)
+	l.mu.Unlock()
+}
+func (l *lockedIndex) holdings(w kv.WorkerKey) []ref.Holding {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ix.Holdings(w)
+}
+
+// fakeWorker serves Events/Dump from an EventLog over real gRPC and can be
+// told to fail its next calls.
+type fakeWorker struct {
+	api.UnimplementedWorkerServer
+	log      *EventLog
+	local    RefLocalIndex
+	pub      *EventPublisher
+	fail     atomic.Int32
+	calls    atomic.Int32
+	addr     string
+	srv      *grpc.Server
+	rng      *rand.Rand
+	nextHash uint64
+	chains   [][]uint64
+}
+
+func (f *fakeWorker) Events(_ context.Context, req *api.EventsRequest) (*api.EventsResponse, error) {
+	f.calls.Add(1)
+	if f.fail.Add(-1) >= 0 {
+		return nil, status.Error(codes.Unavailable, "injected failure")
+	}
+	return f.log.EventsAnswer(req), nil
+}
+
+func (f *fakeWorker) Dump(_ context.Context, req *api.DumpRequest) (*api.DumpResponse, error) {
+	f.calls.Add(1)
+	if f.fail.Add(-1) >= 0 {
+		return nil, status.Error(codes.Unavailable, "injected failure")
+	}
+	return f.log.DumpAnswer(req), nil
+}
+
+func startFakeWorker(t *testing.T, e *Embedded, id uint64, ring int) *fakeWorker {
+	t.Helper()
+	f := &fakeWorker{local: NewRefLocalIndex(), rng: rand.New(rand.NewPCG(id, 7)), nextHash: id << 32}
+	f.log = NewEventLog(id, ring, f.local)
+	f.pub = NewEventPublisher(connect(t, e.URL()), "m", f.log, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.addr = ln.Addr().String()
+	f.srv = grpc.NewServer()
+	api.RegisterWorkerServer(f.srv, f)
+	go f.srv.Serve(ln)
+	t.Cleanup(f.srv.Stop)
+	return f
+}
+
+func (f *fakeWorker) instance() Instance {
+	return Instance{ID: f.log.instance, Model: "m", Role: "aggregated", GRPCAddr: f.addr, DPSize: 1, BlockSize: 4}
+}
+
+// step makes one random cache change: store a new chain (sometimes
+// extending an existing one, sometimes also on the host tier) or remove a
+// whole chain leaf-first.
+func (f *fakeWorker) step() []kv.Event {
+	w := kv.WorkerKey{Instance: f.log.instance}
+	if len(f.chains) > 4 && f.rng.IntN(3) == 0 {
+		i := f.rng.IntN(len(f.chains))
+		c := f.chains[i]
+		f.chains = append(f.chains[:i], f.chains[i+1:]...)
+		return []kv.Event{kv.Removed(w, kv.TierDevice, c)}
+	}
+	n := 1 + f.rng.IntN(4)
+	var blocks []kv.StoredBlock
+	var hashes []uint64
+	for range n {
+		f.nextHash++
+		blocks = append(blocks, kv.StoredBlock{EngineHash: f.nextHash, LocalHash: f.rng.Uint64()%64 + 1})
+		hashes = append(hashes, f.nextHash)
+	}
+	var parent *uint64
+	if len(f.chains) > 0 && f.rng.IntN(3) == 0 {
+		c := f.chains[f.rng.IntN(len(f.chains))]
+		parent = &c[len(c)-1]
+	}
+	f.chains = append(f.chains, hashes)
+	evs := []kv.Event{kv.Stored(w, kv.TierDevice, parent, blocks)}
+	if f.rng.IntN(4) == 0 {
+		evs = append(evs, kv.Stored(w, kv.TierHost, parent, blocks))
+	}
+	return evs
+}
+
+func (f *fakeWorker) publish(n int) {
+	for range n {
+		f.pub.Sink(f.step())
+	}
+}
+
+// lose appends n steps to the log without publishing them: a gap.
+func (f *fakeWorker) lose(n int) {
+	for range n {
+		f.log.Append(f.step(), nil)
+	}
+}
+
+func runFeed(t *testing.T, e *Embedded, ap EventApplier, clients *WorkerClients) *EventFeed {
+	t.Helper()
+	feed, err := NewEventFeed(connect(t, e.URL()), FeedConfig{Model: "m", Applier: ap, Repairer: GRPCRepairer{Clients: clients}, RepairTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- feed.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return feed
+}
+
+func waitSynced(t *testing.T, feed *EventFeed, ix *lockedIndex, f *fakeWorker) {
+	t.Helper()
+	w := kv.WorkerKey{Instance: f.log.instance}
+	eventually(t, 10*time.Second, "feed caught up", func() bool {
+		last, ok := feed.LastID(w)
+		return ok && last == f.log.LastID(0)
+	})
+	got, want := ix.holdings(w), f.local.Holdings(w)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("router index differs from the worker's own: %d vs %d holdings", len(got), len(want))
+	}
+}
+
+func TestEventFeedGapRepair(t *testing.T) {
+	e := startNATS(t)
+	clients := NewWorkerClients()
+	defer clients.Close()
+	ix := &lockedIndex{ix: ref.New()}
+	feed := runFeed(t, e, ix, clients)
+	f := startFakeWorker(t, e, 0xabc, 16)
+
+	f.publish(10) // before discovery: covered by the first dump
+	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceAdded, Instance: f.instance()})
+	waitSynced(t, feed, ix, f)
+	if s := feed.Stats(); s.DumpRepairs != 1 {
+		t.Fatalf("discovery dumps %d, want 1", s.DumpRepairs)
+	}
+
+	f.publish(20)
+	waitSynced(t, feed, ix, f)
+
+	// A short gap: repaired from the ring.
+	f.lose(3)
+	f.publish(5)
+	waitSynced(t, feed, ix, f)
+	if s := feed.Stats(); s.Gaps != 1 || s.RangeRepairs != 1 {
+		t.Fatalf("after short gap: %+v", s)
+	}
+
+	// A gap longer than the ring: a full dump replaces the holdings.
+	f.lose(40)
+	f.publish(3)
+	waitSynced(t, feed, ix, f)
+	if s := feed.Stats(); s.Gaps != 2 || s.DumpRepairs != 2 {
+		t.Fatalf("after long gap: %+v", s)
+	}
+
+	// Failing repairs are retried.
+	f.fail.Store(2)
+	f.lose(2)
+	f.publish(2)
+	waitSynced(t, feed, ix, f)
+	if s := feed.Stats(); s.RepairErrors != 2 {
+		t.Fatalf("repair errors %d, want 2", s.RepairErrors)
+	}
+
+	// Removal drops the holdings at once.
+	w := kv.WorkerKey{Instance: f.log.instance}
+	if len(ix.holdings(w)) == 0 {
+		t.Fatal("no holdings before removal")
+	}
+	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceRemoved, Instance: f.instance()})
+	eventually(t, 5*time.Second, "holdings dropped", func() bool { return len(ix.holdings(w)) == 0 })
+	f.publish(5) // events of a removed instance are ignored
+	time.Sleep(100 * time.Millisecond)
+	if len(ix.holdings(w)) != 0 {
+		t.Fatal("removed instance's events applied")
+	}
+}
+
+func TestEventFeedBadInput(t *testing.T) {
+	e := startNATS(t)
+	clients := NewWorkerClients()
+	defer clients.Close()
+	ix := &lockedIndex{ix: ref.New()}
+	feed := runFeed(t, e, ix, clients)
+
+	// An instance at an address nobody listens on: repairs fail and are
+	// retried, nothing crashes.
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := ln.Addr().String()
+	ln.Close()
+	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceAdded, Instance: Instance{ID: 7, Model: "m", Role: "aggregated", GRPCAddr: dead, DPSize: 1, BlockSize: 4}})
+	eventually(t, 10*time.Second, "repair errors counted", func() bool { return feed.Stats().RepairErrors >= 2 })
+
+	// Garbage on event subjects is counted and skipped.
+	nc := connect(t, e.URL())
+	good := startFakeWorker(t, e, 0x99, 64)
+	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceAdded, Instance: good.instance()})
+	nc.Publish(EventSubject("m", 0x99), []byte("\xff\xff garbage"))
+	nc.Publish(EventSubject("m", 0x99), mustBatch(t, 0x98, kv.Event{ID: 1, Worker: kv.WorkerKey{Instance: 0x98}, Kind: kv.EventCleared}))
+	nc.Publish(EventSubject("m", 0x99), mustBatch(t, 0x99, kv.Event{ID: 1, Worker: kv.WorkerKey{Instance: 0x99, DPRank: 5}, Kind: kv.EventCleared}))
+	nc.Publish("kvmesh.events.m.nothex", []byte{})
+	nc.Publish(EventSubject("m", 0x12345), mustBatch(t, 0x12345, kv.Event{ID: 1, Worker: kv.WorkerKey{Instance: 0x12345}, Kind: kv.EventCleared}))
+	good.publish(5)
+	waitSynced(t, feed, ix, good)
+	eventually(t, 5*time.Second, "bad messages counted", func() bool {
+		s := feed.Stats()
+		return s.BadMessages >= 4 && s.UnknownInstance >= 1
+	})
+	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceRemoved, Instance: Instance{ID: 7}})
+}
+
+func mustBatch(t *testing.T, inst uint64, evs ...kv.Event) []byte {
+	t.Helper()
+	b, err := protoMarshalBatch(inst, evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestEventLogRangeAndDump(t *testing.T) {
+	f := &fakeWorker{local: NewRefLocalIndex(), rng: rand.New(rand.NewPCG(1, 2)), nextHash: 1 << 40}
+	f.log = NewEventLog(5, 32, f.local)
+	for range 500 {
+		f.log.Append(f.step(), nil)
+	}
+	last := f.log.LastID(0)
+	w := kv.WorkerKey{Instance: 5}
+	evs, res := f.log.Range(w, last-31, last, 0)
+	if res.TooOld || len(evs) != 32 || evs[0].ID != last-31 {
+		t.Fatalf("range of the whole ring: %d events, %+v", len(evs), res)
+	}
+	if _, res := f.log.Range(w, last-32, last, 0); !res.TooOld {
+		t.Fatal("range past the ring not too old")
+	}
+	if evs, res := f.log.Range(w, last, last+5, 0); !res.TooNew || len(evs) != 1 {
+		t.Fatalf("range past the end: %d events %+v", len(evs), res)
+	}
+	if evs, _ := f.log.Range(kv.WorkerKey{Instance: 6}, last, last, 0); len(evs) != 0 {
+		t.Fatal("answered for another instance")
+	}
+	dump, dl := f.log.Dump(w)
+	if dl != last {
+		t.Fatalf("dump last %d want %d", dl, last)
+	}
+	rebuilt := ref.New()
+	for _, e := range dump {
+		rebuilt.Apply(e)
+	}
+	if got, want := rebuilt.Holdings(w), f.local.Holdings(w); !reflect.DeepEqual(got, want) {
+		t.Fatalf("dump rebuilds %d holdings, worker has %d", len(got), len(want))
+	}
+	if st := rebuilt.Stats(); st.ParentNotFound != 0 {
+		t.Fatalf("dump order broken: %+v", st)
+	}
+	t.Logf("dump: %d events for %d holdings", len(dump), len(f.local.Holdings(w)))
+}
+
+// Dumps rebuild exactly the worker's holdings, orphans included.
+func TestDumpRebuildsExactly(t *testing.T) {
+	for seed := range uint64(30) {
+		f := &fakeWorker{local: NewRefLocalIndex(), rng: rand.New(rand.NewPCG(seed, 3)), nextHash: 1 << 40}
+		f.log = NewEventLog(5, 0, f.local)
+		w := kv.WorkerKey{Instance: 5}
+		for range 400 {
+			f.log.Append(f.step(), nil)
+		}
+		dump, _ := f.log.Dump(w)
+		rebuilt := ref.New()
+		for _, e := range dump {
+			rebuilt.Apply(e)
+		}
+		if got, want := rebuilt.Holdings(w), f.local.Holdings(w); !reflect.DeepEqual(got, want) {
+			t.Fatalf("seed %d: dump rebuilds %d holdings, worker has %d", seed, len(got), len(want))
+		}
+		if st := rebuilt.Stats(); st.ParentNotFound != 0 || st.RemoveUnknown != 0 {
+			t.Fatalf("seed %d: %+v", seed, st)
+		}
+	}
+}

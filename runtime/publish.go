@@ -1,0 +1,81 @@
+package runtime
+
+import (
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+)
+
+// MaxEventsPerAnswer bounds one Events answer; the client asks again for
+// the rest.
+const MaxEventsPerAnswer = 4096
+
+// EventPublisher is a worker's event-plane sink: each engine batch is
+// stamped and recorded in the EventLog and published on the instance's
+// subject as an api.KvEventBatch, in id order.
+type EventPublisher struct {
+	nc       *nats.Conn
+	subject  string
+	instance uint64
+	log      *EventLog
+	logger   *slog.Logger
+
+	batches, events, failures atomic.Int64
+}
+
+// NewEventPublisher returns a publisher for one instance of model.
+func NewEventPublisher(nc *nats.Conn, model string, log *EventLog, logger *slog.Logger) *EventPublisher {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &EventPublisher{nc: nc, subject: EventSubject(model, log.instance), instance: log.instance, log: log, logger: logger}
+}
+
+// Sink is the engine.EventSink: it never blocks on the network (NATS
+// buffers while reconnecting); a lost batch is a gap the routers repair.
+func (p *EventPublisher) Sink(batch []kv.Event) {
+	p.log.Append(batch, p.publish)
+}
+
+func (p *EventPublisher) publish(batch []kv.Event) {
+	b, err := protoMarshalBatch(p.instance, batch)
+	if err == nil && p.nc != nil {
+		err = p.nc.Publish(p.subject, b)
+	}
+	if err != nil {
+		if p.failures.Add(1)%1000 == 1 {
+			p.logger.Warn("event publish failed; routers will repair the gap", "subject", p.subject, "err", err)
+		}
+		return
+	}
+	p.batches.Add(1)
+	p.events.Add(int64(len(batch)))
+}
+
+// Subject is where the events go.
+func (p *EventPublisher) Subject() string { return p.subject }
+
+// Counts returns published batches, events and failed publishes.
+func (p *EventPublisher) Counts() (batches, events, failures int64) {
+	return p.batches.Load(), p.events.Load(), p.failures.Load()
+}
+
+// EventsAnswer answers an api Events request from the log.
+func (l *EventLog) EventsAnswer(req *api.EventsRequest) *api.EventsResponse {
+	evs, res := l.Range(api.KeyFromProto(req.Worker), req.FromId, req.ToId, MaxEventsPerAnswer)
+	return &api.EventsResponse{Events: api.EventsToProto(evs), TooOld: res.TooOld, TooNew: res.TooNew, LastId: res.Last}
+}
+
+// DumpAnswer answers an api Dump request from the log.
+func (l *EventLog) DumpAnswer(req *api.DumpRequest) *api.DumpResponse {
+	evs, last := l.Dump(api.KeyFromProto(req.Worker))
+	return &api.DumpResponse{Events: api.EventsToProto(evs), LastId: last}
+}
+
+func protoMarshalBatch(instance uint64, evs []kv.Event) ([]byte, error) {
+	return proto.Marshal(&api.KvEventBatch{Instance: instance, Events: api.EventsToProto(evs)})
+}
