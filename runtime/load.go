@@ -1,0 +1,93 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// LoadReport is one worker key's load, published periodically.
+type LoadReport struct {
+	Instance             uint64 `json:"instance_id"`
+	DPRank               uint32 `json:"dp_rank"`
+	UsedBlocks           int    `json:"used_blocks"`
+	TotalBlocks          int    `json:"total_blocks"`
+	Running              int    `json:"running"`
+	Waiting              int    `json:"waiting"`
+	PendingPrefillTokens int    `json:"pending_prefill_tokens"`
+	// UnixNano is when the report was taken.
+	UnixNano int64 `json:"ts"`
+}
+
+// PublishLoad publishes one report on the instance's load subject.
+func PublishLoad(nc *nats.Conn, model string, r LoadReport) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return nc.Publish(LoadSubject(model, r.Instance), b)
+}
+
+// RunLoadPublisher publishes sample() every interval until ctx ends.
+// Publish errors (NATS away) are logged at most once per outage.
+func RunLoadPublisher(ctx context.Context, nc *nats.Conn, model string, interval time.Duration, sample func() []LoadReport, log *slog.Logger) {
+	if interval <= 0 {
+		interval = time.Second
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var err error
+		for _, r := range sample() {
+			if r.UnixNano == 0 {
+				r.UnixNano = time.Now().UnixNano()
+			}
+			err = errors.Join(err, PublishLoad(nc, model, r))
+		}
+		if err != nil && !failing {
+			log.Warn("load publish failing", "err", err)
+		}
+		failing = err != nil
+	}
+}
+
+// SubscribeLoad calls fn for every load report of model. Reports that do
+// not parse or do not match their subject are dropped and counted in bad
+// (if non-nil).
+func SubscribeLoad(nc *nats.Conn, model string, fn func(LoadReport), bad func(error)) (*nats.Subscription, error) {
+	sub, err := nc.Subscribe(LoadSubjectAll(model), func(m *nats.Msg) {
+		id, err := parseInstanceToken(m.Subject)
+		var r LoadReport
+		if err == nil {
+			err = json.Unmarshal(m.Data, &r)
+		}
+		if err == nil && r.Instance != id {
+			err = fmt.Errorf("load report of instance %x on %s", r.Instance, m.Subject)
+		}
+		if err != nil {
+			if bad != nil {
+				bad(err)
+			}
+			return
+		}
+		fn(r)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load: subscribe: %w", err)
+	}
+	return sub, nil
+}
