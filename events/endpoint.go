@@ -101,4 +101,3 @@ func seqOf(b []byte) (uint64, bool) {
 
 // endMarker is seq -1 as signed 8 bytes: the end of a replay.
 var endMarker = seqBytes(^uint64(0))
-

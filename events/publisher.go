@@ -66,6 +66,10 @@ type Publisher struct {
 	closed bool
 
 	events, encErr, replayReq, replayBad, replayed atomic.Uint64
+
+	// liveFrame, when set (tests), replaces the payload sent on PUB for a
+	// seq: nil drops the live copy; the ring keeps the real one.
+	liveFrame func(seq uint64, payload []byte) []byte
 }
 
 // NewPublisher opens the sockets. ctx bounds the sockets' lifetime; Close
@@ -158,6 +162,12 @@ func (p *Publisher) PublishBatch(b *Batch) (uint64, error) {
 		p.encErr.Add(1)
 		return 0, fmt.Errorf("events publisher: encode: %w", err)
 	}
+	p.events.Add(uint64(len(b.Events)))
+	return p.publishLocked(payload)
+}
+
+// publishLocked assigns the next seq to payload, rings it and sends it.
+func (p *Publisher) publishLocked(payload []byte) (uint64, error) {
 	seq := p.seq
 	p.seq++
 	if len(p.ring) < p.cfg.BufferSteps {
@@ -166,10 +176,15 @@ func (p *Publisher) PublishBatch(b *Batch) (uint64, error) {
 		p.ring[p.head] = ringEntry{seq, payload}
 		p.head = (p.head + 1) % len(p.ring)
 	}
-	p.events.Add(uint64(len(b.Events)))
+	live := payload
+	if p.liveFrame != nil {
+		if live = p.liveFrame(seq, payload); live == nil {
+			return seq, nil
+		}
+	}
 	// The PUB socket queues without blocking (dropping above HWM, as ZMQ
 	// does); subscribers that miss a batch repair it through replay.
-	if err := p.pub.SendMulti(zmq4.NewMsgFrom([]byte(p.cfg.Topic), seqBytes(seq), payload)); err != nil {
+	if err := p.pub.SendMulti(zmq4.NewMsgFrom([]byte(p.cfg.Topic), seqBytes(seq), live)); err != nil {
 		return seq, fmt.Errorf("events publisher: send seq %d: %w", seq, err)
 	}
 	return seq, nil

@@ -17,13 +17,13 @@ import (
 // Config configures a Subscriber for one publisher (one vLLM DP rank: vLLM
 // gives every rank its own PUB socket and sequence; see RankEndpoint).
 type Config struct {
-	Endpoint       string   // the publisher's PUB endpoint
-	BindMode       BindMode // default BindAuto: connect unless the endpoint is bind-style
-	ReplayEndpoint string   // the publisher's ROUTER replay endpoint; empty: gaps are only counted
-	Topic          string   // topic prefix; "" receives all
-	Instance       uint64   // kv.WorkerKey.Instance of the delivered events
-	BlockSize      int      // the worker's block size; 0 trusts block_size on the wire
-	DPRank         uint32   // rank for batches that carry none
+	Endpoint       string        // the publisher's PUB endpoint
+	BindMode       BindMode      // default BindAuto: connect unless the endpoint is bind-style
+	ReplayEndpoint string        // the publisher's ROUTER replay endpoint; empty: gaps are only counted
+	Topic          string        // topic prefix; "" receives all
+	Instance       uint64        // kv.WorkerKey.Instance of the delivered events
+	BlockSize      int           // the worker's block size; 0 trusts block_size on the wire
+	DPRank         uint32        // rank for batches that carry none
 	ReplayTimeout  time.Duration // bound on one replay exchange; default 2 s
 	Logger         *slog.Logger
 	// Handler receives every applied batch, in sequence order, on the
