@@ -1,0 +1,210 @@
+package sim
+
+import (
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Lookup counts the leading sequence hashes whose blocks are cached.
+func (c *Core) Lookup(seqs []kv.SeqHash) int {
+	n, _ := c.pool.match(seqs, nil)
+	return n
+}
+
+// Pin holds the cached leading blocks of seqs so they cannot be evicted (a
+// peer is reading them). It returns how many it holds and a release func,
+// which is safe to call more than once.
+func (c *Core) Pin(seqs []kv.SeqHash) (int, func()) {
+	n, ids := c.pool.match(seqs, make([]int32, 0, len(seqs)))
+	for _, id := range ids {
+		c.pool.acquire(id)
+	}
+	released := false
+	return n, func() {
+		if released {
+			return
+		}
+		released = true
+		for i := len(ids) - 1; i >= 0; i-- {
+			c.pool.release(ids[i])
+		}
+	}
+}
+
+// ReadPayload copies layer's payload of the cached block seq into dst and
+// returns the byte count.
+func (c *Core) ReadPayload(seq kv.SeqHash, layer int, dst []byte) (int, error) {
+	id, ok := c.pool.byHash[seq]
+	if !ok {
+		return 0, fmt.Errorf("sim: block %016x is not cached", seq)
+	}
+	if layer < 0 || layer >= c.cfg.Layers {
+		return 0, fmt.Errorf("sim: layer %d out of range [0, %d)", layer, c.cfg.Layers)
+	}
+	if len(dst) < c.cfg.PayloadSize {
+		return 0, fmt.Errorf("sim: payload buffer of %d bytes, need %d", len(dst), c.cfg.PayloadSize)
+	}
+	return copy(dst, c.pool.payload(id, layer)), nil
+}
+
+// Insert commits a chain of blocks fetched from elsewhere as idle cached
+// blocks (most recently used), emitting Stored for each one not already
+// cached. It checks that the chain hangs off a cached parent, that every
+// sequence hash chains from its local hash, and every payload byte with
+// kv.VerifyPayload. It returns how many leading blocks of the chain are
+// cached afterwards; on an error the blocks before the bad one stay.
+func (c *Core) Insert(ch Chain) (n int, err error) {
+	defer c.ev.flush()
+	var prevID int32 = -1
+	if ch.HasParent {
+		id, ok := c.pool.byHash[ch.Parent]
+		if !ok {
+			return 0, fmt.Errorf("sim insert: parent block %016x is not cached", ch.Parent)
+		}
+		prevID = id
+	}
+	prev, hasPrev := ch.Parent, ch.HasParent
+	for i := range ch.Blocks {
+		b := &ch.Blocks[i]
+		if err := c.checkBlock(b, prev, hasPrev); err != nil {
+			return i, fmt.Errorf("sim insert: block %d of %d: %w", i, len(ch.Blocks), err)
+		}
+		id, ok := c.pool.byHash[b.Seq]
+		if !ok {
+			// Hold the parent so making room cannot evict it mid-chain.
+			if prevID >= 0 {
+				c.pool.acquire(prevID)
+			}
+			id, ok = c.pool.alloc()
+			if prevID >= 0 {
+				c.pool.release(prevID)
+			}
+			if !ok {
+				return i, fmt.Errorf("sim insert: block %d of %d: %w", i, len(ch.Blocks), ErrNoSpace)
+			}
+			c.pool.register(id, b.Seq, b.Local, prev, hasPrev, false)
+			for l := 0; l < c.cfg.Layers; l++ {
+				copy(c.pool.payload(id, l), b.Layers[l])
+			}
+			c.pool.release(id)
+			c.counters.InsertedBlocks++
+			var toks []kv.Token
+			if len(b.Tokens) == c.bs {
+				toks = b.Tokens
+			}
+			c.ev.stored(prev, hasPrev, b.Seq, b.Local, toks, ch.LoRA)
+		}
+		prev, hasPrev, prevID = b.Seq, true, id
+	}
+	return len(ch.Blocks), nil
+}
+
+func (c *Core) checkBlock(b *BlockData, prev uint64, hasPrev bool) error {
+	want := b.Local
+	if hasPrev {
+		want = kv.ChainHash(prev, b.Local)
+	}
+	if b.Seq != want {
+		return fmt.Errorf("sequence hash %016x does not chain from local hash %016x (want %016x)", b.Seq, b.Local, want)
+	}
+	if len(b.Tokens) != 0 && len(b.Tokens) != c.bs {
+		return fmt.Errorf("%d tokens, want %d (block size) or none", len(b.Tokens), c.bs)
+	}
+	if len(b.Layers) != c.cfg.Layers || len(b.Sums) != c.cfg.Layers {
+		return fmt.Errorf("%d layers and %d checksums, want %d", len(b.Layers), len(b.Sums), c.cfg.Layers)
+	}
+	for l, p := range b.Layers {
+		if len(p) != c.cfg.PayloadSize {
+			return fmt.Errorf("layer %d: %d bytes, want %d", l, len(p), c.cfg.PayloadSize)
+		}
+		if err := kv.VerifyPayload(p, b.Seq, l, b.Sums[l]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CachedBlock is one registered block of the pool.
+type CachedBlock struct {
+	Seq       kv.SeqHash
+	Local     kv.LocalHash
+	HasParent bool
+	Parent    kv.SeqHash
+	Refs      int
+}
+
+// AppendCached appends every registered block to dst (in block-id order):
+// the device inventory a worker dumps for gap repair.
+func (c *Core) AppendCached(dst []CachedBlock) []CachedBlock {
+	for i := range c.pool.blocks {
+		b := &c.pool.blocks[i]
+		if b.flags&flagRegistered == 0 {
+			continue
+		}
+		dst = append(dst, CachedBlock{Seq: b.seq, Local: b.local, HasParent: b.flags&flagHasParent != 0,
+			Parent: b.parent, Refs: int(b.ref)})
+	}
+	return dst
+}
+
+// seqDeque is a ring buffer of requests: FCFS with preempted requests put
+// back at the front.
+type seqDeque struct {
+	buf     []*Seq
+	head, n int
+}
+
+func (d *seqDeque) len() int { return d.n }
+
+func (d *seqDeque) at(i int) *Seq { return d.buf[(d.head+i)%len(d.buf)] }
+
+func (d *seqDeque) front() *Seq { return d.buf[d.head] }
+
+func (d *seqDeque) grow() {
+	if d.n < len(d.buf) {
+		return
+	}
+	nb := make([]*Seq, max(16, 2*len(d.buf)))
+	for i := 0; i < d.n; i++ {
+		nb[i] = d.at(i)
+	}
+	d.buf, d.head = nb, 0
+}
+
+func (d *seqDeque) pushBack(s *Seq) {
+	d.grow()
+	d.buf[(d.head+d.n)%len(d.buf)] = s
+	d.n++
+}
+
+func (d *seqDeque) pushFront(s *Seq) {
+	d.grow()
+	d.head = (d.head - 1 + len(d.buf)) % len(d.buf)
+	d.buf[d.head] = s
+	d.n++
+}
+
+func (d *seqDeque) popFront() *Seq {
+	s := d.buf[d.head]
+	d.buf[d.head] = nil
+	d.head = (d.head + 1) % len(d.buf)
+	d.n--
+	return s
+}
+
+// remove deletes s, keeping the order of the rest.
+func (d *seqDeque) remove(s *Seq) bool {
+	for i := 0; i < d.n; i++ {
+		if d.at(i) != s {
+			continue
+		}
+		for j := i; j < d.n-1; j++ {
+			d.buf[(d.head+j)%len(d.buf)] = d.at(j + 1)
+		}
+		d.buf[(d.head+d.n-1)%len(d.buf)] = nil
+		d.n--
+		return true
+	}
+	return false
+}

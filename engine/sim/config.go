@@ -1,0 +1,185 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/clock"
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Defaults follow Dynamo's mocker (MockEngineArgs).
+const (
+	DefaultBlockSize        = 64
+	DefaultBlocks           = 16384
+	DefaultMaxBatchedTokens = 8192
+	DefaultMaxSeqs          = 256
+	DefaultWatermark        = 0.01
+	DefaultLayers           = 2
+	DefaultPayloadSize      = 64
+	DefaultVocabSize        = 200000
+	DefaultBandwidth        = 64e9 // bytes/s, the mocker's KV transfer bandwidth
+)
+
+// Config describes a simulated engine. Start from DefaultConfig and change
+// what you need; NewCore fills zero sizes with defaults.
+type Config struct {
+	engine.Config
+
+	// Worker is the key every KV event carries.
+	Worker kv.WorkerKey
+	// Watermark is the fraction of blocks kept free when admitting a waiting
+	// request (running requests may use them).
+	Watermark float64
+	// Layers and PayloadSize shape each block's payload: Layers slices of
+	// PayloadSize bytes, derived with kv.FillPayload(seq hash, layer).
+	Layers      int
+	PayloadSize int
+	// VocabSize bounds generated token ids to [0, VocabSize).
+	VocabSize int
+	// SpeedupRatio divides the modelled time the Engine wrapper waits per
+	// pass; 0 means it does not wait at all. DecodeSpeedupRatio further
+	// divides the decode part (≤ 0 means 1). Core.Step always reports the
+	// modelled (undivided-by-SpeedupRatio) duration.
+	SpeedupRatio       float64
+	DecodeSpeedupRatio float64
+	// Timing predicts pass durations; nil means Polynomial.
+	Timing TimingModel
+	// TransferBandwidth (bytes/s) prices fetched blocks; ≤ 0 makes them free.
+	// TransferBytesPerBlock is the modelled size of one block for that price
+	// (a real model's KV block is far larger than the sim's payload); 0 uses
+	// the real payload size, Layers·PayloadSize.
+	TransferBandwidth     float64
+	TransferBytesPerBlock int64
+	// Fetcher, when set, is called once per request before it is queued for
+	// prefill, with the full prompt blocks the local cache lacks. Whatever
+	// it inserts is reused instead of recomputed.
+	Fetcher Fetcher
+	// OmitEventTokens leaves kv.Event.Tokens empty (saves copying when the
+	// consumer only needs hashes, as in the twin).
+	OmitEventTokens bool
+	// Clock drives the Engine wrapper (nil means wall time). Core ignores it:
+	// its driver passes the time in.
+	Clock clock.Clock
+}
+
+// DefaultConfig returns the mocker defaults for an aggregated worker.
+func DefaultConfig() Config {
+	return Config{
+		Config: engine.Config{
+			Model:            "kvmesh-sim",
+			Role:             engine.RoleAggregated,
+			BlockSize:        DefaultBlockSize,
+			Blocks:           DefaultBlocks,
+			MaxBatchedTokens: DefaultMaxBatchedTokens,
+			MaxSeqs:          DefaultMaxSeqs,
+		},
+		Watermark:          DefaultWatermark,
+		Layers:             DefaultLayers,
+		PayloadSize:        DefaultPayloadSize,
+		VocabSize:          DefaultVocabSize,
+		SpeedupRatio:       1,
+		DecodeSpeedupRatio: 1,
+		TransferBandwidth:  DefaultBandwidth,
+	}
+}
+
+// normalize fills zero sizes with defaults and checks the rest.
+func (c Config) normalize() (Config, error) {
+	if c.BlockSize == 0 {
+		c.BlockSize = DefaultBlockSize
+	}
+	if c.Blocks == 0 {
+		c.Blocks = DefaultBlocks
+	}
+	if c.MaxBatchedTokens == 0 {
+		c.MaxBatchedTokens = DefaultMaxBatchedTokens
+	}
+	if c.MaxSeqs == 0 {
+		c.MaxSeqs = DefaultMaxSeqs
+	}
+	if c.VocabSize == 0 {
+		c.VocabSize = DefaultVocabSize
+	}
+	if c.Role == "" {
+		c.Role = engine.RoleAggregated
+	}
+	if c.Model == "" {
+		c.Model = "kvmesh-sim"
+	}
+	if c.DecodeSpeedupRatio <= 0 {
+		c.DecodeSpeedupRatio = 1
+	}
+	if c.Timing == nil {
+		c.Timing = Polynomial{}
+	}
+	if c.Digest == "" {
+		c.Digest = fmt.Sprintf("sim:block=%d:layers=%d:payload=%d", c.BlockSize, c.Layers, c.PayloadSize)
+	}
+	switch {
+	case !c.Role.Valid():
+		return c, fmt.Errorf("sim config: unknown role %q (want aggregated, prefill or decode)", c.Role)
+	case c.BlockSize < 1:
+		return c, fmt.Errorf("sim config: block size %d, want ≥ 1", c.BlockSize)
+	case c.Blocks < 1 || c.Blocks >= 1<<31:
+		return c, fmt.Errorf("sim config: %d blocks, want 1 to 2^31-1", c.Blocks)
+	case c.MaxBatchedTokens < 1:
+		return c, fmt.Errorf("sim config: max batched tokens %d, want ≥ 1", c.MaxBatchedTokens)
+	case c.MaxSeqs < 1:
+		return c, fmt.Errorf("sim config: max seqs %d, want ≥ 1", c.MaxSeqs)
+	case c.Watermark < 0 || c.Watermark >= 1:
+		return c, fmt.Errorf("sim config: watermark %g, want in [0, 1)", c.Watermark)
+	case c.Layers < 0 || c.PayloadSize < 0:
+		return c, fmt.Errorf("sim config: %d layers × %d payload bytes, want both ≥ 0", c.Layers, c.PayloadSize)
+	case int64(c.Blocks)*int64(c.Layers)*int64(c.PayloadSize) > 1<<34:
+		return c, fmt.Errorf("sim config: payload slab of %d blocks × %d layers × %d bytes exceeds 16 GiB", c.Blocks, c.Layers, c.PayloadSize)
+	case c.VocabSize < 1 || c.VocabSize > 1<<32-1:
+		return c, fmt.Errorf("sim config: vocabulary size %d, want 1 to 2^32-1", c.VocabSize)
+	case c.SpeedupRatio < 0:
+		return c, fmt.Errorf("sim config: speedup ratio %g, want ≥ 0 (0 = no waiting)", c.SpeedupRatio)
+	case c.TransferBytesPerBlock < 0:
+		return c, fmt.Errorf("sim config: transfer bytes per block %d, want ≥ 0", c.TransferBytesPerBlock)
+	}
+	return c, nil
+}
+
+// Missing is the part of a request's prompt the local cache lacks: the full
+// blocks from index Start on.
+type Missing struct {
+	Start     int            // index of the first missing full block
+	HasParent bool           // Start > 0
+	Parent    kv.SeqHash     // sequence hash of block Start-1
+	Local     []kv.LocalHash // local hashes of the missing blocks
+	Seq       []kv.SeqHash   // their sequence hashes
+}
+
+// Inserter commits blocks fetched from elsewhere into a cache; Core and
+// Engine implement it.
+type Inserter interface {
+	Insert(chain Chain) (int, error)
+}
+
+// Fetcher brings missing prefix blocks from elsewhere (a peer, a lower tier)
+// and commits them with into.Insert. It is advisory: whatever it manages is
+// reused, the rest is recomputed; its error is only counted. The Core calls
+// it synchronously inside Add (with context.Background); the Engine calls
+// it on the request's own goroutine with the request's context.
+type Fetcher func(ctx context.Context, req *engine.Request, missing Missing, into Inserter) error
+
+// Chain is a run of consecutive blocks of one sequence to insert.
+type Chain struct {
+	HasParent bool       // false when Blocks[0] is a sequence's first block
+	Parent    kv.SeqHash // sequence hash of the block before Blocks[0]; must be cached
+	LoRA      string     // carried in the Stored event
+	Blocks    []BlockData
+}
+
+// BlockData is one block with its payload, as a peer serves it.
+type BlockData struct {
+	Local  kv.LocalHash
+	Seq    kv.SeqHash
+	Tokens []kv.Token // the block's tokens, or nil; carried in the Stored event
+	Layers [][]byte   // Layers payload slices of PayloadSize bytes
+	Sums   []uint64   // kv.Checksum of each layer as sent
+}

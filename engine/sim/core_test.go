@@ -1,0 +1,439 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// TestSchedulerInvariantsRandomLoad drives cores with random requests
+// (shared prefixes, LoRAs, stop tokens, aborts, pins, a tight pool that
+// forces preemption) and checks after every pass: the budget and sequence
+// limit hold, blocks in use stay within capacity, the pool's references are
+// exactly what requests hold, outputs equal the from-scratch reference, and
+// replaying the KV events reproduces exactly the cached blocks.
+func TestSchedulerInvariantsRandomLoad(t *testing.T) {
+	for seed := uint64(1); seed <= 12; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomLoad(t, seed) })
+	}
+}
+
+func randomLoad(t *testing.T, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 99))
+	cfg := testConfig()
+	cfg.Blocks = 24 + r.IntN(64)
+	cfg.MaxBatchedTokens = 8 + r.IntN(40)
+	cfg.MaxSeqs = 1 + r.IntN(6)
+	cfg.VocabSize = 40 + r.IntN(200) // small so stop tokens do occur
+	c := mustCore(t, cfg)
+	h := newHoldings(t, cfg.Worker, cfg.BlockSize)
+	c.SetEventSink(h.sink)
+
+	prefixes := make([][]kv.Token, 4)
+	for i := range prefixes {
+		prefixes[i] = make([]kv.Token, 4*(1+r.IntN(5))+r.IntN(4))
+		for j := range prefixes[i] {
+			prefixes[i][j] = kv.Token(r.IntN(cfg.VocabSize))
+		}
+	}
+	loras := []string{"", "", "adapter-a"}
+	type live struct {
+		s    *Seq
+		got  []kv.Token
+		done bool
+	}
+	var all []*live
+	bySeq := map[*Seq]*live{}
+	pins := map[int32]int{}
+	var releases []func()
+	var pinIDs [][]int32
+	now := time.Unix(0, 0)
+	var repeatHits, repeats int
+
+	for step := 0; step < 600; step++ {
+		// Arrivals, in bursts with quiet phases that let the core drain.
+		arrivals := 0
+		if (step/50)%3 == 0 {
+			arrivals = r.IntN(3)
+		}
+		for k := arrivals; k > 0; k-- {
+			var toks []kv.Token
+			if r.IntN(4) > 0 {
+				toks = append(toks, prefixes[r.IntN(len(prefixes))]...)
+			}
+			for j := r.IntN(20); j >= 0; j-- {
+				toks = append(toks, kv.Token(r.IntN(cfg.VocabSize)))
+			}
+			max := 1 + r.IntN(24)
+			if kv.BlocksNeeded(len(toks)+max, cfg.BlockSize) > cfg.Blocks {
+				continue
+			}
+			rq := &engine.Request{ID: fmt.Sprint("r", len(all)), Tokens: toks, MaxTokens: max,
+				Seed: uint64(r.IntN(3)), LoRA: loras[r.IntN(len(loras))]}
+			if r.IntN(3) == 0 {
+				rq.StopTokens = []kv.Token{kv.Token(r.IntN(cfg.VocabSize)), kv.Token(r.IntN(cfg.VocabSize))}
+			}
+			s, err := c.Add(rq, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := &live{s: s}
+			all = append(all, l)
+			bySeq[s] = l
+		}
+		// Occasional aborts, pins and pin releases.
+		if len(all) > 0 && r.IntN(10) == 0 {
+			l := all[r.IntN(len(all))]
+			if c.Abort(l.s, now) != !l.done {
+				t.Fatalf("abort of %s (done=%v) misreported", l.s.ID(), l.done)
+			}
+			l.done = true
+		}
+		if len(all) > 0 && r.IntN(8) == 0 {
+			l := all[r.IntN(len(all))]
+			n, rel := c.Pin(l.s.seqh)
+			ids := make([]int32, n)
+			for i := 0; i < n; i++ {
+				ids[i] = c.pool.byHash[l.s.seqh[i]]
+				pins[ids[i]]++
+			}
+			releases, pinIDs = append(releases, rel), append(pinIDs, ids)
+		}
+		if len(releases) > 0 && r.IntN(4) == 0 {
+			i := r.IntN(len(releases))
+			releases[i]()
+			releases[i]() // idempotent
+			for _, id := range pinIDs[i] {
+				pins[id]--
+			}
+			releases = slices.Delete(releases, i, i+1)
+			pinIDs = slices.Delete(pinIDs, i, i+1)
+		}
+
+		res := c.Step(now)
+		if res.BatchedTokens > cfg.MaxBatchedTokens || res.Seqs > cfg.MaxSeqs || len(c.running) > cfg.MaxSeqs {
+			t.Fatalf("step %d: %d tokens (budget %d), %d seqs (max %d)", step, res.BatchedTokens, cfg.MaxBatchedTokens, res.Seqs, cfg.MaxSeqs)
+		}
+		if c.pool.used > cfg.Blocks {
+			t.Fatalf("step %d: %d blocks in use of %d", step, c.pool.used, cfg.Blocks)
+		}
+		if res.End.Sub(res.Start) != res.Duration || (res.Seqs > 0) != (res.Duration > 0) {
+			t.Fatalf("step %d: duration %v for %d seqs", step, res.Duration, res.Seqs)
+		}
+		seen := map[*Seq]bool{}
+		for _, o := range res.Outputs {
+			if seen[o.Seq] {
+				t.Fatalf("step %d: two tokens for %s", step, o.Seq.ID())
+			}
+			seen[o.Seq] = true
+			l := bySeq[o.Seq]
+			if l.done {
+				t.Fatalf("step %d: token for finished %s", step, o.Seq.ID())
+			}
+			if o.First != (len(l.got) == 0) {
+				t.Fatalf("step %d: First=%v after %d tokens", step, o.First, len(l.got))
+			}
+			l.got = append(l.got, o.Token)
+			if o.Finish != engine.FinishNone {
+				l.done = true
+				m := o.Seq.Metrics()
+				if m.Finish != o.Finish || !m.Finished.Equal(res.End) || m.FirstToken.IsZero() {
+					t.Fatalf("%s: metrics %+v", o.Seq.ID(), m)
+				}
+			}
+		}
+		checkPool(t, c, pins)
+		if err := h.matches(c); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		now = res.End.Add(time.Millisecond)
+		// Repeat a finished prompt: with nothing evicting in between, it hits.
+		if len(all) > 0 && r.IntN(3) == 0 {
+			l := all[r.IntN(len(all))]
+			if l.done && l.s.m.Finish != engine.FinishCancelled && c.waiting.len() == 0 && len(c.running) == 0 {
+				rq := *l.s.req
+				rq.ID += "-again"
+				want := c.Lookup(l.s.seqh[:min(len(l.s.seqh), (len(rq.Tokens)-1)/cfg.BlockSize)])
+				s, err := c.Add(&rq, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res := c.Step(now)
+				if s.m.CachedTokens != want*cfg.BlockSize {
+					t.Fatalf("repeat of %s: %d cached tokens, %d blocks were cached", rq.ID, s.m.CachedTokens, want)
+				}
+				repeats++
+				if want > 0 {
+					repeatHits++
+				}
+				nl := &live{s: s}
+				all, bySeq[s] = append(all, nl), nl
+				for _, o := range res.Outputs {
+					bySeq[o.Seq].got = append(bySeq[o.Seq].got, o.Token)
+					if o.Finish != engine.FinishNone {
+						bySeq[o.Seq].done = true
+					}
+				}
+				now = res.End
+			}
+		}
+	}
+	// Drain.
+	for _, rel := range releases {
+		rel()
+	}
+	clear(pins)
+	for i := 0; !c.Idle(); i++ {
+		if i > 100000 {
+			t.Fatal("core never drained")
+		}
+		res := c.Step(now)
+		for _, o := range res.Outputs {
+			bySeq[o.Seq].got = append(bySeq[o.Seq].got, o.Token)
+		}
+		now = res.End
+	}
+	checkPool(t, c, nil)
+	if c.pool.used != 0 {
+		t.Fatalf("%d blocks still used when idle", c.pool.used)
+	}
+	if err := h.matches(c); err != nil {
+		t.Fatal(err)
+	}
+	// Repeat the most recently finished prompts on the idle core: each hits
+	// exactly the blocks the cache still holds, and the latest hits.
+	for i, k := len(all)-1, 0; i >= 0 && k < 5; i-- {
+		l := all[i]
+		if l.s.m.Finish == engine.FinishCancelled || len(l.s.prompt) <= cfg.BlockSize {
+			continue
+		}
+		k++
+		rq := *l.s.req
+		rq.ID += "-repeat"
+		want := c.Lookup(l.s.seqh[:min(len(l.s.seqh), (len(rq.Tokens)-1)/cfg.BlockSize)])
+		s, err := c.Add(&rq, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Step(now)
+		if s.m.CachedTokens != want*cfg.BlockSize {
+			t.Fatalf("repeat of %s: %d cached tokens, %d blocks were cached", rq.ID, s.m.CachedTokens, want)
+		}
+		repeats++
+		if want > 0 {
+			repeatHits++
+		}
+		c.Abort(s, now)
+	}
+	var finished, stopped int
+	for _, l := range all {
+		s := l.s
+		if s.m.Finish == engine.FinishCancelled {
+			continue
+		}
+		finished++
+		rq := s.req
+		want := refOutput(rq.Tokens, rq.Seed, rq.LoRA, rq.CacheSalt, rq.MaxTokens, cfg.BlockSize, uint32(cfg.VocabSize), rq.StopTokens)
+		if !slices.Equal(l.got, want) || !slices.Equal(s.Output(), want) {
+			t.Fatalf("%s: got %v, reference %v", s.ID(), l.got, want)
+		}
+		if s.m.Finish == engine.FinishStop {
+			stopped++
+			if !slices.Contains(rq.StopTokens, want[len(want)-1]) {
+				t.Fatalf("%s: stop without a stop token", s.ID())
+			}
+		} else if s.m.Finish != engine.FinishLength || len(l.got) != rq.MaxTokens {
+			t.Fatalf("%s: finish %q with %d of %d tokens", s.ID(), s.m.Finish, len(l.got), rq.MaxTokens)
+		}
+		if u := s.Usage(); u.CompletionTokens != len(want) || u.PromptTokens != len(rq.Tokens) {
+			t.Fatalf("%s: usage %+v", s.ID(), u)
+		}
+	}
+	ct := c.Counters()
+	t.Logf("blocks %d budget %d seqs %d: %d requests (%d finished, %d by stop), %d preemptions, %d evictions, %d events, repeats %d/%d hit",
+		cfg.Blocks, cfg.MaxBatchedTokens, cfg.MaxSeqs, len(all), finished, stopped, ct.Preemptions, ct.EvictedBlocks, h.events, repeatHits, repeats)
+	if finished == 0 || h.events == 0 || repeatHits == 0 || ct.CachedTokens == 0 {
+		t.Fatal("the random load exercised nothing (or no repeated prompt hit the cache)")
+	}
+}
+
+// TestPreemptionRecomputes squeezes two long requests into a pool that holds
+// only one of them: the later one is preempted (LIFO), recomputed, and both
+// still produce the reference output.
+func TestPreemptionRecomputes(t *testing.T) {
+	cfg := testConfig()
+	cfg.Blocks = 12
+	cfg.Watermark = 0
+	cfg.MaxBatchedTokens = 64
+	c := mustCore(t, cfg)
+	h := newHoldings(t, cfg.Worker, cfg.BlockSize)
+	c.SetEventSink(h.sink)
+	mk := func(off int) []kv.Token {
+		toks := make([]kv.Token, 10)
+		for i := range toks {
+			toks[i] = kv.Token(off + i)
+		}
+		return toks
+	}
+	a, _ := c.Add(req("a", mk(0), 30), time.Time{})
+	b, _ := c.Add(req("b", mk(100), 30), time.Time{})
+	var now time.Time
+	preempted := 0
+	for !c.Idle() {
+		r := c.Step(now)
+		preempted += r.Preempted
+		checkPool(t, c, nil)
+		now = r.End
+	}
+	if preempted == 0 || b.m.Preemptions == 0 || a.m.Preemptions != 0 {
+		t.Fatalf("want the later request preempted: a %d, b %d, step total %d", a.m.Preemptions, b.m.Preemptions, preempted)
+	}
+	for _, s := range []*Seq{a, b} {
+		want := refOutput(s.req.Tokens, 1, "", "", 30, cfg.BlockSize, uint32(cfg.VocabSize), nil)
+		if !slices.Equal(s.Output(), want) {
+			t.Fatalf("%s after preemption: %v, want %v", s.ID(), s.Output(), want)
+		}
+	}
+	if err := h.matches(c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDecodeBlocksAreCached checks that blocks completed by generated tokens
+// are cached (and announced) like prompt blocks, so a follow-up turn whose
+// prompt is prompt+answer reuses them.
+func TestDecodeBlocksAreCached(t *testing.T) {
+	cfg := testConfig()
+	c := mustCore(t, cfg)
+	h := newHoldings(t, cfg.Worker, cfg.BlockSize)
+	c.SetEventSink(h.sink)
+	prompt := []kv.Token{1, 2, 3, 4, 5, 6}
+	s, _ := c.Add(req("turn1", prompt, 11), time.Time{})
+	for !c.Idle() {
+		c.Step(time.Time{})
+	}
+	// 6 + 11 = 17 tokens; the last one is never computed, so 16 tokens = 4 blocks.
+	if got := c.CachedBlocks(); got != 4 {
+		t.Fatalf("%d blocks cached after a 17-token sequence, want 4", got)
+	}
+	if err := h.matches(c); err != nil {
+		t.Fatal(err)
+	}
+	next := append(append(append([]kv.Token(nil), prompt...), s.Output()...), 77, 78)
+	s2, _ := c.Add(req("turn2", next, 1), time.Time{})
+	c.Step(time.Time{})
+	if s2.m.CachedTokens != 16 {
+		t.Fatalf("second turn reused %d tokens, want 16", s2.m.CachedTokens)
+	}
+	// And the continuation property: prompt+answer[:k] continues the answer.
+	s3, _ := c.Add(req("migrated", append(append([]kv.Token(nil), prompt...), s.Output()[:5]...), 6), time.Time{})
+	for !c.Idle() {
+		c.Step(time.Time{})
+	}
+	if !slices.Equal(s3.Output(), s.Output()[5:]) {
+		t.Fatalf("migrated continuation %v, want %v", s3.Output(), s.Output()[5:])
+	}
+}
+
+func TestSaltAndLoRAIsolateCache(t *testing.T) {
+	c := mustCore(t, testConfig())
+	prompt := []kv.Token{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	run := func(id, lora, salt string) *Seq {
+		rq := req(id, prompt, 1)
+		rq.LoRA, rq.CacheSalt = lora, salt
+		s, err := c.Add(rq, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for !c.Idle() {
+			c.Step(time.Time{})
+		}
+		return s
+	}
+	run("base", "", "")
+	if s := run("base-again", "", ""); s.m.CachedTokens != 8 {
+		t.Fatalf("repeat hit %d tokens, want 8", s.m.CachedTokens)
+	}
+	if s := run("salted", "", "tenant"); s.m.CachedTokens != 0 {
+		t.Fatalf("a salted request hit %d tokens of unsalted cache", s.m.CachedTokens)
+	}
+	if s := run("lora", "a", ""); s.m.CachedTokens != 0 {
+		t.Fatalf("a LoRA request hit %d tokens of base cache", s.m.CachedTokens)
+	}
+}
+
+func TestAddValidates(t *testing.T) {
+	c := mustCore(t, testConfig())
+	cases := []*engine.Request{
+		nil,
+		{ID: "empty", MaxTokens: 1},
+		{ID: "zero", Tokens: []kv.Token{1}, MaxTokens: 0},
+		{ID: "huge", Tokens: make([]kv.Token, 250), MaxTokens: 10}, // 260 tokens > 64 blocks × 4
+	}
+	for _, rq := range cases {
+		if _, err := c.Add(rq, time.Time{}); err == nil {
+			t.Errorf("%+v accepted", rq)
+		}
+	}
+	if _, err := c.AddHashed(req("h", make([]kv.Token, 9), 1), []kv.LocalHash{1}, time.Time{}); err == nil {
+		t.Error("wrong local hash count accepted")
+	}
+	if !c.Idle() {
+		t.Fatal("rejected requests were queued")
+	}
+	for _, bad := range []func(*Config){
+		func(c *Config) { c.Role = "mixer" },
+		func(c *Config) { c.BlockSize = -1 },
+		func(c *Config) { c.Watermark = 1 },
+		func(c *Config) { c.SpeedupRatio = -1 },
+		func(c *Config) { c.Layers = -1 },
+	} {
+		cfg := testConfig()
+		bad(&cfg)
+		if _, err := NewCore(cfg); err == nil {
+			t.Errorf("config %+v accepted", cfg)
+		}
+	}
+}
+
+// TestAddHashedEqualsAdd: precomputed hashes give the same behaviour.
+func TestAddHashedEqualsAdd(t *testing.T) {
+	cfg := testConfig()
+	a, b := mustCore(t, cfg), mustCore(t, cfg)
+	prompt := []kv.Token{9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11}
+	rq := req("x", prompt, 9)
+	sa, _ := a.Add(rq, time.Time{})
+	sb, err := b.AddHashed(rq, kv.NewHasher(cfg.BlockSize, "", "").Local(prompt), time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for !a.Idle() || !b.Idle() {
+		a.Step(time.Time{})
+		b.Step(time.Time{})
+	}
+	if !slices.Equal(sa.Output(), sb.Output()) || !slices.Equal(sa.seqh, sb.seqh) {
+		t.Fatal("AddHashed diverged from Add")
+	}
+}
+
+func TestStats(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxBatchedTokens = 8
+	c := mustCore(t, cfg)
+	c.Add(req("a", make([]kv.Token, 20), 2), time.Time{})
+	c.Add(req("b", make([]kv.Token, 5), 2), time.Time{})
+	st := c.Stats()
+	if st.Waiting != 2 || st.Running != 0 || st.PendingPrefillTokens != 25 || st.TotalBlocks != 64 || st.UsedBlocks != 0 {
+		t.Fatalf("before: %+v", st)
+	}
+	c.Step(time.Time{}) // 8 tokens of a
+	st = c.Stats()
+	if st.Waiting != 1 || st.Running != 1 || st.PendingPrefillTokens != 17 || st.UsedBlocks != 2 {
+		t.Fatalf("after one chunk: %+v", st)
+	}
+}

@@ -1,0 +1,320 @@
+package sim
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/clock"
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Engine is the simulated engine behind engine.Engine: one goroutine steps
+// the Core, waiting each pass's modelled time (÷ SpeedupRatio) on the
+// configured clock, and each request's stream is pumped by its own
+// goroutine, so a slow reader never stalls the batch.
+type Engine struct {
+	cfg  Config
+	clk  clock.Clock
+	wake chan struct{}
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex // guards core and closed
+	core   *Core
+	closed bool
+}
+
+var _ engine.Engine = (*Engine)(nil)
+var _ Inserter = (*Engine)(nil)
+
+// New starts a simulated engine.
+func New(cfg Config) (*Engine, error) {
+	core, err := NewCore(cfg)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: core.cfg, clk: core.cfg.Clock, core: core, wake: make(chan struct{}, 1)}
+	if e.clk == nil {
+		e.clk = clock.NewWall()
+	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.wg.Add(1)
+	go e.loop()
+	return e, nil
+}
+
+// Config is the engine's static description.
+func (e *Engine) Config() engine.Config { return e.cfg.Config }
+
+// SimConfig is the full (normalised) sim configuration.
+func (e *Engine) SimConfig() Config { return e.cfg }
+
+// Stats is the load right now.
+func (e *Engine) Stats() engine.Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.core.Stats()
+}
+
+// Counters returns the core's running totals.
+func (e *Engine) Counters() Counters {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.core.Counters()
+}
+
+// SetEventSink installs where KV events go; the sink is called with the
+// engine's lock held, so it must not call back into the engine.
+func (e *Engine) SetEventSink(sink engine.EventSink) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.core.SetEventSink(sink)
+}
+
+// Lookup counts the leading cached blocks of seqs.
+func (e *Engine) Lookup(seqs []kv.SeqHash) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.core.Lookup(seqs)
+}
+
+// Pin holds the leading cached blocks of seqs until release is called.
+func (e *Engine) Pin(seqs []kv.SeqHash) (int, func()) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n, rel := e.core.Pin(seqs)
+	var once sync.Once
+	return n, func() {
+		once.Do(func() {
+			e.mu.Lock()
+			rel()
+			e.mu.Unlock()
+			e.poke()
+		})
+	}
+}
+
+// ReadPayload copies a cached block's layer payload into dst.
+func (e *Engine) ReadPayload(seq kv.SeqHash, layer int, dst []byte) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.core.ReadPayload(seq, layer, dst)
+}
+
+// Insert commits fetched blocks into the cache (see Core.Insert).
+func (e *Engine) Insert(ch Chain) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.core.Insert(ch)
+}
+
+// Close stops the engine: every open stream ends with ErrClosed.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	e.mu.Unlock()
+	e.cancel()
+	e.wg.Wait()
+	return nil
+}
+
+func (e *Engine) poke() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// stream is a request's outbox between the stepping loop and its pump.
+type stream struct {
+	mu     sync.Mutex
+	toks   []kv.Token
+	finish engine.FinishReason
+	usage  engine.Usage
+	notify chan struct{}
+}
+
+func (st *stream) push(tok kv.Token, fin engine.FinishReason, u engine.Usage) {
+	st.mu.Lock()
+	st.toks = append(st.toks, tok)
+	if fin != engine.FinishNone {
+		st.finish, st.usage = fin, u
+	}
+	st.mu.Unlock()
+	select {
+	case st.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (st *stream) take() ([]kv.Token, engine.FinishReason, engine.Usage) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	t := st.toks
+	st.toks = nil
+	return t, st.finish, st.usage
+}
+
+// Generate starts a request; see engine.Engine.
+func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
+	s, err := e.core.newSeq(req, nil, e.clk.Now()) // reads only the immutable config
+	if err != nil {
+		return nil, err
+	}
+	st := &stream{notify: make(chan struct{}, 1)}
+	s.Tag = st
+	out := make(chan engine.Chunk, 4)
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, engine.ErrClosed
+	}
+	e.wg.Add(1)
+	e.mu.Unlock()
+	go e.pump(ctx, s, st, out)
+	return out, nil
+}
+
+func trySend(out chan<- engine.Chunk, c engine.Chunk) {
+	select {
+	case out <- c:
+	default:
+	}
+}
+
+func (e *Engine) abort(s *Seq) {
+	e.mu.Lock()
+	e.core.Abort(s, e.clk.Now())
+	e.mu.Unlock()
+	e.poke()
+}
+
+// pump fetches the request's missing prefix (when a Fetcher is set), queues
+// it, and forwards its output until it finishes, is cancelled, or the
+// engine closes.
+func (e *Engine) pump(ctx context.Context, s *Seq, st *stream, out chan engine.Chunk) {
+	defer e.wg.Done()
+	defer close(out)
+	if f := e.cfg.Fetcher; f != nil {
+		e.mu.Lock()
+		m := e.core.missing(s)
+		e.mu.Unlock()
+		if len(m.Seq) > 0 {
+			n, err := fetchInto(ctx, f, s.req, m, e)
+			e.mu.Lock()
+			e.core.noteFetch(s, n, err)
+			e.mu.Unlock()
+		}
+	}
+	e.mu.Lock()
+	switch {
+	case e.closed:
+		e.mu.Unlock()
+		trySend(out, engine.Chunk{Finish: engine.FinishError, Err: engine.ErrClosed})
+		return
+	case ctx.Err() != nil:
+		e.mu.Unlock()
+		trySend(out, engine.Chunk{Finish: engine.FinishCancelled})
+		return
+	}
+	e.core.enqueue(s)
+	e.mu.Unlock()
+	e.poke()
+
+	for {
+		select {
+		case <-st.notify:
+			toks, fin, u := st.take()
+			if len(toks) == 0 && fin == engine.FinishNone {
+				continue
+			}
+			c := engine.Chunk{Tokens: toks, Finish: fin}
+			if fin != engine.FinishNone {
+				c.Usage = &u
+			}
+			select {
+			case out <- c:
+			case <-ctx.Done():
+				e.abort(s)
+				return
+			case <-e.ctx.Done():
+				return
+			}
+			if fin != engine.FinishNone {
+				return
+			}
+		case <-ctx.Done():
+			e.abort(s)
+			trySend(out, engine.Chunk{Finish: engine.FinishCancelled})
+			return
+		case <-e.ctx.Done():
+			trySend(out, engine.Chunk{Finish: engine.FinishError, Err: engine.ErrClosed})
+			return
+		}
+	}
+}
+
+type delivery struct {
+	st    *stream
+	tok   kv.Token
+	fin   engine.FinishReason
+	usage engine.Usage
+}
+
+// loop steps the core while it has work. A pass's tokens are delivered after
+// its modelled time has elapsed on the clock.
+func (e *Engine) loop() {
+	defer e.wg.Done()
+	var pending []delivery
+	for {
+		e.mu.Lock()
+		if e.core.Idle() {
+			e.mu.Unlock()
+			select {
+			case <-e.wake:
+				continue
+			case <-e.ctx.Done():
+				return
+			}
+		}
+		r := e.core.Step(e.clk.Now())
+		pending = pending[:0]
+		for _, o := range r.Outputs {
+			d := delivery{st: o.Seq.Tag.(*stream), tok: o.Token, fin: o.Finish}
+			if o.Finish != engine.FinishNone {
+				d.usage = o.Seq.Usage()
+			}
+			pending = append(pending, d)
+		}
+		seqs, preempted, dur := r.Seqs, r.Preempted, r.Duration
+		e.mu.Unlock()
+
+		if seqs == 0 && preempted == 0 {
+			// Nothing fits (blocks pinned by readers): wait for a change.
+			select {
+			case <-e.wake:
+				continue
+			case <-e.ctx.Done():
+				return
+			}
+		}
+		if e.cfg.SpeedupRatio > 0 {
+			wait := time.Duration(float64(dur) / e.cfg.SpeedupRatio)
+			if clock.Sleep(e.ctx, e.clk, wait) != nil {
+				return
+			}
+		}
+		for _, d := range pending {
+			d.st.push(d.tok, d.fin, d.usage)
+		}
+		clear(pending)
+	}
+}

@@ -1,0 +1,256 @@
+package sim
+
+import (
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+const (
+	flagRegistered uint8 = 1 << iota // has a sequence hash, findable by lookups
+	flagHasParent
+)
+
+// block is one slot of the paged KV pool. A block is in exactly one state:
+// referenced (ref > 0), cached and idle (registered, ref 0, on the LRU list),
+// or free (unregistered, ref 0, on the free stack).
+type block struct {
+	seq, local, parent uint64
+	ref                int32
+	prev, next         int32 // LRU links, -1 at the ends
+	flags              uint8
+}
+
+// pool is the paged KV pool with prefix caching. All payload bytes live in
+// one slab: block i, layer l is slab[(i·layers+l)·payloadSize:][:payloadSize].
+type pool struct {
+	blocks           []block
+	free             []int32 // stack; the next allocation pops the end
+	lruHead, lruTail int32   // head is the least recently freed (evicted first)
+	lruLen           int
+	used             int // blocks with ref > 0
+	evicted          uint64
+	byHash           map[uint64]int32
+	layers, psize    int
+	slab             []byte
+	ev               *eventLog
+}
+
+func newPool(n, layers, psize int, ev *eventLog) pool {
+	p := pool{
+		blocks:  make([]block, n),
+		free:    make([]int32, n),
+		lruHead: -1, lruTail: -1,
+		byHash: make(map[uint64]int32, n),
+		layers: layers, psize: psize,
+		slab: make([]byte, n*layers*psize),
+		ev:   ev,
+	}
+	for i := range p.free {
+		p.free[i] = int32(n - 1 - i) // block 0 is allocated first
+		p.blocks[i].prev, p.blocks[i].next = -1, -1
+	}
+	return p
+}
+
+// available is how many blocks an allocation can obtain: free plus idle
+// cached blocks (which it would evict).
+func (p *pool) available() int { return len(p.free) + p.lruLen }
+
+func (p *pool) lruRemove(id int32) {
+	b := &p.blocks[id]
+	if b.prev >= 0 {
+		p.blocks[b.prev].next = b.next
+	} else {
+		p.lruHead = b.next
+	}
+	if b.next >= 0 {
+		p.blocks[b.next].prev = b.prev
+	} else {
+		p.lruTail = b.prev
+	}
+	b.prev, b.next = -1, -1
+	p.lruLen--
+}
+
+func (p *pool) lruPush(id int32) {
+	b := &p.blocks[id]
+	b.prev, b.next = p.lruTail, -1
+	if p.lruTail >= 0 {
+		p.blocks[p.lruTail].next = id
+	} else {
+		p.lruHead = id
+	}
+	p.lruTail = id
+	p.lruLen++
+}
+
+// acquire adds a reference to a cached block, taking it off the LRU list if
+// it was idle.
+func (p *pool) acquire(id int32) {
+	b := &p.blocks[id]
+	if b.ref == 0 {
+		p.lruRemove(id)
+		p.used++
+	}
+	b.ref++
+}
+
+// release drops a reference; an idle registered block becomes the most
+// recently used cached block, an idle unregistered one is free.
+func (p *pool) release(id int32) {
+	b := &p.blocks[id]
+	b.ref--
+	if b.ref > 0 {
+		return
+	}
+	p.used--
+	if b.flags&flagRegistered != 0 {
+		p.lruPush(id)
+	} else {
+		p.free = append(p.free, id)
+	}
+}
+
+// alloc takes a free block, or evicts the least recently used idle cached
+// block (emitting Removed). The block comes back with one reference.
+func (p *pool) alloc() (int32, bool) {
+	var id int32
+	if n := len(p.free); n > 0 {
+		id = p.free[n-1]
+		p.free = p.free[:n-1]
+	} else if p.lruHead >= 0 {
+		id = p.lruHead
+		p.lruRemove(id)
+		b := &p.blocks[id]
+		delete(p.byHash, b.seq)
+		b.flags = 0
+		p.evicted++
+		p.ev.removed(b.seq)
+	} else {
+		return -1, false
+	}
+	p.blocks[id].ref = 1
+	p.used++
+	return id, true
+}
+
+// register makes a referenced, unregistered block findable under seq.
+func (p *pool) register(id int32, seq, local, parent uint64, hasParent bool, fill bool) {
+	b := &p.blocks[id]
+	b.seq, b.local, b.parent = seq, local, parent
+	b.flags = flagRegistered
+	if hasParent {
+		b.flags |= flagHasParent
+	}
+	p.byHash[seq] = id
+	if fill {
+		for l := 0; l < p.layers; l++ {
+			kv.FillPayload(p.payload(id, l), seq, l)
+		}
+	}
+}
+
+func (p *pool) payload(id int32, layer int) []byte {
+	off := (int(id)*p.layers + layer) * p.psize
+	return p.slab[off : off+p.psize : off+p.psize]
+}
+
+// match counts the leading hashes that are cached, appending their block ids
+// to ids.
+func (p *pool) match(seqs []kv.SeqHash, ids []int32) (int, []int32) {
+	for i, h := range seqs {
+		id, ok := p.byHash[h]
+		if !ok {
+			return i, ids
+		}
+		ids = append(ids, id)
+	}
+	return len(seqs), ids
+}
+
+// eventLog batches a core's KV events for one flush, coalescing runs: the
+// consecutive blocks of one chain become one Stored event, consecutive
+// evictions one Removed event. Order is preserved. Each flush hands the sink
+// freshly allocated slices, so a sink may keep them.
+type eventLog struct {
+	sink       engine.EventSink
+	omitTokens bool
+	worker     kv.WorkerKey
+	nextID     uint64
+
+	events  []kv.Event
+	blocks  []kv.StoredBlock
+	toks    []kv.Token
+	removes []uint64
+
+	run                  uint8 // 0 none, 1 stored, 2 removed
+	runStart, runTokFrom int
+	runHasParent         bool
+	runParent, runLast   uint64
+	runLoRA              string
+}
+
+const (
+	runNone uint8 = iota
+	runStored
+	runRemoved
+)
+
+func (l *eventLog) stored(parent uint64, hasParent bool, seq, local uint64, toks []kv.Token, lora string) {
+	if l.sink == nil {
+		return
+	}
+	if !(l.run == runStored && hasParent && parent == l.runLast && lora == l.runLoRA) {
+		l.close()
+		l.run, l.runStart, l.runTokFrom = runStored, len(l.blocks), len(l.toks)
+		l.runHasParent, l.runParent, l.runLoRA = hasParent, parent, lora
+	}
+	l.blocks = append(l.blocks, kv.StoredBlock{EngineHash: seq, LocalHash: local})
+	if !l.omitTokens {
+		l.toks = append(l.toks, toks...)
+	}
+	l.runLast = seq
+}
+
+func (l *eventLog) removed(seq uint64) {
+	if l.sink == nil {
+		return
+	}
+	if l.run != runRemoved {
+		l.close()
+		l.run, l.runStart = runRemoved, len(l.removes)
+	}
+	l.removes = append(l.removes, seq)
+}
+
+func (l *eventLog) close() {
+	switch l.run {
+	case runNone:
+		return
+	case runStored:
+		l.nextID++
+		e := kv.Event{ID: l.nextID, Worker: l.worker, Tier: kv.TierDevice, Kind: kv.EventStored,
+			HasParent: l.runHasParent, Parent: l.runParent, LoRA: l.runLoRA,
+			Blocks: l.blocks[l.runStart:len(l.blocks):len(l.blocks)]}
+		if len(l.toks) > l.runTokFrom {
+			e.Tokens = l.toks[l.runTokFrom:len(l.toks):len(l.toks)]
+		}
+		l.events = append(l.events, e)
+	case runRemoved:
+		l.nextID++
+		l.events = append(l.events, kv.Event{ID: l.nextID, Worker: l.worker, Tier: kv.TierDevice,
+			Kind: kv.EventRemoved, Removed: l.removes[l.runStart:len(l.removes):len(l.removes)]})
+	}
+	l.run = runNone
+}
+
+// flush hands the pending events to the sink as one batch.
+func (l *eventLog) flush() {
+	l.close()
+	if len(l.events) == 0 || l.sink == nil {
+		return
+	}
+	batch := l.events
+	l.events, l.blocks, l.toks, l.removes = nil, nil, nil, nil
+	l.sink(batch)
+}

@@ -1,0 +1,123 @@
+package sim
+
+import (
+	"math/bits"
+	"time"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+type seqState uint8
+
+const (
+	stWaiting seqState = iota
+	stRunning
+	stFinished
+)
+
+// Metrics are one request's timings and counts.
+type Metrics struct {
+	Arrival    time.Time // when Add was called
+	Scheduled  time.Time // start of the pass that first scheduled it
+	FirstToken time.Time // end of the pass that sampled its first token
+	Finished   time.Time // end of the pass that sampled its last token (or abort time)
+
+	PromptTokens  int
+	OutputTokens  int
+	CachedTokens  int // prompt tokens found in the cache at first admission (fetched ones included)
+	FetchedTokens int // prompt tokens the Fetcher brought in for it
+	Preemptions   int
+	Finish        engine.FinishReason
+}
+
+// Seq is one request inside a Core. Its methods are safe to call from the
+// goroutine driving the Core (or under the Engine's lock).
+type Seq struct {
+	req    *engine.Request
+	prompt []kv.Token
+	out    []kv.Token
+	seed   uint64 // local-hash seed: LoRA and cache salt
+
+	// Hashes of every full block of prompt+output known so far.
+	local []kv.LocalHash
+	seqh  []kv.SeqHash
+
+	table      []int32 // block table
+	nReg       int     // leading table entries that are registered cache blocks
+	computed   int     // tokens whose KV is in the table
+	prefillEnd int     // tokens to compute before sampling, set at (re)admission
+	decoding   bool    // prefill done and not preempted since
+	st         seqState
+	admitted   bool
+
+	// Context state of the deterministic "model": the sequence hash of the
+	// last full block and a rolling hash of the tokens after it.
+	ctxSeq, ctxTail uint64
+
+	pendingXfer int64 // modelled transfer bytes charged to its first pass
+
+	m Metrics
+
+	// Tag is free for the driver (the Engine keeps its stream here).
+	Tag any
+}
+
+// ID is the request's id.
+func (s *Seq) ID() string { return s.req.ID }
+
+// Request is the request as added.
+func (s *Seq) Request() *engine.Request { return s.req }
+
+// Output returns the tokens generated so far (shared; do not modify).
+func (s *Seq) Output() []kv.Token { return s.out }
+
+// Metrics returns a copy of the request's metrics.
+func (s *Seq) Metrics() Metrics { return s.m }
+
+// Done reports whether the request finished or was aborted.
+func (s *Seq) Done() bool { return s.st == stFinished }
+
+// Usage is the request's token accounting.
+func (s *Seq) Usage() engine.Usage {
+	return engine.Usage{PromptTokens: len(s.prompt), CompletionTokens: len(s.out), CachedTokens: s.m.CachedTokens}
+}
+
+func (s *Seq) total() int { return len(s.prompt) + len(s.out) }
+
+// blockTokens returns the tokens of full block b, using scratch when the
+// block straddles prompt and output.
+func (s *Seq) blockTokens(b, bs int, scratch []kv.Token) []kv.Token {
+	lo, hi, p := b*bs, (b+1)*bs, len(s.prompt)
+	switch {
+	case hi <= p:
+		return s.prompt[lo:hi]
+	case lo >= p:
+		return s.out[lo-p : hi-p]
+	}
+	scratch = append(scratch[:0], s.prompt[lo:]...)
+	return append(scratch, s.out[:hi-p]...)
+}
+
+const tailInit = 0x6a09e667f3bcc909
+
+func rollTail(h uint64, t kv.Token) uint64 {
+	return bits.RotateLeft64((h^uint64(t))*0x9E3779B97F4A7C15, 31)
+}
+
+func mix64(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+	return z ^ (z >> 31)
+}
+
+// NextToken is the sim's deterministic "model": the token after a context
+// whose last full block has sequence hash ctxSeq (0 for none) and whose
+// partial tail rolled into ctxTail, for a request seed, in [0, vocab). It
+// depends only on the context, so a request migrated with its generated
+// tokens appended to the prompt continues exactly where it stopped.
+func NextToken(seed, ctxSeq, ctxTail uint64, vocab uint32) kv.Token {
+	x := mix64(ctxSeq ^ bits.RotateLeft64(ctxTail, 17) ^ (seed+1)*0xD6E8FEB86659FD93)
+	hi, _ := bits.Mul64(x, uint64(vocab))
+	return kv.Token(hi)
+}
