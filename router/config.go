@@ -57,8 +57,8 @@ type Config struct {
 	// Approx is the approximate index of kv-approx mode. Nil: the router
 	// builds one with NewApprox(ApproxTTL).
 	Approx ApproxIndex
-	// NewApprox builds the default approximate index; set by the wiring
-	// that links the index package.
+	// NewApprox builds the approximate index when Approx is nil; default
+	// DefaultApprox (index.NewApprox).
 	NewApprox func(ttl time.Duration) ApproxIndex
 	ApproxTTL time.Duration // default 120 s
 
@@ -151,7 +151,7 @@ func (c *Config) fill() error {
 	}
 	if c.Mode == ModeKVApprox && c.Approx == nil {
 		if c.NewApprox == nil {
-			return fmt.Errorf("%w: mode kv-approx needs Approx or NewApprox", errConfig)
+			c.NewApprox = DefaultApprox
 		}
 		c.Approx = c.NewApprox(c.ApproxTTL)
 	}

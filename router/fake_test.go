@@ -74,6 +74,7 @@ func (f *fakeIndex) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 // fakeApprox is a naive TTL index with the index.Approx contract: entries
 // expire ttl after their last insert; expiry is applied at Insert time.
 type fakeApprox struct {
+	mu      sync.Mutex
 	ttl     time.Duration
 	expires map[kv.WorkerKey]map[kv.SeqHash]time.Time
 	inserts int
@@ -84,6 +85,8 @@ func newFakeApprox(ttl time.Duration) ApproxIndex {
 }
 
 func (a *fakeApprox) Insert(w kv.WorkerKey, local []kv.LocalHash, now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.inserts++
 	for _, m := range a.expires {
 		for h, e := range m {
@@ -104,6 +107,8 @@ func (a *fakeApprox) Insert(w kv.WorkerKey, local []kv.LocalHash, now time.Time)
 
 func (a *fakeApprox) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 	seq := kv.SeqHashes(nil, local)
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	keys := make([]kv.WorkerKey, 0, len(a.expires))
 	for k := range a.expires {
 		keys = append(keys, k)

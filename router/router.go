@@ -26,7 +26,6 @@ type Router struct {
 	active    map[string]*active // open decisions, ours and other replicas'
 	lastSweep time.Time
 
-	approxMu sync.Mutex // serialises calls into cfg.Approx
 	nworkers atomic.Int64
 	seq      atomic.Uint64
 	scratch  sync.Pool // *scratch
@@ -115,6 +114,7 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	t0 := time.Now()
+	now := r.cfg.Now()
 	role := req.Role.norm()
 	pk := poolKey{req.Model, role}
 
@@ -149,9 +149,10 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 		case ModeKV:
 			sc.matches = r.cfg.Matcher.FindMatches(local, sc.matches)
 		case ModeKVApprox:
-			r.approxMu.Lock()
+			if e, ok := r.cfg.Approx.(approxExpirer); ok {
+				e.Expire(now)
+			}
 			sc.matches = r.cfg.Approx.FindMatches(local, sc.matches)
-			r.approxMu.Unlock()
 		}
 		if !slices.IsSortedFunc(sc.matches, func(a, b Match) int { return cmpKey(a.Worker, b.Worker) }) {
 			slices.SortFunc(sc.matches, func(a, b Match) int { return cmpKey(a.Worker, b.Worker) })
@@ -159,7 +160,6 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	}
 	t2 := time.Now()
 
-	now := r.cfg.Now()
 	d := &Decision{r: r, Local: local, Seq: seq, ISL: len(req.Tokens), BlockSize: bs}
 	var ev ReplicaEvent
 	var emit bool
@@ -213,9 +213,7 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	r.mu.Unlock()
 
 	if r.cfg.Mode == ModeKVApprox && n > 0 {
-		r.approxMu.Lock()
 		r.cfg.Approx.Insert(d.Worker, local, now)
-		r.approxMu.Unlock()
 	}
 	if emit {
 		r.cfg.OnReplicaEvent(ev)

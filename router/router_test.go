@@ -64,12 +64,11 @@ func route(t testing.TB, r *Router, tokens []kv.Token) *Decision {
 
 func TestConfigErrors(t *testing.T) {
 	for name, cfg := range map[string]Config{
-		"unknown mode":        {Mode: "nearest"},
-		"kv without index":    {Mode: ModeKV},
-		"approx without ctor": {Mode: ModeKVApprox},
-		"negative credit":     {Cost: &CostModel{Device: -1}},
-		"NaN temperature":     {Cost: &CostModel{Temperature: math.NaN()}},
-		"negative threshold":  {MaxKVUsage: -0.5},
+		"unknown mode":       {Mode: "nearest"},
+		"kv without index":   {Mode: ModeKV},
+		"negative credit":    {Cost: &CostModel{Device: -1}},
+		"NaN temperature":    {Cost: &CostModel{Temperature: math.NaN()}},
+		"negative threshold": {MaxKVUsage: -0.5},
 	} {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("%s: New succeeded", name)

@@ -174,6 +174,9 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 // view is dropped (decisions still open on it free nothing when they end).
 // Removing an unknown key is a no-op.
 func (r *Router) RemoveWorker(key kv.WorkerKey) {
+	if rm, ok := r.cfg.Approx.(approxRemover); ok && r.cfg.Mode == ModeKVApprox {
+		rm.RemoveWorker(key) // its predicted holdings leave with it
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w := r.workers[key]
