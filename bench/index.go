@@ -1,0 +1,447 @@
+// Package bench holds kvmesh's benchmarks: trace replays, load generation
+// and reports. This file is `kvmesh bench index`: a Mooncake-trace replay
+// against the KV index, after Dynamo's mooncake_bench.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/trace"
+)
+
+// IndexConfig configures the index benchmark.
+type IndexConfig struct {
+	TracePath      string
+	Workers        int // default 256
+	BlockSize      int // engine block size, default 64
+	TraceBlockSize int // tokens per trace hash id, default 512
+	CacheBlocks    int // LRU capacity per worker, default 16384
+	MaxLines       int // 0: the whole trace
+	Seed           uint64
+	SkipReference  bool
+}
+
+// IndexPhase is one measured replay.
+type IndexPhase struct {
+	Name          string
+	Threads       int
+	Ops           int
+	Wall          time.Duration
+	OpsPerSec     float64
+	FindP50       time.Duration
+	FindP99       time.Duration
+	BytesPerHold  float64
+	HeapBytes     uint64
+	FindsMeasured int
+}
+
+// IndexResult is what RunIndex measured.
+type IndexResult struct {
+	Requests, Events, Finds, StoredBlocks, RemovedBlocks int
+	Holdings                                             uint64
+	Nodes                                                uint64
+	Phases                                               []IndexPhase
+	Verified                                             bool
+	Index                                                *index.Index // the single-thread replay's final state
+	Ref                                                  *ref.Index
+}
+
+type op struct {
+	find  []kv.LocalHash // a FindMatches query, or
+	event kv.Event       // an event batch
+}
+
+func (c *IndexConfig) defaults() {
+	if c.Workers <= 0 {
+		c.Workers = 256
+	}
+	if c.BlockSize <= 0 {
+		c.BlockSize = 64
+	}
+	if c.TraceBlockSize <= 0 {
+		c.TraceBlockSize = trace.DefaultTraceBlockSize
+	}
+	if c.CacheBlocks <= 0 {
+		c.CacheBlocks = 16384
+	}
+	if c.Seed == 0 {
+		c.Seed = 42
+	}
+}
+
+// lru is one worker's prefix cache over sequence hashes.
+type lru struct {
+	cap        int
+	pos        map[kv.SeqHash]int32
+	prev, next []int32
+	key        []kv.SeqHash
+	free       []int32
+	head, tail int32 // head most recent
+}
+
+func newLRU(c int) *lru {
+	return &lru{cap: c, pos: map[kv.SeqHash]int32{}, head: -1, tail: -1}
+}
+
+func (l *lru) unlink(i int32) {
+	if l.prev[i] >= 0 {
+		l.next[l.prev[i]] = l.next[i]
+	} else {
+		l.head = l.next[i]
+	}
+	if l.next[i] >= 0 {
+		l.prev[l.next[i]] = l.prev[i]
+	} else {
+		l.tail = l.prev[i]
+	}
+}
+
+func (l *lru) pushFront(i int32) {
+	l.prev[i], l.next[i] = -1, l.head
+	if l.head >= 0 {
+		l.prev[l.head] = i
+	}
+	l.head = i
+	if l.tail < 0 {
+		l.tail = i
+	}
+}
+
+func (l *lru) touch(s kv.SeqHash) {
+	i := l.pos[s]
+	l.unlink(i)
+	l.pushFront(i)
+}
+
+// insert adds s, returning the evicted key if the cache was full.
+func (l *lru) insert(s kv.SeqHash) (evicted kv.SeqHash, did bool) {
+	var i int32
+	if len(l.pos) >= l.cap {
+		i = l.tail
+		evicted, did = l.key[i], true
+		delete(l.pos, evicted)
+		l.unlink(i)
+	} else if k := len(l.free); k > 0 {
+		i = l.free[k-1]
+		l.free = l.free[:k-1]
+	} else {
+		i = int32(len(l.key))
+		l.key, l.prev, l.next = append(l.key, 0), append(l.prev, 0), append(l.next, 0)
+	}
+	l.key[i] = s
+	l.pos[s] = i
+	l.pushFront(i)
+	return evicted, did
+}
+
+// buildTimeline loads the trace and generates every op (untimed).
+func buildTimeline(ctx context.Context, c IndexConfig, res *IndexResult) ([]op, error) {
+	reqs, errs, err := trace.Load(c.TracePath, trace.Options{TraceBlockSize: c.TraceBlockSize, MaxLines: c.MaxLines})
+	if err != nil {
+		return nil, err
+	}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("%s: no valid requests (%d bad lines)", c.TracePath, len(errs))
+	}
+	res.Requests = len(reqs)
+	r := rand.New(rand.NewPCG(c.Seed, c.Seed))
+	caches := make([]*lru, c.Workers)
+	for i := range caches {
+		caches[i] = newLRU(c.CacheBlocks)
+	}
+	exp := trace.NewExpander(c.TraceBlockSize, c.BlockSize, kv.BaseSeed)
+	ops := make([]op, 0, 3*len(reqs))
+	var seq []kv.SeqHash
+	for n, req := range reqs {
+		if n%1024 == 0 && ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		wi := r.IntN(c.Workers)
+		w := kv.WorkerKey{Instance: uint64(wi + 1)}
+		local := exp.LocalHashes(nil, &req)
+		if len(local) == 0 {
+			continue
+		}
+		ops = append(ops, op{find: local})
+		res.Finds++
+		if len(local) > c.CacheBlocks {
+			local = local[:c.CacheBlocks]
+		}
+		seq = kv.SeqHashes(seq[:0], local)
+		l := caches[wi]
+		var removed []uint64
+		var stores []kv.Event
+		var run *kv.Event
+		for i, s := range seq {
+			if _, ok := l.pos[s]; ok {
+				run = nil
+				continue
+			}
+			if ev, did := l.insert(s); did {
+				removed = append(removed, ev)
+			}
+			if run == nil {
+				var parent *uint64
+				if i > 0 {
+					parent = &seq[i-1]
+				}
+				stores = append(stores, kv.Stored(w, kv.TierDevice, parent, nil))
+				run = &stores[len(stores)-1]
+			}
+			run.Blocks = append(run.Blocks, kv.StoredBlock{EngineHash: s, LocalHash: local[i]})
+		}
+		// Recency: the request's tail is freed first, so its prefix stays
+		// most recent and eviction takes leaves before shared prefixes.
+		for i := len(seq) - 1; i >= 0; i-- {
+			l.touch(seq[i])
+		}
+		if len(removed) > 0 {
+			ops = append(ops, op{event: kv.Removed(w, kv.TierDevice, removed)})
+			res.Events++
+			res.RemovedBlocks += len(removed)
+		}
+		for _, ev := range stores {
+			ops = append(ops, op{event: ev})
+			res.Events++
+			res.StoredBlocks += len(ev.Blocks)
+		}
+	}
+	return ops, nil
+}
+
+type finder interface {
+	apply(kv.Event)
+	find([]kv.LocalHash)
+}
+
+type ixRunner struct {
+	ix  *index.Index
+	dst []index.Match
+}
+
+func (r *ixRunner) apply(ev kv.Event)         { r.ix.Apply(ev) }
+func (r *ixRunner) find(local []kv.LocalHash) { r.dst = r.ix.FindMatches(local, r.dst[:0]) }
+
+type refRunner struct {
+	rf  *ref.Index
+	dst []ref.Match
+}
+
+func (r *refRunner) apply(ev kv.Event)         { r.rf.Apply(ev) }
+func (r *refRunner) find(local []kv.LocalHash) { r.dst = r.rf.FindMatches(local, r.dst[:0]) }
+
+func heapNow() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return d[min(len(d)-1, int(float64(len(d))*p))]
+}
+
+// replay runs ops in order on one thread, timing every find.
+func replay(ctx context.Context, name string, ops []op, f finder) (IndexPhase, error) {
+	lat := make([]time.Duration, 0, len(ops)/2)
+	start := time.Now()
+	for i := range ops {
+		if i%4096 == 0 && ctx.Err() != nil {
+			return IndexPhase{}, ctx.Err()
+		}
+		if o := &ops[i]; o.find != nil {
+			t := time.Now()
+			f.find(o.find)
+			lat = append(lat, time.Since(t))
+		} else {
+			f.apply(o.event)
+		}
+	}
+	wall := time.Since(start)
+	return IndexPhase{Name: name, Threads: 1, Ops: len(ops), Wall: wall, OpsPerSec: float64(len(ops)) / wall.Seconds(),
+		FindP50: percentile(lat, 0.5), FindP99: percentile(lat, 0.99), FindsMeasured: len(lat)}, nil
+}
+
+// replayParallel applies events on one goroutine (writers serialise in the
+// index anyway) while readers run the finds concurrently, lock-free.
+func replayParallel(ctx context.Context, ops []op, readers int) (IndexPhase, error) {
+	ix := index.New()
+	var finds [][]kv.LocalHash
+	var evs []kv.Event
+	for i := range ops {
+		if ops[i].find != nil {
+			finds = append(finds, ops[i].find)
+		} else {
+			evs = append(evs, ops[i].event)
+		}
+	}
+	lats := make([][]time.Duration, readers)
+	var wg sync.WaitGroup
+	start := time.Now()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i, ev := range evs {
+			if i%4096 == 0 && ctx.Err() != nil {
+				return
+			}
+			ix.Apply(ev)
+		}
+	}()
+	for r := 0; r < readers; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var dst []index.Match
+			lat := make([]time.Duration, 0, len(finds)/readers+1)
+			for i := r; i < len(finds); i += readers {
+				if i%4096 == r && ctx.Err() != nil {
+					return
+				}
+				t := time.Now()
+				dst = ix.FindMatches(finds[i], dst[:0])
+				lat = append(lat, time.Since(t))
+			}
+			lats[r] = lat
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	if err := ctx.Err(); err != nil {
+		return IndexPhase{}, err
+	}
+	var all []time.Duration
+	for _, l := range lats {
+		all = append(all, l...)
+	}
+	return IndexPhase{Name: "index, parallel", Threads: 1 + readers, Ops: len(ops), Wall: wall, OpsPerSec: float64(len(ops)) / wall.Seconds(),
+		FindP50: percentile(all, 0.5), FindP99: percentile(all, 0.99), FindsMeasured: len(all)}, nil
+}
+
+// RunIndex builds the timeline, replays it against the index (one thread,
+// then writer + readers in parallel) and the reference model, checks they
+// agree, and prints a table ending with the summary line.
+func RunIndex(ctx context.Context, c IndexConfig, out io.Writer) (*IndexResult, error) {
+	c.defaults()
+	if c.TracePath == "" {
+		return nil, errors.New("bench index: --trace is required")
+	}
+	res := &IndexResult{}
+	ops, err := buildTimeline(ctx, c, res)
+	if err != nil {
+		return nil, err
+	}
+
+	base := heapNow()
+	ir := &ixRunner{ix: index.New()}
+	single, err := replay(ctx, "index, 1 thread", ops, ir)
+	if err != nil {
+		return nil, err
+	}
+	ixHeap := heapNow() - base
+	st := ir.ix.Stats()
+	res.Holdings, res.Nodes, res.Index = st.Holdings, st.Nodes, ir.ix
+	single.HeapBytes = ixHeap
+	if st.Holdings > 0 {
+		single.BytesPerHold = float64(ixHeap) / float64(st.Holdings)
+	}
+	res.Phases = append(res.Phases, single)
+
+	readers := max(1, runtime.GOMAXPROCS(0)-1)
+	par, err := replayParallel(ctx, ops, readers)
+	if err != nil {
+		return nil, err
+	}
+	par.BytesPerHold = single.BytesPerHold
+	res.Phases = append(res.Phases, par)
+
+	if !c.SkipReference {
+		before := heapNow()
+		rr := &refRunner{rf: ref.New()}
+		rp, err := replay(ctx, "reference, 1 thread", ops, rr)
+		if err != nil {
+			return nil, err
+		}
+		rp.HeapBytes = heapNow() - before
+		if st.Holdings > 0 {
+			rp.BytesPerHold = float64(rp.HeapBytes) / float64(st.Holdings)
+		}
+		res.Phases = append(res.Phases, rp)
+		res.Ref = rr.rf
+		res.Verified = verify(ir.ix, rr.rf, ops)
+	}
+	runtime.KeepAlive(ops)
+
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(out, "trace %s: %d requests, %d workers, block %d, cache %d blocks/worker\n", c.TracePath, res.Requests, c.Workers, c.BlockSize, c.CacheBlocks)
+	fmt.Fprintf(out, "timeline: %d ops = %d finds + %d event batches (%d blocks stored, %d removed); final %d holdings on %d nodes\n",
+		len(ops), res.Finds, res.Events, res.StoredBlocks, res.RemovedBlocks, res.Holdings, res.Nodes)
+	fmt.Fprintln(tw, "phase\tthreads\tops/s\twall ms\tfind p50 µs\tfind p99 µs\tB/holding\t")
+	for _, p := range res.Phases {
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.1f\t%.2f\t%.2f\t%.1f\t\n", p.Name, p.Threads, p.OpsPerSec, float64(p.Wall.Microseconds())/1000,
+			float64(p.FindP50.Nanoseconds())/1000, float64(p.FindP99.Nanoseconds())/1000, p.BytesPerHold)
+	}
+	tw.Flush()
+	ratio := 0.0
+	if len(res.Phases) > 2 && res.Phases[2].OpsPerSec > 0 {
+		ratio = single.OpsPerSec / res.Phases[2].OpsPerSec
+		fmt.Fprintf(out, "reference check: %v (block counts of every worker and every find of the trace)\n", map[bool]string{true: "index equals reference", false: "MISMATCH"}[res.Verified])
+	}
+	best := single
+	if par.OpsPerSec > best.OpsPerSec {
+		best = par
+	}
+	fmt.Fprintf(out, "index: %.0f ops/s, find p99 %.2f µs, %.1f B/holding, %.1fx vs reference\n",
+		best.OpsPerSec, float64(best.FindP99.Nanoseconds())/1000, single.BytesPerHold, ratio)
+	if !c.SkipReference && !res.Verified {
+		return res, errors.New("bench index: index and reference disagree")
+	}
+	return res, nil
+}
+
+// verify compares final block counts and re-runs every query on both.
+func verify(ix *index.Index, rf *ref.Index, ops []op) bool {
+	ws := rf.Workers()
+	if len(ws) != len(ix.Workers()) {
+		return false
+	}
+	for _, w := range ws {
+		if ix.BlockCounts(w) != rf.BlockCounts(w) {
+			return false
+		}
+	}
+	var a []index.Match
+	var b []ref.Match
+	for i := range ops {
+		if ops[i].find == nil {
+			continue
+		}
+		a, b = ix.FindMatches(ops[i].find, a[:0]), rf.FindMatches(ops[i].find, b[:0])
+		if len(a) != len(b) {
+			return false
+		}
+		for j := range a {
+			if ref.Match(a[j]) != b[j] {
+				return false
+			}
+		}
+	}
+	return true
+}

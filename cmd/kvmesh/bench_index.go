@@ -1,0 +1,47 @@
+package main
+
+import (
+	"os"
+	"os/signal"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvmesh/kvmesh/bench"
+)
+
+func init() {
+	var c bench.IndexConfig
+	cmd := &cobra.Command{
+		Use:   "index --trace PATH",
+		Short: "Replay a Mooncake trace against the KV index and report ops/s, find latency and memory",
+		Long: `Partitions the trace's requests over N workers, replays each worker's
+requests through an LRU prefix cache of C blocks to generate Stored/Removed
+events, merges them with one FindMatches per request into a timeline, and
+replays that timeline against the index (one thread, then writer + readers)
+and against the naive reference model. The last line is the summary.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			defer stop()
+			_, err := bench.RunIndex(ctx, c, cmd.OutOrStdout())
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&c.TracePath, "trace", envOr("KVMESH_TRACE", ""), "Mooncake JSONL trace (env KVMESH_TRACE)")
+	f.IntVar(&c.Workers, "workers", 256, "workers to partition requests over")
+	f.IntVar(&c.BlockSize, "block-size", 64, "engine block size in tokens")
+	f.IntVar(&c.TraceBlockSize, "trace-block-size", 512, "tokens per trace hash id")
+	f.IntVar(&c.CacheBlocks, "cache-blocks", 16384, "LRU capacity per worker in blocks")
+	f.IntVar(&c.MaxLines, "limit", 0, "replay only the first N trace lines (0: all)")
+	f.Uint64Var(&c.Seed, "seed", 42, "seed of the request-to-worker partition")
+	f.BoolVar(&c.SkipReference, "skip-reference", false, "do not replay the naive reference model")
+	benchCmd.AddCommand(cmd)
+}
+
+func envOr(k, def string) string {
+	if v, ok := os.LookupEnv(k); ok {
+		return v
+	}
+	return def
+}
