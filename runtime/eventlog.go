@@ -1,14 +1,15 @@
 package runtime
 
 import (
-	"slices"
+	"errors"
 	"sync"
 
-	"github.com/kvmesh/kvmesh/index/ref"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
-// LocalIndex is the worker's own view of what it holds, used to answer Dump.
+// LocalIndex is the worker's own view of what it holds, used to answer
+// Dump; *index.Index implements it (runtime does not import index: the
+// worker passes it in).
 type LocalIndex interface {
 	Apply(kv.Event)
 	// Dump re-emits w's holdings as Stored events (ID 0) that rebuild them
@@ -36,16 +37,19 @@ type keyRing struct {
 	ring []kv.Event // event id i lives at ring[i%len]
 }
 
-// NewEventLog returns an empty log for instance; ringSize ≤ 0 means
-// DefaultRingSize, idx nil means a fresh NewRefLocalIndex.
-func NewEventLog(instance uint64, ringSize int, idx LocalIndex) *EventLog {
+// NewEventLog returns an empty log for instance that feeds idx (which it
+// then owns); ringSize ≤ 0 means DefaultRingSize.
+func NewEventLog(instance uint64, ringSize int, idx LocalIndex) (*EventLog, error) {
 	if ringSize <= 0 {
 		ringSize = DefaultRingSize
 	}
 	if idx == nil {
-		idx = NewRefLocalIndex()
+		return nil, errors.New("event log: nil local index")
 	}
-	return &EventLog{instance: instance, size: ringSize, keys: map[uint32]*keyRing{}, idx: idx}
+	if instance == 0 {
+		return nil, errors.New("event log: zero instance id")
+	}
+	return &EventLog{instance: instance, size: ringSize, keys: map[uint32]*keyRing{}, idx: idx}, nil
 }
 
 // Append stamps and records a batch (in place: batch[i].ID and
@@ -148,123 +152,4 @@ func (l *EventLog) LastID(dpRank uint32) uint64 {
 		return k.last
 	}
 	return 0
-}
-
-// RefLocalIndex is a LocalIndex on the reference index model (index/ref),
-// whose semantics the router's index reproduces.
-type RefLocalIndex struct{ *ref.Index }
-
-// NewRefLocalIndex returns an empty RefLocalIndex.
-func NewRefLocalIndex() RefLocalIndex { return RefLocalIndex{ref.New()} }
-
-// Dump walks w's holdings in path order (parents before children) and emits
-// chains of blocks with equal tier sets as one Stored event per tier.
-//
-// A holding whose parent block the worker no longer holds (its parent was
-// removed, or rebound by a colliding store) cannot be placed by engine hash
-// alone: the dump stores placeholder ancestors under unused engine hashes
-// and removes them again at the end, so the rebuilt holdings are exactly the
-// worker's.
-func (r RefLocalIndex) Dump(w kv.WorkerKey) []kv.Event {
-	hs := r.Holdings(w)
-	if len(hs) == 0 {
-		return nil
-	}
-	used := make(map[uint64]bool, len(hs))
-	for _, h := range hs {
-		used[h.Engine] = true
-	}
-	var nextSynth uint64 = 1 << 63
-	synth := func() uint64 {
-		for used[nextSynth] {
-			nextSynth++
-		}
-		used[nextSynth] = true
-		return nextSynth
-	}
-	var placeholders []uint64
-
-	engineOf := make(map[string]uint64, len(hs))
-	var out []kv.Event
-	var chain []kv.StoredBlock
-	var chainParent uint64
-	var chainHasParent bool
-	var chainMask uint8
-	var chainPath []kv.LocalHash
-	flush := func() {
-		for t := range kv.NumTiers {
-			if chainMask&(1<<t) == 0 {
-				continue
-			}
-			e := kv.Event{Worker: w, Tier: kv.Tier(t), Kind: kv.EventStored,
-				HasParent: chainHasParent, Parent: chainParent, Blocks: slices.Clone(chain)}
-			out = append(out, e)
-		}
-		chain = chain[:0]
-	}
-	for _, h := range hs {
-		n := len(h.Path)
-		var parent uint64
-		hasParent := n > 1
-		if hasParent {
-			p, ok := engineOf[pathKey(h.Path[:n-1])]
-			if !ok {
-				// Find the deepest held ancestor, then place
-				// placeholders down to the parent.
-				d := n - 2
-				for d > 0 {
-					if _, ok := engineOf[pathKey(h.Path[:d])]; ok {
-						break
-					}
-					d--
-				}
-				ph := kv.Event{Worker: w, Tier: kv.TierDevice, Kind: kv.EventStored}
-				if d > 0 {
-					ph.HasParent, ph.Parent = true, engineOf[pathKey(h.Path[:d])]
-				}
-				for i := d; i < n-1; i++ {
-					e := synth()
-					ph.Blocks = append(ph.Blocks, kv.StoredBlock{EngineHash: e, LocalHash: h.Path[i]})
-					engineOf[pathKey(h.Path[:i+1])] = e
-					placeholders = append(placeholders, e)
-				}
-				if len(chain) > 0 {
-					flush()
-				}
-				out = append(out, ph)
-				p = ph.Blocks[len(ph.Blocks)-1].EngineHash
-			}
-			parent = p
-		}
-		engineOf[pathKey(h.Path)] = h.Engine
-		blk := kv.StoredBlock{EngineHash: h.Engine, LocalHash: h.Path[n-1]}
-		if len(chain) > 0 && h.Tiers == chainMask && n == len(chainPath)+1 &&
-			hasParent && parent == chain[len(chain)-1].EngineHash && slices.Equal(h.Path[:n-1], chainPath) {
-			chain = append(chain, blk)
-			chainPath = h.Path
-			continue
-		}
-		if len(chain) > 0 {
-			flush()
-		}
-		chain = append(chain, blk)
-		chainParent, chainHasParent, chainMask, chainPath = parent, hasParent, h.Tiers, h.Path
-	}
-	if len(chain) > 0 {
-		flush()
-	}
-	if len(placeholders) > 0 {
-		out = append(out, kv.Removed(w, kv.TierDevice, placeholders))
-	}
-	return out
-}
-
-func pathKey(p []kv.LocalHash) string {
-	b := make([]byte, 8*len(p))
-	for i, h := range p {
-		for j := range 8 {
-			b[8*i+j] = byte(h >> (8 * j))
-		}
-	}
-	return string(b)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/index/ref"
 	"github.com/kvmesh/kvmesh/kv"
 	"google.golang.org/grpc"
@@ -36,12 +37,27 @@ func (l *lockedIndex) holdings(w kv.WorkerKey) []ref.Holding {
 	return l.ix.Holdings(w)
 }
 
+// teeIndex is a worker's local index for tests: the real index answers
+// dumps, the reference model lists holdings for comparison.
+type teeIndex struct {
+	ix  *index.Index
+	ref *ref.Index
+}
+
+func newTee() *teeIndex { return &teeIndex{ix: index.New(), ref: ref.New()} }
+
+func (t *teeIndex) Apply(e kv.Event)               { t.ix.Apply(e); t.ref.Apply(e) }
+func (t *teeIndex) Dump(w kv.WorkerKey) []kv.Event { return t.ix.Dump(w) }
+func (t *teeIndex) Holdings(w kv.WorkerKey) []ref.Holding {
+	return t.ref.Holdings(w)
+}
+
 // fakeWorker serves Events/Dump from an EventLog over real gRPC and can be
 // told to fail its next calls.
 type fakeWorker struct {
 	api.UnimplementedWorkerServer
 	log      *EventLog
-	local    RefLocalIndex
+	local    *teeIndex
 	pub      *EventPublisher
 	fail     atomic.Int32
 	calls    atomic.Int32
@@ -70,8 +86,8 @@ func (f *fakeWorker) Dump(_ context.Context, req *api.DumpRequest) (*api.DumpRes
 
 func startFakeWorker(t *testing.T, e *Embedded, id uint64, ring int) *fakeWorker {
 	t.Helper()
-	f := &fakeWorker{local: NewRefLocalIndex(), rng: rand.New(rand.NewPCG(id, 7)), nextHash: id << 32}
-	f.log = NewEventLog(id, ring, f.local)
+	f := &fakeWorker{local: newTee(), rng: rand.New(rand.NewPCG(id, 7)), nextHash: id << 32}
+	f.log = mustLog(t, id, ring, f.local)
 	f.pub = NewEventPublisher(connect(t, e.URL()), "m", f.log, nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -265,8 +281,8 @@ func mustBatch(t *testing.T, inst uint64, evs ...kv.Event) []byte {
 }
 
 func TestEventLogRangeAndDump(t *testing.T) {
-	f := &fakeWorker{local: NewRefLocalIndex(), rng: rand.New(rand.NewPCG(1, 2)), nextHash: 1 << 40}
-	f.log = NewEventLog(5, 32, f.local)
+	f := &fakeWorker{local: newTee(), rng: rand.New(rand.NewPCG(1, 2)), nextHash: 1 << 40}
+	f.log = mustLog(t, 5, 32, f.local)
 	for range 500 {
 		f.log.Append(f.step(), nil)
 	}
@@ -305,8 +321,8 @@ func TestEventLogRangeAndDump(t *testing.T) {
 // Dumps rebuild exactly the worker's holdings, orphans included.
 func TestDumpRebuildsExactly(t *testing.T) {
 	for seed := range uint64(30) {
-		f := &fakeWorker{local: NewRefLocalIndex(), rng: rand.New(rand.NewPCG(seed, 3)), nextHash: 1 << 40}
-		f.log = NewEventLog(5, 0, f.local)
+		f := &fakeWorker{local: newTee(), rng: rand.New(rand.NewPCG(seed, 3)), nextHash: 1 << 40}
+		f.log = mustLog(t, 5, 0, f.local)
 		w := kv.WorkerKey{Instance: 5}
 		for range 400 {
 			f.log.Append(f.step(), nil)
@@ -323,4 +339,13 @@ func TestDumpRebuildsExactly(t *testing.T) {
 			t.Fatalf("seed %d: %+v", seed, st)
 		}
 	}
+}
+
+func mustLog(t *testing.T, id uint64, ring int, idx LocalIndex) *EventLog {
+	t.Helper()
+	l, err := NewEventLog(id, ring, idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
