@@ -113,13 +113,6 @@ func tokenContent(raw json.RawMessage) (string, error) {
 // expect from transformers' Jinja setup.
 var templateEnv = func() *exec.Environment {
 	ctx := exec.EmptyContext().Update(builtins.GlobalFunctions).Update(builtins.GlobalVariables)
-	ctx.Set("raise_exception", func(_ *exec.Evaluator, params *exec.VarArgs) (string, error) {
-		msg := "raise_exception called"
-		if len(params.Args) > 0 {
-			msg = params.Args[0].String()
-		}
-		return "", fmt.Errorf("%w: %s", ErrTemplate, msg)
-	})
 	ctx.Set("strftime_now", func(_ *exec.Evaluator, params *exec.VarArgs) (string, error) {
 		if len(params.Args) != 1 || !params.Args[0].IsString() {
 			return "", errors.New("strftime_now expects one format string")
@@ -159,9 +152,13 @@ var templateEnv = func() *exec.Environment {
 		}
 		return out, nil
 	})
+	filters := exec.NewFilterSet(map[string]exec.FilterFunction{}).Update(builtins.Filters)
+	if err := filters.Replace("tojson", tojsonFilter); err != nil {
+		panic(err) // gonja always has tojson; this runs at init, never on input
+	}
 	return &exec.Environment{
 		Context:           ctx,
-		Filters:           builtins.Filters,
+		Filters:           filters,
 		Tests:             builtins.Tests,
 		ControlStructures: builtins.ControlStructures,
 		Methods:           builtins.Methods,
@@ -175,11 +172,11 @@ func ParseChatTemplate(source, bosToken, eosToken string) (*JinjaTemplate, error
 	cfg.TrimBlocks = true
 	cfg.LeftStripBlocks = true
 	cfg.KeepTrailingNewline = false
-	loader, err := loaders.NewMemoryLoader(map[string]string{"chat_template": source})
+	loader, err := loaders.NewMemoryLoader(map[string]string{"/chat_template": source})
 	if err != nil {
 		return nil, fmt.Errorf("chat template: %w", err)
 	}
-	t, err := exec.NewTemplate("chat_template", cfg, loader, templateEnv)
+	t, err := exec.NewTemplate("/chat_template", cfg, loader, templateEnv)
 	if err != nil {
 		return nil, fmt.Errorf("parse chat template: %w", err)
 	}
@@ -202,11 +199,21 @@ func (j *JinjaTemplate) RenderWith(messages []Message, addGenerationPrompt bool,
 	vars["add_generation_prompt"] = addGenerationPrompt
 	vars["bos_token"] = j.bosToken
 	vars["eos_token"] = j.eosToken
-	out, err := j.tmpl.ExecuteToString(exec.NewContext(vars))
-	if err != nil {
-		if errors.Is(err, ErrTemplate) {
-			return "", err
+	// raise_exception is bound per render: gonja flattens the errors of
+	// functions into text, so the message is captured here instead.
+	raised := ""
+	vars["raise_exception"] = func(_ *exec.Evaluator, params *exec.VarArgs) (string, error) {
+		raised = "raise_exception called"
+		if len(params.Args) > 0 {
+			raised = params.Args[0].String()
 		}
+		return "", fmt.Errorf("%w: %s", ErrTemplate, raised)
+	}
+	out, err := j.tmpl.ExecuteToString(exec.NewContext(vars))
+	if raised != "" {
+		return "", fmt.Errorf("%w: %s", ErrTemplate, raised)
+	}
+	if err != nil {
 		return "", fmt.Errorf("render chat template: %w", err)
 	}
 	return out, nil
