@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -280,18 +281,22 @@ func replay(ctx context.Context, name string, ops []op, f finder) (IndexPhase, e
 }
 
 // replayParallel applies events on one goroutine (writers serialise in the
-// index anyway) while readers run the finds concurrently, lock-free.
+// index anyway) while readers run the finds concurrently, lock-free; each
+// find still waits for the events that precede it in the timeline.
 func replayParallel(ctx context.Context, ops []op, readers int) (IndexPhase, error) {
 	ix := index.New()
 	var finds [][]kv.LocalHash
+	var after []int64 // events that precede each find in the timeline
 	var evs []kv.Event
 	for i := range ops {
 		if ops[i].find != nil {
 			finds = append(finds, ops[i].find)
+			after = append(after, int64(len(evs)))
 		} else {
 			evs = append(evs, ops[i].event)
 		}
 	}
+	var applied atomic.Int64
 	lats := make([][]time.Duration, readers)
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -303,6 +308,7 @@ func replayParallel(ctx context.Context, ops []op, readers int) (IndexPhase, err
 				return
 			}
 			ix.Apply(ev)
+			applied.Store(int64(i + 1))
 		}
 	}()
 	for r := 0; r < readers; r++ {
@@ -314,6 +320,13 @@ func replayParallel(ctx context.Context, ops []op, readers int) (IndexPhase, err
 			for i := r; i < len(finds); i += readers {
 				if i%4096 == r && ctx.Err() != nil {
 					return
+				}
+				// Keep timeline order: a find waits for the events before it.
+				for applied.Load() < after[i] {
+					if ctx.Err() != nil {
+						return
+					}
+					runtime.Gosched()
 				}
 				t := time.Now()
 				dst = ix.FindMatches(finds[i], dst[:0])

@@ -1,0 +1,65 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/index/ref"
+)
+
+const tracePath = "../../shared/traces/conversation_trace.jsonl"
+
+func TestBenchIndexSmallSlice(t *testing.T) {
+	if _, err := os.Stat(tracePath); err != nil {
+		t.Skip("trace not present")
+	}
+	var out bytes.Buffer
+	res, err := RunIndex(context.Background(), IndexConfig{TracePath: tracePath, MaxLines: 500, Workers: 16, CacheBlocks: 2048}, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	last := lines[len(lines)-1]
+	if !regexp.MustCompile(`^index: \d+ ops/s, find p99 \d+\.\d+ µs, \d+\.\d B/holding, \d+\.\dx vs reference$`).MatchString(last) {
+		t.Fatalf("last line %q", last)
+	}
+	if res.Requests != 500 || res.Finds != 500 || res.RemovedBlocks == 0 || !res.Verified || len(res.Phases) != 3 {
+		t.Fatalf("result %+v", res)
+	}
+	// Holdings equal the reference, worker by worker, through the dump.
+	for _, w := range res.Ref.Workers() {
+		fresh := ref.New()
+		for _, ev := range res.Index.Dump(w) {
+			fresh.Apply(ev)
+		}
+		if !reflect.DeepEqual(fresh.Holdings(w), res.Ref.Holdings(w)) {
+			t.Fatalf("worker %v holdings differ from the reference", w)
+		}
+	}
+	if _, err := RunIndex(context.Background(), IndexConfig{TracePath: "/nonexistent"}, &out); err == nil {
+		t.Fatal("missing trace must fail")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := RunIndex(ctx, IndexConfig{TracePath: tracePath, MaxLines: 50}, &out); err == nil {
+		t.Fatal("cancelled context must stop the bench")
+	}
+}
+
+func TestLRUEvictsLeastRecent(t *testing.T) {
+	l := newLRU(2)
+	l.insert(1)
+	l.insert(2)
+	l.touch(1)
+	if ev, did := l.insert(3); !did || ev != 2 {
+		t.Fatalf("evicted %d %v, want 2", ev, did)
+	}
+	if _, ok := l.pos[1]; !ok {
+		t.Fatal("1 must stay")
+	}
+}

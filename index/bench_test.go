@@ -1,0 +1,76 @@
+package index
+
+import (
+	"testing"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// deepTree: 256 workers share a 16-block prefix, then each holds its own
+// 1000-block chain below it.
+func deepTree(b *testing.B) (*Index, []kv.LocalHash) {
+	ix := New()
+	prefix := make([]kv.StoredBlock, 16)
+	for i := range prefix {
+		prefix[i] = kv.StoredBlock{EngineHash: uint64(i + 1), LocalHash: uint64(i + 1)}
+	}
+	var q []kv.LocalHash
+	for w := 0; w < 256; w++ {
+		wk := kv.WorkerKey{Instance: uint64(w)}
+		ix.Apply(kv.Stored(wk, kv.TierDevice, nil, prefix))
+		p := uint64(16)
+		chain := make([]kv.StoredBlock, 1000)
+		for i := range chain {
+			chain[i] = kv.StoredBlock{EngineHash: uint64(w)<<32 | uint64(i+100), LocalHash: uint64(w)<<32 | uint64(i+100)}
+		}
+		ix.Apply(kv.Stored(wk, kv.TierDevice, &p, chain))
+		if w == 7 {
+			for _, s := range prefix {
+				q = append(q, s.LocalHash)
+			}
+			for _, s := range chain {
+				q = append(q, s.LocalHash)
+			}
+		}
+	}
+	return ix, q
+}
+
+func BenchmarkFindMatchesWide(b *testing.B) {
+	ix, q := deepTree(b)
+	q = q[:20] // shared prefix, then one worker: 256 matches
+	var dst []Match
+	for b.Loop() {
+		dst = ix.FindMatches(q, dst[:0])
+	}
+	if len(dst) != 256 {
+		b.Fatal(len(dst))
+	}
+}
+
+func BenchmarkFindMatchesDeep(b *testing.B) {
+	ix, q := deepTree(b)
+	var dst []Match
+	for b.Loop() {
+		dst = ix.FindMatches(q, dst[:0])
+	}
+	b.ReportMetric(float64(len(q)), "blocks/query")
+}
+
+func BenchmarkApplyStoredRemoved(b *testing.B) {
+	ix := New()
+	w := kv.WorkerKey{Instance: 1}
+	blocks := make([]kv.StoredBlock, 64)
+	hashes := make([]uint64, 64)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for j := range blocks {
+			h := uint64(i)<<8 | uint64(j)
+			blocks[j] = kv.StoredBlock{EngineHash: h, LocalHash: h}
+			hashes[j] = h
+		}
+		ix.Apply(kv.Stored(w, kv.TierDevice, nil, blocks))
+		ix.Apply(kv.Removed(w, kv.TierDevice, hashes))
+	}
+	b.ReportMetric(float64(b.N*128)/b.Elapsed().Seconds(), "blocks/s")
+}
