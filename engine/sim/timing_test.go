@@ -54,10 +54,10 @@ func TestStepDurationFollowsModel(t *testing.T) {
 		prefill int
 		active  int // 0 = no decode
 	}{
-		{8192, 0},        // first chunk: budget-limited, no token yet
-		{1808, 10000},    // rest of the prompt, samples token 1
-		{0, 10001},       // decode
-		{0, 10002},       // decode, finishes
+		{8192, 0},     // first chunk: budget-limited, no token yet
+		{1808, 10000}, // rest of the prompt, samples token 1
+		{0, 10001},    // decode
+		{0, 10002},    // decode, finishes
 	}
 	for i, w := range want {
 		r := c.Step(time.Time{})
