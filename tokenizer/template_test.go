@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -177,3 +178,38 @@ func TestChatTemplateConfigForms(t *testing.T) {
 }
 
 func writeFile(p, body string) error { return os.WriteFile(p, []byte(body), 0o644) }
+
+// TestConcurrentUse: tokenizers and templates are shared by all requests.
+func TestConcurrentUse(t *testing.T) {
+	tok := builtinBPE(t)
+	tmpl, err := ParseChatTemplate(tmplAlternate, "<s>", "</s>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 4)
+	for g := 0; g < 4; g++ {
+		go func() {
+			for i := 0; i < 50; i++ {
+				s, err := tmpl.Render([]Message{{Role: "user", Content: "hi"}}, true)
+				if err != nil || s != "<s>[INST] hi [/INST]" {
+					done <- fmt.Errorf("render %q %v", s, err)
+					return
+				}
+				if _, err := tmpl.Render([]Message{{Role: "assistant", Content: "x"}}, true); !errors.Is(err, ErrTemplate) {
+					done <- fmt.Errorf("want ErrTemplate, got %v", err)
+					return
+				}
+				if tok.Decode(tok.Encode("hello world 😀")) != "hello world 😀" {
+					done <- errors.New("round trip")
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for g := 0; g < 4; g++ {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
