@@ -1,0 +1,101 @@
+package worker
+
+import (
+	"context"
+	"errors"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/engine"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// server implements api.WorkerServer for one Worker.
+type server struct {
+	api.UnimplementedWorkerServer
+	w *Worker
+}
+
+func (s *server) Generate(req *api.GenerateRequest, stream api.Worker_GenerateServer) error {
+	w := s.w
+	switch {
+	case len(req.Tokens) == 0:
+		return status.Error(codes.InvalidArgument, "generate: empty prompt")
+	case req.MaxTokens == 0:
+		return status.Error(codes.InvalidArgument, "generate: max_tokens must be ≥ 1")
+	case int(req.DpRank) >= w.cfg.DPSize:
+		return status.Errorf(codes.InvalidArgument, "generate: dp_rank %d but dp_size %d", req.DpRank, w.cfg.DPSize)
+	}
+	if len(req.KvHint) > 0 {
+		// The engine interface has no hint input yet; the hint is advisory,
+		// so the request proceeds without it.
+		w.hints.Add(1)
+	}
+	if len(req.KvTransferParams) > 0 {
+		w.transferParams.Add(1)
+	}
+	ereq := &engine.Request{
+		ID: req.RequestId, Tokens: req.Tokens, MaxTokens: int(req.MaxTokens), StopTokens: req.StopTokenIds,
+		Seed: req.Seed, Temperature: req.Temperature, LoRA: req.Lora, CacheSalt: req.CacheSalt,
+	}
+	// The stream's context ends when the client cancels or disconnects;
+	// the engine stops working on the request with it.
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	ch, err := w.eng.Generate(ctx, ereq)
+	if errors.Is(err, engine.ErrClosed) {
+		return status.Error(codes.Unavailable, "generate: worker shutting down")
+	}
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "generate: %v", err)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case c, ok := <-ch:
+			if !ok {
+				return nil
+			}
+			out := &api.GenerateChunk{Tokens: c.Tokens, FinishReason: string(c.Finish)}
+			if c.Usage != nil {
+				out.Usage = &api.Usage{PromptTokens: uint32(c.Usage.PromptTokens), CompletionTokens: uint32(c.Usage.CompletionTokens), CachedTokens: uint32(c.Usage.CachedTokens)}
+			}
+			if c.Err != nil {
+				out.Error = c.Err.Error()
+				if out.FinishReason == "" {
+					out.FinishReason = string(engine.FinishError)
+				}
+			}
+			if err := stream.Send(out); err != nil {
+				return err
+			}
+			if c.Finish != engine.FinishNone || c.Err != nil {
+				return nil
+			}
+		}
+	}
+}
+
+func (s *server) Events(_ context.Context, req *api.EventsRequest) (*api.EventsResponse, error) {
+	if req.Worker.GetInstance() != s.w.cfg.InstanceID {
+		return nil, status.Errorf(codes.NotFound, "events: this is instance %x, not %x", s.w.cfg.InstanceID, req.Worker.GetInstance())
+	}
+	if req.FromId == 0 || req.FromId > req.ToId {
+		return nil, status.Errorf(codes.InvalidArgument, "events: bad range [%d,%d]", req.FromId, req.ToId)
+	}
+	return s.w.evlog.EventsAnswer(req), nil
+}
+
+func (s *server) Dump(_ context.Context, req *api.DumpRequest) (*api.DumpResponse, error) {
+	if req.Worker.GetInstance() != s.w.cfg.InstanceID {
+		return nil, status.Errorf(codes.NotFound, "dump: this is instance %x, not %x", s.w.cfg.InstanceID, req.Worker.GetInstance())
+	}
+	return s.w.evlog.DumpAnswer(req), nil
+}
+
+func (s *server) Health(context.Context, *api.HealthRequest) (*api.HealthResponse, error) {
+	st := s.w.eng.Stats()
+	return &api.HealthResponse{Ok: true, Instance: s.w.cfg.InstanceID, Model: s.w.cfg.Model,
+		Running: uint32(st.Running), Waiting: uint32(st.Waiting)}, nil
+}

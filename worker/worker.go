@@ -1,0 +1,259 @@
+// Package worker runs one engine as a kvmesh worker: it serves the worker
+// API over gRPC (Generate, Events, Dump, Health), registers the instance in
+// discovery, publishes the engine's KV events (ring + local index + NATS)
+// and its load. Several workers can run in one process (kvmesh serve).
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc"
+)
+
+// Config configures a worker. Zero values take the defaults noted.
+type Config struct {
+	// Model and Role default to the engine's.
+	Model string
+	Role  engine.Role
+	// ListenAddr is where the gRPC server listens; default 127.0.0.1:0.
+	ListenAddr string
+	// AdvertiseAddr is the host:port other processes dial; default the
+	// bound listen address (a wildcard listen address needs it set).
+	AdvertiseAddr string
+	// InstanceID names this worker; 0 picks a random one.
+	InstanceID uint64
+	// DPSize is the number of data-parallel ranks the engine serves; default 1.
+	DPSize int
+	// RingSize is the per-rank event ring for gap repair; default 8192.
+	RingSize int
+	// LoadInterval is how often load is published; default 1s.
+	LoadInterval time.Duration
+	// KVCapacity is blocks per tier name; default {"device": engine blocks}.
+	KVCapacity map[string]int
+	// ControlEndpoints are the peer-transfer endpoints per DP rank, if any.
+	ControlEndpoints []string
+	Discovery        runtime.DiscoveryConfig
+	Logger           *slog.Logger
+}
+
+// Worker is one running engine instance.
+type Worker struct {
+	cfg Config
+	eng engine.Engine
+	nc  *nats.Conn
+	log *slog.Logger
+
+	evlog *runtime.EventLog
+	pub   *runtime.EventPublisher
+	inst  runtime.Instance
+
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	ln      net.Listener
+	srv     *grpc.Server
+	reg     *runtime.Registration
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+
+	hints, transferParams atomic.Int64
+}
+
+// New prepares a worker around eng (which it then owns: Close closes it).
+// nc may be nil: the worker then serves gRPC only, with no discovery,
+// event plane or load reports.
+func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
+	if eng == nil {
+		return nil, errors.New("worker: nil engine")
+	}
+	ec := eng.Config()
+	if cfg.Model == "" {
+		cfg.Model = ec.Model
+	}
+	if cfg.Role == "" {
+		cfg.Role = ec.Role
+	}
+	if cfg.Role == "" {
+		cfg.Role = engine.RoleAggregated
+	}
+	if cfg.Model == "" {
+		return nil, errors.New("worker: no model name")
+	}
+	if !cfg.Role.Valid() {
+		return nil, fmt.Errorf("worker: unknown role %q (want aggregated, prefill or decode)", cfg.Role)
+	}
+	if cfg.ListenAddr == "" {
+		cfg.ListenAddr = "127.0.0.1:0"
+	}
+	if cfg.DPSize == 0 {
+		cfg.DPSize = 1
+	}
+	if cfg.LoadInterval <= 0 {
+		cfg.LoadInterval = time.Second
+	}
+	if cfg.KVCapacity == nil {
+		cfg.KVCapacity = map[string]int{kv.TierDevice.String(): ec.Blocks}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Discovery.Logger == nil {
+		cfg.Discovery.Logger = cfg.Logger
+	}
+	for cfg.InstanceID == 0 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		cfg.InstanceID = binary.LittleEndian.Uint64(b[:]) >> 1 // positive as int64 too
+	}
+	evlog, err := runtime.NewEventLog(cfg.InstanceID, cfg.RingSize, index.New())
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	w := &Worker{cfg: cfg, eng: eng, nc: nc, log: cfg.Logger.With("instance", runtime.InstanceToken(cfg.InstanceID), "model", cfg.Model), evlog: evlog}
+	w.pub = runtime.NewEventPublisher(nc, cfg.Model, evlog, w.log)
+	w.inst = runtime.Instance{
+		ID: cfg.InstanceID, Model: cfg.Model, Role: string(cfg.Role), DPSize: cfg.DPSize,
+		BlockSize: ec.BlockSize, KVCapacity: cfg.KVCapacity, MaxBatchedTokens: ec.MaxBatchedTokens,
+		Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints,
+	}
+	return w, nil
+}
+
+// Start listens, serves the worker API, installs the event sink, registers
+// in discovery and starts the load publisher. It returns once registered.
+func (w *Worker) Start(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started || w.closed {
+		return errors.New("worker: already started or closed")
+	}
+	w.started = true
+	ln, err := net.Listen("tcp", w.cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("worker: listen %s: %w", w.cfg.ListenAddr, err)
+	}
+	w.ln = ln
+	adv := w.cfg.AdvertiseAddr
+	if adv == "" {
+		adv = ln.Addr().String()
+	}
+	w.inst.GRPCAddr = adv
+	if err := w.inst.Validate(); err != nil {
+		ln.Close()
+		return fmt.Errorf("worker: %w (set an advertise address)", err)
+	}
+	w.srv = grpc.NewServer(grpc.MaxRecvMsgSize(runtime.MaxMessageBytes), grpc.MaxSendMsgSize(runtime.MaxMessageBytes))
+	api.RegisterWorkerServer(w.srv, &server{w: w})
+	w.wg.Go(func() {
+		if err := w.srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			w.log.Error("grpc server stopped", "err", err)
+		}
+	})
+	w.eng.SetEventSink(w.pub.Sink)
+
+	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	w.cancel = cancel
+	if w.nc != nil {
+		d, err := runtime.OpenDiscovery(ctx, w.nc, w.cfg.Discovery)
+		if err == nil {
+			w.reg, err = d.Register(ctx, w.inst)
+		}
+		if err != nil {
+			w.stopLocked()
+			return fmt.Errorf("worker: %w", err)
+		}
+		w.wg.Go(func() {
+			runtime.RunLoadPublisher(lctx, w.nc, w.cfg.Model, w.cfg.LoadInterval, w.loadSample, w.log)
+		})
+	}
+	w.log.Info("worker started", "grpc", adv, "role", w.cfg.Role, "dp_size", w.cfg.DPSize)
+	return nil
+}
+
+func (w *Worker) loadSample() []runtime.LoadReport {
+	s := w.eng.Stats()
+	return []runtime.LoadReport{{Instance: w.cfg.InstanceID, UsedBlocks: s.UsedBlocks, TotalBlocks: s.TotalBlocks,
+		Running: s.Running, Waiting: s.Waiting, PendingPrefillTokens: s.PendingPrefillTokens}}
+}
+
+// Addr is the advertised gRPC address (after Start).
+func (w *Worker) Addr() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.inst.GRPCAddr
+}
+
+// InstanceID names this worker.
+func (w *Worker) InstanceID() uint64 { return w.cfg.InstanceID }
+
+// Instance is the discovery record (complete after Start).
+func (w *Worker) Instance() runtime.Instance {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.inst
+}
+
+// EventLog is the worker's event ring and local index.
+func (w *Worker) EventLog() *runtime.EventLog { return w.evlog }
+
+// EventSubject is where the worker publishes its KV events.
+func (w *Worker) EventSubject() string { return w.pub.Subject() }
+
+// Close deregisters (so routers drop the worker at once), stops serving
+// (in-flight streams get a few seconds), stops the loops and closes the
+// engine.
+func (w *Worker) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return nil
+	}
+	w.closed = true
+	var errs []error
+	if w.reg != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		if err := w.reg.Close(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		cancel()
+	}
+	w.stopLocked()
+	w.eng.SetEventSink(nil)
+	if err := w.eng.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("worker: close engine: %w", err))
+	}
+	w.log.Info("worker stopped")
+	return errors.Join(errs...)
+}
+
+func (w *Worker) stopLocked() {
+	if w.cancel != nil {
+		w.cancel()
+	}
+	if w.srv != nil {
+		done := make(chan struct{})
+		go func() { w.srv.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			w.srv.Stop()
+			<-done
+		}
+	}
+	w.wg.Wait()
+}

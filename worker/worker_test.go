@@ -1,0 +1,401 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"io"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*ats).start"))
+}
+
+// testEngine stores each prompt's full blocks (one Stored event per
+// request, engine hash = sequence hash) and streams MaxTokens tokens, one
+// per tick, until cancelled.
+type testEngine struct {
+	tick      time.Duration
+	mu        sync.Mutex
+	sink      engine.EventSink
+	cancelled atomic.Int64
+	running   atomic.Int64
+	wg        sync.WaitGroup
+	closed    atomic.Bool
+}
+
+func (e *testEngine) Config() engine.Config {
+	return engine.Config{Model: "m", Role: engine.RoleAggregated, BlockSize: 4, Blocks: 100, MaxBatchedTokens: 64, Digest: "test"}
+}
+
+func (e *testEngine) SetEventSink(s engine.EventSink) { e.mu.Lock(); e.sink = s; e.mu.Unlock() }
+
+func (e *testEngine) Stats() engine.Stats {
+	return engine.Stats{Running: int(e.running.Load()), TotalBlocks: 100}
+}
+
+func (e *testEngine) Close() error { e.closed.Store(true); e.wg.Wait(); return nil }
+
+func (e *testEngine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
+	if e.closed.Load() {
+		return nil, engine.ErrClosed
+	}
+	local, seq := kv.NewHasher(4, req.LoRA, req.CacheSalt).Blocks(req.Tokens)
+	if len(local) > 0 {
+		blocks := make([]kv.StoredBlock, len(local))
+		for i := range local {
+			blocks[i] = kv.StoredBlock{EngineHash: seq[i], LocalHash: local[i]}
+		}
+		e.mu.Lock()
+		if e.sink != nil {
+			e.sink([]kv.Event{kv.Stored(kv.WorkerKey{}, kv.TierDevice, nil, blocks)})
+		}
+		e.mu.Unlock()
+	}
+	out := make(chan engine.Chunk)
+	e.running.Add(1)
+	e.wg.Go(func() {
+		defer close(out)
+		defer e.running.Add(-1)
+		t := time.NewTicker(e.tick)
+		defer t.Stop()
+		for i := range req.MaxTokens {
+			c := engine.Chunk{Tokens: []kv.Token{kv.Token(1000 + i)}}
+			if i == req.MaxTokens-1 {
+				c.Finish = engine.FinishLength
+				c.Usage = &engine.Usage{PromptTokens: len(req.Tokens), CompletionTokens: req.MaxTokens}
+			}
+			select {
+			case <-ctx.Done():
+				e.cancelled.Add(1)
+				return
+			case <-t.C:
+			}
+			select {
+			case out <- c:
+			case <-ctx.Done():
+				e.cancelled.Add(1)
+				return
+			}
+		}
+	})
+	return out, nil
+}
+
+func startNATS(t *testing.T) (*runtime.Embedded, *nats.Conn) {
+	t.Helper()
+	e, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Shutdown)
+	nc, err := runtime.Connect(runtime.ConnConfig{URLs: e.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return e, nc
+}
+
+func startWorker(t *testing.T, nc *nats.Conn, eng engine.Engine) (*Worker, api.WorkerClient) {
+	t.Helper()
+	w, err := New(Config{Discovery: runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}, LoadInterval: 50 * time.Millisecond}, eng, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	clients := runtime.NewWorkerClients()
+	t.Cleanup(clients.Close)
+	c, err := clients.Get(w.Instance())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, c
+}
+
+func prompt(base, n int) []uint32 {
+	p := make([]uint32, n)
+	for i := range p {
+		p[i] = uint32(base + i)
+	}
+	return p
+}
+
+func TestGenerateAndCancel(t *testing.T) {
+	_, nc := startNATS(t)
+	eng := &testEngine{tick: time.Millisecond}
+	_, c := startWorker(t, nc, eng)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	st, err := c.Generate(ctx, &api.GenerateRequest{RequestId: "r1", Tokens: prompt(1, 10), MaxTokens: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var toks []uint32
+	var last *api.GenerateChunk
+	for {
+		ch, err := st.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks = append(toks, ch.Tokens...)
+		last = ch
+	}
+	if !reflect.DeepEqual(toks, []uint32{1000, 1001, 1002, 1003, 1004}) || last.FinishReason != "length" ||
+		last.Usage.GetPromptTokens() != 10 || last.Usage.GetCompletionTokens() != 5 {
+		t.Fatalf("tokens %v, last chunk %v", toks, last)
+	}
+
+	// Cancelling the call stops the engine's work.
+	eng.tick = 20 * time.Millisecond
+	cctx, ccancel := context.WithCancel(ctx)
+	st, err = c.Generate(cctx, &api.GenerateRequest{RequestId: "r2", Tokens: prompt(1, 10), MaxTokens: 100000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	ccancel()
+	deadline := time.Now().Add(5 * time.Second)
+	for eng.cancelled.Load() != 1 || eng.running.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("engine not cancelled: cancelled %d running %d", eng.cancelled.Load(), eng.running.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	// Bad requests are refused with precise codes.
+	for _, req := range []*api.GenerateRequest{{MaxTokens: 1}, {Tokens: []uint32{1}}, {Tokens: []uint32{1}, MaxTokens: 1, DpRank: 3}} {
+		st, err := c.Generate(ctx, req)
+		if err == nil {
+			_, err = st.Recv()
+		}
+		if status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("request %v: %v, want InvalidArgument", req, err)
+		}
+	}
+	h, err := c.Health(ctx, &api.HealthRequest{})
+	if err != nil || !h.Ok || h.Model != "m" {
+		t.Fatalf("health %v %v", h, err)
+	}
+}
+
+func TestEventsPlaneAndRepairAnswers(t *testing.T) {
+	_, nc := startNATS(t)
+	eng := &testEngine{tick: time.Microsecond}
+	w, c := startWorker(t, nc, eng)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	msgs := make(chan *nats.Msg, 100)
+	sub, err := nc.ChanSubscribe(w.EventSubject(), msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	nc.Flush()
+
+	const n = 20
+	for i := range n {
+		st, err := c.Generate(ctx, &api.GenerateRequest{Tokens: prompt(i*100, 8+i%3*4), MaxTokens: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			if _, err := st.Recv(); err != nil {
+				if err != io.EOF {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+	}
+	// Every event arrives on NATS, ids 1..n in order, stamped with the
+	// instance id.
+	wk := kv.WorkerKey{Instance: w.InstanceID()}
+	seen := ref.New()
+	for want := uint64(1); want <= n; {
+		select {
+		case m := <-msgs:
+			var b api.KvEventBatch
+			if err := proto.Unmarshal(m.Data, &b); err != nil {
+				t.Fatal(err)
+			}
+			evs, err := api.EventsFromProto(b.Events)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range evs {
+				if e.ID != want || e.Worker != wk {
+					t.Fatalf("event id %d worker %v, want %d %v", e.ID, e.Worker, want, wk)
+				}
+				seen.Apply(e)
+				want++
+			}
+		case <-ctx.Done():
+			t.Fatal("events did not arrive")
+		}
+	}
+
+	r, err := c.Events(ctx, &api.EventsRequest{Worker: api.KeyToProto(wk), FromId: 3, ToId: 7})
+	if err != nil || len(r.Events) != 5 || r.Events[0].Id != 3 || r.TooOld || r.LastId != n {
+		t.Fatalf("events answer %v %v", r, err)
+	}
+	if r, err := c.Events(ctx, &api.EventsRequest{Worker: api.KeyToProto(wk), FromId: n, ToId: n + 5}); err != nil || !r.TooNew || len(r.Events) != 1 {
+		t.Fatalf("events past the end %v %v", r, err)
+	}
+	if _, err := c.Events(ctx, &api.EventsRequest{Worker: &api.WorkerKey{Instance: 1}, FromId: 1, ToId: 1}); status.Code(err) != codes.NotFound {
+		t.Fatalf("events of another instance: %v", err)
+	}
+	d, err := c.Dump(ctx, &api.DumpRequest{Worker: api.KeyToProto(wk)})
+	if err != nil || d.LastId != n {
+		t.Fatalf("dump %v %v", d, err)
+	}
+	evs, err := api.EventsFromProto(d.Events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rebuilt := ref.New()
+	for _, e := range evs {
+		rebuilt.Apply(e)
+	}
+	if got, want := rebuilt.Holdings(wk), seen.Holdings(wk); !reflect.DeepEqual(got, want) || len(want) == 0 {
+		t.Fatalf("dump rebuilds %d holdings, events give %d", len(got), len(want))
+	}
+}
+
+func TestDiscoveryAndLoad(t *testing.T) {
+	_, nc := startNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	d, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var evs []runtime.DiscoveryEvent
+	wt, err := d.Watch(ctx, "m", func(ev runtime.DiscoveryEvent) { mu.Lock(); evs = append(evs, ev); mu.Unlock() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wt.Close()
+	loads := make(chan runtime.LoadReport, 16)
+	sub, err := runtime.SubscribeLoad(nc, "m", func(r runtime.LoadReport) {
+		select {
+		case loads <- r:
+		default:
+		}
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+
+	w, err := New(Config{Discovery: runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}, LoadInterval: 20 * time.Millisecond}, &testEngine{tick: time.Millisecond}, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "worker discovered", func() bool {
+		ins := wt.Instances()
+		return len(ins) == 1 && ins[0].ID == w.InstanceID() && ins[0].GRPCAddr == w.Addr() && ins[0].BlockSize == 4
+	})
+	select {
+	case r := <-loads:
+		if r.Instance != w.InstanceID() || r.TotalBlocks != 100 {
+			t.Fatalf("load report %+v", r)
+		}
+	case <-ctx.Done():
+		t.Fatal("no load report")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "worker removed on close", func() bool { return len(wt.Instances()) == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(evs) != 2 || evs[0].Kind != runtime.InstanceAdded || evs[1].Kind != runtime.InstanceRemoved {
+		t.Fatalf("discovery events %+v", evs)
+	}
+}
+
+// The real simulated engine behind the worker API.
+func TestWorkerWithSim(t *testing.T) {
+	_, nc := startNATS(t)
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.BlockSize, cfg.Blocks, cfg.SpeedupRatio = "m", 4, 256, 0
+	eng, err := sim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, c := startWorker(t, nc, eng)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var usage *api.Usage
+	for range 2 {
+		st, err := c.Generate(ctx, &api.GenerateRequest{Tokens: prompt(7, 33), MaxTokens: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for {
+			ch, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += len(ch.Tokens)
+			if ch.Usage != nil {
+				usage = ch.Usage
+			}
+		}
+		if n != 4 {
+			t.Fatalf("%d tokens, want 4", n)
+		}
+	}
+	if usage.GetCachedTokens() == 0 {
+		t.Fatalf("second identical prompt had no cache hit: %v", usage)
+	}
+	if w.EventLog().LastID(0) == 0 {
+		t.Fatal("sim produced no KV events")
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
