@@ -142,12 +142,17 @@ func validHostname(h string) bool {
 	return true
 }
 
-// quote renders a string for an error message, truncated so a hostile
-// multi-megabyte value cannot blow up logs.
+// quote renders a string for an error message, truncated (on the quoted
+// length, since escapes expand) so a hostile value cannot blow up logs.
 func quote(s string) string {
-	const max = 64
-	if len(s) > max {
-		return strconv.Quote(s[:max]) + "…"
+	const max = 72
+	q := strconv.Quote(s)
+	if len(q) <= max {
+		return q
 	}
-	return strconv.Quote(s)
+	n := min(len(s), max)
+	for n > 0 && len(strconv.Quote(s[:n])) > max {
+		n--
+	}
+	return strconv.Quote(s[:n]) + "…"
 }

@@ -233,16 +233,25 @@ func Parse(data []byte) (*Envelope, error) {
 	return env, err
 }
 
-func parse(data []byte) (*Envelope, error) {
+// invalidJSON explains why data is not exactly one JSON value.
+func invalidJSON(data []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
 	var raw json.RawMessage
 	if err := dec.Decode(&raw); err != nil {
-		return nil, &Error{"envelope", "invalid JSON: " + jsonErrText(err)}
+		return &Error{"envelope", "invalid JSON: " + jsonErrText(err)}
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, &Error{"envelope", "unexpected data after the JSON value"}
+		return &Error{"envelope", "unexpected data after the JSON value"}
 	}
+	return &Error{"envelope", "invalid JSON"}
+}
+
+func parse(data []byte) (*Envelope, error) {
+	// One validating pass; everything below splits trusted JSON.
+	if !json.Valid(data) {
+		return nil, invalidJSON(data)
+	}
+	raw := bytes.TrimSpace(data)
 	top, err := object("envelope", raw)
 	if err != nil {
 		return nil, err
@@ -266,8 +275,8 @@ func parse(data []byte) (*Envelope, error) {
 	if k := kind(actsRaw); k != "list" {
 		return nil, &Error{"actions", "must be a list, got " + k}
 	}
-	var acts []json.RawMessage
-	if err := json.Unmarshal(actsRaw, &acts); err != nil {
+	acts, err := splitList(actsRaw)
+	if err != nil {
 		return nil, &Error{"actions", "invalid: " + jsonErrText(err)}
 	}
 	env := &Envelope{ProtocolVersion: pv, MessageID: mid, Actions: make([]Action, 0, len(acts))}
@@ -357,23 +366,19 @@ func parseFetch(path string, raw json.RawMessage) (*Fetch, error) {
 	if k := kind(hr); k != "list" {
 		return nil, &Error{hp, "must be a list of integers, got " + k}
 	}
-	var elems []json.RawMessage
-	if err := json.Unmarshal(hr, &elems); err != nil {
-		return nil, &Error{hp, "invalid: " + jsonErrText(err)}
+	hashes, bad := scanUints(hr)
+	if bad >= 0 {
+		// Slow path, only to name the offending element precisely.
+		var elems []json.RawMessage
+		if err := json.Unmarshal(hr, &elems); err != nil {
+			return nil, &Error{hp, "invalid: " + jsonErrText(err)}
+		}
+		return nil, &Error{fmt.Sprintf("%s[%d]", hp, bad), "must be an integer in [0, 2^64), got " + show(elems[bad])}
 	}
-	if len(elems) == 0 {
+	if len(hashes) == 0 {
 		return nil, &Error{hp, "must not be empty"}
 	}
-	f.BlockHashes = make([]uint64, len(elems))
-	for i, e := range elems {
-		// ParseUint accepts only plain digits, so bools, strings, negatives,
-		// fractions (1.0), exponents (1e3) and values >= 2^64 all fail here.
-		v, err := strconv.ParseUint(string(e), 10, 64)
-		if err != nil {
-			return nil, &Error{fmt.Sprintf("%s[%d]", hp, i), "must be an integer in [0, 2^64), got " + show(e)}
-		}
-		f.BlockHashes[i] = v
-	}
+	f.BlockHashes = hashes
 	if mr, ok := m["mode"]; ok {
 		var mode string
 		if kind(mr) != "string" || json.Unmarshal(mr, &mode) != nil || (mode != ModeCopy && mode != ModeMove) {
@@ -393,6 +398,50 @@ func parseFetch(path string, raw json.RawMessage) (*Fetch, error) {
 	return f, nil
 }
 
+// scanUints parses a JSON list (already validated by the decoder) whose
+// elements must all be plain unsigned integers < 2^64. It returns the values,
+// or the index of the first element that is not one (bools, strings,
+// negatives, fractions such as 1.0, exponents such as 1e3, values >= 2^64,
+// nested values all fail, since ParseUint accepts only digits).
+func scanUints(list []byte) ([]uint64, int) {
+	i := skipSpace(list, 0) + 1 // past '['
+	i = skipSpace(list, i)
+	if i < len(list) && list[i] == ']' {
+		return nil, -1
+	}
+	out := make([]uint64, 0, len(list)/8)
+	for idx := 0; ; idx++ {
+		j := i
+		for j < len(list) && list[j] >= '0' && list[j] <= '9' {
+			j++
+		}
+		v, err := strconv.ParseUint(string(list[i:j]), 10, 64)
+		if err != nil {
+			return nil, idx
+		}
+		out = append(out, v)
+		j = skipSpace(list, j)
+		if j >= len(list) {
+			return nil, idx
+		}
+		switch list[j] {
+		case ',':
+			i = skipSpace(list, j+1)
+		case ']':
+			return out, -1
+		default: // e.g. "1.5": digits followed by more of the same element
+			return nil, idx
+		}
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
 // object decodes raw as a JSON object, keeping values raw. Keys match
 // exactly (no case folding, unlike struct decoding); a repeated key keeps
 // its last value.
@@ -400,8 +449,8 @@ func object(path string, raw json.RawMessage) (map[string]json.RawMessage, error
 	if k := kind(raw); k != "object" {
 		return nil, &Error{path, "must be an object, got " + k}
 	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
+	m, err := splitObject(raw)
+	if err != nil {
 		return nil, &Error{path, "invalid object: " + jsonErrText(err)}
 	}
 	return m, nil
@@ -449,9 +498,9 @@ func show(raw []byte) string {
 	const max = 40
 	s := string(bytes.TrimSpace(raw))
 	if len(s) > max {
-		return s[:max] + "…"
+		s = s[:max] + "…"
 	}
-	return s
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 // clip bounds attacker-chosen strings before they reach logs.

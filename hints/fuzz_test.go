@@ -19,6 +19,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(`{"protocol_version":"0.2","message_id":"m","actions":[]}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
+		checkSplitters(t, data)
 		env, err := Parse(data)
 		if err != nil {
 			if env != nil {
@@ -57,4 +58,45 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// checkSplitters compares the trusted splitters with encoding/json on any
+// valid JSON object or list.
+func checkSplitters(t *testing.T, data []byte) {
+	if !json.Valid(data) {
+		return
+	}
+	switch kind(data) {
+	case "object":
+		want := map[string]json.RawMessage{}
+		if err := json.Unmarshal(data, &want); err != nil {
+			return
+		}
+		got, err := splitObject(data)
+		if err != nil || !reflect.DeepEqual(normRaw(got), normRaw(want)) {
+			t.Fatalf("splitObject(%q) = %q, %v; want %q", data, got, err, want)
+		}
+	case "list":
+		var want []json.RawMessage
+		if err := json.Unmarshal(data, &want); err != nil {
+			return
+		}
+		got, err := splitList(data)
+		if err != nil || len(got) != len(want) {
+			t.Fatalf("splitList(%q) = %q, %v; want %q", data, got, err, want)
+		}
+		for i := range got {
+			if !bytes.Equal(got[i], want[i]) {
+				t.Fatalf("splitList(%q)[%d] = %q; want %q", data, i, got[i], want[i])
+			}
+		}
+	}
+}
+
+func normRaw(m map[string]json.RawMessage) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = string(v)
+	}
+	return out
 }
