@@ -251,7 +251,8 @@ func parse(data []byte) (*Envelope, error) {
 	if !json.Valid(data) {
 		return nil, invalidJSON(data)
 	}
-	raw := bytes.TrimSpace(data)
+	// Copy: opaque actions keep raw slices, and the caller may reuse data.
+	raw := bytes.Clone(bytes.TrimSpace(data))
 	top, err := object("envelope", raw)
 	if err != nil {
 		return nil, err
@@ -280,63 +281,88 @@ func parse(data []byte) (*Envelope, error) {
 		return nil, &Error{"actions", "invalid: " + jsonErrText(err)}
 	}
 	env := &Envelope{ProtocolVersion: pv, MessageID: mid, Actions: make([]Action, 0, len(acts))}
+	var skippedActs []Action
+	legacy := 0
 	for i, ar := range acts {
-		a, keep, err := parseAction(fmt.Sprintf("actions[%d]", i), ar)
+		a, disp, err := parseAction(fmt.Sprintf("actions[%d]", i), ar)
 		if err != nil {
 			return nil, err
 		}
-		if keep {
+		switch disp {
+		case skipped, skippedDropped:
+			skippedActs = append(skippedActs, a)
+		case legacyConverted:
+			legacy++
+		}
+		if disp != skippedDropped {
 			env.Actions = append(env.Actions, a)
 		}
 	}
+	// Count only once the whole envelope is accepted.
+	for _, a := range skippedActs {
+		stats.skippedActions.Add(1)
+		warnOnce("action:"+a.Type+"@"+clip(a.Version), "KV hint action_version not supported; action skipped",
+			"action_type", a.Type, "supported", FetchVersion, "received", clip(a.Version))
+	}
+	stats.legacyConverted.Add(uint64(legacy))
 	return env, nil
 }
 
-func parseAction(path string, raw json.RawMessage) (Action, bool, error) {
+// disposition says what parseAction did with an action.
+type disposition int
+
+const (
+	kept            disposition = iota // interpreted, or opaque
+	legacyConverted                    // kv.source_locations turned into kv.fetch
+	skipped                            // kv.fetch of an unknown version: carried opaquely
+	skippedDropped                     // legacy name of an unknown version: dropped
+)
+
+func parseAction(path string, raw json.RawMessage) (Action, disposition, error) {
 	m, err := object(path, raw)
 	if err != nil {
-		return Action{}, false, err
+		return Action{}, kept, err
 	}
 	var a Action
 	if a.ID, err = stringField(m, path+".", "action_id"); err != nil {
-		return a, false, err
+		return a, kept, err
 	}
 	if a.Type, err = stringField(m, path+".", "action_type"); err != nil {
-		return a, false, err
+		return a, kept, err
 	}
 	if a.Type == "" {
-		return a, false, &Error{path + ".action_type", "must not be empty"}
+		return a, kept, &Error{path + ".action_type", "must not be empty"}
 	}
 	if a.Version, err = stringField(m, path+".", "action_version"); err != nil {
-		return a, false, err
+		return a, kept, err
 	}
 	p, ok := m["payload"]
 	if !ok {
-		return a, false, &Error{path + ".payload", "missing"}
+		return a, kept, &Error{path + ".payload", "missing"}
 	}
 	if k := kind(p); k != "object" {
-		return a, false, &Error{path + ".payload", "must be an object, got " + k}
+		return a, kept, &Error{path + ".payload", "must be an object, got " + k}
 	}
 	a.Payload, a.Raw = p, raw
 
 	if a.Type != ActionFetch && a.Type != ActionSourceLocations {
-		return a, true, nil // opaque: round-trips as received
+		return a, kept, nil // opaque: round-trips as received
 	}
 	if a.Version != FetchVersion {
-		stats.skippedActions.Add(1)
-		warnOnce("action:"+a.Type+"@"+clip(a.Version), "KV hint action_version not supported; action skipped",
-			"action_type", a.Type, "supported", FetchVersion, "received", clip(a.Version))
 		// An unknown kv.fetch version travels on opaquely; a legacy name is never emitted.
-		return a, a.Type == ActionFetch, nil
+		if a.Type == ActionFetch {
+			return a, skipped, nil
+		}
+		return a, skippedDropped, nil
 	}
 	f, err := parseFetch(path+".payload", p)
 	if err != nil {
-		return a, false, err
+		return a, kept, err
 	}
 	if a.Type == ActionSourceLocations {
-		stats.legacyConverted.Add(1)
+		return newFetchAction(a.ID, f), legacyConverted, nil
 	}
-	return newFetchAction(a.ID, f), true, nil
+	return newFetchAction(a.ID, f), kept, nil
 }
 
 func parseFetch(path string, raw json.RawMessage) (*Fetch, error) {

@@ -9,6 +9,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // withPayload wraps a kv.fetch payload into an otherwise valid envelope.
@@ -367,5 +369,70 @@ func TestHandBuiltAction(t *testing.T) {
 	}
 	if _, err := Parse(env.Marshal()); err != nil {
 		t.Error(err)
+	}
+}
+
+func TestCountersOnlyForAcceptedEnvelopes(t *testing.T) {
+	before := Stats()
+	// A skippable action and a legacy one, then a malformed action: the
+	// envelope is rejected, so only Malformed moves.
+	in := withAction(`{"action_id":"a","action_type":"kv.fetch","action_version":"3.0","payload":{}},` +
+		`{"action_id":"b","action_type":"kv.source_locations","action_version":"1.0","payload":{"block_hashes":[1]}},` +
+		`{"action_id":"c"}`)
+	if _, err := Parse([]byte(in)); err == nil {
+		t.Fatal("accepted")
+	}
+	after := Stats()
+	want := before
+	want.Malformed++
+	if after != want {
+		t.Errorf("counters %+v, want %+v", after, want)
+	}
+}
+
+func TestParseDoesNotAliasInput(t *testing.T) {
+	in := []byte(withAction(`{"action_id":"x","action_type":"y.z","action_version":"1","payload":{"k":"AAAA"}}`))
+	env, err := Parse(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := string(env.Marshal())
+	for i := range in {
+		in[i] = ' '
+	}
+	if got := string(env.Marshal()); got != want {
+		t.Errorf("envelope changed with the caller's buffer: %s", got)
+	}
+}
+
+func TestParseConcurrent(t *testing.T) {
+	// Counters and the warn-once set are shared; run under -race.
+	defer goleak.VerifyNone(t)
+	inputs := [][]byte{
+		[]byte(withPayload(`{"block_hashes":[1]}`)),
+		[]byte(`{"protocol_version":"0.7-concurrent","message_id":"","actions":[]}`),
+		[]byte(withAction(`{"action_id":"a","action_type":"kv.fetch","action_version":"1.1","payload":{}}`)),
+		[]byte(`[]`),
+	}
+	before := Stats()
+	done := make(chan struct{})
+	const workers, rounds = 4, 50
+	for w := range workers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for r := range rounds {
+				_, _ = Parse(inputs[(w+r)%len(inputs)])
+				_ = Stats()
+			}
+		}()
+	}
+	for range workers {
+		<-done
+	}
+	after := Stats()
+	per := uint64(workers * rounds / len(inputs))
+	if after.IgnoredVersion-before.IgnoredVersion != per || after.SkippedActions-before.SkippedActions != per ||
+		after.Malformed-before.Malformed != per {
+		t.Errorf("counters before %+v after %+v, want +%d each", before, after, per)
 	}
 }
