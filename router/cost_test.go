@@ -37,11 +37,8 @@ func TestCostModelTable(t *testing.T) {
 		{"request fully active", def, [4]uint32{4, 4, 4, 4}, 16, seq, 0, 1 + 4},
 	} {
 		l := &load{private: tc.private, prefillTokens: tc.prefill}
-		if len(tc.active) > 0 {
-			l.refs = map[kv.SeqHash]int32{}
-			for _, h := range tc.active {
-				l.refs[h] = 1
-			}
+		for _, h := range tc.active {
+			l.refs.inc(h)
 		}
 		got := tc.model.cost(tc.depth, l, seq, 64, 16)
 		if math.Abs(got-tc.want) > 1e-9 {
@@ -53,9 +50,10 @@ func TestCostModelTable(t *testing.T) {
 func TestActivePrefixBinarySearch(t *testing.T) {
 	seq := []kv.SeqHash{10, 11, 12, 13, 14, 15, 16}
 	for n := 0; n <= len(seq); n++ {
-		l := &load{refs: map[kv.SeqHash]int32{999: 1}}
+		l := &load{}
+		l.refs.inc(999)
 		for _, h := range seq[:n] {
-			l.refs[h] = 1
+			l.refs.inc(h)
 		}
 		if got := l.activePrefix(seq); got != n {
 			t.Errorf("prefix %d: got %d", n, got)

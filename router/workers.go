@@ -50,9 +50,9 @@ type worker struct {
 // Router.loads) when the worker is removed, so late frees are harmless.
 type load struct {
 	key           kv.WorkerKey
-	prefillTokens int64                // tokens still to prefill, over active requests
-	refs          map[kv.SeqHash]int32 // active prompt blocks, refcounted across requests
-	private       int64                // blocks no other request can share (partial tails)
+	prefillTokens int64    // tokens still to prefill, over active requests
+	refs          blockSet // active prompt blocks, refcounted across requests
+	private       int64    // blocks no other request can share (partial tails)
 	requests      int64
 	registered    bool
 
@@ -62,20 +62,20 @@ type load struct {
 	hasRep                                    bool
 }
 
-func (l *load) uniqueBlocks() int64 { return int64(len(l.refs)) + l.private }
+func (l *load) uniqueBlocks() int64 { return int64(l.refs.len()) + l.private }
 
 // activePrefix is how many leading blocks of seq are already active on l.
 // Active sets are unions of whole request prefixes, and a sequence hash
 // names its entire prefix, so membership is monotone along seq and a binary
 // search is exact.
 func (l *load) activePrefix(seq []kv.SeqHash) int {
-	if len(l.refs) == 0 || len(seq) == 0 {
+	if l.refs.len() == 0 || len(seq) == 0 {
 		return 0
 	}
 	lo, hi := 0, len(seq) // invariant: seq[:lo] active, seq[hi:] not
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
-		if _, ok := l.refs[seq[m]]; ok {
+		if l.refs.has(seq[m]) {
 			lo = m + 1
 		} else {
 			hi = m
@@ -88,11 +88,8 @@ func (l *load) add(a *active) {
 	l.prefillTokens += a.prefill
 	l.private += a.private
 	l.requests++
-	if l.refs == nil && len(a.seq) > 0 {
-		l.refs = make(map[kv.SeqHash]int32, len(a.seq))
-	}
 	for _, h := range a.seq {
-		l.refs[h]++
+		l.refs.inc(h)
 	}
 }
 
@@ -107,11 +104,7 @@ func (l *load) free(a *active) {
 	l.private -= a.private
 	l.requests--
 	for _, h := range a.seq {
-		if n := l.refs[h]; n <= 1 {
-			delete(l.refs, h)
-		} else {
-			l.refs[h] = n - 1
-		}
+		l.refs.dec(h)
 	}
 }
 
