@@ -24,6 +24,16 @@
 // parse and serve the request without it.
 //
 // Lowering (Lower, PrefillLeg, DecodeLeg, InstallConnectorParams) places an
-// envelope into each engine's request body without mutating the caller's maps.
-// The package does no I/O.
+// envelope into an engine's request body (map[string]any; the hint goes in as
+// json.RawMessage so u64 hashes stay exact) without mutating the caller's maps:
+//
+//	vllm         body.kv_hints = envelope                  (vLLM native surface)
+//	vllm-bridge  body.kv_transfer_params.kv_hint = envelope (older merged path)
+//	sglang       body.kv_hints = envelope, fetch payloads with explicit "mode":"copy"
+//	trtllm       body.kv_hints = envelope                  (RFC: GenerationRequest.kv_hints)
+//
+// Prefill/decode: the prefill (or aggregated) leg carries the hint; a decode
+// leg consuming prefill-produced handoff parameters never replays it, and
+// installing connector parameters replaces kv_transfer_params wholesale with
+// any kv_hint inside stripped. The package does no I/O.
 package hints
