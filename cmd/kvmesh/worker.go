@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/worker"
+)
+
+type workerFlags struct {
+	engine, model, role                        string
+	nats, natsCreds, natsCA, natsCert, natsKey string
+	listen, advertise, instanceID              string
+	controlEndpoints                           []string
+	discoveryTTL, loadInterval                 time.Duration
+	ringSize, dpSize                           int
+	logLevel                                   string
+	sim                                        sim.Config
+}
+
+func newWorkerCmd() *cobra.Command {
+	wf := &workerFlags{sim: sim.DefaultConfig()}
+	cmd := &cobra.Command{
+		Use:   "worker",
+		Short: "Run one engine as a kvmesh worker (gRPC worker API, discovery, KV events on NATS)",
+		Long: `worker starts one engine, serves the worker API over gRPC, registers the instance
+in the NATS discovery bucket (refreshed well within its TTL), publishes the engine's
+KV events and load on NATS, and answers routers' gap-repair queries. SIGINT or
+SIGTERM deregisters and stops it. Every flag has a KVMESH_* environment variable.
+
+On startup it prints one line to stdout:
+  kvmesh worker ready instance=<hex id> grpc=<host:port> model=<name>`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := workerApplyEnv(cmd.Flags()); err != nil {
+				return err
+			}
+			return runWorker(cmd, wf)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&wf.engine, "engine", "sim", "engine to drive: sim")
+	f.StringVar(&wf.model, "model", "kvmesh-sim", "model name served and registered")
+	f.StringVar(&wf.role, "role", "aggregated", "aggregated, prefill or decode")
+	f.StringVar(&wf.nats, "nats", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	f.StringVar(&wf.natsCreds, "nats-creds", "", "NATS credentials file")
+	f.StringVar(&wf.natsCA, "nats-ca", "", "CA certificate to trust for NATS TLS")
+	f.StringVar(&wf.natsCert, "nats-cert", "", "client certificate for NATS TLS")
+	f.StringVar(&wf.natsKey, "nats-key", "", "client key for NATS TLS")
+	f.StringVar(&wf.listen, "listen", "127.0.0.1:0", "gRPC listen address")
+	f.StringVar(&wf.advertise, "advertise", "", "gRPC address to register (default: the bound listen address)")
+	f.StringVar(&wf.instanceID, "instance-id", "", "instance id in hex (default: random)")
+	f.StringSliceVar(&wf.controlEndpoints, "control-endpoints", nil, "peer KV transfer endpoints tcp://host:port, one per DP rank")
+	f.DurationVar(&wf.discoveryTTL, "discovery-ttl", runtime.MaxTTL, "discovery record TTL (1s..10s; set by the first process to create the bucket)")
+	f.DurationVar(&wf.loadInterval, "load-interval", time.Second, "how often load is published")
+	f.IntVar(&wf.ringSize, "event-ring", runtime.DefaultRingSize, "recent KV events kept per DP rank for gap repair")
+	f.IntVar(&wf.dpSize, "dp-size", 1, "data-parallel ranks the engine serves")
+	f.StringVar(&wf.logLevel, "log-level", "info", "debug, info, warn or error")
+	// Simulated engine.
+	s := &wf.sim
+	f.IntVar(&s.BlockSize, "block-size", s.BlockSize, "sim: tokens per KV block")
+	f.IntVar(&s.Blocks, "blocks", s.Blocks, "sim: device KV capacity in blocks")
+	f.IntVar(&s.MaxBatchedTokens, "max-batched-tokens", s.MaxBatchedTokens, "sim: token budget per scheduler step")
+	f.IntVar(&s.MaxSeqs, "max-seqs", s.MaxSeqs, "sim: running sequences per step")
+	f.Float64Var(&s.Watermark, "watermark", s.Watermark, "sim: fraction of blocks kept free when admitting")
+	f.Float64Var(&s.SpeedupRatio, "speedup-ratio", s.SpeedupRatio, "sim: divide modelled time by this (0: no waiting)")
+	f.Float64Var(&s.DecodeSpeedupRatio, "decode-speedup-ratio", s.DecodeSpeedupRatio, "sim: extra divisor for decode time")
+	f.IntVar(&s.Layers, "layers", s.Layers, "sim: payload layers per block")
+	f.IntVar(&s.PayloadSize, "payload-size", s.PayloadSize, "sim: payload bytes per block and layer")
+	f.VisitAll(func(fl *pflag.Flag) { fl.Usage += " [" + workerEnvName(fl.Name) + "]" })
+	return cmd
+}
+
+// workerEnvName maps a flag to its environment variable: --max-seqs is
+// KVMESH_MAX_SEQS.
+func workerEnvName(flag string) string {
+	return "KVMESH_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// workerApplyEnv sets every flag not given on the command line from its
+// KVMESH_* variable, if set.
+func workerApplyEnv(fs *pflag.FlagSet) error {
+	var err error
+	fs.VisitAll(func(fl *pflag.Flag) {
+		if err != nil || fl.Changed {
+			return
+		}
+		name := workerEnvName(fl.Name)
+		if v, ok := os.LookupEnv(name); ok {
+			if e := fs.Set(fl.Name, v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", name, v, e)
+			}
+		}
+	})
+	return err
+}
+
+func workerLogger(level string, w *os.File) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+func runWorker(cmd *cobra.Command, wf *workerFlags) error {
+	log, err := workerLogger(wf.logLevel, os.Stderr)
+	if err != nil {
+		return err
+	}
+	role := engine.Role(wf.role)
+	if !role.Valid() {
+		return fmt.Errorf("--role %q: want aggregated, prefill or decode", wf.role)
+	}
+	var id uint64
+	if wf.instanceID != "" {
+		id, err = strconv.ParseUint(strings.TrimPrefix(wf.instanceID, "0x"), 16, 64)
+		if err != nil || id == 0 {
+			return fmt.Errorf("--instance-id %q: want a non-zero hex number", wf.instanceID)
+		}
+	}
+	var eng engine.Engine
+	switch wf.engine {
+	case "sim":
+		cfg := wf.sim
+		cfg.Model, cfg.Role = wf.model, role
+		s, err := sim.New(cfg)
+		if err != nil {
+			return fmt.Errorf("sim engine: %w", err)
+		}
+		eng = s
+	default:
+		return fmt.Errorf("--engine %q: only sim is available", wf.engine)
+	}
+
+	nc, err := runtime.Connect(runtime.ConnConfig{URLs: wf.nats, Name: "kvmesh-worker " + wf.model,
+		CredsFile: wf.natsCreds, CAFile: wf.natsCA, CertFile: wf.natsCert, KeyFile: wf.natsKey, Logger: log})
+	if err != nil {
+		eng.Close()
+		return err
+	}
+	defer nc.Close()
+
+	w, err := worker.New(worker.Config{
+		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
+		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, ControlEndpoints: wf.controlEndpoints,
+		Discovery: runtime.DiscoveryConfig{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
+	}, eng, nc)
+	if err != nil {
+		eng.Close()
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = w.Start(sctx)
+	cancel()
+	if err != nil {
+		w.Close()
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh worker ready instance=%s grpc=%s model=%s\n", runtime.InstanceToken(w.InstanceID()), w.Addr(), wf.model)
+	<-ctx.Done()
+	log.Info("shutting down")
+	if err := w.Close(); err != nil {
+		return err
+	}
+	return nc.Drain()
+}
+
+func init() { rootCmd.AddCommand(newWorkerCmd()) }
