@@ -1,6 +1,10 @@
 package router
 
-import "github.com/kvmesh/kvmesh/kv"
+import (
+	"time"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
 
 // Decision is one routing decision and the handle on the load it booked.
 // FirstToken and Done are idempotent and safe to call from any goroutine.
@@ -24,9 +28,17 @@ type Decision struct {
 	// Hint, when non-nil, names a peer holding a longer prefix than the
 	// chosen worker (Config.Hints).
 	Hint *HintPlan
+	// Timing is the wall time this decision took, by stage.
+	Timing Timing
 
 	r *Router
 	a *active
+}
+
+// Timing is a decision's overhead by stage: hashing the prompt, asking the
+// index, and scoring + booking (lock, cost model, load, hint plan).
+type Timing struct {
+	Hash, Match, Score, Total time.Duration
 }
 
 // TierBlocks returns the chosen worker's overlap split per tier: blocks of

@@ -1,6 +1,10 @@
 package router
 
-import "github.com/kvmesh/kvmesh/kv"
+import (
+	"slices"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
 
 // HintPlan is the router's KV-hint advice for one decision: fetch the
 // blocks named by SeqHashes (root-aligned: the first len(SeqHashes) blocks
@@ -61,9 +65,10 @@ func makePlan(src WorkerInfo, targetDepth, srcDepth uint32, seq []kv.SeqHash) (H
 	return HintPlan{Source: src.Key, Endpoint: src.ControlEndpoint, SeqHashes: seq[:n:n], TargetBlocks: int(targetDepth)}, true
 }
 
-// planHint is PlanHint over a pool, with the depths Route already merged.
+// planHint is PlanHint over a pool, with the depths Route already merged;
+// excluded workers (ones the request already failed on) are no sources.
 // Called with r.mu held.
-func planHint(p *pool, target int, depth [][kv.NumTiers]uint32, seq []kv.SeqHash) (HintPlan, bool) {
+func planHint(p *pool, target int, depth [][kv.NumTiers]uint32, seq []kv.SeqHash, exclude []kv.WorkerKey) (HintPlan, bool) {
 	t := &p.workers[target].info
 	if !t.HintCapable {
 		return HintPlan{}, false
@@ -71,7 +76,7 @@ func planHint(p *pool, target int, depth [][kv.NumTiers]uint32, seq []kv.SeqHash
 	td := depth[target][kv.NumTiers-1]
 	best, bestDepth := -1, td
 	for i, w := range p.workers {
-		if d := depth[i][kv.NumTiers-1]; d > bestDepth && eligibleSource(*t, &w.info) {
+		if d := depth[i][kv.NumTiers-1]; d > bestDepth && eligibleSource(*t, &w.info) && !slices.Contains(exclude, w.info.Key) {
 			best, bestDepth = i, d
 		}
 	}

@@ -3,7 +3,6 @@ package router
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -78,11 +77,11 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *erro
 	return c
 }
 
-func (m *metrics) observe(t0, t1, t2, t3 time.Time, d *Decision) {
-	m.hash.Observe(t1.Sub(t0).Seconds())
-	m.match.Observe(t2.Sub(t1).Seconds())
-	m.score.Observe(t3.Sub(t2).Seconds())
-	m.total.Observe(t3.Sub(t0).Seconds())
+func (m *metrics) observe(d *Decision) {
+	m.hash.Observe(d.Timing.Hash.Seconds())
+	m.match.Observe(d.Timing.Match.Seconds())
+	m.score.Observe(d.Timing.Score.Seconds())
+	m.total.Observe(d.Timing.Total.Seconds())
 	m.decisions.Inc()
 	m.islTokens.Add(float64(d.ISL))
 	m.cachedTokens.Add(float64(d.CachedTokens))

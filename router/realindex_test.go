@@ -44,6 +44,14 @@ func TestKVModeWithEventIndex(t *testing.T) {
 	if d3.Worker != key(2) || d3.Hint == nil || d3.Hint.Source != key(3) || len(d3.Hint.SeqHashes) != 64 || d3.Hint.TargetBlocks != 32 {
 		t.Fatalf("decision %v hint %+v", d3.Worker, d3.Hint)
 	}
+	// A worker the request already failed on is no source.
+	d4, err := r.Route(context.Background(), Request{Model: "m", Tokens: p, Exclude: []kv.WorkerKey{key(3)}})
+	if err != nil || (d4.Hint != nil && d4.Hint.Source == key(3)) {
+		t.Fatalf("hint from an excluded worker: %v %+v", err, d4.Hint)
+	}
+	if d4.Worker == key(1) && (d4.Hint == nil || d4.Hint.Source != key(2)) {
+		t.Fatalf("cold worker should fetch from worker 2: %+v", d4.Hint)
+	}
 }
 
 func TestKVApproxWithRealIndex(t *testing.T) {

@@ -201,7 +201,7 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	r.active[d.ID] = a
 	d.a = a
 	if r.cfg.Hints && r.cfg.Mode == ModeKV {
-		if plan, ok := planHint(p, chosen, sc.depth, seq); ok {
+		if plan, ok := planHint(p, chosen, sc.depth, seq, req.Exclude); ok {
 			d.Hint = &plan
 		}
 	}
@@ -219,7 +219,8 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 		r.cfg.OnReplicaEvent(ev)
 	}
 	t3 := time.Now()
-	r.met.observe(t0, t1, t2, t3, d)
+	d.Timing = Timing{Hash: t1.Sub(t0), Match: t2.Sub(t1), Score: t3.Sub(t2), Total: t3.Sub(t0)}
+	r.met.observe(d)
 	return d, nil
 }
 

@@ -77,6 +77,7 @@ func runBenchRoute(ctx context.Context, c benchRouteConfig, out io.Writer) error
 
 	open := make([]*router.Decision, 0, c.inFlight+1)
 	lat := make([]time.Duration, 0, c.iterations)
+	var stages [3][]time.Duration // hash, match, score+book
 	var cached, isl, hinted int
 	for i := 0; i < c.warmup+c.iterations; i++ {
 		if i%1024 == 0 && ctx.Err() != nil {
@@ -91,6 +92,9 @@ func runBenchRoute(ctx context.Context, c benchRouteConfig, out io.Writer) error
 		}
 		if i >= c.warmup {
 			lat = append(lat, el)
+			stages[0] = append(stages[0], d.Timing.Hash)
+			stages[1] = append(stages[1], d.Timing.Match)
+			stages[2] = append(stages[2], d.Timing.Score)
 			cached += d.CachedTokens
 			isl += d.ISL
 			if d.Hint != nil {
@@ -108,18 +112,25 @@ func runBenchRoute(ctx context.Context, c benchRouteConfig, out io.Writer) error
 		d.Done()
 	}
 
-	slices.Sort(lat)
-	pct := func(p float64) float64 {
-		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Nanoseconds()) / 1e3
+	pctOf := func(v []time.Duration, p float64) float64 {
+		return float64(v[min(len(v)-1, int(p*float64(len(v))))].Nanoseconds()) / 1e3
 	}
+	for _, s := range stages {
+		slices.Sort(s)
+	}
+	slices.Sort(lat)
+	pct := func(p float64) float64 { return pctOf(lat, p) }
 	var sum time.Duration
 	for _, l := range lat {
 		sum += l
 	}
 	fmt.Fprintf(out, "decisions: %d, predicted hit rate %.1f%%, hinted %.1f%%\n",
 		len(lat), 100*float64(cached)/float64(max(isl, 1)), 100*float64(hinted)/float64(len(lat)))
+	fmt.Fprintf(out, "stages p50/p99: hash %.1f/%.1f µs, match %.1f/%.1f µs, score+book %.1f/%.1f µs\n",
+		pctOf(stages[0], 0.5), pctOf(stages[0], 0.99), pctOf(stages[1], 0.5), pctOf(stages[1], 0.99),
+		pctOf(stages[2], 0.5), pctOf(stages[2], 0.99))
 	if means, err := stageMeans(reg); err == nil {
-		fmt.Fprintf(out, "stages (mean, incl. warmup): hash %.1f µs, match %.1f µs, score+book %.1f µs\n",
+		fmt.Fprintf(out, "router metrics (mean, incl. warmup): hash %.1f µs, match %.1f µs, score+book %.1f µs\n",
 			means["hash"], means["match"], means["score"])
 	}
 	fmt.Fprintf(out, "latency: mean %.1f µs, p90 %.1f µs, p99.9 %.1f µs, max %.1f µs\n",
