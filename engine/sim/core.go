@@ -143,54 +143,82 @@ func (c *Core) Stats() engine.Stats {
 }
 
 // CachedBlocks returns the number of registered (prefix-cached) blocks.
-func (c *Core) CachedBlocks() int { return len(c.pool.byHash) }
+func (c *Core) CachedBlocks() int { return c.pool.byHash.len() }
 
-// validate checks a request against the engine's limits.
-func (c *Core) validate(req *engine.Request) error {
+// validate checks a request with a prompt of plen tokens against the
+// engine's limits.
+func (c *Core) validate(req *engine.Request, plen int) error {
 	switch {
 	case req == nil:
 		return errors.New("sim: nil request")
-	case len(req.Tokens) == 0:
+	case plen <= 0:
 		return fmt.Errorf("sim: request %q has an empty prompt", req.ID)
 	case req.MaxTokens < 1:
 		return fmt.Errorf("sim: request %q: max_tokens %d, want ≥ 1", req.ID, req.MaxTokens)
 	}
-	if need := kv.BlocksNeeded(len(req.Tokens)+req.MaxTokens, c.bs); need > c.cfg.Blocks {
+	if need := kv.BlocksNeeded(plen+req.MaxTokens, c.bs); need > c.cfg.Blocks {
 		return fmt.Errorf("sim: request %q: %d prompt + %d max tokens need %d KV blocks, the engine has %d",
-			req.ID, len(req.Tokens), req.MaxTokens, need, c.cfg.Blocks)
+			req.ID, plen, req.MaxTokens, need, c.cfg.Blocks)
 	}
 	return nil
 }
 
-// newSeq validates and hashes a request; it touches no Core state.
-func (c *Core) newSeq(req *engine.Request, local []kv.LocalHash, now time.Time) (*Seq, error) {
-	if err := c.validate(req); err != nil {
+// Prompt gives a prompt by its block hashes instead of all its tokens, so a
+// trace replay need not materialise them: Len tokens, the local hashes of
+// its Len/BlockSize full blocks (with the request's LoRA/salt seed), and the
+// Len%BlockSize tokens after them. Stored events of its prompt blocks then
+// carry no tokens.
+type Prompt struct {
+	Len   int
+	Local []kv.LocalHash
+	Tail  []kv.Token
+}
+
+// newSeq validates and hashes a request; it touches no Core state. Either
+// tokens is the whole prompt (local optional), or tokens is nil and p
+// describes it.
+func (c *Core) newSeq(req *engine.Request, tokens []kv.Token, local []kv.LocalHash, p Prompt, now time.Time) (*Seq, error) {
+	plen := p.Len
+	if tokens != nil {
+		plen = len(tokens)
+	}
+	if err := c.validate(req, plen); err != nil {
 		return nil, err
 	}
 	seed := kv.Seed(req.LoRA, req.CacheSalt)
-	nfull := kv.NumFullBlocks(len(req.Tokens), c.bs)
-	capBlocks := kv.NumFullBlocks(len(req.Tokens)+req.MaxTokens, c.bs)
-	s := &Seq{req: req, prompt: req.Tokens, seed: seed,
+	nfull := kv.NumFullBlocks(plen, c.bs)
+	capBlocks := kv.NumFullBlocks(plen+req.MaxTokens, c.bs)
+	s := &Seq{req: req, promptLen: plen, prompt: tokens, seed: seed,
 		out:   make([]kv.Token, 0, min(req.MaxTokens, 1024)),
 		local: make([]kv.LocalHash, 0, capBlocks), seqh: make([]kv.SeqHash, 0, capBlocks)}
-	if local != nil {
+	switch {
+	case tokens == nil:
+		if len(p.Local) != nfull || len(p.Tail) != plen-nfull*c.bs {
+			return nil, fmt.Errorf("sim: request %q: prompt of %d tokens given by %d local hashes and %d tail tokens, want %d and %d",
+				req.ID, plen, len(p.Local), len(p.Tail), nfull, plen-nfull*c.bs)
+		}
+		s.local = append(s.local, p.Local...)
+		s.tail = p.Tail
+	case local != nil:
 		if len(local) != nfull {
 			return nil, fmt.Errorf("sim: request %q: %d local hashes for %d full blocks", req.ID, len(local), nfull)
 		}
 		s.local = append(s.local, local...)
-	} else {
-		s.local = kv.LocalHashes(s.local, req.Tokens, c.bs, seed)
+		s.tail = tokens[nfull*c.bs:]
+	default:
+		s.local = kv.LocalHashes(s.local, tokens, c.bs, seed)
+		s.tail = tokens[nfull*c.bs:]
 	}
 	s.seqh = kv.SeqHashes(s.seqh, s.local)
 	s.ctxTail = tailInit
 	if nfull > 0 {
 		s.ctxSeq = s.seqh[nfull-1]
 	}
-	for _, t := range req.Tokens[nfull*c.bs:] {
+	for _, t := range s.tail {
 		s.ctxTail = rollTail(s.ctxTail, t)
 	}
 	s.m.Arrival = now
-	s.m.PromptTokens = len(req.Tokens)
+	s.m.PromptTokens = plen
 	return s, nil
 }
 
@@ -198,19 +226,36 @@ func (c *Core) newSeq(req *engine.Request, local []kv.LocalHash, now time.Time) 
 // the configured Fetcher. The Core keeps req (and req.Tokens) until the
 // request is done; do not modify them.
 func (c *Core) Add(req *engine.Request, now time.Time) (*Seq, error) {
-	return c.AddHashed(req, nil, now)
+	if req == nil {
+		return nil, errors.New("sim: nil request")
+	}
+	return c.add(c.newSeq(req, req.Tokens, nil, Prompt{}, now))
 }
 
 // AddHashed is Add with the prompt's local hashes already computed (one per
 // full block, with the request's LoRA/salt seed), as the router has them.
 func (c *Core) AddHashed(req *engine.Request, local []kv.LocalHash, now time.Time) (*Seq, error) {
-	s, err := c.newSeq(req, local, now)
+	if req == nil {
+		return nil, errors.New("sim: nil request")
+	}
+	return c.add(c.newSeq(req, req.Tokens, local, Prompt{}, now))
+}
+
+// AddPrompt is Add for a prompt given by hashes (req.Tokens is ignored).
+func (c *Core) AddPrompt(req *engine.Request, p Prompt, now time.Time) (*Seq, error) {
+	if req == nil {
+		return nil, errors.New("sim: nil request")
+	}
+	return c.add(c.newSeq(req, nil, nil, p, now))
+}
+
+func (c *Core) add(s *Seq, err error) (*Seq, error) {
 	if err != nil {
 		return nil, err
 	}
 	if c.cfg.Fetcher != nil {
 		if m := c.missing(s); len(m.Seq) > 0 {
-			n, err := fetchInto(context.Background(), c.cfg.Fetcher, req, m, c)
+			n, err := fetchInto(context.Background(), c.cfg.Fetcher, s.req, m, c)
 			c.noteFetch(s, n, err)
 		}
 	}
@@ -450,7 +495,7 @@ func (c *Core) admit(s *Seq, budget int) (int, bool) {
 	if !s.admitted {
 		s.admitted = true
 		s.m.CachedTokens = computed
-		c.counters.PromptTokens += uint64(len(s.prompt))
+		c.counters.PromptTokens += uint64(s.promptLen)
 		c.counters.CachedTokens += uint64(computed)
 	}
 	c.allocN(s, need)
@@ -467,7 +512,7 @@ func (c *Core) register(s *Seq, upto int) {
 	for b := s.nReg; b < full; b++ {
 		h := s.seqh[b]
 		id := s.table[b]
-		if other, ok := c.pool.byHash[h]; ok {
+		if other, ok := c.pool.byHash.get(h); ok {
 			c.pool.acquire(other)
 			c.pool.release(id)
 			s.table[b] = other

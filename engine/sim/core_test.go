@@ -99,7 +99,7 @@ func randomLoad(t *testing.T, seed uint64) {
 			n, rel := c.Pin(l.s.seqh)
 			ids := make([]int32, n)
 			for i := 0; i < n; i++ {
-				ids[i] = c.pool.byHash[l.s.seqh[i]]
+				ids[i], _ = c.pool.byHash.get(l.s.seqh[i])
 				pins[ids[i]]++
 			}
 			releases, pinIDs = append(releases, rel), append(pinIDs, ids)
@@ -401,23 +401,45 @@ func TestAddValidates(t *testing.T) {
 	}
 }
 
-// TestAddHashedEqualsAdd: precomputed hashes give the same behaviour.
+// TestAddHashedEqualsAdd: precomputed hashes, or a prompt given only by its
+// hashes and tail, behave exactly like the tokens.
 func TestAddHashedEqualsAdd(t *testing.T) {
 	cfg := testConfig()
-	a, b := mustCore(t, cfg), mustCore(t, cfg)
+	cores := []*Core{mustCore(t, cfg), mustCore(t, cfg), mustCore(t, cfg)}
+	hs := make([]*holdings, 3)
+	for i, c := range cores {
+		hs[i] = newHoldings(t, cfg.Worker, cfg.BlockSize)
+		c.SetEventSink(hs[i].sink)
+	}
 	prompt := []kv.Token{9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11}
 	rq := req("x", prompt, 9)
-	sa, _ := a.Add(rq, time.Time{})
-	sb, err := b.AddHashed(rq, kv.NewHasher(cfg.BlockSize, "", "").Local(prompt), time.Time{})
+	local := kv.NewHasher(cfg.BlockSize, "", "").Local(prompt)
+	sa, _ := cores[0].Add(rq, time.Time{})
+	sb, err := cores[1].AddHashed(rq, local, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for !a.Idle() || !b.Idle() {
-		a.Step(time.Time{})
-		b.Step(time.Time{})
+	sc, err := cores[2].AddPrompt(&engine.Request{ID: "x", MaxTokens: 9, Seed: 1}, Prompt{Len: 11, Local: local, Tail: prompt[8:]}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !slices.Equal(sa.Output(), sb.Output()) || !slices.Equal(sa.seqh, sb.seqh) {
-		t.Fatal("AddHashed diverged from Add")
+	for !cores[0].Idle() || !cores[1].Idle() || !cores[2].Idle() {
+		for _, c := range cores {
+			c.Step(time.Time{})
+		}
+	}
+	for _, s := range []*Seq{sb, sc} {
+		if !slices.Equal(sa.Output(), s.Output()) || !slices.Equal(sa.seqh, s.seqh) {
+			t.Fatal("a hashed prompt diverged from its tokens")
+		}
+	}
+	for i, h := range hs {
+		if err := h.matches(cores[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cores[2].AddPrompt(&engine.Request{ID: "bad", MaxTokens: 1}, Prompt{Len: 11, Local: local, Tail: prompt[7:]}, time.Time{}); err == nil {
+		t.Fatal("a tail of the wrong length was accepted")
 	}
 }
 

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -165,7 +166,10 @@ func (st *stream) take() ([]kv.Token, engine.FinishReason, engine.Usage) {
 
 // Generate starts a request; see engine.Engine.
 func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
-	s, err := e.core.newSeq(req, nil, e.clk.Now()) // reads only the immutable config
+	if req == nil {
+		return nil, errors.New("sim: nil request")
+	}
+	s, err := e.core.newSeq(req, req.Tokens, nil, Prompt{}, e.clk.Now()) // reads only the immutable config
 	if err != nil {
 		return nil, err
 	}

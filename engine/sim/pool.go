@@ -29,7 +29,7 @@ type pool struct {
 	lruLen           int
 	used             int // blocks with ref > 0
 	evicted          uint64
-	byHash           map[uint64]int32
+	byHash           hashIndex
 	layers, psize    int
 	slab             []byte
 	ev               *eventLog
@@ -40,7 +40,7 @@ func newPool(n, layers, psize int, ev *eventLog) pool {
 		blocks:  make([]block, n),
 		free:    make([]int32, n),
 		lruHead: -1, lruTail: -1,
-		byHash: make(map[uint64]int32, n),
+		byHash: newHashIndex(n),
 		layers: layers, psize: psize,
 		slab: make([]byte, n*layers*psize),
 		ev:   ev,
@@ -122,7 +122,7 @@ func (p *pool) alloc() (int32, bool) {
 		id = p.lruHead
 		p.lruRemove(id)
 		b := &p.blocks[id]
-		delete(p.byHash, b.seq)
+		p.byHash.del(b.seq)
 		b.flags = 0
 		p.evicted++
 		p.ev.removed(b.seq)
@@ -142,7 +142,7 @@ func (p *pool) register(id int32, seq, local, parent uint64, hasParent bool, fil
 	if hasParent {
 		b.flags |= flagHasParent
 	}
-	p.byHash[seq] = id
+	p.byHash.put(seq, id)
 	if fill {
 		for l := 0; l < p.layers; l++ {
 			kv.FillPayload(p.payload(id, l), seq, l)
@@ -159,7 +159,7 @@ func (p *pool) payload(id int32, layer int) []byte {
 // to ids.
 func (p *pool) match(seqs []kv.SeqHash, ids []int32) (int, []int32) {
 	for i, h := range seqs {
-		id, ok := p.byHash[h]
+		id, ok := p.byHash.get(h)
 		if !ok {
 			return i, ids
 		}
@@ -184,6 +184,7 @@ type eventLog struct {
 	removes []uint64
 
 	run                  uint8 // 0 none, 1 stored, 2 removed
+	runTokOK             bool  // every block of the stored run had its tokens
 	runStart, runTokFrom int
 	runHasParent         bool
 	runParent, runLast   uint64
@@ -204,9 +205,13 @@ func (l *eventLog) stored(parent uint64, hasParent bool, seq, local uint64, toks
 		l.close()
 		l.run, l.runStart, l.runTokFrom = runStored, len(l.blocks), len(l.toks)
 		l.runHasParent, l.runParent, l.runLoRA = hasParent, parent, lora
+		l.runTokOK = !l.omitTokens
 	}
 	l.blocks = append(l.blocks, kv.StoredBlock{EngineHash: seq, LocalHash: local})
-	if !l.omitTokens {
+	if toks == nil {
+		l.runTokOK = false
+	}
+	if l.runTokOK {
 		l.toks = append(l.toks, toks...)
 	}
 	l.runLast = seq
@@ -232,8 +237,10 @@ func (l *eventLog) close() {
 		e := kv.Event{ID: l.nextID, Worker: l.worker, Tier: kv.TierDevice, Kind: kv.EventStored,
 			HasParent: l.runHasParent, Parent: l.runParent, LoRA: l.runLoRA,
 			Blocks: l.blocks[l.runStart:len(l.blocks):len(l.blocks)]}
-		if len(l.toks) > l.runTokFrom {
+		if l.runTokOK {
 			e.Tokens = l.toks[l.runTokFrom:len(l.toks):len(l.toks)]
+		} else {
+			l.toks = l.toks[:l.runTokFrom] // a run without all its tokens carries none
 		}
 		l.events = append(l.events, e)
 	case runRemoved:

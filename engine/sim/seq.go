@@ -34,9 +34,11 @@ type Metrics struct {
 // Seq is one request inside a Core. Its methods are safe to call from the
 // goroutine driving the Core (or under the Engine's lock).
 type Seq struct {
-	req    *engine.Request
-	prompt []kv.Token
-	out    []kv.Token
+	req       *engine.Request
+	promptLen int
+	prompt    []kv.Token // nil when added by hashes (AddPrompt)
+	tail      []kv.Token // prompt tokens after its last full block
+	out       []kv.Token
 	seed   uint64 // local-hash seed: LoRA and cache salt
 
 	// Hashes of every full block of prompt+output known so far.
@@ -80,22 +82,27 @@ func (s *Seq) Done() bool { return s.st == stFinished }
 
 // Usage is the request's token accounting.
 func (s *Seq) Usage() engine.Usage {
-	return engine.Usage{PromptTokens: len(s.prompt), CompletionTokens: len(s.out), CachedTokens: s.m.CachedTokens}
+	return engine.Usage{PromptTokens: s.promptLen, CompletionTokens: len(s.out), CachedTokens: s.m.CachedTokens}
 }
 
-func (s *Seq) total() int { return len(s.prompt) + len(s.out) }
+func (s *Seq) total() int { return s.promptLen + len(s.out) }
 
-// blockTokens returns the tokens of full block b, using scratch when the
-// block straddles prompt and output.
+// blockTokens returns the tokens of full block b (nil for a prompt block of
+// a prompt given by hashes), using scratch when the block straddles prompt
+// and output.
 func (s *Seq) blockTokens(b, bs int, scratch []kv.Token) []kv.Token {
-	lo, hi, p := b*bs, (b+1)*bs, len(s.prompt)
+	lo, hi, p := b*bs, (b+1)*bs, s.promptLen
 	switch {
 	case hi <= p:
+		if s.prompt == nil {
+			return nil
+		}
 		return s.prompt[lo:hi]
 	case lo >= p:
 		return s.out[lo-p : hi-p]
 	}
-	scratch = append(scratch[:0], s.prompt[lo:]...)
+	// The block starts at the prompt's tail.
+	scratch = append(scratch[:0], s.tail...)
 	return append(scratch, s.out[:hi-p]...)
 }
 
