@@ -73,6 +73,11 @@ type Config struct {
 	BusyRetryAfter   time.Duration // suggestion in BusyError, default 1 s
 	LoadReportTTL    time.Duration // how long an UpdateLoad report counts, default 10 s
 
+	// NoBlockTracking books only prefill tokens, not active blocks: for
+	// prefill pools, whose blocks leave with the request (Dynamo runs its
+	// prefill router with track_active_blocks off).
+	NoBlockTracking bool
+
 	// Hints turns on hint planning (kv mode only: the planner trusts the
 	// index to say who really holds blocks).
 	Hints bool

@@ -79,6 +79,9 @@ type Request struct {
 	// Exclude lists workers not to pick (e.g. ones a migrating request
 	// already failed on).
 	Exclude []kv.WorkerKey
+	// Cost overrides the router's cost model for this request (Dynamo's
+	// router_config_override); nil uses Config.Cost.
+	Cost *CostModel
 }
 
 // ErrAllBusy is matched (errors.Is) by the *BusyError Route returns when
@@ -112,6 +115,11 @@ type scratch struct {
 func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("router: %w", err)
+	}
+	if req.Cost != nil {
+		if err := req.Cost.validate(); err != nil {
+			return nil, fmt.Errorf("router: request override: %w", err)
+		}
 	}
 	t0 := time.Now()
 	now := r.cfg.Now()
@@ -189,13 +197,9 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	d.CachedTokens = min(cachedBlocks*bs, d.ISL)
 	d.PrefillTokens = d.ISL - d.CachedTokens
 	d.ID = r.cfg.RouterID + "-" + strconv.FormatUint(r.seq.Add(1), 36)
-	a := &active{
-		id:      d.ID,
-		load:    w.load,
-		seq:     seq,
-		private: int64(kv.BlocksNeeded(d.ISL, bs) - n),
-		prefill: int64(d.PrefillTokens),
-		start:   now,
+	a := &active{id: d.ID, load: w.load, prefill: int64(d.PrefillTokens), start: now}
+	if !r.cfg.NoBlockTracking {
+		a.seq, a.private = seq, int64(kv.BlocksNeeded(d.ISL, bs)-n)
 	}
 	w.load.add(a)
 	r.active[d.ID] = a
@@ -207,7 +211,7 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	}
 	if r.cfg.OnReplicaEvent != nil {
 		ev = ReplicaEvent{Kind: ReplicaAdd, Router: r.cfg.RouterID, Decision: d.ID, Worker: d.Worker,
-			PrefillTokens: a.prefill, PrivateBlocks: a.private, Blocks: seq}
+			PrefillTokens: a.prefill, PrivateBlocks: a.private, Blocks: a.seq}
 		emit = true
 	}
 	r.mu.Unlock()
@@ -276,6 +280,9 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 	}
 
 	cm := r.cfg.Cost
+	if req.Cost != nil {
+		cm = req.Cost
+	}
 	isl := float64(len(req.Tokens))
 	sc.cost = slices.Grow(sc.cost[:0], len(sc.cand))[:len(sc.cand)]
 	cmin, cmax := math.Inf(1), math.Inf(-1)

@@ -501,3 +501,39 @@ func TestConcurrentRoute(t *testing.T) {
 		}
 	}
 }
+
+func TestRequestCostOverride(t *testing.T) {
+	ix := newFakeIndex()
+	p := prompt(3, 320)
+	ix.store(key(1), kv.TierDevice, seqOf(p))
+	// A hot router (T=100, nearly uniform) asked for arg-min per request.
+	r := newRouter(t, Config{Matcher: ix, Cost: &CostModel{Device: 1, PrefillScale: 1, Temperature: 100}}, 1, 2, 3)
+	argmin := DefaultCost()
+	for i := 0; i < 50; i++ {
+		d, err := r.Route(context.Background(), Request{Model: "m", Tokens: p, Cost: &argmin})
+		if err != nil || d.Worker != key(1) {
+			t.Fatalf("override route %d: %v %v", i, d, err)
+		}
+		d.Done()
+	}
+	bad := CostModel{Temperature: -1}
+	if _, err := r.Route(context.Background(), Request{Model: "m", Tokens: p, Cost: &bad}); err == nil {
+		t.Fatal("negative temperature override accepted")
+	}
+}
+
+func TestNoBlockTracking(t *testing.T) {
+	var got []ReplicaEvent
+	r := newRouter(t, Config{Mode: ModeRoundRobin, NoBlockTracking: true, OnReplicaEvent: func(ev ReplicaEvent) { got = append(got, ev) }}, 1)
+	d := route(t, r, prompt(1, 100))
+	if l := r.Load(key(1)); l.ActivePrefillTokens != 100 || l.ActiveBlocks != 0 || l.ActiveRequests != 1 {
+		t.Fatalf("load %+v", l)
+	}
+	if len(d.Seq) != 6 || len(got) != 1 || len(got[0].Blocks) != 0 {
+		t.Fatalf("decision keeps its hashes, replica event carries no blocks: %d %+v", len(d.Seq), got)
+	}
+	d.Done()
+	if l := r.Load(key(1)); l != (WorkerLoad{Key: key(1)}) {
+		t.Fatalf("after done %+v", l)
+	}
+}
