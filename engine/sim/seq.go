@@ -39,7 +39,7 @@ type Seq struct {
 	prompt    []kv.Token // nil when added by hashes (AddPrompt)
 	tail      []kv.Token // prompt tokens after its last full block
 	out       []kv.Token
-	seed   uint64 // local-hash seed: LoRA and cache salt
+	seed      uint64 // local-hash seed: LoRA and cache salt
 
 	// Hashes of every full block of prompt+output known so far.
 	local []kv.LocalHash
