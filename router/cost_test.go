@@ -67,3 +67,18 @@ func TestTierBlocks(t *testing.T) {
 		t.Fatalf("TierBlocks %v", got)
 	}
 }
+
+// badMatcher reports depths beyond the request and out of tier order.
+type badMatcher struct{}
+
+func (badMatcher) FindMatches(local []kv.LocalHash, dst []Match) []Match {
+	return append(dst, Match{Worker: key(1), Depth: [kv.NumTiers]uint32{900, 2, 1000, 5}})
+}
+
+func TestDepthsAreSanitised(t *testing.T) {
+	r := newRouter(t, Config{Matcher: badMatcher{}}, 1)
+	d := route(t, r, prompt(1, 64)) // 4 blocks
+	if d.Overlap != [kv.NumTiers]uint32{4, 4, 4, 4} || d.CachedTokens != 64 {
+		t.Fatalf("overlap %v cached %d", d.Overlap, d.CachedTokens)
+	}
+}

@@ -242,7 +242,13 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 			mi++
 		}
 		if mi < len(sc.matches) && sc.matches[mi].Worker == w.info.Key {
-			sc.depth[i] = sc.matches[mi].Depth
+			// Clamp to the request and force the cumulative order, so a
+			// misbehaving index cannot credit blocks the request lacks.
+			var prev uint32
+			for t, v := range sc.matches[mi].Depth {
+				prev = max(prev, min(v, uint32(len(seq))))
+				sc.depth[i][t] = prev
+			}
 		} else {
 			sc.depth[i] = [kv.NumTiers]uint32{}
 		}
