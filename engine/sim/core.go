@@ -190,7 +190,8 @@ func (c *Core) newSeq(req *engine.Request, tokens []kv.Token, local []kv.LocalHa
 	capBlocks := kv.NumFullBlocks(plen+req.MaxTokens, c.bs)
 	s := &Seq{req: req, promptLen: plen, prompt: tokens, seed: seed,
 		out:   make([]kv.Token, 0, min(req.MaxTokens, 1024)),
-		local: make([]kv.LocalHash, 0, capBlocks), seqh: make([]kv.SeqHash, 0, capBlocks)}
+		local: make([]kv.LocalHash, 0, capBlocks), seqh: make([]kv.SeqHash, 0, capBlocks),
+		table: make([]int32, 0, kv.BlocksNeeded(plen+req.MaxTokens, c.bs))}
 	switch {
 	case tokens == nil:
 		if len(p.Local) != nfull || len(p.Tail) != plen-nfull*c.bs {

@@ -459,3 +459,28 @@ func TestStats(t *testing.T) {
 		t.Fatalf("after one chunk: %+v", st)
 	}
 }
+
+// TestStepAllocatesNothing: a steady pass (decode, block completion and
+// registration included) allocates nothing when no sink is attached.
+func TestStepAllocatesNothing(t *testing.T) {
+	cfg := DefaultConfig()
+	c := mustCore(t, cfg)
+	for i := 0; i < 8; i++ {
+		prompt := make([]kv.Token, 100+i*50)
+		for j := range prompt {
+			prompt[j] = kv.Token(i*1000 + j)
+		}
+		c.Add(req(fmt.Sprint(i), prompt, 1000), time.Time{})
+	}
+	now := time.Time{}
+	for i := 0; i < 5; i++ { // prefill
+		now = c.Step(now).End
+	}
+	allocs := testing.AllocsPerRun(500, func() { now = c.Step(now).End })
+	if allocs != 0 {
+		t.Fatalf("%.2f allocations per pass", allocs)
+	}
+	if st := c.Stats(); st.Running != 8 {
+		t.Fatalf("stats %+v", st)
+	}
+}
