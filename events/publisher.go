@@ -269,3 +269,6 @@ func (p *Publisher) Close() error {
 	p.wg.Wait()
 	return err
 }
+
+// Sink has the shape of engine.EventSink (events may not import engine).
+var _ func([]kv.Event) = (*Publisher)(nil).Sink

@@ -68,6 +68,7 @@ type Subscriber struct {
 	next     uint64 // next sequence number to apply
 	haveLive bool
 	lastLive uint64
+	joining  bool // first catch-up: history older than the ring is not a loss
 	ranks    map[uint32]struct{}
 
 	running atomic.Bool
@@ -212,9 +213,10 @@ func (s *Subscriber) Ingest(ctx context.Context, seq uint64, payload []byte) {
 			s.next = seq // joined late, nothing to catch up with
 		}
 		// Otherwise next is 0: catch up on what the ring still holds.
+		s.joining = true
 	}
 	if seq > s.next {
-		if s.next > 0 || s.stats.batches.Load() > 0 {
+		if !s.joining {
 			s.stats.gaps.Add(1)
 		}
 		s.replay(ctx)
@@ -222,6 +224,7 @@ func (s *Subscriber) Ingest(ctx context.Context, seq uint64, payload []byte) {
 			s.lose(seq)
 		}
 	}
+	s.joining = false
 	if seq < s.next {
 		s.stats.duplicates.Add(1)
 		return
@@ -239,6 +242,11 @@ func (s *Subscriber) Ingest(ctx context.Context, seq uint64, payload []byte) {
 
 func (s *Subscriber) lose(upTo uint64) {
 	n := upTo - s.next
+	if s.joining {
+		s.log.Info("kv event stream joined", "seq", upTo, "older_batches_unavailable", n)
+		s.next = upTo
+		return
+	}
 	s.stats.lost.Add(n)
 	s.log.Warn("kv event batches lost", "from", s.next, "to", upTo-1, "count", n)
 	s.next = upTo

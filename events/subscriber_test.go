@@ -78,6 +78,38 @@ func TestGapRepairedThroughReplay(t *testing.T) {
 	}
 }
 
+func TestLateJoinReplaysWhatTheRingHolds(t *testing.T) {
+	defer goleak.VerifyNone(t, leakOpts...)
+	p, err := NewPublisher(context.Background(), PublisherConfig{Endpoint: "tcp://127.0.0.1:0",
+		ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 3, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for i := range 10 {
+		if _, err := p.PublishBatch(&Batch{TS: float64(i), Events: []Event{{Type: TypeCleared}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub, c, stop := runSub(t, Config{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint()})
+	tickUntil(t, p, func() bool { _, d := c.snapshot(); return len(d) > 0 })
+	stop()
+	_, dels := c.snapshot()
+	// The ring's oldest batch (7, or later if ticks pushed it out) comes
+	// first, then everything after it in order.
+	if dels[0].Seq < 7 || !dels[0].Replayed {
+		t.Fatalf("first delivery %+v", dels[0])
+	}
+	for i := 1; i < len(dels); i++ {
+		if dels[i].Seq != dels[i-1].Seq+1 {
+			t.Fatalf("delivery %d seq %d after %d", i, dels[i].Seq, dels[i-1].Seq)
+		}
+	}
+	if st := sub.Stats(); st.Lost != 0 || st.Gaps != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
 func TestBadInputSkippedAndCounted(t *testing.T) {
 	defer goleak.VerifyNone(t, leakOpts...)
 	p := newTestPublisher(t, true)
@@ -162,10 +194,11 @@ func TestReplayUnreachable(t *testing.T) {
 	}
 	payload, _ := EncodeBatch(&Batch{Events: []Event{{Type: TypeCleared}}}, ShapeArray)
 	ctx := context.Background()
-	s.Ingest(ctx, 5, payload)
+	s.Ingest(ctx, 5, payload) // joining: what came before is not a loss
 	s.Ingest(ctx, 6, payload)
+	s.Ingest(ctx, 9, payload) // a gap the dead replay socket cannot fill
 	st := s.Stats()
-	if st.ReplayErrors != 1 || st.Lost != 5 || st.Batches != 2 {
+	if st.ReplayErrors != 2 || st.Lost != 2 || st.Gaps != 1 || st.Batches != 3 {
 		t.Fatalf("stats %+v", st)
 	}
 }
