@@ -212,7 +212,12 @@ func (e *Engine) pump(ctx context.Context, s *Seq, st *stream, out chan engine.C
 		m := e.core.missing(s)
 		e.mu.Unlock()
 		if len(m.Seq) > 0 {
-			n, err := fetchInto(ctx, f, s.req, m, e)
+			// The fetch ends with the request or with the engine.
+			fctx, cancel := context.WithCancel(ctx)
+			stop := context.AfterFunc(e.ctx, cancel)
+			n, err := fetchInto(fctx, f, s.req, m, e)
+			stop()
+			cancel()
 			e.mu.Lock()
 			e.core.noteFetch(s, n, err)
 			e.mu.Unlock()

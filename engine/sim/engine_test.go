@@ -228,3 +228,29 @@ func TestEngineManyConcurrent(t *testing.T) {
 	}
 	checkPool(t, e.core, nil)
 }
+
+// TestCloseCancelsFetch: a fetch blocked on a peer ends when the engine
+// closes, and the stream reports ErrClosed.
+func TestCloseCancelsFetch(t *testing.T) {
+	cfg := DefaultConfig()
+	entered := make(chan struct{})
+	cfg.Fetcher = func(ctx context.Context, _ *engine.Request, _ Missing, _ Inserter) error {
+		close(entered)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	e := mustEngine(t, cfg)
+	ch, err := e.Generate(context.Background(), &engine.Request{ID: "f", Tokens: make([]kv.Token, 200), MaxTokens: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	e.Close()
+	_, last := collect(t, ch)
+	if !errors.Is(last.Err, engine.ErrClosed) {
+		t.Fatalf("last chunk %+v", last)
+	}
+	if ct := e.Counters(); ct.FetchCalls != 1 || ct.FetchErrors != 1 {
+		t.Fatalf("counters %+v", ct)
+	}
+}
