@@ -103,6 +103,11 @@ func TestE2EWorkerProcesses(t *testing.T) {
 		procs = append(procs, p)
 	}
 	waitUntil(t, 10*time.Second, "two workers discovered", func() bool { return len(w.Instances()) == 2 })
+	for _, in := range w.Instances() {
+		if ids[in.ID] != in.GRPCAddr || in.BlockSize != 4 || in.KVCapacity["device"] != 512 {
+			t.Fatalf("discovered %+v; processes said %v", in, ids)
+		}
+	}
 
 	generate := func(in runtime.Instance, base int) {
 		t.Helper()
