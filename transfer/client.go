@@ -1,7 +1,6 @@
 package transfer
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -75,6 +74,13 @@ type FetchRequest struct {
 	// Verify, when set, checks each block's bytes after its checksum (e.g.
 	// PayloadVerifier); an error ends the usable prefix at that block.
 	Verify func(hash uint64, payload []byte) error
+	// Buffer, when non-nil, is memory to receive into (its whole
+	// capacity). Payloads that fit land in it without a copy and Blocks
+	// alias it, so it must not be reused while they are in use; the rest
+	// goes to fresh memory. Sized blocks×(32+block bytes)+1044, it holds a
+	// whole response; reusing it across fetches saves the allocation and
+	// page faults that otherwise dominate large fetches.
+	Buffer []byte
 }
 
 // Block is one delivered block.
@@ -125,7 +131,6 @@ type Client struct {
 
 type conn struct {
 	net.Conn
-	br   *bufio.Reader
 	wbuf []byte
 }
 
@@ -240,23 +245,19 @@ func (c *Client) fetch(ctx context.Context, addr string, req FetchRequest, deadl
 				return c.dialFailure(ctx, err, deadline)
 			}
 		}
-		res, retry, err := c.exchange(ctx, pc, req, deadline)
-		if retry && reused && attempt == 0 {
+		x := c.exchange(ctx, pc, req, deadline)
+		if x.stale && reused && attempt == 0 {
 			// A pooled connection the source closed while idle: the
 			// request never reached a handler, so one fresh try is safe.
+			pc.Close()
 			continue
 		}
-		var ok errReusable
-		switch {
-		case err == nil:
+		if x.reuse {
 			c.put(addr, pc)
-		case errors.As(err, &ok):
-			c.put(addr, pc)
-			err = ok.error
-		default:
+		} else {
 			pc.Close()
 		}
-		return res, err
+		return x.res, x.err
 	}
 }
 
@@ -270,7 +271,7 @@ func (c *Client) dial(ctx context.Context, addr string, deadline time.Time) (*co
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	return &conn{Conn: nc, br: bufio.NewReaderSize(nc, 256<<10)}, nil
+	return &conn{Conn: nc}, nil
 }
 
 func (c *Client) dialFailure(ctx context.Context, err error, deadline time.Time) (FetchResult, error) {
@@ -286,160 +287,213 @@ func (c *Client) dialFailure(ctx context.Context, err error, deadline time.Time)
 // aLongTimeAgo unblocks every pending read and write on a connection.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// exchange runs one fetch on pc. retry reports a stale pooled connection
-// (closed by the peer before any response byte); err == nil means the
-// connection ended cleanly and may be reused.
-func (c *Client) exchange(ctx context.Context, pc *conn, req FetchRequest, deadline time.Time) (res FetchResult, retry bool, err error) {
+// exchanged is the end of one request/response on a connection.
+type exchanged struct {
+	res   FetchResult
+	err   error
+	reuse bool // the response ended cleanly; the connection can be pooled
+	stale bool // the peer closed before any response byte (idle pooled conn)
+}
+
+// recvBuf receives one response into chunks that become the blocks' memory:
+// reads are as large as the chunk allows and payloads are never copied
+// again. Chunks grow with the response, so the memory a fetch allocates
+// follows what the source actually sends, never what a header declares.
+type recvBuf struct {
+	c    net.Conn
+	buf  []byte
+	r, w int
+}
+
+// ensure makes buf[r:r+n] hold received bytes, first moving the unparsed
+// tail into a fresh chunk of max(n, size) bytes if n does not fit.
+func (b *recvBuf) ensure(n, size int) error {
+	if b.r+n > len(b.buf) {
+		nb := make([]byte, max(n, size))
+		b.w = copy(nb, b.buf[b.r:b.w])
+		b.buf, b.r = nb, 0
+	}
+	for b.w-b.r < n {
+		// Bounded reads keep a block in cache between its arrival and its
+		// checksum.
+		m, err := b.c.Read(b.buf[b.w:min(len(b.buf), b.w+maxRead)])
+		b.w += m
+		if err != nil && b.w-b.r < n {
+			if errors.Is(err, io.EOF) && b.w > b.r {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// maxRead bounds one socket read.
+const maxRead = 256 << 10
+
+// take consumes n ensured bytes.
+func (b *recvBuf) take(n int) []byte {
+	p := b.buf[b.r : b.r+n : b.r+n]
+	b.r += n
+	return p
+}
+
+// exchange runs one fetch on pc.
+func (c *Client) exchange(ctx context.Context, pc *conn, req FetchRequest, deadline time.Time) exchanged {
 	stop := context.AfterFunc(ctx, func() { pc.SetDeadline(aLongTimeAgo) })
 	defer stop()
 	pc.SetDeadline(deadline)
 
 	remaining := deadline.Sub(c.now())
 	if remaining <= 0 {
-		return FetchResult{Outcome: OutcomeTimeout}, false, ErrTimeout
+		return exchanged{res: FetchResult{Outcome: OutcomeTimeout}, err: ErrTimeout}
 	}
 	ms := (remaining + time.Millisecond - 1) / time.Millisecond
 	op := c.seq.Add(1)
 	pc.wbuf = appendFetch(pc.wbuf[:0], op, fetchReq{timeoutMs: uint32(min(ms, 1<<31)), digest: req.Digest, hashes: req.Hashes})
 
-	// fail classifies an I/O error: cancellation and deadline void the
-	// result; anything else keeps the verified prefix.
+	var blocks []Block
 	gotAny := false
-	fail := func(blocks []Block, err error) (FetchResult, bool, error) {
+	// protocol ends the exchange on a source that broke the protocol.
+	protocol := func(format string, a ...any) exchanged {
+		return exchanged{res: FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, err: fmt.Errorf("%w: "+format, append([]any{ErrProtocol}, a...)...)}
+	}
+	// ioFail classifies an I/O error: cancellation and deadline void the
+	// result; anything else keeps the verified prefix.
+	ioFail := func(err error) exchanged {
 		if ctx.Err() != nil {
-			return FetchResult{Outcome: OutcomeCancelled}, false, fmt.Errorf("%w (%v)", ctx.Err(), err)
+			return exchanged{res: FetchResult{Outcome: OutcomeCancelled}, err: fmt.Errorf("%w (%v)", ctx.Err(), err)}
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) || !c.now().Before(deadline) {
-			return FetchResult{Outcome: OutcomeTimeout}, false, fmt.Errorf("%w after %d blocks", ErrTimeout, len(blocks))
+			return exchanged{res: FetchResult{Outcome: OutcomeTimeout}, err: fmt.Errorf("%w after %d blocks", ErrTimeout, len(blocks))}
 		}
 		stale := !gotAny && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE))
-		return FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, stale, err
+		return exchanged{res: FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, err: err, stale: stale}
 	}
 
 	if _, err := pc.Write(pc.wbuf); err != nil {
-		return fail(nil, fmt.Errorf("send request: %w", err))
+		return ioFail(fmt.Errorf("send request: %w", err))
 	}
 
-	var hb [headerLen]byte
-	var meta [blockMetaLen]byte
-	var blocks []Block
-	blockSize := -1
+	rb := recvBuf{c: pc.Conn, buf: req.Buffer[:cap(req.Buffer)]}
+	const firstChunk = 4096
+	frameLen, growth := 0, 0 // block frame size and chunk growth, once known
+	planned := func() int {
+		if frameLen == 0 {
+			return firstChunk
+		}
+		frames := max(1, min(len(req.Hashes)-len(blocks), growth))
+		return frames*frameLen + headerLen + maxStatusFrame
+	}
 	for {
-		h, err := readHeader(pc.br, &hb)
-		if err != nil {
-			if errors.Is(err, errBadMagic) {
-				return FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, false, fmt.Errorf("%w: %v", ErrProtocol, err)
-			}
-			return fail(blocks, fmt.Errorf("read frame: %w", err))
+		if err := rb.ensure(headerLen, planned()); err != nil {
+			return ioFail(fmt.Errorf("read frame: %w", err))
 		}
 		gotAny = true
+		h, err := parseHeader(rb.buf[rb.r:])
+		if err != nil {
+			return protocol("%v", err)
+		}
 		if h.version != Version && h.typ != typeRefuse {
-			return FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, false,
-				fmt.Errorf("%w: %s frame of protocol version %d, want %d", ErrProtocol, h.typ, h.version, Version)
+			return protocol("%s frame of protocol version %d, want %d", h.typ, h.version, Version)
 		}
 		if h.op != op && !(h.typ == typeRefuse && h.op == 0) {
-			return FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, false,
-				fmt.Errorf("%w: %s frame for operation %d, want %d", ErrProtocol, h.typ, h.op, op)
+			return protocol("%s frame for operation %d, want %d", h.typ, h.op, op)
 		}
 		switch h.typ {
 		case typeBlock:
 			if h.length <= blockMetaLen || h.length-blockMetaLen > uint32(c.opts.MaxBlockBytes) {
-				return FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, false,
-					fmt.Errorf("%w: block frame of %d bytes outside 1..%d payload bytes", ErrProtocol, h.length, c.opts.MaxBlockBytes)
+				return protocol("block frame of %d bytes outside 1..%d payload bytes", h.length, c.opts.MaxBlockBytes)
 			}
-			size := int(h.length - blockMetaLen)
-			if blockSize >= 0 && size != blockSize {
-				return FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, false,
-					fmt.Errorf("%w: block of %d bytes after blocks of %d", ErrProtocol, size, blockSize)
+			fl := headerLen + int(h.length)
+			if frameLen == 0 {
+				frameLen = fl
+				growth = max(1, (1<<20)/fl)
+			} else if fl != frameLen {
+				return protocol("block of %d bytes after blocks of %d", fl-headerLen-blockMetaLen, frameLen-headerLen-blockMetaLen)
 			}
-			blockSize = size
-			if _, err := io.ReadFull(pc.br, meta[:]); err != nil {
-				return fail(blocks, fmt.Errorf("read block: %w", err))
+			if rb.r+fl > len(rb.buf) {
+				// Next chunk: double the frames per chunk up to ~16 MiB.
+				size := planned()
+				growth = min(growth*2, max(1, (16<<20)/fl))
+				if err := rb.ensure(fl, size); err != nil {
+					return ioFail(fmt.Errorf("read block %d: %w", len(blocks), err))
+				}
+			} else if err := rb.ensure(fl, 0); err != nil {
+				return ioFail(fmt.Errorf("read block %d: %w", len(blocks), err))
 			}
+			f := rb.take(fl)
+			meta := f[headerLen:]
 			idx := binary.LittleEndian.Uint32(meta[0:])
 			hash := binary.LittleEndian.Uint64(meta[4:])
 			sum := binary.LittleEndian.Uint64(meta[12:])
 			if int(idx) != len(blocks) || int(idx) >= len(req.Hashes) || req.Hashes[idx] != hash {
-				return FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, false,
-					fmt.Errorf("%w: block %d (%016x) out of order or not requested (expected index %d)", ErrProtocol, idx, hash, len(blocks))
+				return protocol("block %d (%016x) out of order or not requested (expected index %d)", idx, hash, len(blocks))
 			}
-			payload := make([]byte, size)
-			if _, err := io.ReadFull(pc.br, payload); err != nil {
-				return fail(blocks, fmt.Errorf("read block %d payload: %w", idx, err))
-			}
+			payload := f[headerLen+blockMetaLen:]
 			if got := kv.Checksum(payload); got != sum {
-				return FetchResult{Blocks: blocks, Outcome: OutcomeCorrupt}, false,
-					fmt.Errorf("%w: block %d (%016x): checksum %016x, source sent %016x", ErrCorrupt, idx, hash, got, sum)
+				return exchanged{res: FetchResult{Blocks: blocks, Outcome: OutcomeCorrupt},
+					err: fmt.Errorf("%w: block %d (%016x): checksum %016x, source sent %016x", ErrCorrupt, idx, hash, got, sum)}
 			}
 			if req.Verify != nil {
 				if err := req.Verify(hash, payload); err != nil {
-					return FetchResult{Blocks: blocks, Outcome: OutcomeCorrupt}, false,
-						fmt.Errorf("%w: block %d: %v", ErrCorrupt, idx, err)
+					return exchanged{res: FetchResult{Blocks: blocks, Outcome: OutcomeCorrupt},
+						err: fmt.Errorf("%w: block %d: %v", ErrCorrupt, idx, err)}
 				}
 			}
 			blocks = append(blocks, Block{Hash: hash, Checksum: sum, Payload: payload})
 
 		case typeDone, typeRefuse:
 			if h.length > maxStatusFrame {
-				return FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, false,
-					fmt.Errorf("%w: %s frame of %d bytes exceeds %d", ErrProtocol, h.typ, h.length, maxStatusFrame)
+				return protocol("%s frame of %d bytes exceeds %d", h.typ, h.length, maxStatusFrame)
 			}
-			p := make([]byte, h.length)
-			if _, err := io.ReadFull(pc.br, p); err != nil {
-				return fail(blocks, fmt.Errorf("read %s: %w", h.typ, err))
+			fl := headerLen + int(h.length)
+			if err := rb.ensure(fl, fl); err != nil {
+				return ioFail(fmt.Errorf("read %s: %w", h.typ, err))
 			}
-			st, err := decodeStatus(p)
+			st, err := decodeStatus(rb.take(fl)[headerLen:])
 			if err != nil {
-				return FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, false, fmt.Errorf("%w: %v", ErrProtocol, err)
+				return protocol("%v", err)
 			}
+			// Nothing may follow the final frame; if something did, the
+			// connection is not clean enough to reuse.
+			clean := rb.r == rb.w
 			if !c.now().Before(deadline) {
 				// A late completion never turns a failure into success.
-				return FetchResult{Outcome: OutcomeTimeout}, false,
-					fmt.Errorf("%w: %s arrived after the deadline", ErrTimeout, h.typ)
+				return exchanged{res: FetchResult{Outcome: OutcomeTimeout},
+					err: fmt.Errorf("%w: %s arrived after the deadline", ErrTimeout, h.typ)}
 			}
+			rerr := &RemoteError{Code: st.code, Message: st.msg}
 			if h.typ == typeRefuse {
-				o := OutcomeRefused
-				rerr := &RemoteError{Code: st.code, Message: st.msg}
 				// The source keeps the connection only after a digest refusal.
-				if st.code == CodeDigestMismatch && len(blocks) == 0 {
-					return FetchResult{Outcome: o}, false, errReusable{rerr}
-				}
-				return FetchResult{Outcome: o}, false, rerr
+				return exchanged{res: FetchResult{Outcome: OutcomeRefused}, err: rerr,
+					reuse: clean && st.code == CodeDigestMismatch && len(blocks) == 0}
 			}
 			if int(st.completed) != len(blocks) {
-				return FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, false,
-					fmt.Errorf("%w: done reports %d blocks, %d arrived", ErrProtocol, st.completed, len(blocks))
+				return protocol("done reports %d blocks, %d arrived", st.completed, len(blocks))
 			}
 			if st.success {
 				if len(blocks) == 0 {
-					return FetchResult{Outcome: OutcomeFailed}, false, fmt.Errorf("%w: successful done with no blocks", ErrProtocol)
+					return protocol("successful done with no blocks")
 				}
 				o := OutcomeSuccess
 				if len(blocks) < len(req.Hashes) {
 					o = OutcomePartial
 				}
-				return FetchResult{Blocks: blocks, Success: true, Outcome: o}, false, nil
+				return exchanged{res: FetchResult{Blocks: blocks, Success: true, Outcome: o}, reuse: clean}
 			}
-			rerr := &RemoteError{Code: st.code, Message: st.msg}
 			switch st.code {
 			case CodeNotFound:
-				return FetchResult{Outcome: OutcomeNotFound}, false, errReusable{rerr}
+				return exchanged{res: FetchResult{Outcome: OutcomeNotFound}, err: rerr, reuse: clean}
 			case CodeTimeout:
-				return FetchResult{Outcome: OutcomeTimeout}, false, fmt.Errorf("%w: %w", ErrTimeout, rerr)
+				return exchanged{res: FetchResult{Outcome: OutcomeTimeout}, err: fmt.Errorf("%w: %w", ErrTimeout, rerr)}
 			case CodeShutdown:
-				return FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, false, rerr
+				return exchanged{res: FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, err: rerr}
 			}
-			return FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, false, errReusable{rerr}
+			return exchanged{res: FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, err: rerr, reuse: clean}
 
 		default:
-			return FetchResult{Blocks: blocks, Outcome: OutcomeFailed}, false,
-				fmt.Errorf("%w: unexpected %s frame from a source", ErrProtocol, h.typ)
+			return protocol("unexpected %s frame from a source", h.typ)
 		}
 	}
 }
-
-// errReusable marks a failure after which the connection is still in a
-// clean state (the exchange ended with a well-formed final frame).
-type errReusable struct{ error }
-
-func (e errReusable) Unwrap() error { return e.error }

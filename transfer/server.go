@@ -27,6 +27,8 @@ const (
 	flushBytes = 512 << 10
 	// maxPooledBuf keeps huge-block buffers out of the pool.
 	maxPooledBuf = 4 << 20
+	// maxIov bounds the buffers of one writev (Linux IOV_MAX is 1024).
+	maxIov = 512
 )
 
 // Server serves blocks from a BlockSource on a control endpoint. Each
@@ -241,6 +243,8 @@ func (s *Server) serveFetch(ctx context.Context, c net.Conn, op uint32, r fetchR
 	s.Metrics.begin(scopeServe)
 	outcome, sent, sentBytes := OutcomeFailed, 0, int64(0)
 	defer func() { s.Metrics.end(scopeServe, outcome, time.Since(start), sent, sentBytes) }()
+	var st status
+	var err error
 
 	if r.digest != "" && r.digest != s.Digest {
 		outcome = OutcomeRefused
@@ -267,64 +271,8 @@ func (s *Server) serveFetch(ctx context.Context, c net.Conn, op uint32, r fetchR
 	}
 
 	c.SetWriteDeadline(deadline)
-	buf := s.getBuf()
-	defer func() { s.putBuf(buf) }()
-	blockSize := -1
-	var zero [headerLen + blockMetaLen]byte
-	st := status{completed: uint32(n), success: true}
-	for i := 0; i < n; i++ {
-		if ctx.Err() != nil {
-			st = status{completed: uint32(i), code: CodeShutdown, msg: "source shutting down"}
-			break
-		}
-		if !time.Now().Before(deadline) {
-			st = status{completed: uint32(i), code: CodeTimeout,
-				msg: fmt.Sprintf("source deadline passed after %d of %d blocks", i, n)}
-			break
-		}
-		off := len(buf)
-		buf = append(buf, zero[:]...)
-		var err error
-		buf, err = s.Source.ReadBlock(r.hashes[i], buf)
-		if err == nil && len(buf) < off+len(zero) {
-			err = errors.New("ReadBlock shrank its buffer")
-		}
-		var size int
-		if err == nil {
-			size = len(buf) - off - len(zero)
-			switch {
-			case size == 0:
-				err = errors.New("empty payload")
-			case size > s.MaxBlockBytes:
-				err = fmt.Errorf("payload of %d bytes exceeds the %d-byte limit", size, s.MaxBlockBytes)
-			case blockSize >= 0 && size != blockSize:
-				err = fmt.Errorf("payload of %d bytes, earlier blocks had %d", size, blockSize)
-			}
-		}
-		if err != nil {
-			buf = buf[:min(off, len(buf))]
-			st = status{completed: uint32(i), code: CodeSourceError,
-				msg: fmt.Sprintf("reading block %d (%016x): %v", i, r.hashes[i], err)}
-			break
-		}
-		blockSize = size
-		payload := buf[off+len(zero):]
-		putBlockMeta(buf[off:], op, uint32(i), r.hashes[i], kv.Checksum(payload), size)
-		sent++
-		sentBytes += int64(size)
-		if len(buf) >= flushBytes {
-			if _, err := c.Write(buf); err != nil {
-				outcome = s.writeFailure(err)
-				return false
-			}
-			buf = buf[:0]
-		}
-	}
-	if int(st.completed) < sent {
-		sent = int(st.completed)
-	}
-	buf = appendStatus(buf, typeDone, op, st)
-	if _, err := c.Write(buf); err != nil {
+	st, sent, sentBytes, err = s.sendBlocks(ctx, c, op, r.hashes[:n], deadline)
+	if err != nil {
 		outcome = s.writeFailure(err)
 		return false
 	}
@@ -342,6 +290,108 @@ func (s *Server) serveFetch(ctx context.Context, c net.Conn, op uint32, r fetchR
 	}
 	c.SetWriteDeadline(time.Time{})
 	return st.code != CodeTimeout && st.code != CodeShutdown
+}
+
+// sendBlocks writes the block frames of the pinned prefix hs and the done
+// frame. Frames are batched into writes of about flushBytes: headers and
+// copied payloads share one buffer, and a BlockViewer's payloads go out by
+// writev straight from the source's memory.
+func (s *Server) sendBlocks(ctx context.Context, c net.Conn, op uint32, hs []uint64, deadline time.Time) (st status, sent int, sentBytes int64, err error) {
+	viewer, zeroCopy := s.Source.(BlockViewer)
+	summer, stored := s.Source.(BlockChecksummer)
+	buf := s.getBuf()
+	defer func() { s.putBuf(buf) }()
+	var iovStore [maxIov]([]byte)
+	iov := net.Buffers(iovStore[:0])
+	mark, pending := 0, 0 // buf[mark:] is not yet in iov
+	flush := func() error {
+		if len(buf) > mark {
+			iov = append(iov, buf[mark:])
+		}
+		var err error
+		switch len(iov) {
+		case 0:
+		case 1:
+			_, err = c.Write(iov[0])
+		default:
+			_, err = iov.WriteTo(c)
+		}
+		iov = iovStore[:0]
+		buf, mark, pending = buf[:0], 0, 0
+		return err
+	}
+
+	blockSize := -1
+	var zero [headerLen + blockMetaLen]byte
+	st = status{completed: uint32(len(hs)), success: true}
+	for i, h := range hs {
+		if ctx.Err() != nil {
+			st = status{completed: uint32(i), code: CodeShutdown, msg: "source shutting down"}
+			break
+		}
+		if !time.Now().Before(deadline) {
+			st = status{completed: uint32(i), code: CodeTimeout,
+				msg: fmt.Sprintf("source deadline passed after %d of %d blocks", i, len(hs))}
+			break
+		}
+		off := len(buf)
+		buf = append(buf, zero[:]...)
+		var payload []byte
+		var rerr error
+		if zeroCopy {
+			payload, rerr = viewer.ViewBlock(h)
+		} else {
+			buf, rerr = s.Source.ReadBlock(h, buf)
+			if rerr == nil && len(buf) < off+len(zero) {
+				rerr = errors.New("ReadBlock shrank its buffer")
+			} else if rerr == nil {
+				payload = buf[off+len(zero):]
+			}
+		}
+		if rerr == nil {
+			switch size := len(payload); {
+			case size == 0:
+				rerr = errors.New("empty payload")
+			case size > s.MaxBlockBytes:
+				rerr = fmt.Errorf("payload of %d bytes exceeds the %d-byte limit", size, s.MaxBlockBytes)
+			case blockSize >= 0 && size != blockSize:
+				rerr = fmt.Errorf("payload of %d bytes, earlier blocks had %d", size, blockSize)
+			}
+		}
+		if rerr != nil {
+			buf = buf[:min(off, len(buf))]
+			st = status{completed: uint32(i), code: CodeSourceError,
+				msg: fmt.Sprintf("reading block %d (%016x): %v", i, h, rerr)}
+			break
+		}
+		blockSize = len(payload)
+		var sum uint64
+		ok := false
+		if stored {
+			sum, ok = summer.BlockChecksum(h)
+		}
+		if !ok {
+			sum = kv.Checksum(payload)
+		}
+		putBlockMeta(buf[off:], op, uint32(i), h, sum, len(payload))
+		if zeroCopy {
+			iov = append(iov, buf[mark:], payload)
+			mark = len(buf)
+		}
+		sent++
+		sentBytes += int64(len(payload))
+		pending += len(zero) + len(payload)
+		if pending >= flushBytes || len(iov) >= maxIov-2 {
+			if err := flush(); err != nil {
+				return st, sent, sentBytes, err
+			}
+		}
+	}
+	buf = appendStatus(buf, typeDone, op, st)
+	if err := flush(); err != nil {
+		return st, sent, sentBytes, err
+	}
+	return st, sent, sentBytes, nil
 }
 
 func (s *Server) writeFailure(err error) Outcome {

@@ -22,6 +22,24 @@ type BlockSource interface {
 	ReadBlock(hash uint64, dst []byte) ([]byte, error)
 }
 
+// BlockViewer is an optional BlockSource extension for sources that keep
+// payloads in memory: ViewBlock returns a pinned block's payload without
+// copying it, and the server writes it to the socket directly (writev). The
+// slice must stay valid and unchanged until the pin is released; the server
+// never modifies it.
+type BlockViewer interface {
+	ViewBlock(hash uint64) ([]byte, error)
+}
+
+// BlockChecksummer is an optional BlockSource extension for sources that
+// computed each block's kv.Checksum when they stored it. The server then
+// sends that checksum instead of hashing every payload again, which also
+// makes a block that rotted in the source's memory fail the target's
+// checksum check.
+type BlockChecksummer interface {
+	BlockChecksum(hash uint64) (sum uint64, ok bool)
+}
+
 // MemSource is an in-memory BlockSource whose payloads are the
 // deterministic kv.FillPayload bytes of each (hash, layer). It honours pins:
 // a block removed while pinned stays readable until its last pin is

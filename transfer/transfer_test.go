@@ -760,7 +760,7 @@ func TestClientRejectsHostileSources(t *testing.T) {
 		{"closes mid-stream", func(op uint32, r fetchReq) []byte {
 			b := blockFrame(op, 0, r.hashes[0], payload, sum)
 			return b[:len(b)-3]
-		}, "payload"},
+		}, "unexpected EOF"},
 	}
 	c := newClient(t, ClientOptions{MaxBlockBytes: 1 << 20})
 	for _, tc := range cases {
