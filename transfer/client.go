@@ -338,11 +338,20 @@ func (b *recvBuf) take(n int) []byte {
 	return p
 }
 
-// exchange runs one fetch on pc.
+// exchange runs one fetch on pc; a cancelled ctx unblocks it at once.
 func (c *Client) exchange(ctx context.Context, pc *conn, req FetchRequest, deadline time.Time) exchanged {
-	stop := context.AfterFunc(ctx, func() { pc.SetDeadline(aLongTimeAgo) })
-	defer stop()
 	pc.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { pc.SetDeadline(aLongTimeAgo) })
+	x := c.exchangeOnce(ctx, pc, req, deadline)
+	if !stop() {
+		// The cancel hook ran (or is running) and may still poison the
+		// connection's deadline: never pool it.
+		x.reuse = false
+	}
+	return x
+}
+
+func (c *Client) exchangeOnce(ctx context.Context, pc *conn, req FetchRequest, deadline time.Time) exchanged {
 
 	remaining := deadline.Sub(c.now())
 	if remaining <= 0 {

@@ -778,3 +778,16 @@ func TestClientRejectsHostileSources(t *testing.T) {
 }
 
 func checksum(b []byte) uint64 { return kv.Checksum(b) }
+
+type loopbackListener struct {
+	net.Listener
+	port int
+}
+
+func newLoopbackListener() (loopbackListener, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return loopbackListener{}, err
+	}
+	return loopbackListener{ln, ln.Addr().(*net.TCPAddr).Port}, nil
+}
