@@ -83,7 +83,7 @@ type Model struct {
 // Detokenizer turns a token stream into text without splitting a UTF-8
 // character across pieces.
 type Detokenizer interface {
-	Push(id uint32) string
+	Add(id uint32) string
 	Flush() string
 }
 

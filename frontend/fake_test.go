@@ -18,7 +18,7 @@ const testEOS = 256
 
 type byteDetok struct{ buf []byte }
 
-func (d *byteDetok) Push(id uint32) string {
+func (d *byteDetok) Add(id uint32) string {
 	if id > 255 {
 		return ""
 	}

@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"time"
+
+	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
 // usage is what a finished generation reports.
@@ -19,14 +21,6 @@ type usage struct {
 type genOutcome struct {
 	Finish string
 	Usage  usage
-}
-
-// stopMatcher applies stop strings to streamed text: Push returns the text
-// that is safe to emit and whether a stop string was hit (the text before it
-// is emitted, the stop string is not); Flush returns what was held back.
-type stopMatcher interface {
-	Push(text string) (emit string, hit bool)
-	Flush() string
 }
 
 // generate runs one prompt to completion, calling emit with every piece of
@@ -56,7 +50,10 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 	}
 
 	detok := m.NewDetokenizer()
-	stops := newStopMatcher(p.Stop)
+	var stops *tokenizer.StopMatcher
+	if len(p.Stop) > 0 {
+		stops = tokenizer.NewStopMatcher(p.Stop)
+	}
 	out := genOutcome{Usage: usage{PromptTokens: len(prompt)}}
 	var generated []uint32
 	started := time.Now()
@@ -115,7 +112,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 		tail := detok.Flush()
 		hit := false
 		if stops != nil {
-			tail, hit = stops.Push(tail)
+			tail, hit = stops.Feed(tail)
 			if !hit {
 				tail += stops.Flush()
 			}
@@ -134,7 +131,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 // drain reads one stream. It returns finished when the generation ended
 // (finish reason set), lost when the worker failed and migration may help.
 func (s *Server) drain(ctx context.Context, stream TokenStream, m *Model, out *genOutcome, generated *[]uint32,
-	detok Detokenizer, stops stopMatcher, emit func(string) error, started time.Time, lastToken *time.Time, stopHit *bool) (finished bool, lost error, aerr *apiError) {
+	detok Detokenizer, stops *tokenizer.StopMatcher, emit func(string) error, started time.Time, lastToken *time.Time, stopHit *bool) (finished bool, lost error, aerr *apiError) {
 	for {
 		ch, err := stream.Recv()
 		if err == io.EOF {
@@ -165,10 +162,10 @@ func (s *Server) drain(ctx context.Context, stream TokenStream, m *Model, out *g
 			if isEOS(m, id) {
 				continue // counted, never shown (like skip_special_tokens)
 			}
-			text := detok.Push(id)
+			text := detok.Add(id)
 			if stops != nil {
 				var hit bool
-				text, hit = stops.Push(text)
+				text, hit = stops.Feed(text)
 				if err := emit(text); err != nil {
 					return false, nil, clientGone(err)
 				}

@@ -130,7 +130,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 			d := m.NewDetokenizer()
 			var b []byte
 			for _, id := range ids {
-				b = append(b, d.Push(id)...)
+				b = append(b, d.Add(id)...)
 			}
 			texts = append(texts, string(append(b, d.Flush()...)))
 		}

@@ -466,3 +466,27 @@ func TestModelsHealthMetrics(t *testing.T) {
 		}
 	}
 }
+
+func TestBuiltinModel(t *testing.T) {
+	m, err := BuiltinModel("kvmesh-sim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := m.EncodeChat([]Message{{Role: "user", Content: "Hello there"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := m.NewDetokenizer()
+	var text string
+	for _, id := range ids {
+		text += d.Add(id)
+	}
+	text += d.Flush()
+	// Special tokens are skipped when detokenizing; the words survive.
+	if !strings.Contains(text, "Hello there") || len(m.EOS) != 2 {
+		t.Fatalf("round trip %q, eos %v", text, m.EOS)
+	}
+	if got := m.Encode("<|im_end|>"); len(got) < 2 {
+		t.Fatalf("plain prompts must not produce special tokens: %v", got)
+	}
+}

@@ -1,0 +1,86 @@
+package frontend
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/tokenizer"
+)
+
+// NewModel builds a served model from a tokenizer and chat template. EOS ids
+// are the template's end-of-turn and end-of-text tokens the vocabulary has.
+func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate, eos ...string) (*Model, error) {
+	if tmpl == nil {
+		return nil, fmt.Errorf("model %s: no chat template", name)
+	}
+	m := &Model{
+		Name:             name,
+		Created:          time.Now().Unix(),
+		Encode:           tok.Encode,
+		NewDetokenizer:   func() Detokenizer { return tokenizer.NewDecoder(tok, true) },
+		DefaultMaxTokens: 256,
+	}
+	m.EncodeChat = func(msgs []Message) ([]uint32, error) {
+		tm := make([]tokenizer.Message, len(msgs))
+		for i, msg := range msgs {
+			tm[i] = tokenizer.Message{Role: msg.Role, Content: msg.Content, Name: msg.Name}
+		}
+		text, err := tmpl.Render(tm, true)
+		if err != nil {
+			return nil, err
+		}
+		return tok.EncodeWithSpecial(text), nil
+	}
+	for _, e := range eos {
+		if id, ok := tok.TokenID(e); ok {
+			m.EOS = append(m.EOS, id)
+		}
+	}
+	if len(m.EOS) == 0 {
+		return nil, fmt.Errorf("model %s: none of the end tokens %v is in the vocabulary", name, eos)
+	}
+	return m, nil
+}
+
+// BuiltinModel serves name with the built-in o200k tokenizer and ChatML.
+func BuiltinModel(name string) (*Model, error) {
+	tok, tmpl, err := tokenizer.Builtin()
+	if err != nil {
+		return nil, err
+	}
+	return NewModel(name, tok, tmpl, "<|im_end|>", "<|endoftext|>")
+}
+
+// StaticModels is a fixed set of models, safe for concurrent use; the
+// cluster backend adds models as workers announce them.
+type StaticModels struct {
+	mu     sync.RWMutex
+	models map[string]*Model
+}
+
+func (s *StaticModels) Add(m *Model) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.models == nil {
+		s.models = map[string]*Model{}
+	}
+	s.models[m.Name] = m
+}
+
+func (s *StaticModels) Model(name string) (*Model, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	m, ok := s.models[name]
+	return m, ok
+}
+
+func (s *StaticModels) Models() []*Model {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*Model, 0, len(s.models))
+	for _, m := range s.models {
+		out = append(out, m)
+	}
+	return out
+}
