@@ -149,16 +149,16 @@ func (s *fakeStream) Recv() (TokenChunk, error) {
 	}
 	if s.emitted == s.req.MaxTokens {
 		s.done = true
-		return TokenChunk{Finish: "length", PromptTokens: len(s.req.Tokens)}, nil
+		return TokenChunk{Finish: "length", PromptTokens: len(s.req.Tokens), CachedTokens: 3}, nil
 	}
 	if s.pos >= len(s.b.reply) {
 		s.done = true
-		return TokenChunk{Tokens: []uint32{testEOS}, Finish: "stop", PromptTokens: len(s.req.Tokens)}, nil
+		return TokenChunk{Tokens: []uint32{testEOS}, Finish: "stop", PromptTokens: len(s.req.Tokens), CachedTokens: 3}, nil
 	}
 	tok := uint32(s.b.reply[s.pos])
 	s.pos++
 	s.emitted++
-	return TokenChunk{Tokens: []uint32{tok}, CachedTokens: 3}, nil
+	return TokenChunk{Tokens: []uint32{tok}}, nil
 }
 
 func (s *fakeStream) Close() error { return nil }

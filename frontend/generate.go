@@ -147,9 +147,6 @@ func (s *Server) drain(ctx context.Context, stream TokenStream, m *Model, out *g
 			}
 			return false, nil, s.backendError(err)
 		}
-		if out.Usage.CachedTokens == 0 && ch.CachedTokens > 0 && len(*generated) == 0 {
-			out.Usage.CachedTokens = ch.CachedTokens
-		}
 		for _, id := range ch.Tokens {
 			now := time.Now()
 			if lastToken.IsZero() {
@@ -180,6 +177,9 @@ func (s *Server) drain(ctx context.Context, stream TokenStream, m *Model, out *g
 			}
 		}
 		if ch.Finish != "" {
+			// The finishing worker's cache hits; after a migration its prompt
+			// includes generated tokens, so cap at the client's prompt.
+			out.Usage.CachedTokens = min(ch.CachedTokens, out.Usage.PromptTokens)
 			out.Finish = ch.Finish
 			return true, nil, nil
 		}

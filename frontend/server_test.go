@@ -115,6 +115,9 @@ func TestChatNonStreaming(t *testing.T) {
 	if usage["prompt_tokens"] != float64(prompt) || usage["completion_tokens"] != float64(14) || usage["total_tokens"] != float64(prompt+14) {
 		t.Fatalf("usage %v", usage)
 	}
+	if usage["prompt_tokens_details"].(map[string]any)["cached_tokens"] != float64(3) {
+		t.Fatalf("cached tokens: %v", usage)
+	}
 	if b.requests[0].Seed != 7 {
 		t.Fatalf("a request without a seed gets a random one; got %d", b.requests[0].Seed)
 	}

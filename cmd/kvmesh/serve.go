@@ -1,0 +1,300 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/worker"
+)
+
+// frontendFlags are shared by `serve` and `frontend`.
+type frontendFlags struct {
+	listen         string
+	models         []string
+	routerMode     string
+	temperature    float64
+	migrationLimit int
+	maxBodyBytes   int64
+	replicaSync    bool
+	logLevel       string
+}
+
+func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
+	f.StringVar(&ff.listen, "listen", ":8000", "HTTP address of the OpenAI API")
+	f.StringSliceVar(&ff.models, "model", defaultModels, "model name(s) served (built-in o200k tokenizer and ChatML template)")
+	f.StringVar(&ff.routerMode, "router-mode", "kv", "round-robin, random, kv or kv-approx")
+	f.Float64Var(&ff.temperature, "router-temperature", 0, "softmax temperature of worker selection (0: always the cheapest)")
+	f.IntVar(&ff.migrationLimit, "migration-limit", 3, "times a request may move to another worker when its worker dies")
+	f.Int64Var(&ff.maxBodyBytes, "max-body-bytes", 16<<20, "largest request body accepted (413 above)")
+	f.BoolVar(&ff.replicaSync, "router-replica-sync", false, "share load bookings with other frontend replicas over NATS")
+	f.StringVar(&ff.logLevel, "log-level", "info", "debug, info, warn or error")
+}
+
+// runningFrontend is an HTTP frontend bound and serving.
+type runningFrontend struct {
+	cluster *frontend.Cluster
+	srv     *http.Server
+	ln      net.Listener
+	errc    chan error
+}
+
+func startFrontend(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc *runtime.Discovery, log *slog.Logger) (*runningFrontend, error) {
+	mode, err := router.ParseMode(ff.routerMode)
+	if err != nil {
+		return nil, fmt.Errorf("--router-mode: %w", err)
+	}
+	var models []*frontend.Model
+	for _, name := range ff.models {
+		m, err := frontend.BuiltinModel(name)
+		if err != nil {
+			return nil, err
+		}
+		models = append(models, m)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cost := router.DefaultCost()
+	cost.Temperature = ff.temperature
+	cl, err := frontend.NewCluster(ctx, frontend.ClusterConfig{
+		NC: nc, Discovery: disc, Models: models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log,
+		Router: router.Config{Mode: mode, Cost: &cost},
+	})
+	if err != nil {
+		return nil, err
+	}
+	cfg := frontend.DefaultConfig()
+	cfg.MigrationLimit, cfg.MaxBodyBytes, cfg.Ready = ff.migrationLimit, ff.maxBodyBytes, cl.Ready
+	srv := &http.Server{Handler: frontend.New(cfg, cl, cl, reg, reg), ReadHeaderTimeout: 10 * time.Second}
+	ln, err := net.Listen("tcp", ff.listen)
+	if err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("--listen %s: %w", ff.listen, err)
+	}
+	rf := &runningFrontend{cluster: cl, srv: srv, ln: ln, errc: make(chan error, 1)}
+	go func() { rf.errc <- srv.Serve(ln) }()
+	return rf, nil
+}
+
+// url is where clients reach the API: a wildcard bind is shown as loopback.
+func (rf *runningFrontend) url() string {
+	addr := rf.ln.Addr().(*net.TCPAddr)
+	host := addr.IP.String()
+	if addr.IP.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return fmt.Sprintf("http://%s/v1", net.JoinHostPort(host, fmt.Sprint(addr.Port)))
+}
+
+func (rf *runningFrontend) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = rf.srv.Shutdown(ctx)
+	rf.cluster.Close()
+}
+
+func newServeCmd() *cobra.Command {
+	ff := &frontendFlags{}
+	sf := sim.DefaultConfig()
+	var workers int
+	var natsURL, dataDir string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a whole kvmesh cluster in one process: embedded NATS, OpenAI frontend, router and simulated workers",
+		Long: `serve starts an embedded NATS server (or joins --nats), N simulated workers and the
+OpenAI-compatible frontend with the KV-aware router, all in one process. Ctrl-C stops it
+cleanly. Every flag has a KVMESH_* environment variable.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := workerApplyEnv(cmd.Flags()); err != nil {
+				return err
+			}
+			return runServe(cmd, ff, sf, workers, natsURL, dataDir)
+		},
+	}
+	f := cmd.Flags()
+	ff.register(f, []string{"kvmesh-sim"})
+	f.IntVar(&workers, "workers", 4, "simulated workers to start")
+	f.StringVar(&natsURL, "nats", "", "external NATS URL(s); empty starts an embedded server")
+	f.StringVar(&dataDir, "data-dir", "", "embedded NATS JetStream directory (default: a temporary one)")
+	f.IntVar(&sf.BlockSize, "block-size", sf.BlockSize, "sim: tokens per KV block")
+	f.IntVar(&sf.Blocks, "blocks", sf.Blocks, "sim: device KV capacity in blocks per worker")
+	f.IntVar(&sf.MaxBatchedTokens, "max-batched-tokens", sf.MaxBatchedTokens, "sim: token budget per scheduler step")
+	f.IntVar(&sf.MaxSeqs, "max-seqs", sf.MaxSeqs, "sim: running sequences per step")
+	f.Float64Var(&sf.SpeedupRatio, "speedup-ratio", sf.SpeedupRatio, "sim: divide modelled time by this (0: no waiting)")
+	f.VisitAll(func(fl *pflag.Flag) { fl.Usage += " [" + workerEnvName(fl.Name) + "]" })
+	return cmd
+}
+
+func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, natsURL, dataDir string) error {
+	log, err := workerLogger(ff.logLevel, os.Stderr)
+	if err != nil {
+		return err
+	}
+	if workers < 1 {
+		return fmt.Errorf("--workers %d: want at least 1", workers)
+	}
+	if len(ff.models) != 1 {
+		return fmt.Errorf("--model: serve runs one model, got %d", len(ff.models))
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	if natsURL == "" {
+		ns, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: dataDir, Logger: log})
+		if err != nil {
+			return err
+		}
+		defer ns.Shutdown()
+		natsURL = ns.URL()
+	}
+	nc, err := runtime.Connect(runtime.ConnConfig{URLs: natsURL, Name: "kvmesh-serve", Logger: log})
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	disc, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{Logger: log})
+	if err != nil {
+		return err
+	}
+
+	var ws []*worker.Worker
+	defer func() {
+		for _, w := range ws {
+			_ = w.Close()
+		}
+	}()
+	for i := 0; i < workers; i++ {
+		cfg := sf
+		cfg.Model, cfg.Role = ff.models[0], engine.RoleAggregated
+		eng, err := sim.New(cfg)
+		if err != nil {
+			return fmt.Errorf("sim engine: %w", err)
+		}
+		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i),
+			Discovery: runtime.DiscoveryConfig{Logger: log}}, eng, nc)
+		if err != nil {
+			eng.Close()
+			return err
+		}
+		if err := w.Start(ctx); err != nil {
+			_ = w.Close()
+			return fmt.Errorf("worker %d: %w", i, err)
+		}
+		ws = append(ws, w)
+	}
+
+	rf, err := startFrontend(ctx, ff, nc, disc, log)
+	if err != nil {
+		return err
+	}
+	defer rf.shutdown()
+	if err := waitReady(ctx, rf.cluster, 10*time.Second); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh serve: model %s on %d simulated workers (router %s); OpenAI API at %s (NATS %s)\n",
+		ff.models[0], workers, ff.routerMode, rf.url(), natsURL)
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+		return nil
+	case err := <-rf.errc:
+		return fmt.Errorf("http server: %w", err)
+	}
+}
+
+// waitReady waits until every served model has a routable worker.
+func waitReady(ctx context.Context, cl *frontend.Cluster, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		err := cl.Ready()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not ready after %v: %w", limit, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func newFrontendCmd() *cobra.Command {
+	ff := &frontendFlags{}
+	var natsURL, natsCreds, natsCA, natsCert, natsKey string
+	cmd := &cobra.Command{
+		Use:   "frontend",
+		Short: "Run the OpenAI frontend and KV router against workers registered on NATS",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := workerApplyEnv(cmd.Flags()); err != nil {
+				return err
+			}
+			log, err := workerLogger(ff.logLevel, os.Stderr)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			nc, err := runtime.Connect(runtime.ConnConfig{URLs: natsURL, Name: "kvmesh-frontend", CredsFile: natsCreds,
+				CAFile: natsCA, CertFile: natsCert, KeyFile: natsKey, Logger: log})
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			disc, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{Logger: log})
+			if err != nil {
+				return err
+			}
+			rf, err := startFrontend(ctx, ff, nc, disc, log)
+			if err != nil {
+				return err
+			}
+			defer rf.shutdown()
+			fmt.Fprintf(cmd.OutOrStdout(), "kvmesh frontend: models %v (router %s); OpenAI API at %s\n", ff.models, ff.routerMode, rf.url())
+			select {
+			case <-ctx.Done():
+				return nil
+			case err := <-rf.errc:
+				if errors.Is(err, http.ErrServerClosed) {
+					return nil
+				}
+				return err
+			}
+		},
+	}
+	f := cmd.Flags()
+	ff.register(f, []string{"kvmesh-sim"})
+	f.StringVar(&natsURL, "nats", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	f.StringVar(&natsCreds, "nats-creds", "", "NATS credentials file")
+	f.StringVar(&natsCA, "nats-ca", "", "CA certificate to trust for NATS TLS")
+	f.StringVar(&natsCert, "nats-cert", "", "client certificate for NATS TLS")
+	f.StringVar(&natsKey, "nats-key", "", "client key for NATS TLS")
+	f.VisitAll(func(fl *pflag.Flag) { fl.Usage += " [" + workerEnvName(fl.Name) + "]" })
+	return cmd
+}
+
+func init() {
+	rootCmd.AddCommand(newServeCmd(), newFrontendCmd())
+}

@@ -1,0 +1,344 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/hints"
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/runtime"
+)
+
+// ClusterConfig wires a Cluster to the control plane.
+type ClusterConfig struct {
+	NC        *nats.Conn
+	Discovery *runtime.Discovery
+	// Models are the served models with their preprocessing; the cluster
+	// routes each to the workers that register under its name.
+	Models []*Model
+	// Router configures worker selection. Matcher is set by the cluster (its
+	// event-fed index) unless the mode needs none.
+	Router router.Config
+	// ReplicaSync shares load bookings with other frontend replicas.
+	ReplicaSync bool
+	// InhibitFor keeps a worker that failed a request out of routing
+	// (default 5 s); discovery removes it for good once its TTL lapses.
+	InhibitFor time.Duration
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// replicaSyncScope names the replica-sync subject every frontend shares.
+const replicaSyncScope = "all-models"
+
+// Cluster is the Backend over live workers: discovery feeds the router's
+// worker set, the event plane feeds its index, load reports feed its busy
+// thresholds, and requests go to the chosen worker over gRPC.
+type Cluster struct {
+	cfg     ClusterConfig
+	log     *slog.Logger
+	index   *index.Index
+	router  *router.Router
+	clients *runtime.WorkerClients
+	models  StaticModels
+
+	mu        sync.Mutex
+	instances map[uint64]runtime.Instance
+	inhibited map[kv.WorkerKey]time.Time
+
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	watchers []*runtime.Watcher
+	subs     []*nats.Subscription
+	bcast    *runtime.Broadcast
+}
+
+// NewCluster starts following the workers of every configured model.
+func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.InhibitFor <= 0 {
+		cfg.InhibitFor = 5 * time.Second
+	}
+	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: runtime.NewWorkerClients(),
+		instances: map[uint64]runtime.Instance{}, inhibited: map[kv.WorkerKey]time.Time{}}
+	rc := cfg.Router
+	if rc.Mode == router.ModeKV || rc.Mode == "" {
+		rc.Matcher = c.index
+	}
+	rc.Registerer = cfg.Registerer
+	if cfg.ReplicaSync {
+		rc.OnReplicaEvent = func(ev router.ReplicaEvent) {
+			if b, err := ev.MarshalBinary(); err == nil && c.bcast != nil {
+				_ = c.bcast.Publish(b)
+			}
+		}
+	}
+	r, err := router.New(rc)
+	if err != nil {
+		return nil, err
+	}
+	c.router = r
+	if cfg.ReplicaSync {
+		// Replica events name workers, not models: one subject serves all.
+		c.bcast, err = runtime.NewBroadcast(cfg.NC, runtime.SyncSubject(replicaSyncScope, "router"), r.ID(), func(_ string, data []byte) {
+			var ev router.ReplicaEvent
+			if err := ev.UnmarshalBinary(data); err != nil {
+				c.log.Debug("bad replica event", "err", err)
+				return
+			}
+			if err := r.ApplyReplicaEvent(ev); err != nil {
+				c.log.Debug("replica event rejected", "err", err)
+			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("replica sync: %w", err)
+		}
+	}
+	ctx, c.cancel = context.WithCancel(ctx)
+	for _, m := range cfg.Models {
+		c.models.Add(m)
+		if err := c.follow(ctx, m.Name); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// follow subscribes to one model's discovery records, events and load.
+func (c *Cluster) follow(ctx context.Context, model string) error {
+	feed, err := runtime.NewEventFeed(c.cfg.NC, runtime.FeedConfig{Model: model, Applier: c.index,
+		Repairer: runtime.GRPCRepairer{Clients: c.clients}, Logger: c.log})
+	if err != nil {
+		return fmt.Errorf("event feed for %s: %w", model, err)
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		if err := feed.Run(ctx); err != nil && ctx.Err() == nil {
+			c.log.Error("event feed stopped", "model", model, "err", err)
+		}
+	}()
+	w, err := c.cfg.Discovery.Watch(ctx, model, func(ev runtime.DiscoveryEvent) {
+		c.discovered(ev)
+		feed.OnDiscovery(ev)
+	})
+	if err != nil {
+		return fmt.Errorf("watching %s: %w", model, err)
+	}
+	c.watchers = append(c.watchers, w)
+	sub, err := runtime.SubscribeLoad(c.cfg.NC, model, func(r runtime.LoadReport) {
+		c.router.UpdateLoad(kv.WorkerKey{Instance: r.Instance, DPRank: r.DPRank}, r.UsedBlocks, r.TotalBlocks, r.Running, r.Waiting)
+	}, func(err error) { c.log.Debug("bad load report", "err", err) })
+	if err != nil {
+		return fmt.Errorf("load reports of %s: %w", model, err)
+	}
+	c.subs = append(c.subs, sub)
+	return nil
+}
+
+// discovered keeps the router's worker set equal to discovery's.
+func (c *Cluster) discovered(ev runtime.DiscoveryEvent) {
+	in := ev.Instance
+	if ev.Kind == runtime.InstanceRemoved {
+		c.mu.Lock()
+		delete(c.instances, in.ID)
+		c.mu.Unlock()
+		for _, k := range in.Workers() {
+			c.router.RemoveWorker(k)
+		}
+		c.clients.Forget(in.ID)
+		c.log.Info("worker removed", "instance", fmt.Sprintf("%x", in.ID), "model", in.Model)
+		return
+	}
+	c.mu.Lock()
+	c.instances[in.ID] = in
+	c.mu.Unlock()
+	for r, k := range in.Workers() {
+		info := router.WorkerInfo{Key: k, Model: in.Model, Role: router.Role(in.Role), BlockSize: in.BlockSize,
+			KVBlocks: in.KVCapacity[kv.TierDevice.String()], MaxBatchedTokens: in.MaxBatchedTokens, Digest: in.Digest}
+		if r < len(in.ControlEndpoints) {
+			info.ControlEndpoint, info.HintCapable = in.ControlEndpoints[r], true
+		}
+		if err := c.router.AddWorker(info); err != nil {
+			c.log.Warn("worker not routable", "instance", fmt.Sprintf("%x", in.ID), "err", err)
+		}
+	}
+	c.log.Info("worker added", "instance", fmt.Sprintf("%x", in.ID), "model", in.Model, "grpc", in.GRPCAddr)
+}
+
+// Ready reports whether every served model has a worker.
+func (c *Cluster) Ready() error {
+	for _, m := range c.cfg.Models {
+		if len(c.router.Workers(m.Name, router.RoleAggregated)) == 0 {
+			return fmt.Errorf("no worker serves %s yet", m.Name)
+		}
+	}
+	return nil
+}
+
+// Router exposes the router (for metrics and tests).
+func (c *Cluster) Router() *router.Router { return c.router }
+
+// Index exposes the event-fed index (for tests).
+func (c *Cluster) Index() *index.Index { return c.index }
+
+// Model and Models make the cluster a ModelSource.
+func (c *Cluster) Model(name string) (*Model, bool) { return c.models.Model(name) }
+func (c *Cluster) Models() []*Model                 { return c.models.Models() }
+
+func (c *Cluster) inhibit(k kv.WorkerKey) {
+	c.mu.Lock()
+	c.inhibited[k] = time.Now().Add(c.cfg.InhibitFor)
+	c.mu.Unlock()
+}
+
+func (c *Cluster) excluded() []kv.WorkerKey {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []kv.WorkerKey
+	now := time.Now()
+	for k, until := range c.inhibited {
+		if now.After(until) {
+			delete(c.inhibited, k)
+			continue
+		}
+		out = append(out, k)
+	}
+	return out
+}
+
+// Generate routes the request and streams it from the chosen worker.
+func (c *Cluster) Generate(ctx context.Context, req *GenerateRequest) (TokenStream, error) {
+	d, err := c.router.Route(ctx, router.Request{Model: req.Model, Tokens: req.Tokens, Exclude: c.excluded()})
+	var busy *router.BusyError
+	switch {
+	case errors.As(err, &busy):
+		return nil, &BusyError{RetryAfter: busy.RetryAfter}
+	case errors.Is(err, router.ErrNoWorkers):
+		return nil, ErrNoWorkers
+	case err != nil:
+		return nil, err
+	}
+	c.mu.Lock()
+	in, ok := c.instances[d.Worker.Instance]
+	c.mu.Unlock()
+	if !ok {
+		d.Done()
+		return nil, fmt.Errorf("worker %v left before the request reached it: %w", d.Worker, ErrWorkerLost)
+	}
+	client, err := c.clients.Get(in)
+	if err != nil {
+		d.Done()
+		c.inhibit(d.Worker)
+		return nil, fmt.Errorf("%v: %w", err, ErrWorkerLost)
+	}
+	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, MaxTokens: uint32(req.MaxTokens),
+		StopTokenIds: req.StopTokens, Seed: req.Seed, Temperature: req.Temperature, DpRank: d.Worker.DPRank}
+	if h := d.Hint; h != nil {
+		greq.KvHint = hints.NewFetch(d.ID, h.Endpoint, h.SeqHashes).Marshal()
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	st, err := client.Generate(sctx, greq)
+	if err != nil {
+		cancel()
+		d.Done()
+		c.inhibit(d.Worker)
+		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, ErrWorkerLost)
+	}
+	return &workerStream{c: c, d: d, st: st, cancel: cancel}, nil
+}
+
+type workerStream struct {
+	c      *Cluster
+	d      *router.Decision
+	st     api.Worker_GenerateClient
+	cancel context.CancelFunc
+	first  bool
+	done   bool
+}
+
+func (s *workerStream) Recv() (TokenChunk, error) {
+	if s.done {
+		return TokenChunk{}, io.EOF
+	}
+	m, err := s.st.Recv()
+	if err != nil {
+		s.finish()
+		if err == io.EOF {
+			// The worker closed the stream without a finish reason.
+			s.c.inhibit(s.d.Worker)
+			return TokenChunk{}, fmt.Errorf("worker %v ended the stream early: %w", s.d.Worker, ErrWorkerLost)
+		}
+		switch status.Code(err) {
+		case codes.Canceled, codes.DeadlineExceeded:
+			return TokenChunk{}, err
+		case codes.InvalidArgument:
+			return TokenChunk{}, fmt.Errorf("worker rejected the request: %s", status.Convert(err).Message())
+		}
+		s.c.inhibit(s.d.Worker)
+		return TokenChunk{}, fmt.Errorf("worker %v: %v: %w", s.d.Worker, err, ErrWorkerLost)
+	}
+	if !s.first && len(m.Tokens) > 0 {
+		s.first = true
+		s.d.FirstToken()
+	}
+	ch := TokenChunk{Tokens: m.Tokens, Finish: m.FinishReason}
+	if m.FinishReason == "error" {
+		s.finish()
+		return TokenChunk{}, fmt.Errorf("worker %v: engine error: %s", s.d.Worker, m.Error)
+	}
+	if u := m.Usage; u != nil {
+		ch.PromptTokens, ch.CachedTokens = int(u.PromptTokens), int(u.CachedTokens)
+	}
+	if ch.Finish != "" {
+		s.finish()
+	}
+	return ch, nil
+}
+
+func (s *workerStream) finish() {
+	if !s.done {
+		s.done = true
+		s.d.Done()
+	}
+}
+
+func (s *workerStream) Close() error {
+	s.cancel()
+	s.finish()
+	return nil
+}
+
+// Close stops following the cluster.
+func (c *Cluster) Close() {
+	for _, w := range c.watchers {
+		w.Close()
+	}
+	for _, s := range c.subs {
+		_ = s.Unsubscribe()
+	}
+	if c.bcast != nil {
+		_ = c.bcast.Close()
+	}
+	if c.cancel != nil {
+		c.cancel()
+	}
+	c.wg.Wait()
+	c.clients.Close()
+}
