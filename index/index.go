@@ -10,7 +10,11 @@
 // (worker slot, tier mask) entries in one word; a node with more holders
 // points to an overflow bitset per tier over dense worker slots. Children
 // are found through one open-addressing table keyed by (parent id, local
-// hash) whose slots are just node ids (4 bytes). Engine hashes resolve
+// hash) whose slots are just node ids (4 bytes), except the child that sits
+// at id parent+1: nodes are allocated so that a chain stored in one event
+// gets consecutive ids (a freed chain is reused the same way), so nearly
+// every child is its parent's successor, costs no table slot and is found
+// by one sequential load; walks down long chains stream through memory. Engine hashes resolve
 // through a second such table: a node remembers the first engine hash any
 // worker stored it under, and workers that report that same hash (vLLM and
 // the sim do) cost nothing more; a worker using another hash for the node
@@ -146,7 +150,9 @@ type Index struct {
 	vw     atomic.Pointer[view]
 
 	next, ovfNext uint32
-	free, ovfFree []uint32
+	free          []uint32 // freed node ids; may hold stale or repeated ids (see alloc)
+	nfree         int      // free ids below next
+	ovfFree       []uint32
 	workers       map[kv.WorkerKey]*wstate
 	slots         []*wstate
 	freeSlots     []uint32
@@ -160,7 +166,7 @@ type Index struct {
 // New returns an empty index.
 func New() *Index {
 	ix := &Index{workers: map[kv.WorkerKey]*wstate{}, next: 1, ovfNext: 1, seed: 0x2545F4914F6CDD1D}
-	d := []*chunk{new(chunk)} // id 0 is the root
+	d := []*chunk{newChunk()} // id 0 is the root
 	ix.dir.Store(&d)
 	od := []*ovfChunk{new(ovfChunk)}
 	ix.ovfDir.Store(&od)
@@ -169,6 +175,16 @@ func New() *Index {
 	ix.vw.Store(&view{})
 	ix.scratch.New = func() any { return new(scratch) }
 	return ix
+}
+
+// newChunk returns a chunk of free nodes: a successor probe of a parent
+// must never match a node that was not created yet.
+func newChunk() *chunk {
+	c := new(chunk)
+	for i := range c.hot {
+		c.hot[i].pg.Store(noParent)
+	}
+	return c
 }
 
 func nodeAt(dir []*chunk, id uint32) *hot { return &dir[id>>chunkBits].hot[id&chunkMask] }
@@ -195,6 +211,18 @@ func (ix *Index) childHash(parent uint32, local uint64) uint64 {
 // lookup finds the child of parent with the given local hash. It returns
 // the node id, its pg word as validated and its holders word; id 0 if absent.
 func (ix *Index) lookup(t *table, dir []*chunk, parent uint32, local uint64) (id uint32, pg, holders uint64, d []*chunk, ok bool) {
+	// The successor first: it is the child in almost every chain.
+	if s := parent + 1; int(s>>chunkBits) < len(dir) {
+		n := nodeAt(dir, s)
+		pg = n.pg.Load()
+		if uint32(pg) == parent && n.local.Load() == local {
+			holders = n.holders.Load()
+			if n.pg.Load() != pg {
+				return 0, 0, 0, dir, false
+			}
+			return s, pg, holders, dir, true
+		}
+	}
 	i := ix.childHash(parent, local) & t.mask
 	for {
 		id = t.slots[i].Load()
@@ -287,6 +315,10 @@ func tableDelete(t *table, hash uint64, id uint32) {
 	}
 }
 
+// inTable reports whether node id (child of parent) has a child-table slot:
+// a parent's successor has none.
+func inTable(id, parent uint32) bool { return id != parent+1 }
+
 func (ix *Index) rehashChild(id uint32) uint64 {
 	n := nodeAt(*ix.dir.Load(), id)
 	return ix.childHash(uint32(n.pg.Load()), n.local.Load())
@@ -294,21 +326,62 @@ func (ix *Index) rehashChild(id uint32) uint64 {
 
 func (ix *Index) rehashEng(id uint32) uint64 { return mix(ix.chunkOf(id).eng[id&chunkMask] ^ ix.seed) }
 
-// newNode creates the child (parent, local).
-func (ix *Index) newNode(parent uint32, local uint64) uint32 {
-	var id uint32
-	if k := len(ix.free); k > 0 {
-		id = ix.free[k-1]
-		ix.free = ix.free[:k-1]
-	} else {
-		id = ix.next
-		ix.next++
-		d := *ix.dir.Load()
-		if int(id>>chunkBits) >= len(d) {
-			nd := append(append(make([]*chunk, 0, len(d)+1), d...), new(chunk))
-			ix.dir.Store(&nd)
+func (ix *Index) isFree(id uint32) bool {
+	return uint32(nodeAt(*ix.dir.Load(), id).pg.Load()) == noParent
+}
+
+// alloc picks the id of a new child of parent: parent's successor when it
+// is free, else a freed id, else a fresh one. The free stack is lazy: an id
+// taken as a successor stays in it (stale) and is skipped when popped; it
+// is compacted when stale entries dominate.
+func (ix *Index) alloc(parent uint32) uint32 {
+	s := parent + 1
+	if s < ix.next && ix.isFree(s) {
+		ix.nfree--
+		return s
+	}
+	if s != ix.next {
+		for k := len(ix.free); k > 0; k = len(ix.free) {
+			id := ix.free[k-1]
+			ix.free = ix.free[:k-1]
+			if ix.isFree(id) {
+				ix.nfree--
+				return id
+			}
 		}
 	}
+	id := ix.next
+	ix.next++
+	d := *ix.dir.Load()
+	if int(id>>chunkBits) >= len(d) {
+		nd := append(append(make([]*chunk, 0, len(d)+1), d...), newChunk())
+		ix.dir.Store(&nd)
+	}
+	return id
+}
+
+// pushFree records a freed id, compacting the stack when it is mostly
+// stale or repeated entries.
+func (ix *Index) pushFree(id uint32) {
+	ix.nfree++
+	ix.free = append(ix.free, id)
+	if len(ix.free) < 2*ix.nfree+1024 {
+		return
+	}
+	live := ix.free[:0]
+	seen := make(map[uint32]struct{}, ix.nfree)
+	for _, x := range ix.free {
+		if _, dup := seen[x]; !dup && ix.isFree(x) {
+			seen[x] = struct{}{}
+			live = append(live, x)
+		}
+	}
+	ix.free = live
+}
+
+// newNode creates the child (parent, local).
+func (ix *Index) newNode(parent uint32, local uint64) uint32 {
+	id := ix.alloc(parent)
 	c := ix.chunkOf(id)
 	n := &c.hot[id&chunkMask]
 	n.local.Store(local)
@@ -320,8 +393,9 @@ func (ix *Index) newNode(parent uint32, local uint64) uint32 {
 	if parent != 0 {
 		ix.chunkOf(parent).nc[parent&chunkMask]++
 	}
-	t := ix.ctab.Load()
-	ix.tableInsert(&ix.ctab, t, ix.childHash(parent, local), id, ix.rehashChild)
+	if inTable(id, parent) {
+		ix.tableInsert(&ix.ctab, ix.ctab.Load(), ix.childHash(parent, local), id, ix.rehashChild)
+	}
 	ix.st.Nodes++
 	return id
 }
@@ -336,7 +410,9 @@ func (ix *Index) maybeFree(id uint32) {
 			return
 		}
 		parent := uint32(pg)
-		tableDelete(ix.ctab.Load(), ix.childHash(parent, n.local.Load()), id)
+		if inTable(id, parent) {
+			tableDelete(ix.ctab.Load(), ix.childHash(parent, n.local.Load()), id)
+		}
 		if c.nc[id&chunkMask]&hasEngBit != 0 {
 			tableDelete(ix.etab, mix(c.eng[id&chunkMask]^ix.seed), id)
 		}
@@ -349,7 +425,7 @@ func (ix *Index) maybeFree(id uint32) {
 		}
 		n.holders.Store(0)
 		c.nc[id&chunkMask] = 0
-		ix.free = append(ix.free, id)
+		ix.pushFree(id)
 		ix.st.Nodes--
 		if parent == 0 {
 			return
@@ -619,6 +695,36 @@ func (ix *Index) bind(ws *wstate, id uint32, h uint64) {
 	ws.over[id] = h
 }
 
+// storeFresh creates the child (p, b.LocalHash), which does not exist, and
+// stores it for ws on tier: the general path without the lookups whose
+// answer is known for a new node (no child, no holder, no binding).
+func (ix *Index) storeFresh(ws *wstate, p uint32, b kv.StoredBlock, tier kv.Tier) uint32 {
+	c := ix.newNode(p, b.LocalHash)
+	ix.cand = append(ix.cand, c)
+	h := b.EngineHash
+	if other := ix.resolve(ws, h); other != 0 {
+		ix.st.Rebound++
+		ix.drop(ws, other)
+	}
+	k := c & chunkMask
+	ch := ix.chunkOf(c)
+	if ix.etabFind(h) == 0 {
+		ch.eng[k] = h
+		ch.nc[k] |= hasEngBit
+		ix.etab = ix.tableInsert(nil, ix.etab, mix(h^ix.seed), c, ix.rehashEng)
+	} else {
+		if ws.exc == nil {
+			ws.exc, ws.over = map[uint64]uint32{}, map[uint32]uint64{}
+		}
+		ws.exc[h] = c
+		ws.over[c] = h
+	}
+	ix.st.Holdings++
+	ws.counts[tier]++
+	ch.hot[k].holders.Store(uint64(ws.slot<<4 | 1<<tier))
+	return c
+}
+
 // Apply applies one KV event. Bad input is counted in Stats, never fatal.
 func (ix *Index) Apply(ev kv.Event) {
 	ix.mu.Lock()
@@ -651,12 +757,18 @@ func (ix *Index) apply(ev *kv.Event) {
 			}
 		}
 		bit := uint8(1) << ev.Tier
+		fresh := false // p was created by this event, so it has no children yet
 		for _, b := range ev.Blocks {
 			ix.st.Blocks++
+			if fresh {
+				p = ix.storeFresh(ws, p, b, ev.Tier)
+				continue
+			}
 			c := ix.findChild(p, b.LocalHash)
 			if c == 0 {
-				c = ix.newNode(p, b.LocalHash)
-				ix.cand = append(ix.cand, c)
+				p = ix.storeFresh(ws, p, b, ev.Tier)
+				fresh = true
+				continue
 			}
 			ix.bind(ws, c, b.EngineHash)
 			m := ix.maskOf(c, ws.slot)
