@@ -290,3 +290,40 @@ func TestEndpoints(t *testing.T) {
 		t.Error("port overflow accepted")
 	}
 }
+
+func TestReplayOverlapIsDeduplicated(t *testing.T) {
+	defer goleak.VerifyNone(t, leakOpts...)
+	p := newTestPublisher(t, true)
+	defer p.Close()
+	var payloads [][]byte
+	for i := range 5 {
+		b := &Batch{TS: float64(i), Events: []Event{{Type: TypeRemoved, BlockHashes: []uint64{uint64(i)}}}}
+		if _, err := p.PublishBatch(b); err != nil {
+			t.Fatal(err)
+		}
+		enc, _ := EncodeBatch(b, ShapeArray)
+		payloads = append(payloads, enc)
+	}
+	c := &collector{}
+	s, err := NewSubscriber(Config{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), Handler: c.handle, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s.Ingest(ctx, 2, payloads[2]) // joining: replay from 0 brings 0..4, live 2 is then a duplicate
+	s.Ingest(ctx, 3, payloads[3]) // already applied through replay
+	s.Ingest(ctx, 4, payloads[4])
+	_, dels := c.snapshot()
+	checkContiguous(t, dels)
+	if len(dels) != 5 {
+		t.Fatalf("%d deliveries", len(dels))
+	}
+	for i, d := range dels {
+		if !d.Replayed || d.Events[0].Removed[0] != uint64(i) {
+			t.Fatalf("delivery %d: %+v", i, d)
+		}
+	}
+	if st := s.Stats(); st.Duplicates != 3 || st.Replayed != 5 || st.Gaps != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
