@@ -76,7 +76,7 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 	if r := len(v.keys) % 64; r != 0 {
 		last = 1<<r - 1
 	}
-	id, pg, h, dir, ok := ix.lookup(t, dir, 0, local[0])
+	id, _, h, dir, ok := ix.lookup(t, dir, 0, local[0])
 	if !ok {
 		return dst, false
 	}
@@ -85,25 +85,22 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 	}
 	// Level 0 seeds the survivors.
 	if h&ovfFlag != 0 {
-		hs := ix.hsetOf(uint32(h))
+		hs := ix.setOf(h)
 		if hs == nil {
 			return dst, false
 		}
 		dense = true
 		for k := 0; k < W; k++ {
-			var c uint64
 			for tt := 0; tt < kv.NumTiers; tt++ {
-				if (k+1)*kv.NumTiers <= len(hs.words) {
-					c |= hs.words[k*kv.NumTiers+tt].Load()
+				var c uint64
+				if j := k*kv.NumTiers + tt; j < len(hs.cum) {
+					c = hs.cum[j]
 				}
 				if k == W-1 {
 					c &= last
 				}
 				s.alive[tt][k] = c
 			}
-		}
-		if nodeAt(dir, id).pg.Load() != pg {
-			return dst, false
 		}
 		for k := 0; k < W; k++ {
 			for tt := 0; tt < kv.NumTiers-1; tt++ {
@@ -133,10 +130,10 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 			}
 		}
 	}
-	parent := id
+	parent, prev := id, h
 	depth := len(local)
 	for i := 1; i < len(local); i++ {
-		id, pg, h, dir, ok = ix.lookup(t, dir, parent, local[i])
+		id, _, h, dir, ok = ix.lookup(t, dir, parent, local[i])
 		if !ok {
 			return dst, false
 		}
@@ -145,21 +142,22 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 			break
 		}
 		parent = id
+		if h == prev {
+			continue // the same holders as the level above: nobody drops out
+		}
+		prev = h
 		if dense {
 			if h&ovfFlag != 0 {
-				hs := ix.hsetOf(uint32(h))
+				hs := ix.setOf(h)
 				if hs == nil {
 					return dst, false
 				}
 				any := uint64(0)
 				for k := 0; k < W; k++ {
-					var c uint64
 					for tt := 0; tt < kv.NumTiers; tt++ {
-						if (k+1)*kv.NumTiers <= len(hs.words) {
-							c |= hs.words[k*kv.NumTiers+tt].Load()
-						}
-						if k == W-1 {
-							c &= last
+						var c uint64
+						if j := k*kv.NumTiers + tt; j < len(hs.cum) {
+							c = hs.cum[j]
 						}
 						a := s.alive[tt][k]
 						for d := a &^ c; d != 0; d &= d - 1 {
@@ -168,9 +166,6 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 						s.alive[tt][k] = a & c
 						any |= a & c
 					}
-				}
-				if nodeAt(dir, id).pg.Load() != pg {
-					return dst, false
 				}
 				if any == 0 {
 					depth = -1
@@ -221,7 +216,15 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 			if c.cur >= kv.NumTiers {
 				continue
 			}
-			low := lowTier(maskIn(ix, h, c.slot))
+			var m uint8
+			if h&ovfFlag == 0 {
+				m = maskIn(ix, h, c.slot)
+			} else if hs := ix.setOf(h); hs != nil {
+				m = hs.mask(c.slot)
+			} else {
+				return dst, false
+			}
+			low := lowTier(m)
 			for ; c.cur < low && c.cur < kv.NumTiers; c.cur++ {
 				dep[c.slot][c.cur] = uint32(i)
 			}

@@ -68,8 +68,9 @@ type Stats struct {
 	// TooManyWorkers: a Stored for a new worker beyond 2^27 slots; dropped.
 	TooManyWorkers uint64
 	// Nodes is the number of live nodes; Holdings the (worker, block) pairs;
-	// Overflow the nodes with more than two holders.
-	Nodes, Holdings, Overflow uint64
+	// Overflow the nodes with more than two holders; HolderSets the
+	// distinct holder sets those nodes share.
+	Nodes, Holdings, Overflow, HolderSets uint64
 	// ReadRetries counts lookups restarted because a node was recycled
 	// under them.
 	ReadRetries uint64
@@ -91,7 +92,7 @@ const (
 type hot struct {
 	local   atomic.Uint64
 	pg      atomic.Uint64 // generation<<32 | parent id
-	holders atomic.Uint64 // two inline entries (slot<<4|mask) or ovfFlag|overflow id
+	holders atomic.Uint64 // two inline entries (slot<<4|mask) or ovfWord(set index, generation)
 }
 
 type chunk struct {
@@ -99,14 +100,6 @@ type chunk struct {
 	eng [chunkSize]uint64 // writer only
 	nc  [chunkSize]uint32 // writer only: children | hasEngBit
 }
-
-// hset is an overflow holder set: per 64-slot word k and tier t, words[k*NumTiers+t].
-type hset struct {
-	words []atomic.Uint64
-	n     int // holders (writer only)
-}
-
-type ovfChunk [chunkSize]atomic.Pointer[hset]
 
 // table is an open-addressing table of node ids with linear probing.
 type table struct {
@@ -153,6 +146,10 @@ type Index struct {
 	free          []uint32 // freed node ids; may hold stale or repeated ids (see alloc)
 	nfree         int      // free ids below next
 	ovfFree       []uint32
+	ovfGen        uint32
+	sets          map[uint64]uint32 // content hash -> interned holder set
+	memo          transition
+	entBuf        []uint32
 	workers       map[kv.WorkerKey]*wstate
 	slots         []*wstate
 	freeSlots     []uint32
@@ -165,7 +162,7 @@ type Index struct {
 
 // New returns an empty index.
 func New() *Index {
-	ix := &Index{workers: map[kv.WorkerKey]*wstate{}, next: 1, ovfNext: 1, seed: 0x2545F4914F6CDD1D}
+	ix := &Index{workers: map[kv.WorkerKey]*wstate{}, next: 1, ovfNext: 1, sets: map[uint64]uint32{}, seed: 0x2545F4914F6CDD1D}
 	d := []*chunk{newChunk()} // id 0 is the root
 	ix.dir.Store(&d)
 	od := []*ovfChunk{new(ovfChunk)}
@@ -190,10 +187,6 @@ func newChunk() *chunk {
 func nodeAt(dir []*chunk, id uint32) *hot { return &dir[id>>chunkBits].hot[id&chunkMask] }
 
 func (ix *Index) chunkOf(id uint32) *chunk { return (*ix.dir.Load())[id>>chunkBits] }
-
-func (ix *Index) hsetOf(idx uint32) *hset {
-	return (*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Load()
-}
 
 func mix(x uint64) uint64 {
 	x ^= x >> 32
@@ -418,9 +411,7 @@ func (ix *Index) maybeFree(id uint32) {
 		}
 		n.pg.Store((pg>>32+1)<<32 | noParent)
 		if h := n.holders.Load(); h&ovfFlag != 0 {
-			idx := uint32(h)
-			(*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Store(nil)
-			ix.ovfFree = append(ix.ovfFree, idx)
+			ix.release(h)
 			ix.st.Overflow--
 		}
 		n.holders.Store(0)
@@ -437,7 +428,7 @@ func (ix *Index) maybeFree(id uint32) {
 
 func (ix *Index) holderCount(h uint64) int {
 	if h&ovfFlag != 0 {
-		return ix.hsetOf(uint32(h)).n
+		return len(ix.setOf(h).ent)
 	}
 	n := 0
 	if uint32(h) != 0 {
@@ -456,16 +447,10 @@ func (ix *Index) maskOf(id, slot uint32) uint8 {
 
 func maskIn(ix *Index, h uint64, slot uint32) uint8 {
 	if h&ovfFlag != 0 {
-		hs := ix.hsetOf(uint32(h))
-		k := int(slot >> 6)
-		if (k+1)*kv.NumTiers > len(hs.words) {
-			return 0
+		if hs := ix.setOf(h); hs != nil {
+			return hs.mask(slot)
 		}
-		var m uint8
-		for t := 0; t < kv.NumTiers; t++ {
-			m |= uint8(hs.words[k*kv.NumTiers+t].Load()>>(slot&63)&1) << t
-		}
-		return m
+		return 0
 	}
 	for _, e := range [2]uint32{uint32(h), uint32(h >> 32)} {
 		if e != 0 && e>>4 == slot {
@@ -479,100 +464,15 @@ func maskIn(ix *Index, h uint64, slot uint32) uint8 {
 func (ix *Index) setMask(id, slot uint32, m uint8) {
 	n := nodeAt(*ix.dir.Load(), id)
 	h := n.holders.Load()
-	if h&ovfFlag == 0 {
-		e := [2]uint32{uint32(h), uint32(h >> 32)}
-		ne := slot<<4 | uint32(m)
-		if m == 0 {
-			ne = 0
+	nh := ix.withMask(h, slot, m)
+	n.holders.Store(nh)
+	if h&ovfFlag != 0 {
+		ix.release(h)
+		if nh&ovfFlag == 0 {
+			ix.st.Overflow--
 		}
-		placed := false
-		for i := range e {
-			if e[i] != 0 && e[i]>>4 == slot {
-				e[i], placed = ne, true
-			}
-		}
-		if !placed && m != 0 {
-			switch {
-			case e[0] == 0:
-				e[0], placed = ne, true
-			case e[1] == 0:
-				e[1], placed = ne, true
-			}
-		}
-		if placed || m == 0 {
-			n.holders.Store(uint64(e[0]) | uint64(e[1])<<32)
-			return
-		}
-		// Third holder: move to an overflow set.
-		hs := ix.newHset(slot)
-		for _, x := range e {
-			hs.set(x>>4, uint8(x&15))
-		}
-		hs.set(slot, m)
-		var idx uint32
-		if k := len(ix.ovfFree); k > 0 {
-			idx = ix.ovfFree[k-1]
-			ix.ovfFree = ix.ovfFree[:k-1]
-		} else {
-			idx = ix.ovfNext
-			ix.ovfNext++
-			d := *ix.ovfDir.Load()
-			if int(idx>>chunkBits) >= len(d) {
-				nd := append(append(make([]*ovfChunk, 0, len(d)+1), d...), new(ovfChunk))
-				ix.ovfDir.Store(&nd)
-			}
-		}
-		(*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Store(hs)
-		n.holders.Store(ovfFlag | uint64(idx))
+	} else if nh&ovfFlag != 0 {
 		ix.st.Overflow++
-		return
-	}
-	idx := uint32(h)
-	p := &(*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask]
-	hs := p.Load()
-	if int(slot>>6+1)*kv.NumTiers > len(hs.words) {
-		if m == 0 {
-			return
-		}
-		// Grow copy-on-write so readers never see a short slice change.
-		nh := ix.newHset(slot)
-		for i := range hs.words {
-			nh.words[i].Store(hs.words[i].Load())
-		}
-		nh.n = hs.n
-		p.Store(nh)
-		hs = nh
-	}
-	hs.set(slot, m)
-}
-
-func (ix *Index) newHset(slot uint32) *hset {
-	w := len(ix.slots)
-	if int(slot)+1 > w {
-		w = int(slot) + 1
-	}
-	return &hset{words: make([]atomic.Uint64, (w+63)/64*kv.NumTiers)}
-}
-
-func (hs *hset) set(slot uint32, m uint8) {
-	k, bit := int(slot>>6)*kv.NumTiers, uint64(1)<<(slot&63)
-	had := false
-	for t := 0; t < kv.NumTiers; t++ {
-		w := &hs.words[k+t]
-		if w.Load()&bit != 0 {
-			had = true
-		}
-		if m&(1<<t) != 0 {
-			w.Or(bit)
-		} else {
-			w.And(^bit)
-		}
-	}
-	switch {
-	case had && m == 0:
-		hs.n--
-	case !had && m != 0:
-		hs.n++
 	}
 }
 

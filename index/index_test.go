@@ -161,7 +161,7 @@ func TestMatchesReferenceOnRandomStreams(t *testing.T) {
 				for _, w := range ix.Workers() {
 					ix.RemoveWorker(w)
 				}
-				if s := ix.Stats(); s.Nodes != 0 || s.Holdings != 0 || s.Overflow != 0 {
+				if s := ix.Stats(); s.Nodes != 0 || s.Holdings != 0 || s.Overflow != 0 || s.HolderSets != 0 {
 					t.Fatalf("after removing all workers: %+v", s)
 				}
 			})

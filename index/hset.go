@@ -1,0 +1,190 @@
+package index
+
+import (
+	"slices"
+	"sync/atomic"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Shared holder sets. A node with more than two holders points to an
+// immutable holder set, and nodes with equal holders share one set
+// (interned by content): a chain stored by the same workers costs one set,
+// and a reader that sees the same holders word on consecutive levels knows
+// that nobody dropped out there. A change builds or finds another set (copy
+// on write); a set is freed when its last node leaves it. The holders word
+// names the set by index and generation, and a reader accepts a loaded set
+// only if its generation matches, so a recycled index is never mistaken
+// for the set the word named.
+
+// hset is one immutable holder set.
+type hset struct {
+	ent  []uint32 // slot<<4 | tier mask, ascending slot
+	cum  []uint64 // [k*NumTiers+t]: slots of 64-slot word k holding on tier t or faster
+	gen  uint32   // generation the set was published under (31 bits)
+	idx  uint32   // its index (writer)
+	refs int      // nodes pointing to it (writer)
+	hash uint64   // content hash (writer)
+}
+
+type ovfChunk [chunkSize]atomic.Pointer[hset]
+
+const genMask = 0x7FFFFFFF
+
+func ovfWord(idx, gen uint32) uint64 { return ovfFlag | uint64(gen&genMask)<<32 | uint64(idx) }
+
+// setOf returns the set holders word h names, or nil if that set was
+// freed since h was read (only a lock-free reader can see that).
+func (ix *Index) setOf(h uint64) *hset {
+	idx := uint32(h)
+	d := *ix.ovfDir.Load()
+	if int(idx>>chunkBits) >= len(d) {
+		return nil
+	}
+	hs := d[idx>>chunkBits][idx&chunkMask].Load()
+	if hs == nil || hs.gen != uint32(h>>32)&genMask {
+		return nil
+	}
+	return hs
+}
+
+// mask returns slot's tier mask in the set.
+func (hs *hset) mask(slot uint32) uint8 {
+	i, ok := slices.BinarySearchFunc(hs.ent, slot, func(e, s uint32) int {
+		switch {
+		case e>>4 < s:
+			return -1
+		case e>>4 > s:
+			return 1
+		}
+		return 0
+	})
+	if !ok {
+		return 0
+	}
+	return uint8(hs.ent[i] & 15)
+}
+
+func entHash(ent []uint32) uint64 {
+	h := uint64(len(ent)) * 0x9E3779B97F4A7C15
+	for _, e := range ent {
+		h = (h ^ uint64(e)) * 0xff51afd7ed558ccd
+		h ^= h >> 29
+	}
+	return h
+}
+
+// intern returns the holders word of the set with entries ent (sorted,
+// more than two), taking a reference to it.
+func (ix *Index) intern(ent []uint32) uint64 {
+	hash := entHash(ent)
+	idx, shared := ix.sets[hash]
+	if shared {
+		if hs := (*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Load(); slices.Equal(hs.ent, ent) {
+			hs.refs++
+			return ovfWord(idx, hs.gen)
+		}
+		// A hash collision: the new set stays private.
+	}
+	if k := len(ix.ovfFree); k > 0 {
+		idx = ix.ovfFree[k-1]
+		ix.ovfFree = ix.ovfFree[:k-1]
+	} else {
+		idx = ix.ovfNext
+		ix.ovfNext++
+		d := *ix.ovfDir.Load()
+		if int(idx>>chunkBits) >= len(d) {
+			nd := append(append(make([]*ovfChunk, 0, len(d)+1), d...), new(ovfChunk))
+			ix.ovfDir.Store(&nd)
+		}
+	}
+	ix.ovfGen = (ix.ovfGen + 1) & genMask
+	hs := &hset{ent: slices.Clone(ent), gen: ix.ovfGen, idx: idx, refs: 1, hash: hash}
+	hs.cum = make([]uint64, (int(ent[len(ent)-1]>>4)/64+1)*kv.NumTiers)
+	for _, e := range ent {
+		k, bit := int(e>>10)*kv.NumTiers, uint64(1)<<(e>>4&63)
+		for t := lowTier(uint8(e & 15)); t < kv.NumTiers; t++ {
+			hs.cum[k+int(t)] |= bit
+		}
+	}
+	(*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Store(hs)
+	if !shared {
+		ix.sets[hash] = idx
+	}
+	ix.st.HolderSets++
+	return ovfWord(idx, hs.gen)
+}
+
+// release drops a reference to the set h names, freeing it with the last.
+func (ix *Index) release(h uint64) {
+	hs := ix.setOf(h)
+	if hs.refs--; hs.refs > 0 {
+		return
+	}
+	if x, ok := ix.sets[hs.hash]; ok && x == hs.idx {
+		delete(ix.sets, hs.hash)
+	}
+	(*ix.ovfDir.Load())[hs.idx>>chunkBits][hs.idx&chunkMask].Store(nil)
+	ix.ovfFree = append(ix.ovfFree, hs.idx)
+	ix.st.HolderSets--
+}
+
+// transition is the last holders change made by setMask: consecutive
+// blocks of one event usually make the same one (chain nodes share a set).
+type transition struct {
+	from, to uint64
+	slot     uint32
+	m        uint8
+}
+
+// withMask returns holders word h with slot's mask set to m (0 removes
+// the holder), taking a reference to any set it names. It does not release h.
+func (ix *Index) withMask(h uint64, slot uint32, m uint8) uint64 {
+	if t := &ix.memo; t.from == h && t.slot == slot && t.m == m {
+		if t.to&ovfFlag == 0 {
+			return t.to
+		}
+		if hs := ix.setOf(t.to); hs != nil {
+			hs.refs++
+			return t.to
+		}
+	}
+	ent := ix.entBuf[:0]
+	if h&ovfFlag != 0 {
+		ent = append(ent, ix.setOf(h).ent...)
+	} else {
+		for _, e := range [2]uint32{uint32(h), uint32(h >> 32)} {
+			if e != 0 {
+				ent = append(ent, e)
+			}
+		}
+		if len(ent) == 2 && ent[0]>>4 > ent[1]>>4 {
+			ent[0], ent[1] = ent[1], ent[0]
+		}
+	}
+	i, found := slices.BinarySearchFunc(ent, slot, func(e, s uint32) int { return int(e>>4) - int(s) })
+	ne := slot<<4 | uint32(m)
+	switch {
+	case found && m == 0:
+		ent = slices.Delete(ent, i, i+1)
+	case found:
+		ent[i] = ne
+	case m != 0:
+		ent = slices.Insert(ent, i, ne)
+	}
+	ix.entBuf = ent
+	var out uint64
+	switch len(ent) {
+	case 0:
+	case 1:
+		out = uint64(ent[0])
+	case 2:
+		out = uint64(ent[0]) | uint64(ent[1])<<32
+	default:
+		out = ix.intern(ent)
+	}
+	if (h|out)&ovfFlag != 0 {
+		ix.memo = transition{from: h, to: out, slot: slot, m: m}
+	}
+	return out
+}
