@@ -647,3 +647,34 @@ func abs(x float64) float64 {
 	}
 	return x
 }
+
+// BenchmarkLoadLoopback measures the generator's own ceiling: requests/s
+// it sustains against an instant loopback fake (16 tokens each).
+func BenchmarkLoadLoopback(b *testing.B) {
+	f := &fakeOpenAI{reply: func(int) fakeReply { return fakeReply{tokens: 16} }}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", f.complete)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	b.ResetTimer()
+	rep, err := RunLoad(context.Background(), LoadConfig{URL: srv.URL + "/v1", Model: "m",
+		Synthetic: &SyntheticConfig{Groups: 1, PromptsPerGroup: b.N, SystemLen: 512, QuestionLen: 64, OutputLen: 16}, Concurrency: 32}, io.Discard)
+	if err != nil || rep.OK != b.N {
+		b.Fatalf("ok %d of %d: %v", rep.OK, b.N, err)
+	}
+	b.ReportMetric(rep.RequestsPerS, "req/s")
+	b.ReportMetric(rep.OutputTokS, "tok/s")
+}
+
+// BenchmarkPromptText measures building a 12k-token prompt (the
+// conversation trace's mean input) from hash ids.
+func BenchmarkPromptText(b *testing.B) {
+	segs := make([]segment, 24)
+	for i := range segs {
+		segs[i] = segment{ID: uint64(i), Tokens: 512}
+	}
+	b.SetBytes(int64(24 * 512))
+	for b.Loop() {
+		_ = promptText(segs)
+	}
+}

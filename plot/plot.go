@@ -118,6 +118,10 @@ func WriteFile(path string, c Chart) error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("plot: %w", err)
 	}
+	// CreateTemp makes the file private; a chart is an ordinary output.
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("plot: %w", err)
 	}

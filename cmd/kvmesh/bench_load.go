@@ -12,7 +12,10 @@ import (
 	"github.com/kvmesh/kvmesh/bench"
 )
 
-func init() {
+func init() { benchCmd.AddCommand(newBenchLoadCmd()) }
+
+// newBenchLoadCmd builds `bench load`; a constructor so tests get fresh flags.
+func newBenchLoadCmd() *cobra.Command {
 	var (
 		c         bench.LoadConfig
 		synthetic bool
@@ -102,5 +105,5 @@ output_tok_s=... goodput=...".`,
 	f.DurationVar(&c.Grace, "grace", 5*time.Second, "after Ctrl-C or --duration, how long in-flight requests may finish")
 	f.DurationVar(&c.ProgressEvery, "progress-every", 5*time.Second, "progress line interval when stderr is not a terminal")
 	f.StringVar(&c.OutDir, "out", "", "write report.json, requests.jsonl, summary.md and SVG plots here")
-	benchCmd.AddCommand(cmd)
+	return cmd
 }
