@@ -2,6 +2,7 @@ package index
 
 import (
 	"math/bits"
+	"slices"
 
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -9,7 +10,7 @@ import (
 // scratch is per-query state, pooled so FindMatches does not allocate.
 type scratch struct {
 	alive [kv.NumTiers][]uint64 // dense mode: slots still matching tier t or faster
-	hit   []uint64              // by rank: workers holding the first block
+	hit   []uint64              // by slot: workers holding the first block
 	dep   [][kv.NumTiers]uint32 // by slot
 }
 
@@ -24,6 +25,80 @@ func lowTier(m uint8) uint8 {
 		return kv.NumTiers
 	}
 	return uint8(bits.TrailingZeros8(m))
+}
+
+const noSlot = 0xFFFFFFFF
+
+// settle sets the depth of every worker still alive (dense mode), except
+// the slots in skip, to v on each tier it is alive on. The alive sets nest
+// (alive[t] ⊆ alive[t+1]), so alive[NumTiers-1] lists them all.
+func settle(dep [][kv.NumTiers]uint32, alive *[kv.NumTiers][]uint64, W int, v uint32, skip [2]uint32) {
+	var all [kv.NumTiers]uint32
+	for t := range all {
+		all[t] = v
+	}
+	for k := 0; k < W; k++ {
+		a0 := alive[0][k]
+		for d := alive[kv.NumTiers-1][k]; d != 0; d &= d - 1 {
+			b := bits.TrailingZeros64(d)
+			sl := uint32(k*64 + b)
+			if sl == skip[0] || sl == skip[1] {
+				continue
+			}
+			if a0>>b&1 != 0 {
+				dep[sl] = all
+				continue
+			}
+			for t := 1; t < kv.NumTiers; t++ {
+				if alive[t][k]>>b&1 != 0 {
+					for ; t < kv.NumTiers; t++ {
+						dep[sl][t] = v
+					}
+				}
+			}
+		}
+	}
+}
+
+type scanEnd uint8
+
+const (
+	scanDone    scanEnd = iota // the query ended inside the run
+	scanChanged                // local[i] is node parent, with holders h != prev
+	scanOther                  // local[i] is not parent's successor
+	scanRetry                  // a node was recycled under the reader
+)
+
+// scanChain follows successor nodes from parent while they match local[i:]
+// and carry holders word prev.
+func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev uint64) (int, uint32, uint64, scanEnd) {
+	for i < len(local) {
+		sc := parent + 1
+		ci := int(sc >> chunkBits)
+		if ci >= len(dir) {
+			return i, parent, 0, scanOther
+		}
+		hot := &dir[ci].hot
+		for k := sc & chunkMask; k < chunkSize; k++ {
+			n := &hot[k]
+			pg := n.pg.Load()
+			if uint32(pg) != parent || n.local.Load() != local[i] {
+				return i, parent, 0, scanOther
+			}
+			h := n.holders.Load()
+			if n.pg.Load() != pg {
+				return i, parent, 0, scanRetry
+			}
+			parent++
+			if h != prev {
+				return i, parent, h, scanChanged
+			}
+			if i++; i == len(local) {
+				return i, parent, h, scanDone
+			}
+		}
+	}
+	return i, parent, prev, scanDone
 }
 
 // FindMatches appends to dst one Match per worker key with
@@ -108,21 +183,14 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 					dep[k*64+bits.TrailingZeros64(d)][tt] = 0
 				}
 			}
-			for x := s.alive[kv.NumTiers-1][k]; x != 0; x &= x - 1 {
-				sl := uint32(k*64 + bits.TrailingZeros64(x))
-				if int(sl) < len(v.rankOf) {
-					r := v.rankOf[sl]
-					hit[r>>6] |= 1 << (r & 63)
-				}
-			}
+			hit[k] = s.alive[kv.NumTiers-1][k]
 		}
 	} else {
 		for _, e := range [2]uint32{uint32(h), uint32(h >> 32)} {
 			if e != 0 && int(e>>4) < len(v.rankOf) {
 				sl := e >> 4
 				cs[nc] = cand{slot: sl, cur: lowTier(uint8(e & 15))}
-				r := v.rankOf[sl]
-				hit[r>>6] |= 1 << (r & 63)
+				hit[sl>>6] |= 1 << (sl & 63)
 				for tt := uint8(0); tt < cs[nc].cur; tt++ {
 					dep[sl][tt] = 0
 				}
@@ -133,6 +201,18 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 	parent, prev := id, h
 	depth := len(local)
 	for i := 1; i < len(local); i++ {
+		// Fast path: a run of successor nodes with the holders word of the
+		// level above (nobody drops out) is one sequential scan.
+		var st scanEnd
+		i, parent, h, st = scanChain(dir, parent, local, i, prev)
+		switch st {
+		case scanDone:
+			continue // i == len(local): the loop ends
+		case scanRetry:
+			return dst, false
+		case scanChanged:
+			goto changed
+		}
 		id, _, h, dir, ok = ix.lookup(t, dir, parent, local[i])
 		if !ok {
 			return dst, false
@@ -145,6 +225,7 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 		if h == prev {
 			continue // the same holders as the level above: nobody drops out
 		}
+	changed:
 		prev = h
 		if dense {
 			if h&ovfFlag != 0 {
@@ -197,17 +278,11 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 				nc++
 			}
 			// Everyone else still alive drops out here.
-			for tt := 0; tt < kv.NumTiers; tt++ {
-				for k := 0; k < W; k++ {
-					for d := s.alive[tt][k]; d != 0; d &= d - 1 {
-						sl := uint32(k*64 + bits.TrailingZeros64(d))
-						if (nk > 0 && sl == keep[0]) || (nk > 1 && sl == keep[1]) {
-							continue
-						}
-						dep[sl][tt] = uint32(i)
-					}
-				}
+			for nk < 2 {
+				keep[nk] = noSlot
+				nk++
 			}
+			settle(dep, &s.alive, W, uint32(i), keep)
 			// fall through to the sparse step for this same node
 		}
 		live := 0
@@ -239,13 +314,7 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 	}
 	if depth >= 0 {
 		if dense {
-			for tt := 0; tt < kv.NumTiers; tt++ {
-				for k := 0; k < W; k++ {
-					for d := s.alive[tt][k]; d != 0; d &= d - 1 {
-						dep[k*64+bits.TrailingZeros64(d)][tt] = uint32(depth)
-					}
-				}
-			}
+			settle(dep, &s.alive, W, uint32(depth), [2]uint32{noSlot, noSlot})
 		} else {
 			for j := 0; j < nc; j++ {
 				for c := cs[j].cur; c < kv.NumTiers; c++ {
@@ -254,11 +323,33 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 			}
 		}
 	}
+	nm := 0
 	for k := 0; k < W; k++ {
-		for x := hit[k]; x != 0; x &= x - 1 {
-			r := k*64 + bits.TrailingZeros64(x)
-			sl := v.slotOf[r]
-			dst = append(dst, Match{Worker: v.keys[sl], Depth: dep[sl]})
+		nm += bits.OnesCount64(hit[k])
+	}
+	if nm <= 2 {
+		var sl [2]uint32
+		j := 0
+		for k := 0; k < W; k++ {
+			for x := hit[k]; x != 0; x &= x - 1 {
+				sl[j] = uint32(k*64 + bits.TrailingZeros64(x))
+				j++
+			}
+		}
+		if j == 2 && v.rankOf[sl[0]] > v.rankOf[sl[1]] {
+			sl[0], sl[1] = sl[1], sl[0]
+		}
+		for _, x := range sl[:j] {
+			dst = append(dst, Match{Worker: v.keys[x], Depth: dep[x]})
+		}
+		return dst, true
+	}
+	// Many matches: walk the workers in key order and test each.
+	dst = slices.Grow(dst, nm)
+	keys := v.keys
+	for _, sl := range v.slotOf {
+		if hit[sl>>6]>>(sl&63)&1 != 0 {
+			dst = append(dst, Match{Worker: keys[sl], Depth: dep[sl]})
 		}
 	}
 	return dst, true
