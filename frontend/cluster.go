@@ -62,6 +62,7 @@ type Cluster struct {
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	watchers []*runtime.Watcher
+	feeds    map[string]*runtime.EventFeed
 	subs     []*nats.Subscription
 	bcast    *runtime.Broadcast
 }
@@ -75,7 +76,8 @@ func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 		cfg.InhibitFor = 5 * time.Second
 	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: runtime.NewWorkerClients(),
-		instances: map[uint64]runtime.Instance{}, inhibited: map[kv.WorkerKey]time.Time{}}
+		instances: map[uint64]runtime.Instance{}, inhibited: map[kv.WorkerKey]time.Time{},
+		feeds: map[string]*runtime.EventFeed{}}
 	rc := cfg.Router
 	if rc.Mode == router.ModeKV || rc.Mode == "" {
 		rc.Matcher = c.index
@@ -127,6 +129,7 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 	if err != nil {
 		return fmt.Errorf("event feed for %s: %w", model, err)
 	}
+	c.feeds[model] = feed
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
@@ -198,6 +201,10 @@ func (c *Cluster) Router() *router.Router { return c.router }
 // Index exposes the event-fed index (for tests).
 func (c *Cluster) Index() *index.Index { return c.index }
 
+// Feed is the event feed of a served model (for stats and tests); nil for
+// a model the cluster does not serve.
+func (c *Cluster) Feed(model string) *runtime.EventFeed { return c.feeds[model] }
+
 // Model and Models make the cluster a ModelSource.
 func (c *Cluster) Model(name string) (*Model, bool) { return c.models.Model(name) }
 func (c *Cluster) Models() []*Model                 { return c.models.Models() }
@@ -261,13 +268,14 @@ func (c *Cluster) Generate(ctx context.Context, req *GenerateRequest) (TokenStre
 		c.inhibit(d.Worker)
 		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, ErrWorkerLost)
 	}
-	return &workerStream{c: c, d: d, st: st, cancel: cancel}, nil
+	return &workerStream{c: c, d: d, st: st, ctx: ctx, cancel: cancel}, nil
 }
 
 type workerStream struct {
 	c      *Cluster
 	d      *router.Decision
 	st     api.Worker_GenerateClient
+	ctx    context.Context // the caller's: tells its cancellation from ours
 	cancel context.CancelFunc
 	first  bool
 	done   bool
@@ -287,7 +295,12 @@ func (s *workerStream) Recv() (TokenChunk, error) {
 		}
 		switch status.Code(err) {
 		case codes.Canceled, codes.DeadlineExceeded:
-			return TokenChunk{}, err
+			// Only the caller's cancellation is the caller's: a stream
+			// cancelled because discovery dropped the worker (Forget closes
+			// its connection) is a lost worker and may be migrated.
+			if s.ctx.Err() != nil {
+				return TokenChunk{}, err
+			}
 		case codes.InvalidArgument:
 			return TokenChunk{}, fmt.Errorf("worker rejected the request: %s", status.Convert(err).Message())
 		}

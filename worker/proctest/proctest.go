@@ -152,6 +152,10 @@ func (p *Proc) Kill() {
 	<-p.done
 }
 
+// Signal sends sig to the process, e.g. SIGSTOP to freeze it without
+// closing its sockets (a hung worker); Kill still ends a stopped process.
+func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
 // Err is the exit error once the process has exited.
 func (p *Proc) Err() error {
 	p.mu.Lock()
