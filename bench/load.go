@@ -177,6 +177,7 @@ type RequestRecord struct {
 	Detail       string  `json:"detail,omitempty"`
 	TTFTms       float64 `json:"ttft_ms,omitempty"`
 	TTSTms       float64 `json:"ttst_ms,omitempty"`
+	HasTTST      bool    `json:"-"`
 	ITLms        float64 `json:"itl_ms,omitempty"`
 	HasITL       bool    `json:"-"`
 	LatencyMS    float64 `json:"latency_ms,omitempty"`
@@ -443,6 +444,7 @@ func (r *loadRunner) send(i int, lag time.Duration) {
 	rec.TTFTms = ms(res.first.Sub(start))
 	rec.LatencyMS = ms(res.last.Sub(start))
 	if !res.second.IsZero() {
+		rec.HasTTST = true
 		rec.TTSTms = ms(res.second.Sub(res.first))
 	}
 	if rec.OutputTokens > 1 {

@@ -90,7 +90,7 @@ func (s SLO) met(rec *RequestRecord) bool {
 	case "ttft_ms":
 		v = rec.TTFTms
 	case "ttst_ms":
-		if rec.OutputTokens < 2 {
+		if !rec.HasTTST {
 			return true
 		}
 		v = rec.TTSTms
@@ -236,7 +236,7 @@ func buildReport(c *LoadConfig, recs []RequestRecord, planned int) *LoadReport {
 		rep.OK++
 		ttft = append(ttft, r.TTFTms)
 		lat = append(lat, r.LatencyMS)
-		if r.OutputTokens > 1 && r.TTSTms > 0 {
+		if r.HasTTST {
 			ttst = append(ttst, r.TTSTms)
 		}
 		if r.HasITL {

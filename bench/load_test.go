@@ -633,6 +633,11 @@ func TestGoodputAndStats(t *testing.T) {
 	if rep.ITLms.Count != 3 || rep.OutputTokS != 31.0/4 {
 		t.Fatalf("itl %+v, output tok/s %v", rep.ITLms, rep.OutputTokS)
 	}
+	// A one-token answer has no second token: a TTST SLO cannot fail it.
+	ttst := SLO{"ttst_ms", "<=", 1}
+	if !ttst.met(&RequestRecord{OK: true, OutputTokens: 1}) || ttst.met(&RequestRecord{OK: true, HasTTST: true, TTSTms: 2}) {
+		t.Fatal("ttst SLO")
+	}
 	// numpy: percentile([1..10], 90) = 9.1, 99 -> 9.91.
 	v := []float64{10, 9, 8, 7, 6, 5, 4, 3, 2, 1}
 	st := newStats(v)
