@@ -329,7 +329,7 @@ func (b *recvBuf) ensure(n, size int) error {
 }
 
 // maxRead bounds one socket read.
-const maxRead = 256 << 10
+const maxRead = 1 << 20
 
 // take consumes n ensured bytes.
 func (b *recvBuf) take(n int) []byte {
