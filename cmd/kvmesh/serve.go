@@ -35,6 +35,7 @@ type frontendFlags struct {
 	migrationLimit int
 	maxBodyBytes   int64
 	replicaSync    bool
+	busyKVUsage    float64
 	logLevel       string
 }
 
@@ -46,6 +47,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.IntVar(&ff.migrationLimit, "migration-limit", 3, "times a request may move to another worker when its worker dies")
 	f.Int64Var(&ff.maxBodyBytes, "max-body-bytes", 16<<20, "largest request body accepted (413 above)")
 	f.BoolVar(&ff.replicaSync, "router-replica-sync", false, "share load bookings with other frontend replicas over NATS")
+	f.Float64Var(&ff.busyKVUsage, "busy-kv-usage", 0, "a worker is busy above this fraction of its KV blocks in use; 503 when all are (0: off)")
 	f.StringVar(&ff.logLevel, "log-level", "info", "debug, info, warn or error")
 }
 
@@ -72,11 +74,14 @@ func startFrontend(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc *
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if ff.busyKVUsage < 0 || ff.busyKVUsage > 1 {
+		return nil, fmt.Errorf("--busy-kv-usage %g: want a fraction in [0, 1]", ff.busyKVUsage)
+	}
 	cost := router.DefaultCost()
 	cost.Temperature = ff.temperature
 	cl, err := frontend.NewCluster(ctx, frontend.ClusterConfig{
 		NC: nc, Discovery: disc, Models: models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log,
-		Router: router.Config{Mode: mode, Cost: &cost},
+		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage},
 	})
 	if err != nil {
 		return nil, err
