@@ -1,0 +1,211 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/twin"
+)
+
+// twinFlags is `kvmesh twin`'s command line.
+type twinFlags struct {
+	trace          string
+	mode           string
+	compare        string
+	out            string
+	strict         bool
+	maxRequests    int
+	traceBlockSize int
+	cfg            twin.Config
+	prefillScale   float64
+	temperature    float64
+}
+
+func init() { rootCmd.AddCommand(newTwinCmd()) }
+
+func newTwinCmd() *cobra.Command {
+	var tf twinFlags
+	cmd := &cobra.Command{
+		Use:   "twin",
+		Short: "Replay a trace on a simulated fleet in virtual time and measure routing modes",
+		Long: `Replays a Mooncake-style JSONL trace against N simulated engines in virtual
+time, routing every request with the real router, and reports TTFT, ITL and
+end-to-end latency, throughput and the prefix hit ratio split into device /
+fetched from peers / host / disk (host and disk stay 0 until KVBM tiers
+exist). Modes: round-robin, random, kv (index fed by the engines' KV
+events), kv-approx (router's own routing history) and kv+hints (kv with KV
+hints: the chosen engine copies the hinted blocks from a peer, paying the
+modelled transfer time).
+
+Open loop by default (trace timestamps divided by --arrival-speedup);
+--concurrency C runs a closed loop of C clients instead. --compare runs
+several modes side by side; --out writes twin.json and two SVG charts.
+Results are deterministic for a given --seed. Each mode's output ends with
+  twin: mode=<m> requests=<n> hit=<ratio> ttft_p50_ms=<x> ttft_mean_ms=<y> wall_s=<z>
+Malformed trace lines are reported with their line numbers and skipped
+(--strict fails on the first). Every flag has a KVMESH_TWIN_* environment
+variable (--trace also reads KVMESH_TRACE).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := twinApplyEnv(cmd.Flags()); err != nil {
+				return err
+			}
+			if tf.trace == "" {
+				tf.trace = os.Getenv("KVMESH_TRACE")
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			defer stop()
+			return runTwin(ctx, tf, cmd.Flags(), cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&tf.trace, "trace", "", "Mooncake JSONL trace (required; or KVMESH_TRACE)")
+	f.StringVar(&tf.mode, "router", twin.ModeKV, "routing mode: "+strings.Join(twin.Modes, ", "))
+	f.StringVar(&tf.compare, "compare", "", "comma-separated modes to run side by side (overrides --router)")
+	f.StringVar(&tf.out, "out", "", "directory for twin.json, twin_ttft_cdf.svg and twin_hit_ratio.svg")
+	f.BoolVar(&tf.strict, "strict", false, "fail on the first malformed trace line instead of skipping it")
+	f.IntVar(&tf.maxRequests, "requests", 0, "replay only the first N trace lines (0: all)")
+	f.IntVar(&tf.traceBlockSize, "trace-block-size", 512, "tokens per trace hash id")
+	f.IntVar(&tf.cfg.Workers, "workers", twin.DefaultWorkers, "simulated workers")
+	f.IntVar(&tf.cfg.BlockSize, "block-size", 64, "engine KV block size in tokens")
+	f.IntVar(&tf.cfg.Blocks, "blocks", 16384, "KV blocks per worker")
+	f.IntVar(&tf.cfg.MaxBatchedTokens, "max-batched-tokens", 8192, "engine token budget per pass")
+	f.IntVar(&tf.cfg.MaxSeqs, "max-seqs", 256, "engine running-sequence limit")
+	f.Float64Var(&tf.cfg.ArrivalSpeedup, "arrival-speedup", 1, "open loop: divide trace inter-arrival times by this")
+	f.IntVar(&tf.cfg.Concurrency, "concurrency", 0, "closed loop with this many requests outstanding (0: open loop)")
+	f.Uint64Var(&tf.cfg.Seed, "seed", 1, "seed of the router's random choices and the requests' sampling")
+	f.Float64Var(&tf.cfg.TransferBandwidth, "bandwidth", 64e9, "peer KV transfer bandwidth, bytes/s")
+	f.Int64Var(&tf.cfg.KVBytesPerToken, "kv-bytes-per-token", twin.DefaultKVBytesPerToken, "modelled KV bytes per token (Llama-3-8B fp16: 131072)")
+	f.DurationVar(&tf.cfg.LoadInterval, "load-interval", twin.DefaultLoadInterval, "virtual time between a busy worker's load reports")
+	f.Float64Var(&tf.cfg.MaxKVUsage, "busy-kv-usage", 0, "router busy threshold: KV usage fraction (0: off); busy requests are rejected")
+	f.Int64Var(&tf.cfg.MaxPrefillTokens, "busy-prefill-tokens", 0, "router busy threshold: active prefill tokens (0: off)")
+	f.DurationVar(&tf.cfg.ApproxTTL, "approx-ttl", 120*time.Second, "kv-approx: how long a routed prefix is assumed cached")
+	f.Float64Var(&tf.prefillScale, "prefill-scale", 1, "router cost: weight of prefill blocks against decode blocks (Dynamo's overlap weight)")
+	f.Float64Var(&tf.temperature, "temperature", 0, "router cost: softmax temperature (0: arg-min)")
+	f.VisitAll(func(fl *pflag.Flag) { fl.Usage += " [" + twinEnvName(fl.Name) + "]" })
+	return cmd
+}
+
+// twinEnvName maps a flag to its environment variable: --block-size is
+// KVMESH_TWIN_BLOCK_SIZE.
+func twinEnvName(flag string) string {
+	return "KVMESH_TWIN_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// twinApplyEnv sets every flag not given on the command line from its
+// KVMESH_TWIN_* variable, if set.
+func twinApplyEnv(fs *pflag.FlagSet) error {
+	var err error
+	fs.VisitAll(func(fl *pflag.Flag) {
+		if err != nil || fl.Changed {
+			return
+		}
+		name := twinEnvName(fl.Name)
+		if v, ok := os.LookupEnv(name); ok {
+			if e := fs.Set(fl.Name, v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", name, v, e)
+			}
+		}
+	})
+	return err
+}
+
+// twinModes is the list of modes to run: --compare, else --router.
+func twinModes(tf twinFlags) ([]string, error) {
+	list := tf.mode
+	if strings.TrimSpace(tf.compare) != "" {
+		list = tf.compare
+	}
+	var modes []string
+	for _, s := range strings.Split(list, ",") {
+		m, err := twin.ParseMode(s)
+		if err != nil {
+			return nil, err
+		}
+		for _, x := range modes {
+			if x == m {
+				return nil, fmt.Errorf("mode %q listed twice", m)
+			}
+		}
+		modes = append(modes, m)
+	}
+	return modes, nil
+}
+
+const maxSkippedShown = 20
+
+func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut io.Writer) error {
+	if tf.trace == "" {
+		return fmt.Errorf("twin: --trace is required")
+	}
+	modes, err := twinModes(tf)
+	if err != nil {
+		return fmt.Errorf("twin: %w", err)
+	}
+	if tf.traceBlockSize <= 0 {
+		return fmt.Errorf("twin: --trace-block-size %d, want ≥ 1", tf.traceBlockSize)
+	}
+	if fs.Changed("prefill-scale") || fs.Changed("temperature") {
+		c := router.DefaultCost()
+		c.PrefillScale, c.Temperature = tf.prefillScale, tf.temperature
+		tf.cfg.Cost = &c
+	}
+	wl, err := twin.LoadWorkload(tf.trace, twin.LoadOptions{TraceBlockSize: tf.traceBlockSize, Strict: tf.strict, MaxRequests: tf.maxRequests})
+	if err != nil {
+		return err
+	}
+	for i, le := range wl.Skipped {
+		if i == maxSkippedShown {
+			fmt.Fprintf(errOut, "twin: … and %d more malformed lines skipped\n", len(wl.Skipped)-i)
+			break
+		}
+		fmt.Fprintf(errOut, "twin: %s: line %d: %v (skipped)\n", tf.trace, le.Line, le.Err)
+	}
+	fmt.Fprintf(out, "trace %s: %d requests (%d malformed lines skipped); %d workers × %d blocks × %d tokens\n",
+		tf.trace, len(wl.Requests), len(wl.Skipped), tf.cfg.Workers, tf.cfg.Blocks, tf.cfg.BlockSize)
+	var results []*twin.Result
+	var cfg twin.Config
+	for _, m := range modes {
+		c := tf.cfg
+		c.Mode = m
+		res, err := twin.Run(ctx, wl, c)
+		if err != nil {
+			return fmt.Errorf("twin: mode %s: %w", m, err)
+		}
+		if err := res.WriteSummary(out); err != nil {
+			return err
+		}
+		results = append(results, res)
+		cfg = c
+	}
+	if len(results) > 1 {
+		fmt.Fprintln(out)
+		if err := twin.WriteComparison(out, results); err != nil {
+			return err
+		}
+	}
+	if tf.out != "" {
+		if cfg, err = cfg.Normalize(); err != nil {
+			return err
+		}
+		cfg.Mode = strings.Join(modes, ",")
+		paths, err := twin.WriteReport(tf.out, twin.Report{Trace: tf.trace, TraceLines: len(wl.Requests),
+			SkippedLines: len(wl.Skipped), Config: cfg, Results: results})
+		if err != nil {
+			return err
+		}
+		for _, p := range paths {
+			fmt.Fprintf(errOut, "twin: wrote %s\n", p)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,244 @@
+package twin
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvmesh/kvmesh/plot"
+)
+
+// Result is one mode's measurements. Latencies follow aiperf's definitions:
+// TTFT = first token − arrival, E2E = last token − arrival, ITL per request
+// = (E2E − TTFT)/(output tokens − 1); throughput is over the span from the
+// first arrival to the last completion.
+type Result struct {
+	Mode     string `json:"mode"`
+	Workers  int    `json:"workers"`
+	Offered  int    `json:"offered"`  // trace requests issued
+	Requests int    `json:"requests"` // completed
+	Rejected int    `json:"rejected"`
+	// RejectedBusy: every worker past a router busy threshold (a 503);
+	// RejectedInvalid: the engine refused the request (empty, too long).
+	RejectedBusy    int      `json:"rejected_busy"`
+	RejectedInvalid int      `json:"rejected_invalid"`
+	RejectReasons   []string `json:"reject_reasons,omitempty"` // the first few
+
+	TTFT Dist `json:"ttft_ms"`
+	ITL  Dist `json:"itl_ms"`
+	E2E  Dist `json:"e2e_ms"`
+
+	SimSeconds    float64 `json:"sim_s"` // virtual span: first arrival to last completion
+	OutputTokens  int64   `json:"output_tokens"`
+	OutputTokPerS float64 `json:"output_tok_per_s"`
+	ReqPerS       float64 `json:"req_per_s"`
+
+	Hit HitSplit `json:"hit"`
+	// PredictedHit is the prefix the router expected the chosen workers to
+	// hold (Decision.CachedTokens) over all prompt tokens; kv-approx's gap
+	// to Hit.Device is its index's error.
+	PredictedHit float64 `json:"predicted_hit"`
+
+	Hints HintStats `json:"hints"`
+
+	Passes        int64  `json:"passes"`
+	Preemptions   int64  `json:"preemptions"`
+	EvictedBlocks int64  `json:"evicted_blocks"`
+	FetchErrors   int64  `json:"fetch_errors"`
+	IndexEvents   uint64 `json:"index_events"` // KV event batches applied to the router's index
+
+	// Wall is this mode's simulation time on the host; it is kept out of
+	// the JSON so equal seeds give byte-identical reports.
+	Wall time.Duration `json:"-"`
+	// CPU is the process CPU time over the same span (GC included; 0 where
+	// the platform does not report it): the figure to trust on a shared host.
+	CPU time.Duration `json:"-"`
+	// TTFTSamples are the completed requests' TTFTs (ms) in completion order.
+	TTFTSamples []float64 `json:"-"`
+}
+
+// Dist summarises samples (ms).
+type Dist struct {
+	N    int     `json:"n"`
+	Mean float64 `json:"mean"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+	Max  float64 `json:"max"`
+}
+
+// newDist uses nearest-rank percentiles.
+func newDist(xs []float64) Dist {
+	if len(xs) == 0 {
+		return Dist{}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	var sum float64
+	for _, v := range s {
+		sum += v
+	}
+	q := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(s)))) - 1
+		return s[min(max(i, 0), len(s)-1)]
+	}
+	return Dist{N: len(s), Mean: sum / float64(len(s)), P50: q(0.50), P90: q(0.90), P99: q(0.99), Max: s[len(s)-1]}
+}
+
+// HitSplit is where the completed requests' prompt tokens came from: hit =
+// not recomputed = device + fetched from peers + host + disk. Host and disk
+// stay 0 until the twin has KVBM tiers.
+type HitSplit struct {
+	Total        float64 `json:"total"`
+	Device       float64 `json:"device"`
+	Peers        float64 `json:"peers"`
+	Host         float64 `json:"host"`
+	Disk         float64 `json:"disk"`
+	PromptTokens int64   `json:"prompt_tokens"`
+	DeviceTokens int64   `json:"device_tokens"`
+	PeerTokens   int64   `json:"peer_tokens"`
+	HostTokens   int64   `json:"host_tokens"`
+	DiskTokens   int64   `json:"disk_tokens"`
+}
+
+// HintStats counts kv+hints work.
+type HintStats struct {
+	Hints         int   `json:"hints"`          // decisions that carried a hint
+	PlannedBlocks int64 `json:"planned_blocks"` // blocks hinted beyond the target's prefix
+	FetchedBlocks int64 `json:"fetched_blocks"` // blocks copied from peers
+	ModelledBytes int64 `json:"modelled_bytes"` // FetchedBlocks × modelled block size
+	PayloadBytes  int64 `json:"payload_bytes"`  // sim payload bytes copied and verified
+	Misses        int   `json:"misses"`         // hints that found nothing left to fetch
+	Errors        int   `json:"errors"`
+}
+
+// LastLine is the one-line summary every mode's output ends with.
+func (r *Result) LastLine() string {
+	return fmt.Sprintf("twin: mode=%s requests=%d hit=%.4f ttft_p50_ms=%.1f ttft_mean_ms=%.1f wall_s=%.3f",
+		r.Mode, r.Requests, r.Hit.Total, r.TTFT.P50, r.TTFT.Mean, r.Wall.Seconds())
+}
+
+// WriteSummary prints a mode's measurements, ending with LastLine.
+func (r *Result) WriteSummary(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "mode %s: %d workers, %d/%d requests completed, %d rejected (%d busy, %d invalid), %.1f s simulated, %d passes, %d preemptions\n",
+		r.Mode, r.Workers, r.Requests, r.Offered, r.Rejected, r.RejectedBusy, r.RejectedInvalid, r.SimSeconds, r.Passes, r.Preemptions)
+	for _, why := range r.RejectReasons {
+		fmt.Fprintf(&b, "  rejected: %s\n", why)
+	}
+	for _, d := range []struct {
+		name string
+		d    Dist
+	}{{"TTFT", r.TTFT}, {"ITL", r.ITL}, {"E2E", r.E2E}} {
+		fmt.Fprintf(&b, "  %-4s ms  p50 %9.1f  p90 %9.1f  p99 %9.1f  mean %9.1f  max %9.1f\n", d.name, d.d.P50, d.d.P90, d.d.P99, d.d.Mean, d.d.Max)
+	}
+	fmt.Fprintf(&b, "  throughput  %.1f output tok/s, %.3f req/s\n", r.OutputTokPerS, r.ReqPerS)
+	fmt.Fprintf(&b, "  host        %.3f s wall, %.3f s CPU; %d KV event batches indexed, %d blocks evicted\n", r.Wall.Seconds(), r.CPU.Seconds(), r.IndexEvents, r.EvictedBlocks)
+	h := r.Hit
+	fmt.Fprintf(&b, "  prefix hit  %.4f = device %.4f + peers %.4f + host %.4f + disk %.4f (host/disk: no KVBM tiers yet); router predicted %.4f\n",
+		h.Total, h.Device, h.Peers, h.Host, h.Disk, r.PredictedHit)
+	if r.Mode == ModeKVHints {
+		hs := r.Hints
+		fmt.Fprintf(&b, "  hints       %d hints, %d blocks planned, %d fetched (%.2f GiB modelled, %d payload bytes verified), %d misses, %d errors\n",
+			hs.Hints, hs.PlannedBlocks, hs.FetchedBlocks, float64(hs.ModelledBytes)/(1<<30), hs.PayloadBytes, hs.Misses, hs.Errors)
+	}
+	b.WriteString(r.LastLine())
+	b.WriteByte('\n')
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteComparison prints the modes side by side.
+func WriteComparison(w io.Writer, rs []*Result) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\trequests\trejected\thit\tdevice\tpeers\tttft p50\tttft p90\tttft p99\tttft mean\titl mean\te2e mean\ttok/s\treq/s\thints\tfetched GiB\twall s\t")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.4f\t%.4f\t%.4f\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.3f\t%d\t%.2f\t%.3f\t\n",
+			r.Mode, r.Requests, r.Rejected, r.Hit.Total, r.Hit.Device, r.Hit.Peers,
+			r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.TTFT.Mean, r.ITL.Mean, r.E2E.Mean,
+			r.OutputTokPerS, r.ReqPerS, r.Hints.Hints, float64(r.Hints.ModelledBytes)/(1<<30), r.Wall.Seconds())
+	}
+	return tw.Flush()
+}
+
+// Report is the JSON document WriteReport writes.
+type Report struct {
+	Trace        string    `json:"trace,omitempty"`
+	TraceLines   int       `json:"trace_requests"`
+	SkippedLines int       `json:"skipped_lines"`
+	Config       Config    `json:"config"`
+	Results      []*Result `json:"results"`
+}
+
+// Report file names inside the output directory.
+const (
+	ReportJSON = "twin.json"
+	TTFTSVG    = "twin_ttft_cdf.svg"
+	HitSVG     = "twin_hit_ratio.svg"
+)
+
+// WriteReport writes rep as JSON plus two SVG charts (the TTFT CDF of every
+// mode and the hit ratio split per mode) into dir, creating it, and returns
+// the paths written.
+func WriteReport(dir string, rep Report) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("twin: %w", err)
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("twin: %w", err)
+	}
+	jpath := filepath.Join(dir, ReportJSON)
+	if err := writeFileAtomic(jpath, append(js, '\n')); err != nil {
+		return nil, err
+	}
+	var series []plot.Series
+	cats := make([]string, 0, len(rep.Results))
+	dev, peers, total := plot.Bars{Name: "device"}, plot.Bars{Name: "fetched from peers"}, plot.Bars{Name: "total"}
+	for _, r := range rep.Results {
+		series = append(series, plot.CDF(r.Mode, r.TTFTSamples))
+		cats = append(cats, r.Mode)
+		dev.Values = append(dev.Values, r.Hit.Device)
+		peers.Values = append(peers.Values, r.Hit.Peers)
+		total.Values = append(total.Values, r.Hit.Total)
+	}
+	cdf := plot.CDFChart("TTFT by routing mode", "TTFT (ms, log scale)", series...)
+	cdf.LogX = true
+	tpath := filepath.Join(dir, TTFTSVG)
+	if err := plot.WriteFile(tpath, cdf); err != nil {
+		return nil, fmt.Errorf("twin: %w", err)
+	}
+	bars := &plot.BarChart{Title: "Prefix hit ratio (prompt tokens not recomputed)", XLabel: "routing mode",
+		YLabel: "fraction of prompt tokens", Categories: cats, Series: []plot.Bars{dev, peers, total}, Y: plot.Range{Min: 0, Max: 1}}
+	hpath := filepath.Join(dir, HitSVG)
+	if err := plot.WriteFile(hpath, bars); err != nil {
+		return nil, fmt.Errorf("twin: %w", err)
+	}
+	return []string{jpath, tpath, hpath}, nil
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".twin-*")
+	if err != nil {
+		return fmt.Errorf("twin: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("twin: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("twin: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("twin: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,675 @@
+// Package twin is kvmesh's offline digital twin: it replays a request trace
+// against a fleet of simulated engines (engine/sim Cores) in virtual time,
+// routing every request with the real router (package router) exactly as
+// the frontend would, and measures what each routing mode costs or saves.
+//
+// Nothing is forked: the twin drives sim.Core and router.Router as they
+// are. In kv modes the router's index (package index) is fed by the cores'
+// own KV events, in order; in kv+hints mode a hinted request's target core
+// copies the hinted blocks from the source core (Pin + ReadPayload →
+// Insert, payload bytes verified) through the sim's Fetcher hook, and the
+// sim charges the modelled transfer time to the pass that first schedules
+// the request.
+//
+// The loop is a discrete-event simulation on one goroutine: the events are
+// arrivals (trace timestamps, or a closed loop of C clients) and each
+// core's pass ends. At a pass end the twin hands the pass's outputs to the
+// router (Decision.FirstToken / Done) at that virtual time, reports the
+// worker's load (UpdateLoad) periodically, and starts the next pass.
+package twin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/clock"
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/router"
+)
+
+// Routing modes: the router's four plus kv with KV hints.
+const (
+	ModeRoundRobin = "round-robin"
+	ModeRandom     = "random"
+	ModeKV         = "kv"
+	ModeKVApprox   = "kv-approx"
+	ModeKVHints    = "kv+hints"
+)
+
+// Modes lists every mode in a sensible comparison order.
+var Modes = []string{ModeRoundRobin, ModeRandom, ModeKV, ModeKVApprox, ModeKVHints}
+
+// ParseMode accepts a mode name (case-insensitive).
+func ParseMode(s string) (string, error) {
+	m := strings.ToLower(strings.TrimSpace(s))
+	for _, x := range Modes {
+		if m == x {
+			return x, nil
+		}
+	}
+	return "", fmt.Errorf("unknown twin mode %q (want %s)", s, strings.Join(Modes, ", "))
+}
+
+// Defaults. The modelled KV block is a Llama-3-8B-like layout: 32 layers ×
+// 8 KV heads × 128 head dim × (K, V) × 2 bytes = 128 KiB per token, so a
+// 64-token block is 8 MiB; peers move it at the mocker's 64 GB/s.
+const (
+	DefaultWorkers         = 8
+	DefaultKVBytesPerToken = 128 << 10
+	DefaultLoadInterval    = 100 * time.Millisecond
+	// model is the model name every twin worker serves.
+	model = "twin"
+	// stallLimit bounds consecutive passes that schedule nothing on one
+	// core; only a bug (a block pinned forever) can reach it.
+	stallLimit = 1 << 20
+)
+
+// Config is one simulation run.
+type Config struct {
+	Mode    string `json:"mode"`
+	Workers int    `json:"workers"` // default 8
+
+	// Engine shape (engine/sim defaults when zero: the mocker's).
+	BlockSize        int `json:"block_size"`         // tokens per KV block, default 64
+	Blocks           int `json:"blocks"`             // KV blocks per worker, default 16384
+	MaxBatchedTokens int `json:"max_batched_tokens"` // default 8192
+	MaxSeqs          int `json:"max_seqs"`           // default 256
+
+	// Load: open loop replays trace timestamps divided by ArrivalSpeedup
+	// (default 1); Concurrency > 0 runs a closed loop of that many clients
+	// instead (a new request as soon as one ends).
+	ArrivalSpeedup float64 `json:"arrival_speedup"`
+	Concurrency    int     `json:"concurrency"`
+
+	// Seed drives the router's random choices and the requests' sampling.
+	Seed uint64 `json:"seed"`
+
+	// Peer transfers (kv+hints): bandwidth in bytes/s (default 64e9) and
+	// the modelled size of one KV block (default BlockSize × KVBytesPerToken).
+	TransferBandwidth     float64 `json:"transfer_bandwidth"`
+	KVBytesPerToken       int64   `json:"kv_bytes_per_token"`
+	TransferBytesPerBlock int64   `json:"transfer_bytes_per_block"`
+
+	// LoadInterval is how often (virtual time) a busy worker reports its
+	// load to the router, as a load publisher would; default 100 ms.
+	LoadInterval time.Duration `json:"load_interval_ns"`
+
+	// Router busy thresholds (0 = off); a request every worker is too busy
+	// for is rejected, as the frontend would answer 503.
+	MaxKVUsage       float64 `json:"max_kv_usage,omitempty"`
+	MaxPrefillTokens int64   `json:"max_prefill_tokens,omitempty"`
+	// ApproxTTL is kv-approx's block lifetime (router default 120 s).
+	ApproxTTL time.Duration `json:"approx_ttl_ns,omitempty"`
+	// Cost overrides the router's cost model (nil: router.DefaultCost).
+	Cost *router.CostModel `json:"cost,omitempty"`
+}
+
+// Normalize fills zero fields with their defaults and checks the rest.
+func (c Config) Normalize() (Config, error) {
+	m, err := ParseMode(c.Mode)
+	if err != nil {
+		return c, err
+	}
+	c.Mode = m
+	if c.Workers == 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = sim.DefaultBlockSize
+	}
+	if c.Blocks == 0 {
+		c.Blocks = sim.DefaultBlocks
+	}
+	if c.MaxBatchedTokens == 0 {
+		c.MaxBatchedTokens = sim.DefaultMaxBatchedTokens
+	}
+	if c.MaxSeqs == 0 {
+		c.MaxSeqs = sim.DefaultMaxSeqs
+	}
+	if c.ArrivalSpeedup == 0 {
+		c.ArrivalSpeedup = 1
+	}
+	if c.TransferBandwidth == 0 {
+		c.TransferBandwidth = sim.DefaultBandwidth
+	}
+	if c.KVBytesPerToken == 0 {
+		c.KVBytesPerToken = DefaultKVBytesPerToken
+	}
+	if c.TransferBytesPerBlock == 0 {
+		c.TransferBytesPerBlock = int64(c.BlockSize) * c.KVBytesPerToken
+	}
+	if c.LoadInterval == 0 {
+		c.LoadInterval = DefaultLoadInterval
+	}
+	switch {
+	case c.Workers < 1 || c.Workers > 1<<16:
+		return c, fmt.Errorf("twin: %d workers, want 1 to 65536", c.Workers)
+	case c.BlockSize < 1 || c.Blocks < 1 || c.MaxBatchedTokens < 1 || c.MaxSeqs < 1:
+		return c, errors.New("twin: block size, blocks, max batched tokens and max seqs must be positive")
+	case !(c.ArrivalSpeedup > 0) || c.ArrivalSpeedup > 1e9:
+		return c, fmt.Errorf("twin: arrival speedup %g, want > 0", c.ArrivalSpeedup)
+	case c.Concurrency < 0:
+		return c, fmt.Errorf("twin: concurrency %d, want ≥ 0 (0 = open loop)", c.Concurrency)
+	case c.TransferBandwidth < 0 || c.KVBytesPerToken < 0 || c.TransferBytesPerBlock < 0:
+		return c, errors.New("twin: transfer bandwidth and sizes must not be negative")
+	case c.LoadInterval < 0 || c.ApproxTTL < 0:
+		return c, errors.New("twin: load interval and approx TTL must not be negative")
+	case c.MaxKVUsage < 0 || c.MaxPrefillTokens < 0:
+		return c, errors.New("twin: busy thresholds must not be negative")
+	}
+	return c, nil
+}
+
+type worker struct {
+	core *sim.Core
+	key  kv.WorkerKey
+	// at is the next event: the end of the pass in res when pending, else
+	// the start of the next pass.
+	at         time.Time
+	active     bool
+	pending    bool
+	res        *sim.StepResult
+	lastReport time.Time
+	stalls     int
+}
+
+type request struct {
+	dec     *router.Decision
+	seq     *sim.Seq
+	arrival time.Time
+	er      engine.Request
+}
+
+// twin is one run's state.
+type twin struct {
+	cfg Config
+	wl  *Workload
+	vc  *clock.Virtual
+	r   *router.Router
+	ix  *index.Index
+	ws  []worker
+
+	reqs  []request
+	next  int       // next trace request to issue
+	t0    time.Time // virtual start
+	now   time.Time // the twin's time
+	vcNow time.Time // what vc reads
+	ts0   int64     // first trace timestamp
+	// Open loop: the arrival time of request cachedNext.
+	cachedNext int
+	cachedAt   time.Time
+	cachedOK   bool
+	issue      []time.Time
+	head       int // closed loop: issue[head:] are pending client issue times
+
+	tok   []kv.Token
+	tails []kv.Token // slab the prompts' partial tails are carved from
+
+	// The hint of the request being added (read by the Fetcher).
+	hint *router.HintPlan
+	pbuf []byte
+	sums []uint64
+	lay  [][]byte
+	blks []sim.BlockData
+
+	res               Result
+	ttft, itl, e2e    []float64
+	firstAt, lastFin  time.Time
+	predicted, cached int64
+}
+
+// Run simulates wl under cfg and returns its measurements. It stops with
+// ctx's error when ctx ends.
+func Run(ctx context.Context, wl *Workload, cfg Config) (*Result, error) {
+	cfg, err := cfg.Normalize()
+	if err != nil {
+		return nil, err
+	}
+	if wl == nil || wl.TraceBlockSize <= 0 {
+		return nil, errors.New("twin: no workload")
+	}
+	start, cpu0 := time.Now(), cpuTime()
+	t, err := newTwin(wl, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.loop(ctx); err != nil {
+		return nil, err
+	}
+	t.finishResult()
+	t.res.Wall = time.Since(start)
+	if c := cpuTime(); c > 0 {
+		t.res.CPU = c - cpu0
+	}
+	return &t.res, nil
+}
+
+func newTwin(wl *Workload, cfg Config) (*twin, error) {
+	t := &twin{cfg: cfg, wl: wl, vc: clock.NewVirtual(clock.Epoch), t0: clock.Epoch, now: clock.Epoch, vcNow: clock.Epoch,
+		reqs: make([]request, len(wl.Requests))}
+	if len(wl.Requests) > 0 {
+		t.ts0 = wl.Requests[0].TimestampMS
+	}
+	t.cachedNext = -1
+	t.res = Result{Mode: cfg.Mode, Workers: cfg.Workers, Offered: len(wl.Requests)}
+	kvMode := cfg.Mode == ModeKV || cfg.Mode == ModeKVHints
+	hints := cfg.Mode == ModeKVHints
+	rc := router.Config{
+		RouterID:         "twin",
+		Now:              t.vc.Now,
+		Rand:             rand.New(rand.NewPCG(cfg.Seed, 0x7477696e)),
+		MaxKVUsage:       cfg.MaxKVUsage,
+		MaxPrefillTokens: cfg.MaxPrefillTokens,
+		ApproxTTL:        cfg.ApproxTTL,
+		Cost:             cfg.Cost,
+		Hints:            hints,
+		// Requests may queue for long in an overloaded fleet; never let the
+		// stale-request sweep free live load.
+		MaxRequestAge: 1000 * time.Hour,
+	}
+	switch cfg.Mode {
+	case ModeRoundRobin:
+		rc.Mode = router.ModeRoundRobin
+	case ModeRandom:
+		rc.Mode = router.ModeRandom
+	case ModeKVApprox:
+		rc.Mode = router.ModeKVApprox
+	default:
+		t.ix = index.New()
+		rc.Mode, rc.Matcher = router.ModeKV, t.ix
+	}
+	r, err := router.New(rc)
+	if err != nil {
+		return nil, fmt.Errorf("twin: %w", err)
+	}
+	t.r = r
+	t.ws = make([]worker, cfg.Workers)
+	for i := range t.ws {
+		sc := sim.DefaultConfig()
+		sc.Model = model
+		sc.BlockSize, sc.Blocks = cfg.BlockSize, cfg.Blocks
+		sc.MaxBatchedTokens, sc.MaxSeqs = cfg.MaxBatchedTokens, cfg.MaxSeqs
+		sc.Worker = kv.WorkerKey{Instance: uint64(i + 1)}
+		sc.OmitEventTokens = true
+		sc.SpeedupRatio = 0
+		sc.TransferBandwidth = cfg.TransferBandwidth
+		sc.TransferBytesPerBlock = cfg.TransferBytesPerBlock
+		if hints {
+			sc.Fetcher = t.fetch
+		}
+		core, err := sim.NewCore(sc)
+		if err != nil {
+			return nil, fmt.Errorf("twin: worker %d: %w", i+1, err)
+		}
+		if kvMode {
+			ix := t.ix
+			core.SetEventSink(func(batch []kv.Event) {
+				for i := range batch {
+					ix.Apply(batch[i])
+				}
+				t.res.IndexEvents += uint64(len(batch))
+			})
+		}
+		t.ws[i] = worker{core: core, key: sc.Worker}
+		info := router.WorkerInfo{Key: sc.Worker, Model: model, BlockSize: cfg.BlockSize,
+			KVBlocks: cfg.Blocks, MaxBatchedTokens: cfg.MaxBatchedTokens, Digest: core.Config().Digest}
+		if hints {
+			info.ControlEndpoint = "tcp://twin-worker-" + strconv.Itoa(i+1) + ":1"
+			info.HintCapable = true
+		}
+		if err := r.AddWorker(info); err != nil {
+			return nil, fmt.Errorf("twin: %w", err)
+		}
+	}
+	if cfg.Concurrency > 0 {
+		for range min(cfg.Concurrency, len(wl.Requests)) {
+			t.issue = append(t.issue, t.t0)
+		}
+	}
+	return t, nil
+}
+
+// nextArrival is when the next request is issued, if any is left.
+func (t *twin) nextArrival() (time.Time, bool) {
+	if t.cfg.Concurrency == 0 && t.next == t.cachedNext {
+		return t.cachedAt, t.cachedOK
+	}
+	at, ok := t.computeNextArrival()
+	if t.cfg.Concurrency == 0 {
+		t.cachedNext, t.cachedAt, t.cachedOK = t.next, at, ok
+	}
+	return at, ok
+}
+
+func (t *twin) computeNextArrival() (time.Time, bool) {
+	if t.next >= len(t.wl.Requests) {
+		return time.Time{}, false
+	}
+	if t.cfg.Concurrency > 0 {
+		if t.head < len(t.issue) {
+			return t.issue[t.head], true
+		}
+		return time.Time{}, false
+	}
+	ms := float64(t.wl.Requests[t.next].TimestampMS - t.ts0)
+	return t.t0.Add(time.Duration(ms * float64(time.Millisecond) / t.cfg.ArrivalSpeedup)), true
+}
+
+func (t *twin) loop(ctx context.Context) error {
+	for iter := 0; ; iter++ {
+		if iter&1023 == 0 {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("twin: %w", err)
+			}
+		}
+		cw := -1
+		for i := range t.ws {
+			if t.ws[i].active && (cw < 0 || t.ws[i].at.Before(t.ws[cw].at)) {
+				cw = i
+			}
+		}
+		// Arrivals first on ties, so a burst lands in one pass.
+		if at, ok := t.nextArrival(); ok && (cw < 0 || !at.After(t.ws[cw].at)) {
+			if err := t.arrive(ctx, at); err != nil {
+				return err
+			}
+			continue
+		}
+		if cw < 0 {
+			return nil
+		}
+		if err := t.workerEvent(cw); err != nil {
+			return err
+		}
+	}
+}
+
+// advance sets the twin's time (events are handled in time order, so it
+// never goes back).
+func (t *twin) advance(now time.Time) {
+	if now.After(t.now) {
+		t.now = now
+	}
+}
+
+// syncClock brings the router's virtual clock to the twin's time; called
+// before the router reads it (Route, UpdateLoad) rather than at every event.
+func (t *twin) syncClock() {
+	if t.now != t.vcNow {
+		t.vc.AdvanceTo(t.now)
+		t.vcNow = t.now
+	}
+}
+
+// arrive routes trace request t.next at time at and hands it to its worker.
+func (t *twin) arrive(ctx context.Context, at time.Time) error {
+	i := t.next
+	t.next++
+	if t.cfg.Concurrency > 0 {
+		t.head++
+	}
+	t.advance(at)
+	if t.firstAt.IsZero() {
+		t.firstAt = at
+	}
+	rq := &t.wl.Requests[i]
+	t.tok = appendTokens(t.tok[:0], rq, t.wl.TraceBlockSize)
+	if len(t.tok) == 0 {
+		t.reject(&t.res.RejectedInvalid, at, fmt.Sprintf("trace line %d: empty prompt", rq.Line))
+		return nil
+	}
+	t.syncClock()
+	d, err := t.r.Route(ctx, router.Request{Model: model, Tokens: t.tok})
+	if err != nil {
+		var be *router.BusyError
+		if errors.As(err, &be) {
+			t.reject(&t.res.RejectedBusy, at.Add(be.RetryAfter), "")
+			return nil
+		}
+		return fmt.Errorf("twin: route trace line %d: %w", rq.Line, err)
+	}
+	w := int(d.Worker.Instance) - 1
+	if w < 0 || w >= len(t.ws) {
+		d.Done()
+		return fmt.Errorf("twin: router chose unknown worker %v", d.Worker)
+	}
+	nfull := len(d.Local)
+	tail := t.carveTail(t.tok[nfull*t.cfg.BlockSize:])
+	st := &t.reqs[i]
+	st.er = engine.Request{ID: strconv.Itoa(rq.Line), MaxTokens: max(rq.OutputLength, 1), Seed: rng64(t.cfg.Seed, i)}
+	t.hint = d.Hint
+	if d.Hint != nil {
+		t.res.Hints.Hints++
+		t.res.Hints.PlannedBlocks += int64(len(d.Hint.SeqHashes) - d.Hint.TargetBlocks)
+	}
+	s, err := t.ws[w].core.AddPrompt(&st.er, sim.Prompt{Len: len(t.tok), Local: d.Local, Tail: tail}, at)
+	t.hint = nil
+	if err != nil {
+		d.Done()
+		t.reject(&t.res.RejectedInvalid, at, err.Error())
+		return nil
+	}
+	st.dec, st.seq, st.arrival = d, s, at
+	s.Tag = st
+	t.predicted += int64(d.CachedTokens)
+	if wk := &t.ws[w]; !wk.active {
+		wk.active, wk.pending, wk.at = true, false, at
+	}
+	return nil
+}
+
+// reject counts a request that was not served; a closed-loop client issues
+// its next request at retry.
+func (t *twin) reject(counter *int, retry time.Time, why string) {
+	*counter++
+	if why != "" && len(t.res.RejectReasons) < 10 {
+		t.res.RejectReasons = append(t.res.RejectReasons, why)
+	}
+	if t.cfg.Concurrency > 0 {
+		t.issue = append(t.issue, retry)
+	}
+}
+
+// carveTail copies a prompt's partial last block into the tail slab: the
+// sim keeps the slice until the request ends.
+func (t *twin) carveTail(src []kv.Token) []kv.Token {
+	if len(src) == 0 {
+		return nil
+	}
+	if cap(t.tails)-len(t.tails) < len(src) {
+		t.tails = make([]kv.Token, 0, max(64<<10, len(src)))
+	}
+	n := len(t.tails)
+	t.tails = append(t.tails, src...)
+	return t.tails[n:len(t.tails):len(t.tails)]
+}
+
+// workerEvent handles worker w's next event: the end of its pending pass
+// (outputs reach the router at that time), then the start of the next.
+func (t *twin) workerEvent(w int) error {
+	wk := &t.ws[w]
+	now := wk.at
+	t.advance(now)
+	if wk.pending {
+		wk.pending = false
+		t.handle(wk.res, now)
+	}
+	if wk.core.Idle() {
+		wk.active = false
+	} else {
+		res := wk.core.Step(now)
+		if res.Seqs == 0 {
+			// Nothing fits right now; only pinned blocks could cause it.
+			if wk.stalls++; wk.stalls > stallLimit {
+				return fmt.Errorf("twin: worker %d scheduled nothing for %d passes", w+1, stallLimit)
+			}
+			wk.at = now.Add(time.Millisecond)
+		} else {
+			wk.stalls = 0
+			wk.res, wk.pending, wk.at = res, true, res.End
+			t.res.Passes++
+		}
+	}
+	if !wk.active || now.Sub(wk.lastReport) >= t.cfg.LoadInterval {
+		st := wk.core.Stats()
+		t.syncClock()
+		t.r.UpdateLoad(wk.key, st.UsedBlocks, st.TotalBlocks, st.Running, st.Waiting)
+		wk.lastReport = now
+	}
+	return nil
+}
+
+// handle delivers a finished pass's first tokens and completions.
+func (t *twin) handle(res *sim.StepResult, now time.Time) {
+	for i := range res.Outputs {
+		o := &res.Outputs[i]
+		if !o.First && o.Finish == engine.FinishNone {
+			continue
+		}
+		st, ok := o.Seq.Tag.(*request)
+		if !ok {
+			continue
+		}
+		if o.First {
+			st.dec.FirstToken()
+		}
+		if o.Finish != engine.FinishNone {
+			st.dec.Done()
+			t.complete(st, now)
+		}
+	}
+}
+
+func (t *twin) complete(st *request, now time.Time) {
+	m := st.seq.Metrics()
+	ttft := m.FirstToken.Sub(m.Arrival)
+	e2e := m.Finished.Sub(m.Arrival)
+	t.ttft = append(t.ttft, ms(ttft))
+	t.e2e = append(t.e2e, ms(e2e))
+	if m.OutputTokens > 1 {
+		t.itl = append(t.itl, ms(e2e-ttft)/float64(m.OutputTokens-1))
+	}
+	peers := min(m.FetchedTokens, m.CachedTokens)
+	h := &t.res.Hit
+	h.PromptTokens += int64(m.PromptTokens)
+	h.DeviceTokens += int64(m.CachedTokens - peers)
+	h.PeerTokens += int64(peers)
+	t.res.OutputTokens += int64(m.OutputTokens)
+	t.res.Requests++
+	t.res.Preemptions += int64(m.Preemptions)
+	if now.After(t.lastFin) {
+		t.lastFin = now
+	}
+	st.dec, st.seq = nil, nil // let the GC have them
+	if t.cfg.Concurrency > 0 {
+		t.issue = append(t.issue, now)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// fetch is every core's Fetcher in kv+hints mode: when the request being
+// added carries a hint, it copies the hinted blocks the target lacks from
+// the source core — pinned while read, payloads checksummed as a transfer
+// would send them, verified byte for byte by the target's Insert.
+func (t *twin) fetch(_ context.Context, _ *engine.Request, m sim.Missing, into sim.Inserter) error {
+	h := t.hint
+	if h == nil || len(m.Seq) == 0 {
+		return nil
+	}
+	hs := &t.res.Hints
+	src := int(h.Source.Instance) - 1
+	if src < 0 || src >= len(t.ws) {
+		hs.Errors++
+		return fmt.Errorf("twin: hint names unknown source %v", h.Source)
+	}
+	end := min(len(h.SeqHashes), m.Start+len(m.Seq))
+	if end <= m.Start {
+		hs.Misses++ // the target already holds all the source has
+		return nil
+	}
+	if h.SeqHashes[m.Start] != m.Seq[0] {
+		hs.Errors++
+		return fmt.Errorf("twin: hint block %d is %016x, the prompt's is %016x", m.Start, h.SeqHashes[m.Start], m.Seq[0])
+	}
+	core := t.ws[src].core
+	held, release := core.Pin(h.SeqHashes[:end])
+	defer release()
+	end = min(end, held)
+	if end <= m.Start {
+		hs.Misses++ // the source evicted them since it reported them
+		return nil
+	}
+	nb := end - m.Start
+	sc := core.Config()
+	layers, psize := sc.Layers, sc.PayloadSize
+	if need := nb * layers * psize; cap(t.pbuf) < need {
+		t.pbuf = make([]byte, need)
+	}
+	if cap(t.sums) < nb*layers {
+		t.sums = make([]uint64, nb*layers)
+		t.lay = make([][]byte, nb*layers)
+	}
+	t.blks = t.blks[:0]
+	for b := 0; b < nb; b++ {
+		seq := m.Seq[b]
+		for l := 0; l < layers; l++ {
+			k := b*layers + l
+			buf := t.pbuf[k*psize : (k+1)*psize]
+			if _, err := core.ReadPayload(seq, l, buf); err != nil {
+				hs.Errors++
+				return fmt.Errorf("twin: read hinted block from worker %d: %w", src+1, err)
+			}
+			t.sums[k] = kv.Checksum(buf)
+			t.lay[k] = buf
+		}
+		t.blks = append(t.blks, sim.BlockData{Local: m.Local[b], Seq: seq,
+			Layers: t.lay[b*layers : (b+1)*layers], Sums: t.sums[b*layers : (b+1)*layers]})
+	}
+	n, err := into.Insert(sim.Chain{HasParent: m.HasParent, Parent: m.Parent, Blocks: t.blks})
+	hs.FetchedBlocks += int64(n)
+	hs.ModelledBytes += int64(n) * t.cfg.TransferBytesPerBlock
+	hs.PayloadBytes += int64(n * layers * psize)
+	if err != nil {
+		hs.Errors++
+		return fmt.Errorf("twin: insert hinted blocks: %w", err)
+	}
+	return nil
+}
+
+// finishResult turns the collected samples into the Result.
+func (t *twin) finishResult() {
+	r := &t.res
+	r.TTFT, r.ITL, r.E2E = newDist(t.ttft), newDist(t.itl), newDist(t.e2e)
+	r.TTFTSamples = t.ttft
+	r.Rejected = r.RejectedBusy + r.RejectedInvalid
+	if !t.lastFin.IsZero() {
+		r.SimSeconds = t.lastFin.Sub(t.firstAt).Seconds()
+	}
+	if r.SimSeconds > 0 {
+		r.OutputTokPerS = float64(r.OutputTokens) / r.SimSeconds
+		r.ReqPerS = float64(r.Requests) / r.SimSeconds
+	}
+	h := &r.Hit
+	if h.PromptTokens > 0 {
+		p := float64(h.PromptTokens)
+		h.Device = float64(h.DeviceTokens) / p
+		h.Peers = float64(h.PeerTokens) / p
+		h.Host, h.Disk = 0, 0 // no KVBM tiers in the twin yet
+		h.Total = float64(h.DeviceTokens+h.PeerTokens+h.HostTokens+h.DiskTokens) / p
+		r.PredictedHit = float64(t.predicted) / p
+	}
+	for i := range t.ws {
+		c := t.ws[i].core.Counters()
+		r.EvictedBlocks += int64(c.EvictedBlocks)
+		r.FetchErrors += int64(c.FetchErrors)
+	}
+}

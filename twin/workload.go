@@ -1,0 +1,100 @@
+package twin
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/trace"
+)
+
+// Workload is a parsed trace ready to replay: its requests in arrival order
+// (stable by timestamp) and the lines that were skipped as malformed.
+type Workload struct {
+	TraceBlockSize int
+	Requests       []trace.Request
+	Skipped        []trace.LineError
+}
+
+// LoadOptions control LoadWorkload.
+type LoadOptions struct {
+	TraceBlockSize int  // tokens per hash id; default 512
+	Strict         bool // the first malformed line fails the load
+	MaxRequests    int  // stop after this many non-empty lines (0: all)
+}
+
+// LoadWorkload parses the trace at path. Malformed lines are kept in
+// Skipped (with their line numbers), unless opt.Strict, where the first one
+// is the error.
+func LoadWorkload(path string, opt LoadOptions) (*Workload, error) {
+	if opt.TraceBlockSize == 0 {
+		opt.TraceBlockSize = trace.DefaultTraceBlockSize
+	}
+	if opt.TraceBlockSize < 0 || opt.MaxRequests < 0 {
+		return nil, fmt.Errorf("twin: trace block size %d and max requests %d must not be negative", opt.TraceBlockSize, opt.MaxRequests)
+	}
+	reqs, errs, err := trace.Load(path, trace.Options{Strict: opt.Strict, TraceBlockSize: opt.TraceBlockSize, MaxLines: opt.MaxRequests})
+	if err != nil {
+		return nil, fmt.Errorf("twin: %w", err)
+	}
+	return NewWorkload(reqs, errs, opt.TraceBlockSize)
+}
+
+// NewWorkload wraps already parsed requests (copied, then sorted stably by
+// timestamp).
+func NewWorkload(reqs []trace.Request, skipped []trace.LineError, traceBlockSize int) (*Workload, error) {
+	if traceBlockSize <= 0 {
+		return nil, fmt.Errorf("twin: trace block size %d, want ≥ 1", traceBlockSize)
+	}
+	rs := slices.Clone(reqs)
+	slices.SortStableFunc(rs, func(a, b trace.Request) int {
+		switch {
+		case a.TimestampMS < b.TimestampMS:
+			return -1
+		case a.TimestampMS > b.TimestampMS:
+			return 1
+		}
+		return 0
+	})
+	return &Workload{TraceBlockSize: traceBlockSize, Requests: rs, Skipped: skipped}, nil
+}
+
+// appendTokens appends req's prompt tokens to dst: hash id h fills its
+// trace block with tokens derived from a 64-bit key k = mix(h), alternating
+// low and high halves of k plus the position (k.lo+0, k.hi+1, k.lo+2, …).
+// Every run of two or more tokens thus carries all of k and its offset, so
+// distinct (id, offset) pairs give distinct engine blocks with
+// overwhelming probability, and equal ids give equal tokens. This is the
+// twin's own expansion, not trace.Token: the router rehashes every prompt
+// in every mode, and trace.Token's two mixing rounds per token cost about a
+// quarter of a second per pass over the conversation trace; this costs one
+// mix per 512 tokens.
+func appendTokens(dst []kv.Token, req *trace.Request, tbs int) []kv.Token {
+	n := trace.TokenLen(req, tbs)
+	dst = slices.Grow(dst, n)
+	for i := 0; n > 0; i++ {
+		k := mix64(req.HashIDs[i] + 0x9E3779B97F4A7C15)
+		lo, hi := uint32(k), uint32(k>>32)
+		m := min(n, tbs)
+		j := 0
+		for ; j+1 < m; j += 2 {
+			dst = append(dst, lo+uint32(j), hi+uint32(j+1))
+		}
+		if j < m {
+			dst = append(dst, lo+uint32(j))
+		}
+		n -= m
+	}
+	return dst
+}
+
+func mix64(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+	return z ^ (z >> 31)
+}
+
+// rng64 is a splitmix64 stream for request seeds.
+func rng64(seed uint64, i int) uint64 {
+	return mix64(seed + uint64(i+1)*0x9E3779B97F4A7C15)
+}
