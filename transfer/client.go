@@ -234,6 +234,9 @@ func (c *Client) Fetch(ctx context.Context, endpoint string, req FetchRequest) (
 func (c *Client) fetch(ctx context.Context, addr string, req FetchRequest, deadline time.Time) (FetchResult, error) {
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				return FetchResult{Outcome: OutcomeTimeout}, fmt.Errorf("%w: %v", ErrTimeout, err)
+			}
 			return FetchResult{Outcome: OutcomeCancelled}, err
 		}
 		pc := c.get(addr)
@@ -276,9 +279,9 @@ func (c *Client) dial(ctx context.Context, addr string, deadline time.Time) (*co
 
 func (c *Client) dialFailure(ctx context.Context, err error, deadline time.Time) (FetchResult, error) {
 	switch {
-	case ctx.Err() != nil:
+	case errors.Is(ctx.Err(), context.Canceled):
 		return FetchResult{Outcome: OutcomeCancelled}, fmt.Errorf("dial: %w", ctx.Err())
-	case !c.now().Before(deadline) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
+	case ctx.Err() != nil || !c.now().Before(deadline) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
 		return FetchResult{Outcome: OutcomeTimeout}, fmt.Errorf("%w: dial: %v", ErrTimeout, err)
 	}
 	return FetchResult{Outcome: OutcomeUnreachable}, fmt.Errorf("%w: %v", ErrUnreachable, err)
@@ -370,10 +373,10 @@ func (c *Client) exchangeOnce(ctx context.Context, pc *conn, req FetchRequest, d
 	// ioFail classifies an I/O error: cancellation and deadline void the
 	// result; anything else keeps the verified prefix.
 	ioFail := func(err error) exchanged {
-		if ctx.Err() != nil {
+		if errors.Is(ctx.Err(), context.Canceled) {
 			return exchanged{res: FetchResult{Outcome: OutcomeCancelled}, err: fmt.Errorf("%w (%v)", ctx.Err(), err)}
 		}
-		if errors.Is(err, os.ErrDeadlineExceeded) || !c.now().Before(deadline) {
+		if ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) || !c.now().Before(deadline) {
 			return exchanged{res: FetchResult{Outcome: OutcomeTimeout}, err: fmt.Errorf("%w after %d blocks", ErrTimeout, len(blocks))}
 		}
 		stale := !gotAny && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE))

@@ -18,6 +18,7 @@ import (
 // Server defaults.
 const (
 	DefaultMaxConns      = 256
+	DefaultMaxActive     = 32
 	DefaultMaxOpTimeout  = 5 * time.Second
 	DefaultIdleTimeout   = 60 * time.Second
 	DefaultMaxBlockBytes = 64 << 20
@@ -41,9 +42,13 @@ type Server struct {
 	// Digest is this source's compatibility digest. A request carrying a
 	// non-empty digest different from it is refused.
 	Digest string
-	// MaxConns bounds open connections (so concurrent fetches and their
-	// buffers); extra connections are refused with CodeBusy.
+	// MaxConns bounds open connections (pooled ones included); extra
+	// connections are refused with CodeBusy.
 	MaxConns int
+	// MaxActive bounds fetches being served at once, and so the server's
+	// staging memory (about 2 MiB each when copying); a fetch waits for a
+	// slot until its deadline, then is refused with CodeBusy.
+	MaxActive int
 	// MaxOpTimeout caps the per-fetch deadline a request may ask for.
 	MaxOpTimeout time.Duration
 	// IdleTimeout closes a connection that sends no request for this long.
@@ -53,7 +58,9 @@ type Server struct {
 	Metrics       *Metrics
 	Logger        *slog.Logger
 
-	bufs sync.Pool
+	bufs   sync.Pool
+	once   sync.Once
+	active chan struct{}
 }
 
 // Serve serves src on ln with default settings until ctx ends.
@@ -62,6 +69,10 @@ func Serve(ctx context.Context, ln net.Listener, src BlockSource) error {
 }
 
 func (s *Server) defaults() {
+	if s.MaxActive <= 0 {
+		s.MaxActive = DefaultMaxActive
+	}
+	s.active = make(chan struct{}, s.MaxActive)
 	if s.MaxConns <= 0 {
 		s.MaxConns = DefaultMaxConns
 	}
@@ -87,7 +98,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		ln.Close()
 		return errors.New("transfer server: nil BlockSource")
 	}
-	s.defaults()
+	s.once.Do(s.defaults)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -258,6 +269,28 @@ func (s *Server) serveFetch(ctx context.Context, c net.Conn, op uint32, r fetchR
 	// Deadline = receipt + min(requested, own cap), as in KVCR.
 	deadline := start.Add(min(time.Duration(r.timeoutMs)*time.Millisecond, s.MaxOpTimeout))
 
+	// Wait for a serving slot, at most until the deadline.
+	select {
+	case s.active <- struct{}{}:
+		defer func() { <-s.active }()
+	default:
+		t := time.NewTimer(time.Until(deadline))
+		select {
+		case s.active <- struct{}{}:
+			t.Stop()
+			defer func() { <-s.active }()
+		case <-t.C:
+			outcome = OutcomeRefused
+			s.refuse(c, op, CodeBusy, fmt.Sprintf("source serving its limit of %d fetches until the deadline", s.MaxActive))
+			return true
+		case <-ctx.Done():
+			t.Stop()
+			outcome = OutcomeCancelled
+			s.refuse(c, op, CodeShutdown, "source shutting down")
+			return false
+		}
+	}
+
 	n, release := s.Source.Pin(r.hashes)
 	if release != nil {
 		defer release()
@@ -304,11 +337,12 @@ func (s *Server) sendBlocks(ctx context.Context, c net.Conn, op uint32, hs []uin
 	summer, stored := s.Source.(BlockChecksummer)
 	buf := s.getBuf()
 	defer func() { s.putBuf(buf) }()
-	var iov net.Buffers
-	var hdrs []byte // zero-copy path: frame headers, one slab per batch
+	var iov, iovStore net.Buffers // WriteTo consumes iov; iovStore keeps the array
+	var hdrs []byte               // zero-copy path: frame headers, one slab per batch
 	if zeroCopy {
 		nb := min(len(hs), viewBatchBlocks)
-		iov = make(net.Buffers, 0, 2*nb+1)
+		iovStore = make(net.Buffers, 0, 2*nb+1)
+		iov = iovStore
 		hdrs = make([]byte, 0, nb*(headerLen+blockMetaLen)+headerLen+maxStatusFrame)
 	}
 	pending := 0
@@ -318,7 +352,7 @@ func (s *Server) sendBlocks(ctx context.Context, c net.Conn, op uint32, hs []uin
 			if len(iov) > 0 {
 				_, err = iov.WriteTo(c)
 			}
-			iov, hdrs = iov[:0:cap(iov)], hdrs[:0]
+			iov, hdrs = iovStore[:0], hdrs[:0]
 		} else if len(buf) > 0 {
 			_, err = c.Write(buf)
 			buf = buf[:0]

@@ -184,3 +184,57 @@ func TestMetricsRegistration(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestMaxActiveQueuesThenRefuses(t *testing.T) {
+	mem := NewMemSource(testLayers, testLayerSize)
+	hs := hashes(24, 10)
+	mem.Add(hs...)
+	started := make(chan struct{})
+	src := &slowSource{MemSource: mem, delay: 30 * time.Millisecond}
+	src.hook = func(i int) {
+		if i == 0 {
+			close(started)
+		}
+	}
+	ep := startServer(t, &Server{Source: src, MaxActive: 1})
+	c := newClient(t, ClientOptions{Timeout: 10 * time.Second})
+	slow := make(chan error, 1)
+	go func() {
+		_, err := c.Fetch(context.Background(), ep, FetchRequest{Hashes: hs})
+		slow <- err
+	}()
+	<-started
+	// The only slot is busy for ~300 ms: a 50 ms fetch waits, then is refused.
+	res, err := c.Fetch(context.Background(), ep, FetchRequest{Hashes: hs[:1], Timeout: 50 * time.Millisecond})
+	var re *RemoteError
+	if !errors.As(err, &re) || re.Code != CodeBusy || res.Outcome != OutcomeRefused {
+		// A refusal that lands after the client's own deadline reads as a
+		// timeout; both mean the fetch did not jump the queue.
+		if !errors.Is(err, ErrTimeout) {
+			t.Fatalf("got %+v, %v; want busy (or timeout)", res, err)
+		}
+	}
+	if err := <-slow; err != nil {
+		t.Fatalf("the fetch holding the slot: %v", err)
+	}
+	// Once the slot is free a queued fetch gets it.
+	if _, err := c.Fetch(context.Background(), ep, FetchRequest{Hashes: hs[:2]}); err != nil {
+		t.Fatal(err)
+	}
+	waitPins(t, mem)
+}
+
+func TestContextDeadlineIsTimeout(t *testing.T) {
+	mem := NewMemSource(testLayers, testLayerSize)
+	hs := hashes(25, 10)
+	mem.Add(hs...)
+	ep := startServer(t, &Server{Source: &slowSource{MemSource: mem, delay: 20 * time.Millisecond}})
+	c := newClient(t, ClientOptions{Timeout: 10 * time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
+	defer cancel()
+	res, err := c.Fetch(ctx, ep, FetchRequest{Hashes: hs})
+	if !errors.Is(err, ErrTimeout) || res.Outcome != OutcomeTimeout || res.Completed != 0 {
+		t.Fatalf("got %+v, %v; want timeout", res, err)
+	}
+	waitPins(t, mem)
+}
