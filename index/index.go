@@ -139,7 +139,7 @@ type Index struct {
 	dir    atomic.Pointer[[]*chunk]
 	ovfDir atomic.Pointer[[]*ovfChunk]
 	ctab   atomic.Pointer[table] // (parent, local) -> node
-	etab   *table                // shared engine hash -> node (writer only)
+	etab   engTable              // shared engine hash -> node (writer only)
 	vw     atomic.Pointer[view]
 
 	next, ovfNext uint32
@@ -168,7 +168,7 @@ func New() *Index {
 	od := []*ovfChunk{new(ovfChunk)}
 	ix.ovfDir.Store(&od)
 	ix.ctab.Store(newTable(0))
-	ix.etab = newTable(0)
+	ix.etab = newEngTable(0)
 	ix.vw.Store(&view{})
 	ix.scratch.New = func() any { return new(scratch) }
 	return ix
@@ -249,19 +249,6 @@ func (ix *Index) findChild(parent uint32, local uint64) uint32 {
 	return id
 }
 
-func (ix *Index) etabFind(h uint64) uint32 {
-	t := ix.etab
-	for i := mix(h^ix.seed) & t.mask; ; i = (i + 1) & t.mask {
-		id := t.slots[i].Load()
-		if id == 0 {
-			return 0
-		}
-		if id != tomb && ix.chunkOf(id).eng[id&chunkMask] == h && ix.chunkOf(id).nc[id&chunkMask]&hasEngBit != 0 {
-			return id
-		}
-	}
-}
-
 func (ix *Index) tableInsert(tp *atomic.Pointer[table], t *table, hash uint64, id uint32, rehash func(uint32) uint64) *table {
 	if (t.used+t.dead+1)*4 > len(t.slots)*3 {
 		nt := newTable(t.used + 1)
@@ -317,7 +304,6 @@ func (ix *Index) rehashChild(id uint32) uint64 {
 	return ix.childHash(uint32(n.pg.Load()), n.local.Load())
 }
 
-func (ix *Index) rehashEng(id uint32) uint64 { return mix(ix.chunkOf(id).eng[id&chunkMask] ^ ix.seed) }
 
 func (ix *Index) isFree(id uint32) bool {
 	return uint32(nodeAt(*ix.dir.Load(), id).pg.Load()) == noParent
@@ -407,7 +393,7 @@ func (ix *Index) maybeFree(id uint32) {
 			tableDelete(ix.ctab.Load(), ix.childHash(parent, n.local.Load()), id)
 		}
 		if c.nc[id&chunkMask]&hasEngBit != 0 {
-			tableDelete(ix.etab, mix(c.eng[id&chunkMask]^ix.seed), id)
+			ix.etabDelete(c.eng[id&chunkMask], id)
 		}
 		n.pg.Store((pg>>32+1)<<32 | noParent)
 		if h := n.holders.Load(); h&ovfFlag != 0 {
@@ -532,7 +518,12 @@ func (ix *Index) resolve(ws *wstate, h uint64) uint32 {
 	if id, ok := ws.exc[h]; ok {
 		return id
 	}
-	id := ix.etabFind(h)
+	id, _ := ix.etabFind(h)
+	return ix.heldShared(ws, id)
+}
+
+// heldShared returns id if ws holds it under its shared engine hash, else 0.
+func (ix *Index) heldShared(ws *wstate, id uint32) uint32 {
 	if id == 0 || ix.maskOf(id, ws.slot) == 0 {
 		return 0
 	}
@@ -574,16 +565,27 @@ func (ix *Index) bind(ws *wstate, id uint32, h uint64) {
 		ix.st.Rebound++
 		ix.unbind(ws, id)
 	}
+	c := ix.chunkOf(id)
+	k := id & chunkMask
+	if c.nc[k]&hasEngBit != 0 && c.eng[k] == h {
+		// The usual case: every worker names the node alike. Then only an
+		// exception entry of ws can name another node under h.
+		if other, ok := ws.exc[h]; ok && other != id {
+			ix.st.Rebound++
+			ix.drop(ws, other)
+		}
+		return
+	}
 	if other := ix.resolve(ws, h); other != 0 && other != id {
 		ix.st.Rebound++
 		ix.drop(ws, other)
 	}
-	c := ix.chunkOf(id)
-	k := id & chunkMask
-	if c.nc[k]&hasEngBit == 0 && ix.etabFind(h) == 0 {
-		c.eng[k] = h
-		c.nc[k] |= hasEngBit
-		ix.etab = ix.tableInsert(nil, ix.etab, mix(h^ix.seed), id, ix.rehashEng)
+	if c.nc[k]&hasEngBit == 0 {
+		if x, ins := ix.etabFind(h); x == 0 {
+			c.eng[k] = h
+			c.nc[k] |= hasEngBit
+			ix.etabInsert(h, id, ins)
+		}
 	}
 	if c.nc[k]&hasEngBit != 0 && c.eng[k] == h {
 		return
@@ -602,16 +604,21 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, b kv.StoredBlock, tier kv.Tier
 	c := ix.newNode(p, b.LocalHash)
 	ix.cand = append(ix.cand, c)
 	h := b.EngineHash
-	if other := ix.resolve(ws, h); other != 0 {
+	x, ins := ix.etabFind(h) // one probe serves resolve and insert
+	other, ok := ws.exc[h]
+	if !ok {
+		other = ix.heldShared(ws, x)
+	}
+	if other != 0 {
 		ix.st.Rebound++
-		ix.drop(ws, other)
+		ix.drop(ws, other) // frees nothing before the event ends: ins stays valid
 	}
 	k := c & chunkMask
 	ch := ix.chunkOf(c)
-	if ix.etabFind(h) == 0 {
+	if x == 0 {
 		ch.eng[k] = h
 		ch.nc[k] |= hasEngBit
-		ix.etab = ix.tableInsert(nil, ix.etab, mix(h^ix.seed), c, ix.rehashEng)
+		ix.etabInsert(h, c, ins)
 	} else {
 		if ws.exc == nil {
 			ws.exc, ws.over = map[uint64]uint32{}, map[uint32]uint64{}

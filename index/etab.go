@@ -1,0 +1,103 @@
+package index
+
+// engTable maps a node's shared engine hash to the node. Only the writer
+// uses it (readers never resolve engine hashes), so it is plain memory: a
+// node id per slot plus a parallel byte of hash tag, so a probe that misses
+// reads only the tag array and never a node (a miss used to cost a cache
+// miss per occupied slot it passed). Linear probing, power-of-two size.
+type engTable struct {
+	ids        []uint32
+	tags       []uint8 // tagEmpty, tagDead, or tagOf(hash)
+	mask       uint64
+	used, dead int
+}
+
+const (
+	tagEmpty = 0
+	tagDead  = 1
+)
+
+func tagOf(hash uint64) uint8 { return uint8(2 + (hash>>56)%254) }
+
+func newEngTable(n int) engTable {
+	size := 1024
+	for size < n*2 {
+		size <<= 1
+	}
+	return engTable{ids: make([]uint32, size), tags: make([]uint8, size), mask: uint64(size - 1)}
+}
+
+func (ix *Index) engHash(h uint64) uint64 { return mix(h ^ ix.seed) }
+
+// etabFind returns the node whose shared engine hash is h, or 0 and the
+// slot where h belongs.
+func (ix *Index) etabFind(h uint64) (id uint32, ins int) {
+	t := &ix.etab
+	hash := ix.engHash(h)
+	tg := tagOf(hash)
+	dir := *ix.dir.Load()
+	ins = -1
+	for i := hash & t.mask; ; i = (i + 1) & t.mask {
+		switch t.tags[i] {
+		case tagEmpty:
+			if ins < 0 {
+				ins = int(i)
+			}
+			return 0, ins
+		case tagDead:
+			if ins < 0 {
+				ins = int(i)
+			}
+		case tg:
+			id := t.ids[i]
+			c := dir[id>>chunkBits]
+			if c.eng[id&chunkMask] == h && c.nc[id&chunkMask]&hasEngBit != 0 {
+				return id, int(i)
+			}
+		}
+	}
+}
+
+// etabInsert records id under h at slot ins (from a failed etabFind with
+// no table change since).
+func (ix *Index) etabInsert(h uint64, id uint32, ins int) {
+	t := &ix.etab
+	if (t.used+t.dead+1)*4 > len(t.ids)*3 {
+		nt := newEngTable(t.used + 1)
+		dir := *ix.dir.Load()
+		for i, tg := range t.tags {
+			if tg < 2 {
+				continue
+			}
+			x := t.ids[i]
+			j := ix.engHash(dir[x>>chunkBits].eng[x&chunkMask]) & nt.mask
+			for nt.tags[j] != tagEmpty {
+				j = (j + 1) & nt.mask
+			}
+			nt.tags[j], nt.ids[j] = tg, x
+			nt.used++
+		}
+		*t = nt
+		_, ins = ix.etabFind(h)
+	}
+	if t.tags[ins] == tagDead {
+		t.dead--
+	}
+	t.tags[ins] = tagOf(ix.engHash(h))
+	t.ids[ins] = id
+	t.used++
+}
+
+func (ix *Index) etabDelete(h uint64, id uint32) {
+	t := &ix.etab
+	hash := ix.engHash(h)
+	tg := tagOf(hash)
+	for i := hash & t.mask; t.tags[i] != tagEmpty; i = (i + 1) & t.mask {
+		if t.tags[i] == tg && t.ids[i] == id {
+			t.tags[i] = tagDead
+			t.used--
+			t.dead++
+			return
+		}
+	}
+}
