@@ -304,7 +304,6 @@ func (ix *Index) rehashChild(id uint32) uint64 {
 	return ix.childHash(uint32(n.pg.Load()), n.local.Load())
 }
 
-
 func (ix *Index) isFree(id uint32) bool {
 	return uint32(nodeAt(*ix.dir.Load(), id).pg.Load()) == noParent
 }
