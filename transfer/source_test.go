@@ -238,3 +238,49 @@ func TestContextDeadlineIsTimeout(t *testing.T) {
 	}
 	waitPins(t, mem)
 }
+
+// layerSim reads layers like engine/sim's Engine.
+type layerSim struct {
+	*MemSource
+	failLayer int
+}
+
+func (s layerSim) ReadPayload(seq uint64, layer int, dst []byte) (int, error) {
+	if layer == s.failLayer {
+		return 0, errors.New("layer gone")
+	}
+	p := make([]byte, testLayerSize)
+	kv.FillPayload(p, seq, layer)
+	return copy(dst, p), nil
+}
+
+func TestLayeredSource(t *testing.T) {
+	mem := NewMemSource(testLayers, testLayerSize)
+	hs := hashes(26, 5)
+	mem.Add(hs...)
+	ep := startServer(t, &Server{Source: Layered(layerSim{MemSource: mem, failLayer: -1}, testLayers, testLayerSize)})
+	c := newClient(t, ClientOptions{})
+	res, err := c.Fetch(context.Background(), ep, FetchRequest{Hashes: hs, Verify: PayloadVerifier(testLayers, testLayerSize)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkBlocks(t, res, hs)
+	layers, sums, err := res.Blocks[1].Layers(testLayerSize)
+	if err != nil || len(layers) != testLayers {
+		t.Fatalf("Layers: %d, %v", len(layers), err)
+	}
+	for l := range layers {
+		if err := kv.VerifyPayload(layers[l], hs[1], l, sums[l]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := res.Blocks[0].Layers(testLayerSize + 1); err == nil {
+		t.Fatal("uneven split accepted")
+	}
+	waitPins(t, mem)
+
+	bad := Layered(layerSim{MemSource: mem, failLayer: 2}, testLayers, testLayerSize)
+	if out, err := bad.ReadBlock(hs[0], []byte("x")); err == nil || string(out) != "x" || !strings.Contains(err.Error(), "layer 2") {
+		t.Fatalf("failing layer: %q, %v", out, err)
+	}
+}
