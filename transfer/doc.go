@@ -57,6 +57,18 @@
 // that does not send the magic is disconnected silently. Connections past
 // Server.MaxConns get refuse{busy} and are closed.
 //
+// # Sources
+//
+// A BlockSource pins and reads blocks (Layered adapts one that reads layer
+// by layer, like engine/sim). Optional extensions make serving cheaper:
+// BlockViewer hands out pinned payloads without a copy (the server sends
+// them with writev, one call per response of up to 64 MiB / 2048 blocks;
+// a copying source is staged in 2 MiB writes), and BlockChecksummer
+// supplies checksums taken when the blocks were stored, so the server does
+// not hash every payload and a block that rotted at the source fails the
+// target's check. Server.MaxActive bounds fetches served at once (others
+// wait for a slot until their deadline, then get refuse{busy}).
+//
 // # Deadlines
 //
 // The client's deadline is its operation timeout (default 1 s) or its
@@ -74,6 +86,9 @@
 // it (OutcomeCorrupt); a broken connection keeps what verified before it.
 // Success means the source delivered its whole available prefix in time:
 // a shorter prefix than requested is success with OutcomePartial.
+// Payloads are received in place, in chunks that grow with the response
+// (never sized from a declared length); FetchRequest.Buffer lets a caller
+// receive into memory it reuses.
 //
 // # Metrics
 //
