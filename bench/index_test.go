@@ -31,6 +31,9 @@ func TestBenchIndexSmallSlice(t *testing.T) {
 	if res.Requests != 500 || res.Finds != 500 || res.RemovedBlocks == 0 || !res.Verified || len(res.Phases) != 3 {
 		t.Fatalf("result %+v", res)
 	}
+	if p := res.Phases[0]; p.BlockOps != res.StoredBlocks+res.RemovedBlocks+res.QueryBlocks || p.BlockOps <= p.Ops || p.BlockOpsPerS <= p.OpsPerSec {
+		t.Fatalf("block ops %d (%.0f/s) vs ops %d (%.0f/s)", p.BlockOps, p.BlockOpsPerS, p.Ops, p.OpsPerSec)
+	}
 	// Holdings equal the reference, worker by worker, through the dump.
 	for _, w := range res.Ref.Workers() {
 		fresh := ref.New()
