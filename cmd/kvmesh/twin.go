@@ -151,8 +151,19 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 	if err != nil {
 		return fmt.Errorf("twin: %w", err)
 	}
-	if tf.traceBlockSize <= 0 {
-		return fmt.Errorf("twin: --trace-block-size %d, want ≥ 1", tf.traceBlockSize)
+	// Zero means "default" inside the twin package; on the command line it
+	// is a mistake.
+	for _, v := range []struct {
+		name string
+		v    int
+	}{{"trace-block-size", tf.traceBlockSize}, {"workers", tf.cfg.Workers}, {"block-size", tf.cfg.BlockSize},
+		{"blocks", tf.cfg.Blocks}, {"max-batched-tokens", tf.cfg.MaxBatchedTokens}, {"max-seqs", tf.cfg.MaxSeqs}} {
+		if v.v <= 0 {
+			return fmt.Errorf("twin: --%s %d, want ≥ 1", v.name, v.v)
+		}
+	}
+	if !(tf.cfg.ArrivalSpeedup > 0) || tf.cfg.LoadInterval <= 0 || tf.cfg.ApproxTTL <= 0 || tf.cfg.KVBytesPerToken <= 0 {
+		return fmt.Errorf("twin: --arrival-speedup, --load-interval, --approx-ttl and --kv-bytes-per-token must be positive")
 	}
 	if fs.Changed("prefill-scale") || fs.Changed("temperature") {
 		c := router.DefaultCost()

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+var twinLastLine = regexp.MustCompile(`^twin: mode=(\S+) requests=(\d+) hit=\d+\.\d{4} ttft_p50_ms=\d+\.\d ttft_mean_ms=\d+\.\d wall_s=\d+\.\d{3}$`)
+
+func runTwinCmd(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	cmd := newTwinCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(context.Background())
+	return out.String(), errOut.String(), err
+}
+
+// TestTwinCompare runs two modes on a trace with one malformed line: the
+// line is reported and skipped, each mode's block ends with the summary
+// line, and the report files are written.
+func TestTwinCompare(t *testing.T) {
+	dir := t.TempDir()
+	src, err := os.ReadFile("../../twin/testdata/conversation_300.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(src), "\n")[:60]
+	lines = append(lines[:10], append([]string{"{not json\n"}, lines[10:]...)...)
+	trace := filepath.Join(dir, "t.jsonl")
+	if err := os.WriteFile(trace, []byte(strings.Join(lines, "")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	outDir := filepath.Join(dir, "out")
+	out, errOut, err := runTwinCmd(t, "--trace", trace, "--workers", "2", "--compare", "round-robin,kv+hints", "--out", outDir)
+	if err != nil {
+		t.Fatalf("%v\n%s%s", err, out, errOut)
+	}
+	if !strings.Contains(errOut, "line 11: invalid JSON") || !strings.Contains(errOut, "(skipped)") {
+		t.Fatalf("malformed line not reported:\n%s", errOut)
+	}
+	var modes []string
+	outLines := strings.Split(out, "\n")
+	for i, l := range outLines {
+		if m := twinLastLine.FindStringSubmatch(l); m != nil {
+			modes = append(modes, m[1])
+			if m[2] != "60" {
+				t.Fatalf("requests in %q", l)
+			}
+			// The block's next line starts another mode or the table.
+			if next := outLines[i+1]; next != "" && !strings.HasPrefix(next, "mode ") {
+				t.Fatalf("line after %q: %q", l, next)
+			}
+		} else if strings.HasPrefix(l, "twin: mode=") {
+			t.Fatalf("malformed summary line %q", l)
+		}
+	}
+	if strings.Join(modes, ",") != "round-robin,kv+hints" || !strings.Contains(out, "fetched GiB") {
+		t.Fatalf("modes %v; output:\n%s", modes, out)
+	}
+	for _, f := range []string{"twin.json", "twin_ttft_cdf.svg", "twin_hit_ratio.svg"} {
+		if st, err := os.Stat(filepath.Join(outDir, f)); err != nil || st.Size() == 0 {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+
+	// --strict fails on the malformed line, naming it.
+	_, _, err = runTwinCmd(t, "--trace", trace, "--strict", "--router", "round-robin")
+	if err == nil || !strings.Contains(err.Error(), "line 11") {
+		t.Fatalf("strict: %v", err)
+	}
+}
+
+func TestTwinSingleModeEndsWithSummary(t *testing.T) {
+	out, _, err := runTwinCmd(t, "--trace", "../../twin/testdata/conversation_300.jsonl", "--requests", "30", "--workers", "2", "--router", "kv", "--concurrency", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if m := twinLastLine.FindStringSubmatch(lines[len(lines)-1]); m == nil || m[1] != "kv" || m[2] != "30" {
+		t.Fatalf("last line %q", lines[len(lines)-1])
+	}
+}
+
+func TestTwinRejectsBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"--trace", "../../twin/testdata/conversation_300.jsonl", "--router", "fastest"},
+		{"--trace", "../../twin/testdata/conversation_300.jsonl", "--compare", "kv,kv"},
+		{"--trace", "../../twin/testdata/conversation_300.jsonl", "--workers", "0", "--requests", "5"},
+		{"--trace", "/nonexistent/trace.jsonl"},
+	} {
+		t.Setenv("KVMESH_TRACE", "")
+		if _, _, err := runTwinCmd(t, args...); err == nil {
+			t.Fatalf("%q accepted", args)
+		}
+	}
+}
