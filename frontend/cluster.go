@@ -63,6 +63,7 @@ type Cluster struct {
 	wg       sync.WaitGroup
 	watchers []*runtime.Watcher
 	feeds    map[string]*runtime.EventFeed
+	metrics  []prometheus.Collector // registered on cfg.Registerer; removed at Close
 	subs     []*nats.Subscription
 	bcast    *runtime.Broadcast
 }
@@ -130,6 +131,13 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 		return fmt.Errorf("event feed for %s: %w", model, err)
 	}
 	c.feeds[model] = feed
+	if reg := c.cfg.Registerer; reg != nil {
+		col := feed.Collector()
+		if err := reg.Register(col); err != nil {
+			return fmt.Errorf("event feed metrics for %s: %w", model, err)
+		}
+		c.metrics = append(c.metrics, col)
+	}
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
@@ -354,4 +362,7 @@ func (c *Cluster) Close() {
 	}
 	c.wg.Wait()
 	c.clients.Close()
+	for _, col := range c.metrics {
+		c.cfg.Registerer.Unregister(col)
+	}
 }

@@ -364,6 +364,26 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool, why .
 	}
 }
 
+// gatherMetrics scrapes reg into name{label="v",...} → value.
+func gatherMetrics(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			out[mf.GetName()+"{"+strings.Join(ls, ",")+"}"] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return out
+}
+
 // logSink collects the in-process log for assertions and failure output.
 type logSink struct {
 	mu  sync.Mutex
@@ -535,7 +555,8 @@ func testEventGap(t *testing.T, bin string) {
 	small := e.startWorker("--event-ring", "8", "--speedup-ratio", "0")
 	px := newTCPProxy(t, e.srv.URL())
 	nc := e.connect(px.url())
-	c := e.newCluster(clusterOpts{nc: nc, disc: e.openDiscovery(nc)})
+	reg := prometheus.NewRegistry()
+	c := e.newCluster(clusterOpts{nc: nc, disc: e.openDiscovery(nc), reg: reg})
 	e.waitSynced(c, ring, small)
 	e.generateDirect(ring, prompt(600, 256))
 	e.generateDirect(small, prompt(601, 256))
@@ -573,6 +594,17 @@ func testEventGap(t *testing.T, bin string) {
 	}
 	if after.BadMessages != 0 {
 		t.Fatalf("bad messages: %+v", after)
+	}
+	// The feed's counters are on the cluster's registry.
+	got := gatherMetrics(t, reg)
+	for k, v := range map[string]int64{
+		`kvmesh_event_feed_gaps_total{model="m"}`:                 after.Gaps,
+		`kvmesh_event_feed_repairs_total{kind="range",model="m"}`: after.RangeRepairs,
+		`kvmesh_event_feed_repairs_total{kind="dump",model="m"}`:  after.DumpRepairs,
+	} {
+		if got[k] != float64(v) {
+			t.Errorf("%s = %v, stats say %d", k, got[k], v)
+		}
 	}
 	t.Logf("feed before %+v\nfeed after  %+v", before, after)
 }

@@ -18,17 +18,25 @@ type server struct {
 
 func (s *server) Generate(req *api.GenerateRequest, stream api.Worker_GenerateServer) error {
 	w := s.w
+	result, err := s.generate(req, stream)
+	w.met.requests.WithLabelValues(result).Inc()
+	return err
+}
+
+// generate serves one stream and says how it ended (the metrics' result).
+func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateServer) (string, error) {
+	w := s.w
 	switch {
 	case len(req.Tokens) == 0:
-		return status.Error(codes.InvalidArgument, "generate: empty prompt")
+		return resultRejected, status.Error(codes.InvalidArgument, "generate: empty prompt")
 	case req.MaxTokens == 0:
-		return status.Error(codes.InvalidArgument, "generate: max_tokens must be ≥ 1")
+		return resultRejected, status.Error(codes.InvalidArgument, "generate: max_tokens must be ≥ 1")
 	case int(req.DpRank) >= w.cfg.DPSize:
-		return status.Errorf(codes.InvalidArgument, "generate: dp_rank %d but dp_size %d", req.DpRank, w.cfg.DPSize)
+		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: dp_rank %d but dp_size %d", req.DpRank, w.cfg.DPSize)
 	}
 	if len(req.KvHint) > 0 {
-		// The engine interface has no hint input yet; the hint is advisory,
-		// so the request proceeds without it.
+		// Passed to the engine as received: the engine's fetcher (Peer)
+		// parses it, and a bad hint only costs the fetch, never the request.
 		w.hints.Add(1)
 	}
 	if len(req.KvTransferParams) > 0 {
@@ -37,6 +45,7 @@ func (s *server) Generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	ereq := &engine.Request{
 		ID: req.RequestId, Tokens: req.Tokens, MaxTokens: int(req.MaxTokens), StopTokens: req.StopTokenIds,
 		Seed: req.Seed, Temperature: req.Temperature, LoRA: req.Lora, CacheSalt: req.CacheSalt,
+		KVHint: req.KvHint,
 	}
 	// The stream's context ends when the client cancels or disconnects;
 	// the engine stops working on the request with it.
@@ -44,18 +53,20 @@ func (s *server) Generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	defer cancel()
 	ch, err := w.eng.Generate(ctx, ereq)
 	if errors.Is(err, engine.ErrClosed) {
-		return status.Error(codes.Unavailable, "generate: worker shutting down")
+		return resultUnavailable, status.Error(codes.Unavailable, "generate: worker shutting down")
 	}
 	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "generate: %v", err)
+		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: %v", err)
 	}
+	w.met.inflight.Inc()
+	defer w.met.inflight.Dec()
 	for {
 		select {
 		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+			return resultCanceled, status.FromContextError(ctx.Err()).Err()
 		case c, ok := <-ch:
 			if !ok {
-				return nil
+				return resultAborted, nil
 			}
 			out := &api.GenerateChunk{Tokens: c.Tokens, FinishReason: string(c.Finish)}
 			if c.Usage != nil {
@@ -68,10 +79,18 @@ func (s *server) Generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 				}
 			}
 			if err := stream.Send(out); err != nil {
-				return err
+				return resultCanceled, err
 			}
-			if c.Finish != engine.FinishNone || c.Err != nil {
-				return nil
+			w.met.output.Add(float64(len(c.Tokens)))
+			if c.Err != nil {
+				return resultError, nil
+			}
+			if c.Finish != engine.FinishNone {
+				if u := c.Usage; u != nil {
+					w.met.prompt.Add(float64(u.PromptTokens))
+					w.met.cached.Add(float64(u.CachedTokens))
+				}
+				return resultFinished, nil
 			}
 		}
 	}

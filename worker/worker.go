@@ -22,6 +22,7 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 )
 
@@ -48,7 +49,10 @@ type Config struct {
 	// ControlEndpoints are the peer-transfer endpoints per DP rank, if any.
 	ControlEndpoints []string
 	Discovery        runtime.DiscoveryConfig
-	Logger           *slog.Logger
+	// Registerer receives the worker's metrics (labelled with its model and
+	// instance) from Start until Close; nil keeps them unregistered.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
 }
 
 // Worker is one running engine instance.
@@ -72,6 +76,8 @@ type Worker struct {
 	wg      sync.WaitGroup
 
 	hints, transferParams atomic.Int64
+	met                   *metrics
+	registered            bool
 }
 
 // New prepares a worker around eng (which it then owns: Close closes it).
@@ -126,6 +132,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	}
 	w := &Worker{cfg: cfg, eng: eng, nc: nc, log: cfg.Logger.With("instance", runtime.InstanceToken(cfg.InstanceID), "model", cfg.Model), evlog: evlog}
 	w.pub = runtime.NewEventPublisher(nc, cfg.Model, evlog, w.log)
+	w.met = newMetrics(w)
 	w.inst = runtime.Instance{
 		ID: cfg.InstanceID, Model: cfg.Model, Role: string(cfg.Role), DPSize: cfg.DPSize,
 		BlockSize: ec.BlockSize, KVCapacity: cfg.KVCapacity, MaxBatchedTokens: ec.MaxBatchedTokens,
@@ -143,6 +150,12 @@ func (w *Worker) Start(ctx context.Context) error {
 		return errors.New("worker: already started or closed")
 	}
 	w.started = true
+	if reg := w.cfg.Registerer; reg != nil {
+		if err := w.met.register(reg); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+		w.registered = true
+	}
 	ln, err := net.Listen("tcp", w.cfg.ListenAddr)
 	if err != nil {
 		return fmt.Errorf("worker: listen %s: %w", w.cfg.ListenAddr, err)
@@ -233,6 +246,9 @@ func (w *Worker) Close() error {
 		cancel()
 	}
 	w.stopLocked()
+	if w.registered {
+		w.met.unregister(w.cfg.Registerer)
+	}
 	w.eng.SetEventSink(nil)
 	if err := w.eng.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("worker: close engine: %w", err))

@@ -1,0 +1,84 @@
+package runtime
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The collector reports the feed's own counters, per model, and two feeds
+// share a registry.
+func TestEventFeedCollector(t *testing.T) {
+	e := startNATS(t)
+	clients := NewWorkerClients()
+	defer clients.Close()
+	ix := &lockedIndex{ix: ref.New()}
+	feed := runFeed(t, e, ix, clients)
+	other, err := NewEventFeed(nil, FeedConfig{Model: "other model", Applier: ix, Repairer: GRPCRepairer{Clients: clients}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(feed.Collector(), other.Collector())
+	if err := reg.Register(feed.Collector()); err == nil {
+		t.Fatal("the same feed registered twice")
+	}
+
+	f := startFakeWorker(t, e, 0xabc, 16)
+	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceAdded, Instance: f.instance()})
+	waitSynced(t, feed, ix, f)
+	f.publish(4)
+	waitSynced(t, feed, ix, f)
+	f.lose(2)
+	f.publish(2)
+	waitSynced(t, feed, ix, f)
+	f.lose(40)
+	f.publish(1)
+	waitSynced(t, feed, ix, f)
+
+	s := feed.Stats()
+	if s.Gaps != 2 || s.RangeRepairs != 1 || s.DumpRepairs != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+	got := gather(t, reg)
+	for k, v := range map[string]float64{
+		`kvmesh_event_feed_gaps_total{model="m"}`:                            2,
+		`kvmesh_event_feed_repairs_total{kind="range",model="m"}`:            1,
+		`kvmesh_event_feed_repairs_total{kind="dump",model="m"}`:             2,
+		`kvmesh_event_feed_events_applied_total{model="m"}`:                  float64(s.Applied),
+		`kvmesh_event_feed_batches_total{model="m"}`:                         float64(s.Batches),
+		`kvmesh_event_feed_instance_changes_total{change="added",model="m"}`: 1,
+		`kvmesh_event_feed_gaps_total{model="other model"}`:                  0,
+	} {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("%s = %v (present %v), want %v", k, g, ok, v)
+		}
+	}
+	if s.Applied == 0 || len(got) != 2*13 {
+		t.Fatalf("%d series, want 13 per feed; applied %d", len(got), s.Applied)
+	}
+}
+
+// gather scrapes reg into name{label="v",...} → value.
+func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() { // sorted by name
+				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			out[mf.GetName()+"{"+strings.Join(ls, ",")+"}"] = v
+		}
+	}
+	return out
+}

@@ -1,0 +1,86 @@
+package worker
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/runtime"
+)
+
+// Request results, the label of kvmesh_worker_requests_total.
+const (
+	resultFinished    = "finished"    // the engine ended it (stop or length)
+	resultError       = "error"       // the engine failed it
+	resultRejected    = "rejected"    // invalid request
+	resultUnavailable = "unavailable" // the worker is shutting down
+	resultCanceled    = "canceled"    // the caller left
+	resultAborted     = "aborted"     // the engine closed the stream without a finish
+)
+
+// metrics are one worker's Prometheus series, labelled with its model and
+// instance so several workers (kvmesh serve) can share a registry.
+type metrics struct {
+	requests *prometheus.CounterVec
+	inflight prometheus.Gauge
+	prompt   prometheus.Counter
+	cached   prometheus.Counter
+	output   prometheus.Counter
+	all      []prometheus.Collector
+}
+
+func newMetrics(w *Worker) *metrics {
+	cl := prometheus.Labels{"model": w.cfg.Model, "instance": runtime.InstanceToken(w.cfg.InstanceID)}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: cl})
+	}
+	counterFunc := func(name, help string, f func() float64) prometheus.CounterFunc {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: cl}, f)
+	}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_worker_requests_total",
+			Help:        "Generate requests by result: finished, error, rejected, unavailable, canceled or aborted.",
+			ConstLabels: cl}, []string{"result"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvmesh_worker_inflight_requests",
+			Help: "Generate streams being served.", ConstLabels: cl}),
+		prompt: counter("kvmesh_worker_prompt_tokens_total", "Prompt tokens of finished requests."),
+		cached: counter("kvmesh_worker_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache; divided by kvmesh_worker_prompt_tokens_total it is the KV hit rate."),
+		output: counter("kvmesh_worker_output_tokens_total", "Tokens streamed to callers."),
+	}
+	for _, r := range []string{resultFinished, resultError, resultRejected, resultUnavailable, resultCanceled, resultAborted} {
+		m.requests.WithLabelValues(r) // every series exists from the start
+	}
+	pub := func(i int) func() float64 {
+		return func() float64 {
+			b, e, f := w.pub.Counts()
+			return float64([3]int64{b, e, f}[i])
+		}
+	}
+	m.all = []prometheus.Collector{m.requests, m.inflight, m.prompt, m.cached, m.output,
+		counterFunc("kvmesh_worker_kv_hints_total", "Requests that carried a KV hint.", func() float64 { return float64(w.hints.Load()) }),
+		counterFunc("kvmesh_worker_kv_transfer_params_total", "Requests that carried KV transfer parameters (disaggregated serving).", func() float64 { return float64(w.transferParams.Load()) }),
+		counterFunc("kvmesh_worker_event_batches_published_total", "KV event batches published on NATS.", pub(0)),
+		counterFunc("kvmesh_worker_events_published_total", "KV events published on NATS.", pub(1)),
+		counterFunc("kvmesh_worker_event_publish_failures_total", "KV event batches that could not be published (routers repair the gap).", pub(2)),
+	}
+	return m
+}
+
+// register adds every series to reg; on failure none stays registered.
+func (m *metrics) register(reg prometheus.Registerer) error {
+	for i, c := range m.all {
+		if err := reg.Register(c); err != nil {
+			for _, done := range m.all[:i] {
+				reg.Unregister(done)
+			}
+			return fmt.Errorf("worker metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+func (m *metrics) unregister(reg prometheus.Registerer) {
+	for _, c := range m.all {
+		reg.Unregister(c)
+	}
+}

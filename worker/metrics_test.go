@@ -1,0 +1,159 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/runtime"
+)
+
+// Two workers share a registry; each counts its own requests by result,
+// its in-flight streams, hints and published events, and Close removes
+// its series.
+func TestWorkerMetrics(t *testing.T) {
+	_, nc := startNATS(t)
+	reg := prometheus.NewRegistry()
+	start := func(id uint64, eng *testEngine) (*Worker, api.WorkerClient) {
+		w, err := New(Config{InstanceID: id, Registerer: reg, Discovery: runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}}, eng, nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { w.Close() })
+		clients := runtime.NewWorkerClients()
+		t.Cleanup(clients.Close)
+		c, err := clients.Get(w.Instance())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w, c
+	}
+	eng := &testEngine{tick: time.Millisecond}
+	w1, c1 := start(0xa1, eng)
+	w2, _ := start(0xa2, &testEngine{tick: time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	run := func(req *api.GenerateRequest) error {
+		st, err := c1.Generate(ctx, req)
+		if err != nil {
+			return err
+		}
+		for {
+			if _, err := st.Recv(); err == io.EOF {
+				return nil
+			} else if err != nil {
+				return err
+			}
+		}
+	}
+	if err := run(&api.GenerateRequest{Tokens: prompt(1, 10), MaxTokens: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(&api.GenerateRequest{Tokens: prompt(1, 10), MaxTokens: 2, KvHint: []byte{1}, KvTransferParams: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(&api.GenerateRequest{Tokens: prompt(1, 10)}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("max_tokens 0: %v", err)
+	}
+	// A stream held open shows in flight; cancelling it counts as canceled.
+	eng.tick = 50 * time.Millisecond
+	cctx, ccancel := context.WithCancel(ctx)
+	st, err := c1.Generate(cctx, &api.GenerateRequest{Tokens: prompt(100, 10), MaxTokens: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	l1 := fmt.Sprintf(`instance="%s",model="m"`, runtime.InstanceToken(w1.InstanceID()))
+	if got := gather(t, reg)["kvmesh_worker_inflight_requests{"+l1+"}"]; got != 1 {
+		t.Fatalf("in flight %v, want 1", got)
+	}
+	ccancel()
+	waitMetric(t, reg, `kvmesh_worker_requests_total{`+l1+`,result="canceled"}`, 1)
+
+	got := gather(t, reg)
+	_, events, _ := w1.pub.Counts()
+	for k, v := range map[string]float64{
+		`kvmesh_worker_requests_total{` + l1 + `,result="finished"}`: 2,
+		`kvmesh_worker_requests_total{` + l1 + `,result="rejected"}`: 1,
+		`kvmesh_worker_requests_total{` + l1 + `,result="error"}`:    0,
+		`kvmesh_worker_inflight_requests{` + l1 + `}`:                0,
+		`kvmesh_worker_kv_hints_total{` + l1 + `}`:                   1,
+		`kvmesh_worker_kv_transfer_params_total{` + l1 + `}`:         1,
+		`kvmesh_worker_prompt_tokens_total{` + l1 + `}`:              20,
+		`kvmesh_worker_events_published_total{` + l1 + `}`:           float64(events),
+	} {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("%s = %v (present %v), want %v", k, g, ok, v)
+		}
+	}
+	if events == 0 {
+		t.Error("no events published")
+	}
+	if got[`kvmesh_worker_output_tokens_total{`+l1+`}`] < 6 {
+		t.Errorf("output tokens %v, want ≥ 6", got[`kvmesh_worker_output_tokens_total{`+l1+`}`])
+	}
+	l2 := fmt.Sprintf(`instance="%s",model="m"`, runtime.InstanceToken(w2.InstanceID()))
+	if g := got[`kvmesh_worker_requests_total{`+l2+`,result="finished"}`]; g != 0 {
+		t.Errorf("second worker counted %v requests", g)
+	}
+	w1.Close()
+	for k := range gather(t, reg) {
+		if strings.Contains(k, l1) {
+			t.Fatalf("%s still registered after Close", k)
+		}
+	}
+	// A worker whose series are already registered does not start.
+	dup, err := New(Config{InstanceID: 0xa2, Registerer: reg}, &testEngine{tick: time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dup.Close()
+	if err := dup.Start(ctx); err == nil || !strings.Contains(err.Error(), "metrics") {
+		t.Fatalf("duplicate instance started: %v", err)
+	}
+}
+
+func waitMetric(t *testing.T, reg *prometheus.Registry, key string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for gather(t, reg)[key] != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %v, want %v", key, gather(t, reg)[key], want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// gather scrapes reg into name{label="v",...} → value (labels sorted).
+func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			out[mf.GetName()+"{"+strings.Join(ls, ",")+"}"] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return out
+}
