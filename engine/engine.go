@@ -57,6 +57,11 @@ type Request struct {
 	Temperature float64
 	LoRA        string // adapter name; mixed into block hashes
 	CacheSalt   string // cache namespace; mixed into block hashes
+	// KVHint is the router's KV hint envelope as received (raw JSON, see
+	// package hints), or nil. It is advisory: an engine may ignore it, and
+	// one that consumes it must fall back to computing locally whenever the
+	// hint is malformed, stale or its source unreachable.
+	KVHint []byte
 }
 
 // Usage counts one generation's tokens.
