@@ -600,11 +600,16 @@ func (ix *Index) bind(ws *wstate, id uint32, h uint64) {
 // stores it for ws on tier: the general path without the lookups whose
 // answer is known for a new node (no child, no holder, no binding).
 func (ix *Index) storeFresh(ws *wstate, p uint32, b kv.StoredBlock, tier kv.Tier) uint32 {
+	// Not a free candidate: it ends the event held unless a later block
+	// drops it, and drop makes it one.
 	c := ix.newNode(p, b.LocalHash)
-	ix.cand = append(ix.cand, c)
 	h := b.EngineHash
 	x, ins := ix.etabFind(h) // one probe serves resolve and insert
-	other, ok := ws.exc[h]
+	var other uint32
+	ok := false
+	if len(ws.exc) > 0 {
+		other, ok = ws.exc[h]
+	}
 	if !ok {
 		other = ix.heldShared(ws, x)
 	}
