@@ -1,0 +1,445 @@
+package frontend_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	goruntime "runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/router"
+	kvrt "github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/worker"
+)
+
+// TestFrontendAddedLatency measures what the OpenAI frontend and the router
+// add on top of a worker's gRPC stream. The same kind of streams run, in one
+// process and one run, directly against the workers' gRPC API and through
+// the HTTP frontend (Cluster backend: router + gRPC). Every engine is
+// wrapped so the time each token leaves the engine is recorded; the
+// client's receive time minus that is the token's delivery latency, so the
+// engine's own pacing cancels out. It prints p50/p99 of delivery latency,
+// TTFT and inter-token latency for both paths and their difference.
+//
+//	KVMESH_BENCH=1 go test ./frontend -run TestFrontendAddedLatency -v
+//
+// Knobs (env): KVMESH_BENCH_STREAMS (200), KVMESH_BENCH_TOKENS (64),
+// KVMESH_BENCH_WORKERS (4), KVMESH_BENCH_SPEEDUP (2: sim time divisor),
+// KVMESH_BENCH_CPUPROFILE (file: CPU profile of the frontend phase).
+func TestFrontendAddedLatency(t *testing.T) {
+	if os.Getenv("KVMESH_BENCH") == "" {
+		t.Skip("set KVMESH_BENCH=1 to run the latency benchmark")
+	}
+	streams := envInt("KVMESH_BENCH_STREAMS", 200)
+	tokens := envInt("KVMESH_BENCH_TOKENS", 64)
+	nworkers := envInt("KVMESH_BENCH_WORKERS", 4)
+	speedup := 2.0
+	if v, err := strconv.ParseFloat(os.Getenv("KVMESH_BENCH_SPEEDUP"), 64); err == nil {
+		speedup = v
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	ns, err := kvrt.StartEmbedded(kvrt.EmbeddedConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := kvrt.Connect(kvrt.ConnConfig{URLs: ns.URL(), Name: "latency-bench"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	disc, err := kvrt.OpenDiscovery(ctx, nc, kvrt.DiscoveryConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	rec := &emitLog{byID: map[string]*emitted{}}
+	var clients []api.WorkerClient
+	wclients := kvrt.NewWorkerClients()
+	defer wclients.Close()
+	for range nworkers {
+		cfg := sim.DefaultConfig()
+		cfg.SpeedupRatio = speedup
+		eng, err := sim.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := worker.New(worker.Config{Logger: log}, &stampEngine{Engine: eng, log: rec}, nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		c, err := wclients.Get(w.Instance())
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+	}
+
+	model, err := frontend.BuiltinModel("kvmesh-sim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	cl, err := frontend.NewCluster(ctx, frontend.ClusterConfig{NC: nc, Discovery: disc, Models: []*frontend.Model{model},
+		Registerer: reg, Logger: log, Router: router.Config{Mode: router.ModeKV}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for cl.Ready() != nil || len(cl.Router().Workers("kvmesh-sim", router.RoleAggregated)) < nworkers {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cfg := frontend.DefaultConfig()
+	srv := &http.Server{Handler: frontend.New(cfg, cl, cl, reg, reg)}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Close()
+	url := "http://" + ln.Addr().String() + "/v1/chat/completions"
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams * 2}}
+	defer hc.CloseIdleConnections()
+
+	prompt := func(phase string, i int) []frontend.Message {
+		return []frontend.Message{{Role: "user", Content: fmt.Sprintf("%s stream %d: tell me something about latency", phase, i)}}
+	}
+	runDirect := func(phase string) *pathStats {
+		ps := &pathStats{cpu0: cpuTime(), wall0: time.Now()}
+		defer ps.done()
+		var wg sync.WaitGroup
+		for i := range streams {
+			ids, err := model.EncodeChat(prompt(phase, i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() {
+				id := fmt.Sprintf("%s-%d", phase, i)
+				start := time.Now()
+				st, err := clients[i%len(clients)].Generate(ctx, &api.GenerateRequest{RequestId: id, Tokens: ids,
+					MaxTokens: uint32(tokens), StopTokenIds: model.EOS, Seed: uint64(i), Temperature: 1})
+				if err != nil {
+					ps.fail(err)
+					return
+				}
+				var recv []time.Time
+				for {
+					ch, err := st.Recv()
+					if err == io.EOF {
+						break
+					}
+					if err != nil {
+						ps.fail(err)
+						return
+					}
+					now := time.Now()
+					for range ch.Tokens {
+						recv = append(recv, now)
+					}
+				}
+				em := rec.get(id)
+				if em == nil || len(em.at) != len(recv) {
+					ps.fail(fmt.Errorf("%s: %d tokens received, engine log %v", id, len(recv), em))
+					return
+				}
+				ps.add(start, recv, em.at)
+			})
+		}
+		wg.Wait()
+		return ps
+	}
+	runFrontend := func(phase string) *pathStats {
+		ps := &pathStats{cpu0: cpuTime(), wall0: time.Now()}
+		defer ps.done()
+		var wg sync.WaitGroup
+		for i := range streams {
+			body, _ := json.Marshal(map[string]any{"model": "kvmesh-sim", "messages": []map[string]string{{"role": "user", "content": prompt(phase, i)[0].Content}},
+				"max_tokens": tokens, "seed": i, "stream": true})
+			wg.Go(func() {
+				start := time.Now()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := hc.Do(req)
+				if err != nil {
+					ps.fail(err)
+					return
+				}
+				defer resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b, _ := io.ReadAll(resp.Body)
+					ps.fail(fmt.Errorf("status %d: %s", resp.StatusCode, b))
+					return
+				}
+				id, recv, err := readSSE(resp.Body)
+				if err != nil {
+					ps.fail(err)
+					return
+				}
+				em := rec.get(id)
+				if em == nil {
+					ps.fail(fmt.Errorf("no engine log for %s", id))
+					return
+				}
+				// Map chunks to the tokens that completed text: a token
+				// whose bytes end mid-character yields no chunk of its own.
+				at := textTokens(model, em)
+				if len(at) != len(recv) {
+					ps.fail(fmt.Errorf("%s: %d content chunks for %d text-completing tokens", id, len(recv), len(at)))
+					return
+				}
+				ps.add(start, recv, at)
+			})
+		}
+		wg.Wait()
+		return ps
+	}
+
+	// Warm both paths (connections, caches of the Go runtime), then measure.
+	runDirect("warm-d")
+	runFrontend("warm-f")
+	direct := runDirect("direct")
+	var prof *os.File
+	if p := os.Getenv("KVMESH_BENCH_CPUPROFILE"); p != "" {
+		if prof, err = os.Create(p); err != nil {
+			t.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(prof); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fe := runFrontend("frontend")
+	if prof != nil {
+		pprof.StopCPUProfile()
+		prof.Close()
+	}
+	for _, ps := range []*pathStats{direct, fe} {
+		if ps.err != nil {
+			t.Fatalf("%d streams failed; first: %v", ps.failed, ps.err)
+		}
+	}
+
+	fmt.Printf("\nfrontend added latency: %d concurrent streams × %d tokens, %d sim workers (speedup %g), GOMAXPROCS %d\n",
+		streams, tokens, nworkers, speedup, goruntime.GOMAXPROCS(0))
+	fmt.Printf("%-24s %12s %12s %12s %12s\n", "", "direct p50", "direct p99", "front p50", "front p99")
+	row := func(name string, d, f []time.Duration) {
+		fmt.Printf("%-24s %12v %12v %12v %12v   Δp50 %v  Δp99 %v\n", name, pct(d, 50), pct(d, 99), pct(f, 50), pct(f, 99),
+			pct(f, 50)-pct(d, 50), pct(f, 99)-pct(d, 99))
+	}
+	row("delivery (emit→client)", direct.delivery, fe.delivery)
+	row("TTFT (client)", direct.ttft, fe.ttft)
+	row("inter-token (client)", direct.itl, fe.itl)
+	fmt.Printf("samples: direct %d tokens, frontend %d text chunks\n", len(direct.delivery), len(fe.delivery))
+	fmt.Printf("process CPU per token (server + client + workers): direct %v, frontend %v; phase wall: direct %v, frontend %v\n",
+		direct.cpu/time.Duration(len(direct.delivery)), fe.cpu/time.Duration(len(fe.delivery)), direct.wall.Round(time.Millisecond), fe.wall.Round(time.Millisecond))
+}
+
+// readSSE reads an OpenAI chat stream: the completion id and the receive
+// time of every chunk that carries content.
+func readSSE(r io.Reader) (string, []time.Time, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var id string
+	var recv []time.Time
+	for sc.Scan() {
+		line := sc.Bytes()
+		data, ok := bytes.CutPrefix(line, []byte("data: "))
+		if !ok {
+			continue
+		}
+		now := time.Now()
+		if bytes.Equal(data, []byte("[DONE]")) {
+			return id, recv, nil
+		}
+		// Parse lightly: the client's cost is not the server's latency.
+		if bytes.Contains(data, []byte(`"error":`)) {
+			return id, recv, fmt.Errorf("in-stream error %s", data)
+		}
+		if id == "" {
+			var ch struct {
+				ID string `json:"id"`
+			}
+			if err := json.Unmarshal(data, &ch); err != nil {
+				return id, recv, fmt.Errorf("chunk %q: %w", data, err)
+			}
+			id = ch.ID
+		}
+		if i := bytes.Index(data, []byte(`"content":"`)); i >= 0 && data[i+len(`"content":"`)] != '"' {
+			recv = append(recv, now)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return id, recv, err
+	}
+	return id, recv, fmt.Errorf("stream ended without [DONE]")
+}
+
+// textTokens returns the emit times of the tokens after which the
+// frontend's detokenizer releases text (EOS ids never show).
+func textTokens(m *frontend.Model, em *emitted) []time.Time {
+	d := m.NewDetokenizer()
+	var out []time.Time
+	for i, id := range em.ids {
+		if slices.Contains(m.EOS, id) {
+			continue
+		}
+		if d.Add(id) != "" {
+			out = append(out, em.at[i])
+		}
+	}
+	if d.Flush() != "" && len(em.at) > 0 {
+		out = append(out, em.at[len(em.at)-1]) // the end-of-stream flush
+	}
+	return out
+}
+
+// stampEngine records when each token leaves the engine.
+type stampEngine struct {
+	engine.Engine
+	log *emitLog
+}
+
+func (s *stampEngine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
+	in, err := s.Engine.Generate(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	em := s.log.start(req.ID)
+	out := make(chan engine.Chunk, 1)
+	go func() {
+		defer close(out)
+		for ch := range in {
+			em.mu.Lock()
+			now := time.Now()
+			for _, id := range ch.Tokens {
+				em.ids = append(em.ids, id)
+				em.at = append(em.at, now)
+			}
+			em.mu.Unlock()
+			select {
+			case out <- ch:
+			case <-ctx.Done():
+				// The worker stopped reading; let the engine's channel drain.
+				for range in {
+				}
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+type emitted struct {
+	mu  sync.Mutex
+	ids []uint32
+	at  []time.Time
+}
+
+type emitLog struct {
+	mu   sync.Mutex
+	byID map[string]*emitted
+}
+
+func (l *emitLog) start(id string) *emitted {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := &emitted{}
+	l.byID[id] = e
+	return e
+}
+
+func (l *emitLog) get(id string) *emitted {
+	l.mu.Lock()
+	e := l.byID[id]
+	l.mu.Unlock()
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return &emitted{ids: slices.Clone(e.ids), at: slices.Clone(e.at)}
+}
+
+type pathStats struct {
+	mu                  sync.Mutex
+	delivery, ttft, itl []time.Duration
+	failed              int
+	err                 error
+	cpu0                time.Duration
+	wall0               time.Time
+	cpu, wall           time.Duration
+}
+
+func (p *pathStats) done() { p.cpu, p.wall = cpuTime()-p.cpu0, time.Since(p.wall0) }
+
+// cpuTime is the process's user + system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func (p *pathStats) fail(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failed++
+	if p.err == nil {
+		p.err = err
+	}
+}
+
+func (p *pathStats) add(start time.Time, recv, emit []time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range recv {
+		p.delivery = append(p.delivery, recv[i].Sub(emit[i]))
+		if i == 0 {
+			p.ttft = append(p.ttft, recv[0].Sub(start))
+		} else {
+			p.itl = append(p.itl, recv[i].Sub(recv[i-1]))
+		}
+	}
+}
+
+func pct(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, len(s)*p/100)].Round(time.Microsecond)
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
