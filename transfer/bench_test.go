@@ -105,23 +105,25 @@ func rawServer(b *testing.B, size int) (addr string, stop func()) {
 // median_ratio over iteration pairs (robust to a noisy shared machine);
 // target ≥ 0.8. The fetch includes framing, checksums and verification.
 // Sub-benchmarks: copy (ReadBlock) or view (BlockViewer, writev) on the
-// source; alloc (fresh receive memory per fetch) or recvbuf (a reused
-// FetchRequest.Buffer, like the raw side's preallocated buffer).
+// source; alloc (fresh receive memory per fetch), release (the result is
+// Released after each fetch, so receive memory is recycled) or recvbuf (a
+// reused FetchRequest.Buffer, like the raw side's preallocated buffer).
 func BenchmarkTransferVsRaw(b *testing.B) {
 	for _, sz := range []struct{ blocks, layers, layerSize int }{
 		{256, 4, 16 << 10}, // 256 × 64 KiB = 16 MiB
 		{64, 4, 256 << 10}, // 64 × 1 MiB = 64 MiB
 	} {
-		for _, mode := range []string{"copy/alloc", "view/alloc", "copy/recvbuf", "view/recvbuf"} {
+		for _, mode := range []string{"copy/alloc", "copy/release", "copy/recvbuf", "view/alloc", "view/release", "view/recvbuf"} {
 			name := fmt.Sprintf("%dx%dKiB/%s", sz.blocks, sz.layers*sz.layerSize>>10, mode)
 			b.Run(name, func(b *testing.B) {
-				benchVsRaw(b, sz.blocks, sz.layers, sz.layerSize, strings.HasPrefix(mode, "view"), strings.HasSuffix(mode, "recvbuf"))
+				view, recv, _ := strings.Cut(mode, "/")
+				benchVsRaw(b, sz.blocks, sz.layers, sz.layerSize, view == "view", recv)
 			})
 		}
 	}
 }
 
-func benchVsRaw(b *testing.B, blocks, layers, layerSize int, view, recvbuf bool) {
+func benchVsRaw(b *testing.B, blocks, layers, layerSize int, view bool, recv string) {
 	blockBytes := layers * layerSize
 	total := blocks * blockBytes
 	hs := hashes(1000, blocks)
@@ -141,7 +143,7 @@ func benchVsRaw(b *testing.B, blocks, layers, layerSize int, view, recvbuf bool)
 	rawBuf := make([]byte, total)
 	ctx := context.Background()
 	req := FetchRequest{Hashes: hs}
-	if recvbuf {
+	if recv == "recvbuf" {
 		req.Buffer = make([]byte, blocks*(headerLen+blockMetaLen+blockBytes)+headerLen+maxStatusFrame)
 	}
 	var rawCPU, fetchCPU, rawSys, fetchSys time.Duration
@@ -164,6 +166,9 @@ func benchVsRaw(b *testing.B, blocks, layers, layerSize int, view, recvbuf bool)
 		res, err := c.Fetch(ctx, ep, req)
 		if err != nil || res.Bytes != int64(total) {
 			b.Fatalf("fetch: %v (%d bytes)", err, res.Bytes)
+		}
+		if recv == "release" {
+			res.Release()
 		}
 		return time.Since(t0)
 	}

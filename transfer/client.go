@@ -102,6 +102,9 @@ type FetchResult struct {
 	Bytes    int64 // payload bytes in Blocks
 	Outcome  Outcome
 	Duration time.Duration
+
+	pool   *chunkPool // where Release returns chunks
+	chunks [][]byte   // receive chunks the client allocated for Blocks
 }
 
 // ClientOptions configure a Client; zero values take defaults.
@@ -123,6 +126,8 @@ type Client struct {
 	dialer net.Dialer
 	now    func() time.Time // tests move time
 	seq    atomic.Uint32
+
+	chunks chunkPool
 
 	mu     sync.Mutex
 	idle   map[string][]*conn
@@ -249,6 +254,13 @@ func (c *Client) fetch(ctx context.Context, addr string, req FetchRequest, deadl
 			}
 		}
 		x := c.exchange(ctx, pc, req, deadline)
+		if len(x.res.Blocks) == 0 {
+			for _, ch := range x.chunks {
+				c.chunks.put(ch)
+			}
+		} else {
+			x.res.pool, x.res.chunks = &c.chunks, x.chunks
+		}
 		if x.stale && reused && attempt == 0 {
 			// A pooled connection the source closed while idle: the
 			// request never reached a handler, so one fresh try is safe.
@@ -292,10 +304,11 @@ var aLongTimeAgo = time.Unix(1, 0)
 
 // exchanged is the end of one request/response on a connection.
 type exchanged struct {
-	res   FetchResult
-	err   error
-	reuse bool // the response ended cleanly; the connection can be pooled
-	stale bool // the peer closed before any response byte (idle pooled conn)
+	res    FetchResult
+	err    error
+	reuse  bool // the response ended cleanly; the connection can be pooled
+	stale  bool // the peer closed before any response byte (idle pooled conn)
+	chunks [][]byte
 }
 
 // recvBuf receives one response into chunks that become the blocks' memory:
@@ -303,16 +316,19 @@ type exchanged struct {
 // again. Chunks grow with the response, so the memory a fetch allocates
 // follows what the source actually sends, never what a header declares.
 type recvBuf struct {
-	c    net.Conn
-	buf  []byte
-	r, w int
+	c      net.Conn
+	pool   *chunkPool
+	chunks [][]byte // chunks taken from pool
+	buf    []byte
+	r, w   int
 }
 
 // ensure makes buf[r:r+n] hold received bytes, first moving the unparsed
 // tail into a fresh chunk of max(n, size) bytes if n does not fit.
 func (b *recvBuf) ensure(n, size int) error {
 	if b.r+n > len(b.buf) {
-		nb := make([]byte, max(n, size))
+		nb := b.pool.get(max(n, size))
+		b.chunks = append(b.chunks, nb)
 		b.w = copy(nb, b.buf[b.r:b.w])
 		b.buf, b.r = nb, 0
 	}
@@ -345,7 +361,9 @@ func (b *recvBuf) take(n int) []byte {
 func (c *Client) exchange(ctx context.Context, pc *conn, req FetchRequest, deadline time.Time) exchanged {
 	pc.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { pc.SetDeadline(aLongTimeAgo) })
-	x := c.exchangeOnce(ctx, pc, req, deadline)
+	rb := recvBuf{c: pc.Conn, pool: &c.chunks, buf: req.Buffer[:cap(req.Buffer)]}
+	x := c.exchangeOnce(ctx, pc, req, deadline, &rb)
+	x.chunks = rb.chunks
 	if !stop() {
 		// The cancel hook ran (or is running) and may still poison the
 		// connection's deadline: never pool it.
@@ -354,7 +372,7 @@ func (c *Client) exchange(ctx context.Context, pc *conn, req FetchRequest, deadl
 	return x
 }
 
-func (c *Client) exchangeOnce(ctx context.Context, pc *conn, req FetchRequest, deadline time.Time) exchanged {
+func (c *Client) exchangeOnce(ctx context.Context, pc *conn, req FetchRequest, deadline time.Time, rb *recvBuf) exchanged {
 
 	remaining := deadline.Sub(c.now())
 	if remaining <= 0 {
@@ -387,8 +405,7 @@ func (c *Client) exchangeOnce(ctx context.Context, pc *conn, req FetchRequest, d
 		return ioFail(fmt.Errorf("send request: %w", err))
 	}
 
-	rb := recvBuf{c: pc.Conn, buf: req.Buffer[:cap(req.Buffer)]}
-	const firstChunk = 4096
+	const firstChunk = 1 << minChunkClass
 	frameLen, growth := 0, 0 // block frame size and chunk growth, once known
 	planned := func() int {
 		if frameLen == 0 {

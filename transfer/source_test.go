@@ -284,3 +284,51 @@ func TestLayeredSource(t *testing.T) {
 		t.Fatalf("failing layer: %q, %v", out, err)
 	}
 }
+
+func TestReleaseRecyclesReceiveMemory(t *testing.T) {
+	hs := hashes(27, 40)
+	src := NewMemSource(testLayers, testLayerSize)
+	src.Add(hs...)
+	ep := startServer(t, &Server{Source: src})
+	c := newClient(t, ClientOptions{})
+	for i := 0; i < 5; i++ {
+		res, err := c.Fetch(context.Background(), ep, FetchRequest{Hashes: hs, Verify: PayloadVerifier(testLayers, testLayerSize)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkBlocks(t, res, hs)
+		if len(res.chunks) == 0 || res.pool == nil {
+			t.Fatal("result carries no receive chunks to release")
+		}
+		res.Release()
+		if res.Blocks != nil || res.Completed != 0 || res.chunks != nil {
+			t.Fatalf("Release left %+v", res)
+		}
+		res.Release() // idempotent
+	}
+	// Caller memory is never pooled.
+	buf := make([]byte, 1<<20)
+	res, err := c.Fetch(context.Background(), ep, FetchRequest{Hashes: hs, Buffer: buf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.chunks) != 0 {
+		t.Fatalf("%d chunks allocated although the buffer holds the response", len(res.chunks))
+	}
+	waitPins(t, src)
+}
+
+func TestChunkPoolClasses(t *testing.T) {
+	var p chunkPool
+	for _, n := range []int{1, 4096, 65536, 65537, 3 << 20} {
+		b := p.get(n)
+		if len(b) < n || len(b) != cap(b) || len(b)&(len(b)-1) != 0 {
+			t.Fatalf("get(%d) = len %d cap %d", n, len(b), cap(b))
+		}
+		p.put(b)
+	}
+	if b := p.get(100 << 20); len(b) != 100<<20 {
+		t.Fatalf("huge chunk len %d", len(b))
+	}
+	p.put(make([]byte, 1000)) // odd sizes are dropped, not pooled
+}
