@@ -178,8 +178,15 @@ func (c *Cluster) discovered(ev runtime.DiscoveryEvent) {
 		return
 	}
 	c.mu.Lock()
+	prev, had := c.instances[in.ID]
 	c.instances[in.ID] = in
 	c.mu.Unlock()
+	if had {
+		// A re-registration with fewer DP ranks: the dropped ranks go.
+		for _, k := range prev.Workers()[min(len(prev.Workers()), len(in.Workers())):] {
+			c.router.RemoveWorker(k)
+		}
+	}
 	for r, k := range in.Workers() {
 		info := router.WorkerInfo{Key: k, Model: in.Model, Role: router.Role(in.Role), BlockSize: in.BlockSize,
 			KVBlocks: in.KVCapacity[kv.TierDevice.String()], MaxBatchedTokens: in.MaxBatchedTokens, Digest: in.Digest}

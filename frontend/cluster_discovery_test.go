@@ -1,0 +1,87 @@
+package frontend
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/runtime"
+)
+
+// The router's worker set follows discovery records exactly: a record
+// re-registered with fewer DP ranks drops the others, a record whose
+// block size the model's pool cannot take is skipped, and a deleted record
+// removes every rank.
+func TestClusterFollowsRecords(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(),
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*ats).start"))
+	srv, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := runtime.Connect(runtime.ConnConfig{URLs: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	disc, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{TTL: 10 * time.Second, Memory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvb, err := js.KeyValue(ctx, runtime.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*Model{{Name: "m"}},
+		Router: router.Config{Mode: router.ModeKV}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	put := func(id uint64, dp, bs int) {
+		t.Helper()
+		rec := fmt.Sprintf(`{"instance_id":%d,"model":"m","role":"aggregated","grpc_addr":"127.0.0.1:9","dp_size":%d,"block_size":%d}`, id, dp, bs)
+		if _, err := kvb.Put(ctx, "m."+runtime.InstanceToken(id), []byte(rec)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := func(want ...kv.WorkerKey) func() bool {
+		return func() bool {
+			got := c.Router().Workers("m", router.RoleAggregated)
+			if len(got) != len(want) {
+				return false
+			}
+			for i, w := range got {
+				if w.Key != want[i] {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	why := func() string { return fmt.Sprint(c.Router().Workers("m", router.RoleAggregated)) }
+	put(0x10, 3, 16)
+	waitFor(t, 5*time.Second, "three ranks", keys(kv.WorkerKey{Instance: 0x10}, kv.WorkerKey{Instance: 0x10, DPRank: 1}, kv.WorkerKey{Instance: 0x10, DPRank: 2}), why)
+	put(0x10, 1, 16)
+	waitFor(t, 5*time.Second, "one rank left", keys(kv.WorkerKey{Instance: 0x10}), why)
+	put(0x20, 1, 32) // the pool's block size is 16
+	put(0x30, 2, 16)
+	waitFor(t, 5*time.Second, "instance 0x30 added", keys(kv.WorkerKey{Instance: 0x10}, kv.WorkerKey{Instance: 0x30}, kv.WorkerKey{Instance: 0x30, DPRank: 1}), why)
+	if err := kvb.Delete(ctx, "m."+runtime.InstanceToken(0x30)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "instance 0x30 removed", keys(kv.WorkerKey{Instance: 0x10}), why)
+}
