@@ -46,9 +46,14 @@ type Config struct {
 	LoadInterval time.Duration
 	// KVCapacity is blocks per tier name; default {"device": engine blocks}.
 	KVCapacity map[string]int
-	// ControlEndpoints are the peer-transfer endpoints per DP rank, if any.
+	// ControlEndpoints are the peer-transfer endpoints per DP rank, if any,
+	// when something else serves them (with Peer, leave it empty).
 	ControlEndpoints []string
-	Discovery        runtime.DiscoveryConfig
+	// Peer, when set, is the engine's peer-transfer side (NewSimPeer): the
+	// worker serves its blocks on one control endpoint per DP rank and
+	// advertises them (see startControl).
+	Peer      *Peer
+	Discovery runtime.DiscoveryConfig
 	// Registerer receives the worker's metrics (labelled with its model and
 	// instance) from Start until Close; nil keeps them unregistered.
 	Registerer prometheus.Registerer
@@ -181,6 +186,10 @@ func (w *Worker) Start(ctx context.Context) error {
 
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	w.cancel = cancel
+	if err := w.startControl(lctx); err != nil {
+		w.stopLocked()
+		return fmt.Errorf("worker: %w", err)
+	}
 	if w.nc != nil {
 		d, err := runtime.OpenDiscovery(ctx, w.nc, w.cfg.Discovery)
 		if err == nil {

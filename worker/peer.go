@@ -1,0 +1,443 @@
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/hints"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/transfer"
+)
+
+// Hint results, the label of kvmesh_kv_hint_results_total. Every hint that
+// reaches a Peer's fetcher ends in exactly one of them.
+const (
+	HintFetched   = "fetched"   // every hinted block the engine lacked was fetched and inserted
+	HintPartial   = "partial"   // a shorter verified prefix was inserted; the rest is recomputed
+	HintFallback  = "fallback"  // nothing was inserted (source unreachable, timed out, lacks the blocks…)
+	HintUnused    = "unused"    // valid, but nothing to do (no kv.fetch, no source, self, nothing missing)
+	HintMalformed = "malformed" // rejected by validation; the request proceeds locally
+	HintIgnored   = "ignored"   // unknown protocol_version; ignored
+)
+
+var hintResults = []string{HintFetched, HintPartial, HintFallback, HintUnused, HintMalformed, HintIgnored}
+
+// PeerMetrics are the peer-transfer series: the transfer package's
+// kvmesh_transfer_* (fetch and serve scopes) and the hint outcomes. One
+// PeerMetrics may be shared by every worker of a process (kvmesh serve), so
+// the series carry no instance label.
+type PeerMetrics struct {
+	Transfer *transfer.Metrics
+	hints    *prometheus.CounterVec
+}
+
+// NewPeerMetrics creates the series and registers them on reg (nil: kept
+// but not registered).
+func NewPeerMetrics(reg prometheus.Registerer) (*PeerMetrics, error) {
+	tm, err := transfer.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	hv := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_kv_hint_results_total",
+		Help: "KV hints reaching a worker's fetcher, by result: fetched, partial, fallback, unused, malformed or ignored.",
+	}, []string{"result"})
+	for _, r := range hintResults {
+		hv.WithLabelValues(r)
+	}
+	if reg != nil {
+		if err := reg.Register(hv); err != nil {
+			return nil, fmt.Errorf("register hint metrics: %w", err)
+		}
+	}
+	return &PeerMetrics{Transfer: tm, hints: hv}, nil
+}
+
+// PeerConfig configures a Peer. Zero values take the defaults noted.
+type PeerConfig struct {
+	// Listen is where DP rank 0's control endpoint binds (host:port; a
+	// wildcard host is fine here). Rank r binds port+r, or its own
+	// ephemeral port when port is 0. Empty: the worker consumes hints but
+	// serves no blocks (it can then be no hint source).
+	Listen string
+	// AdvertiseHost is the host peers dial (required with Listen): an IP
+	// literal (IPv6 is bracketed in the endpoint) or a hostname; loopback is
+	// valid on one host only; 0.0.0.0 and :: are rejected.
+	AdvertiseHost string
+	// Timeout is the per-fetch operation timeout (default
+	// transfer.DefaultTimeout, 1 s).
+	Timeout time.Duration
+	// ProbeTimeout bounds the dialability check of each advertised
+	// endpoint before registration (default 2 s).
+	ProbeTimeout time.Duration
+	// Metrics, when set, receives transfer and hint series.
+	Metrics *PeerMetrics
+	Logger  *slog.Logger
+}
+
+// PeerStats counts hint results since the Peer was made.
+type PeerStats struct {
+	Fetched, Partial, Fallback, Unused, Malformed, Ignored uint64
+	// Blocks and Bytes are what fetches inserted into the engine.
+	Blocks, Bytes uint64
+}
+
+// Peer is a worker's side of peer KV transfer for a simulated engine. As
+// the engine's sim.Fetcher it consumes kv.fetch hints: it pulls the hinted
+// blocks the engine lacks from the source's control endpoint (checksum and
+// every payload byte verified), inserts the longest verified contiguous
+// prefix, and leaves the rest to be recomputed. As a block source it lets
+// the worker serve the engine's cache on control endpoints (PeerConfig.
+// Listen). A hint never fails a request: whatever goes wrong is counted and
+// the request proceeds with what was fetched, possibly nothing.
+type Peer struct {
+	cfg    PeerConfig
+	client *transfer.Client
+	log    *slog.Logger
+
+	// Set once by attach, before the engine can call Fetch.
+	eng                *sim.Engine
+	bs, layers, psize  int
+	digest             string
+	verify             func(hash uint64, payload []byte) error
+	self               atomic.Pointer[[]string] // own advertised endpoints
+	closeOnce          sync.Once
+	malformedLogged    atomic.Bool
+	n                  [6]atomic.Uint64 // by hintResults index
+	nBlocks, nBytes    atomic.Uint64
+	metricsByResult    [6]prometheus.Counter
+	metricsInitialised bool
+}
+
+// NewSimPeer starts a simulated engine whose fetcher is a new Peer, and
+// returns both. Pass the Peer in worker.Config.Peer so the worker serves
+// the engine's blocks and advertises its control endpoints.
+func NewSimPeer(cfg sim.Config, pc PeerConfig) (*sim.Engine, *Peer, error) {
+	if pc.Listen != "" {
+		// Fail before starting anything on a host that cannot be advertised.
+		if _, err := transfer.AdvertiseEndpoint(pc.AdvertiseHost, 1); err != nil {
+			return nil, nil, fmt.Errorf("peer: %w", err)
+		}
+	}
+	p := newPeer(pc)
+	cfg.Fetcher = p.Fetch
+	eng, err := sim.New(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	p.attach(eng)
+	return eng, p, nil
+}
+
+func newPeer(pc PeerConfig) *Peer {
+	if pc.Timeout <= 0 {
+		pc.Timeout = transfer.DefaultTimeout
+	}
+	if pc.ProbeTimeout <= 0 {
+		pc.ProbeTimeout = 2 * time.Second
+	}
+	if pc.Logger == nil {
+		pc.Logger = slog.New(slog.DiscardHandler)
+	}
+	var tm *transfer.Metrics
+	if pc.Metrics != nil {
+		tm = pc.Metrics.Transfer
+	}
+	p := &Peer{cfg: pc, log: pc.Logger, client: transfer.NewClient(transfer.ClientOptions{Timeout: pc.Timeout, Metrics: tm})}
+	if pc.Metrics != nil {
+		for i, r := range hintResults {
+			p.metricsByResult[i] = pc.Metrics.hints.WithLabelValues(r)
+		}
+		p.metricsInitialised = true
+	}
+	return p
+}
+
+func (p *Peer) attach(e *sim.Engine) {
+	c := e.SimConfig()
+	p.eng, p.bs, p.layers, p.psize, p.digest = e, c.BlockSize, c.Layers, c.PayloadSize, c.Digest
+	p.verify = transfer.PayloadVerifier(c.Layers, c.PayloadSize)
+}
+
+// Source is the engine's cache as a transfer.BlockSource.
+func (p *Peer) Source() transfer.BlockSource { return NewSimSource(p.eng) }
+
+// Digest is the engine's compatibility digest (served and requested).
+func (p *Peer) Digest() string { return p.digest }
+
+// Endpoints are the control endpoints the worker advertised, by DP rank
+// (nil before the worker started serving them).
+func (p *Peer) Endpoints() []string {
+	if s := p.self.Load(); s != nil {
+		return slices.Clone(*s)
+	}
+	return nil
+}
+
+// Stats returns the hint counters.
+func (p *Peer) Stats() PeerStats {
+	return PeerStats{Fetched: p.n[0].Load(), Partial: p.n[1].Load(), Fallback: p.n[2].Load(), Unused: p.n[3].Load(),
+		Malformed: p.n[4].Load(), Ignored: p.n[5].Load(), Blocks: p.nBlocks.Load(), Bytes: p.nBytes.Load()}
+}
+
+// Close closes the transfer client's pooled connections.
+func (p *Peer) Close() error {
+	p.closeOnce.Do(func() { p.client.Close() })
+	return nil
+}
+
+func (p *Peer) count(result string) {
+	i := slices.Index(hintResults, result)
+	p.n[i].Add(1)
+	if p.metricsInitialised {
+		p.metricsByResult[i].Inc()
+	}
+}
+
+// Fetch is the engine's sim.Fetcher. missing is the run of full prompt
+// blocks the engine lacks; the hint's block_hashes are a set of sequence
+// hashes (the sim's engine hash domain), so the blocks to fetch are the
+// leading missing blocks whose hashes the hint names. The fetch is bounded
+// by the operation timeout and by ctx (the request's), and its error is
+// advisory: the engine counts it and recomputes what was not inserted.
+func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, into sim.Inserter) error {
+	if len(req.KVHint) == 0 || p.eng == nil {
+		return nil
+	}
+	env, err := hints.Parse(req.KVHint)
+	if errors.Is(err, hints.ErrIgnored) {
+		p.count(HintIgnored)
+		return nil
+	}
+	if err != nil {
+		p.count(HintMalformed)
+		if p.malformedLogged.CompareAndSwap(false, true) {
+			p.log.Warn("malformed KV hint ignored; the request is computed locally (logged once)", "request", req.ID, "err", err)
+		}
+		return fmt.Errorf("kv hint: %w", err)
+	}
+	f, ok := env.Fetch()
+	if !ok || f.SourceEndpoint == "" || p.isSelf(f.SourceEndpoint) {
+		p.count(HintUnused)
+		return nil
+	}
+	want := hintedRun(m.Seq, f.BlockHashes)
+	if want == 0 {
+		p.count(HintUnused)
+		return nil
+	}
+	res, ferr := p.client.Fetch(ctx, f.SourceEndpoint, transfer.FetchRequest{Hashes: m.Seq[:want], Digest: p.digest, Verify: p.verify})
+	inserted, ierr := 0, error(nil)
+	if len(res.Blocks) > 0 {
+		inserted, ierr = into.Insert(p.chain(req, m, res.Blocks))
+	}
+	switch {
+	case inserted == want:
+		p.count(HintFetched)
+	case inserted > 0:
+		p.count(HintPartial)
+	default:
+		p.count(HintFallback)
+	}
+	p.nBlocks.Add(uint64(inserted))
+	p.nBytes.Add(uint64(inserted * p.layers * p.psize))
+	p.log.Debug("kv hint fetch", "request", req.ID, "source", f.SourceEndpoint, "wanted", want,
+		"received", len(res.Blocks), "inserted", inserted, "outcome", res.Outcome.String(), "took", res.Duration, "err", errors.Join(ferr, ierr))
+	if ferr != nil || ierr != nil {
+		return fmt.Errorf("kv hint: %d of %d blocks inserted: %w", inserted, want, errors.Join(ferr, ierr))
+	}
+	return nil
+}
+
+// hintedRun counts the leading missing blocks the hint names. Membership,
+// not position: a router may send the root-aligned prefix or a suffix.
+func hintedRun(missing []kv.SeqHash, hinted []uint64) int {
+	if len(missing) == 0 || len(hinted) == 0 {
+		return 0
+	}
+	set := make(map[uint64]struct{}, len(hinted))
+	for _, h := range hinted {
+		set[h] = struct{}{}
+	}
+	n := 0
+	for n < len(missing) {
+		if _, ok := set[missing[n]]; !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// chain turns a verified contiguous prefix of missing blocks into a sim
+// Chain. Payloads are aliased: Insert copies them into the pool.
+func (p *Peer) chain(req *engine.Request, m sim.Missing, blocks []transfer.Block) sim.Chain {
+	ch := sim.Chain{HasParent: m.HasParent, Parent: m.Parent, LoRA: req.LoRA, Blocks: make([]sim.BlockData, len(blocks))}
+	for i, b := range blocks {
+		bd := sim.BlockData{Local: m.Local[i], Seq: m.Seq[i], Layers: make([][]byte, p.layers), Sums: make([]uint64, p.layers)}
+		if lo, hi := (m.Start+i)*p.bs, (m.Start+i+1)*p.bs; hi <= len(req.Tokens) {
+			bd.Tokens = req.Tokens[lo:hi:hi]
+		}
+		for l := range p.layers {
+			bd.Layers[l] = b.Payload[l*p.psize : (l+1)*p.psize : (l+1)*p.psize]
+			bd.Sums[l] = kv.Checksum(bd.Layers[l])
+		}
+		ch.Blocks[i] = bd
+	}
+	return ch
+}
+
+func (p *Peer) isSelf(ep string) bool {
+	s := p.self.Load()
+	return s != nil && slices.Contains(*s, ep)
+}
+
+// SimSource serves a simulated engine's cache to peers: pins hold blocks
+// against eviction while they are sent, and every layer is copied out under
+// the engine's lock.
+type SimSource struct {
+	e             *sim.Engine
+	layers, psize int
+}
+
+var _ transfer.BlockSource = (*SimSource)(nil)
+
+// NewSimSource wraps e.
+func NewSimSource(e *sim.Engine) *SimSource {
+	c := e.SimConfig()
+	return &SimSource{e: e, layers: c.Layers, psize: c.PayloadSize}
+}
+
+// Pin implements transfer.BlockSource.
+func (s *SimSource) Pin(hashes []uint64) (int, func()) { return s.e.Pin(hashes) }
+
+// ReadBlock implements transfer.BlockSource.
+func (s *SimSource) ReadBlock(hash uint64, dst []byte) ([]byte, error) {
+	start := len(dst)
+	dst = slices.Grow(dst, s.layers*s.psize)[:start+s.layers*s.psize]
+	for l := range s.layers {
+		off := start + l*s.psize
+		if _, err := s.e.ReadPayload(hash, l, dst[off:off+s.psize]); err != nil {
+			return dst[:start], err
+		}
+	}
+	return dst, nil
+}
+
+// startControl serves the Peer's engine on one control endpoint per DP
+// rank and records them in the discovery record, before the worker
+// registers. It is all or nothing: every rank must bind, every endpoint
+// must be advertisable (no wildcard host; IPv6 bracketed) and must answer a
+// transfer probe with this engine's digest at its advertised address, or
+// the worker does not register at all, so peers are never sent to an
+// undialable source. The servers stop when ctx ends. Called with w.mu held.
+func (w *Worker) startControl(ctx context.Context) error {
+	p := w.cfg.Peer
+	if p == nil || p.cfg.Listen == "" {
+		return nil
+	}
+	if p.eng == nil {
+		return errors.New("peer: not attached to an engine (build it with NewSimPeer)")
+	}
+	if len(w.cfg.ControlEndpoints) > 0 {
+		return errors.New("peer: set either Config.ControlEndpoints (served elsewhere) or PeerConfig.Listen, not both")
+	}
+	host, portText, err := net.SplitHostPort(p.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("control listen address %q: %w", p.cfg.Listen, err)
+	}
+	port, err := strconv.Atoi(portText)
+	if err != nil || port < 0 || port+w.cfg.DPSize-1 > 65535 {
+		return fmt.Errorf("control listen address %q: port must be 0 (ephemeral) or leave room for %d DP ranks below 65536", p.cfg.Listen, w.cfg.DPSize)
+	}
+	lns := make([]net.Listener, 0, w.cfg.DPSize)
+	closeAll := func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}
+	ports := make([]int, w.cfg.DPSize)
+	for r := range w.cfg.DPSize {
+		rp := 0
+		if port != 0 {
+			rp = port + r
+		}
+		addr := net.JoinHostPort(host, strconv.Itoa(rp))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("control endpoint of DP rank %d: listen %s: %w", r, addr, err)
+		}
+		lns = append(lns, ln)
+		ports[r] = ln.Addr().(*net.TCPAddr).Port
+	}
+	eps, err := transfer.RankEndpoints(p.cfg.AdvertiseHost, 0, w.cfg.DPSize, ports)
+	if err != nil {
+		closeAll()
+		return err
+	}
+	var tm *transfer.Metrics
+	if p.cfg.Metrics != nil {
+		tm = p.cfg.Metrics.Transfer
+	}
+	for _, ln := range lns {
+		srv := &transfer.Server{Source: p.Source(), Digest: p.digest, Metrics: tm, Logger: w.log}
+		w.wg.Go(func() {
+			if err := srv.Serve(ctx, ln); err != nil {
+				w.log.Error("control endpoint stopped", "addr", ln.Addr().String(), "err", err)
+			}
+		})
+	}
+	w.wg.Go(func() {
+		<-ctx.Done()
+		p.Close()
+	})
+	list := make([]string, w.cfg.DPSize)
+	for r := range list {
+		list[r] = eps[r]
+		if err := p.probe(ctx, list[r]); err != nil {
+			return fmt.Errorf("peer KV transfer requires dialable control endpoints for all DP ranks: rank %d %s (bound %s): %w; not registering",
+				r, list[r], lns[r].Addr(), err)
+		}
+	}
+	// Endpoints first, then the capability they imply: the record that
+	// carries them is written only after every rank answered.
+	w.inst.ControlEndpoints = list
+	p.self.Store(&list)
+	w.log.Info("serving KV blocks to peers", "control_endpoints", list, "digest", p.digest)
+	return nil
+}
+
+// probe dials ep as a peer would and asks for a block nobody holds, with
+// this engine's digest: only our own server answers not_found (a stranger
+// on that address is refused or fails), so the advertised endpoint is
+// proven to reach this engine.
+func (p *Peer) probe(ctx context.Context, ep string) error {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	c := transfer.NewClient(transfer.ClientOptions{Timeout: p.cfg.ProbeTimeout, MaxIdlePerEndpoint: -1})
+	defer c.Close()
+	res, err := c.Fetch(ctx, ep, transfer.FetchRequest{Hashes: []uint64{binary.LittleEndian.Uint64(b[:])}, Digest: p.digest})
+	switch res.Outcome {
+	case transfer.OutcomeNotFound, transfer.OutcomeSuccess, transfer.OutcomePartial:
+		return nil
+	}
+	if err == nil {
+		err = fmt.Errorf("probe ended %s", res.Outcome)
+	}
+	return fmt.Errorf("not dialable: %w", err)
+}
