@@ -82,7 +82,7 @@ func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev ui
 		for k := sc & chunkMask; k < chunkSize; k++ {
 			n := &hot[k]
 			pg := n.pg.Load()
-			if uint32(pg) != parent || n.local.Load() != local[i] {
+			if parentOf(pg) != parent || n.local.Load() != local[i] {
 				return i, parent, 0, scanOther
 			}
 			h := n.holders.Load()

@@ -91,7 +91,7 @@ const (
 // hot is what readers touch; every access is atomic.
 type hot struct {
 	local   atomic.Uint64
-	pg      atomic.Uint64 // generation<<32 | parent id
+	pg      atomic.Uint64 // mkPG(generation, parent id); zero memory is a free node
 	holders atomic.Uint64 // two inline entries (slot<<4|mask) or ovfWord(set index, generation)
 }
 
@@ -174,15 +174,15 @@ func New() *Index {
 	return ix
 }
 
-// newChunk returns a chunk of free nodes: a successor probe of a parent
-// must never match a node that was not created yet.
-func newChunk() *chunk {
-	c := new(chunk)
-	for i := range c.hot {
-		c.hot[i].pg.Store(noParent)
-	}
-	return c
-}
+// newChunk returns a chunk of free nodes (zero memory reads as noParent,
+// so a successor probe never matches a node not created yet, and a new
+// chunk costs no initialising stores).
+func newChunk() *chunk { return new(chunk) }
+
+// The parent id is stored complemented so that zero means noParent.
+func mkPG(gen uint64, parent uint32) uint64 { return gen<<32 | uint64(^parent) }
+
+func parentOf(pg uint64) uint32 { return ^uint32(pg) }
 
 func nodeAt(dir []*chunk, id uint32) *hot { return &dir[id>>chunkBits].hot[id&chunkMask] }
 
@@ -208,7 +208,7 @@ func (ix *Index) lookup(t *table, dir []*chunk, parent uint32, local uint64) (id
 	if s := parent + 1; int(s>>chunkBits) < len(dir) {
 		n := nodeAt(dir, s)
 		pg = n.pg.Load()
-		if uint32(pg) == parent && n.local.Load() == local {
+		if parentOf(pg) == parent && n.local.Load() == local {
 			holders = n.holders.Load()
 			if n.pg.Load() != pg {
 				return 0, 0, 0, dir, false
@@ -231,7 +231,7 @@ func (ix *Index) lookup(t *table, dir []*chunk, parent uint32, local uint64) (id
 			}
 			n := nodeAt(dir, id)
 			pg = n.pg.Load()
-			if uint32(pg) == parent && n.local.Load() == local {
+			if parentOf(pg) == parent && n.local.Load() == local {
 				holders = n.holders.Load()
 				if n.pg.Load() != pg {
 					return 0, 0, 0, dir, false
@@ -301,11 +301,11 @@ func inTable(id, parent uint32) bool { return id != parent+1 }
 
 func (ix *Index) rehashChild(id uint32) uint64 {
 	n := nodeAt(*ix.dir.Load(), id)
-	return ix.childHash(uint32(n.pg.Load()), n.local.Load())
+	return ix.childHash(parentOf(n.pg.Load()), n.local.Load())
 }
 
 func (ix *Index) isFree(id uint32) bool {
-	return uint32(nodeAt(*ix.dir.Load(), id).pg.Load()) == noParent
+	return parentOf(nodeAt(*ix.dir.Load(), id).pg.Load()) == noParent
 }
 
 // alloc picks the id of a new child of parent: parent's successor when it
@@ -357,15 +357,20 @@ func (ix *Index) pushFree(id uint32) {
 	ix.free = live
 }
 
-// newNode creates the child (parent, local).
-func (ix *Index) newNode(parent uint32, local uint64) uint32 {
+// newNode creates the child (parent, local) with holders word holders.
+// Readers may probe it as soon as pg names the parent, so pg goes last.
+// (Atomic stores are full barriers on amd64: each one counts.)
+func (ix *Index) newNode(parent uint32, local, holders uint64) uint32 {
 	id := ix.alloc(parent)
 	c := ix.chunkOf(id)
 	n := &c.hot[id&chunkMask]
-	n.local.Store(local)
-	n.holders.Store(0)
-	gen := n.pg.Load()>>32 + 1
-	n.pg.Store(gen<<32 | uint64(parent))
+	if n.local.Load() != local {
+		n.local.Store(local)
+	}
+	if n.holders.Load() != holders {
+		n.holders.Store(holders)
+	}
+	n.pg.Store(mkPG(n.pg.Load()>>32+1, parent))
 	c.eng[id&chunkMask] = 0
 	c.nc[id&chunkMask] = 0
 	if parent != 0 {
@@ -384,17 +389,17 @@ func (ix *Index) maybeFree(id uint32) {
 		c := ix.chunkOf(id)
 		n := &c.hot[id&chunkMask]
 		pg := n.pg.Load()
-		if uint32(pg) == noParent || n.holders.Load() != 0 && ix.holderCount(n.holders.Load()) != 0 || c.nc[id&chunkMask]&^hasEngBit != 0 {
+		if parentOf(pg) == noParent || n.holders.Load() != 0 && ix.holderCount(n.holders.Load()) != 0 || c.nc[id&chunkMask]&^hasEngBit != 0 {
 			return
 		}
-		parent := uint32(pg)
+		parent := parentOf(pg)
 		if inTable(id, parent) {
 			tableDelete(ix.ctab.Load(), ix.childHash(parent, n.local.Load()), id)
 		}
 		if c.nc[id&chunkMask]&hasEngBit != 0 {
 			ix.etabDelete(c.eng[id&chunkMask], id)
 		}
-		n.pg.Store((pg>>32+1)<<32 | noParent)
+		n.pg.Store(mkPG(pg>>32+1, noParent))
 		if h := n.holders.Load(); h&ovfFlag != 0 {
 			ix.release(h)
 			ix.st.Overflow--
@@ -602,7 +607,7 @@ func (ix *Index) bind(ws *wstate, id uint32, h uint64) {
 func (ix *Index) storeFresh(ws *wstate, p uint32, b kv.StoredBlock, tier kv.Tier) uint32 {
 	// Not a free candidate: it ends the event held unless a later block
 	// drops it, and drop makes it one.
-	c := ix.newNode(p, b.LocalHash)
+	c := ix.newNode(p, b.LocalHash, uint64(ws.slot<<4|1<<tier))
 	h := b.EngineHash
 	x, ins := ix.etabFind(h) // one probe serves resolve and insert
 	var other uint32
@@ -632,7 +637,6 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, b kv.StoredBlock, tier kv.Tier
 	}
 	ix.st.Holdings++
 	ws.counts[tier]++
-	ch.hot[k].holders.Store(uint64(ws.slot<<4 | 1<<tier))
 	return c
 }
 
@@ -748,7 +752,7 @@ func (ix *Index) forEachHeld(slot uint32, f func(id uint32, m uint8)) {
 	d := *ix.dir.Load()
 	for id := uint32(1); id < ix.next; id++ {
 		n := nodeAt(d, id)
-		if uint32(n.pg.Load()) == noParent {
+		if parentOf(n.pg.Load()) == noParent {
 			continue
 		}
 		if m := maskIn(ix, n.holders.Load(), slot); m != 0 {
