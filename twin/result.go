@@ -52,7 +52,7 @@ type Result struct {
 	Preemptions   int64  `json:"preemptions"`
 	EvictedBlocks int64  `json:"evicted_blocks"`
 	FetchErrors   int64  `json:"fetch_errors"`
-	IndexEvents   uint64 `json:"index_events"` // KV event batches applied to the router's index
+	IndexEvents   uint64 `json:"index_events"` // KV events applied to the router's index
 
 	// Wall is this mode's simulation time on the host; it is kept out of
 	// the JSON so equal seeds give byte-identical reports.
@@ -140,7 +140,7 @@ func (r *Result) WriteSummary(w io.Writer) error {
 		fmt.Fprintf(&b, "  %-4s ms  p50 %9.1f  p90 %9.1f  p99 %9.1f  mean %9.1f  max %9.1f\n", d.name, d.d.P50, d.d.P90, d.d.P99, d.d.Mean, d.d.Max)
 	}
 	fmt.Fprintf(&b, "  throughput  %.1f output tok/s, %.3f req/s\n", r.OutputTokPerS, r.ReqPerS)
-	fmt.Fprintf(&b, "  host        %.3f s wall, %.3f s CPU; %d KV event batches indexed, %d blocks evicted\n", r.Wall.Seconds(), r.CPU.Seconds(), r.IndexEvents, r.EvictedBlocks)
+	fmt.Fprintf(&b, "  host        %.3f s wall, %.3f s CPU; %d KV events indexed, %d blocks evicted\n", r.Wall.Seconds(), r.CPU.Seconds(), r.IndexEvents, r.EvictedBlocks)
 	h := r.Hit
 	fmt.Fprintf(&b, "  prefix hit  %.4f = device %.4f + peers %.4f + host %.4f + disk %.4f (host/disk: no KVBM tiers yet); router predicted %.4f\n",
 		h.Total, h.Device, h.Peers, h.Host, h.Disk, r.PredictedHit)
@@ -203,7 +203,7 @@ func WriteReport(dir string, rep Report) ([]string, error) {
 	cats := make([]string, 0, len(rep.Results))
 	dev, peers, total := plot.Bars{Name: "device"}, plot.Bars{Name: "fetched from peers"}, plot.Bars{Name: "total"}
 	for _, r := range rep.Results {
-		series = append(series, plot.CDF(r.Mode, r.TTFTSamples))
+		series = append(series, cdfSeries(r.Mode, r.TTFTSamples, cdfPoints))
 		cats = append(cats, r.Mode)
 		dev.Values = append(dev.Values, r.Hit.Device)
 		peers.Values = append(peers.Values, r.Hit.Peers)
@@ -224,12 +224,37 @@ func WriteReport(dir string, rep Report) ([]string, error) {
 	return []string{jpath, tpath, hpath}, nil
 }
 
+// cdfPoints bounds the points per CDF series, so a 12k-request run's chart
+// stays small.
+const cdfPoints = 800
+
+// cdfSeries is plot.CDF thinned to at most max points: the sorted samples
+// at evenly spaced ranks, always keeping the first and the last.
+func cdfSeries(name string, xs []float64, maxPts int) plot.Series {
+	s := plot.CDF(name, xs)
+	n := len(s.X)
+	if n <= maxPts {
+		return s
+	}
+	out := plot.Series{Name: name, X: make([]float64, 0, maxPts), Y: make([]float64, 0, maxPts)}
+	for k := 0; k < maxPts; k++ {
+		i := k * (n - 1) / (maxPts - 1)
+		out.X = append(out.X, s.X[i])
+		out.Y = append(out.Y, s.Y[i])
+	}
+	return out
+}
+
 func writeFileAtomic(path string, data []byte) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".twin-*")
 	if err != nil {
 		return fmt.Errorf("twin: %w", err)
 	}
 	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("twin: %w", err)
+	}
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
 		return fmt.Errorf("twin: %w", err)

@@ -244,6 +244,13 @@ func Run(ctx context.Context, wl *Workload, cfg Config) (*Result, error) {
 	if err := t.loop(ctx); err != nil {
 		return nil, err
 	}
+	// Every decision was closed at its request's end, so the router must
+	// be left with no load; anything else is a bug in the twin's wiring.
+	for _, l := range t.r.Loads() {
+		if l.ActiveRequests != 0 || l.ActivePrefillTokens != 0 || l.ActiveBlocks != 0 {
+			return nil, fmt.Errorf("twin: router still books load on %v after the run: %+v", l.Key, l)
+		}
+	}
 	t.finishResult()
 	t.res.Wall = time.Since(start)
 	if c := cpuTime(); c > 0 {

@@ -207,7 +207,7 @@ func TestKVBeatsRoundRobinOnSharedPrefixes(t *testing.T) {
 	// The router's index is fed by the engines' events, so its prediction
 	// matches what the engines found.
 	if math.Abs(kvr.PredictedHit-kvr.Hit.Device) > 0.02 || kvr.IndexEvents == 0 {
-		t.Fatalf("kv predicted %.3f, found %.3f, %d event batches", kvr.PredictedHit, kvr.Hit.Device, kvr.IndexEvents)
+		t.Fatalf("kv predicted %.3f, found %.3f, %d events", kvr.PredictedHit, kvr.Hit.Device, kvr.IndexEvents)
 	}
 }
 
@@ -388,4 +388,23 @@ func bytesOf(ts []uint32) []byte {
 		out = append(out, byte(x), byte(x>>8), byte(x>>16), byte(x>>24))
 	}
 	return out
+}
+
+func TestCDFSeriesThinning(t *testing.T) {
+	xs := make([]float64, 10_000)
+	for i := range xs {
+		xs[i] = float64(len(xs) - i)
+	}
+	s := cdfSeries("m", xs, 100)
+	if len(s.X) != 100 || s.X[0] != 1 || s.X[99] != 10_000 || s.Y[99] != 1 {
+		t.Fatalf("thinned to %d points, ends (%v, %v)", len(s.X), s.X[0], s.X[len(s.X)-1])
+	}
+	for i := 1; i < len(s.X); i++ {
+		if s.X[i] < s.X[i-1] || s.Y[i] <= s.Y[i-1] {
+			t.Fatalf("not monotone at %d", i)
+		}
+	}
+	if s := cdfSeries("m", xs[:50], 100); len(s.X) != 50 {
+		t.Fatalf("short series thinned to %d", len(s.X))
+	}
 }
