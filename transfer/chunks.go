@@ -1,45 +1,59 @@
 package transfer
 
-import (
-	"math/bits"
-	"sync"
-)
+import "sync"
 
-// Receive chunks come in power-of-two classes so that results handed back
-// with FetchResult.Release can be reused without Go zeroing (and the
-// kernel faulting in) fresh memory for every fetch.
+// Receive chunks are pooled by exact size, so that results handed back with
+// FetchResult.Release are reused without Go zeroing (and the kernel
+// faulting in) fresh memory for every fetch. Chunk sizes are whole block
+// frames plus status room, and block sizes are fixed per deployment, so a
+// handful of sizes recur; the number of sizes pooled is capped all the same.
 const (
-	minChunkClass = 16 // 64 KiB
-	maxChunkClass = 26 // 64 MiB; larger chunks are not pooled
+	maxChunkSizes  = 64
+	maxPooledChunk = 64 << 20
 )
 
 type chunkPool struct {
-	classes [maxChunkClass - minChunkClass + 1]sync.Pool
+	mu    sync.RWMutex
+	sizes map[int]*sync.Pool
 }
 
-func chunkClass(n int) int {
-	return max(minChunkClass, bits.Len(uint(n-1)))
-}
-
-// get returns a chunk of at least n bytes (len == cap).
+// get returns a chunk of exactly n bytes.
 func (p *chunkPool) get(n int) []byte {
-	c := chunkClass(n)
-	if c > maxChunkClass {
-		return make([]byte, n)
+	p.mu.RLock()
+	sp := p.sizes[n]
+	p.mu.RUnlock()
+	if sp != nil {
+		if v, ok := sp.Get().(*[]byte); ok {
+			return *v
+		}
 	}
-	if v, ok := p.classes[c-minChunkClass].Get().(*[]byte); ok {
-		return (*v)[:cap(*v)]
-	}
-	return make([]byte, 1<<c)
+	return make([]byte, n)
 }
 
 func (p *chunkPool) put(b []byte) {
-	c := bits.Len(uint(cap(b) - 1))
-	if cap(b) == 0 || 1<<c != cap(b) || c < minChunkClass || c > maxChunkClass {
+	n := len(b)
+	if n == 0 || n > maxPooledChunk || cap(b) != n {
 		return
 	}
-	b = b[:cap(b)]
-	p.classes[c-minChunkClass].Put(&b)
+	p.mu.RLock()
+	sp := p.sizes[n]
+	p.mu.RUnlock()
+	if sp == nil {
+		p.mu.Lock()
+		if p.sizes == nil {
+			p.sizes = make(map[int]*sync.Pool)
+		}
+		if sp = p.sizes[n]; sp == nil {
+			if len(p.sizes) >= maxChunkSizes {
+				p.mu.Unlock()
+				return
+			}
+			sp = new(sync.Pool)
+			p.sizes[n] = sp
+		}
+		p.mu.Unlock()
+	}
+	sp.Put(&b)
 }
 
 // Release hands the memory of r's blocks back to the client that fetched

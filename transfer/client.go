@@ -316,15 +316,20 @@ type exchanged struct {
 // again. Chunks grow with the response, so the memory a fetch allocates
 // follows what the source actually sends, never what a header declares.
 type recvBuf struct {
-	c      net.Conn
-	pool   *chunkPool
-	chunks [][]byte // chunks taken from pool
-	buf    []byte
-	r, w   int
+	c        net.Conn
+	pool     *chunkPool
+	chunks   [][]byte // chunks taken from pool
+	buf      []byte
+	r, w     int
+	frameLen int // block frame size once known; 0 before
 }
 
+// statusSlack is room for one frame header or one whole done/refuse frame.
+const statusSlack = headerLen + maxStatusFrame
+
 // ensure makes buf[r:r+n] hold received bytes, first moving the unparsed
-// tail into a fresh chunk of max(n, size) bytes if n does not fit.
+// tail into a fresh chunk of max(n, size) bytes if n does not fit. r must
+// be at a frame boundary.
 func (b *recvBuf) ensure(n, size int) error {
 	if b.r+n > len(b.buf) {
 		nb := b.pool.get(max(n, size))
@@ -332,10 +337,23 @@ func (b *recvBuf) ensure(n, size int) error {
 		b.w = copy(nb, b.buf[b.r:b.w])
 		b.buf, b.r = nb, 0
 	}
+	// Read ahead only as far as whole block frames fit in this chunk (plus
+	// room for a header or the done frame): a frame that would straddle
+	// the chunk's end is never half-read, so it never has to be copied
+	// into the next chunk.
+	end := len(b.buf)
+	if b.frameLen == 0 {
+		end = min(end, b.r+statusSlack)
+	} else if k := (len(b.buf) - b.r - statusSlack) / b.frameLen; k >= 1 {
+		end = b.r + k*b.frameLen + statusSlack
+	} else {
+		end = min(end, b.r+statusSlack)
+	}
+	end = min(max(end, b.r+n), len(b.buf))
 	for b.w-b.r < n {
 		// Bounded reads keep a block in cache between its arrival and its
 		// checksum.
-		m, err := b.c.Read(b.buf[b.w:min(len(b.buf), b.w+maxRead)])
+		m, err := b.c.Read(b.buf[b.w:min(end, b.w+maxRead)])
 		b.w += m
 		if err != nil && b.w-b.r < n {
 			if errors.Is(err, io.EOF) && b.w > b.r {
@@ -405,14 +423,13 @@ func (c *Client) exchangeOnce(ctx context.Context, pc *conn, req FetchRequest, d
 		return ioFail(fmt.Errorf("send request: %w", err))
 	}
 
-	const firstChunk = 1 << minChunkClass
 	frameLen, growth := 0, 0 // block frame size and chunk growth, once known
 	planned := func() int {
 		if frameLen == 0 {
-			return firstChunk
+			return 2 * statusSlack // a status frame, or the start of the first block
 		}
 		frames := max(1, min(len(req.Hashes)-len(blocks), growth))
-		return frames*frameLen + headerLen + maxStatusFrame
+		return frames*frameLen + statusSlack
 	}
 	for {
 		if err := rb.ensure(headerLen, planned()); err != nil {
@@ -436,7 +453,7 @@ func (c *Client) exchangeOnce(ctx context.Context, pc *conn, req FetchRequest, d
 			}
 			fl := headerLen + int(h.length)
 			if frameLen == 0 {
-				frameLen = fl
+				frameLen, rb.frameLen = fl, fl
 				growth = max(1, (1<<20)/fl)
 			} else if fl != frameLen {
 				return protocol("block of %d bytes after blocks of %d", fl-headerLen-blockMetaLen, frameLen-headerLen-blockMetaLen)

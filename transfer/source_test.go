@@ -318,17 +318,21 @@ func TestReleaseRecyclesReceiveMemory(t *testing.T) {
 	waitPins(t, src)
 }
 
-func TestChunkPoolClasses(t *testing.T) {
+func TestChunkPool(t *testing.T) {
 	var p chunkPool
-	for _, n := range []int{1, 4096, 65536, 65537, 3 << 20} {
+	for _, n := range []int{1, 4096, 65536 + 1076} {
 		b := p.get(n)
-		if len(b) < n || len(b) != cap(b) || len(b)&(len(b)-1) != 0 {
+		if len(b) != n || cap(b) != n {
 			t.Fatalf("get(%d) = len %d cap %d", n, len(b), cap(b))
 		}
 		p.put(b)
 	}
-	if b := p.get(100 << 20); len(b) != 100<<20 {
-		t.Fatalf("huge chunk len %d", len(b))
+	for i := 0; i < 2*maxChunkSizes; i++ {
+		p.put(make([]byte, 100+i))
 	}
-	p.put(make([]byte, 1000)) // odd sizes are dropped, not pooled
+	if len(p.sizes) != maxChunkSizes {
+		t.Fatalf("%d sizes pooled, cap %d", len(p.sizes), maxChunkSizes)
+	}
+	p.put(make([]byte, 10, 20))           // sliced chunks are not pooled
+	p.put(make([]byte, maxPooledChunk+1)) // nor huge ones
 }
