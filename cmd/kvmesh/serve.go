@@ -36,6 +36,7 @@ type frontendFlags struct {
 	maxBodyBytes   int64
 	replicaSync    bool
 	busyKVUsage    float64
+	hints          bool
 	logLevel       string
 }
 
@@ -48,6 +49,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.Int64Var(&ff.maxBodyBytes, "max-body-bytes", 16<<20, "largest request body accepted (413 above)")
 	f.BoolVar(&ff.replicaSync, "router-replica-sync", false, "share load bookings with other frontend replicas over NATS")
 	f.Float64Var(&ff.busyKVUsage, "busy-kv-usage", 0, "a worker is busy above this fraction of its KV blocks in use; 503 when all are (0: off)")
+	f.BoolVar(&ff.hints, "hints", true, "plan KV hints: send a request's worker to a peer that holds a longer prefix (only workers that advertise control endpoints take part)")
 	f.StringVar(&ff.logLevel, "log-level", "info", "debug, info, warn or error")
 }
 
@@ -60,6 +62,19 @@ type runningFrontend struct {
 }
 
 func startFrontend(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc *runtime.Discovery, log *slog.Logger) (*runningFrontend, error) {
+	return startFrontendOn(ctx, ff, nc, disc, log, newMetricsRegistry())
+}
+
+// newMetricsRegistry is the registry behind a frontend's /metrics.
+func newMetricsRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// startFrontendOn is startFrontend with /metrics served from reg (serve
+// puts its workers' peer-transfer series there too).
+func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc *runtime.Discovery, log *slog.Logger, reg *prometheus.Registry) (*runningFrontend, error) {
 	mode, err := router.ParseMode(ff.routerMode)
 	if err != nil {
 		return nil, fmt.Errorf("--router-mode: %w", err)
@@ -72,8 +87,6 @@ func startFrontend(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc *
 		}
 		models = append(models, m)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if ff.busyKVUsage < 0 || ff.busyKVUsage > 1 {
 		return nil, fmt.Errorf("--busy-kv-usage %g: want a fraction in [0, 1]", ff.busyKVUsage)
 	}
@@ -81,7 +94,7 @@ func startFrontend(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc *
 	cost.Temperature = ff.temperature
 	cl, err := frontend.NewCluster(ctx, frontend.ClusterConfig{
 		NC: nc, Discovery: disc, Models: models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log,
-		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage},
+		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage, Hints: ff.hints},
 	})
 	if err != nil {
 		return nil, err
@@ -181,6 +194,16 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		return err
 	}
 
+	// With hints on, every worker serves its cache on a loopback control
+	// endpoint and fetches hinted prefixes from its peers; the transfer
+	// series land on the frontend's /metrics.
+	reg := newMetricsRegistry()
+	var pm *worker.PeerMetrics
+	if ff.hints {
+		if pm, err = worker.NewPeerMetrics(reg); err != nil {
+			return err
+		}
+	}
 	var ws []*worker.Worker
 	defer func() {
 		for _, w := range ws {
@@ -190,11 +213,18 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	for i := 0; i < workers; i++ {
 		cfg := sf
 		cfg.Model, cfg.Role = ff.models[0], engine.RoleAggregated
-		eng, err := sim.New(cfg)
+		var eng *sim.Engine
+		var peer *worker.Peer
+		if ff.hints {
+			eng, peer, err = worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1",
+				Metrics: pm, Logger: log.With("worker", i)})
+		} else {
+			eng, err = sim.New(cfg)
+		}
 		if err != nil {
 			return fmt.Errorf("sim engine: %w", err)
 		}
-		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i),
+		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer,
 			Discovery: runtime.DiscoveryConfig{Logger: log}}, eng, nc)
 		if err != nil {
 			eng.Close()
@@ -207,7 +237,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		ws = append(ws, w)
 	}
 
-	rf, err := startFrontend(ctx, ff, nc, disc, log)
+	rf, err := startFrontendOn(ctx, ff, nc, disc, log, reg)
 	if err != nil {
 		return err
 	}

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -11,6 +14,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -25,6 +31,9 @@ type workerFlags struct {
 	nats, natsCreds, natsCA, natsCert, natsKey string
 	listen, advertise, instanceID              string
 	controlEndpoints                           []string
+	controlListen, advertiseHost               string
+	metricsListen                              string
+	transferTimeout                            time.Duration
 	discoveryTTL, loadInterval                 time.Duration
 	ringSize, dpSize                           int
 	logLevel                                   string
@@ -63,7 +72,11 @@ On startup it prints one line to stdout:
 	f.StringVar(&wf.listen, "listen", "127.0.0.1:0", "gRPC listen address")
 	f.StringVar(&wf.advertise, "advertise", "", "gRPC address to register (default: the bound listen address)")
 	f.StringVar(&wf.instanceID, "instance-id", "", "instance id in hex (default: random)")
-	f.StringSliceVar(&wf.controlEndpoints, "control-endpoints", nil, "peer KV transfer endpoints tcp://host:port, one per DP rank")
+	f.StringSliceVar(&wf.controlEndpoints, "control-endpoints", nil, "peer KV transfer endpoints tcp://host:port, one per DP rank, when served by something else")
+	f.StringVar(&wf.controlListen, "control-listen", "", "serve this worker's KV blocks to peers on host:port (rank r on port+r; port 0: ephemeral) and fetch hinted blocks from peers")
+	f.StringVar(&wf.advertiseHost, "advertise-host", "", "host peers dial for the control endpoints (required with --control-listen; 0.0.0.0 and :: are rejected)")
+	f.DurationVar(&wf.transferTimeout, "transfer-timeout", time.Second, "per-fetch timeout of a hinted peer KV transfer")
+	f.StringVar(&wf.metricsListen, "metrics-listen", "", "serve Prometheus /metrics on this address (empty: off)")
 	f.DurationVar(&wf.discoveryTTL, "discovery-ttl", runtime.MaxTTL, "discovery record TTL (1s..10s; set by the first process to create the bucket)")
 	f.DurationVar(&wf.loadInterval, "load-interval", time.Second, "how often load is published")
 	f.IntVar(&wf.ringSize, "event-ring", runtime.DefaultRingSize, "recent KV events kept per DP rank for gap repair")
@@ -132,16 +145,38 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 			return fmt.Errorf("--instance-id %q: want a non-zero hex number", wf.instanceID)
 		}
 	}
+	if wf.controlListen != "" && len(wf.controlEndpoints) > 0 {
+		return errors.New("--control-listen and --control-endpoints: set one (served here, or elsewhere)")
+	}
+	if wf.controlListen != "" && wf.advertiseHost == "" {
+		return errors.New("--control-listen needs --advertise-host: the host peers dial (a wildcard bind address cannot be advertised)")
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var eng engine.Engine
+	var peer *worker.Peer
 	switch wf.engine {
 	case "sim":
 		cfg := wf.sim
 		cfg.Model, cfg.Role = wf.model, role
-		s, err := sim.New(cfg)
-		if err != nil {
-			return fmt.Errorf("sim engine: %w", err)
+		if wf.controlListen != "" {
+			pm, err := worker.NewPeerMetrics(reg)
+			if err != nil {
+				return err
+			}
+			s, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: wf.controlListen, AdvertiseHost: wf.advertiseHost,
+				Timeout: wf.transferTimeout, Metrics: pm, Logger: log})
+			if err != nil {
+				return fmt.Errorf("sim engine: %w", err)
+			}
+			eng, peer = s, p
+		} else {
+			s, err := sim.New(cfg)
+			if err != nil {
+				return fmt.Errorf("sim engine: %w", err)
+			}
+			eng = s
 		}
-		eng = s
 	default:
 		return fmt.Errorf("--engine %q: only sim is available", wf.engine)
 	}
@@ -156,7 +191,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
-		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, ControlEndpoints: wf.controlEndpoints,
+		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, ControlEndpoints: wf.controlEndpoints, Peer: peer, Registerer: reg,
 		Discovery: runtime.DiscoveryConfig{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)
 	if err != nil {
@@ -171,6 +206,19 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	if err != nil {
 		w.Close()
 		return err
+	}
+	if wf.metricsListen != "" {
+		ln, err := net.Listen("tcp", wf.metricsListen)
+		if err != nil {
+			w.Close()
+			return fmt.Errorf("--metrics-listen %s: %w", wf.metricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = msrv.Serve(ln) }()
+		defer msrv.Close()
+		log.Info("metrics", "addr", ln.Addr().String())
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh worker ready instance=%s grpc=%s model=%s\n", runtime.InstanceToken(w.InstanceID()), w.Addr(), wf.model)
 	<-ctx.Done()

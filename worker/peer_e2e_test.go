@@ -1,0 +1,223 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/runtime"
+)
+
+const e2eModel = "hinted"
+
+type hintedWorker struct {
+	w    *Worker
+	eng  *sim.Engine
+	peer *Peer
+}
+
+func (h hintedWorker) key() kv.WorkerKey { return kv.WorkerKey{Instance: h.w.InstanceID()} }
+
+type turnResult struct {
+	toks   []uint32
+	ttft   time.Duration
+	cached int
+}
+
+func clusterTurn(t *testing.T, c *frontend.Cluster, toks []uint32) turnResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	st, err := c.Generate(ctx, &frontend.GenerateRequest{RequestID: fmt.Sprint("r", start.UnixNano()), Model: e2eModel,
+		Tokens: toks, MaxTokens: 6, Seed: 1234})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var r turnResult
+	for {
+		ch, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ch.Tokens) > 0 && r.ttft == 0 {
+			r.ttft = time.Since(start)
+		}
+		r.toks = append(r.toks, ch.Tokens...)
+		r.cached = max(r.cached, ch.CachedTokens)
+		if ch.Finish != "" {
+			break
+		}
+	}
+	return r
+}
+
+// The serve path end to end, in one process: embedded NATS, four sim
+// workers that serve their caches on loopback control endpoints, and the
+// frontend's Cluster with hint planning on. A conversation's first turn is
+// computed on worker A; A is then reported full (the router's busy
+// threshold), so the second turn goes to a cold worker B, and the router's
+// planner names A as B's source. B fetches the prefix from A: its answer
+// equals A's, the payloads are A's byte for byte, its TTFT beats a cold
+// worker recomputing the same turn with hints off, and the transfer shows
+// in the metrics.
+func TestHintedConversationAcrossWorkers(t *testing.T) {
+	_, nc := startNATS(t)
+	reg := prometheus.NewRegistry()
+	pm, err := NewPeerMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	disc := runtime.DiscoveryConfig{TTL: 3 * time.Second, Memory: true}
+
+	var ws []hintedWorker
+	for range 4 {
+		cfg := sim.DefaultConfig()
+		cfg.Model = e2eModel
+		// Prefill dominates: modelled time runs at half speed, and a fetched
+		// block is priced as a real 8B model's (64 tokens × 128 KiB) at the
+		// default 64 GB/s, on top of the real loopback transfer time.
+		cfg.SpeedupRatio = 0.5
+		cfg.TransferBytesPerBlock = 64 * 128 << 10
+		eng, p, err := NewSimPeer(cfg, PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Metrics: pm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := New(Config{Peer: p, Discovery: disc, LoadInterval: time.Hour}, eng, nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { w.Close() })
+		ws = append(ws, hintedWorker{w, eng, p})
+	}
+	d, err := runtime.OpenDiscovery(ctx, nc, disc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newCluster := func(hints bool) *frontend.Cluster {
+		c, err := frontend.NewCluster(ctx, frontend.ClusterConfig{NC: nc, Discovery: d, Models: []*frontend.Model{{Name: e2eModel}},
+			Router: router.Config{Mode: router.ModeKV, Hints: hints, MaxKVUsage: 0.9}, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		waitFor(t, "cluster sees 4 hint-capable workers", func() bool {
+			infos := c.Router().Workers(e2eModel, router.RoleAggregated)
+			return len(infos) == 4 && !slices.ContainsFunc(infos, func(i router.WorkerInfo) bool { return !i.HintCapable })
+		})
+		return c
+	}
+	hinted := newCluster(true)
+	plain := newCluster(false)
+
+	turn1 := prompt(100, 6000)
+	turn2 := append(slices.Clone(turn1), prompt(90000, 250)...)
+	local, seq := kv.NewHasher(sim.DefaultBlockSize, "", "").Blocks(turn1)
+	n1 := len(seq)
+
+	clusterTurn(t, hinted, turn1)
+	ai := slices.IndexFunc(ws, func(h hintedWorker) bool { return h.eng.Lookup(seq) == n1 })
+	if ai < 0 {
+		t.Fatal("no worker holds turn 1")
+	}
+	a := ws[ai]
+	// Both routers learn A's blocks from its events, then see A as full.
+	for _, c := range []*frontend.Cluster{hinted, plain} {
+		waitFor(t, "index holds turn 1 on A", func() bool {
+			for _, m := range c.Index().FindMatches(local, nil) {
+				if m.Worker == a.key() && int(m.Depth[kv.TierDevice]) == n1 {
+					return true
+				}
+			}
+			return false
+		})
+		c.Router().UpdateLoad(a.key(), 100, 100, 0, 0)
+	}
+
+	got := clusterTurn(t, hinted, turn2)
+	bi := slices.IndexFunc(ws, func(h hintedWorker) bool { return h.peer.Stats().Fetched == 1 })
+	if bi < 0 || bi == ai {
+		t.Fatalf("no worker but A fetched: stats %+v %+v %+v %+v", ws[0].peer.Stats(), ws[1].peer.Stats(), ws[2].peer.Stats(), ws[3].peer.Stats())
+	}
+	b := ws[bi]
+	if s := b.peer.Stats(); s.Blocks != uint64(n1) {
+		t.Errorf("B inserted %d blocks, want %d", s.Blocks, n1)
+	}
+	if got.cached != n1*sim.DefaultBlockSize {
+		t.Errorf("B reports %d cached tokens, want %d", got.cached, n1*sim.DefaultBlockSize)
+	}
+	// Every fetched block is A's, byte for byte.
+	pa, pb := make([]byte, sim.DefaultPayloadSize), make([]byte, sim.DefaultPayloadSize)
+	for _, h := range seq {
+		for l := range sim.DefaultLayers {
+			if _, err := a.eng.ReadPayload(h, l, pa); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.eng.ReadPayload(h, l, pb); err != nil {
+				t.Fatal(err)
+			}
+			if kv.Checksum(pa) != kv.Checksum(pb) || !bytes.Equal(pa, pb) {
+				t.Fatalf("block %016x layer %d differs between A and B", h, l)
+			}
+		}
+	}
+
+	// The same turn with hints off goes to a cold worker and recomputes.
+	waitFor(t, "plain index holds turn 2 on B", func() bool {
+		for _, m := range plain.Index().FindMatches(local, nil) {
+			if m.Worker == b.key() && int(m.Depth[kv.TierDevice]) == n1 {
+				return true
+			}
+		}
+		return false
+	})
+	plain.Router().UpdateLoad(b.key(), 100, 100, 0, 0)
+	base := clusterTurn(t, plain, turn2)
+	if base.cached != 0 {
+		t.Fatalf("baseline found %d cached tokens; it must recompute", base.cached)
+	}
+	if !slices.Equal(got.toks, base.toks) {
+		t.Fatalf("hinted answer %v, recomputed answer %v", got.toks, base.toks)
+	}
+	// A, which computed turn 1, gives the same answer.
+	ga := genEngine(t, a.eng, &engine.Request{ID: "on-a", Tokens: turn2, MaxTokens: 6, Seed: 1234})
+	if !slices.Equal(ga.toks, got.toks) {
+		t.Errorf("A answers %v, B %v", ga.toks, got.toks)
+	}
+
+	t.Logf("turn 2 TTFT: hinted fetch %v, recompute %v (%.1fx); %d blocks fetched", got.ttft, base.ttft,
+		float64(base.ttft)/float64(got.ttft), n1)
+	if got.ttft >= base.ttft {
+		t.Errorf("hinted TTFT %v is not below recompute TTFT %v", got.ttft, base.ttft)
+	}
+	for _, op := range []string{"fetch", "serve"} {
+		if v := counterValue(t, reg, "kvmesh_transfer_blocks_total", map[string]string{"operation": op}); v != float64(n1) {
+			t.Errorf("kvmesh_transfer_blocks_total{operation=%q} = %v, want %d", op, v, n1)
+		}
+	}
+	if v := counterValue(t, reg, "kvmesh_kv_hint_results_total", map[string]string{"result": HintFetched}); v != 1 {
+		t.Errorf("fetched hints %v, want 1", v)
+	}
+}
