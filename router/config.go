@@ -81,6 +81,9 @@ type Config struct {
 	// Hints turns on hint planning (kv mode only: the planner trusts the
 	// index to say who really holds blocks).
 	Hints bool
+	// HintPolicy, when set, chooses each hint's source among the eligible
+	// ones (or none); nil picks the longest prefix, ties to the lowest key.
+	HintPolicy HintPolicy
 
 	// RouterID names this replica in replica-sync messages and decision
 	// ids; default a random 8-hex-digit id.

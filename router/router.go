@@ -205,7 +205,7 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	r.active[d.ID] = a
 	d.a = a
 	if r.cfg.Hints && r.cfg.Mode == ModeKV {
-		if plan, ok := planHint(p, chosen, sc.depth, seq, req.Exclude); ok {
+		if plan, ok := planHint(p, chosen, sc.depth, seq, req.Exclude, r.cfg.HintPolicy); ok {
 			d.Hint = &plan
 		}
 	}
