@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -92,8 +93,9 @@ type Config struct {
 	// Seed drives the router's random choices and the requests' sampling.
 	Seed uint64 `json:"seed"`
 
-	// Peer transfers (kv+hints): bandwidth in bytes/s (default 64e9) and
-	// the modelled size of one KV block (default BlockSize × KVBytesPerToken).
+	// Peer transfers (kv+hints): bandwidth in bytes/s (default 64e9; < 0
+	// makes transfers free) and the modelled size of one KV block (default
+	// BlockSize × KVBytesPerToken).
 	TransferBandwidth     float64 `json:"transfer_bandwidth"`
 	KVBytesPerToken       int64   `json:"kv_bytes_per_token"`
 	TransferBytesPerBlock int64   `json:"transfer_bytes_per_block"`
@@ -158,8 +160,8 @@ func (c Config) Normalize() (Config, error) {
 		return c, fmt.Errorf("twin: arrival speedup %g, want > 0", c.ArrivalSpeedup)
 	case c.Concurrency < 0:
 		return c, fmt.Errorf("twin: concurrency %d, want ≥ 0 (0 = open loop)", c.Concurrency)
-	case c.TransferBandwidth < 0 || c.KVBytesPerToken < 0 || c.TransferBytesPerBlock < 0:
-		return c, errors.New("twin: transfer bandwidth and sizes must not be negative")
+	case math.IsNaN(c.TransferBandwidth) || math.IsInf(c.TransferBandwidth, 0) || c.KVBytesPerToken < 0 || c.TransferBytesPerBlock < 0:
+		return c, errors.New("twin: transfer bandwidth must be finite and KV sizes not negative")
 	case c.LoadInterval < 0 || c.ApproxTTL < 0:
 		return c, errors.New("twin: load interval and approx TTL must not be negative")
 	case c.MaxKVUsage < 0 || c.MaxPrefillTokens < 0:
@@ -220,10 +222,10 @@ type twin struct {
 	lay  [][]byte
 	blks []sim.BlockData
 
-	res               Result
-	ttft, itl, e2e    []float64
-	firstAt, lastFin  time.Time
-	predicted, cached int64
+	res              Result
+	ttft, itl, e2e   []float64
+	firstAt, lastFin time.Time
+	predicted        int64
 }
 
 // Run simulates wl under cfg and returns its measurements. It stops with

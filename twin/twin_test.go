@@ -246,6 +246,15 @@ func TestHintsFetchFromPeer(t *testing.T) {
 	if hr.TTFT.Mean >= kvr.TTFT.Mean*0.9 {
 		t.Fatalf("kv+hints mean TTFT %.1f ms, kv %.1f ms", hr.TTFT.Mean, kvr.TTFT.Mean)
 	}
+	// Free transfers make hinted requests faster still; a slow link
+	// (1 GB/s: 1 GiB of KV per hint) makes them slower than priced ones.
+	cfg.TransferBandwidth = -1
+	free := run(t, wl, cfg)
+	cfg.TransferBandwidth = 1e9
+	slow := run(t, wl, cfg)
+	if !(free.TTFT.Mean < hr.TTFT.Mean && slow.TTFT.Mean > hr.TTFT.Mean) {
+		t.Fatalf("mean TTFT: free %.1f, 64 GB/s %.1f, 1 GB/s %.1f ms", free.TTFT.Mean, hr.TTFT.Mean, slow.TTFT.Mean)
+	}
 	t.Logf("kv: hit %.3f TTFT mean %.1f ms; kv+hints: hit %.3f (peers %.3f) TTFT mean %.1f ms, %d blocks fetched",
 		kvr.Hit.Total, kvr.TTFT.Mean, hr.Hit.Total, hr.Hit.Peers, hr.TTFT.Mean, hs.FetchedBlocks)
 }
@@ -336,7 +345,7 @@ func TestMalformedLines(t *testing.T) {
 func TestBadConfigAndCancel(t *testing.T) {
 	wl := loadSlice(t)
 	for _, c := range []Config{{Mode: "nope"}, {Mode: ModeKV, Workers: -1}, {Mode: ModeKV, ArrivalSpeedup: -1},
-		{Mode: ModeKV, Concurrency: -2}, {Mode: ModeKV, TransferBandwidth: -1}} {
+		{Mode: ModeKV, Concurrency: -2}, {Mode: ModeKV, TransferBandwidth: math.Inf(1)}, {Mode: ModeKV, KVBytesPerToken: -1}} {
 		if _, err := Run(context.Background(), wl, c); err == nil {
 			t.Fatalf("config %+v accepted", c)
 		}

@@ -83,7 +83,7 @@ variable (--trace also reads KVMESH_TRACE).`,
 	f.Float64Var(&tf.cfg.ArrivalSpeedup, "arrival-speedup", 1, "open loop: divide trace inter-arrival times by this")
 	f.IntVar(&tf.cfg.Concurrency, "concurrency", 0, "closed loop with this many requests outstanding (0: open loop)")
 	f.Uint64Var(&tf.cfg.Seed, "seed", 1, "seed of the router's random choices and the requests' sampling")
-	f.Float64Var(&tf.cfg.TransferBandwidth, "bandwidth", 64e9, "peer KV transfer bandwidth, bytes/s")
+	f.Float64Var(&tf.cfg.TransferBandwidth, "bandwidth", 64e9, "peer KV transfer bandwidth, bytes/s (negative: transfers are free)")
 	f.Int64Var(&tf.cfg.KVBytesPerToken, "kv-bytes-per-token", twin.DefaultKVBytesPerToken, "modelled KV bytes per token (Llama-3-8B fp16: 131072)")
 	f.DurationVar(&tf.cfg.LoadInterval, "load-interval", twin.DefaultLoadInterval, "virtual time between a busy worker's load reports")
 	f.Float64Var(&tf.cfg.MaxKVUsage, "busy-kv-usage", 0, "router busy threshold: KV usage fraction (0: off); busy requests are rejected")
