@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
@@ -54,6 +56,8 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 	if len(p.Stop) > 0 {
 		stops = tokenizer.NewStopMatcher(p.Stop)
 	}
+	// Resolved once: a label lookup per token costs more than the observation.
+	obs := latencyObs{ttft: s.metrics.ttft.WithLabelValues(m.Name), itl: s.metrics.itl.WithLabelValues(m.Name)}
 	out := genOutcome{Usage: usage{PromptTokens: len(prompt)}}
 	var generated []uint32
 	started := time.Now()
@@ -87,7 +91,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 			}
 			return out, s.backendError(err)
 		}
-		finished, lost, aerr := s.drain(ctx, stream, m, &out, &generated, detok, stops, emitText, started, &lastToken, &stopHit)
+		finished, lost, aerr := s.drain(ctx, stream, m, obs, &out, &generated, detok, stops, emitText, started, &lastToken, &stopHit)
 		stream.Close()
 		if aerr != nil {
 			return out, aerr
@@ -130,7 +134,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 
 // drain reads one stream. It returns finished when the generation ended
 // (finish reason set), lost when the worker failed and migration may help.
-func (s *Server) drain(ctx context.Context, stream TokenStream, m *Model, out *genOutcome, generated *[]uint32,
+func (s *Server) drain(ctx context.Context, stream TokenStream, m *Model, obs latencyObs, out *genOutcome, generated *[]uint32,
 	detok Detokenizer, stops *tokenizer.StopMatcher, emit func(string) error, started time.Time, lastToken *time.Time, stopHit *bool) (finished bool, lost error, aerr *apiError) {
 	for {
 		ch, err := stream.Recv()
@@ -150,9 +154,9 @@ func (s *Server) drain(ctx context.Context, stream TokenStream, m *Model, out *g
 		for _, id := range ch.Tokens {
 			now := time.Now()
 			if lastToken.IsZero() {
-				s.metrics.ttft.WithLabelValues(m.Name).Observe(now.Sub(started).Seconds())
+				obs.ttft.Observe(now.Sub(started).Seconds())
 			} else {
-				s.metrics.itl.WithLabelValues(m.Name).Observe(now.Sub(*lastToken).Seconds())
+				obs.itl.Observe(now.Sub(*lastToken).Seconds())
 			}
 			*lastToken = now
 			*generated = append(*generated, id)
@@ -185,6 +189,9 @@ func (s *Server) drain(ctx context.Context, stream TokenStream, m *Model, out *g
 		}
 	}
 }
+
+// latencyObs are one request's token-latency histograms.
+type latencyObs struct{ ttft, itl prometheus.Observer }
 
 // clientGone marks a failure to write to, or a cancellation by, the client;
 // there is nobody left to answer.

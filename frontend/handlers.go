@@ -78,13 +78,14 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 		}
 		return c
 	}
+	text := newTextChunk(id, "chat.completion.chunk", created, m.Name, true, req.IncludeUsage)
 	out, aerr := s.generate(r.Context(), m, id, prompt, req.genParams, func(t string) error {
 		if !sse.started {
 			if err := sse.send(chunk(map[string]any{"role": "assistant", "content": ""}, nil)); err != nil {
 				return err
 			}
 		}
-		return sse.send(chunk(map[string]any{"content": t}, nil))
+		return sse.sendRaw(text.render(t))
 	})
 	if aerr != nil {
 		sse.fail(aerr)
@@ -186,8 +187,9 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 			return m.Name
 		}
 	}
+	text := newTextChunk(id, "text_completion", created, m.Name, false, req.IncludeUsage)
 	out, aerr := s.generate(r.Context(), m, id, prompts[0], req.genParams, func(t string) error {
-		return sse.send(chunk(t, nil))
+		return sse.sendRaw(text.render(t))
 	})
 	if aerr != nil {
 		sse.fail(aerr)
@@ -236,8 +238,16 @@ func (s *sseWriter) send(v any) error {
 		return err
 	}
 	buf := make([]byte, 0, len(b)+8)
-	buf = append(append(append(buf, "data: "...), b...), "\n\n"...)
-	if _, err := s.w.Write(buf); err != nil {
+	return s.sendRaw(append(append(append(buf, "data: "...), b...), "\n\n"...))
+}
+
+// sendRaw writes one complete event (`data: …\n\n`) and flushes it.
+func (s *sseWriter) sendRaw(event []byte) error {
+	if s.failed {
+		return errClientWrite
+	}
+	s.start()
+	if _, err := s.w.Write(event); err != nil {
 		s.failed = true
 		return err
 	}
