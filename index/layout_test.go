@@ -1,0 +1,370 @@
+package index
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"sync"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// convGen produces conversation-shaped streams: long shared chains stored
+// by many workers (so successor runs, shared holder sets and dense/sparse
+// switches all occur), LRU-like tail evictions, holes in the middle of
+// chains, other tiers, clears and worker removals. Queries walk real chains
+// and diverge at random depths.
+type convGen struct {
+	r       *rand.Rand
+	workers []kv.WorkerKey
+	convs   [][]kv.LocalHash
+	held    map[kv.WorkerKey]map[int]int // worker -> conversation -> stored depth
+}
+
+func newConvGen(seed uint64, nWorkers, nConvs, maxLen int) *convGen {
+	g := &convGen{r: rand.New(rand.NewPCG(seed, seed*7+1)), held: map[kv.WorkerKey]map[int]int{}}
+	for i := 0; i < nWorkers; i++ {
+		g.workers = append(g.workers, kv.WorkerKey{Instance: uint64(g.r.IntN(nWorkers)), DPRank: uint32(i)})
+	}
+	sys := make([]kv.LocalHash, 8) // a system prompt every conversation shares
+	for i := range sys {
+		sys[i] = g.r.Uint64()
+	}
+	for c := 0; c < nConvs; c++ {
+		n := 1 + g.r.IntN(maxLen)
+		conv := make([]kv.LocalHash, n)
+		for i := range conv {
+			if i < len(sys) && c%4 != 0 {
+				conv[i] = sys[i]
+			} else {
+				conv[i] = g.r.Uint64() & 0xFFFF // small: equal blocks under different parents
+			}
+		}
+		g.convs = append(g.convs, conv)
+	}
+	return g
+}
+
+// engine hash a worker uses for conversation c's block i: canonical, so
+// workers agree, except for a few workers that name blocks their own way.
+func (g *convGen) engine(w kv.WorkerKey, c, i int) uint64 {
+	seq := kv.SeqHashes(nil, g.convs[c][:i+1])[i]
+	if w.DPRank%17 == 5 {
+		seq ^= uint64(w.DPRank) << 40
+	}
+	return seq
+}
+
+func (g *convGen) event() (kv.Event, bool) {
+	w := g.workers[g.r.IntN(len(g.workers))]
+	hm := g.held[w]
+	if hm == nil {
+		hm = map[int]int{}
+		g.held[w] = hm
+	}
+	switch x := g.r.IntN(100); {
+	case x < 55: // store a turn: extend a conversation from what w holds
+		c := g.r.IntN(len(g.convs))
+		from := hm[c]
+		if g.r.IntN(5) == 0 {
+			from = 0 // or store from the root again
+		}
+		conv := g.convs[c]
+		if from >= len(conv) {
+			return kv.Event{}, false
+		}
+		to := from + 1 + g.r.IntN(len(conv)-from)
+		blocks := make([]kv.StoredBlock, 0, to-from)
+		for i := from; i < to; i++ {
+			blocks = append(blocks, kv.StoredBlock{EngineHash: g.engine(w, c, i), LocalHash: conv[i]})
+		}
+		var parent *uint64
+		if from > 0 {
+			p := g.engine(w, c, from-1)
+			parent = &p
+		}
+		tier := kv.TierDevice
+		if g.r.IntN(6) == 0 {
+			tier = kv.Tier(g.r.IntN(kv.NumTiers))
+		}
+		if to > hm[c] {
+			hm[c] = to
+		}
+		return kv.Stored(w, tier, parent, blocks), true
+	case x < 85: // evict a tail (leaf first), sometimes a hole in the middle
+		for c, d := range hm {
+			if d == 0 {
+				continue
+			}
+			n := 1 + g.r.IntN(d)
+			var hs []uint64
+			for i := d - 1; i >= d-n; i-- {
+				hs = append(hs, g.engine(w, c, i))
+			}
+			if g.r.IntN(4) == 0 {
+				hs = []uint64{g.engine(w, c, g.r.IntN(d))}
+			} else {
+				hm[c] = d - n
+			}
+			tier := kv.TierDevice
+			if g.r.IntN(6) == 0 {
+				tier = kv.Tier(g.r.IntN(kv.NumTiers))
+			}
+			return kv.Removed(w, tier, hs), true
+		}
+		return kv.Event{}, false
+	case x < 87:
+		delete(g.held, w)
+		return kv.Cleared(w), true
+	default:
+		return kv.Event{}, false
+	}
+}
+
+func (g *convGen) query() []kv.LocalHash {
+	conv := g.convs[g.r.IntN(len(g.convs))]
+	q := append([]kv.LocalHash(nil), conv[:1+g.r.IntN(len(conv))]...)
+	if g.r.IntN(3) == 0 {
+		q[g.r.IntN(len(q))] ^= 1 // diverge
+	}
+	return q
+}
+
+func compareConv(t *testing.T, ix *Index, rf *ref.Index, g *convGen, step int) {
+	t.Helper()
+	for q := 0; q < 30; q++ {
+		query := g.query()
+		got, want := convert(ix.FindMatches(query, nil)), rf.FindMatches(query, nil)
+		if len(got) == 0 && len(want) == 0 {
+			continue
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d query of %d blocks:\n got  %v\n want %v", step, len(query), got, want)
+		}
+	}
+	for _, w := range g.workers {
+		if got, want := ix.BlockCounts(w), rf.BlockCounts(w); got != want {
+			t.Fatalf("step %d worker %v counts %v want %v", step, w, got, want)
+		}
+	}
+}
+
+// checkInternals verifies the layout invariants: every live node that is
+// not its parent's successor has a child-table slot (and no other does),
+// the engine table holds exactly the nodes with a shared hash, holder-set
+// references add up, and freed ids are all reachable for reuse.
+func checkInternals(t *testing.T, ix *Index) {
+	t.Helper()
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	d := *ix.dir.Load()
+	inTab, eng, free := 0, 0, 0
+	refs := map[uint32]int{}
+	for id := uint32(1); id < ix.next; id++ {
+		n := nodeAt(d, id)
+		p := parentOf(n.pg.Load())
+		if p == noParent {
+			free++
+			continue
+		}
+		if inTable(id, p) {
+			inTab++
+		}
+		if got, _, _, _, _ := ix.lookup(ix.ctab.Load(), d, p, n.local.Load()); got != id {
+			t.Fatalf("node %d (parent %d) is not found by lookup: %d", id, p, got)
+		}
+		if ix.chunkOf(id).nc[id&chunkMask]&hasEngBit != 0 {
+			eng++
+			if x, _ := ix.etabFind(ix.chunkOf(id).eng[id&chunkMask]); x != id {
+				t.Fatalf("node %d: engine table gives %d", id, x)
+			}
+		}
+		if h := n.holders.Load(); h&ovfFlag != 0 {
+			hs := ix.setOf(h)
+			if hs == nil || len(hs.ent) <= 2 {
+				t.Fatalf("node %d: bad holder set %v", id, hs)
+			}
+			refs[hs.idx]++
+		}
+	}
+	if ct := ix.ctab.Load(); ct.used != inTab {
+		t.Fatalf("child table holds %d ids, %d nodes need a slot", ct.used, inTab)
+	}
+	if ix.etab.used != eng {
+		t.Fatalf("engine table holds %d ids, %d nodes have a shared hash", ix.etab.used, eng)
+	}
+	if free != ix.nfree {
+		t.Fatalf("%d free ids, counted %d", free, ix.nfree)
+	}
+	if uint64(len(refs)) != ix.st.HolderSets {
+		t.Fatalf("%d holder sets in use, stats say %d", len(refs), ix.st.HolderSets)
+	}
+	for idx, n := range refs {
+		if hs := (*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Load(); hs.refs != n {
+			t.Fatalf("set %d: %d refs, %d nodes", idx, hs.refs, n)
+		}
+	}
+}
+
+func TestConversationsMatchReference(t *testing.T) {
+	for _, c := range []struct{ workers, convs, maxLen int }{{4, 6, 40}, {40, 30, 120}, {300, 60, 160}} {
+		for seed := uint64(1); seed <= 2; seed++ {
+			t.Run(fmt.Sprintf("w%d/s%d", c.workers, seed), func(t *testing.T) {
+				g := newConvGen(seed, c.workers, c.convs, c.maxLen)
+				ix, rf := New(), ref.New()
+				steps := 2500
+				if testing.Short() {
+					steps = 800
+				}
+				for i := 0; i < steps; i++ {
+					if g.r.IntN(300) == 0 {
+						w := g.workers[g.r.IntN(len(g.workers))]
+						ix.RemoveWorker(w)
+						rf.RemoveWorker(w)
+						delete(g.held, w)
+						continue
+					}
+					ev, ok := g.event()
+					if !ok {
+						continue
+					}
+					ix.Apply(ev)
+					rf.Apply(ev)
+					if i%50 == 0 {
+						compareConv(t, ix, rf, g, i)
+					}
+					if i%500 == 0 {
+						checkInternals(t, ix)
+					}
+				}
+				compareConv(t, ix, rf, g, steps)
+				checkInternals(t, ix)
+				checkDumps(t, ix, rf)
+				s, rs := ix.Stats(), rf.Stats()
+				if s.Rebound != rs.Rebound || s.RemoveUnknown != rs.RemoveUnknown || s.ParentNotFound != rs.ParentNotFound || s.DuplicateStore != rs.DuplicateStore {
+					t.Fatalf("stats %+v, reference %+v", s, rs)
+				}
+				high := ix.next
+				for _, w := range ix.Workers() {
+					ix.RemoveWorker(w)
+				}
+				if s := ix.Stats(); s.Nodes != 0 || s.Holdings != 0 || s.Overflow != 0 || s.HolderSets != 0 {
+					t.Fatalf("after removing all workers: %+v", s)
+				}
+				checkInternals(t, ix)
+				// Freed ids are reused: replaying a similar load does not
+				// grow the id space much beyond its high-water mark.
+				g2 := newConvGen(seed+100, c.workers, c.convs, c.maxLen)
+				for i := 0; i < steps; i++ {
+					if ev, ok := g2.event(); ok {
+						ix.Apply(ev)
+					}
+				}
+				checkInternals(t, ix)
+				if ix.next > 2*high+chunkSize {
+					t.Fatalf("id space grew from %d to %d though all ids were free", high, ix.next)
+				}
+			})
+		}
+	}
+}
+
+func TestSharedHolderSets(t *testing.T) {
+	ix := New()
+	chain := make([]kv.StoredBlock, 100)
+	for i := range chain {
+		chain[i] = kv.StoredBlock{EngineHash: uint64(1000 + i), LocalHash: uint64(i)}
+	}
+	ws := []kv.WorkerKey{{Instance: 3}, {Instance: 1}, {Instance: 2}, {Instance: 5}}
+	for _, w := range ws {
+		ix.Apply(kv.Stored(w, kv.TierDevice, nil, chain))
+	}
+	if s := ix.Stats(); s.Nodes != 100 || s.Overflow != 100 || s.HolderSets != 1 {
+		t.Fatalf("four workers on one chain: %+v", s)
+	}
+	// The chain is one successor run: no child-table slot past its head.
+	if used := ix.ctab.Load().used; used != 0 {
+		t.Fatalf("child table holds %d ids for one chain (the head is the root's successor)", used)
+	}
+	// Evict the last 30 blocks of one worker: the tail gets a second set.
+	var tail []uint64
+	for i := 99; i >= 70; i-- {
+		tail = append(tail, uint64(1000+i))
+	}
+	ix.Apply(kv.Removed(ws[0], kv.TierDevice, tail))
+	if s := ix.Stats(); s.HolderSets != 2 || s.Overflow != 100 {
+		t.Fatalf("after a tail eviction: %+v", s)
+	}
+	q := make([]kv.LocalHash, 100)
+	for i := range q {
+		q[i] = uint64(i)
+	}
+	got := ix.FindMatches(q, nil)
+	if len(got) != 4 || got[0].Worker != ws[1] || got[2].Worker != ws[0] || got[2].Depth != [4]uint32{70, 70, 70, 70} || got[3].Depth[0] != 100 {
+		t.Fatalf("matches %v", got)
+	}
+	// Two holders left: the nodes fall back to inline holders.
+	ix.RemoveWorker(ws[2])
+	ix.RemoveWorker(ws[3])
+	if s := ix.Stats(); s.HolderSets != 0 || s.Overflow != 0 || s.Holdings != 170 {
+		t.Fatalf("two workers left: %+v", s)
+	}
+	checkInternals(t, ix)
+}
+
+// TestConcurrentReadersConversations runs lock-free readers against a
+// writer that recycles nodes and holder sets; run with -race.
+func TestConcurrentReadersConversations(t *testing.T) {
+	g := newConvGen(9, 60, 20, 200)
+	var evs []kv.Event
+	for len(evs) < 3000 {
+		if ev, ok := g.event(); ok {
+			evs = append(evs, ev)
+		}
+	}
+	queries := make([][]kv.LocalHash, 100)
+	for i := range queries {
+		queries[i] = g.query()
+	}
+	ix, rf := New(), ref.New()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var dst []Match
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				q := queries[i%len(queries)]
+				dst = ix.FindMatches(q, dst[:0])
+				for j, m := range dst {
+					if j > 0 && !less(dst[j-1].Worker, m.Worker) {
+						t.Errorf("unordered result %v", dst)
+						return
+					}
+					for k := 1; k < kv.NumTiers; k++ {
+						if m.Depth[k] < m.Depth[k-1] || int(m.Depth[k]) > len(q) || m.Depth[kv.NumTiers-1] == 0 {
+							t.Errorf("bad depths %v for a %d-block query", m, len(q))
+							return
+						}
+					}
+				}
+			}
+		}()
+	}
+	for _, ev := range evs {
+		ix.Apply(ev)
+		rf.Apply(ev)
+	}
+	close(done)
+	wg.Wait()
+	compareConv(t, ix, rf, g, len(evs))
+	checkInternals(t, ix)
+}
