@@ -313,6 +313,10 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 		sc.TransferBytesPerBlock = cfg.TransferBytesPerBlock
 		if hints {
 			sc.Fetcher = t.fetch
+		} else {
+			// Payload bytes are only ever read by a peer fetch; without
+			// hints, skip filling them for every stored block.
+			sc.Layers = 0
 		}
 		core, err := sim.NewCore(sc)
 		if err != nil {
