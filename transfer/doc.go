@@ -88,7 +88,8 @@
 // a shorter prefix than requested is success with OutcomePartial.
 // Payloads are received in place, in chunks that grow with the response
 // (never sized from a declared length); FetchRequest.Buffer lets a caller
-// receive into memory it reuses.
+// receive into memory it reuses, and FetchResult.Release recycles the
+// client's own chunks once the caller is done with the payloads.
 //
 // # Metrics
 //
