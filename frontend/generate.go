@@ -29,8 +29,11 @@ type genOutcome struct {
 // text as soon as it is final. It migrates the request to another worker
 // when its worker dies, so emit sees one uninterrupted stream. A non-nil
 // error before anything was emitted becomes the HTTP error; after that the
-// caller reports it in-stream.
-func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []uint32, p genParams, emit func(text string) error) (genOutcome, *apiError) {
+// caller reports it in-stream. flush (nil: none) is called whenever the
+// worker has no further output ready, so a streaming caller may buffer
+// emitted pieces until then: one write per burst, not per token, when the
+// frontend falls behind.
+func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []uint32, p genParams, emit func(text string) error, flush func() error) (genOutcome, *apiError) {
 	maxTokens := p.MaxTokens
 	if maxTokens == 0 {
 		maxTokens = m.DefaultMaxTokens
@@ -91,7 +94,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 			}
 			return out, s.backendError(err)
 		}
-		finished, lost, aerr := s.drain(ctx, stream, m, obs, &out, &generated, detok, stops, emitText, started, &lastToken, &stopHit)
+		finished, lost, aerr := s.drain(ctx, stream, m, obs, &out, &generated, detok, stops, emitText, flush, started, &lastToken, &stopHit)
 		stream.Close()
 		if aerr != nil {
 			return out, aerr
@@ -135,9 +138,27 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 // drain reads one stream. It returns finished when the generation ended
 // (finish reason set), lost when the worker failed and migration may help.
 func (s *Server) drain(ctx context.Context, stream TokenStream, m *Model, obs latencyObs, out *genOutcome, generated *[]uint32,
-	detok Detokenizer, stops *tokenizer.StopMatcher, emit func(string) error, started time.Time, lastToken *time.Time, stopHit *bool) (finished bool, lost error, aerr *apiError) {
+	detok Detokenizer, stops *tokenizer.StopMatcher, emit func(string) error, flush func() error, started time.Time, lastToken *time.Time, stopHit *bool) (finished bool, lost error, aerr *apiError) {
+	next := stream.Recv
+	if flush != nil {
+		p := startPump(stream)
+		defer p.stop()
+		next = func() (TokenChunk, error) {
+			if r, ok := p.ready(); ok {
+				return r.ch, r.err
+			}
+			if err := flush(); err != nil {
+				return TokenChunk{}, &emitError{err}
+			}
+			return p.wait(ctx)
+		}
+	}
 	for {
-		ch, err := stream.Recv()
+		ch, err := next()
+		var ee *emitError
+		if errors.As(err, &ee) {
+			return false, nil, clientGone(ee.err)
+		}
 		if err == io.EOF {
 			// A stream that ends without a finish reason lost its worker.
 			return false, ErrWorkerLost, nil
@@ -189,6 +210,63 @@ func (s *Server) drain(ctx context.Context, stream TokenStream, m *Model, obs la
 		}
 	}
 }
+
+// emitError is a failed write to the client.
+type emitError struct{ err error }
+
+func (e *emitError) Error() string { return e.err.Error() }
+
+// pump reads a stream in its own goroutine so the reader can tell whether
+// the next chunk is already there (keep writing) or not (flush first).
+type pump struct {
+	out  chan pumped
+	quit chan struct{}
+}
+
+type pumped struct {
+	ch  TokenChunk
+	err error
+}
+
+func startPump(stream TokenStream) *pump {
+	p := &pump{out: make(chan pumped, 16), quit: make(chan struct{})}
+	go func() {
+		for {
+			ch, err := stream.Recv()
+			select {
+			case p.out <- pumped{ch, err}:
+			case <-p.quit:
+				return
+			}
+			if err != nil || ch.Finish != "" {
+				return
+			}
+		}
+	}()
+	return p
+}
+
+func (p *pump) ready() (pumped, bool) {
+	select {
+	case r := <-p.out:
+		return r, true
+	default:
+		return pumped{}, false
+	}
+}
+
+func (p *pump) wait(ctx context.Context) (TokenChunk, error) {
+	select {
+	case r := <-p.out:
+		return r.ch, r.err
+	case <-ctx.Done():
+		return TokenChunk{}, ctx.Err()
+	}
+}
+
+// stop lets the goroutine go; it ends once its Recv returns, which the
+// caller's stream.Close brings about.
+func (p *pump) stop() { close(p.quit) }
 
 // latencyObs are one request's token-latency histograms.
 type latencyObs struct{ ttft, itl prometheus.Observer }

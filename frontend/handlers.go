@@ -49,7 +49,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 		out, aerr := s.generate(r.Context(), m, id, prompt, req.genParams, func(t string) error {
 			text = append(text, t...)
 			return nil
-		})
+		}, nil)
 		if aerr != nil {
 			writeError(w, aerr)
 			return m.Name
@@ -85,8 +85,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 				return err
 			}
 		}
-		return sse.sendRaw(text.render(t))
-	})
+		return sse.write(text.render(t))
+	}, sse.flush)
 	if aerr != nil {
 		sse.fail(aerr)
 		return m.Name
@@ -154,7 +154,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 			out, aerr := s.generate(r.Context(), m, fmt.Sprintf("%s-%d", id, i), p, req.genParams, func(t string) error {
 				text = append(text, t...)
 				return nil
-			})
+			}, nil)
 			if aerr != nil {
 				writeError(w, aerr)
 				return m.Name
@@ -189,8 +189,8 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 	}
 	text := newTextChunk(id, "text_completion", created, m.Name, false, req.IncludeUsage)
 	out, aerr := s.generate(r.Context(), m, id, prompts[0], req.genParams, func(t string) error {
-		return sse.sendRaw(text.render(t))
-	})
+		return sse.write(text.render(t))
+	}, sse.flush)
 	if aerr != nil {
 		sse.fail(aerr)
 		return m.Name
@@ -211,6 +211,7 @@ type sseWriter struct {
 	w       http.ResponseWriter
 	started bool
 	failed  bool
+	dirty   bool // written but not flushed
 }
 
 func newSSE(w http.ResponseWriter) *sseWriter { return &sseWriter{w: w} }
@@ -243,6 +244,14 @@ func (s *sseWriter) send(v any) error {
 
 // sendRaw writes one complete event (`data: …\n\n`) and flushes it.
 func (s *sseWriter) sendRaw(event []byte) error {
+	if err := s.write(event); err != nil {
+		return err
+	}
+	return s.flush()
+}
+
+// write buffers one complete event; flush sends what is buffered.
+func (s *sseWriter) write(event []byte) error {
 	if s.failed {
 		return errClientWrite
 	}
@@ -250,6 +259,25 @@ func (s *sseWriter) sendRaw(event []byte) error {
 	if _, err := s.w.Write(event); err != nil {
 		s.failed = true
 		return err
+	}
+	s.dirty = true
+	return nil
+}
+
+func (s *sseWriter) flush() error {
+	if s.failed {
+		return errClientWrite
+	}
+	if !s.dirty {
+		return nil
+	}
+	s.dirty = false
+	if f, ok := s.w.(interface{ FlushError() error }); ok {
+		if err := f.FlushError(); err != nil {
+			s.failed = true
+			return err
+		}
+		return nil
 	}
 	if f, ok := s.w.(http.Flusher); ok {
 		f.Flush()

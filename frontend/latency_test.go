@@ -131,7 +131,7 @@ func TestFrontendAddedLatency(t *testing.T) {
 		return []frontend.Message{{Role: "user", Content: fmt.Sprintf("%s stream %d: tell me something about latency", phase, i)}}
 	}
 	runDirect := func(phase string) *pathStats {
-		ps := &pathStats{cpu0: cpuTime(), wall0: time.Now()}
+		ps := &pathStats{cpu0: cpuTime(), wall0: time.Now(), sys0: readSyscalls()}
 		defer ps.done()
 		var wg sync.WaitGroup
 		for i := range streams {
@@ -175,7 +175,7 @@ func TestFrontendAddedLatency(t *testing.T) {
 		return ps
 	}
 	runFrontend := func(phase string) *pathStats {
-		ps := &pathStats{cpu0: cpuTime(), wall0: time.Now()}
+		ps := &pathStats{cpu0: cpuTime(), wall0: time.Now(), sys0: readSyscalls()}
 		defer ps.done()
 		var wg sync.WaitGroup
 		for i := range streams {
@@ -257,6 +257,9 @@ func TestFrontendAddedLatency(t *testing.T) {
 	fmt.Printf("samples: direct %d tokens, frontend %d text chunks\n", len(direct.delivery), len(fe.delivery))
 	fmt.Printf("process CPU per token (server + client + workers): direct %v, frontend %v; phase wall: direct %v, frontend %v\n",
 		direct.cpu/time.Duration(len(direct.delivery)), fe.cpu/time.Duration(len(fe.delivery)), direct.wall.Round(time.Millisecond), fe.wall.Round(time.Millisecond))
+	perTok := func(n int64, ps *pathStats) float64 { return float64(n) / float64(len(ps.delivery)) }
+	fmt.Printf("system calls per token (read/write): direct %.2f/%.2f, frontend %.2f/%.2f\n",
+		perTok(direct.sysr, direct), perTok(direct.sysw, direct), perTok(fe.sysr, fe), perTok(fe.sysw, fe))
 }
 
 // readSSE reads an OpenAI chat stream: the completion id and the receive
@@ -393,9 +396,34 @@ type pathStats struct {
 	cpu0                time.Duration
 	wall0               time.Time
 	cpu, wall           time.Duration
+	sys0                [2]int64
+	sysr, sysw          int64
 }
 
-func (p *pathStats) done() { p.cpu, p.wall = cpuTime()-p.cpu0, time.Since(p.wall0) }
+func (p *pathStats) done() {
+	p.cpu, p.wall = cpuTime()-p.cpu0, time.Since(p.wall0)
+	s := readSyscalls()
+	p.sysr, p.sysw = s[0]-p.sys0[0], s[1]-p.sys0[1]
+}
+
+// readSyscalls returns the process's read and write system calls so far
+// (Linux /proc/self/io; zeros elsewhere).
+func readSyscalls() [2]int64 {
+	var out [2]int64
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return out
+	}
+	for _, l := range bytes.Split(b, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(l, []byte("syscr: ")); ok {
+			out[0], _ = strconv.ParseInt(string(v), 10, 64)
+		}
+		if v, ok := bytes.CutPrefix(l, []byte("syscw: ")); ok {
+			out[1], _ = strconv.ParseInt(string(v), 10, 64)
+		}
+	}
+	return out
+}
 
 // cpuTime is the process's user + system CPU time so far.
 func cpuTime() time.Duration {

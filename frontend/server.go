@@ -116,6 +116,11 @@ func (w *statusWriter) Flush() {
 	}
 }
 
+// FlushError is Flush that reports a failed write (a client gone).
+func (w *statusWriter) FlushError() error {
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
 func (s *Server) instrument(endpoint string, h func(http.ResponseWriter, *http.Request) string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		s.metrics.inflight.Inc()
