@@ -154,7 +154,9 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 	}
 	c.watchers = append(c.watchers, w)
 	sub, err := runtime.SubscribeLoad(c.cfg.NC, model, func(r runtime.LoadReport) {
-		c.router.UpdateLoad(kv.WorkerKey{Instance: r.Instance, DPRank: r.DPRank}, r.UsedBlocks, r.TotalBlocks, r.Running, r.Waiting)
+		k := kv.WorkerKey{Instance: r.Instance, DPRank: r.DPRank}
+		c.router.UpdateLoad(k, r.UsedBlocks, r.TotalBlocks, r.Running, r.Waiting)
+		feed.OnLoad(k, r.LastEventID) // finds events lost at the stream's end
 	}, func(err error) { c.log.Debug("bad load report", "err", err) })
 	if err != nil {
 		return fmt.Errorf("load reports of %s: %w", model, err)

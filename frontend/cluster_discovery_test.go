@@ -3,6 +3,7 @@ package frontend
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -46,7 +47,7 @@ func TestClusterFollowsRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*Model{{Name: "m"}},
-		Router: router.Config{Mode: router.ModeKV}})
+		Router: router.Config{Mode: router.ModeKV}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -547,20 +547,23 @@ func testNATSRestart(t *testing.T, bin string) {
 
 // 4. Events lost between the workers and the cluster (a partition of the
 // cluster's NATS link) are found as gaps and repaired: a short gap from the
-// worker's event ring, a long one (past a small ring) by a full dump. The
+// worker's event ring, a long one (past a small ring) by a full dump, and
+// one at the end of an idle worker's stream from its load reports. The
 // index then equals each worker's own.
 func testEventGap(t *testing.T, bin string) {
 	e := newE2E(t, bin)
 	ring := e.startWorker()
 	small := e.startWorker("--event-ring", "8", "--speedup-ratio", "0")
+	idle := e.startWorker("--speedup-ratio", "0")
 	px := newTCPProxy(t, e.srv.URL())
 	nc := e.connect(px.url())
 	reg := prometheus.NewRegistry()
 	c := e.newCluster(clusterOpts{nc: nc, disc: e.openDiscovery(nc), reg: reg})
-	e.waitSynced(c, ring, small)
+	e.waitSynced(c, ring, small, idle)
 	e.generateDirect(ring, prompt(600, 256))
 	e.generateDirect(small, prompt(601, 256))
-	e.waitIndexMatches(c, ring, small)
+	e.generateDirect(idle, prompt(602, 256))
+	e.waitIndexMatches(c, ring, small, idle)
 	before := c.Feed(e2eModel).Stats()
 
 	px.cut()
@@ -572,6 +575,8 @@ func testEventGap(t *testing.T, bin string) {
 	for i := range 12 {
 		e.generateDirect(small, prompt(uint64(700+i), 256))
 	}
+	e.generateDirect(idle, prompt(606, 256)) // and nothing after
+
 	px.heal()
 	waitFor(t, 5*time.Second, "cluster link up", nc.IsConnected)
 	if err := nc.Flush(); err != nil { // the feed's subscription is back
@@ -580,9 +585,12 @@ func testEventGap(t *testing.T, bin string) {
 	// The next events reveal the gaps.
 	e.generateDirect(ring, prompt(604, 256))
 	e.generateDirect(small, prompt(605, 256))
-	e.waitIndexMatches(c, ring, small)
+	e.waitIndexMatches(c, ring, small, idle)
 
 	after := c.Feed(e2eModel).Stats()
+	if after.TailGaps <= before.TailGaps {
+		t.Fatalf("tail gaps %d → %d, want more (the idle worker)", before.TailGaps, after.TailGaps)
+	}
 	if after.Gaps-before.Gaps < 2 {
 		t.Fatalf("gaps %d → %d, want two more", before.Gaps, after.Gaps)
 	}
@@ -598,7 +606,8 @@ func testEventGap(t *testing.T, bin string) {
 	// The feed's counters are on the cluster's registry.
 	got := gatherMetrics(t, reg)
 	for k, v := range map[string]int64{
-		`kvmesh_event_feed_gaps_total{model="m"}`:                 after.Gaps,
+		`kvmesh_event_feed_gaps_total{kind="sequence",model="m"}`: after.Gaps - after.TailGaps,
+		`kvmesh_event_feed_gaps_total{kind="tail",model="m"}`:     after.TailGaps,
 		`kvmesh_event_feed_repairs_total{kind="range",model="m"}`: after.RangeRepairs,
 		`kvmesh_event_feed_repairs_total{kind="dump",model="m"}`:  after.DumpRepairs,
 	} {

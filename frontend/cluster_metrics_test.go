@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -37,7 +38,7 @@ func TestClusterFeedMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	open := func() *Cluster {
 		c, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*Model{{Name: "a"}, {Name: "b"}},
-			Router: router.Config{Mode: router.ModeKV}, Registerer: reg})
+			Router: router.Config{Mode: router.ModeKV}, Logger: slog.New(slog.DiscardHandler), Registerer: reg})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +46,7 @@ func TestClusterFeedMetrics(t *testing.T) {
 	}
 	feedSeries := func() (n int) {
 		for k := range gatherMetrics(t, reg) {
-			if strings.HasPrefix(k, "kvmesh_event_feed_gaps_total{") {
+			if strings.HasPrefix(k, "kvmesh_event_feed_batches_total{") {
 				n++
 			}
 		}
@@ -53,7 +54,7 @@ func TestClusterFeedMetrics(t *testing.T) {
 	}
 	c := open()
 	if n := feedSeries(); n != 2 {
-		t.Fatalf("%d feed gap series, want one per model", n)
+		t.Fatalf("%d feed batch series, want one per model", n)
 	}
 	if c.Feed("a") == nil || c.Feed("nope") != nil {
 		t.Fatal("Feed: wrong feeds")

@@ -51,8 +51,11 @@ type FeedConfig struct {
 
 // FeedStats counts what a feed did.
 type FeedStats struct {
-	Batches, Applied, Duplicates      int64
-	Gaps, RangeRepairs, DumpRepairs   int64
+	Batches, Applied, Duplicates    int64
+	Gaps, RangeRepairs, DumpRepairs int64
+	// TailGaps are the gaps (also in Gaps) found from a load report's
+	// announced last id rather than from a later event.
+	TailGaps                          int64
 	RepairErrors, QueueOverflows      int64
 	BadMessages, UnknownInstance      int64
 	InstancesAdded, InstancesRemoved  int64
@@ -90,7 +93,7 @@ type EventFeed struct {
 
 type feedCounters struct {
 	batches, applied, duplicates, gaps, rangeRepairs, dumpRepairs, repairErrors,
-	queueOverflows, badMessages, unknownInstance, added, removed, droppedAfterRemoval, staleRepairs atomic.Int64
+	queueOverflows, badMessages, unknownInstance, added, removed, droppedAfterRemoval, staleRepairs, tailGaps atomic.Int64
 }
 
 type feedInstance struct {
@@ -106,6 +109,8 @@ type feedKey struct {
 	needDump  bool
 	queue     []kv.Event
 	backoff   time.Duration
+	// announced is the highest last id the worker's load reports named.
+	announced uint64
 }
 
 type repairResult struct {
@@ -146,6 +151,40 @@ func (f *EventFeed) OnDiscovery(ev DiscoveryEvent) {
 	f.ops <- func() { f.discovery(ev) }
 }
 
+// OnLoad hands the feed the last event id a worker announced in its load
+// report. Events lost at the end of a stream (a NATS outage, a slow
+// consumer) leave no gap until the worker's next event, which may never
+// come; the announcement reveals them. The feed repairs when it is still
+// behind an id announced one report earlier (the events of the newest
+// report may be in flight on the other subscription). It never blocks: a
+// dropped announcement is repeated by the next report.
+func (f *EventFeed) OnLoad(w kv.WorkerKey, lastID uint64) {
+	if lastID == 0 {
+		return
+	}
+	select {
+	case f.ops <- func() { f.announce(w, lastID) }:
+	default:
+	}
+}
+
+func (f *EventFeed) announce(w kv.WorkerKey, id uint64) {
+	fi := f.insts[w.Instance]
+	if fi == nil || int(w.DPRank) >= len(fi.keys) {
+		return
+	}
+	k := fi.keys[w.DPRank]
+	prev := k.announced
+	k.announced = max(k.announced, id)
+	if k.repairing || k.last >= prev {
+		return
+	}
+	f.st.gaps.Add(1)
+	f.st.tailGaps.Add(1)
+	f.log.Debug("event gap at the tail", "worker", k.w, "last", k.last, "announced", k.announced)
+	f.startRepair(fi, k)
+}
+
 // LastID is the last event id applied for w, and whether w is known and
 // not being repaired.
 func (f *EventFeed) LastID(w kv.WorkerKey) (uint64, bool) {
@@ -163,7 +202,7 @@ func (f *EventFeed) Stats() FeedStats {
 		RepairErrors: s.repairErrors.Load(), QueueOverflows: s.queueOverflows.Load(),
 		BadMessages: s.badMessages.Load(), UnknownInstance: s.unknownInstance.Load(),
 		InstancesAdded: s.added.Load(), InstancesRemoved: s.removed.Load(),
-		DroppedAfterRemoval: s.droppedAfterRemoval.Load(), StaleRepairs: s.staleRepairs.Load()}
+		DroppedAfterRemoval: s.droppedAfterRemoval.Load(), StaleRepairs: s.staleRepairs.Load(), TailGaps: s.tailGaps.Load()}
 }
 
 // Run subscribes and processes until ctx ends; it returns after every
@@ -327,8 +366,10 @@ func (f *EventFeed) startRepair(fi *feedInstance, k *feedKey) {
 	in := fi.info
 	var from, to uint64
 	if !r.dump {
-		from = k.last + 1
-		to = k.queue[0].ID - 1
+		from, to = k.last+1, k.announced
+		if len(k.queue) > 0 {
+			to = k.queue[0].ID - 1
+		}
 	}
 	delay := k.backoff
 	ctx := f.runCtx

@@ -22,7 +22,7 @@ func (f *EventFeed) Collector() prometheus.Collector {
 		batches:      d("batches_total", "Event batches received from workers."),
 		applied:      d("events_applied_total", "Events applied to the index in order (live and range-repaired)."),
 		duplicates:   d("duplicate_events_total", "Events skipped because their id was already applied."),
-		gaps:         d("gaps_total", "Gaps detected: an event id past the next expected one."),
+		gaps:         d("gaps_total", "Gaps detected: an event id past the next expected one, or (kind=tail) a last id announced in a load report.", "kind"),
 		repairs:      d("repairs_total", "Completed repairs: kind=range (missing ids from the worker's ring) or kind=dump (full holdings).", "kind"),
 		repairErrors: d("repair_errors_total", "Repair calls that failed (and were retried with backoff)."),
 		overflows:    d("queue_overflows_total", "Per-worker queues that overflowed during a repair (a dump follows)."),
@@ -48,7 +48,8 @@ func (c *feedCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.batches, s.Batches)
 	counter(c.applied, s.Applied)
 	counter(c.duplicates, s.Duplicates)
-	counter(c.gaps, s.Gaps)
+	counter(c.gaps, s.Gaps-s.TailGaps, "sequence")
+	counter(c.gaps, s.TailGaps, "tail")
 	counter(c.repairs, s.RangeRepairs, "range")
 	counter(c.repairs, s.DumpRepairs, "dump")
 	counter(c.repairErrors, s.RepairErrors)

@@ -45,20 +45,21 @@ func TestEventFeedCollector(t *testing.T) {
 	}
 	got := gather(t, reg)
 	for k, v := range map[string]float64{
-		`kvmesh_event_feed_gaps_total{model="m"}`:                            2,
+		`kvmesh_event_feed_gaps_total{kind="sequence",model="m"}`:            2,
+		`kvmesh_event_feed_gaps_total{kind="tail",model="m"}`:                0,
 		`kvmesh_event_feed_repairs_total{kind="range",model="m"}`:            1,
 		`kvmesh_event_feed_repairs_total{kind="dump",model="m"}`:             2,
 		`kvmesh_event_feed_events_applied_total{model="m"}`:                  float64(s.Applied),
 		`kvmesh_event_feed_batches_total{model="m"}`:                         float64(s.Batches),
 		`kvmesh_event_feed_instance_changes_total{change="added",model="m"}`: 1,
-		`kvmesh_event_feed_gaps_total{model="other model"}`:                  0,
+		`kvmesh_event_feed_gaps_total{kind="tail",model="other model"}`:      0,
 	} {
 		if g, ok := got[k]; !ok || g != v {
 			t.Errorf("%s = %v (present %v), want %v", k, g, ok, v)
 		}
 	}
-	if s.Applied == 0 || len(got) != 2*13 {
-		t.Fatalf("%d series, want 13 per feed; applied %d", len(got), s.Applied)
+	if s.Applied == 0 || len(got) != 2*14 {
+		t.Fatalf("%d series, want 14 per feed; applied %d", len(got), s.Applied)
 	}
 }
 

@@ -20,6 +20,9 @@ type LoadReport struct {
 	Running              int    `json:"running"`
 	Waiting              int    `json:"waiting"`
 	PendingPrefillTokens int    `json:"pending_prefill_tokens"`
+	// LastEventID is the last KV event id the worker key produced, so
+	// routers notice events lost at the end of the stream (0: unknown).
+	LastEventID uint64 `json:"last_event_id,omitempty"`
 	// UnixNano is when the report was taken.
 	UnixNano int64 `json:"ts"`
 }

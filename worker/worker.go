@@ -210,7 +210,7 @@ func (w *Worker) Start(ctx context.Context) error {
 func (w *Worker) loadSample() []runtime.LoadReport {
 	s := w.eng.Stats()
 	return []runtime.LoadReport{{Instance: w.cfg.InstanceID, UsedBlocks: s.UsedBlocks, TotalBlocks: s.TotalBlocks,
-		Running: s.Running, Waiting: s.Waiting, PendingPrefillTokens: s.PendingPrefillTokens}}
+		Running: s.Running, Waiting: s.Waiting, PendingPrefillTokens: s.PendingPrefillTokens, LastEventID: w.evlog.LastID(0)}}
 }
 
 // Addr is the advertised gRPC address (after Start).
