@@ -10,6 +10,7 @@ import (
 // scratch is per-query state, pooled so FindMatches does not allocate.
 type scratch struct {
 	alive [kv.NumTiers][]uint64 // dense mode: slots still matching tier t or faster
+	tmp   []uint64              // a holder set's bitsets, when it keeps none
 	hit   []uint64              // by slot: workers holding the first block
 	dep   [][kv.NumTiers]uint32 // by slot
 }
@@ -137,6 +138,7 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 		for i := range s.alive {
 			s.alive[i] = make([]uint64, W)
 		}
+		s.tmp = make([]uint64, W*kv.NumTiers)
 	}
 	if cap(s.dep) < len(v.keys) {
 		s.dep = make([][kv.NumTiers]uint32, len(v.keys)+64)
@@ -164,12 +166,13 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 		if hs == nil {
 			return dst, false
 		}
+		cum, lo := hs.bitsets(s.tmp[:W*kv.NumTiers])
 		dense = true
 		for k := 0; k < W; k++ {
 			for tt := 0; tt < kv.NumTiers; tt++ {
 				var c uint64
-				if j := k*kv.NumTiers + tt; j < len(hs.cum) {
-					c = hs.cum[j]
+				if j := (k-lo)*kv.NumTiers + tt; j >= 0 && j < len(cum) {
+					c = cum[j]
 				}
 				if k == W-1 {
 					c &= last
@@ -233,12 +236,13 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 				if hs == nil {
 					return dst, false
 				}
+				cum, lo := hs.bitsets(s.tmp[:W*kv.NumTiers])
 				any := uint64(0)
 				for k := 0; k < W; k++ {
 					for tt := 0; tt < kv.NumTiers; tt++ {
 						var c uint64
-						if j := k*kv.NumTiers + tt; j < len(hs.cum) {
-							c = hs.cum[j]
+						if j := (k-lo)*kv.NumTiers + tt; j >= 0 && j < len(cum) {
+							c = cum[j]
 						}
 						a := s.alive[tt][k]
 						for d := a &^ c; d != 0; d &= d - 1 {

@@ -20,7 +20,8 @@ import (
 // hset is one immutable holder set.
 type hset struct {
 	ent  []uint32 // slot<<4 | tier mask, ascending slot
-	cum  []uint64 // [k*NumTiers+t]: slots of 64-slot word k holding on tier t or faster
+	cum  []uint64 // [(k-lo)*NumTiers+t]: slots of 64-slot word k holding on tier t or faster
+	lo   int      // first 64-slot word cum covers; cum is nil for a set spread thin over many slots
 	gen  uint32   // generation the set was published under (31 bits)
 	idx  uint32   // its index (writer)
 	refs int      // nodes pointing to it (writer)
@@ -100,12 +101,13 @@ func (ix *Index) intern(ent []uint32) uint64 {
 	}
 	ix.ovfGen = (ix.ovfGen + 1) & genMask
 	hs := &hset{ent: slices.Clone(ent), gen: ix.ovfGen, idx: idx, refs: 1, hash: hash}
-	hs.cum = make([]uint64, (int(ent[len(ent)-1]>>4)/64+1)*kv.NumTiers)
-	for _, e := range ent {
-		k, bit := int(e>>10)*kv.NumTiers, uint64(1)<<(e>>4&63)
-		for t := lowTier(uint8(e & 15)); t < kv.NumTiers; t++ {
-			hs.cum[k+int(t)] |= bit
-		}
+	// Readers want per-tier bitsets; they cost 32 bytes per 64 slots
+	// spanned, so a few holders far apart keep only their entries and
+	// readers expand them on the fly.
+	hs.lo = int(ent[0] >> 10)
+	if span := int(ent[len(ent)-1]>>10) - hs.lo + 1; span <= len(ent)/8+8 {
+		hs.cum = make([]uint64, span*kv.NumTiers)
+		fillCum(hs.cum, hs.lo, ent)
 	}
 	(*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Store(hs)
 	if !shared {
@@ -113,6 +115,33 @@ func (ix *Index) intern(ent []uint32) uint64 {
 	}
 	ix.st.HolderSets++
 	return ovfWord(idx, hs.gen)
+}
+
+// fillCum sets, for each entry, its slot's bit on each tier it holds the
+// block on or faster, in bitsets starting at 64-slot word lo; entries
+// beyond cum are skipped.
+func fillCum(cum []uint64, lo int, ent []uint32) {
+	for _, e := range ent {
+		k := (int(e>>10) - lo) * kv.NumTiers
+		if k < 0 || k+kv.NumTiers > len(cum) {
+			continue
+		}
+		bit := uint64(1) << (e >> 4 & 63)
+		for t := lowTier(uint8(e & 15)); t < kv.NumTiers; t++ {
+			cum[k+int(t)] |= bit
+		}
+	}
+}
+
+// bitsets returns hs's per-tier bitsets and the word they start at,
+// expanding them into tmp (W words) when the set keeps none.
+func (hs *hset) bitsets(tmp []uint64) ([]uint64, int) {
+	if hs.cum != nil {
+		return hs.cum, hs.lo
+	}
+	clear(tmp)
+	fillCum(tmp, 0, hs.ent)
+	return tmp, 0
 }
 
 // release drops a reference to the set h names, freeing it with the last.

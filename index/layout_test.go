@@ -209,7 +209,7 @@ func checkInternals(t *testing.T, ix *Index) {
 }
 
 func TestConversationsMatchReference(t *testing.T) {
-	for _, c := range []struct{ workers, convs, maxLen int }{{4, 6, 40}, {40, 30, 120}, {300, 60, 160}} {
+	for _, c := range []struct{ workers, convs, maxLen int }{{4, 6, 40}, {40, 30, 120}, {300, 60, 160}, {1500, 12, 60}} {
 		for seed := uint64(1); seed <= 2; seed++ {
 			t.Run(fmt.Sprintf("w%d/s%d", c.workers, seed), func(t *testing.T) {
 				g := newConvGen(seed, c.workers, c.convs, c.maxLen)
@@ -366,5 +366,50 @@ func TestConcurrentReadersConversations(t *testing.T) {
 	close(done)
 	wg.Wait()
 	compareConv(t, ix, rf, g, len(evs))
+	checkInternals(t, ix)
+}
+
+// TestThinHolderSets: a few holders far apart among many workers keep no
+// per-tier bitsets (they would cost 32 bytes per 64 slots spanned); readers
+// expand them. Checked against the reference, with several tiers.
+func TestThinHolderSets(t *testing.T) {
+	ix, rf := New(), ref.New()
+	apply := func(ev kv.Event) { ix.Apply(ev); rf.Apply(ev) }
+	var ws []kv.WorkerKey
+	for i := 0; i < 1200; i++ { // give every worker a slot
+		w := kv.WorkerKey{Instance: uint64(i * 7 % 1200), DPRank: 1}
+		ws = append(ws, w)
+		apply(kv.Stored(w, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: uint64(1e9 + i), LocalHash: uint64(1e9 + i)}}))
+	}
+	chain := make([]kv.StoredBlock, 50)
+	q := make([]kv.LocalHash, 50)
+	for i := range chain {
+		chain[i] = kv.StoredBlock{EngineHash: uint64(5000 + i), LocalHash: uint64(i)}
+		q[i] = uint64(i)
+	}
+	holders := []int{3, 400, 799, 1100, 1199}
+	for j, x := range holders {
+		apply(kv.Stored(ws[x], kv.Tier(j%kv.NumTiers), nil, chain[:50-j*5]))
+	}
+	p := uint64(5000 + 9)
+	apply(kv.Stored(ws[1100], kv.TierDevice, &p, chain[10:30]))
+	apply(kv.Removed(ws[400], kv.Tier(1), []uint64{5000 + 20}))
+	ix.mu.Lock()
+	thin := 0
+	for idx := uint32(1); idx < ix.ovfNext; idx++ {
+		if hs := (*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Load(); hs != nil && hs.cum == nil {
+			thin++
+		}
+	}
+	ix.mu.Unlock()
+	if thin == 0 {
+		t.Fatal("no thin holder set was built")
+	}
+	for n := 1; n <= len(q); n++ {
+		got, want := convert(ix.FindMatches(q[:n], nil)), rf.FindMatches(q[:n], nil)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("query of %d blocks:\n got  %v\n want %v", n, got, want)
+		}
+	}
 	checkInternals(t, ix)
 }
