@@ -349,12 +349,15 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 		return dst, true
 	}
 	// Many matches: walk the workers in key order and test each.
-	dst = slices.Grow(dst, nm)
-	keys := v.keys
+	n0 := len(dst)
+	dst = slices.Grow(dst, nm)[:n0+nm]
+	out, keys, j := dst[n0:], v.keys, 0
 	for _, sl := range v.slotOf {
-		if hit[sl>>6]>>(sl&63)&1 != 0 {
-			dst = append(dst, Match{Worker: keys[sl], Depth: dep[sl]})
+		if hit[sl>>6]>>(sl&63)&1 != 0 && j < len(out) {
+			m := &out[j]
+			m.Worker, m.Depth = keys[sl], dep[sl]
+			j++
 		}
 	}
-	return dst, true
+	return dst[:n0+j], true
 }
