@@ -104,6 +104,24 @@ type PeerStats struct {
 // the worker serve the engine's cache on control endpoints (PeerConfig.
 // Listen). A hint never fails a request: whatever goes wrong is counted and
 // the request proceeds with what was fetched, possibly nothing.
+//
+// Failure handling: a malformed hint is counted and logged once; an unknown
+// protocol_version is ignored; an unreachable source fails at once (no wait
+// for the deadline); a source that does not finish within Timeout (or the
+// request's context) yields nothing, since a timed-out fetch delivers no
+// blocks; a source that evicted part of the prefix sends what it still
+// holds, which is inserted (partial). Blocks are verified twice: the
+// transfer checksum and every payload byte against its derivation on
+// receipt, and again by the sim's Insert.
+//
+// Timing, so TTFT comparisons stay honest: the fetch runs on the request's
+// goroutine before it is queued, so the real loopback transfer time is
+// spent in wall time (it is part of the TTFT a client measures); then the
+// sim charges the fetched blocks in the prefill pass that admits the
+// request, TransferBytesPerBlock (default: the sim's own payload size) over
+// TransferBandwidth, divided like every pass by SpeedupRatio. Both costs
+// are paid; neither is hidden. The twin prices transfers in virtual time
+// only.
 type Peer struct {
 	cfg    PeerConfig
 	client *transfer.Client
@@ -414,8 +432,12 @@ func (w *Worker) startControl(ctx context.Context) error {
 				r, list[r], lns[r].Addr(), err)
 		}
 	}
-	// Endpoints first, then the capability they imply: the record that
-	// carries them is written only after every rank answered.
+	// Dynamo publishes endpoints, then role, then the capability, so that a
+	// half-registered worker is never capability-only. Our discovery record
+	// is one JSON value written by one atomic KV put, after this returns and
+	// only if every rank answered: a reader sees endpoints, role and the
+	// capability they imply (routers treat a worker with endpoints as
+	// hint-capable) together or not at all, which is the stronger guarantee.
 	w.inst.ControlEndpoints = list
 	p.self.Store(&list)
 	w.log.Info("serving KV blocks to peers", "control_endpoints", list, "digest", p.digest)
