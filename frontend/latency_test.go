@@ -79,14 +79,14 @@ func TestFrontendAddedLatency(t *testing.T) {
 	var clients []api.WorkerClient
 	wclients := kvrt.NewWorkerClients()
 	defer wclients.Close()
-	for range nworkers {
+	for wi := range nworkers {
 		cfg := sim.DefaultConfig()
 		cfg.SpeedupRatio = speedup
 		eng, err := sim.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, err := worker.New(worker.Config{Logger: log}, &stampEngine{Engine: eng, log: rec}, nc)
+		w, err := worker.New(worker.Config{Logger: log}, &stampEngine{Engine: eng, log: rec, worker: wi}, nc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -168,7 +168,7 @@ func TestFrontendAddedLatency(t *testing.T) {
 					ps.fail(fmt.Errorf("%s: %d tokens received, engine log %v", id, len(recv), em))
 					return
 				}
-				ps.add(start, recv, em.at)
+				ps.add(id, start, recv, em.at)
 			})
 		}
 		wg.Wait()
@@ -213,7 +213,7 @@ func TestFrontendAddedLatency(t *testing.T) {
 					ps.fail(fmt.Errorf("%s: %d content chunks for %d text-completing tokens", id, len(recv), len(at)))
 					return
 				}
-				ps.add(start, recv, at)
+				ps.add(id, start, recv, at)
 			})
 		}
 		wg.Wait()
@@ -257,6 +257,7 @@ func TestFrontendAddedLatency(t *testing.T) {
 	fmt.Printf("samples: direct %d tokens, frontend %d text chunks\n", len(direct.delivery), len(fe.delivery))
 	fmt.Printf("process CPU per token (server + client + workers): direct %v, frontend %v; phase wall: direct %v, frontend %v\n",
 		direct.cpu/time.Duration(len(direct.delivery)), fe.cpu/time.Duration(len(fe.delivery)), direct.wall.Round(time.Millisecond), fe.wall.Round(time.Millisecond))
+	fmt.Printf("requests per worker: direct %v, frontend %v (router mode kv)\n", rec.perWorker(direct.ids, nworkers), rec.perWorker(fe.ids, nworkers))
 	perTok := func(n int64, ps *pathStats) float64 { return float64(n) / float64(len(ps.delivery)) }
 	fmt.Printf("system calls per token (read/write): direct %.2f/%.2f, frontend %.2f/%.2f\n",
 		perTok(direct.sysr, direct), perTok(direct.sysw, direct), perTok(fe.sysr, fe), perTok(fe.sysw, fe))
@@ -324,7 +325,8 @@ func textTokens(m *frontend.Model, em *emitted) []time.Time {
 // stampEngine records when each token leaves the engine.
 type stampEngine struct {
 	engine.Engine
-	log *emitLog
+	log    *emitLog
+	worker int
 }
 
 func (s *stampEngine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
@@ -332,7 +334,7 @@ func (s *stampEngine) Generate(ctx context.Context, req *engine.Request) (<-chan
 	if err != nil {
 		return nil, err
 	}
-	em := s.log.start(req.ID)
+	em := s.log.start(req.ID, s.worker)
 	out := make(chan engine.Chunk, 1)
 	go func() {
 		defer close(out)
@@ -358,9 +360,10 @@ func (s *stampEngine) Generate(ctx context.Context, req *engine.Request) (<-chan
 }
 
 type emitted struct {
-	mu  sync.Mutex
-	ids []uint32
-	at  []time.Time
+	mu     sync.Mutex
+	worker int
+	ids    []uint32
+	at     []time.Time
 }
 
 type emitLog struct {
@@ -368,12 +371,25 @@ type emitLog struct {
 	byID map[string]*emitted
 }
 
-func (l *emitLog) start(id string) *emitted {
+func (l *emitLog) start(id string, worker int) *emitted {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e := &emitted{}
+	e := &emitted{worker: worker}
 	l.byID[id] = e
 	return e
+}
+
+// perWorker counts the requests each worker got among ids.
+func (l *emitLog) perWorker(ids []string, n int) []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]int, n)
+	for _, id := range ids {
+		if e := l.byID[id]; e != nil {
+			out[e.worker]++
+		}
+	}
+	return out
 }
 
 func (l *emitLog) get(id string) *emitted {
@@ -385,7 +401,7 @@ func (l *emitLog) get(id string) *emitted {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return &emitted{ids: slices.Clone(e.ids), at: slices.Clone(e.at)}
+	return &emitted{worker: e.worker, ids: slices.Clone(e.ids), at: slices.Clone(e.at)}
 }
 
 type pathStats struct {
@@ -398,6 +414,7 @@ type pathStats struct {
 	cpu, wall           time.Duration
 	sys0                [2]int64
 	sysr, sysw          int64
+	ids                 []string
 }
 
 func (p *pathStats) done() {
@@ -443,9 +460,10 @@ func (p *pathStats) fail(err error) {
 	}
 }
 
-func (p *pathStats) add(start time.Time, recv, emit []time.Time) {
+func (p *pathStats) add(id string, start time.Time, recv, emit []time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.ids = append(p.ids, id)
 	for i := range recv {
 		p.delivery = append(p.delivery, recv[i].Sub(emit[i]))
 		if i == 0 {
