@@ -87,6 +87,7 @@ func (c *Core) Insert(ch Chain) (n int, err error) {
 			for l := 0; l < c.cfg.Layers; l++ {
 				copy(c.pool.payload(id, l), b.Layers[l])
 			}
+			c.pool.storeSum(id)
 			c.pool.release(id)
 			c.counters.InsertedBlocks++
 			var toks []kv.Token

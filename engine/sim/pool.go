@@ -32,6 +32,7 @@ type pool struct {
 	byHash           hashIndex
 	layers, psize    int
 	slab             []byte
+	sums             []uint64 // kv.Checksum of each block's payload as stored (view.go)
 	ev               *eventLog
 }
 
@@ -43,6 +44,7 @@ func newPool(n, layers, psize int, ev *eventLog) pool {
 		byHash: newHashIndex(n),
 		layers: layers, psize: psize,
 		slab: make([]byte, n*layers*psize),
+		sums: make([]uint64, n),
 		ev:   ev,
 	}
 	for i := range p.free {
@@ -147,6 +149,7 @@ func (p *pool) register(id int32, seq, local, parent uint64, hasParent bool, fil
 		for l := 0; l < p.layers; l++ {
 			kv.FillPayload(p.payload(id, l), seq, l)
 		}
+		p.storeSum(id)
 	}
 }
 

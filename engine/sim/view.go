@@ -1,0 +1,75 @@
+package sim
+
+import (
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Zero-copy access for peers serving the cache (transfer.BlockViewer and
+// transfer.BlockChecksummer): a block's layers are contiguous in the slab,
+// so its whole payload is one slice.
+//
+// Why a pinned view is safe to read without the engine's lock: payload
+// bytes are written only into a block just taken by pool.alloc (computed
+// blocks in pool.register, fetched ones in Insert), and alloc takes only
+// blocks with no reference (the free stack or the idle LRU list). A pin is
+// a reference, so while it is held the block is neither evicted nor reused,
+// its hash keeps mapping to it, and its bytes do not change; the lock taken
+// by Pin orders the bytes' writes before any read through the view.
+
+// blockPayload is block id's payload, every layer concatenated.
+func (p *pool) blockPayload(id int32) []byte {
+	n := p.layers * p.psize
+	off := int(id) * n
+	return p.slab[off : off+n : off+n]
+}
+
+// storeSum records the checksum of block id's payload as it is stored.
+func (p *pool) storeSum(id int32) {
+	p.sums[id] = kv.Checksum(p.blockPayload(id))
+}
+
+// ViewBlock returns the payload of the cached block seq, every layer
+// concatenated, aliasing the pool's memory: no copy. The caller must hold
+// a Pin on seq; the slice is valid and unchanged until that pin is
+// released, and must not be modified. A block that is not cached, or is
+// cached but referenced by nothing (so not pinned), is an error.
+func (c *Core) ViewBlock(seq kv.SeqHash) ([]byte, error) {
+	id, ok := c.pool.byHash.get(seq)
+	if !ok {
+		return nil, fmt.Errorf("sim: block %016x is not cached", seq)
+	}
+	if c.pool.blocks[id].ref <= 0 {
+		return nil, fmt.Errorf("sim: block %016x is not pinned; pin it before viewing its payload", seq)
+	}
+	return c.pool.blockPayload(id), nil
+}
+
+// BlockChecksum returns kv.Checksum of the cached block seq's payload (all
+// layers concatenated), computed when the block was stored or inserted, so
+// bytes that changed since then no longer match it. ok is false when the
+// block is not cached.
+func (c *Core) BlockChecksum(seq kv.SeqHash) (sum uint64, ok bool) {
+	id, ok := c.pool.byHash.get(seq)
+	if !ok {
+		return 0, false
+	}
+	return c.pool.sums[id], true
+}
+
+// ViewBlock is Core.ViewBlock under the engine's lock. The returned slice
+// may be read after the call without the lock for as long as the caller's
+// Pin on seq is held (see the note on pinned views above).
+func (e *Engine) ViewBlock(seq kv.SeqHash) ([]byte, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.core.ViewBlock(seq)
+}
+
+// BlockChecksum is Core.BlockChecksum under the engine's lock.
+func (e *Engine) BlockChecksum(seq kv.SeqHash) (uint64, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.core.BlockChecksum(seq)
+}

@@ -1,0 +1,231 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// derived is the payload a block with sequence hash seq must hold.
+func derived(cfg Config, seq kv.SeqHash) []byte {
+	var b []byte
+	for l := 0; l < cfg.Layers; l++ {
+		b = append(b, kv.Payload(seq, l, cfg.PayloadSize)...)
+	}
+	return b
+}
+
+func promptOf(n int, base kv.Token) []kv.Token {
+	p := make([]kv.Token, n)
+	for i := range p {
+		p[i] = base + kv.Token(7*i)
+	}
+	return p
+}
+
+func TestViewBlockAndStoredChecksum(t *testing.T) {
+	cfg := testConfig()
+	cfg.Layers, cfg.PayloadSize = 3, 40
+	a := mustCore(t, cfg)
+	prompt := promptOf(4*cfg.BlockSize+1, 1)
+	a.Add(req("a", prompt, 1), time.Time{})
+	drain(a)
+	seqs := seqOf(cfg, prompt)
+
+	// Idle cached blocks have checksums but no view: nothing pins them.
+	if _, err := a.ViewBlock(seqs[0]); err == nil || !strings.Contains(err.Error(), "not pinned") {
+		t.Fatalf("view of an unpinned block: %v", err)
+	}
+	if _, err := a.ViewBlock(12345); err == nil || !strings.Contains(err.Error(), "not cached") {
+		t.Fatalf("view of an uncached block: %v", err)
+	}
+	if _, ok := a.BlockChecksum(12345); ok {
+		t.Fatal("checksum of an uncached block")
+	}
+
+	n, release := a.Pin(seqs)
+	if n != len(seqs) {
+		t.Fatalf("pinned %d of %d", n, len(seqs))
+	}
+	for i, h := range seqs {
+		v, err := a.ViewBlock(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := derived(cfg, h)
+		if !bytes.Equal(v, want) || cap(v) != len(v) {
+			t.Fatalf("block %d: view of %d bytes (cap %d) is not its derivation", i, len(v), cap(v))
+		}
+		sum, ok := a.BlockChecksum(h)
+		if !ok || sum != kv.Checksum(want) {
+			t.Fatalf("block %d: stored checksum %016x %v, want %016x", i, sum, ok, kv.Checksum(want))
+		}
+	}
+	// The checksum is the one taken at store time: bytes that rot later no
+	// longer match it.
+	v, _ := a.ViewBlock(seqs[1])
+	before, _ := a.BlockChecksum(seqs[1])
+	v[5] ^= 1
+	if after, _ := a.BlockChecksum(seqs[1]); after != before || after == kv.Checksum(v) {
+		t.Fatal("BlockChecksum follows the bytes instead of keeping the stored sum")
+	}
+	v[5] ^= 1
+	release()
+
+	// Inserted blocks get their checksum too.
+	b := mustCore(t, cfg)
+	b.cfg.Fetcher = peerFetcher(a, cfg, -1)
+	b.Add(req("b", prompt, 1), time.Time{})
+	if ct := b.Counters(); ct.InsertedBlocks != uint64(len(seqs)) {
+		t.Fatalf("inserted %d blocks", ct.InsertedBlocks)
+	}
+	for i, h := range seqs {
+		if sum, ok := b.BlockChecksum(h); !ok || sum != kv.Checksum(derived(cfg, h)) {
+			t.Fatalf("inserted block %d: checksum %016x %v", i, sum, ok)
+		}
+	}
+	drain(b)
+}
+
+// TestPinnedViewSurvivesEviction churns a small pool through several times
+// its size while a prefix is pinned: the pinned views keep their bytes and
+// checksums; once released the blocks are evicted and their slots reused.
+func TestPinnedViewSurvivesEviction(t *testing.T) {
+	cfg := testConfig()
+	cfg.Blocks = 24
+	a := mustCore(t, cfg)
+	prompt := promptOf(6*cfg.BlockSize+1, 3)
+	a.Add(req("a", prompt, 1), time.Time{})
+	drain(a)
+	seqs := seqOf(cfg, prompt)
+	n, release := a.Pin(seqs)
+	if n != 6 {
+		t.Fatalf("pinned %d", n)
+	}
+	views := make([][]byte, n)
+	for i, h := range seqs {
+		v, err := a.ViewBlock(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		views[i] = v
+	}
+	churn := func(round int) {
+		for j := range 4 {
+			a.Add(req("churn", promptOf(8*cfg.BlockSize+1, kv.Token(1000*(round*4+j+1))), 2), time.Time{})
+		}
+		drain(a)
+	}
+	for r := range 5 {
+		churn(r)
+	}
+	if ev := a.Counters().EvictedBlocks; ev < 3*uint64(cfg.Blocks) {
+		t.Fatalf("churn evicted only %d blocks", ev)
+	}
+	for i, h := range seqs {
+		sum, ok := a.BlockChecksum(h)
+		if !bytes.Equal(views[i], derived(cfg, h)) || !ok || sum != kv.Checksum(views[i]) {
+			t.Fatalf("pinned block %d changed under churn", i)
+		}
+	}
+	pins := map[int32]int{}
+	for _, h := range seqs {
+		id, _ := a.pool.byHash.get(h)
+		pins[id]++
+	}
+	checkPool(t, a, pins)
+	release()
+	for r := 5; r < 10; r++ {
+		churn(r)
+	}
+	if a.Lookup(seqs) != 0 {
+		t.Fatal("released blocks were never evicted")
+	}
+	if _, err := a.ViewBlock(seqs[0]); err == nil {
+		t.Fatal("view of an evicted block")
+	}
+}
+
+// TestEngineViewsWhileRunning reads pinned views without the engine's lock
+// while other requests evict and refill the rest of the pool (run with
+// -race: the views must never overlap a write).
+func TestEngineViewsWhileRunning(t *testing.T) {
+	cfg := testConfig()
+	cfg.Blocks, cfg.SpeedupRatio, cfg.PayloadSize = 40, 0, 256
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	run := func(toks []kv.Token) error {
+		ch, err := e.Generate(ctx, &engine.Request{ID: "r", Tokens: toks, MaxTokens: 2, Seed: 1})
+		if err != nil {
+			return err
+		}
+		for c := range ch {
+			if c.Err != nil {
+				return c.Err
+			}
+		}
+		return nil
+	}
+	prompt := promptOf(6*cfg.BlockSize+1, 5)
+	seqs := seqOf(cfg, prompt)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var stopOnce sync.Once
+	halt := func() { stopOnce.Do(func() { close(stop) }) }
+	defer halt()
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := run(promptOf(8*cfg.BlockSize+1, kv.Token(100000+1000*i))); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	pinnedReads := 0
+	for round := 0; round < 200 && pinnedReads < 50; round++ {
+		if err := run(prompt); err != nil {
+			t.Fatal(err)
+		}
+		n, release := e.Pin(seqs)
+		for i := 0; i < n; i++ {
+			v, err := e.ViewBlock(seqs[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum, ok := e.BlockChecksum(seqs[i])
+			runtime.Gosched() // let the engine write other blocks meanwhile
+			if !ok || sum != kv.Checksum(v) || !bytes.Equal(v, derived(cfg, seqs[i])) {
+				t.Fatalf("round %d block %d: pinned view is not the block's payload", round, i)
+			}
+			pinnedReads++
+		}
+		release()
+	}
+	halt()
+	wg.Wait()
+	if pinnedReads < 50 {
+		t.Fatalf("only %d pinned reads", pinnedReads)
+	}
+	if ev := e.Counters().EvictedBlocks; ev == 0 {
+		t.Fatal("no evictions while viewing")
+	}
+}
