@@ -3,8 +3,8 @@ package sim
 import (
 	"bytes"
 	"context"
-	"strings"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
