@@ -86,15 +86,27 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 			TopP:        p.TopP,
 			Attempt:     attempt,
 		}
-		stream, err := s.backend.Generate(ctx, req)
+		// Each attempt has its own context: cancelling it ends a pump's
+		// pending Recv before the stream is closed.
+		actx, acancel := context.WithCancel(ctx)
+		stream, err := s.backend.Generate(actx, req)
 		if err != nil {
+			acancel()
 			if errors.Is(err, ErrWorkerLost) && attempt < s.cfg.MigrationLimit && ctx.Err() == nil {
 				s.metrics.migrations.Inc()
 				continue
 			}
 			return out, s.backendError(err)
 		}
-		finished, lost, aerr := s.drain(ctx, stream, m, obs, &out, &generated, detok, stops, emitText, flush, started, &lastToken, &stopHit)
+		var pm *pump
+		if flush != nil {
+			pm = startPump(stream)
+		}
+		finished, lost, aerr := s.drain(ctx, stream, pm, m, obs, &out, &generated, detok, stops, emitText, flush, started, &lastToken, &stopHit)
+		acancel()
+		if pm != nil {
+			pm.stop() // Recv and Close must not run at once
+		}
 		stream.Close()
 		if aerr != nil {
 			return out, aerr
@@ -137,12 +149,10 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 
 // drain reads one stream. It returns finished when the generation ended
 // (finish reason set), lost when the worker failed and migration may help.
-func (s *Server) drain(ctx context.Context, stream TokenStream, m *Model, obs latencyObs, out *genOutcome, generated *[]uint32,
+func (s *Server) drain(ctx context.Context, stream TokenStream, p *pump, m *Model, obs latencyObs, out *genOutcome, generated *[]uint32,
 	detok Detokenizer, stops *tokenizer.StopMatcher, emit func(string) error, flush func() error, started time.Time, lastToken *time.Time, stopHit *bool) (finished bool, lost error, aerr *apiError) {
 	next := stream.Recv
-	if flush != nil {
-		p := startPump(stream)
-		defer p.stop()
+	if p != nil {
 		next = func() (TokenChunk, error) {
 			if r, ok := p.ready(); ok {
 				return r.ch, r.err
@@ -219,8 +229,9 @@ func (e *emitError) Error() string { return e.err.Error() }
 // pump reads a stream in its own goroutine so the reader can tell whether
 // the next chunk is already there (keep writing) or not (flush first).
 type pump struct {
-	out  chan pumped
-	quit chan struct{}
+	out    chan pumped
+	quit   chan struct{}
+	exited chan struct{}
 }
 
 type pumped struct {
@@ -229,8 +240,9 @@ type pumped struct {
 }
 
 func startPump(stream TokenStream) *pump {
-	p := &pump{out: make(chan pumped, 16), quit: make(chan struct{})}
+	p := &pump{out: make(chan pumped, 16), quit: make(chan struct{}), exited: make(chan struct{})}
 	go func() {
+		defer close(p.exited)
 		for {
 			ch, err := stream.Recv()
 			select {
@@ -264,9 +276,12 @@ func (p *pump) wait(ctx context.Context) (TokenChunk, error) {
 	}
 }
 
-// stop lets the goroutine go; it ends once its Recv returns, which the
-// caller's stream.Close brings about.
-func (p *pump) stop() { close(p.quit) }
+// stop waits for the goroutine to end; the caller has cancelled the
+// stream's context, so a pending Recv returns.
+func (p *pump) stop() {
+	close(p.quit)
+	<-p.exited
+}
 
 // latencyObs are one request's token-latency histograms.
 type latencyObs struct{ ttft, itl prometheus.Observer }
