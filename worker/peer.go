@@ -324,38 +324,6 @@ func (p *Peer) isSelf(ep string) bool {
 	return s != nil && slices.Contains(*s, ep)
 }
 
-// SimSource serves a simulated engine's cache to peers: pins hold blocks
-// against eviction while they are sent, and every layer is copied out under
-// the engine's lock.
-type SimSource struct {
-	e             *sim.Engine
-	layers, psize int
-}
-
-var _ transfer.BlockSource = (*SimSource)(nil)
-
-// NewSimSource wraps e.
-func NewSimSource(e *sim.Engine) *SimSource {
-	c := e.SimConfig()
-	return &SimSource{e: e, layers: c.Layers, psize: c.PayloadSize}
-}
-
-// Pin implements transfer.BlockSource.
-func (s *SimSource) Pin(hashes []uint64) (int, func()) { return s.e.Pin(hashes) }
-
-// ReadBlock implements transfer.BlockSource.
-func (s *SimSource) ReadBlock(hash uint64, dst []byte) ([]byte, error) {
-	start := len(dst)
-	dst = slices.Grow(dst, s.layers*s.psize)[:start+s.layers*s.psize]
-	for l := range s.layers {
-		off := start + l*s.psize
-		if _, err := s.e.ReadPayload(hash, l, dst[off:off+s.psize]); err != nil {
-			return dst[:start], err
-		}
-	}
-	return dst, nil
-}
-
 // startControl serves the Peer's engine on one control endpoint per DP
 // rank and records them in the discovery record, before the worker
 // registers. It is all or nothing: every rank must bind, every endpoint

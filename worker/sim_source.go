@@ -1,0 +1,57 @@
+package worker
+
+import (
+	"slices"
+
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/transfer"
+)
+
+// SimSource serves a simulated engine's cache to peers. Pins hold blocks
+// against eviction and reuse while they are sent. Payloads go out without a
+// copy: a block's layers are contiguous in the sim's slab, and a pinned
+// block's bytes do not change until its pin is released (see
+// sim.Engine.ViewBlock), so the server writes them to the socket straight
+// from the slab. Checksums are the ones the sim took when it stored each
+// block, so the server hashes nothing and a block that changed in the
+// source's memory fails the target's check.
+type SimSource struct {
+	e             *sim.Engine
+	layers, psize int
+}
+
+var (
+	_ transfer.BlockSource      = (*SimSource)(nil)
+	_ transfer.BlockViewer      = (*SimSource)(nil)
+	_ transfer.BlockChecksummer = (*SimSource)(nil)
+)
+
+// NewSimSource wraps e.
+func NewSimSource(e *sim.Engine) *SimSource {
+	c := e.SimConfig()
+	return &SimSource{e: e, layers: c.Layers, psize: c.PayloadSize}
+}
+
+// Pin implements transfer.BlockSource.
+func (s *SimSource) Pin(hashes []uint64) (int, func()) { return s.e.Pin(hashes) }
+
+// ViewBlock implements transfer.BlockViewer: the pinned block's payload,
+// aliasing the engine's memory, valid until the pin is released.
+func (s *SimSource) ViewBlock(hash uint64) ([]byte, error) { return s.e.ViewBlock(hash) }
+
+// BlockChecksum implements transfer.BlockChecksummer.
+func (s *SimSource) BlockChecksum(hash uint64) (uint64, bool) { return s.e.BlockChecksum(hash) }
+
+// ReadBlock implements transfer.BlockSource: a copy of every layer, taken
+// under the engine's lock (it needs no pin). The server prefers ViewBlock.
+func (s *SimSource) ReadBlock(hash uint64, dst []byte) ([]byte, error) {
+	start := len(dst)
+	dst = slices.Grow(dst, s.layers*s.psize)[:start+s.layers*s.psize]
+	for l := range s.layers {
+		off := start + l*s.psize
+		if _, err := s.e.ReadPayload(hash, l, dst[off:off+s.psize]); err != nil {
+			return dst[:start], err
+		}
+	}
+	return dst, nil
+}
