@@ -183,4 +183,3 @@ func cpuNow() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
-
