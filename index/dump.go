@@ -45,7 +45,7 @@ func (ix *Index) Dump(w kv.WorkerKey) []kv.Event {
 				return depthMemo[path[0]]
 			}
 			path = append(path, id)
-			id = parentOf(nodeAt(d, id).pg().Load())
+			id = parentOf(nodeAt(d, id).pg.Load())
 		}
 	}
 	for i := range hs {
@@ -69,7 +69,7 @@ func (ix *Index) Dump(w kv.WorkerKey) []kv.Event {
 	open := map[[2]uint32]int{} // (tier, last node) -> event index
 	var synth [kv.NumTiers][]uint64
 	for _, h := range hs {
-		parent := parentOf(nodeAt(d, h.id).pg().Load())
+		parent := parentOf(nodeAt(d, h.id).pg.Load())
 		for t := kv.Tier(0); t < kv.NumTiers; t++ {
 			if h.m&(1<<t) == 0 {
 				continue
@@ -80,7 +80,7 @@ func (ix *Index) Dump(w kv.WorkerKey) []kv.Event {
 				a := parent
 				for !present[a] {
 					miss = append(miss, a)
-					a = parentOf(nodeAt(d, a).pg().Load())
+					a = parentOf(nodeAt(d, a).pg.Load())
 				}
 				ev := kv.Event{Worker: w, Tier: t, Kind: kv.EventStored}
 				if a != 0 {
@@ -95,13 +95,13 @@ func (ix *Index) Dump(w kv.WorkerKey) []kv.Event {
 					used[e] = true
 					hash[n] = e
 					present[n] = true
-					ev.Blocks = append(ev.Blocks, kv.StoredBlock{EngineHash: e, LocalHash: nodeAt(d, n).local().Load()})
+					ev.Blocks = append(ev.Blocks, kv.StoredBlock{EngineHash: e, LocalHash: nodeAt(d, n).local.Load()})
 					synth[t] = append(synth[t], e)
 				}
 				evs = append(evs, ev)
 				open[[2]uint32{uint32(t), parent}] = len(evs) - 1
 			}
-			blk := kv.StoredBlock{EngineHash: hash[h.id], LocalHash: nodeAt(d, h.id).local().Load()}
+			blk := kv.StoredBlock{EngineHash: hash[h.id], LocalHash: nodeAt(d, h.id).local.Load()}
 			if i, ok := open[[2]uint32{uint32(t), parent}]; ok {
 				evs[i].Blocks = append(evs[i].Blocks, blk)
 				delete(open, [2]uint32{uint32(t), parent})

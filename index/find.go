@@ -70,100 +70,36 @@ const (
 	scanRetry                  // a node was recycled under the reader
 )
 
-// jumpMin is the shortest stretch worth a seqlock snapshot.
-const jumpMin = 8
-
-// scanChain follows successor nodes from parent (whose validated pg word
-// is ppg) while they match local[i:] and carry holders word prev. Where the
-// run bits allow, it takes a seqlock snapshot of a stretch of the chunk and
-// compares only local hashes (8 bytes a level instead of 24); otherwise it
-// validates node by node.
-func scanChain(dir []*chunk, parent uint32, ppg uint64, local []kv.LocalHash, i int, prev uint64) (int, uint32, uint64, uint64, scanEnd) {
+// scanChain follows successor nodes from parent while they match local[i:]
+// and carry holders word prev.
+func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev uint64) (int, uint32, uint64, scanEnd) {
 	for i < len(local) {
 		sc := parent + 1
 		ci := int(sc >> chunkBits)
 		if ci >= len(dir) {
-			return i, parent, ppg, 0, scanOther
+			return i, parent, 0, scanOther
 		}
-		c := dir[ci]
+		hot := &dir[ci].hot
 		for k := sc & chunkMask; k < chunkSize; k++ {
-			if k > 0 && len(local)-i >= jumpMin {
-				if m, npg := jump(c, k, ppg, prev, local[i:]); m > 0 {
-					i += m
-					parent += uint32(m)
-					ppg = npg
-					if i == len(local) {
-						return i, parent, ppg, prev, scanDone
-					}
-					if k += uint32(m); k == chunkSize {
-						break
-					}
-				}
+			n := &hot[k]
+			pg := n.pg.Load()
+			if parentOf(pg) != parent || n.local.Load() != local[i] {
+				return i, parent, 0, scanOther
 			}
-			pg := c.pgs[k].Load()
-			if parentOf(pg) != parent || c.loc[k].Load() != local[i] {
-				return i, parent, ppg, 0, scanOther
-			}
-			h := c.hold[k].Load()
-			if c.pgs[k].Load() != pg {
-				return i, parent, ppg, 0, scanRetry
+			h := n.holders.Load()
+			if n.pg.Load() != pg {
+				return i, parent, 0, scanRetry
 			}
 			parent++
-			ppg = pg
 			if h != prev {
-				return i, parent, ppg, h, scanChanged
+				return i, parent, h, scanChanged
 			}
 			if i++; i == len(local) {
-				return i, parent, ppg, h, scanDone
+				return i, parent, h, scanDone
 			}
 		}
 	}
-	return i, parent, ppg, prev, scanDone
-}
-
-// jump matches q against the run of nodes k, k+1, ... of chunk c, whose
-// predecessor k-1 (in c) is the reader's current node with pg word ppg
-// and holders prev. Inside one even seq snapshot: node k-1 is unchanged,
-// each set run bit makes its node the successor child of the one before
-// with the same holders, so comparing local hashes is enough. It returns
-// how many levels matched (0 if the snapshot failed) and the last
-// matched node's pg word.
-func jump(c *chunk, k uint32, ppg, prev uint64, q []kv.LocalHash) (int, uint64) {
-	s1 := c.seq.Load()
-	if s1&1 != 0 {
-		return 0, 0
-	}
-	if c.pgs[k-1].Load() != ppg || c.hold[k-1].Load() != prev {
-		return 0, 0
-	}
-	// Run length from k, within the chunk and the query.
-	n, limit := 0, min(int(chunkSize-k), len(q))
-	for j := int(k); n < limit; {
-		w := c.run[j>>6].Load() >> (j & 63)
-		ones := bits.TrailingZeros64(^w)
-		if r := 64 - j&63; ones > r {
-			ones = r
-		}
-		n += ones
-		j += ones
-		if ones == 0 || j&63 != 0 {
-			break
-		}
-	}
-	n = min(n, limit)
-	m := 0
-	loc := c.loc[k : int(k)+n]
-	for m < n && loc[m].Load() == q[m] {
-		m++
-	}
-	if m == 0 {
-		return 0, 0
-	}
-	pg := c.pgs[int(k)+m-1].Load()
-	if c.seq.Load() != s1 {
-		return 0, 0
-	}
-	return m, pg
+	return i, parent, prev, scanDone
 }
 
 // FindMatches appends to dst one Match per worker key with
@@ -217,7 +153,7 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 	if r := len(v.keys) % 64; r != 0 {
 		last = 1<<r - 1
 	}
-	id, ppg, h, dir, ok := ix.lookup(t, dir, 0, local[0])
+	id, _, h, dir, ok := ix.lookup(t, dir, 0, local[0])
 	if !ok {
 		return dst, false
 	}
@@ -271,7 +207,7 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 		// Fast path: a run of successor nodes with the holders word of the
 		// level above (nobody drops out) is one sequential scan.
 		var st scanEnd
-		i, parent, ppg, h, st = scanChain(dir, parent, ppg, local, i, prev)
+		i, parent, h, st = scanChain(dir, parent, local, i, prev)
 		switch st {
 		case scanDone:
 			continue // i == len(local): the loop ends
@@ -280,7 +216,7 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 		case scanChanged:
 			goto changed
 		}
-		id, ppg, h, dir, ok = ix.lookup(t, dir, parent, local[i])
+		id, _, h, dir, ok = ix.lookup(t, dir, parent, local[i])
 		if !ok {
 			return dst, false
 		}

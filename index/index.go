@@ -88,35 +88,18 @@ const (
 	maxSlots  = 1 << 27
 )
 
-// A chunk stores its nodes' fields as arrays (not an array of records),
-// so a reader running down a chain touches only the fields it needs.
-// Readers access loc, pgs, hold, run and seq atomically.
+// hot is what readers touch; every access is atomic.
+type hot struct {
+	local   atomic.Uint64
+	pg      atomic.Uint64 // mkPG(generation, parent id); zero memory is a free node
+	holders atomic.Uint64 // two inline entries (slot<<4|mask) or ovfWord(set index, generation)
+}
+
 type chunk struct {
-	loc  [chunkSize]atomic.Uint64 // local hash
-	pgs  [chunkSize]atomic.Uint64 // mkPG(generation, parent id); zero memory is a free node
-	hold [chunkSize]atomic.Uint64 // two inline entries (slot<<4|mask) or ovfWord(set index, generation)
-	eng  [chunkSize]uint64        // writer only
-	nc   [chunkSize]uint32        // writer only: children | hasEngBit
-	// run bit k: node k is the successor child of node k-1 and has its
-	// holders word, so a reader may pass it by comparing its local hash
-	// alone. Valid for a reader only inside one seq snapshot.
-	run [chunkSize / 64]atomic.Uint64
-	// seq is odd while a write operation may be changing this chunk's
-	// nodes (a seqlock readers use to take the run bits and local hashes
-	// of a stretch of nodes as one consistent snapshot).
-	seq   atomic.Uint64
-	dirty bool // writer only: seq is odd for the current operation
+	hot [chunkSize]hot
+	eng [chunkSize]uint64 // writer only
+	nc  [chunkSize]uint32 // writer only: children | hasEngBit
 }
-
-// node is a handle on one node's fields.
-type node struct {
-	c *chunk
-	k uint32
-}
-
-func (n node) local() *atomic.Uint64   { return &n.c.loc[n.k] }
-func (n node) pg() *atomic.Uint64      { return &n.c.pgs[n.k] }
-func (n node) holders() *atomic.Uint64 { return &n.c.hold[n.k] }
 
 // table is an open-addressing table of node ids with linear probing.
 type table struct {
@@ -171,7 +154,6 @@ type Index struct {
 	slots         []*wstate
 	freeSlots     []uint32
 	cand          []uint32 // nodes that may have become empty during an event
-	touched       []*chunk // chunks whose seq is odd in this operation
 	st            Stats
 	seed          uint64
 	retries       atomic.Uint64
@@ -202,7 +184,7 @@ func mkPG(gen uint64, parent uint32) uint64 { return gen<<32 | uint64(^parent) }
 
 func parentOf(pg uint64) uint32 { return ^uint32(pg) }
 
-func nodeAt(dir []*chunk, id uint32) node { return node{dir[id>>chunkBits], id & chunkMask} }
+func nodeAt(dir []*chunk, id uint32) *hot { return &dir[id>>chunkBits].hot[id&chunkMask] }
 
 func (ix *Index) chunkOf(id uint32) *chunk { return (*ix.dir.Load())[id>>chunkBits] }
 
@@ -225,10 +207,10 @@ func (ix *Index) lookup(t *table, dir []*chunk, parent uint32, local uint64) (id
 	// The successor first: it is the child in almost every chain.
 	if s := parent + 1; int(s>>chunkBits) < len(dir) {
 		n := nodeAt(dir, s)
-		pg = n.pg().Load()
-		if parentOf(pg) == parent && n.local().Load() == local {
-			holders = n.holders().Load()
-			if n.pg().Load() != pg {
+		pg = n.pg.Load()
+		if parentOf(pg) == parent && n.local.Load() == local {
+			holders = n.holders.Load()
+			if n.pg.Load() != pg {
 				return 0, 0, 0, dir, false
 			}
 			return s, pg, holders, dir, true
@@ -248,10 +230,10 @@ func (ix *Index) lookup(t *table, dir []*chunk, parent uint32, local uint64) (id
 				}
 			}
 			n := nodeAt(dir, id)
-			pg = n.pg().Load()
-			if parentOf(pg) == parent && n.local().Load() == local {
-				holders = n.holders().Load()
-				if n.pg().Load() != pg {
+			pg = n.pg.Load()
+			if parentOf(pg) == parent && n.local.Load() == local {
+				holders = n.holders.Load()
+				if n.pg.Load() != pg {
 					return 0, 0, 0, dir, false
 				}
 				return id, pg, holders, dir, true
@@ -319,11 +301,11 @@ func inTable(id, parent uint32) bool { return id != parent+1 }
 
 func (ix *Index) rehashChild(id uint32) uint64 {
 	n := nodeAt(*ix.dir.Load(), id)
-	return ix.childHash(parentOf(n.pg().Load()), n.local().Load())
+	return ix.childHash(parentOf(n.pg.Load()), n.local.Load())
 }
 
 func (ix *Index) isFree(id uint32) bool {
-	return parentOf(nodeAt(*ix.dir.Load(), id).pg().Load()) == noParent
+	return parentOf(nodeAt(*ix.dir.Load(), id).pg.Load()) == noParent
 }
 
 // alloc picks the id of a new child of parent: parent's successor when it
@@ -375,59 +357,20 @@ func (ix *Index) pushFree(id uint32) {
 	ix.free = live
 }
 
-// touch makes c's seq odd for the rest of the current write operation;
-// every change to a chunk's reader-visible fields is preceded by it.
-func (ix *Index) touch(c *chunk) {
-	if !c.dirty {
-		c.dirty = true
-		c.seq.Add(1)
-		ix.touched = append(ix.touched, c)
-	}
-}
-
-// finishWrite ends a write operation: touched chunks' seq turn even.
-func (ix *Index) finishWrite() {
-	for _, c := range ix.touched {
-		c.seq.Add(1)
-		c.dirty = false
-	}
-	ix.touched = ix.touched[:0]
-}
-
-// updateRun recomputes id's run bit.
-func (ix *Index) updateRun(id uint32) {
-	if id == 0 || id >= ix.next {
-		return
-	}
-	d := *ix.dir.Load()
-	n, p := nodeAt(d, id), nodeAt(d, id-1)
-	on := parentOf(n.pg().Load()) == id-1 && n.holders().Load() == p.holders().Load()
-	w, bit := &n.c.run[n.k>>6], uint64(1)<<(n.k&63)
-	if (w.Load()&bit != 0) != on {
-		ix.touch(n.c)
-		if on {
-			w.Or(bit)
-		} else {
-			w.And(^bit)
-		}
-	}
-}
-
 // newNode creates the child (parent, local) with holders word holders.
 // Readers may probe it as soon as pg names the parent, so pg goes last.
 // (Atomic stores are full barriers on amd64: each one counts.)
 func (ix *Index) newNode(parent uint32, local, holders uint64) uint32 {
 	id := ix.alloc(parent)
 	c := ix.chunkOf(id)
-	n := node{c, id & chunkMask}
-	ix.touch(c)
-	if n.local().Load() != local {
-		n.local().Store(local)
+	n := &c.hot[id&chunkMask]
+	if n.local.Load() != local {
+		n.local.Store(local)
 	}
-	if n.holders().Load() != holders {
-		n.holders().Store(holders)
+	if n.holders.Load() != holders {
+		n.holders.Store(holders)
 	}
-	n.pg().Store(mkPG(n.pg().Load()>>32+1, parent))
+	n.pg.Store(mkPG(n.pg.Load()>>32+1, parent))
 	c.eng[id&chunkMask] = 0
 	c.nc[id&chunkMask] = 0
 	if parent != 0 {
@@ -436,8 +379,6 @@ func (ix *Index) newNode(parent uint32, local, holders uint64) uint32 {
 	if inTable(id, parent) {
 		ix.tableInsert(&ix.ctab, ix.ctab.Load(), ix.childHash(parent, local), id, ix.rehashChild)
 	}
-	// id has no children yet, so id+1's run bit (clear) is unaffected.
-	ix.updateRun(id)
 	ix.st.Nodes++
 	return id
 }
@@ -446,26 +387,24 @@ func (ix *Index) newNode(parent uint32, local, holders uint64) uint32 {
 func (ix *Index) maybeFree(id uint32) {
 	for id != 0 {
 		c := ix.chunkOf(id)
-		n := node{c, id & chunkMask}
-		pg := n.pg().Load()
-		if parentOf(pg) == noParent || n.holders().Load() != 0 && ix.holderCount(n.holders().Load()) != 0 || c.nc[id&chunkMask]&^hasEngBit != 0 {
+		n := &c.hot[id&chunkMask]
+		pg := n.pg.Load()
+		if parentOf(pg) == noParent || n.holders.Load() != 0 && ix.holderCount(n.holders.Load()) != 0 || c.nc[id&chunkMask]&^hasEngBit != 0 {
 			return
 		}
 		parent := parentOf(pg)
 		if inTable(id, parent) {
-			tableDelete(ix.ctab.Load(), ix.childHash(parent, n.local().Load()), id)
+			tableDelete(ix.ctab.Load(), ix.childHash(parent, n.local.Load()), id)
 		}
 		if c.nc[id&chunkMask]&hasEngBit != 0 {
 			ix.etabDelete(c.eng[id&chunkMask], id)
 		}
-		ix.touch(c)
-		n.pg().Store(mkPG(pg>>32+1, noParent))
-		if h := n.holders().Load(); h&ovfFlag != 0 {
+		n.pg.Store(mkPG(pg>>32+1, noParent))
+		if h := n.holders.Load(); h&ovfFlag != 0 {
 			ix.release(h)
 			ix.st.Overflow--
 		}
-		n.holders().Store(0)
-		ix.updateRun(id) // id was childless: id+1's bit was clear already
+		n.holders.Store(0)
 		c.nc[id&chunkMask] = 0
 		ix.pushFree(id)
 		ix.st.Nodes--
@@ -493,7 +432,7 @@ func (ix *Index) holderCount(h uint64) int {
 
 // maskOf returns the tier mask slot holds id on.
 func (ix *Index) maskOf(id, slot uint32) uint8 {
-	return maskIn(ix, nodeAt(*ix.dir.Load(), id).holders().Load(), slot)
+	return maskIn(ix, nodeAt(*ix.dir.Load(), id).holders.Load(), slot)
 }
 
 func maskIn(ix *Index, h uint64, slot uint32) uint8 {
@@ -514,14 +453,9 @@ func maskIn(ix *Index, h uint64, slot uint32) uint8 {
 // setMask sets slot's tier mask on id (0 removes the holder).
 func (ix *Index) setMask(id, slot uint32, m uint8) {
 	n := nodeAt(*ix.dir.Load(), id)
-	h := n.holders().Load()
+	h := n.holders.Load()
 	nh := ix.withMask(h, slot, m)
-	if nh != h {
-		ix.touch(n.c)
-		n.holders().Store(nh)
-		ix.updateRun(id)
-		ix.updateRun(id + 1)
-	}
+	n.holders.Store(nh)
 	if h&ovfFlag != 0 {
 		ix.release(h)
 		if nh&ovfFlag == 0 {
@@ -715,7 +649,6 @@ func (ix *Index) Apply(ev kv.Event) {
 		ix.maybeFree(id)
 	}
 	ix.cand = ix.cand[:0]
-	ix.finishWrite()
 }
 
 func (ix *Index) apply(ev *kv.Event) {
@@ -819,10 +752,10 @@ func (ix *Index) forEachHeld(slot uint32, f func(id uint32, m uint8)) {
 	d := *ix.dir.Load()
 	for id := uint32(1); id < ix.next; id++ {
 		n := nodeAt(d, id)
-		if parentOf(n.pg().Load()) == noParent {
+		if parentOf(n.pg.Load()) == noParent {
 			continue
 		}
-		if m := maskIn(ix, n.holders().Load(), slot); m != 0 {
+		if m := maskIn(ix, n.holders.Load(), slot); m != 0 {
 			f(id, m)
 		}
 	}
@@ -841,7 +774,6 @@ func (ix *Index) RemoveWorker(w kv.WorkerKey) {
 		ix.maybeFree(id)
 	}
 	ix.cand = ix.cand[:0]
-	ix.finishWrite()
 	delete(ix.workers, w)
 	ix.slots[ws.slot] = nil
 	ix.freeSlots = append(ix.freeSlots, ws.slot)
