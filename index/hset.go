@@ -26,6 +26,10 @@ type hset struct {
 	idx  uint32   // its index (writer)
 	refs int      // nodes pointing to it (writer)
 	hash uint64   // content hash (writer)
+	// Small sets keep ent and cum inside the object: one cache miss less
+	// for a reader meeting a set (256 workers span four 64-slot words).
+	entBuf [8]uint32
+	cumBuf [4 * kv.NumTiers]uint64
 }
 
 type ovfChunk [chunkSize]atomic.Pointer[hset]
@@ -100,13 +104,22 @@ func (ix *Index) intern(ent []uint32) uint64 {
 		}
 	}
 	ix.ovfGen = (ix.ovfGen + 1) & genMask
-	hs := &hset{ent: slices.Clone(ent), gen: ix.ovfGen, idx: idx, refs: 1, hash: hash}
+	hs := &hset{gen: ix.ovfGen, idx: idx, refs: 1, hash: hash}
+	if len(ent) <= len(hs.entBuf) {
+		hs.ent = append(hs.entBuf[:0], ent...)
+	} else {
+		hs.ent = slices.Clone(ent)
+	}
 	// Readers want per-tier bitsets; they cost 32 bytes per 64 slots
 	// spanned, so a few holders far apart keep only their entries and
 	// readers expand them on the fly.
 	hs.lo = int(ent[0] >> 10)
 	if span := int(ent[len(ent)-1]>>10) - hs.lo + 1; span <= len(ent)/8+8 {
-		hs.cum = make([]uint64, span*kv.NumTiers)
+		if span*kv.NumTiers <= len(hs.cumBuf) {
+			hs.cum = hs.cumBuf[:span*kv.NumTiers]
+		} else {
+			hs.cum = make([]uint64, span*kv.NumTiers)
+		}
 		fillCum(hs.cum, hs.lo, ent)
 	}
 	(*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Store(hs)
