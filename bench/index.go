@@ -323,19 +323,58 @@ func replayParallel(ctx context.Context, ops []op, readers int) (IndexPhase, err
 			evs = append(evs, ops[i].event)
 		}
 	}
+	// A reader that runs ahead of the writer sleeps on a condition
+	// variable instead of spinning: on a small machine a spinning reader
+	// takes the writer's core.
 	var applied atomic.Int64
+	var waiting atomic.Int32
+	var mu sync.Mutex
+	cond := sync.NewCond(&mu)
+	writerDone := false
+	wake := func() {
+		mu.Lock()
+		cond.Broadcast()
+		mu.Unlock()
+	}
+	waitFor := func(n int64) bool {
+		for spin := 0; spin < 64; spin++ {
+			if applied.Load() >= n {
+				return true
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		waiting.Add(1)
+		defer waiting.Add(-1)
+		for applied.Load() < n {
+			if writerDone {
+				return false
+			}
+			cond.Wait()
+		}
+		return true
+	}
 	lats := make([][]time.Duration, readers)
 	var wg sync.WaitGroup
 	start := time.Now()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer func() {
+			mu.Lock()
+			writerDone = true
+			cond.Broadcast()
+			mu.Unlock()
+		}()
 		for i, ev := range evs {
 			if i%4096 == 0 && ctx.Err() != nil {
 				return
 			}
 			ix.Apply(ev)
 			applied.Store(int64(i + 1))
+			if waiting.Load() != 0 {
+				wake()
+			}
 		}
 	}()
 	for r := 0; r < readers; r++ {
@@ -349,11 +388,8 @@ func replayParallel(ctx context.Context, ops []op, readers int) (IndexPhase, err
 					return
 				}
 				// Keep timeline order: a find waits for the events before it.
-				for applied.Load() < after[i] {
-					if ctx.Err() != nil {
-						return
-					}
-					runtime.Gosched()
+				if !waitFor(after[i]) {
+					return // the writer stopped (cancelled)
 				}
 				t := time.Now()
 				dst = ix.FindMatches(finds[i], dst[:0])
