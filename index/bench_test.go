@@ -74,3 +74,28 @@ func BenchmarkApplyStoredRemoved(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*128)/b.Elapsed().Seconds(), "blocks/s")
 }
+
+// BenchmarkApplyFreshChains stores new 180-block chains (the shape of a
+// Stored event at block size 64 in the Mooncake trace) over 256 workers,
+// each chain below a shared 16-block prefix.
+func BenchmarkApplyFreshChains(b *testing.B) {
+	ix := New()
+	prefix := make([]kv.StoredBlock, 16)
+	for i := range prefix {
+		prefix[i] = kv.StoredBlock{EngineHash: uint64(i + 1), LocalHash: uint64(i + 1)}
+	}
+	for w := 0; w < 256; w++ {
+		ix.Apply(kv.Stored(kv.WorkerKey{Instance: uint64(w)}, kv.TierDevice, nil, prefix))
+	}
+	chain := make([]kv.StoredBlock, 180)
+	p := uint64(16)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for j := range chain {
+			h := uint64(i)<<20 | uint64(j) | 1<<60
+			chain[j] = kv.StoredBlock{EngineHash: h, LocalHash: h}
+		}
+		ix.Apply(kv.Stored(kv.WorkerKey{Instance: uint64(i % 256)}, kv.TierDevice, &p, chain))
+	}
+	b.ReportMetric(float64(b.N*len(chain))/b.Elapsed().Seconds(), "blocks/s")
+}
