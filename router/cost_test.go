@@ -12,7 +12,7 @@ func TestCostModelTable(t *testing.T) {
 	for i := range seq {
 		seq[i] = kv.SeqHash(100 + i)
 	}
-	def := DefaultCost()
+	def := BlockCost()
 	for _, tc := range []struct {
 		name    string
 		model   CostModel

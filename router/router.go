@@ -292,9 +292,21 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 	isl := float64(len(req.Tokens))
 	sc.cost = slices.Grow(sc.cost[:0], len(sc.cand))[:len(sc.cand)]
 	cmin, cmax := math.Inf(1), math.Inf(-1)
+	timed := cm.Kind == CostTime
 	for j, i := range sc.cand {
 		w := p.workers[i]
-		c := cm.cost(sc.depth[i], w.load, seq, isl, p.blockSize)
+		var c float64
+		if timed {
+			in := costInput{depth: sc.depth[i], load: w.load, timing: w.info.Timing.orDefault(),
+				budget: w.info.MaxBatchedTokens, kvCap: w.info.KVBlocks, blockSz: p.blockSize,
+				usage: r.reportedUsage(w.load, now)}
+			if in.budget <= 0 {
+				in.budget = defaultPassBudget
+			}
+			c = cm.timeCost(&in, seq, isl)
+		} else {
+			c = cm.cost(sc.depth[i], w.load, seq, isl, p.blockSize)
+		}
 		sc.cost[j] = c
 		cmin, cmax = min(cmin, c), max(cmax, c)
 	}
@@ -334,11 +346,7 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 // cost is the DESIGN.md §5 cost of routing a request with isl tokens and
 // prompt blocks seq to a worker with cumulative overlap depth and load l.
 func (m *CostModel) cost(depth [kv.NumTiers]uint32, l *load, seq []kv.SeqHash, isl float64, blockSize int) float64 {
-	dev := float64(depth[kv.TierDevice])
-	host := float64(depth[kv.TierHost] - min(depth[kv.TierHost], depth[kv.TierDevice]))
-	disk := float64(depth[kv.TierDisk] - min(depth[kv.TierDisk], depth[kv.TierHost]))
-	credit := m.Device*dev + m.Host*host + m.Disk*disk
-	prefill := max((float64(l.prefillTokens)+isl)/float64(blockSize)-credit, 0)
+	prefill := max((float64(l.prefillTokens)+isl)/float64(blockSize)-m.credit(depth), 0)
 	// Decode blocks: what is active now plus what this request would add
 	// (its blocks already active on the worker are shared, not new).
 	reqBlocks := math.Ceil(isl / float64(blockSize))

@@ -22,6 +22,9 @@ type WorkerInfo struct {
 	Digest           string // compatibility digest (layout); hints need equal digests
 	ControlEndpoint  string // where this rank serves its blocks to peers ("" if none)
 	HintCapable      bool   // the worker accepts kv.fetch hints
+	// Timing is the worker's forward-pass timing model, read by the time
+	// cost (CostTime); zero means DefaultEngineTiming (engine/sim's).
+	Timing EngineTiming
 }
 
 // ErrNoWorkers means no (eligible) worker serves the request's model and role.
@@ -121,6 +124,9 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 	}
 	if info.KVBlocks < 0 || info.MaxBatchedTokens < 0 {
 		return fmt.Errorf("router: worker %v: negative capacity", info.Key)
+	}
+	if err := info.Timing.validate(); err != nil {
+		return fmt.Errorf("router: worker %v: %w", info.Key, err)
 	}
 	info.Role = info.Role.norm()
 	pk := poolKey{info.Model, info.Role}
@@ -280,10 +286,16 @@ func (r *Router) kvUsage(l *load, capacity int, now time.Time) float64 {
 	if capacity > 0 {
 		u = float64(l.uniqueBlocks()) / float64(capacity)
 	}
+	return max(u, r.reportedUsage(l, now))
+}
+
+// reportedUsage is the KV usage fraction of the worker's last report, or 0
+// when there is none or it is older than LoadReportTTL.
+func (r *Router) reportedUsage(l *load, now time.Time) float64 {
 	if l.hasRep && l.repTotal > 0 && now.Sub(l.repAt) <= r.cfg.LoadReportTTL {
-		u = max(u, float64(l.repUsed)/float64(l.repTotal))
+		return float64(l.repUsed) / float64(l.repTotal)
 	}
-	return u
+	return 0
 }
 
 func cmpKey(a, b kv.WorkerKey) int {

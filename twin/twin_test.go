@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/trace"
 )
 
@@ -227,7 +228,11 @@ func TestHintsFetchFromPeer(t *testing.T) {
 		reqs = append(reqs, req(2*g+1, t0, 3000, y...), req(2*g+2, t0+5000, 4, z...))
 	}
 	wl := workload(t, reqs)
-	cfg := Config{Workers: 2, Mode: ModeKV}
+	// The block cost sends Z away from Y's worker (Y's active decode blocks
+	// outweigh P's credit); the time cost would keep Z there, where its
+	// TTFT is shortest, and plan no hint.
+	blocks := router.BlockCost()
+	cfg := Config{Workers: 2, Mode: ModeKV, Cost: &blocks}
 	kvr := run(t, wl, cfg)
 	cfg.Mode = ModeKVHints
 	hr := run(t, wl, cfg)

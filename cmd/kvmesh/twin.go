@@ -26,7 +26,9 @@ type twinFlags struct {
 	maxRequests    int
 	traceBlockSize int
 	cfg            twin.Config
+	costKind       string
 	prefillScale   float64
+	workWeight     float64
 	temperature    float64
 }
 
@@ -89,7 +91,9 @@ variable (--trace also reads KVMESH_TRACE).`,
 	f.Float64Var(&tf.cfg.MaxKVUsage, "busy-kv-usage", 0, "router busy threshold: KV usage fraction (0: off); busy requests are rejected")
 	f.Int64Var(&tf.cfg.MaxPrefillTokens, "busy-prefill-tokens", 0, "router busy threshold: active prefill tokens (0: off)")
 	f.DurationVar(&tf.cfg.ApproxTTL, "approx-ttl", 120*time.Second, "kv-approx: how long a routed prefix is assumed cached")
+	f.StringVar(&tf.costKind, "router-cost", "", "router cost model: blocks (DESIGN §5: prefill + decode blocks) or time (predicted TTFT ms); empty: the router's default")
 	f.Float64Var(&tf.prefillScale, "prefill-scale", 1, "router cost: weight of prefill blocks against decode blocks (Dynamo's overlap weight)")
+	f.Float64Var(&tf.workWeight, "work-weight", router.TimeCost().WorkWeight, "router time cost: weight of the request's own prefill time on top of its predicted TTFT")
 	f.Float64Var(&tf.temperature, "temperature", 0, "router cost: softmax temperature (0: arg-min)")
 	f.VisitAll(func(fl *pflag.Flag) { fl.Usage += " [" + twinEnvName(fl.Name) + "]" })
 	return cmd
@@ -165,9 +169,26 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 	if !(tf.cfg.ArrivalSpeedup > 0) || tf.cfg.LoadInterval <= 0 || tf.cfg.ApproxTTL <= 0 || tf.cfg.KVBytesPerToken <= 0 {
 		return fmt.Errorf("twin: --arrival-speedup, --load-interval, --approx-ttl and --kv-bytes-per-token must be positive")
 	}
-	if fs.Changed("prefill-scale") || fs.Changed("temperature") {
-		c := router.DefaultCost()
-		c.PrefillScale, c.Temperature = tf.prefillScale, tf.temperature
+	if tf.costKind != "" || fs.Changed("prefill-scale") || fs.Changed("work-weight") || fs.Changed("temperature") {
+		var kind router.CostKind
+		if tf.costKind != "" {
+			if kind, err = router.ParseCostKind(tf.costKind); err != nil {
+				return fmt.Errorf("twin: --router-cost: %w", err)
+			}
+		}
+		c, err := router.CostByKind(kind)
+		if err != nil {
+			return fmt.Errorf("twin: --router-cost: %w", err)
+		}
+		if fs.Changed("prefill-scale") {
+			c.PrefillScale = tf.prefillScale
+		}
+		if fs.Changed("work-weight") {
+			c.WorkWeight = tf.workWeight
+		}
+		if fs.Changed("temperature") {
+			c.Temperature = tf.temperature
+		}
 		tf.cfg.Cost = &c
 	}
 	wl, err := twin.LoadWorkload(tf.trace, twin.LoadOptions{TraceBlockSize: tf.traceBlockSize, Strict: tf.strict, MaxRequests: tf.maxRequests})

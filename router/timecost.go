@@ -1,0 +1,182 @@
+package router
+
+import (
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// CostKind names the cost model a CostModel evaluates.
+type CostKind string
+
+const (
+	// CostBlocks is DESIGN.md §5's block model (Dynamo's): prefill blocks
+	// left after the cache credit, plus active decode blocks. The empty
+	// kind means CostBlocks, so models written before Kind existed keep
+	// their meaning.
+	CostBlocks CostKind = "blocks"
+	// CostTime predicts the request's time to first token on each worker,
+	// in ms, from the worker's timing model (see CostModel).
+	CostTime CostKind = "time"
+)
+
+// CostKinds lists the cost kinds, for help texts.
+var CostKinds = []CostKind{CostBlocks, CostTime}
+
+// ParseCostKind accepts "blocks" or "time" (case-insensitive).
+func ParseCostKind(s string) (CostKind, error) {
+	switch k := CostKind(strings.ToLower(strings.TrimSpace(s))); k {
+	case CostBlocks, CostTime:
+		return k, nil
+	}
+	return "", fmt.Errorf("unknown router cost %q (want blocks or time)", s)
+}
+
+// EngineTiming is a worker's forward-pass timing model as the router predicts
+// it: a pass that computes x new prompt tokens (summed over its requests)
+// costs PrefillMS(x), and a pass that samples tokens while the engine's KV
+// cache is a fraction p in use adds DecodeMS(p). The zero value means
+// DefaultEngineTiming. The coefficients are the router's own copy of engine/sim's
+// Polynomial (the mocker's default), which the router may not import.
+type EngineTiming struct {
+	// PrefillMS(x) = Prefill[0]·x² + Prefill[1]·x + Prefill[2] for x > 0, 0 for x = 0.
+	Prefill [3]float64
+	// DecodeMS(p) = max(DecodeFloor, Decode[0]·p² + Decode[1]·p + Decode[2]), p clamped to [0, 1].
+	Decode      [3]float64
+	DecodeFloor float64
+}
+
+// DefaultEngineTiming is engine/sim's Polynomial: Dynamo's mocker timing model.
+func DefaultEngineTiming() EngineTiming {
+	return EngineTiming{
+		Prefill:     [3]float64{4.209989e-07, 1.518344e-02, 16.50142},
+		Decode:      [3]float64{-25.74, 54.01, 5.74},
+		DecodeFloor: 1,
+	}
+}
+
+func (t EngineTiming) orDefault() EngineTiming {
+	if t == (EngineTiming{}) {
+		return DefaultEngineTiming()
+	}
+	return t
+}
+
+func (t EngineTiming) validate() error {
+	for _, v := range append(append(t.Prefill[:], t.Decode[:]...), t.DecodeFloor) {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("timing coefficient %v is not finite", v)
+		}
+	}
+	// Prefill time must not fall with more work, or "less cached" could
+	// look cheaper.
+	if t.Prefill[0] < 0 || t.Prefill[1] < 0 || t.Prefill[2] < 0 {
+		return fmt.Errorf("prefill coefficients %v must be ≥ 0", t.Prefill)
+	}
+	if t.DecodeFloor < 0 {
+		return fmt.Errorf("decode floor %v must be ≥ 0", t.DecodeFloor)
+	}
+	return nil
+}
+
+// PrefillMS is the modelled time of one pass computing x new prompt tokens.
+func (t EngineTiming) PrefillMS(x float64) float64 {
+	if x <= 0 {
+		return 0
+	}
+	p := &t.Prefill
+	return (p[0]*x+p[1])*x + p[2]
+}
+
+// DecodeMS is the modelled decode time of one pass at KV utilisation p.
+func (t EngineTiming) DecodeMS(p float64) float64 {
+	p = min(max(p, 0), 1)
+	d := &t.Decode
+	return max(t.DecodeFloor, (d[0]*p+d[1])*p+d[2])
+}
+
+// PrefillWork is the modelled prefill time of tokens new prompt tokens
+// computed in chunks of at most budget per pass (chunked prefill), and the
+// number of passes that takes.
+func (t EngineTiming) PrefillWork(tokens float64, budget int) (ms float64, passes int) {
+	if tokens <= 0 {
+		return 0, 0
+	}
+	b := float64(budget)
+	if budget <= 0 || tokens <= b {
+		return t.PrefillMS(tokens), 1
+	}
+	full := math.Floor(tokens / b)
+	rest := tokens - full*b
+	ms = full * t.PrefillMS(b)
+	passes = int(full)
+	if rest > 0 {
+		ms += t.PrefillMS(rest)
+		passes++
+	}
+	return ms, passes
+}
+
+// defaultPassBudget is the token budget per pass assumed for workers that
+// do not report MaxBatchedTokens (the sim's and vLLM's default).
+const defaultPassBudget = 8192
+
+// costInput is what the cost models read about one candidate worker.
+type costInput struct {
+	depth   [kv.NumTiers]uint32
+	load    *load
+	timing  EngineTiming // already defaulted
+	budget  int          // tokens per pass (> 0)
+	kvCap   int          // device KV blocks (0: unknown)
+	usage   float64      // reported KV usage fraction, 0 when none is fresh
+	blockSz int
+}
+
+// credit is the cache credit in blocks (both models): prefix blocks held
+// per tier, weighted by how cheap each tier is to use.
+func (m *CostModel) credit(depth [kv.NumTiers]uint32) float64 {
+	dev := float64(depth[kv.TierDevice])
+	host := float64(depth[kv.TierHost] - min(depth[kv.TierHost], depth[kv.TierDevice]))
+	disk := float64(depth[kv.TierDisk] - min(depth[kv.TierDisk], depth[kv.TierHost]))
+	return m.Device*dev + m.Host*host + m.Disk*disk
+}
+
+// timeCost is the CostTime model: the request's predicted time to first
+// token on the worker, in ms.
+//
+//	new     = max(ISL − credit·block_size, 0)                 tokens this request computes
+//	queued  = active_prefill_tokens + new                     prefill ahead of and including it
+//	prefill = Σ PrefillMS(chunk) over queued in chunks of MaxBatchedTokens
+//	passes  = ⌈queued / MaxBatchedTokens⌉
+//	decode  = passes · DecodeMS(KV usage with this request's blocks added)
+//	own     = Σ PrefillMS(chunk) over new alone
+//	cost    = PrefillScale·prefill + WorkWeight·own + decode
+//
+// prefill + decode is the request's own TTFT. The prefill polynomial is
+// superlinear inside a pass, so a cache hit is worth more on a long prompt;
+// the decode term is what the worker's running decodes add to every pass,
+// so with equal prefixes and queues the request goes where the KV cache is
+// least used. TTFT alone is greedy: it sends a conversation's next turn to
+// an idle worker to recompute its prefix there, which delays whatever
+// arrives at that worker next and spends cache on a second copy. own is that
+// externality: the time this request occupies the worker, which everything
+// queued behind it waits for.
+func (m *CostModel) timeCost(in *costInput, seq []kv.SeqHash, isl float64) float64 {
+	l := in.load
+	cached := min(m.credit(in.depth)*float64(in.blockSz), isl)
+	queued := float64(l.prefillTokens) + isl - cached
+	prefill, passes := in.timing.PrefillWork(queued, in.budget)
+	if passes == 0 {
+		passes = 1 // the first token is still sampled in a pass
+	}
+	u := in.usage
+	if in.kvCap > 0 {
+		reqBlocks := math.Ceil(isl / float64(in.blockSz))
+		active := float64(l.uniqueBlocks()) + reqBlocks - float64(l.activePrefix(seq))
+		u = max(u, active/float64(in.kvCap))
+	}
+	own, _ := in.timing.PrefillWork(isl-cached, in.budget)
+	return m.PrefillScale*prefill + m.WorkWeight*own + float64(passes)*in.timing.DecodeMS(u)
+}
