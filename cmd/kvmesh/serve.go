@@ -31,6 +31,7 @@ type frontendFlags struct {
 	listen         string
 	models         []string
 	routerMode     string
+	routerCost     string
 	temperature    float64
 	migrationLimit int
 	maxBodyBytes   int64
@@ -44,6 +45,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.StringVar(&ff.listen, "listen", ":8000", "HTTP address of the OpenAI API")
 	f.StringSliceVar(&ff.models, "model", defaultModels, "model name(s) served (built-in o200k tokenizer and ChatML template)")
 	f.StringVar(&ff.routerMode, "router-mode", "kv", "round-robin, random, kv or kv-approx")
+	f.StringVar(&ff.routerCost, "router-cost", string(router.DefaultCost().Kind), "router cost model: time (predicted TTFT from the workers' timing model) or blocks (DESIGN §5: prefill + decode blocks)")
 	f.Float64Var(&ff.temperature, "router-temperature", 0, "softmax temperature of worker selection (0: always the cheapest)")
 	f.IntVar(&ff.migrationLimit, "migration-limit", 3, "times a request may move to another worker when its worker dies")
 	f.Int64Var(&ff.maxBodyBytes, "max-body-bytes", 16<<20, "largest request body accepted (413 above)")
@@ -90,7 +92,14 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	if ff.busyKVUsage < 0 || ff.busyKVUsage > 1 {
 		return nil, fmt.Errorf("--busy-kv-usage %g: want a fraction in [0, 1]", ff.busyKVUsage)
 	}
-	cost := router.DefaultCost()
+	kind, err := router.ParseCostKind(ff.routerCost)
+	if err != nil {
+		return nil, fmt.Errorf("--router-cost: %w", err)
+	}
+	cost, err := router.CostByKind(kind)
+	if err != nil {
+		return nil, fmt.Errorf("--router-cost: %w", err)
+	}
 	cost.Temperature = ff.temperature
 	cl, err := frontend.NewCluster(ctx, frontend.ClusterConfig{
 		NC: nc, Discovery: disc, Models: models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log,
