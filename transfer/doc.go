@@ -66,8 +66,11 @@
 // a copying source is staged in 2 MiB writes), and BlockChecksummer
 // supplies checksums taken when the blocks were stored, so the server does
 // not hash every payload and a block that rotted at the source fails the
-// target's check. Server.MaxActive bounds fetches served at once (others
-// wait for a slot until their deadline, then get refuse{busy}).
+// target's check. worker.SimSource serves engine/sim this way: a sim
+// block's layers are contiguous in its slab, a pin keeps them from being
+// evicted or rewritten, and their checksum is taken when the block is
+// computed or inserted. Server.MaxActive bounds fetches served at once
+// (others wait for a slot until their deadline, then get refuse{busy}).
 //
 // # Deadlines
 //
