@@ -92,9 +92,11 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	if ff.busyKVUsage < 0 || ff.busyKVUsage > 1 {
 		return nil, fmt.Errorf("--busy-kv-usage %g: want a fraction in [0, 1]", ff.busyKVUsage)
 	}
-	kind, err := router.ParseCostKind(ff.routerCost)
-	if err != nil {
-		return nil, fmt.Errorf("--router-cost: %w", err)
+	var kind router.CostKind // empty: the router's default
+	if ff.routerCost != "" {
+		if kind, err = router.ParseCostKind(ff.routerCost); err != nil {
+			return nil, fmt.Errorf("--router-cost: %w", err)
+		}
 	}
 	cost, err := router.CostByKind(kind)
 	if err != nil {
