@@ -32,6 +32,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -364,13 +365,20 @@ func (ix *Index) newNode(parent uint32, local, holders uint64) uint32 {
 	id := ix.alloc(parent)
 	c := ix.chunkOf(id)
 	n := &c.hot[id&chunkMask]
-	if n.local.Load() != local {
+	pg0 := n.pg.Load()
+	if pg0 == 0 {
+		// Never used (a used node keeps a generation): readers look at
+		// local and holders only after loading a pg that names their
+		// parent, i.e. after the pg store below, which orders these plain
+		// stores before them. Atomic stores are full barriers on amd64,
+		// and a fresh chain is mostly stores.
+		*(*uint64)(unsafe.Pointer(&n.local)) = local
+		*(*uint64)(unsafe.Pointer(&n.holders)) = holders
+	} else {
 		n.local.Store(local)
-	}
-	if n.holders.Load() != holders {
 		n.holders.Store(holders)
 	}
-	n.pg.Store(mkPG(n.pg.Load()>>32+1, parent))
+	n.pg.Store(mkPG(pg0>>32+1, parent))
 	c.eng[id&chunkMask] = 0
 	c.nc[id&chunkMask] = 0
 	if parent != 0 {
