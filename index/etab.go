@@ -4,7 +4,9 @@ package index
 // uses it (readers never resolve engine hashes), so it is plain memory: a
 // node id per slot plus a parallel byte of hash tag, so a probe that misses
 // reads only the tag array and never a node (a miss used to cost a cache
-// miss per occupied slot it passed). Linear probing, power-of-two size.
+// miss per occupied slot it passed; and the tags, a fifth of the table,
+// stay in cache far longer than whole slots would). Linear probing,
+// power-of-two size.
 type engTable struct {
 	ids        []uint32
 	tags       []uint8 // tagEmpty, tagDead, or tagOf(hash)
@@ -63,21 +65,7 @@ func (ix *Index) etabFind(h uint64) (id uint32, ins int) {
 func (ix *Index) etabInsert(h uint64, id uint32, ins int) {
 	t := &ix.etab
 	if (t.used+t.dead+1)*4 > len(t.ids)*3 {
-		nt := newEngTable(t.used + 1)
-		dir := *ix.dir.Load()
-		for i, tg := range t.tags {
-			if tg < 2 {
-				continue
-			}
-			x := t.ids[i]
-			j := ix.engHash(dir[x>>chunkBits].eng[x&chunkMask]) & nt.mask
-			for nt.tags[j] != tagEmpty {
-				j = (j + 1) & nt.mask
-			}
-			nt.tags[j], nt.ids[j] = tg, x
-			nt.used++
-		}
-		*t = nt
+		ix.etabRebuild(id)
 		_, ins = ix.etabFind(h)
 	}
 	if t.tags[ins] == tagDead {
@@ -86,6 +74,30 @@ func (ix *Index) etabInsert(h uint64, id uint32, ins int) {
 	t.tags[ins] = tagOf(ix.engHash(h))
 	t.ids[ins] = id
 	t.used++
+}
+
+// etabRebuild makes a new table holding every node with a shared hash
+// except skip (whose insert is under way). It walks the nodes in id order,
+// reading their hashes sequentially rather than chasing each entry of the
+// old table to a random node.
+func (ix *Index) etabRebuild(skip uint32) {
+	nt := newEngTable(ix.etab.used + 1)
+	for ci, c := range *ix.dir.Load() {
+		for k := range c.nc {
+			id := uint32(ci)<<chunkBits | uint32(k)
+			if c.nc[k]&hasEngBit == 0 || id == skip || id >= ix.next {
+				continue
+			}
+			hash := ix.engHash(c.eng[k])
+			j := hash & nt.mask
+			for nt.tags[j] != tagEmpty {
+				j = (j + 1) & nt.mask
+			}
+			nt.tags[j], nt.ids[j] = tagOf(hash), id
+			nt.used++
+		}
+	}
+	ix.etab = nt
 }
 
 func (ix *Index) etabDelete(h uint64, id uint32) {
