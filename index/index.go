@@ -6,26 +6,34 @@
 // fixed-size chunks addressed by uint32 ids, so the GC scans no per-node
 // pointers and a chunk never moves. A node's hot part (local hash, parent
 // id with a generation, holders) is 24 bytes; its cold part (shared engine
-// hash, child count) 12 more. Holders are packed inline: up to two
-// (worker slot, tier mask) entries in one word; a node with more holders
-// points to an overflow bitset per tier over dense worker slots. Children
-// are found through one open-addressing table keyed by (parent id, local
-// hash) whose slots are just node ids (4 bytes), except the child that sits
-// at id parent+1: nodes are allocated so that a chain stored in one event
-// gets consecutive ids (a freed chain is reused the same way), so nearly
-// every child is its parent's successor, costs no table slot and is found
-// by one sequential load; walks down long chains stream through memory. Engine hashes resolve
-// through a second such table: a node remembers the first engine hash any
-// worker stored it under, and workers that report that same hash (vLLM and
-// the sim do) cost nothing more; a worker using another hash for the node
-// gets a per-worker exception entry.
+// hash, child count) 12 more.
+//
+// Chains. A chain stored in one event gets consecutive ids (a freed chain
+// is reused the same way), so nearly every child sits at id parent+1: such
+// a successor costs no child-table slot and is found by one sequential
+// load. Only the other children go into the open-addressing child table
+// keyed by (parent id, local hash), whose slots are node ids.
+//
+// Holders. Up to two (worker slot, tier mask) entries sit inline in the
+// holders word. A node with more holders names an immutable, interned
+// holder set (hset.go): nodes with equal holders share one, which is what
+// conversation traces produce (a prefix is held by every worker that served
+// a later turn), so FindMatches passes every level whose holders word
+// equals the level above's without looking at any holder.
+//
+// Engine hashes resolve through a writer-only table with a tag byte per
+// slot (etab.go): a node remembers the first engine hash any worker stored
+// it under, and workers that report that same hash (vLLM and the sim do)
+// cost nothing more; a worker using another hash for the node gets a
+// per-worker exception entry.
 //
 // Concurrency. Writers serialise on one mutex (events of a worker stay in
 // order because Apply is synchronous). Readers take no lock: every field a
-// reader touches is read atomically, tables and the chunk directory are
-// replaced copy-on-write and reclaimed by the GC (RCU), and a node carries
-// a generation next to its parent id that changes whenever it is freed or
-// reused, so a reader that raced a recycle notices and retries.
+// reader touches is read atomically, tables, holder sets and the chunk
+// directory are replaced copy-on-write and reclaimed by the GC (RCU), and a
+// node carries a generation next to its parent id that changes whenever it
+// is freed or reused, so a reader that raced a recycle notices and retries;
+// a holders word carries its set's generation the same way.
 package index
 
 import (
