@@ -87,6 +87,11 @@
 // FetchResult.Blocks is always a verified contiguous prefix of the request.
 // A block whose checksum (or Verify callback) fails cuts the prefix before
 // it (OutcomeCorrupt); a broken connection keeps what verified before it.
+// A response of 1 MiB or more is verified by a second goroutine trailing
+// the socket reads (loopback TCP runs markedly faster when the reader goes
+// straight back to the socket than when it hashes between reads); Verify
+// is still called once per block, in order, never concurrently, and a bad
+// block still cuts the prefix and ends the fetch.
 // Success means the source delivered its whole available prefix in time:
 // a shorter prefix than requested is success with OutcomePartial.
 // Payloads are received in place, in chunks that grow with the response

@@ -60,8 +60,15 @@ func startServer(t testing.TB, srv *Server) string {
 	return ep
 }
 
+// asyncAll makes every test client verify blocks on its second goroutine,
+// however small the response (TestAsyncVerification).
+var asyncAll bool
+
 func newClient(t testing.TB, o ClientOptions) *Client {
 	c := NewClient(o)
+	if asyncAll {
+		c.asyncMin = 0
+	}
 	t.Cleanup(func() { c.Close() })
 	return c
 }
