@@ -474,11 +474,8 @@ func (c *Client) exchangeOnce(ctx context.Context, pc *conn, req FetchRequest, d
 				frameLen, rb.frameLen = fl, fl
 				growth = max(1, (1<<20)/fl)
 				if int64(fl)*int64(len(req.Hashes)) >= int64(c.asyncMin) {
-					// Fixed capacity: appends never move blocks the
-					// verifier is reading.
-					blocks = make([]Block, 0, len(req.Hashes))
-					v = startVerifier(blocks[:len(req.Hashes)], req.Verify)
-					rb.onRead = func() { v.submit(len(blocks)) }
+					v = startVerifier(req.Verify)
+					rb.onRead = func() { v.submit(blocks) }
 				}
 			} else if fl != frameLen {
 				return protocol("block of %d bytes after blocks of %d", fl-headerLen-blockMetaLen, frameLen-headerLen-blockMetaLen)
@@ -586,21 +583,27 @@ func checkBlock(idx int, b Block, verify func(uint64, []byte) error) error {
 	return nil
 }
 
-// verifier checks received blocks in order on its own goroutine. The
-// reader writes blocks[i] before submitting a range that covers i, and
-// never touches it again.
+// verifier checks received blocks in order on its own goroutine. Each
+// submitted run aliases the reader's blocks slice, whose submitted elements
+// the reader never writes again (an append that grows the slice copies
+// them and leaves the old array alone).
 type verifier struct {
-	blocks []Block
 	verify func(uint64, []byte) error
-	ranges chan [2]int
+	runs   chan blockRun
 	done   chan struct{}
 	sent   int
 	bad    atomic.Int64 // index of the first bad block; -1 while none
 	err    error        // why; written before bad, read after done
 }
 
-func startVerifier(blocks []Block, verify func(uint64, []byte) error) *verifier {
-	v := &verifier{blocks: blocks, verify: verify, ranges: make(chan [2]int, 64), done: make(chan struct{})}
+// blockRun is blocks[start : start+len(run)] of a response.
+type blockRun struct {
+	start int
+	run   []Block
+}
+
+func startVerifier(verify func(uint64, []byte) error) *verifier {
+	v := &verifier{verify: verify, runs: make(chan blockRun, 64), done: make(chan struct{})}
 	v.bad.Store(-1)
 	go v.run()
 	return v
@@ -608,21 +611,21 @@ func startVerifier(blocks []Block, verify func(uint64, []byte) error) *verifier 
 
 func (v *verifier) run() {
 	defer close(v.done)
-	for r := range v.ranges {
-		for i := r[0]; i < r[1] && v.bad.Load() < 0; i++ {
-			if err := checkBlock(i, v.blocks[i], v.verify); err != nil {
+	for r := range v.runs {
+		for i := 0; i < len(r.run) && v.bad.Load() < 0; i++ {
+			if err := checkBlock(r.start+i, r.run[i], v.verify); err != nil {
 				v.err = err
-				v.bad.Store(int64(i))
+				v.bad.Store(int64(r.start + i))
 			}
 		}
 	}
 }
 
-// submit hands blocks [sent, n) to the verifier.
-func (v *verifier) submit(n int) {
-	if n > v.sent {
-		v.ranges <- [2]int{v.sent, n}
-		v.sent = n
+// submit hands the blocks not yet submitted to the verifier.
+func (v *verifier) submit(blocks []Block) {
+	if len(blocks) > v.sent {
+		v.runs <- blockRun{v.sent, blocks[v.sent:len(blocks):len(blocks)]}
+		v.sent = len(blocks)
 	}
 }
 
@@ -633,8 +636,8 @@ func (v *verifier) failed() bool { return v.bad.Load() >= 0 }
 // after it). A result still good at the deadline is a timeout, as a done
 // frame arriving after it would be.
 func (v *verifier) finish(x exchanged, now func() time.Time, deadline time.Time) exchanged {
-	v.submit(len(x.res.Blocks))
-	close(v.ranges)
+	v.submit(x.res.Blocks)
+	close(v.runs)
 	<-v.done
 	if bad := v.bad.Load(); bad >= 0 && int(bad) < len(x.res.Blocks) {
 		return exchanged{res: FetchResult{Blocks: x.res.Blocks[:bad], Outcome: OutcomeCorrupt}, err: v.err}
