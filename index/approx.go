@@ -1,7 +1,6 @@
 package index
 
 import (
-	"container/heap"
 	"sync"
 	"time"
 
@@ -20,50 +19,47 @@ const (
 // hash = the chained sequence hash of the local hashes), so FindMatches is
 // the same lock-free read; Depth is equal on every tier. Time is passed in,
 // so it runs under a virtual clock; expiry happens on Insert and Expire.
+//
+// Expiry. Every Insert's blocks share one expiry (now + TTL), so an insert
+// is one record in a FIFO queue, and a (worker, block) entry remembers the
+// stamp of the last insert that touched it: popping a record expires the
+// entries still stamped with it, deepest first. Expiries enter the queue
+// in order because time does not go back; if a caller's clock does, the
+// expiry is clamped to the latest one queued (the TTL stretches a little).
+// An ancestor block is stamped by every insert that stamps its
+// descendants, so expiry and pruning keep each worker's holdings
+// prefix-closed, and an insert only has to store its new suffix.
 type Approx struct {
 	ix  *Index
 	ttl time.Duration
 	cap int
 
 	mu      sync.Mutex
-	entries map[approxKey]approxEntry
-	h       approxHeap
+	workers map[kv.WorkerKey]*approxWorker
+	n       int    // entries over all workers
+	stamp   uint64 // last insert's stamp
+	lastExp int64  // latest expiry queued (unix ns)
+	q       []approxRec
+	head    int          // q[head:] are pending
+	qseq    []kv.SeqHash // the records' blocks
 	seq     []kv.SeqHash
 	blocks  []kv.StoredBlock
+	rm      []uint64
 }
 
-type approxKey struct {
-	w   kv.WorkerKey
-	seq kv.SeqHash
+type approxWorker struct {
+	key  kv.WorkerKey
+	last map[kv.SeqHash]uint64 // block -> stamp of the last insert holding it
+	gone bool                  // removed: its pending records are void
 }
 
-type approxEntry struct {
-	exp   int64 // unix nanoseconds
-	depth uint32
-}
-
-type approxItem struct {
-	approxKey
-	approxEntry
-}
-
-// approxHeap orders by expiry, then deeper first (leaves before prefixes).
-type approxHeap []approxItem
-
-func (h approxHeap) Len() int { return len(h) }
-func (h approxHeap) Less(i, j int) bool {
-	if h[i].exp != h[j].exp {
-		return h[i].exp < h[j].exp
-	}
-	return h[i].depth > h[j].depth
-}
-func (h approxHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *approxHeap) Push(x any)   { *h = append(*h, x.(approxItem)) }
-func (h *approxHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+// approxRec is one insert: qseq[off:off+n] stamped stamp under w, expiring
+// at exp. Pruning may shrink n (the deepest blocks go first).
+type approxRec struct {
+	w      *approxWorker
+	exp    int64
+	stamp  uint64
+	off, n int
 }
 
 // NewApprox returns an approximate index; ttl ≤ 0 and capacity ≤ 0 take
@@ -75,7 +71,7 @@ func NewApprox(ttl time.Duration, capacity int) *Approx {
 	if capacity <= 0 {
 		capacity = DefaultApproxCapacity
 	}
-	return &Approx{ix: New(), ttl: ttl, cap: capacity, entries: map[approxKey]approxEntry{}}
+	return &Approx{ix: New(), ttl: ttl, cap: capacity, workers: map[kv.WorkerKey]*approxWorker{}}
 }
 
 // Insert records that w now holds local (routed at now), refreshing the TTL
@@ -87,28 +83,43 @@ func (a *Approx) Insert(w kv.WorkerKey, local []kv.LocalHash, now time.Time) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	exp := now.Add(a.ttl).UnixNano()
-	a.seq = kv.SeqHashes(a.seq[:0], local)
-	a.blocks = a.blocks[:0]
+	exp := max(now.Add(a.ttl).UnixNano(), a.lastExp)
+	a.lastExp = exp
+	aw := a.workers[w]
+	if aw == nil {
+		aw = &approxWorker{key: w, last: map[kv.SeqHash]uint64{}}
+		a.workers[w] = aw
+	}
+	a.stamp++
+	off := len(a.qseq)
+	a.qseq = kv.SeqHashes(a.qseq, local)
+	a.seq = a.qseq[off:]
+	// Stamp every block; the held ones form a prefix, so the first block
+	// that grows the map starts the suffix the index lacks.
+	first := -1
 	for i, s := range a.seq {
-		k := approxKey{w, s}
-		e := approxEntry{exp: exp, depth: uint32(i + 1)}
-		a.entries[k] = e
-		heap.Push(&a.h, approxItem{k, e})
-		a.blocks = append(a.blocks, kv.StoredBlock{EngineHash: s, LocalHash: local[i]})
-	}
-	a.ix.Apply(kv.Stored(w, kv.TierDevice, nil, a.blocks))
-	a.expire(now.UnixNano())
-	if len(a.entries) > a.cap {
-		a.prune(a.cap * 8 / 10)
-	}
-	// Drop stale heap items when they dominate.
-	if len(a.h) > 4*len(a.entries)+1024 {
-		a.h = a.h[:0]
-		for k, e := range a.entries {
-			a.h = append(a.h, approxItem{k, e})
+		n0 := len(aw.last)
+		aw.last[s] = a.stamp
+		if first < 0 && len(aw.last) != n0 {
+			first = i
 		}
-		heap.Init(&a.h)
+	}
+	a.q = append(a.q, approxRec{w: aw, exp: exp, stamp: a.stamp, off: off, n: len(a.seq)})
+	if first >= 0 {
+		a.n += len(a.seq) - first
+		a.blocks = a.blocks[:0]
+		for i := first; i < len(a.seq); i++ {
+			a.blocks = append(a.blocks, kv.StoredBlock{EngineHash: a.seq[i], LocalHash: local[i]})
+		}
+		var parent *uint64
+		if first > 0 {
+			parent = &a.seq[first-1]
+		}
+		a.ix.Apply(kv.Stored(w, kv.TierDevice, parent, a.blocks))
+	}
+	a.expire(now.UnixNano())
+	if a.n > a.cap {
+		a.prune(a.cap * 8 / 10)
 	}
 }
 
@@ -120,42 +131,82 @@ func (a *Approx) Expire(now time.Time) {
 }
 
 func (a *Approx) expire(now int64) {
-	for len(a.h) > 0 && a.h[0].exp <= now {
-		a.popOne()
+	for a.head < len(a.q) && a.q[a.head].exp <= now {
+		a.popRec(-1)
 	}
+	a.compact()
 }
 
+// prune expires entries early, oldest and deepest first, down to target.
 func (a *Approx) prune(target int) {
-	for len(a.entries) > target && len(a.h) > 0 {
-		a.popOne()
+	for a.n > target && a.head < len(a.q) {
+		a.popRec(target)
 	}
+	a.compact()
 }
 
-// popOne removes the heap minimum if it is still current.
-func (a *Approx) popOne() {
-	it := heap.Pop(&a.h).(approxItem)
-	if cur, ok := a.entries[it.approxKey]; !ok || cur != it.approxEntry {
-		return // refreshed or already gone
+// popRec expires the head record's entries that no later insert refreshed,
+// deepest first. With target ≥ 0 it stops once a.n ≤ target, keeping the
+// record's shallower rest queued.
+func (a *Approx) popRec(target int) {
+	r := &a.q[a.head]
+	aw := r.w
+	a.rm = a.rm[:0]
+	j := r.n
+	for j > 0 && (target < 0 || a.n > target) {
+		j--
+		s := a.qseq[r.off+j]
+		if aw.gone || aw.last[s] != r.stamp {
+			continue // refreshed later, or the worker was removed
+		}
+		delete(aw.last, s)
+		a.n--
+		a.rm = append(a.rm, s)
 	}
-	delete(a.entries, it.approxKey)
-	a.ix.Apply(kv.Removed(it.w, kv.TierDevice, []uint64{it.seq}))
+	if len(a.rm) > 0 {
+		a.ix.Apply(kv.Removed(aw.key, kv.TierDevice, a.rm))
+	}
+	if j > 0 {
+		r.n = j
+		return
+	}
+	*r = approxRec{}
+	a.head++
+}
+
+// compact reclaims the popped records' queue space.
+func (a *Approx) compact() {
+	switch {
+	case a.head == len(a.q):
+		a.q, a.qseq, a.head = a.q[:0], a.qseq[:0], 0
+	case a.head >= 1024 && a.head*2 >= len(a.q):
+		base := a.q[a.head].off
+		n := copy(a.qseq, a.qseq[base:])
+		a.qseq = a.qseq[:n]
+		k := copy(a.q, a.q[a.head:])
+		clear(a.q[k:])
+		a.q, a.head = a.q[:k], 0
+		for i := range a.q {
+			a.q[i].off -= base
+		}
+	}
 }
 
 // Len is the number of (worker, block) entries.
 func (a *Approx) Len() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.entries)
+	return a.n
 }
 
 // RemoveWorker forgets w.
 func (a *Approx) RemoveWorker(w kv.WorkerKey) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for k := range a.entries {
-		if k.w == w {
-			delete(a.entries, k)
-		}
+	if aw := a.workers[w]; aw != nil {
+		aw.gone = true
+		a.n -= len(aw.last)
+		delete(a.workers, w)
 	}
 	a.ix.RemoveWorker(w)
 }

@@ -82,6 +82,21 @@ type Request struct {
 	// Cost overrides the router's cost model for this request (Dynamo's
 	// router_config_override); nil uses Config.Cost.
 	Cost *CostModel
+	// Local, when non-nil, are the prompt's full-block local hashes as the
+	// caller already computed them (kv.LocalHashes with the model's block
+	// size and kv.Seed(LoRA, Salt)); Route uses them instead of hashing
+	// Tokens, and the decision keeps them (do not modify). Tokens may then
+	// be nil, with PromptLen giving the prompt's length in tokens.
+	Local     []kv.LocalHash
+	PromptLen int
+}
+
+// promptLen is the prompt's length in tokens.
+func (req *Request) promptLen() int {
+	if req.Tokens == nil && req.Local != nil {
+		return req.PromptLen
+	}
+	return len(req.Tokens)
 }
 
 // ErrAllBusy is matched (errors.Is) by the *BusyError Route returns when
@@ -139,10 +154,23 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 
 	// Hash outside the lock. The decision owns these slices (the hint
 	// planner, the worker and the load tracker read them later).
-	n := kv.NumFullBlocks(len(req.Tokens), bs)
+	isl := req.promptLen()
+	if isl < 0 {
+		return nil, fmt.Errorf("router: prompt length %d is negative", isl)
+	}
+	n := kv.NumFullBlocks(isl, bs)
 	var local []kv.LocalHash
 	var seq []kv.SeqHash
-	if n > 0 {
+	switch {
+	case req.Local != nil:
+		if len(req.Local) != n {
+			return nil, fmt.Errorf("router: %d precomputed local hashes for a prompt of %d tokens (%d full blocks of %d)", len(req.Local), isl, n, bs)
+		}
+		if n > 0 {
+			local = req.Local
+			seq = kv.SeqHashes(make([]kv.SeqHash, 0, n), local)
+		}
+	case n > 0:
 		buf := make([]uint64, 2*n)
 		local = kv.LocalHashes(buf[:0:n], req.Tokens, bs, kv.Seed(req.LoRA, req.Salt))
 		seq = kv.SeqHashes(buf[n:n:2*n], local)
@@ -168,7 +196,7 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	}
 	t2 := time.Now()
 
-	d := &Decision{r: r, Local: local, Seq: seq, ISL: len(req.Tokens), BlockSize: bs}
+	d := &Decision{r: r, Local: local, Seq: seq, ISL: isl, BlockSize: bs}
 	var ev ReplicaEvent
 	var emit bool
 
@@ -289,7 +317,7 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 	if req.Cost != nil {
 		cm = req.Cost
 	}
-	isl := float64(len(req.Tokens))
+	isl := float64(req.promptLen())
 	sc.cost = slices.Grow(sc.cost[:0], len(sc.cand))[:len(sc.cand)]
 	cmin, cmax := math.Inf(1), math.Inf(-1)
 	timed := cm.Kind == CostTime
