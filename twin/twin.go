@@ -34,6 +34,7 @@ import (
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/trace"
 )
 
 // Routing modes: the router's four plus kv with KV hints.
@@ -212,6 +213,7 @@ type twin struct {
 	issue      []time.Time
 	head       int // closed loop: issue[head:] are pending client issue times
 
+	ph    *promptHasher // nil: expand and hash every prompt
 	tok   []kv.Token
 	tails []kv.Token // slab the prompts' partial tails are carved from
 
@@ -268,6 +270,7 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 		t.ts0 = wl.Requests[0].TimestampMS
 	}
 	t.cachedNext = -1
+	t.ph = newPromptHasher(wl.TraceBlockSize, cfg.BlockSize)
 	t.res = Result{Mode: cfg.Mode, Workers: cfg.Workers, Offered: len(wl.Requests)}
 	kvMode := cfg.Mode == ModeKV || cfg.Mode == ModeKVHints
 	hints := cfg.Mode == ModeKVHints
@@ -434,13 +437,20 @@ func (t *twin) arrive(ctx context.Context, at time.Time) error {
 		t.firstAt = at
 	}
 	rq := &t.wl.Requests[i]
-	t.tok = appendTokens(t.tok[:0], rq, t.wl.TraceBlockSize)
-	if len(t.tok) == 0 {
+	plen := trace.TokenLen(rq, t.wl.TraceBlockSize)
+	if plen == 0 {
 		t.reject(&t.res.RejectedInvalid, at, fmt.Sprintf("trace line %d: empty prompt", rq.Line))
 		return nil
 	}
+	rr := router.Request{Model: model}
+	if t.ph != nil {
+		rr.Local, rr.PromptLen = t.ph.local(rq, plen), plen
+	} else {
+		t.tok = appendTokens(t.tok[:0], rq, t.wl.TraceBlockSize)
+		rr.Tokens = t.tok
+	}
 	t.syncClock()
-	d, err := t.r.Route(ctx, router.Request{Model: model, Tokens: t.tok})
+	d, err := t.r.Route(ctx, rr)
 	if err != nil {
 		var be *router.BusyError
 		if errors.As(err, &be) {
@@ -454,8 +464,13 @@ func (t *twin) arrive(ctx context.Context, at time.Time) error {
 		d.Done()
 		return fmt.Errorf("twin: router chose unknown worker %v", d.Worker)
 	}
-	nfull := len(d.Local)
-	tail := t.carveTail(t.tok[nfull*t.cfg.BlockSize:])
+	from := len(d.Local) * t.cfg.BlockSize
+	if t.ph != nil {
+		t.tok = t.ph.appendTail(t.tok[:0], rq, from, plen)
+	} else {
+		t.tok = t.tok[from:]
+	}
+	tail := t.carveTail(t.tok)
 	st := &t.reqs[i]
 	st.er = engine.Request{ID: strconv.Itoa(rq.Line), MaxTokens: max(rq.OutputLength, 1), Seed: rng64(t.cfg.Seed, i)}
 	t.hint = d.Hint
@@ -463,7 +478,7 @@ func (t *twin) arrive(ctx context.Context, at time.Time) error {
 		t.res.Hints.Hints++
 		t.res.Hints.PlannedBlocks += int64(len(d.Hint.SeqHashes) - d.Hint.TargetBlocks)
 	}
-	s, err := t.ws[w].core.AddPrompt(&st.er, sim.Prompt{Len: len(t.tok), Local: d.Local, Tail: tail}, at)
+	s, err := t.ws[w].core.AddPrompt(&st.er, sim.Prompt{Len: plen, Local: d.Local, Tail: tail}, at)
 	t.hint = nil
 	if err != nil {
 		d.Done()

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/trace"
 )
@@ -420,5 +421,41 @@ func TestCDFSeriesThinning(t *testing.T) {
 	}
 	if s := cdfSeries("m", xs[:50], 100); len(s.X) != 50 {
 		t.Fatalf("short series thinned to %d", len(s.X))
+	}
+}
+
+// TestPromptHasher: the memoised hashes and tails equal hashing the full
+// expansion, for prompts ending mid trace block and mid engine block, with
+// repeated and fresh hash ids; blocks straddling trace blocks take the
+// expanding path.
+func TestPromptHasher(t *testing.T) {
+	if newPromptHasher(512, 48) != nil || newPromptHasher(0, 64) != nil {
+		t.Fatal("a hasher for engine blocks that straddle trace blocks")
+	}
+	p := newPromptHasher(512, 64)
+	seed := kv.Seed("", "")
+	for _, rq := range []trace.Request{
+		{InputLength: 1000, HashIDs: []uint64{7, 8}},
+		{InputLength: 700, HashIDs: []uint64{7, 9}},
+		{InputLength: 1024, HashIDs: []uint64{8, 7}},
+		{InputLength: 63, HashIDs: []uint64{9}},
+		{InputLength: 5000, HashIDs: []uint64{1, 2, 3}}, // length capped by the ids
+	} {
+		toks := appendTokens(nil, &rq, 512)
+		plen := trace.TokenLen(&rq, 512)
+		want := kv.LocalHashes(nil, toks, 64, seed)
+		got := p.local(&rq, plen)
+		if len(toks) != plen || len(got) != len(want) {
+			t.Fatalf("%v: %d hashes for %d tokens, want %d", rq.HashIDs, len(got), plen, len(want))
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("%v: block %d hash %x, want %x", rq.HashIDs, i, got[i], want[i])
+			}
+		}
+		tail := p.appendTail(nil, &rq, len(got)*64, plen)
+		if !slicesEqual(tail, toks[len(got)*64:]) {
+			t.Fatalf("%v: tail %v, want %v", rq.HashIDs, tail, toks[len(got)*64:])
+		}
 	}
 }

@@ -73,19 +73,38 @@ func appendTokens(dst []kv.Token, req *trace.Request, tbs int) []kv.Token {
 	n := trace.TokenLen(req, tbs)
 	dst = slices.Grow(dst, n)
 	for i := 0; n > 0; i++ {
-		k := mix64(req.HashIDs[i] + 0x9E3779B97F4A7C15)
-		lo, hi := uint32(k), uint32(k>>32)
 		m := min(n, tbs)
-		j := 0
-		for ; j+1 < m; j += 2 {
-			dst = append(dst, lo+uint32(j), hi+uint32(j+1))
-		}
-		if j < m {
-			dst = append(dst, lo+uint32(j))
-		}
+		dst = appendTraceBlock(dst, req.HashIDs[i], m)
 		n -= m
 	}
 	return dst
+}
+
+// appendTraceBlock appends the first m tokens of hash id h's trace block.
+func appendTraceBlock(dst []kv.Token, h uint64, m int) []kv.Token {
+	lo, hi := blockKey(h)
+	j := 0
+	for ; j+1 < m; j += 2 {
+		dst = append(dst, lo+uint32(j), hi+uint32(j+1))
+	}
+	if j < m {
+		dst = append(dst, lo+uint32(j))
+	}
+	return dst
+}
+
+// blockKey is the key k = mix(h) of hash id h's trace block, as halves.
+func blockKey(h uint64) (lo, hi uint32) {
+	k := mix64(h + 0x9E3779B97F4A7C15)
+	return uint32(k), uint32(k >> 32)
+}
+
+// blockToken is token j of the trace block keyed (lo, hi).
+func blockToken(lo, hi uint32, j int) kv.Token {
+	if j&1 == 0 {
+		return lo + uint32(j)
+	}
+	return hi + uint32(j)
 }
 
 func mix64(z uint64) uint64 {

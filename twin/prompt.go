@@ -1,0 +1,66 @@
+package twin
+
+import (
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/trace"
+)
+
+// promptHasher gives a trace request's full-block local hashes and its
+// partial tail without materialising the prompt: when engine blocks tile
+// trace blocks (the trace block size is a multiple of the engine's), an
+// engine block's tokens depend only on its hash id and offset, so each hash
+// id's blocks are hashed once per run and a repeated prefix costs a map
+// lookup per trace block. The hashes equal kv.LocalHashes over
+// appendTokens' expansion with the twin's (empty LoRA/salt) seed.
+type promptHasher struct {
+	tbs, bs, per int // per: engine blocks per trace block
+	seed         uint64
+	at           map[uint64]int32 // hash id -> offset of its per hashes in hs
+	hs           []kv.LocalHash
+	tok          []kv.Token // one trace block's tokens
+}
+
+// newPromptHasher returns nil when engine blocks straddle trace blocks.
+func newPromptHasher(tbs, bs int) *promptHasher {
+	if tbs <= 0 || bs <= 0 || tbs%bs != 0 {
+		return nil
+	}
+	return &promptHasher{tbs: tbs, bs: bs, per: tbs / bs, seed: kv.Seed("", ""), at: map[uint64]int32{}}
+}
+
+// blocksOf returns the local hashes of hash id's per engine blocks.
+func (p *promptHasher) blocksOf(id uint64) []kv.LocalHash {
+	j, ok := p.at[id]
+	if !ok {
+		j = int32(len(p.hs))
+		p.tok = appendTraceBlock(p.tok[:0], id, p.tbs)
+		p.hs = kv.LocalHashes(p.hs, p.tok, p.bs, p.seed)
+		p.at[id] = j
+	}
+	return p.hs[j : int(j)+p.per]
+}
+
+// local returns a new slice of the full-block local hashes of rq's first
+// plen tokens (plen ≤ trace.TokenLen).
+func (p *promptHasher) local(rq *trace.Request, plen int) []kv.LocalHash {
+	out := make([]kv.LocalHash, plen/p.bs)
+	for i := 0; i*p.per < len(out); i++ {
+		copy(out[i*p.per:], p.blocksOf(rq.HashIDs[i]))
+	}
+	return out
+}
+
+// appendTail appends rq's tokens [from, plen) to dst, where from is an
+// engine block boundary and plen−from < the engine block size, so they lie
+// in one trace block.
+func (p *promptHasher) appendTail(dst []kv.Token, rq *trace.Request, from, plen int) []kv.Token {
+	if from >= plen {
+		return dst
+	}
+	i := from / p.tbs
+	lo, hi := blockKey(rq.HashIDs[i])
+	for j := from - i*p.tbs; j < plen-i*p.tbs; j++ {
+		dst = append(dst, blockToken(lo, hi, j))
+	}
+	return dst
+}
