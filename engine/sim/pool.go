@@ -32,7 +32,7 @@ type pool struct {
 	byHash           hashIndex
 	layers, psize    int
 	slab             []byte
-	sums             []uint64 // kv.Checksum of each block's payload as stored (view.go)
+	sums             []uint64 // kv.Checksum of each block's payload as stored, when kept (view.go)
 	ev               *eventLog
 }
 
@@ -44,7 +44,6 @@ func newPool(n, layers, psize int, ev *eventLog) pool {
 		byHash: newHashIndex(n),
 		layers: layers, psize: psize,
 		slab: make([]byte, n*layers*psize),
-		sums: make([]uint64, n),
 		ev:   ev,
 	}
 	for i := range p.free {
@@ -173,8 +172,13 @@ func (p *pool) match(seqs []kv.SeqHash, ids []int32) (int, []int32) {
 
 // eventLog batches a core's KV events for one flush, coalescing runs: the
 // consecutive blocks of one chain become one Stored event, consecutive
-// evictions one Removed event. Order is preserved. Each flush hands the sink
-// freshly allocated slices, so a sink may keep them.
+// evictions one Removed event. An eviction while a chain is being stored
+// (a chain allocating as it goes evicts a block per block) is moved ahead
+// of that chain's still open Stored event, where it commutes unless it
+// names one of the chain's blocks or its parent; so such a chain stays one
+// event instead of alternating one-block events. Otherwise order is
+// preserved. Each flush hands the sink freshly allocated slices, so a sink
+// may keep them.
 type eventLog struct {
 	sink       engine.EventSink
 	omitTokens bool
@@ -192,6 +196,7 @@ type eventLog struct {
 	runHasParent         bool
 	runParent, runLast   uint64
 	runLoRA              string
+	hoistEnd             int // len(removes) when the last Removed event ended
 }
 
 const (
@@ -224,11 +229,40 @@ func (l *eventLog) removed(seq uint64) {
 	if l.sink == nil {
 		return
 	}
+	if l.run == runStored && l.canHoist(seq) {
+		// Append to the event just before the open chain if it is a
+		// Removed event ending the removal slab, else start one there.
+		if k := len(l.events) - 1; k >= 0 && l.events[k].Kind == kv.EventRemoved && l.hoistEnd == len(l.removes) {
+			l.removes = append(l.removes, seq)
+			rm := l.events[k].Removed
+			l.events[k].Removed = l.removes[len(l.removes)-len(rm)-1 : len(l.removes) : len(l.removes)]
+		} else {
+			l.removes = append(l.removes, seq)
+			l.nextID++
+			l.events = append(l.events, kv.Event{ID: l.nextID, Worker: l.worker, Tier: kv.TierDevice,
+				Kind: kv.EventRemoved, Removed: l.removes[len(l.removes)-1 : len(l.removes) : len(l.removes)]})
+		}
+		l.hoistEnd = len(l.removes)
+		return
+	}
 	if l.run != runRemoved {
 		l.close()
 		l.run, l.runStart = runRemoved, len(l.removes)
 	}
 	l.removes = append(l.removes, seq)
+}
+
+// canHoist reports whether evicting seq commutes with the open Stored run.
+func (l *eventLog) canHoist(seq uint64) bool {
+	if l.runHasParent && seq == l.runParent {
+		return false
+	}
+	for _, b := range l.blocks[l.runStart:] {
+		if b.EngineHash == seq {
+			return false
+		}
+	}
+	return true
 }
 
 func (l *eventLog) close() {
@@ -250,6 +284,7 @@ func (l *eventLog) close() {
 		l.nextID++
 		l.events = append(l.events, kv.Event{ID: l.nextID, Worker: l.worker, Tier: kv.TierDevice,
 			Kind: kv.EventRemoved, Removed: l.removes[l.runStart:len(l.removes):len(l.removes)]})
+		l.hoistEnd = len(l.removes)
 	}
 	l.run = runNone
 }
@@ -261,6 +296,6 @@ func (l *eventLog) flush() {
 		return
 	}
 	batch := l.events
-	l.events, l.blocks, l.toks, l.removes = nil, nil, nil, nil
+	l.events, l.blocks, l.toks, l.removes, l.hoistEnd = nil, nil, nil, nil, 0
 	l.sink(batch)
 }
