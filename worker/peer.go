@@ -143,7 +143,9 @@ type Peer struct {
 
 // NewSimPeer starts a simulated engine whose fetcher is a new Peer, and
 // returns both. Pass the Peer in worker.Config.Peer so the worker serves
-// the engine's blocks and advertises its control endpoints.
+// the engine's blocks and advertises its control endpoints. A serving
+// peer's engine (pc.Listen set) keeps each block's checksum from when it
+// was stored (sim.Config.StoreChecksums), which the server then sends.
 func NewSimPeer(cfg sim.Config, pc PeerConfig) (*sim.Engine, *Peer, error) {
 	if pc.Listen != "" {
 		// Fail before starting anything on a host that cannot be advertised.
@@ -153,6 +155,10 @@ func NewSimPeer(cfg sim.Config, pc PeerConfig) (*sim.Engine, *Peer, error) {
 	}
 	p := newPeer(pc)
 	cfg.Fetcher = p.Fetch
+	if pc.Listen != "" {
+		// Served blocks carry the checksums taken when they were stored.
+		cfg.StoreChecksums = true
+	}
 	eng, err := sim.New(cfg)
 	if err != nil {
 		return nil, nil, err

@@ -12,9 +12,10 @@ import (
 // copy: a block's layers are contiguous in the sim's slab, and a pinned
 // block's bytes do not change until its pin is released (see
 // sim.Engine.ViewBlock), so the server writes them to the socket straight
-// from the slab. Checksums are the ones the sim took when it stored each
-// block, so the server hashes nothing and a block that changed in the
-// source's memory fails the target's check.
+// from the slab. When the engine keeps stored checksums
+// (sim.Config.StoreChecksums, which NewSimPeer sets for a serving peer) the
+// server sends those instead of hashing every payload, and a block that
+// changed in the source's memory fails the target's check.
 type SimSource struct {
 	e             *sim.Engine
 	layers, psize int

@@ -48,7 +48,7 @@ func BenchmarkSimSourceVsRaw(b *testing.B) {
 	const blocks, layers, layerSize = 256, 2, 32 << 10
 	cfg := sim.DefaultConfig()
 	cfg.Model, cfg.BlockSize, cfg.Blocks, cfg.SpeedupRatio = "bench", 16, 2*blocks, 0
-	cfg.Layers, cfg.PayloadSize = layers, layerSize
+	cfg.Layers, cfg.PayloadSize, cfg.StoreChecksums = layers, layerSize, true
 	e, err := sim.New(cfg)
 	if err != nil {
 		b.Fatal(err)

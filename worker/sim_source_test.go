@@ -74,6 +74,7 @@ func tokens(n int, base kv.Token) []kv.Token {
 // every byte against its derivation.
 func TestSimSourceZeroCopyServe(t *testing.T) {
 	cfg := peerSimConfig(64)
+	cfg.StoreChecksums = true
 	e, err := sim.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -82,6 +83,10 @@ func TestSimSourceZeroCopyServe(t *testing.T) {
 	ctx := context.Background()
 	seqs := cachePrompt(t, ctx, e, tokens(10*peerBS+3, 1))
 	src := NewSimSource(e)
+	// A view needs a pin (checked before the server holds any).
+	if _, err := src.ViewBlock(seqs[0]); err == nil {
+		t.Fatal("view of an unpinned block")
+	}
 	ep := serveSource(t, src, e.SimConfig().Digest)
 	c := transfer.NewClient(transfer.ClientOptions{})
 	defer c.Close()
@@ -101,17 +106,15 @@ func TestSimSourceZeroCopyServe(t *testing.T) {
 	if err != nil || string(buf[1:]) != string(res.Blocks[3].Payload) {
 		t.Fatalf("ReadBlock: %v", err)
 	}
-	// A view needs a pin.
-	if _, err := src.ViewBlock(seqs[0]); err == nil {
-		t.Fatal("view of an unpinned block")
-	}
 }
 
 // TestSimSourceStoredChecksumCatchesRot: the server sends the checksum the
 // sim took when it stored the block, so bytes that changed since then fail
 // the target's check (no Verify callback involved) and cut the prefix.
 func TestSimSourceStoredChecksumCatchesRot(t *testing.T) {
-	e, err := sim.New(peerSimConfig(64))
+	cfg := peerSimConfig(64)
+	cfg.StoreChecksums = true
+	e, err := sim.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +148,7 @@ func TestSimSourceStoredChecksumCatchesRot(t *testing.T) {
 // sent, and evictions really happen meanwhile.
 func TestSimSourceServesWhileEngineRuns(t *testing.T) {
 	cfg := peerSimConfig(48)
-	cfg.PayloadSize = 4 << 10
+	cfg.PayloadSize, cfg.StoreChecksums = 4<<10, true
 	e, err := sim.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -199,4 +202,27 @@ func TestSimSourceServesWhileEngineRuns(t *testing.T) {
 		t.Fatalf("%d fetches delivered %d blocks with %d evictions meanwhile; want ≥ 400 and ≥ 200", fetches, delivered, ev)
 	}
 	t.Logf("%d fetches, %d blocks delivered and verified, %d evictions meanwhile", fetches, delivered, ev)
+}
+
+// TestServingPeerStoresChecksums: a Peer that serves makes its engine keep
+// stored checksums, so served blocks carry them; one that only fetches
+// does not pay for them.
+func TestServingPeerStoresChecksums(t *testing.T) {
+	_, eng, _ := servingPeer(t, 64, nil)
+	if !eng.SimConfig().StoreChecksums {
+		t.Fatal("serving peer's engine keeps no checksums")
+	}
+	seqs := cachePrompt(t, context.Background(), eng, tokens(3*peerBS, 9))
+	if sum, ok := eng.BlockChecksum(seqs[1]); !ok || sum == 0 {
+		t.Fatalf("stored checksum %016x %v", sum, ok)
+	}
+	e2, p2, err := NewSimPeer(peerSimConfig(64), PeerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e2.Close()
+	defer p2.Close()
+	if e2.SimConfig().StoreChecksums {
+		t.Fatal("fetch-only peer keeps checksums")
+	}
 }

@@ -56,6 +56,12 @@ type Config struct {
 	// prefill, with the full prompt blocks the local cache lacks. Whatever
 	// it inserts is reused instead of recomputed.
 	Fetcher Fetcher
+	// StoreChecksums keeps kv.Checksum of each block's payload (all layers),
+	// taken when the block is computed or inserted, for BlockChecksum: a
+	// worker serving peers sends it instead of hashing again, and bytes that
+	// changed since fail the peer's check. It costs one hash per stored
+	// block, so engines that never serve (the twin) leave it off.
+	StoreChecksums bool
 	// OmitEventTokens leaves kv.Event.Tokens empty (saves copying when the
 	// consumer only needs hashes, as in the twin).
 	OmitEventTokens bool

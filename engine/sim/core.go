@@ -106,6 +106,9 @@ func NewCore(cfg Config) (*Core, error) {
 	}
 	c.ev = eventLog{worker: cfg.Worker, omitTokens: cfg.OmitEventTokens}
 	c.pool = newPool(cfg.Blocks, cfg.Layers, cfg.PayloadSize, &c.ev)
+	if cfg.StoreChecksums {
+		c.pool.sums = make([]uint64, cfg.Blocks)
+	}
 	return c, nil
 }
 

@@ -25,8 +25,12 @@ func (p *pool) blockPayload(id int32) []byte {
 	return p.slab[off : off+n : off+n]
 }
 
-// storeSum records the checksum of block id's payload as it is stored.
+// storeSum records the checksum of block id's payload as it is stored
+// (Config.StoreChecksums).
 func (p *pool) storeSum(id int32) {
+	if p.sums == nil {
+		return
+	}
 	p.sums[id] = kv.Checksum(p.blockPayload(id))
 }
 
@@ -49,10 +53,10 @@ func (c *Core) ViewBlock(seq kv.SeqHash) ([]byte, error) {
 // BlockChecksum returns kv.Checksum of the cached block seq's payload (all
 // layers concatenated), computed when the block was stored or inserted, so
 // bytes that changed since then no longer match it. ok is false when the
-// block is not cached.
+// block is not cached or Config.StoreChecksums is off.
 func (c *Core) BlockChecksum(seq kv.SeqHash) (sum uint64, ok bool) {
 	id, ok := c.pool.byHash.get(seq)
-	if !ok {
+	if !ok || c.pool.sums == nil {
 		return 0, false
 	}
 	return c.pool.sums[id], true

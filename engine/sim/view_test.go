@@ -33,11 +33,26 @@ func promptOf(n int, base kv.Token) []kv.Token {
 func TestViewBlockAndStoredChecksum(t *testing.T) {
 	cfg := testConfig()
 	cfg.Layers, cfg.PayloadSize = 3, 40
-	a := mustCore(t, cfg)
 	prompt := promptOf(4*cfg.BlockSize+1, 1)
+	seqs := seqOf(cfg, prompt)
+
+	// Without StoreChecksums nothing is kept, views work all the same.
+	off := mustCore(t, cfg)
+	off.Add(req("a", prompt, 1), time.Time{})
+	drain(off)
+	if _, ok := off.BlockChecksum(seqs[0]); ok {
+		t.Fatal("checksum kept without StoreChecksums")
+	}
+	_, rel := off.Pin(seqs)
+	if v, err := off.ViewBlock(seqs[2]); err != nil || !bytes.Equal(v, derived(cfg, seqs[2])) {
+		t.Fatalf("view without StoreChecksums: %v", err)
+	}
+	rel()
+
+	cfg.StoreChecksums = true
+	a := mustCore(t, cfg)
 	a.Add(req("a", prompt, 1), time.Time{})
 	drain(a)
-	seqs := seqOf(cfg, prompt)
 
 	// Idle cached blocks have checksums but no view: nothing pins them.
 	if _, err := a.ViewBlock(seqs[0]); err == nil || !strings.Contains(err.Error(), "not pinned") {
@@ -99,7 +114,7 @@ func TestViewBlockAndStoredChecksum(t *testing.T) {
 // checksums; once released the blocks are evicted and their slots reused.
 func TestPinnedViewSurvivesEviction(t *testing.T) {
 	cfg := testConfig()
-	cfg.Blocks = 24
+	cfg.Blocks, cfg.StoreChecksums = 24, true
 	a := mustCore(t, cfg)
 	prompt := promptOf(6*cfg.BlockSize+1, 3)
 	a.Add(req("a", prompt, 1), time.Time{})
@@ -158,7 +173,7 @@ func TestPinnedViewSurvivesEviction(t *testing.T) {
 // -race: the views must never overlap a write).
 func TestEngineViewsWhileRunning(t *testing.T) {
 	cfg := testConfig()
-	cfg.Blocks, cfg.SpeedupRatio, cfg.PayloadSize = 40, 0, 256
+	cfg.Blocks, cfg.SpeedupRatio, cfg.PayloadSize, cfg.StoreChecksums = 40, 0, 256, true
 	e, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
