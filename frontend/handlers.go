@@ -22,20 +22,26 @@ func toUsage(u usage) *usageJSON {
 	return j
 }
 
-func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
+// accept reads and parses a request and resolves its model; when anything
+// is wrong it has already answered, and ok is false.
+func accept[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func([]byte) (T, *apiError), model func(T) string) (req T, m *Model, ok bool) {
 	body, aerr := s.readBody(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return ""
+	if aerr == nil {
+		req, aerr = parse(body)
 	}
-	req, aerr := parseChat(body)
-	if aerr != nil {
-		writeError(w, aerr)
-		return ""
+	if aerr == nil {
+		m, aerr = s.lookupModel(model(req))
 	}
-	m, aerr := s.lookupModel(req.Model)
 	if aerr != nil {
 		writeError(w, aerr)
+		return req, nil, false
+	}
+	return req, m, true
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
+	req, m, ok := accept(s, w, r, parseChat, func(c *chatRequest) string { return c.Model })
+	if !ok {
 		return ""
 	}
 	prompt, err := m.EncodeChat(req.Messages)
@@ -104,19 +110,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 }
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) string {
-	body, aerr := s.readBody(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return ""
-	}
-	req, aerr := parseCompletion(body)
-	if aerr != nil {
-		writeError(w, aerr)
-		return ""
-	}
-	m, aerr := s.lookupModel(req.Model)
-	if aerr != nil {
-		writeError(w, aerr)
+	req, m, ok := accept(s, w, r, parseCompletion, func(c *completionRequest) string { return c.Model })
+	if !ok {
 		return ""
 	}
 	var prompts [][]uint32
