@@ -163,6 +163,8 @@ type Index struct {
 	slots         []*wstate
 	freeSlots     []uint32
 	cand          []uint32 // nodes that may have become empty during an event
+	found         []uint32 // prefind's answers, by position in the event
+	touched       uint64   // keeps prefind's warming loads
 	st            Stats
 	seed          uint64
 	retries       atomic.Uint64
@@ -721,11 +723,17 @@ func (ix *Index) apply(ev *kv.Event) {
 		}
 		ws := ix.worker(ev.Worker, false)
 		bit := uint8(1) << ev.Tier
-		for _, h := range ev.Removed {
+		if ws != nil {
+			ix.prefind(ev.Removed)
+		}
+		for k, h := range ev.Removed {
 			ix.st.Blocks++
 			var id uint32
 			if ws != nil {
-				id = ix.resolve(ws, h)
+				var ok bool
+				if id, ok = ws.exc[h]; !ok {
+					id = ix.heldShared(ws, ix.found[k])
+				}
 			}
 			m := uint8(0)
 			if id != 0 {
@@ -752,6 +760,24 @@ func (ix *Index) apply(ev *kv.Event) {
 	default:
 		ix.st.BadKind++
 	}
+}
+
+// prefind resolves every hash of a Removed event through the engine table
+// into ix.found before any is applied. The lookups do not depend on each
+// other, so their cache misses (table slot, node) overlap instead of
+// queueing one removal at a time; and nothing the removals change before
+// the event ends (holders, exception entries) affects the table, which
+// only shrinks when emptied nodes are freed after the event.
+func (ix *Index) prefind(hs []uint64) {
+	ix.found = ix.found[:0]
+	dir := *ix.dir.Load()
+	var touch uint64
+	for _, h := range hs {
+		id, _ := ix.etabFind(h)
+		ix.found = append(ix.found, id)
+		touch += nodeAt(dir, id).holders.Load() // warm what heldShared reads
+	}
+	ix.touched = touch
 }
 
 // clear drops all of ws's holdings: a scan over all nodes (clears and
