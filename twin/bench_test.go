@@ -6,11 +6,18 @@ import (
 	"testing"
 )
 
+// conversationTrace is $KVMESH_TRACE, else the shared traces folder next
+// to the repository (../shared/traces from its root).
 func conversationTrace() string {
 	if p := os.Getenv("KVMESH_TRACE"); p != "" {
 		return p
 	}
-	return "/work/shared/traces/conversation_trace.jsonl"
+	for _, p := range []string{"../../shared/traces/conversation_trace.jsonl", "/work/shared/traces/conversation_trace.jsonl"} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return "../../shared/traces/conversation_trace.jsonl"
 }
 
 // BenchmarkConversation8 replays the whole Mooncake conversation trace

@@ -439,7 +439,7 @@ func TestPromptHasher(t *testing.T) {
 		{InputLength: 700, HashIDs: []uint64{7, 9}},
 		{InputLength: 1024, HashIDs: []uint64{8, 7}},
 		{InputLength: 63, HashIDs: []uint64{9}},
-		{InputLength: 5000, HashIDs: []uint64{1, 2, 3}}, // length capped by the ids
+		{InputLength: 5000, HashIDs: []uint64{1, 2, 3}},             // length capped by the ids
 		{InputLength: 1100, HashIDs: []uint64{1 << 40, 7, 1 << 40}}, // ids past the dense range
 	} {
 		toks := appendTokens(nil, &rq, 512)
