@@ -34,7 +34,7 @@ Dynamo's mooncake_bench defaults to --block-size 512.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&c.TracePath, "trace", envOr("KVMESH_TRACE", ""), "Mooncake JSONL trace (env KVMESH_TRACE)")
+	f.StringVar(&c.TracePath, "trace", traceFromEnv(), "Mooncake JSONL trace (env KVMESH_TRACE)")
 	f.IntVar(&c.Workers, "workers", 256, "workers to partition requests over")
 	f.IntVar(&c.BlockSize, "block-size", 64, "engine block size in tokens")
 	f.IntVar(&c.TraceBlockSize, "trace-block-size", 512, "tokens per trace hash id")
@@ -43,11 +43,4 @@ Dynamo's mooncake_bench defaults to --block-size 512.`,
 	f.Uint64Var(&c.Seed, "seed", 42, "seed of the request-to-worker partition")
 	f.BoolVar(&c.SkipReference, "skip-reference", false, "do not replay the naive reference model")
 	benchCmd.AddCommand(cmd)
-}
-
-func envOr(k, def string) string {
-	if v, ok := os.LookupEnv(k); ok {
-		return v
-	}
-	return def
 }

@@ -79,10 +79,10 @@ output_tok_s=... goodput=...".`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&c.URL, "url", envOr("KVMESH_LOAD_URL", ""), "OpenAI-compatible API base, e.g. http://localhost:8000/v1 (env KVMESH_LOAD_URL)")
+	f.StringVar(&c.URL, "url", os.Getenv("KVMESH_LOAD_URL"), "OpenAI-compatible API base, e.g. http://localhost:8000/v1 (env KVMESH_LOAD_URL)")
 	f.StringVar(&c.Model, "model", "", "model name (default: the first of GET /models)")
 	f.StringVar(&c.Endpoint, "endpoint", "chat", "chat or completions")
-	f.StringVar(&c.APIKey, "api-key", envOr("KVMESH_API_KEY", ""), "bearer token (env KVMESH_API_KEY)")
+	f.StringVar(&c.APIKey, "api-key", os.Getenv("KVMESH_API_KEY"), "bearer token (env KVMESH_API_KEY)")
 	f.StringVar(&c.TracePath, "trace", "", "Mooncake JSONL trace to replay")
 	f.Float64Var(&c.Speedup, "speedup", 1, "divide trace timestamps by this")
 	f.BoolVar(&c.Strict, "strict", false, "fail on the first malformed trace line instead of skipping it")

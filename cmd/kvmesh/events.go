@@ -51,21 +51,13 @@ It exits 0 after --count events; if --timeout hits first it exits non-zero.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Endpoint, "endpoint", eventsEnv("KVMESH_EVENTS_ENDPOINT", ""), "publisher PUB endpoint, e.g. tcp://127.0.0.1:5557 [KVMESH_EVENTS_ENDPOINT]")
-	f.StringVar(&cfg.ReplayEndpoint, "replay-endpoint", eventsEnv("KVMESH_EVENTS_REPLAY_ENDPOINT", ""), "publisher replay (ROUTER) endpoint; enables gap repair [KVMESH_EVENTS_REPLAY_ENDPOINT]")
-	f.StringVar(&cfg.Topic, "topic", eventsEnv("KVMESH_EVENTS_TOPIC", ""), "topic prefix to subscribe to; empty receives all [KVMESH_EVENTS_TOPIC]")
+	f.StringVar(&cfg.Endpoint, "endpoint", os.Getenv("KVMESH_EVENTS_ENDPOINT"), "publisher PUB endpoint, e.g. tcp://127.0.0.1:5557 [KVMESH_EVENTS_ENDPOINT]")
+	f.StringVar(&cfg.ReplayEndpoint, "replay-endpoint", os.Getenv("KVMESH_EVENTS_REPLAY_ENDPOINT"), "publisher replay (ROUTER) endpoint; enables gap repair [KVMESH_EVENTS_REPLAY_ENDPOINT]")
+	f.StringVar(&cfg.Topic, "topic", os.Getenv("KVMESH_EVENTS_TOPIC"), "topic prefix to subscribe to; empty receives all [KVMESH_EVENTS_TOPIC]")
 	f.IntVar(&cfg.BlockSize, "block-size", 0, "worker block size for conversion checks; 0 trusts the wire")
 	f.IntVar(&cfg.Count, "count", 0, "exit after this many events; 0 runs until the timeout or Ctrl-C")
 	f.DurationVar(&cfg.Timeout, "timeout", 0*time.Second, "give up after this long; 0 waits forever")
 	return cmd
-}
-
-// eventsEnv reads a KVMESH_* default for a flag.
-func eventsEnv(key, def string) string {
-	if v, ok := os.LookupEnv(key); ok {
-		return v
-	}
-	return def
 }
 
 func init() {

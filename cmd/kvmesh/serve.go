@@ -61,6 +61,8 @@ type runningFrontend struct {
 	srv     *http.Server
 	ln      net.Listener
 	errc    chan error
+	// cancelRequests ends every request's context (BaseContext).
+	cancelRequests context.CancelFunc
 }
 
 func startFrontend(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc *runtime.Discovery, log *slog.Logger) (*runningFrontend, error) {
@@ -118,7 +120,9 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 		cl.Close()
 		return nil, fmt.Errorf("--listen %s: %w", ff.listen, err)
 	}
-	rf := &runningFrontend{cluster: cl, srv: srv, ln: ln, errc: make(chan error, 1)}
+	reqCtx, cancelRequests := context.WithCancel(context.Background())
+	srv.BaseContext = func(net.Listener) context.Context { return reqCtx }
+	rf := &runningFrontend{cluster: cl, srv: srv, ln: ln, errc: make(chan error, 1), cancelRequests: cancelRequests}
 	go func() { rf.errc <- srv.Serve(ln) }()
 	return rf, nil
 }
@@ -133,12 +137,21 @@ func (rf *runningFrontend) url() string {
 	return fmt.Sprintf("http://%s/v1", net.JoinHostPort(host, fmt.Sprint(addr.Port)))
 }
 
+// shutdown stops accepting requests, gives streams in flight a moment to
+// finish, then cancels the rest so Ctrl-C never hangs on a long generation.
 func (rf *runningFrontend) shutdown() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
-	_ = rf.srv.Shutdown(ctx)
+	if err := rf.srv.Shutdown(ctx); err != nil {
+		rf.cancelRequests()
+		_ = rf.srv.Close()
+	}
+	rf.cancelRequests()
 	rf.cluster.Close()
 }
+
+// shutdownGrace is how long in-flight streams may run on after Ctrl-C.
+const shutdownGrace = 1 * time.Second
 
 func newServeCmd() *cobra.Command {
 	ff := &frontendFlags{}
@@ -153,9 +166,6 @@ OpenAI-compatible frontend with the KV-aware router, all in one process. Ctrl-C 
 cleanly. Every flag has a KVMESH_* environment variable.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := workerApplyEnv(cmd.Flags()); err != nil {
-				return err
-			}
 			return runServe(cmd, ff, sf, workers, natsURL, dataDir)
 		},
 	}
@@ -169,8 +179,7 @@ cleanly. Every flag has a KVMESH_* environment variable.`,
 	f.IntVar(&sf.MaxBatchedTokens, "max-batched-tokens", sf.MaxBatchedTokens, "sim: token budget per scheduler step")
 	f.IntVar(&sf.MaxSeqs, "max-seqs", sf.MaxSeqs, "sim: running sequences per step")
 	f.Float64Var(&sf.SpeedupRatio, "speedup-ratio", sf.SpeedupRatio, "sim: divide modelled time by this (0: no waiting)")
-	f.VisitAll(func(fl *pflag.Flag) { fl.Usage += " [" + workerEnvName(fl.Name) + "]" })
-	return cmd
+	return withEnv(cmd, "")
 }
 
 func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, natsURL, dataDir string) error {
@@ -294,9 +303,6 @@ func newFrontendCmd() *cobra.Command {
 		Short: "Run the OpenAI frontend and KV router against workers registered on NATS",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := workerApplyEnv(cmd.Flags()); err != nil {
-				return err
-			}
 			log, err := workerLogger(ff.logLevel, os.Stderr)
 			if err != nil {
 				return err
@@ -337,8 +343,7 @@ func newFrontendCmd() *cobra.Command {
 	f.StringVar(&natsCA, "nats-ca", "", "CA certificate to trust for NATS TLS")
 	f.StringVar(&natsCert, "nats-cert", "", "client certificate for NATS TLS")
 	f.StringVar(&natsKey, "nats-key", "", "client key for NATS TLS")
-	f.VisitAll(func(fl *pflag.Flag) { fl.Usage += " [" + workerEnvName(fl.Name) + "]" })
-	return cmd
+	return withEnv(cmd, "")
 }
 
 func init() {

@@ -58,11 +58,8 @@ Malformed trace lines are reported with their line numbers and skipped
 variable (--trace also reads KVMESH_TRACE).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := twinApplyEnv(cmd.Flags()); err != nil {
-				return err
-			}
 			if tf.trace == "" {
-				tf.trace = os.Getenv("KVMESH_TRACE")
+				tf.trace = traceFromEnv()
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
@@ -95,32 +92,7 @@ variable (--trace also reads KVMESH_TRACE).`,
 	f.Float64Var(&tf.prefillScale, "prefill-scale", 1, "router cost: weight of prefill blocks against decode blocks (Dynamo's overlap weight)")
 	f.Float64Var(&tf.workWeight, "work-weight", router.TimeCost().WorkWeight, "router time cost: weight of the request's own prefill time on top of its predicted TTFT")
 	f.Float64Var(&tf.temperature, "temperature", 0, "router cost: softmax temperature (0: arg-min)")
-	f.VisitAll(func(fl *pflag.Flag) { fl.Usage += " [" + twinEnvName(fl.Name) + "]" })
-	return cmd
-}
-
-// twinEnvName maps a flag to its environment variable: --block-size is
-// KVMESH_TWIN_BLOCK_SIZE.
-func twinEnvName(flag string) string {
-	return "KVMESH_TWIN_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
-}
-
-// twinApplyEnv sets every flag not given on the command line from its
-// KVMESH_TWIN_* variable, if set.
-func twinApplyEnv(fs *pflag.FlagSet) error {
-	var err error
-	fs.VisitAll(func(fl *pflag.Flag) {
-		if err != nil || fl.Changed {
-			return
-		}
-		name := twinEnvName(fl.Name)
-		if v, ok := os.LookupEnv(name); ok {
-			if e := fs.Set(fl.Name, v); e != nil {
-				err = fmt.Errorf("%s=%q: %w", name, v, e)
-			}
-		}
-	})
-	return err
+	return withEnv(cmd, "TWIN_")
 }
 
 // twinModes is the list of modes to run: --compare, else --router.

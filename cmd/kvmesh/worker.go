@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
@@ -54,9 +53,6 @@ On startup it prints one line to stdout:
   kvmesh worker ready instance=<hex id> grpc=<host:port> model=<name>`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := workerApplyEnv(cmd.Flags()); err != nil {
-				return err
-			}
 			return runWorker(cmd, wf)
 		},
 	}
@@ -93,32 +89,7 @@ On startup it prints one line to stdout:
 	f.Float64Var(&s.DecodeSpeedupRatio, "decode-speedup-ratio", s.DecodeSpeedupRatio, "sim: extra divisor for decode time")
 	f.IntVar(&s.Layers, "layers", s.Layers, "sim: payload layers per block")
 	f.IntVar(&s.PayloadSize, "payload-size", s.PayloadSize, "sim: payload bytes per block and layer")
-	f.VisitAll(func(fl *pflag.Flag) { fl.Usage += " [" + workerEnvName(fl.Name) + "]" })
-	return cmd
-}
-
-// workerEnvName maps a flag to its environment variable: --max-seqs is
-// KVMESH_MAX_SEQS.
-func workerEnvName(flag string) string {
-	return "KVMESH_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
-}
-
-// workerApplyEnv sets every flag not given on the command line from its
-// KVMESH_* variable, if set.
-func workerApplyEnv(fs *pflag.FlagSet) error {
-	var err error
-	fs.VisitAll(func(fl *pflag.Flag) {
-		if err != nil || fl.Changed {
-			return
-		}
-		name := workerEnvName(fl.Name)
-		if v, ok := os.LookupEnv(name); ok {
-			if e := fs.Set(fl.Name, v); e != nil {
-				err = fmt.Errorf("%s=%q: %w", name, v, e)
-			}
-		}
-	})
-	return err
+	return withEnv(cmd, "")
 }
 
 func workerLogger(level string, w *os.File) (*slog.Logger, error) {
