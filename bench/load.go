@@ -170,6 +170,7 @@ type RequestRecord struct {
 	InputTokens  int     `json:"input_tokens"`
 	MaxTokens    int     `json:"max_tokens"`
 	PromptTokens int     `json:"prompt_tokens,omitempty"` // from usage
+	CachedTokens int     `json:"cached_tokens,omitempty"` // usage.prompt_tokens_details.cached_tokens
 	OutputTokens int     `json:"output_tokens"`
 	OK           bool    `json:"ok"`
 	Status       int     `json:"status,omitempty"`
@@ -439,7 +440,7 @@ func (r *loadRunner) send(i int, lag time.Duration) {
 		return
 	}
 	rec.OK = true
-	rec.PromptTokens = res.promptTokens
+	rec.PromptTokens, rec.CachedTokens = res.promptTokens, res.cachedTokens
 	rec.OutputTokens = res.outputTokens
 	rec.TTFTms = ms(res.first.Sub(start))
 	rec.LatencyMS = ms(res.last.Sub(start))
@@ -496,6 +497,7 @@ type streamResult struct {
 	err, detail                string
 	first, second, last        time.Time
 	promptTokens, outputTokens int
+	cachedTokens               int
 }
 
 type streamChunk struct {
@@ -508,8 +510,11 @@ type streamChunk struct {
 		Text string `json:"text"`
 	} `json:"choices"`
 	Usage *struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
 	Error json.RawMessage `json:"error"`
 }
@@ -603,6 +608,9 @@ func doStream(ctx context.Context, client *http.Client, u, key string, body []by
 		}
 		if ch.Usage != nil {
 			res.promptTokens, res.outputTokens = ch.Usage.PromptTokens, ch.Usage.CompletionTokens
+			if d := ch.Usage.PromptTokensDetails; d != nil {
+				res.cachedTokens = d.CachedTokens
+			}
 		}
 	}
 	if res.first.IsZero() {

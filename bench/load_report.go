@@ -196,6 +196,10 @@ type LoadReport struct {
 	OutputTokS   float64 `json:"output_tok_s"`
 	InputTokS    float64 `json:"input_tok_s"`
 	MaxLagMS     float64 `json:"max_schedule_lag_ms"`
+	// CachedRatio is the server-reported prompt tokens served from its KV
+	// cache (usage.prompt_tokens_details.cached_tokens) over all prompt
+	// tokens, for requests whose usage said both.
+	CachedRatio float64 `json:"cached_prompt_ratio"`
 
 	TTFTms       Stats         `json:"ttft_ms"`
 	TTSTms       Stats         `json:"ttst_ms"`
@@ -221,6 +225,7 @@ func buildReport(c *LoadConfig, recs []RequestRecord, planned int) *LoadReport {
 	var ttft, ttst, itl, lat, tps, in, out []float64
 	first, last := math.Inf(1), math.Inf(-1)
 	totalOut, totalIn := 0, 0
+	usagePrompt, usageCached := 0, 0
 	for i := range recs {
 		r := &recs[i]
 		first, last = math.Min(first, r.StartS), math.Max(last, r.EndS)
@@ -249,6 +254,10 @@ func buildReport(c *LoadConfig, recs []RequestRecord, planned int) *LoadReport {
 		out = append(out, float64(r.OutputTokens))
 		totalOut += r.OutputTokens
 		totalIn += r.InputTokens
+		if r.PromptTokens > 0 {
+			usagePrompt += r.PromptTokens
+			usageCached += r.CachedTokens
+		}
 		good := true
 		for _, s := range c.Goodput {
 			good = good && s.met(r)
@@ -266,6 +275,9 @@ func buildReport(c *LoadConfig, recs []RequestRecord, planned int) *LoadReport {
 		rep.OutputTokS = float64(totalOut) / rep.DurationS
 		rep.InputTokS = float64(totalIn) / rep.DurationS
 		rep.Goodput.PerS = float64(rep.Goodput.Good) / rep.DurationS
+	}
+	if usagePrompt > 0 {
+		rep.CachedRatio = float64(usageCached) / float64(usagePrompt)
 	}
 	if len(recs) > 0 {
 		rep.Goodput.Fraction = float64(rep.Goodput.Good) / float64(len(recs))
@@ -337,6 +349,7 @@ func (rep *LoadReport) printSummary(w io.Writer) {
 	fmt.Fprintf(w, "duration %.2f s: %.3f req/s, %.1f output tok/s, %.1f input tok/s, max schedule lag %.1f ms\n",
 		rep.DurationS, rep.RequestsPerS, rep.OutputTokS, rep.InputTokS, rep.MaxLagMS)
 	fmt.Fprintf(w, "goodput: %s\n", rep.goodputText())
+	fmt.Fprintf(w, "server prefix cache: %.4f of prompt tokens cached (usage.prompt_tokens_details.cached_tokens)\n", rep.CachedRatio)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "metric\tcount\tmean\tp50\tp90\tp99\tmin\tmax\t")
 	for _, m := range rep.metricRows() {

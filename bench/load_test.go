@@ -135,7 +135,7 @@ func (f *fakeOpenAI) complete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !rp.noUsage {
-		send(fmt.Sprintf(`{"choices":[],"usage":{"prompt_tokens":11,"completion_tokens":%d,"total_tokens":%d}}`, rp.tokens, rp.tokens+11))
+		send(fmt.Sprintf(`{"choices":[],"usage":{"prompt_tokens":11,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":4}}}`, rp.tokens, rp.tokens+11))
 	}
 	send("[DONE]")
 }
@@ -186,6 +186,9 @@ func TestLoadMetricsAgainstFake(t *testing.T) {
 	}
 	if rep.OutputTokens.Mean != tokens || rep.OutputTokens.Count != 6 {
 		t.Errorf("output tokens %+v", rep.OutputTokens)
+	}
+	if rep.CachedRatio != 4.0/11 {
+		t.Errorf("cached prompt ratio %v, want 4/11 from the usage chunks", rep.CachedRatio)
 	}
 	// Six requests at concurrency 3 take at least two rounds.
 	if min := 2 * msF(first+(tokens-1)*gap) / 1000; rep.DurationS < min {
