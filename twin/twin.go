@@ -175,13 +175,16 @@ type worker struct {
 	core *sim.Core
 	key  kv.WorkerKey
 	// at is the next event: the end of the pass in res when pending, else
-	// the start of the next pass.
-	at         time.Time
-	active     bool
-	pending    bool
-	res        *sim.StepResult
-	lastReport time.Time
-	stalls     int
+	// the start of the next pass; atNS is the same instant in nanoseconds
+	// since the twin's start (the event loop compares integers).
+	at       time.Time
+	atNS     int64
+	active   bool
+	pending  bool
+	reported bool // lastNS holds the last load report
+	res      *sim.StepResult
+	lastNS   int64
+	stalls   int
 }
 
 type request struct {
@@ -200,18 +203,20 @@ type twin struct {
 	ix  *index.Index
 	ws  []worker
 
+	// Event times are nanoseconds since t0.
 	reqs  []request
 	next  int       // next trace request to issue
 	t0    time.Time // virtual start
-	now   time.Time // the twin's time
-	vcNow time.Time // what vc reads
+	now   int64     // the twin's time
+	vcNow int64     // what vc reads
 	ts0   int64     // first trace timestamp
 	// Open loop: the arrival time of request cachedNext.
 	cachedNext int
-	cachedAt   time.Time
+	cachedAt   int64
 	cachedOK   bool
-	issue      []time.Time
+	issue      []int64
 	head       int // closed loop: issue[head:] are pending client issue times
+	iter       int // events handled, for the context checks
 
 	ph    *promptHasher // nil: expand and hash every prompt
 	tok   []kv.Token
@@ -264,7 +269,7 @@ func Run(ctx context.Context, wl *Workload, cfg Config) (*Result, error) {
 }
 
 func newTwin(wl *Workload, cfg Config) (*twin, error) {
-	t := &twin{cfg: cfg, wl: wl, vc: clock.NewVirtual(clock.Epoch), t0: clock.Epoch, now: clock.Epoch, vcNow: clock.Epoch,
+	t := &twin{cfg: cfg, wl: wl, vc: clock.NewVirtual(clock.Epoch), t0: clock.Epoch,
 		reqs: make([]request, len(wl.Requests))}
 	if len(wl.Requests) > 0 {
 		t.ts0 = wl.Requests[0].TimestampMS
@@ -347,14 +352,14 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 	}
 	if cfg.Concurrency > 0 {
 		for range min(cfg.Concurrency, len(wl.Requests)) {
-			t.issue = append(t.issue, t.t0)
+			t.issue = append(t.issue, 0)
 		}
 	}
 	return t, nil
 }
 
 // nextArrival is when the next request is issued, if any is left.
-func (t *twin) nextArrival() (time.Time, bool) {
+func (t *twin) nextArrival() (int64, bool) {
 	if t.cfg.Concurrency == 0 && t.next == t.cachedNext {
 		return t.cachedAt, t.cachedOK
 	}
@@ -365,36 +370,41 @@ func (t *twin) nextArrival() (time.Time, bool) {
 	return at, ok
 }
 
-func (t *twin) computeNextArrival() (time.Time, bool) {
+func (t *twin) computeNextArrival() (int64, bool) {
 	if t.next >= len(t.wl.Requests) {
-		return time.Time{}, false
+		return 0, false
 	}
 	if t.cfg.Concurrency > 0 {
 		if t.head < len(t.issue) {
 			return t.issue[t.head], true
 		}
-		return time.Time{}, false
+		return 0, false
 	}
 	ms := float64(t.wl.Requests[t.next].TimestampMS - t.ts0)
-	return t.t0.Add(time.Duration(ms * float64(time.Millisecond) / t.cfg.ArrivalSpeedup)), true
+	return int64(time.Duration(ms * float64(time.Millisecond) / t.cfg.ArrivalSpeedup)), true
 }
 
+// loop handles events in time order: the earliest of the next arrival and
+// the active workers' next events, an arrival first on ties, then the
+// lowest-numbered worker. Once a worker's event is due it keeps handling
+// its own events while they come before every other one (by the same
+// order), which saves a scan of the fleet per pass and handles exactly the
+// same sequence of events.
 func (t *twin) loop(ctx context.Context) error {
-	for iter := 0; ; iter++ {
-		if iter&1023 == 0 {
-			if err := ctx.Err(); err != nil {
-				return fmt.Errorf("twin: %w", err)
-			}
+	for {
+		if err := t.tick(ctx); err != nil {
+			return err
 		}
-		cw := -1
+		cw, cat := -1, int64(0)
 		for i := range t.ws {
-			if t.ws[i].active && (cw < 0 || t.ws[i].at.Before(t.ws[cw].at)) {
-				cw = i
+			if w := &t.ws[i]; w.active && (cw < 0 || w.atNS < cat) {
+				cw, cat = i, w.atNS
 			}
 		}
 		// Arrivals first on ties, so a burst lands in one pass.
-		if at, ok := t.nextArrival(); ok && (cw < 0 || !at.After(t.ws[cw].at)) {
-			if err := t.arrive(ctx, at); err != nil {
+		arr, ok := t.nextArrival()
+		if ok && (cw < 0 || arr <= cat) {
+			if err := t.arrive(ctx, arr); err != nil {
 				return err
 			}
 			continue
@@ -402,44 +412,90 @@ func (t *twin) loop(ctx context.Context) error {
 		if cw < 0 {
 			return nil
 		}
-		if err := t.workerEvent(cw); err != nil {
-			return err
+		// cw's events stay next while they come before the arrival and
+		// before (lower-numbered workers) or not after (higher-numbered)
+		// every other worker's next event: no other worker's time changes
+		// meanwhile, and only a closed loop's completions add arrivals.
+		limit := int64(math.MaxInt64)
+		if ok {
+			limit = arr
+		}
+		for i := range t.ws {
+			if w := &t.ws[i]; w.active && i != cw {
+				l := w.atNS
+				if i > cw {
+					l++
+				}
+				limit = min(limit, l)
+			}
+		}
+		wk := &t.ws[cw]
+		for {
+			if err := t.workerEvent(cw); err != nil {
+				return err
+			}
+			if !wk.active || wk.atNS >= limit {
+				break
+			}
+			if t.cfg.Concurrency > 0 {
+				if arr, ok := t.nextArrival(); ok && arr <= wk.atNS {
+					break
+				}
+			}
+			if err := t.tick(ctx); err != nil {
+				return err
+			}
 		}
 	}
 }
 
+// tick counts an event and checks ctx every 1024 of them.
+func (t *twin) tick(ctx context.Context) error {
+	t.iter++
+	if t.iter&1023 == 1 {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("twin: %w", err)
+		}
+	}
+	return nil
+}
+
 // advance sets the twin's time (events are handled in time order, so it
 // never goes back).
-func (t *twin) advance(now time.Time) {
-	if now.After(t.now) {
+func (t *twin) advance(now int64) {
+	if now > t.now {
 		t.now = now
 	}
 }
+
+// at is the instant ns after the twin's start.
+func (t *twin) at(ns int64) time.Time { return t.t0.Add(time.Duration(ns)) }
 
 // syncClock brings the router's virtual clock to the twin's time; called
 // before the router reads it (Route, UpdateLoad) rather than at every event.
 func (t *twin) syncClock() {
 	if t.now != t.vcNow {
-		t.vc.AdvanceTo(t.now)
+		t.vc.AdvanceTo(t.at(t.now))
 		t.vcNow = t.now
 	}
 }
 
-// arrive routes trace request t.next at time at and hands it to its worker.
-func (t *twin) arrive(ctx context.Context, at time.Time) error {
+// arrive routes trace request t.next at atNS and hands it to its worker.
+func (t *twin) arrive(ctx context.Context, atNS int64) error {
 	i := t.next
 	t.next++
 	if t.cfg.Concurrency > 0 {
 		t.head++
 	}
-	t.advance(at)
+	t.advance(atNS)
+	at := t.at(atNS)
 	if t.firstAt.IsZero() {
 		t.firstAt = at
 	}
 	rq := &t.wl.Requests[i]
 	plen := trace.TokenLen(rq, t.wl.TraceBlockSize)
 	if plen == 0 {
-		t.reject(&t.res.RejectedInvalid, at, fmt.Sprintf("trace line %d: empty prompt", rq.Line))
+		t.reject(&t.res.RejectedInvalid, atNS, fmt.Sprintf("trace line %d: empty prompt", rq.Line))
 		return nil
 	}
 	rr := router.Request{Model: model}
@@ -454,7 +510,7 @@ func (t *twin) arrive(ctx context.Context, at time.Time) error {
 	if err != nil {
 		var be *router.BusyError
 		if errors.As(err, &be) {
-			t.reject(&t.res.RejectedBusy, at.Add(be.RetryAfter), "")
+			t.reject(&t.res.RejectedBusy, atNS+int64(be.RetryAfter), "")
 			return nil
 		}
 		return fmt.Errorf("twin: route trace line %d: %w", rq.Line, err)
@@ -482,21 +538,21 @@ func (t *twin) arrive(ctx context.Context, at time.Time) error {
 	t.hint = nil
 	if err != nil {
 		d.Done()
-		t.reject(&t.res.RejectedInvalid, at, err.Error())
+		t.reject(&t.res.RejectedInvalid, atNS, err.Error())
 		return nil
 	}
 	st.dec, st.seq, st.arrival = d, s, at
 	s.Tag = st
 	t.predicted += int64(d.CachedTokens)
 	if wk := &t.ws[w]; !wk.active {
-		wk.active, wk.pending, wk.at = true, false, at
+		wk.active, wk.pending, wk.at, wk.atNS = true, false, at, atNS
 	}
 	return nil
 }
 
 // reject counts a request that was not served; a closed-loop client issues
 // its next request at retry.
-func (t *twin) reject(counter *int, retry time.Time, why string) {
+func (t *twin) reject(counter *int, retry int64, why string) {
 	*counter++
 	if why != "" && len(t.res.RejectReasons) < 10 {
 		t.res.RejectReasons = append(t.res.RejectReasons, why)
@@ -524,11 +580,13 @@ func (t *twin) carveTail(src []kv.Token) []kv.Token {
 // (outputs reach the router at that time), then the start of the next.
 func (t *twin) workerEvent(w int) error {
 	wk := &t.ws[w]
-	now := wk.at
-	t.advance(now)
+	now, nowNS := wk.at, wk.atNS
+	t.advance(nowNS)
 	if wk.pending {
 		wk.pending = false
-		t.handle(wk.res, now)
+		if res := wk.res; res.FirstTokens > 0 || res.Finished > 0 {
+			t.handle(res, now, nowNS)
+		}
 	}
 	if wk.core.Idle() {
 		wk.active = false
@@ -539,24 +597,25 @@ func (t *twin) workerEvent(w int) error {
 			if wk.stalls++; wk.stalls > stallLimit {
 				return fmt.Errorf("twin: worker %d scheduled nothing for %d passes", w+1, stallLimit)
 			}
-			wk.at = now.Add(time.Millisecond)
+			wk.at, wk.atNS = now.Add(time.Millisecond), nowNS+int64(time.Millisecond)
 		} else {
 			wk.stalls = 0
-			wk.res, wk.pending, wk.at = res, true, res.End
+			// res.End is now + res.Duration.
+			wk.res, wk.pending, wk.at, wk.atNS = res, true, res.End, nowNS+int64(res.Duration)
 			t.res.Passes++
 		}
 	}
-	if !wk.active || now.Sub(wk.lastReport) >= t.cfg.LoadInterval {
+	if !wk.active || !wk.reported || nowNS-wk.lastNS >= int64(t.cfg.LoadInterval) {
 		st := wk.core.Stats()
 		t.syncClock()
 		t.r.UpdateLoad(wk.key, st.UsedBlocks, st.TotalBlocks, st.Running, st.Waiting)
-		wk.lastReport = now
+		wk.lastNS, wk.reported = nowNS, true
 	}
 	return nil
 }
 
 // handle delivers a finished pass's first tokens and completions.
-func (t *twin) handle(res *sim.StepResult, now time.Time) {
+func (t *twin) handle(res *sim.StepResult, now time.Time, nowNS int64) {
 	for i := range res.Outputs {
 		o := &res.Outputs[i]
 		if !o.First && o.Finish == engine.FinishNone {
@@ -571,12 +630,12 @@ func (t *twin) handle(res *sim.StepResult, now time.Time) {
 		}
 		if o.Finish != engine.FinishNone {
 			st.dec.Done()
-			t.complete(st, now)
+			t.complete(st, now, nowNS)
 		}
 	}
 }
 
-func (t *twin) complete(st *request, now time.Time) {
+func (t *twin) complete(st *request, now time.Time, nowNS int64) {
 	m := st.seq.Metrics()
 	ttft := m.FirstToken.Sub(m.Arrival)
 	e2e := m.Finished.Sub(m.Arrival)
@@ -598,7 +657,7 @@ func (t *twin) complete(st *request, now time.Time) {
 	}
 	st.dec, st.seq = nil, nil // let the GC have them
 	if t.cfg.Concurrency > 0 {
-		t.issue = append(t.issue, now)
+		t.issue = append(t.issue, nowNS)
 	}
 }
 

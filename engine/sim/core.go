@@ -44,6 +44,8 @@ type StepResult struct {
 	ActiveKV      int // Σ context length of the sampling requests
 	Preempted     int // requests preempted in this pass
 	TransferBytes int64
+	FirstTokens   int // Outputs that are a request's first token
+	Finished      int // Outputs that finish their request
 
 	Outputs []Output
 }
@@ -355,7 +357,12 @@ func (c *Core) freeBlocks(s *Seq) {
 // stamped at the pass end.
 func (c *Core) Step(now time.Time) *StepResult {
 	r := &c.res
-	*r = StepResult{Start: now, End: now, Outputs: r.Outputs[:0]}
+	// Field by field: a whole-struct store costs a write-barrier copy of
+	// Outputs on every pass.
+	r.Start, r.End, r.Duration = now, now, 0
+	r.Seqs, r.BatchedTokens, r.PrefillTokens, r.DecodeSeqs, r.ActiveKV, r.Preempted = 0, 0, 0, 0, 0, 0
+	r.TransferBytes, r.FirstTokens, r.Finished = 0, 0, 0
+	r.Outputs = r.Outputs[:0]
 	c.sched = c.sched[:0]
 	budget := c.cfg.MaxBatchedTokens
 
@@ -582,9 +589,13 @@ func (c *Core) sample(s *Seq, end time.Time) bool {
 		fin = engine.FinishLength
 	}
 	c.res.Outputs = append(c.res.Outputs, Output{Seq: s, Token: tok, First: first, Finish: fin})
+	if first {
+		c.res.FirstTokens++
+	}
 	if fin == engine.FinishNone {
 		return false
 	}
+	c.res.Finished++
 	c.freeBlocks(s)
 	s.st = stFinished
 	s.m.Finish = fin

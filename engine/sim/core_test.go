@@ -126,6 +126,18 @@ func randomLoad(t *testing.T, seed uint64) {
 			t.Fatalf("step %d: duration %v for %d seqs", step, res.Duration, res.Seqs)
 		}
 		seen := map[*Seq]bool{}
+		firsts, finished := 0, 0
+		for _, o := range res.Outputs {
+			if o.First {
+				firsts++
+			}
+			if o.Finish != engine.FinishNone {
+				finished++
+			}
+		}
+		if res.FirstTokens != firsts || res.Finished != finished {
+			t.Fatalf("step %d: FirstTokens %d, Finished %d; outputs have %d and %d", step, res.FirstTokens, res.Finished, firsts, finished)
+		}
 		for _, o := range res.Outputs {
 			if seen[o.Seq] {
 				t.Fatalf("step %d: two tokens for %s", step, o.Seq.ID())
