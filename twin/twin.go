@@ -332,7 +332,8 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 		}
 		if kvMode {
 			ix := t.ix
-			core.SetEventSink(func(batch []kv.Event) {
+			// Apply copies what it keeps, so the core may reuse the batch.
+			core.SetTransientEventSink(func(batch []kv.Event) {
 				for i := range batch {
 					ix.Apply(batch[i])
 				}

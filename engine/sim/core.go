@@ -119,7 +119,13 @@ func (c *Core) Config() Config { return c.cfg }
 
 // SetEventSink installs where KV events go (nil drops them). Events are
 // numbered per sink from where the last one stopped.
-func (c *Core) SetEventSink(sink engine.EventSink) { c.ev.sink = sink }
+func (c *Core) SetEventSink(sink engine.EventSink) { c.ev.sink, c.ev.transient = sink, false }
+
+// SetTransientEventSink is SetEventSink for a sink that keeps neither the
+// batch nor any slice in its events after it returns (it copies what it
+// needs, as index.Index.Apply does): the core then reuses those slices for
+// its next events instead of allocating new ones per flush.
+func (c *Core) SetTransientEventSink(sink engine.EventSink) { c.ev.sink, c.ev.transient = sink, sink != nil }
 
 // Counters returns the running totals.
 func (c *Core) Counters() Counters {

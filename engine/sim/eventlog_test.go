@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
@@ -131,5 +132,67 @@ func TestEventLogHoist(t *testing.T) {
 	l.flush()
 	if k := kinds(); k != "R..S.." || got[0].ID+1 != got[1].ID {
 		t.Fatalf("events %s %+v", k, got)
+	}
+}
+
+// A transient sink sees exactly the events a keeping sink sees, in slices
+// the core reuses from one flush to the next.
+func TestTransientSinkSameEventsReused(t *testing.T) {
+	cfg := testConfig()
+	cfg.Blocks = 24 // tight: evictions and preemptions
+	keep, reuse := mustCore(t, cfg), mustCore(t, cfg)
+	var kept, copied [][]kv.Event
+	keep.SetEventSink(func(batch []kv.Event) { kept = append(kept, batch) })
+	deep := func(batch []kv.Event) []kv.Event {
+		out := make([]kv.Event, len(batch))
+		for i, e := range batch {
+			e.Blocks = append([]kv.StoredBlock(nil), e.Blocks...)
+			e.Removed = append([]uint64(nil), e.Removed...)
+			e.Tokens = append([]kv.Token(nil), e.Tokens...)
+			out[i] = e
+		}
+		return out
+	}
+	var firsts []*kv.Event
+	reuse.SetTransientEventSink(func(batch []kv.Event) {
+		copied = append(copied, deep(batch))
+		firsts = append(firsts, &batch[0])
+	})
+	now := time.Time{}
+	for i := 0; i < 40; i++ {
+		p := make([]kv.Token, 6+i%5*7)
+		for j := range p {
+			p[j] = kv.Token((i%6)*1000 + j) // six prompts sharing nothing, repeated
+		}
+		for _, c := range []*Core{keep, reuse} {
+			if _, err := c.Add(req("r", p, 1+i%4), now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 3 {
+			now = keep.Step(now).End
+			reuse.Step(now)
+		}
+	}
+	for !keep.Idle() {
+		now = keep.Step(now).End
+		reuse.Step(now)
+	}
+	if len(kept) != len(copied) || len(kept) < 10 {
+		t.Fatalf("%d batches kept, %d transient", len(kept), len(copied))
+	}
+	for i := range kept {
+		if !reflect.DeepEqual(deep(kept[i]), copied[i]) {
+			t.Fatalf("batch %d: kept %+v, transient %+v", i, kept[i], copied[i])
+		}
+	}
+	reused := 0
+	for i := 1; i < len(firsts); i++ {
+		if firsts[i] == firsts[i-1] {
+			reused++
+		}
+	}
+	if reused == 0 {
+		t.Fatal("the transient sink never got a reused batch")
 	}
 }

@@ -178,9 +178,10 @@ func (p *pool) match(seqs []kv.SeqHash, ids []int32) (int, []int32) {
 // names one of the chain's blocks or its parent; so such a chain stays one
 // event instead of alternating one-block events. Otherwise order is
 // preserved. Each flush hands the sink freshly allocated slices, so a sink
-// may keep them.
+// may keep them, unless the sink is transient: then the log reuses them.
 type eventLog struct {
 	sink       engine.EventSink
+	transient  bool // the sink keeps nothing: reuse the slices after it returns
 	omitTokens bool
 	worker     kv.WorkerKey
 	nextID     uint64
@@ -295,7 +296,11 @@ func (l *eventLog) flush() {
 	if len(l.events) == 0 || l.sink == nil {
 		return
 	}
-	batch := l.events
+	batch, blocks, toks, removes := l.events, l.blocks, l.toks, l.removes
 	l.events, l.blocks, l.toks, l.removes, l.hoistEnd = nil, nil, nil, nil, 0
 	l.sink(batch)
+	// Reuse only when the sink did not make the core log more meanwhile.
+	if l.transient && l.events == nil && l.blocks == nil && l.toks == nil && l.removes == nil {
+		l.events, l.blocks, l.toks, l.removes = batch[:0], blocks[:0], toks[:0], removes[:0]
+	}
 }
