@@ -125,7 +125,9 @@ func (c *Core) SetEventSink(sink engine.EventSink) { c.ev.sink, c.ev.transient =
 // batch nor any slice in its events after it returns (it copies what it
 // needs, as index.Index.Apply does): the core then reuses those slices for
 // its next events instead of allocating new ones per flush.
-func (c *Core) SetTransientEventSink(sink engine.EventSink) { c.ev.sink, c.ev.transient = sink, sink != nil }
+func (c *Core) SetTransientEventSink(sink engine.EventSink) {
+	c.ev.sink, c.ev.transient = sink, sink != nil
+}
 
 // Counters returns the running totals.
 func (c *Core) Counters() Counters {
