@@ -9,7 +9,8 @@ import (
 // partial tail without materialising the prompt: when engine blocks tile
 // trace blocks (the trace block size is a multiple of the engine's), an
 // engine block's tokens depend only on its hash id and offset, so each hash
-// id's blocks are hashed once per run and a repeated prefix costs a map
+// id's blocks are hashed once per workload (Workload keeps the hasher
+// between runs) and a repeated prefix costs a map
 // lookup per trace block. The hashes equal kv.LocalHashes over
 // appendTokens' expansion with the twin's (empty LoRA/salt) seed.
 type promptHasher struct {

@@ -250,6 +250,7 @@ func Run(ctx context.Context, wl *Workload, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer wl.putHasher(t.ph)
 	if err := t.loop(ctx); err != nil {
 		return nil, err
 	}
@@ -275,7 +276,7 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 		t.ts0 = wl.Requests[0].TimestampMS
 	}
 	t.cachedNext = -1
-	t.ph = newPromptHasher(wl.TraceBlockSize, cfg.BlockSize)
+	t.ph = wl.takeHasher(cfg.BlockSize)
 	t.res = Result{Mode: cfg.Mode, Workers: cfg.Workers, Offered: len(wl.Requests)}
 	kvMode := cfg.Mode == ModeKV || cfg.Mode == ModeKVHints
 	hints := cfg.Mode == ModeKVHints

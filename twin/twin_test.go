@@ -460,3 +460,38 @@ func TestPromptHasher(t *testing.T) {
 		}
 	}
 }
+
+// TestHasherReuse: a workload keeps its prompt hasher between runs; runs on
+// a warm workload, sequential or concurrent, report exactly what runs on a
+// fresh one do.
+func TestHasherReuse(t *testing.T) {
+	wl := loadSlice(t)
+	fresh := func() *Workload {
+		return &Workload{TraceBlockSize: wl.TraceBlockSize, Requests: wl.Requests}
+	}
+	cfg := Config{Mode: ModeKV, Workers: 4, Seed: 3}
+	want := run(t, fresh(), cfg)
+	run(t, wl, cfg)
+	if h := wl.hashers[[2]int{wl.TraceBlockSize, sim.DefaultBlockSize}]; h == nil || len(h.hs) == 0 {
+		t.Fatal("the workload kept no prompt hasher after a run")
+	}
+	got := make([]*Result, 4)
+	errs := make(chan error, len(got))
+	for i := range got {
+		go func() {
+			var err error
+			got[i], err = Run(context.Background(), wl, cfg)
+			errs <- err
+		}()
+	}
+	for range got {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, r := range got {
+		if r.Hit != want.Hit || r.TTFT != want.TTFT || r.E2E != want.E2E || r.Passes != want.Passes || r.IndexEvents != want.IndexEvents {
+			t.Fatalf("warm run %d: hit %+v TTFT %+v, fresh: hit %+v TTFT %+v", i, r.Hit, r.TTFT, want.Hit, want.TTFT)
+		}
+	}
+}

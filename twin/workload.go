@@ -3,6 +3,7 @@ package twin
 import (
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/trace"
@@ -14,6 +15,45 @@ type Workload struct {
 	TraceBlockSize int
 	Requests       []trace.Request
 	Skipped        []trace.LineError
+
+	// Prompt hashers kept between runs, by (trace, engine) block size: a
+	// hash id's block hashes do not depend on the run, so runs after the
+	// first (--compare, benchmarks) hash nothing the workload already had.
+	mu      sync.Mutex
+	hashers map[[2]int]*promptHasher
+}
+
+// takeHasher hands a run the workload's prompt hasher for engine blocks of
+// bs tokens (a new one if none is idle; concurrent runs each get their
+// own), or nil when engine blocks straddle trace blocks.
+func (w *Workload) takeHasher(bs int) *promptHasher {
+	k := [2]int{w.TraceBlockSize, bs}
+	w.mu.Lock()
+	h := w.hashers[k]
+	delete(w.hashers, k)
+	w.mu.Unlock()
+	if h != nil {
+		return h
+	}
+	return newPromptHasher(w.TraceBlockSize, bs)
+}
+
+// putHasher keeps h for the next run, unless one that has hashed more is
+// kept already.
+func (w *Workload) putHasher(h *promptHasher) {
+	if h == nil {
+		return
+	}
+	k := [2]int{h.tbs, h.bs}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if o := w.hashers[k]; o != nil && len(o.hs) >= len(h.hs) {
+		return
+	}
+	if w.hashers == nil {
+		w.hashers = map[[2]int]*promptHasher{}
+	}
+	w.hashers[k] = h
 }
 
 // LoadOptions control LoadWorkload.
