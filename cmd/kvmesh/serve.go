@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -295,57 +294,6 @@ func waitReady(ctx context.Context, cl *frontend.Cluster, limit time.Duration) e
 	}
 }
 
-func newFrontendCmd() *cobra.Command {
-	ff := &frontendFlags{}
-	var natsURL, natsCreds, natsCA, natsCert, natsKey string
-	cmd := &cobra.Command{
-		Use:   "frontend",
-		Short: "Run the OpenAI frontend and KV router against workers registered on NATS",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := workerLogger(ff.logLevel, os.Stderr)
-			if err != nil {
-				return err
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			nc, err := runtime.Connect(runtime.ConnConfig{URLs: natsURL, Name: "kvmesh-frontend", CredsFile: natsCreds,
-				CAFile: natsCA, CertFile: natsCert, KeyFile: natsKey, Logger: log})
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			disc, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{Logger: log})
-			if err != nil {
-				return err
-			}
-			rf, err := startFrontend(ctx, ff, nc, disc, log)
-			if err != nil {
-				return err
-			}
-			defer rf.shutdown()
-			fmt.Fprintf(cmd.OutOrStdout(), "kvmesh frontend: models %v (router %s); OpenAI API at %s\n", ff.models, ff.routerMode, rf.url())
-			select {
-			case <-ctx.Done():
-				return nil
-			case err := <-rf.errc:
-				if errors.Is(err, http.ErrServerClosed) {
-					return nil
-				}
-				return err
-			}
-		},
-	}
-	f := cmd.Flags()
-	ff.register(f, []string{"kvmesh-sim"})
-	f.StringVar(&natsURL, "nats", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
-	f.StringVar(&natsCreds, "nats-creds", "", "NATS credentials file")
-	f.StringVar(&natsCA, "nats-ca", "", "CA certificate to trust for NATS TLS")
-	f.StringVar(&natsCert, "nats-cert", "", "client certificate for NATS TLS")
-	f.StringVar(&natsKey, "nats-key", "", "client key for NATS TLS")
-	return withEnv(cmd, "")
-}
-
 func init() {
-	rootCmd.AddCommand(newServeCmd(), newFrontendCmd())
+	rootCmd.AddCommand(newServeCmd())
 }

@@ -26,17 +26,17 @@ import (
 )
 
 type workerFlags struct {
-	engine, model, role                        string
-	nats, natsCreds, natsCA, natsCert, natsKey string
-	listen, advertise, instanceID              string
-	controlEndpoints                           []string
-	controlListen, advertiseHost               string
-	metricsListen                              string
-	transferTimeout                            time.Duration
-	discoveryTTL, loadInterval                 time.Duration
-	ringSize, dpSize                           int
-	logLevel                                   string
-	sim                                        sim.Config
+	engine, model, role           string
+	nats                          natsFlags
+	listen, advertise, instanceID string
+	controlEndpoints              []string
+	controlListen, advertiseHost  string
+	metricsListen                 string
+	transferTimeout               time.Duration
+	discoveryTTL, loadInterval    time.Duration
+	ringSize, dpSize              int
+	logLevel                      string
+	sim                           sim.Config
 }
 
 func newWorkerCmd() *cobra.Command {
@@ -60,11 +60,7 @@ On startup it prints one line to stdout:
 	f.StringVar(&wf.engine, "engine", "sim", "engine to drive: sim")
 	f.StringVar(&wf.model, "model", "kvmesh-sim", "model name served and registered")
 	f.StringVar(&wf.role, "role", "aggregated", "aggregated, prefill or decode")
-	f.StringVar(&wf.nats, "nats", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
-	f.StringVar(&wf.natsCreds, "nats-creds", "", "NATS credentials file")
-	f.StringVar(&wf.natsCA, "nats-ca", "", "CA certificate to trust for NATS TLS")
-	f.StringVar(&wf.natsCert, "nats-cert", "", "client certificate for NATS TLS")
-	f.StringVar(&wf.natsKey, "nats-key", "", "client key for NATS TLS")
+	wf.nats.register(f)
 	f.StringVar(&wf.listen, "listen", "127.0.0.1:0", "gRPC listen address")
 	f.StringVar(&wf.advertise, "advertise", "", "gRPC address to register (default: the bound listen address)")
 	f.StringVar(&wf.instanceID, "instance-id", "", "instance id in hex (default: random)")
@@ -152,8 +148,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		return fmt.Errorf("--engine %q: only sim is available", wf.engine)
 	}
 
-	nc, err := runtime.Connect(runtime.ConnConfig{URLs: wf.nats, Name: "kvmesh-worker " + wf.model,
-		CredsFile: wf.natsCreds, CAFile: wf.natsCA, CertFile: wf.natsCert, KeyFile: wf.natsKey, Logger: log})
+	nc, err := runtime.Connect(wf.nats.conn("kvmesh-worker "+wf.model, log))
 	if err != nil {
 		eng.Close()
 		return err

@@ -1,0 +1,29 @@
+package main
+
+import (
+	"log/slog"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kvmesh/kvmesh/runtime"
+)
+
+// natsFlags are the NATS client flags of every command that joins an
+// external cluster (`worker`, `frontend`), so they read the same everywhere.
+type natsFlags struct {
+	url, creds, ca, cert, key string
+}
+
+func (n *natsFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&n.url, "nats", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	f.StringVar(&n.creds, "nats-creds", "", "NATS credentials file")
+	f.StringVar(&n.ca, "nats-ca", "", "CA certificate to trust for NATS TLS")
+	f.StringVar(&n.cert, "nats-cert", "", "client certificate for NATS TLS")
+	f.StringVar(&n.key, "nats-key", "", "client key for NATS TLS")
+}
+
+// conn returns the connection settings for a client called name.
+func (n *natsFlags) conn(name string, log *slog.Logger) runtime.ConnConfig {
+	return runtime.ConnConfig{URLs: n.url, Name: name, CredsFile: n.creds,
+		CAFile: n.ca, CertFile: n.cert, KeyFile: n.key, Logger: log}
+}
