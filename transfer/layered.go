@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -34,12 +35,7 @@ func (l layered) ReadBlock(hash uint64, dst []byte) ([]byte, error) {
 	}
 	start := len(dst)
 	need := l.layers * l.layerSize
-	if cap(dst)-start < need {
-		grown := make([]byte, start, start+need)
-		copy(grown, dst)
-		dst = grown
-	}
-	dst = dst[:start+need]
+	dst = slices.Grow(dst, need)[:start+need]
 	for layer := 0; layer < l.layers; layer++ {
 		p := dst[start+layer*l.layerSize : start+(layer+1)*l.layerSize]
 		n, err := l.r.ReadPayload(hash, layer, p)

@@ -3,6 +3,7 @@ package transfer
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/kvmesh/kvmesh/kv"
@@ -170,12 +171,7 @@ func (m *MemSource) ReadBlock(hash uint64, dst []byte) ([]byte, error) {
 	}
 	start := len(dst)
 	size := m.layers * m.layerSize
-	if cap(dst)-start < size {
-		grown := make([]byte, start, start+size)
-		copy(grown, dst)
-		dst = grown
-	}
-	dst = dst[:start+size]
+	dst = slices.Grow(dst, size)[:start+size]
 	for l := 0; l < m.layers; l++ {
 		kv.FillPayload(dst[start+l*m.layerSize:start+(l+1)*m.layerSize], hash, l)
 	}
