@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -257,7 +258,14 @@ func TestWriteFile(t *testing.T) {
 }
 
 func TestEscapesControlCharacters(t *testing.T) {
-	parseSVG(t, render(t, &LineChart{Title: "a\x01b\"'", Series: []Series{{Name: "\x00", X: []float64{1}, Y: []float64{1}}}}))
+	st := parseSVG(t, render(t, &LineChart{Title: "a\x01b\"'<&", Series: []Series{{Name: "\x00", X: []float64{1}, Y: []float64{1}}}}))
+	// Control characters become U+FFFD; markup characters survive escaping.
+	if !slices.Contains(st.texts, "a\uFFFDb\"'<&") {
+		t.Errorf("title not found escaped in texts %q", st.texts)
+	}
+	if !slices.Equal(st.names, []string{"\uFFFD"}) {
+		t.Errorf("series names %q, want [\"\\uFFFD\"]", st.names)
+	}
 }
 
 func BenchmarkLineChart10k(b *testing.B) {
