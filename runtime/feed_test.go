@@ -247,7 +247,10 @@ func TestEventFeedBadInput(t *testing.T) {
 
 	// An instance at an address nobody listens on: repairs fail and are
 	// retried, nothing crashes.
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	dead := ln.Addr().String()
 	ln.Close()
 	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceAdded, Instance: Instance{ID: 7, Model: "m", Role: "aggregated", GRPCAddr: dead, DPSize: 1, BlockSize: 4}})
