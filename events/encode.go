@@ -79,13 +79,17 @@ func (e *Encoder) event(ev *Event, asMap bool) error {
 			must(w.EncodeString(k))
 		}
 	}
+	// head opens the event: a map of n entries or an array of n fields.
+	head := func(n int) {
+		if asMap {
+			must(w.EncodeMapLen(n))
+		} else {
+			must(w.EncodeArrayLen(n))
+		}
+	}
 	switch ev.Type {
 	case TypeStored:
-		if asMap {
-			must(w.EncodeMapLen(9))
-		} else {
-			must(w.EncodeArrayLen(9))
-		}
+		head(9)
 		key(keyType)
 		must(w.EncodeString(TagStored))
 		key(keyHashes)
@@ -116,11 +120,7 @@ func (e *Encoder) event(ev *Event, asMap bool) error {
 		key(keyExtraKeys)
 		must(w.EncodeNil())
 	case TypeRemoved:
-		if asMap {
-			must(w.EncodeMapLen(3))
-		} else {
-			must(w.EncodeArrayLen(3))
-		}
+		head(3)
 		key(keyType)
 		must(w.EncodeString(TagRemoved))
 		key(keyHashes)
@@ -128,11 +128,7 @@ func (e *Encoder) event(ev *Event, asMap bool) error {
 		key(keyMedium)
 		e.optString(ev.Medium, ev.HasMedium)
 	case TypeCleared:
-		if asMap {
-			must(w.EncodeMapLen(1))
-		} else {
-			must(w.EncodeArrayLen(1))
-		}
+		head(1)
 		key(keyType)
 		must(w.EncodeString(TagCleared))
 	default:
