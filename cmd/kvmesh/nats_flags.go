@@ -8,14 +8,20 @@ import (
 	"github.com/kvmesh/kvmesh/runtime"
 )
 
-// natsFlags are the NATS client flags of every command that joins an
-// external cluster (`worker`, `frontend`), so they read the same everywhere.
+// natsFlags are the NATS client flags of every command that joins a
+// cluster (`worker`, `frontend`, and `serve` with an external server), so
+// they read the same everywhere.
 type natsFlags struct {
 	url, creds, ca, cert, key string
 }
 
 func (n *natsFlags) register(f *pflag.FlagSet) {
-	f.StringVar(&n.url, "nats", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	n.registerURL(f, "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+}
+
+// registerURL is register with another default and help for --nats.
+func (n *natsFlags) registerURL(f *pflag.FlagSet, def, help string) {
+	f.StringVar(&n.url, "nats", def, help)
 	f.StringVar(&n.creds, "nats-creds", "", "NATS credentials file")
 	f.StringVar(&n.ca, "nats-ca", "", "CA certificate to trust for NATS TLS")
 	f.StringVar(&n.cert, "nats-cert", "", "client certificate for NATS TLS")

@@ -156,7 +156,8 @@ func newServeCmd() *cobra.Command {
 	ff := &frontendFlags{}
 	sf := sim.DefaultConfig()
 	var workers int
-	var natsURL, dataDir string
+	var nf natsFlags
+	var dataDir string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a whole kvmesh cluster in one process: embedded NATS, OpenAI frontend, router and simulated workers",
@@ -165,13 +166,13 @@ OpenAI-compatible frontend with the KV-aware router, all in one process. Ctrl-C 
 cleanly. Every flag has a KVMESH_* environment variable.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runServe(cmd, ff, sf, workers, natsURL, dataDir)
+			return runServe(cmd, ff, sf, workers, nf, dataDir)
 		},
 	}
 	f := cmd.Flags()
 	ff.register(f, []string{"kvmesh-sim"})
 	f.IntVar(&workers, "workers", 4, "simulated workers to start")
-	f.StringVar(&natsURL, "nats", "", "external NATS URL(s); empty starts an embedded server")
+	nf.registerURL(f, "", "external NATS URL(s), comma-separated; empty starts an embedded server")
 	f.StringVar(&dataDir, "data-dir", "", "embedded NATS JetStream directory (default: a temporary one)")
 	f.IntVar(&sf.BlockSize, "block-size", sf.BlockSize, "sim: tokens per KV block")
 	f.IntVar(&sf.Blocks, "blocks", sf.Blocks, "sim: device KV capacity in blocks per worker")
@@ -181,7 +182,7 @@ cleanly. Every flag has a KVMESH_* environment variable.`,
 	return withEnv(cmd, "")
 }
 
-func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, natsURL, dataDir string) error {
+func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, nf natsFlags, dataDir string) error {
 	log, err := workerLogger(ff.logLevel, os.Stderr)
 	if err != nil {
 		return err
@@ -195,15 +196,15 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	if natsURL == "" {
+	if nf.url == "" {
 		ns, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: dataDir, Logger: log})
 		if err != nil {
 			return err
 		}
 		defer ns.Shutdown()
-		natsURL = ns.URL()
+		nf.url = ns.URL()
 	}
-	nc, err := runtime.Connect(runtime.ConnConfig{URLs: natsURL, Name: "kvmesh-serve", Logger: log})
+	nc, err := runtime.Connect(nf.conn("kvmesh-serve", log))
 	if err != nil {
 		return err
 	}
@@ -265,7 +266,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		return err
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh serve: model %s on %d simulated workers (router %s); OpenAI API at %s (NATS %s)\n",
-		ff.models[0], workers, ff.routerMode, rf.url(), natsURL)
+		ff.models[0], workers, ff.routerMode, rf.url(), nf.url)
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")
