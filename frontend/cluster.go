@@ -296,13 +296,15 @@ type workerStream struct {
 	cancel context.CancelFunc
 	first  bool
 	done   bool
+	msg    api.GenerateChunk // reused by every Recv: the codec resets it, and a chunk keeps only its own Tokens slice
 }
 
 func (s *workerStream) Recv() (TokenChunk, error) {
 	if s.done {
 		return TokenChunk{}, io.EOF
 	}
-	m, err := s.st.Recv()
+	m := &s.msg
+	err := s.st.RecvMsg(m)
 	if err != nil {
 		s.finish()
 		if err == io.EOF {

@@ -182,8 +182,9 @@ func (s *Server) drain(ctx context.Context, stream TokenStream, p *pump, m *Mode
 			}
 			return false, nil, s.backendError(err)
 		}
+		// One clock read per chunk: its tokens arrived together.
+		now := time.Now()
 		for _, id := range ch.Tokens {
-			now := time.Now()
 			if lastToken.IsZero() {
 				obs.ttft.Observe(now.Sub(started).Seconds())
 			} else {

@@ -118,6 +118,11 @@ func (w *statusWriter) Flush() {
 
 // FlushError is Flush that reports a failed write (a client gone).
 func (w *statusWriter) FlushError() error {
+	// net/http's writer has FlushError: asserting it directly spares a
+	// ResponseController and its unwrapping on every flush (one per burst).
+	if f, ok := w.ResponseWriter.(interface{ FlushError() error }); ok {
+		return f.FlushError()
+	}
 	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 
