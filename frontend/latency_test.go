@@ -44,7 +44,8 @@ import (
 //
 // Knobs (env): KVMESH_BENCH_STREAMS (200), KVMESH_BENCH_TOKENS (64),
 // KVMESH_BENCH_WORKERS (4), KVMESH_BENCH_SPEEDUP (2: sim time divisor),
-// KVMESH_BENCH_CPUPROFILE (file: CPU profile of the frontend phase).
+// KVMESH_BENCH_CPUPROFILE (file: CPU profile of the frontend phase),
+// KVMESH_BENCH_H2C (1: the HTTP client speaks cleartext HTTP/2).
 func TestFrontendAddedLatency(t *testing.T) {
 	if os.Getenv("KVMESH_BENCH") == "" {
 		t.Skip("set KVMESH_BENCH=1 to run the latency benchmark")
@@ -117,6 +118,15 @@ func TestFrontendAddedLatency(t *testing.T) {
 	}
 	cfg := frontend.DefaultConfig()
 	srv := &http.Server{Handler: frontend.New(cfg, cl, cl, reg, reg)}
+	// KVMESH_BENCH_H2C=1: the client speaks cleartext HTTP/2, so all streams
+	// share one connection and the server may coalesce their frames.
+	h2c := os.Getenv("KVMESH_BENCH_H2C") != ""
+	if h2c {
+		var protos http.Protocols
+		protos.SetHTTP1(true)
+		protos.SetUnencryptedHTTP2(true)
+		srv.Protocols = &protos
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +134,13 @@ func TestFrontendAddedLatency(t *testing.T) {
 	go srv.Serve(ln)
 	defer srv.Close()
 	url := "http://" + ln.Addr().String() + "/v1/chat/completions"
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams * 2}}
+	tr := &http.Transport{MaxIdleConnsPerHost: streams * 2}
+	if h2c {
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		tr.Protocols = &p
+	}
+	hc := &http.Client{Transport: tr}
 	defer hc.CloseIdleConnections()
 
 	prompt := func(phase string, i int) []frontend.Message {
