@@ -1,14 +1,12 @@
 package frontend
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/goleak"
 
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
@@ -20,24 +18,7 @@ import (
 // block size the model's pool cannot take is skipped, and a deleted record
 // removes every rank.
 func TestClusterFollowsRecords(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*ats).start"))
-	srv, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := runtime.Connect(runtime.ConnConfig{URLs: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	disc, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{TTL: 10 * time.Second, Memory: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, nc, disc := controlPlane(t, 10*time.Second)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
