@@ -74,38 +74,24 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 	}
 
 	sse := newSSE(w)
-	chunk := func(delta map[string]any, finish any) map[string]any {
-		c := map[string]any{
-			"id": id, "object": "chat.completion.chunk", "created": created, "model": m.Name,
-			"choices": []any{map[string]any{"index": 0, "delta": delta, "logprobs": nil, "finish_reason": finish}},
-		}
-		if req.IncludeUsage {
-			c["usage"] = nil
-		}
-		return c
-	}
-	text := newTextChunk(id, "chat.completion.chunk", created, m.Name, true, req.IncludeUsage)
+	ev := newTextChunk(id, "chat.completion.chunk", created, m.Name, true, req.IncludeUsage)
 	out, aerr := s.generate(r.Context(), m, id, prompt, req.genParams, func(t string) error {
 		if !sse.started {
-			if err := sse.send(chunk(map[string]any{"role": "assistant", "content": ""}, nil)); err != nil {
+			// Buffered: it goes out in one write with the first text.
+			if err := sse.write(ev.role()); err != nil {
 				return err
 			}
 		}
-		return sse.write(text.render(t))
+		return sse.write(ev.render(t))
 	}, sse.flush)
 	if aerr != nil {
 		sse.fail(aerr)
 		return m.Name
 	}
 	if !sse.started {
-		_ = sse.send(chunk(map[string]any{"role": "assistant", "content": ""}, nil))
+		_ = sse.write(ev.role())
 	}
-	_ = sse.send(chunk(map[string]any{}, out.Finish))
-	if req.IncludeUsage {
-		_ = sse.send(map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": m.Name,
-			"choices": []any{}, "usage": toUsage(out.Usage)})
-	}
-	sse.done()
+	sse.end(ev, out)
 	return m.Name
 }
 
@@ -167,35 +153,20 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 	}
 
 	sse := newSSE(w)
-	chunk := func(text string, finish any) map[string]any {
-		c := map[string]any{
-			"id": id, "object": "text_completion", "created": created, "model": m.Name,
-			"choices": []any{map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": finish}},
-		}
-		if req.IncludeUsage {
-			c["usage"] = nil
-		}
-		return c
-	}
+	ev := newTextChunk(id, "text_completion", created, m.Name, false, req.IncludeUsage)
 	if req.Echo {
-		if err := sse.send(chunk(texts[0], nil)); err != nil {
+		if err := sse.write(ev.render(texts[0])); err != nil {
 			return m.Name
 		}
 	}
-	text := newTextChunk(id, "text_completion", created, m.Name, false, req.IncludeUsage)
 	out, aerr := s.generate(r.Context(), m, id, prompts[0], req.genParams, func(t string) error {
-		return sse.write(text.render(t))
+		return sse.write(ev.render(t))
 	}, sse.flush)
 	if aerr != nil {
 		sse.fail(aerr)
 		return m.Name
 	}
-	_ = sse.send(chunk("", out.Finish))
-	if req.IncludeUsage {
-		_ = sse.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": m.Name,
-			"choices": []any{}, "usage": toUsage(out.Usage)})
-	}
-	sse.done()
+	sse.end(ev, out)
 	return m.Name
 }
 
@@ -224,25 +195,19 @@ func (s *sseWriter) start() {
 	s.w.WriteHeader(http.StatusOK)
 }
 
+// send buffers one event holding v as JSON. Nothing is flushed here: the
+// role chunk goes out with the first token, and the closing chunks, usage
+// and [DONE] go out with the response's end (one write, not four).
 func (s *sseWriter) send(v any) error {
 	if s.failed {
 		return errClientWrite
 	}
-	s.start()
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
 	buf := make([]byte, 0, len(b)+8)
-	return s.sendRaw(append(append(append(buf, "data: "...), b...), "\n\n"...))
-}
-
-// sendRaw writes one complete event (`data: …\n\n`) and flushes it.
-func (s *sseWriter) sendRaw(event []byte) error {
-	if err := s.write(event); err != nil {
-		return err
-	}
-	return s.flush()
+	return s.write(append(append(append(buf, "data: "...), b...), "\n\n"...))
 }
 
 // write buffers one complete event; flush sends what is buffered.
@@ -294,15 +259,20 @@ func (s *sseWriter) fail(e *apiError) {
 	s.done()
 }
 
+// end writes a finished stream's last events: the finish reason, the usage
+// when asked for, and [DONE].
+func (s *sseWriter) end(ev *textChunk, out genOutcome) {
+	_ = s.write(ev.finish(out.Finish))
+	if ev.includeUsage {
+		_ = s.write(ev.usage(out.Usage))
+	}
+	s.done()
+}
+
+// done ends the stream. It does not flush: net/http flushes the buffer
+// with the chunked terminator when the handler returns, in one write.
 func (s *sseWriter) done() {
-	if s.failed {
-		return
-	}
-	s.start()
-	_, _ = s.w.Write([]byte("data: [DONE]\n\n"))
-	if f, ok := s.w.(http.Flusher); ok {
-		f.Flush()
-	}
+	_ = s.write([]byte("data: [DONE]\n\n"))
 }
 
 type clientWriteError struct{}

@@ -50,6 +50,9 @@ func TestFrontendAddedLatency(t *testing.T) {
 	if os.Getenv("KVMESH_BENCH") == "" {
 		t.Skip("set KVMESH_BENCH=1 to run the latency benchmark")
 	}
+	if os.Getenv("KVMESH_BENCH_MEMPROFILE") != "" {
+		goruntime.MemProfileRate = 512
+	}
 	streams := envInt("KVMESH_BENCH_STREAMS", 200)
 	tokens := envInt("KVMESH_BENCH_TOKENS", 64)
 	nworkers := envInt("KVMESH_BENCH_WORKERS", 4)
@@ -184,7 +187,7 @@ func TestFrontendAddedLatency(t *testing.T) {
 					ps.fail(fmt.Errorf("%s: %d tokens received, engine log %v", id, len(recv), em))
 					return
 				}
-				ps.add(id, start, recv, em.at)
+				ps.add(id, start, em.accepted, recv, em.at)
 			})
 		}
 		wg.Wait()
@@ -229,7 +232,7 @@ func TestFrontendAddedLatency(t *testing.T) {
 					ps.fail(fmt.Errorf("%s: %d content chunks for %d text-completing tokens", id, len(recv), len(at)))
 					return
 				}
-				ps.add(id, start, recv, at)
+				ps.add(id, start, em.accepted, recv, at)
 			})
 		}
 		wg.Wait()
@@ -253,7 +256,27 @@ func TestFrontendAddedLatency(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// KVMESH_BENCH_MEMPROFILE=file: allocation profiles before (file.base)
+	// and after the frontend phase; compare with pprof -diff_base.
+	memProf := os.Getenv("KVMESH_BENCH_MEMPROFILE")
+	writeAllocs := func(name string) {
+		goruntime.GC() // publishes the allocations so far
+		f, err := os.Create(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if memProf != "" {
+		writeAllocs(memProf + ".base")
+	}
 	fe := runFrontend("frontend")
+	if memProf != "" {
+		writeAllocs(memProf)
+	}
 	if prof != nil {
 		pprof.StopCPUProfile()
 		prof.Close()
@@ -272,6 +295,7 @@ func TestFrontendAddedLatency(t *testing.T) {
 			pct(f, 50)-pct(d, 50), pct(f, 99)-pct(d, 99))
 	}
 	row("delivery (emit→client)", direct.delivery, fe.delivery)
+	row("request→engine", direct.accept, fe.accept)
 	row("TTFT (client)", direct.ttft, fe.ttft)
 	row("inter-token (client)", direct.itl, fe.itl)
 	fmt.Printf("samples: direct %d tokens, frontend %d text chunks\n", len(direct.delivery), len(fe.delivery))
@@ -353,11 +377,12 @@ type stampEngine struct {
 }
 
 func (s *stampEngine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
+	accepted := time.Now()
 	in, err := s.Engine.Generate(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	em := s.log.start(req.ID, s.worker)
+	em := s.log.start(req.ID, s.worker, accepted)
 	out := make(chan engine.Chunk, 1)
 	go func() {
 		defer close(out)
@@ -383,10 +408,11 @@ func (s *stampEngine) Generate(ctx context.Context, req *engine.Request) (<-chan
 }
 
 type emitted struct {
-	mu     sync.Mutex
-	worker int
-	ids    []uint32
-	at     []time.Time
+	mu       sync.Mutex
+	worker   int
+	accepted time.Time // the engine got the request
+	ids      []uint32
+	at       []time.Time
 }
 
 type emitLog struct {
@@ -394,10 +420,10 @@ type emitLog struct {
 	byID map[string]*emitted
 }
 
-func (l *emitLog) start(id string, worker int) *emitted {
+func (l *emitLog) start(id string, worker int, accepted time.Time) *emitted {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e := &emitted{worker: worker}
+	e := &emitted{worker: worker, accepted: accepted}
 	l.byID[id] = e
 	return e
 }
@@ -424,12 +450,13 @@ func (l *emitLog) get(id string) *emitted {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return &emitted{worker: e.worker, ids: slices.Clone(e.ids), at: slices.Clone(e.at)}
+	return &emitted{worker: e.worker, accepted: e.accepted, ids: slices.Clone(e.ids), at: slices.Clone(e.at)}
 }
 
 type pathStats struct {
 	mu                  sync.Mutex
 	delivery, ttft, itl []time.Duration
+	accept              []time.Duration // client start → engine has the request
 	failed              int
 	err                 error
 	cpu0                time.Duration
@@ -483,10 +510,11 @@ func (p *pathStats) fail(err error) {
 	}
 }
 
-func (p *pathStats) add(id string, start time.Time, recv, emit []time.Time) {
+func (p *pathStats) add(id string, start, accepted time.Time, recv, emit []time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.ids = append(p.ids, id)
+	p.accept = append(p.accept, accepted.Sub(start))
 	for i := range recv {
 		p.delivery = append(p.delivery, recv[i].Sub(emit[i]))
 		if i == 0 {

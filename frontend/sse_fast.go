@@ -5,26 +5,32 @@ import (
 	"unicode/utf8"
 )
 
-// textChunk renders the SSE events that carry one piece of generated text,
-// the hot path of streaming (one per token). Everything but the text is
-// fixed for a stream, so it is rendered once; a chunk is then two copies
-// and an escaped string: no maps, no reflection, no per-chunk allocation.
+// textChunk renders the SSE events of one stream. Text chunks are the hot
+// path of streaming (one per token). Everything but the text is fixed for a
+// stream, so it is rendered once; a chunk is then two copies and an escaped
+// string: no maps, no reflection, no per-chunk allocation. The stream's
+// other events (the role chunk, the finish chunk, the usage chunk) share
+// the same head.
 type textChunk struct {
+	head           []byte // `data: {"id":…,"model":…`
 	prefix, suffix []byte
+	chat           bool
+	includeUsage   bool
 	buf            []byte
 }
 
 // newTextChunk pre-renders `data: {…"<field>":` and the rest of the object.
 // For chat, field is "content" inside a delta; for completions, "text".
 func newTextChunk(id, object string, created int64, model string, chat, includeUsage bool) *textChunk {
-	p := []byte(`data: {"id":`)
-	p = appendJSONString(p, id)
-	p = append(p, `,"object":`...)
-	p = appendJSONString(p, object)
-	p = append(p, `,"created":`...)
-	p = strconv.AppendInt(p, created, 10)
-	p = append(p, `,"model":`...)
-	p = appendJSONString(p, model)
+	h := []byte(`data: {"id":`)
+	h = appendJSONString(h, id)
+	h = append(h, `,"object":`...)
+	h = appendJSONString(h, object)
+	h = append(h, `,"created":`...)
+	h = strconv.AppendInt(h, created, 10)
+	h = append(h, `,"model":`...)
+	h = appendJSONString(h, model)
+	p := append([]byte(nil), h...)
 	var s []byte
 	if chat {
 		p = append(p, `,"choices":[{"index":0,"delta":{"content":`...)
@@ -33,11 +39,18 @@ func newTextChunk(id, object string, created int64, model string, chat, includeU
 		p = append(p, `,"choices":[{"index":0,"text":`...)
 		s = append(s, `,"logprobs":null,"finish_reason":null}]`...)
 	}
+	s = appendEnd(s, includeUsage)
+	return &textChunk{head: h, prefix: p, suffix: s, chat: chat, includeUsage: includeUsage}
+}
+
+// appendEnd closes a chunk: `"usage":null` when the client asked for a
+// usage chunk (every other chunk then carries a null usage), then the
+// event's end.
+func appendEnd(b []byte, includeUsage bool) []byte {
 	if includeUsage {
-		s = append(s, `,"usage":null`...)
+		b = append(b, `,"usage":null`...)
 	}
-	s = append(s, "}\n\n"...)
-	return &textChunk{prefix: p, suffix: s}
+	return append(b, "}\n\n"...)
 }
 
 // render returns the event for text; valid until the next call.
@@ -45,6 +58,47 @@ func (c *textChunk) render(text string) []byte {
 	b := append(c.buf[:0], c.prefix...)
 	b = appendJSONString(b, text)
 	b = append(b, c.suffix...)
+	c.buf = b
+	return b
+}
+
+// role returns chat's first event: the assistant role with empty content.
+func (c *textChunk) role() []byte {
+	b := append(c.buf[:0], c.head...)
+	b = append(b, `,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+	b = appendEnd(b, c.includeUsage)
+	c.buf = b
+	return b
+}
+
+// finish returns the event that carries the finish reason.
+func (c *textChunk) finish(reason string) []byte {
+	b := append(c.buf[:0], c.head...)
+	if c.chat {
+		b = append(b, `,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":`...)
+	} else {
+		b = append(b, `,"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":`...)
+	}
+	b = appendJSONString(b, reason)
+	b = append(b, "}]"...)
+	b = appendEnd(b, c.includeUsage)
+	c.buf = b
+	return b
+}
+
+// usage returns stream_options.include_usage's last event: no choices,
+// the request's token counts.
+func (c *textChunk) usage(u usage) []byte {
+	b := append(c.buf[:0], c.head...)
+	b = append(b, `,"choices":[],"usage":{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.PromptTokens), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.CompletionTokens), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.PromptTokens+u.CompletionTokens), 10)
+	b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.CachedTokens), 10)
+	b = append(b, "}}}\n\n"...)
 	c.buf = b
 	return b
 }

@@ -54,6 +54,56 @@ func TestTextChunkMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
+// The stream's other events match the map-based encoding too.
+func TestStreamEventsMatchEncodingJSON(t *testing.T) {
+	for _, chat := range []bool{true, false} {
+		for _, incl := range []bool{true, false} {
+			c := newTextChunk("cmpl-<&>", "text_completion", 1700000001, "kvmesh-sim", chat, incl)
+			head := func() map[string]any {
+				return map[string]any{"id": "cmpl-<&>", "object": "text_completion", "created": 1700000001, "model": "kvmesh-sim"}
+			}
+			withUsage := func(m map[string]any) map[string]any {
+				if incl {
+					m["usage"] = nil
+				}
+				return m
+			}
+			check := func(name string, got []byte, want map[string]any) {
+				t.Helper()
+				data, ok := bytes.CutPrefix(got, []byte("data: "))
+				if !ok || !bytes.HasSuffix(data, []byte("\n\n")) {
+					t.Fatalf("%s: not an SSE event: %q", name, got)
+				}
+				wb, _ := json.Marshal(want)
+				if !sameJSON(t, data, wb) {
+					t.Fatalf("%s (chat %v, usage %v):\n got %s\nwant %s", name, chat, incl, data, wb)
+				}
+			}
+			if chat {
+				m := head()
+				m["choices"] = []any{map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}}
+				check("role", c.role(), withUsage(m))
+			}
+			for _, reason := range []string{"stop", "length", "content_filter"} {
+				m := head()
+				choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": reason}
+				if chat {
+					choice["delta"] = map[string]any{}
+				} else {
+					choice["text"] = ""
+				}
+				m["choices"] = []any{choice}
+				check("finish", c.finish(reason), withUsage(m))
+			}
+			u := usage{PromptTokens: 1234, CompletionTokens: 56, CachedTokens: 1024}
+			m := head()
+			m["choices"] = []any{}
+			m["usage"] = toUsage(u)
+			check("usage", c.usage(u), m)
+		}
+	}
+}
+
 func sameJSON(t *testing.T, a, b []byte) bool {
 	t.Helper()
 	var x, y any

@@ -1,0 +1,74 @@
+package frontend
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The frontend's own cost per streamed chat request, without a network:
+// parse, chat template, tokenize, route to a backend that answers at once,
+// render every SSE event. The token-path cost is reported per token.
+//
+//	go test ./frontend -run '^$' -bench ChatStream -benchmem
+func BenchmarkChatStreamHandler(b *testing.B) {
+	for _, tokens := range []int{1, 64} {
+		b.Run(strconv.Itoa(tokens)+"tok", func(b *testing.B) {
+			reg := prometheus.NewRegistry()
+			s := New(DefaultConfig(), &fakeBackend{reply: strings.Repeat("x", tokens)}, models{testModel()}, reg, reg)
+			body := `{"model":"test-model","stream":true,"max_tokens":` + strconv.Itoa(tokens) + `,"messages":[{"role":"user","content":"tell me something about latency"}]}`
+			b.ReportAllocs()
+			for b.Loop() {
+				w := httptest.NewRecorder()
+				r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+				s.ServeHTTP(w, r)
+				if w.Code != http.StatusOK {
+					b.Fatalf("status %d: %s", w.Code, w.Body)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*tokens), "ns/token")
+		})
+	}
+}
+
+// The same over loopback HTTP/1.1 with Go's client, one stream at a time:
+// what net/http and the kernel add to the handler's own cost.
+func BenchmarkChatStreamLoopback(b *testing.B) {
+	for _, tokens := range []int{1, 64} {
+		b.Run(strconv.Itoa(tokens)+"tok", func(b *testing.B) {
+			reg := prometheus.NewRegistry()
+			s := New(DefaultConfig(), &fakeBackend{reply: strings.Repeat("x", tokens)}, models{testModel()}, reg, reg)
+			ts := httptest.NewServer(s)
+			defer ts.Close()
+			hc := ts.Client()
+			body := []byte(`{"model":"test-model","stream":true,"max_tokens":` + strconv.Itoa(tokens) + `,"messages":[{"role":"user","content":"tell me something about latency"}]}`)
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := hc.Post(ts.URL+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				sc := bufio.NewScanner(resp.Body)
+				events := 0
+				for sc.Scan() {
+					if len(sc.Bytes()) > 0 {
+						events++
+					}
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if events < tokens+2 {
+					b.Fatalf("%d events for %d tokens", events, tokens)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*tokens), "ns/token")
+		})
+	}
+}
