@@ -98,15 +98,10 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 			}
 			return out, s.backendError(err)
 		}
-		var pm *pump
-		if flush != nil {
-			pm = startPump(stream)
-		}
-		finished, lost, aerr := s.drain(ctx, stream, pm, m, obs, &out, &generated, detok, stops, emitText, flush, started, &lastToken, &stopHit)
+		rd := &chunkReader{ctx: ctx, stream: stream, flush: flush}
+		finished, lost, aerr := s.drain(ctx, rd, m, obs, &out, &generated, detok, stops, emitText, started, &lastToken, &stopHit)
 		acancel()
-		if pm != nil {
-			pm.stop() // Recv and Close must not run at once
-		}
+		rd.stop() // a pump's Recv and Close must not run at once
 		stream.Close()
 		if aerr != nil {
 			return out, aerr
@@ -149,20 +144,9 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 
 // drain reads one stream. It returns finished when the generation ended
 // (finish reason set), lost when the worker failed and migration may help.
-func (s *Server) drain(ctx context.Context, stream TokenStream, p *pump, m *Model, obs latencyObs, out *genOutcome, generated *[]uint32,
-	detok Detokenizer, stops *tokenizer.StopMatcher, emit func(string) error, flush func() error, started time.Time, lastToken *time.Time, stopHit *bool) (finished bool, lost error, aerr *apiError) {
-	next := stream.Recv
-	if p != nil {
-		next = func() (TokenChunk, error) {
-			if r, ok := p.ready(); ok {
-				return r.ch, r.err
-			}
-			if err := flush(); err != nil {
-				return TokenChunk{}, &emitError{err}
-			}
-			return p.wait(ctx)
-		}
-	}
+func (s *Server) drain(ctx context.Context, rd *chunkReader, m *Model, obs latencyObs, out *genOutcome, generated *[]uint32,
+	detok Detokenizer, stops *tokenizer.StopMatcher, emit func(string) error, started time.Time, lastToken *time.Time, stopHit *bool) (finished bool, lost error, aerr *apiError) {
+	next := rd.next
 	for {
 		ch, err := next()
 		var ee *emitError
@@ -226,6 +210,58 @@ func (s *Server) drain(ctx context.Context, stream TokenStream, p *pump, m *Mode
 type emitError struct{ err error }
 
 func (e *emitError) Error() string { return e.err.Error() }
+
+// chunkReader reads one worker stream for generate. Without a flush (a
+// non-streaming client) it is a plain Recv. For a streaming client it
+// flushes what was written before it waits for the next chunk, and it
+// reads in the caller's goroutine while the client keeps up: no extra
+// goroutine per request and no hand-off per token. Once a chunk is found
+// already waiting, the frontend is behind, so reading moves to a pump
+// goroutine that queues chunks; then every chunk that is ready is written
+// before one flush, so a stream that falls behind costs one write per
+// burst, not per token.
+type chunkReader struct {
+	ctx    context.Context
+	stream TokenStream
+	flush  func() error
+	pump   *pump
+}
+
+// behindAfter: a Recv that returns sooner than this found its chunk
+// waiting. Waiting for a chunk that is not there yet takes at least a
+// scheduler wake-up (tens of µs); a queued one returns in about 1 µs.
+const behindAfter = 10 * time.Microsecond
+
+func (r *chunkReader) next() (TokenChunk, error) {
+	if r.flush == nil {
+		return r.stream.Recv()
+	}
+	if r.pump != nil {
+		if x, ok := r.pump.ready(); ok {
+			return x.ch, x.err
+		}
+	}
+	if err := r.flush(); err != nil {
+		return TokenChunk{}, &emitError{err}
+	}
+	if r.pump != nil {
+		return r.pump.wait(r.ctx)
+	}
+	t0 := time.Now()
+	ch, err := r.stream.Recv()
+	if err == nil && ch.Finish == "" && time.Since(t0) < behindAfter {
+		r.pump = startPump(r.stream)
+	}
+	return ch, err
+}
+
+// stop ends the pump, if one runs; the stream's context is cancelled, so
+// its pending Recv returns.
+func (r *chunkReader) stop() {
+	if r.pump != nil {
+		r.pump.stop()
+	}
+}
 
 // pump reads a stream in its own goroutine so the reader can tell whether
 // the next chunk is already there (keep writing) or not (flush first).

@@ -1,0 +1,95 @@
+package frontend
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+)
+
+// listStream yields its chunks in order, each after wait.
+type listStream struct {
+	chunks []TokenChunk
+	wait   time.Duration
+	closed bool
+}
+
+func (s *listStream) Recv() (TokenChunk, error) {
+	if len(s.chunks) == 0 {
+		return TokenChunk{}, io.EOF
+	}
+	if s.wait > 0 {
+		time.Sleep(s.wait)
+	}
+	ch := s.chunks[0]
+	s.chunks = s.chunks[1:]
+	return ch, nil
+}
+
+func (s *listStream) Close() error { s.closed = true; return nil }
+
+func tokenChunks(n int) []TokenChunk {
+	out := make([]TokenChunk, n)
+	for i := range out {
+		out[i] = TokenChunk{Tokens: []uint32{uint32(i)}}
+	}
+	out[n-1].Finish = "length"
+	return out
+}
+
+// readAll drains r, spending work on each chunk (the client's write), and
+// checks every chunk arrives once, in order.
+func readAll(t *testing.T, r *chunkReader, n int, work time.Duration) {
+	t.Helper()
+	for i := range n {
+		if work > 0 {
+			time.Sleep(work)
+		}
+		ch, err := r.next()
+		if err != nil {
+			t.Fatalf("chunk %d: %v", i, err)
+		}
+		if len(ch.Tokens) != 1 || ch.Tokens[0] != uint32(i) {
+			t.Fatalf("chunk %d carries %v", i, ch.Tokens)
+		}
+	}
+}
+
+// A client that keeps up is served from the handler's goroutine, flushing
+// before every wait; one that falls behind gets a pump, and the ready
+// chunks are then written before a single flush.
+func TestChunkReaderPumpsOnlyWhenBehind(t *testing.T) {
+	t.Run("keeping up", func(t *testing.T) {
+		flushes := 0
+		r := &chunkReader{ctx: context.Background(), stream: &listStream{chunks: tokenChunks(20), wait: time.Millisecond},
+			flush: func() error { flushes++; return nil }}
+		readAll(t, r, 20, 0)
+		r.stop()
+		if r.pump != nil {
+			t.Fatal("a pump started although every chunk had to be waited for")
+		}
+		if flushes != 20 {
+			t.Fatalf("%d flushes for 20 chunks that each had to be waited for", flushes)
+		}
+	})
+	t.Run("behind", func(t *testing.T) {
+		flushes := 0
+		r := &chunkReader{ctx: context.Background(), stream: &listStream{chunks: tokenChunks(200)},
+			flush: func() error { flushes++; return nil }}
+		readAll(t, r, 200, 50*time.Microsecond)
+		r.stop()
+		if r.pump == nil {
+			t.Fatal("no pump although every chunk was waiting")
+		}
+		if flushes > 20 {
+			t.Fatalf("%d flushes for 200 chunks that were all ready", flushes)
+		}
+	})
+	t.Run("not streaming", func(t *testing.T) {
+		r := &chunkReader{ctx: context.Background(), stream: &listStream{chunks: tokenChunks(50)}}
+		readAll(t, r, 50, 0)
+		if r.pump != nil {
+			t.Fatal("a pump started for a non-streaming request")
+		}
+	})
+}
