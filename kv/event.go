@@ -55,9 +55,11 @@ type Event struct {
 	Blocks    []StoredBlock
 	// Tokens of the stored blocks, len(Blocks)·block size, when the source
 	// knows them (the vLLM wire carries them so receivers can rehash), and
-	// the request identity that seeded their local hashes.
+	// the request identity that seeded their local hashes (kv.Seed(LoRA,
+	// Salt)): a receiver that rehashes needs both.
 	Tokens []Token
 	LoRA   string
+	Salt   string
 
 	// Removed: engine hashes of the blocks that left this tier.
 	Removed []uint64

@@ -310,7 +310,7 @@ func hintedRun(missing []kv.SeqHash, hinted []uint64) int {
 // chain turns a verified contiguous prefix of missing blocks into a sim
 // Chain. Payloads are aliased: Insert copies them into the pool.
 func (p *Peer) chain(req *engine.Request, m sim.Missing, blocks []transfer.Block) sim.Chain {
-	ch := sim.Chain{HasParent: m.HasParent, Parent: m.Parent, LoRA: req.LoRA, Blocks: make([]sim.BlockData, len(blocks))}
+	ch := sim.Chain{HasParent: m.HasParent, Parent: m.Parent, LoRA: req.LoRA, Salt: req.CacheSalt, Blocks: make([]sim.BlockData, len(blocks))}
 	for i, b := range blocks {
 		bd := sim.BlockData{Local: m.Local[i], Seq: m.Seq[i], Layers: make([][]byte, p.layers), Sums: make([]uint64, p.layers)}
 		if lo, hi := (m.Start+i)*p.bs, (m.Start+i+1)*p.bs; hi <= len(req.Tokens) {

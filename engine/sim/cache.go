@@ -94,7 +94,7 @@ func (c *Core) Insert(ch Chain) (n int, err error) {
 			if len(b.Tokens) == c.bs {
 				toks = b.Tokens
 			}
-			c.ev.stored(prev, hasPrev, b.Seq, b.Local, toks, ch.LoRA)
+			c.ev.stored(prev, hasPrev, b.Seq, b.Local, toks, ch.LoRA, ch.Salt)
 		}
 		prev, hasPrev, prevID = b.Seq, true, id
 	}

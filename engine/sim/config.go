@@ -178,6 +178,7 @@ type Chain struct {
 	HasParent bool       // false when Blocks[0] is a sequence's first block
 	Parent    kv.SeqHash // sequence hash of the block before Blocks[0]; must be cached
 	LoRA      string     // carried in the Stored event
+	Salt      string     // the request's cache salt, carried in the Stored event
 	Blocks    []BlockData
 }
 

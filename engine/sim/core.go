@@ -547,7 +547,7 @@ func (c *Core) register(s *Seq, upto int) {
 		if c.ev.sink != nil && !c.ev.omitTokens {
 			toks = s.blockTokens(b, c.bs, c.scratch)
 		}
-		c.ev.stored(parent, b > 0, h, s.local[b], toks, s.req.LoRA)
+		c.ev.stored(parent, b > 0, h, s.local[b], toks, s.req.LoRA, s.req.CacheSalt)
 	}
 	if full > s.nReg {
 		s.nReg = full

@@ -82,11 +82,11 @@ func TestEventLogHoist(t *testing.T) {
 	}
 	// R S R S R S over one chain: R... S...
 	l.removed(100)
-	l.stored(0, true, 1, 11, nil, "")
+	l.stored(0, true, 1, 11, nil, "", "")
 	l.removed(101)
-	l.stored(1, true, 2, 12, nil, "")
+	l.stored(1, true, 2, 12, nil, "", "")
 	l.removed(102)
-	l.stored(2, true, 3, 13, nil, "")
+	l.stored(2, true, 3, 13, nil, "", "")
 	l.flush()
 	if k := kinds(); k != "R...S..." {
 		t.Fatalf("alternating chain became %s", k)
@@ -102,12 +102,12 @@ func TestEventLogHoist(t *testing.T) {
 	// Evicting the run's own block or its parent keeps the order; a later
 	// eviction that commutes with the next run joins the Removed before it.
 	got = nil
-	l.stored(5, true, 6, 16, nil, "")
-	l.stored(6, true, 7, 17, nil, "")
+	l.stored(5, true, 6, 16, nil, "", "")
+	l.stored(6, true, 7, 17, nil, "", "")
 	l.removed(6) // in the run: closes it
-	l.stored(7, true, 8, 18, nil, "")
+	l.stored(7, true, 8, 18, nil, "", "")
 	l.removed(5) // commutes with storing 8
-	l.stored(8, true, 9, 19, nil, "")
+	l.stored(8, true, 9, 19, nil, "", "")
 	l.removed(8) // the run's parent... and its block: stays after
 	l.flush()
 	if k := kinds(); k != "S..R..S..R." {
@@ -117,7 +117,7 @@ func TestEventLogHoist(t *testing.T) {
 		t.Fatalf("removed %v, want [6 5]", r)
 	}
 	got = nil
-	l.stored(30, true, 31, 31, nil, "")
+	l.stored(30, true, 31, 31, nil, "", "")
 	l.removed(30) // the run's parent
 	l.flush()
 	if k := kinds(); k != "S.R." {
@@ -125,10 +125,10 @@ func TestEventLogHoist(t *testing.T) {
 	}
 	// A run with no Removed event before it starts one.
 	got = nil
-	l.stored(0, false, 20, 20, nil, "")
+	l.stored(0, false, 20, 20, nil, "", "")
 	l.removed(99)
 	l.removed(98)
-	l.stored(20, true, 21, 21, nil, "")
+	l.stored(20, true, 21, 21, nil, "", "")
 	l.flush()
 	if k := kinds(); k != "R..S.." || got[0].ID+1 != got[1].ID {
 		t.Fatalf("events %s %+v", k, got)

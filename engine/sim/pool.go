@@ -196,7 +196,7 @@ type eventLog struct {
 	runStart, runTokFrom int
 	runHasParent         bool
 	runParent, runLast   uint64
-	runLoRA              string
+	runLoRA, runSalt     string
 	hoistEnd             int // len(removes) when the last Removed event ended
 }
 
@@ -206,14 +206,14 @@ const (
 	runRemoved
 )
 
-func (l *eventLog) stored(parent uint64, hasParent bool, seq, local uint64, toks []kv.Token, lora string) {
+func (l *eventLog) stored(parent uint64, hasParent bool, seq, local uint64, toks []kv.Token, lora, salt string) {
 	if l.sink == nil {
 		return
 	}
-	if !(l.run == runStored && hasParent && parent == l.runLast && lora == l.runLoRA) {
+	if !(l.run == runStored && hasParent && parent == l.runLast && lora == l.runLoRA && salt == l.runSalt) {
 		l.close()
 		l.run, l.runStart, l.runTokFrom = runStored, len(l.blocks), len(l.toks)
-		l.runHasParent, l.runParent, l.runLoRA = hasParent, parent, lora
+		l.runHasParent, l.runParent, l.runLoRA, l.runSalt = hasParent, parent, lora, salt
 		l.runTokOK = !l.omitTokens
 	}
 	l.blocks = append(l.blocks, kv.StoredBlock{EngineHash: seq, LocalHash: local})
@@ -273,7 +273,7 @@ func (l *eventLog) close() {
 	case runStored:
 		l.nextID++
 		e := kv.Event{ID: l.nextID, Worker: l.worker, Tier: kv.TierDevice, Kind: kv.EventStored,
-			HasParent: l.runHasParent, Parent: l.runParent, LoRA: l.runLoRA,
+			HasParent: l.runHasParent, Parent: l.runParent, LoRA: l.runLoRA, Salt: l.runSalt,
 			Blocks: l.blocks[l.runStart:len(l.blocks):len(l.blocks)]}
 		if l.runTokOK {
 			e.Tokens = l.toks[l.runTokFrom:len(l.toks):len(l.toks)]
