@@ -49,8 +49,8 @@ type Approx struct {
 
 type approxWorker struct {
 	key  kv.WorkerKey
-	last map[kv.SeqHash]uint64 // block -> stamp of the last insert holding it
-	gone bool                  // removed: its pending records are void
+	last stampMap // block -> stamp of the last insert holding it
+	gone bool     // removed: its pending records are void
 }
 
 // approxRec is one insert: qseq[off:off+n] stamped stamp under w, expiring
@@ -87,7 +87,7 @@ func (a *Approx) Insert(w kv.WorkerKey, local []kv.LocalHash, now time.Time) {
 	a.lastExp = exp
 	aw := a.workers[w]
 	if aw == nil {
-		aw = &approxWorker{key: w, last: map[kv.SeqHash]uint64{}}
+		aw = &approxWorker{key: w}
 		a.workers[w] = aw
 	}
 	a.stamp++
@@ -98,9 +98,7 @@ func (a *Approx) Insert(w kv.WorkerKey, local []kv.LocalHash, now time.Time) {
 	// that grows the map starts the suffix the index lacks.
 	first := -1
 	for i, s := range a.seq {
-		n0 := len(aw.last)
-		aw.last[s] = a.stamp
-		if first < 0 && len(aw.last) != n0 {
+		if aw.last.set(s, a.stamp) && first < 0 {
 			first = i
 		}
 	}
@@ -156,10 +154,10 @@ func (a *Approx) popRec(target int) {
 	for j > 0 && (target < 0 || a.n > target) {
 		j--
 		s := a.qseq[r.off+j]
-		if aw.gone || aw.last[s] != r.stamp {
+		if aw.gone || aw.last.get(s) != r.stamp {
 			continue // refreshed later, or the worker was removed
 		}
-		delete(aw.last, s)
+		aw.last.del(s)
 		a.n--
 		a.rm = append(a.rm, s)
 	}
@@ -205,7 +203,7 @@ func (a *Approx) RemoveWorker(w kv.WorkerKey) {
 	defer a.mu.Unlock()
 	if aw := a.workers[w]; aw != nil {
 		aw.gone = true
-		a.n -= len(aw.last)
+		a.n -= aw.last.len()
 		delete(a.workers, w)
 	}
 	a.ix.RemoveWorker(w)
