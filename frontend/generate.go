@@ -146,9 +146,8 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 // (finish reason set), lost when the worker failed and migration may help.
 func (s *Server) drain(ctx context.Context, rd *chunkReader, m *Model, obs latencyObs, out *genOutcome, generated *[]uint32,
 	detok Detokenizer, stops *tokenizer.StopMatcher, emit func(string) error, started time.Time, lastToken *time.Time, stopHit *bool) (finished bool, lost error, aerr *apiError) {
-	next := rd.next
 	for {
-		ch, err := next()
+		ch, err := rd.next()
 		var ee *emitError
 		if errors.As(err, &ee) {
 			return false, nil, clientGone(ee.err)

@@ -74,7 +74,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 	}
 
 	sse := newSSE(w)
-	ev := newTextChunk(id, "chat.completion.chunk", created, m.Name, true, req.IncludeUsage)
+	ev := newStreamEvents(id, "chat.completion.chunk", created, m.Name, true, req.IncludeUsage)
 	out, aerr := s.generate(r.Context(), m, id, prompt, req.genParams, func(t string) error {
 		if !sse.started {
 			// Buffered: it goes out in one write with the first text.
@@ -153,7 +153,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 	}
 
 	sse := newSSE(w)
-	ev := newTextChunk(id, "text_completion", created, m.Name, false, req.IncludeUsage)
+	ev := newStreamEvents(id, "text_completion", created, m.Name, false, req.IncludeUsage)
 	if req.Echo {
 		if err := sse.write(ev.render(texts[0])); err != nil {
 			return m.Name
@@ -195,9 +195,8 @@ func (s *sseWriter) start() {
 	s.w.WriteHeader(http.StatusOK)
 }
 
-// send buffers one event holding v as JSON. Nothing is flushed here: the
-// role chunk goes out with the first token, and the closing chunks, usage
-// and [DONE] go out with the response's end (one write, not four).
+// send buffers one event holding v as JSON (an in-stream error); like
+// every event after the last token, it goes out with the response's end.
 func (s *sseWriter) send(v any) error {
 	if s.failed {
 		return errClientWrite
@@ -261,7 +260,7 @@ func (s *sseWriter) fail(e *apiError) {
 
 // end writes a finished stream's last events: the finish reason, the usage
 // when asked for, and [DONE].
-func (s *sseWriter) end(ev *textChunk, out genOutcome) {
+func (s *sseWriter) end(ev *streamEvents, out genOutcome) {
 	_ = s.write(ev.finish(out.Finish))
 	if ev.includeUsage {
 		_ = s.write(ev.usage(out.Usage))

@@ -5,13 +5,13 @@ import (
 	"unicode/utf8"
 )
 
-// textChunk renders the SSE events of one stream. Text chunks are the hot
+// streamEvents renders the SSE events of one stream. Text chunks are the hot
 // path of streaming (one per token). Everything but the text is fixed for a
 // stream, so it is rendered once; a chunk is then two copies and an escaped
 // string: no maps, no reflection, no per-chunk allocation. The stream's
 // other events (the role chunk, the finish chunk, the usage chunk) share
 // the same head.
-type textChunk struct {
+type streamEvents struct {
 	head           []byte // `data: {"id":…,"model":…`
 	prefix, suffix []byte
 	chat           bool
@@ -19,9 +19,10 @@ type textChunk struct {
 	buf            []byte
 }
 
-// newTextChunk pre-renders `data: {…"<field>":` and the rest of the object.
-// For chat, field is "content" inside a delta; for completions, "text".
-func newTextChunk(id, object string, created int64, model string, chat, includeUsage bool) *textChunk {
+// newStreamEvents pre-renders the head, and `data: {…"<field>":` and the
+// rest of a text chunk's object. For chat, field is "content" inside a
+// delta; for completions, "text".
+func newStreamEvents(id, object string, created int64, model string, chat, includeUsage bool) *streamEvents {
 	h := []byte(`data: {"id":`)
 	h = appendJSONString(h, id)
 	h = append(h, `,"object":`...)
@@ -40,7 +41,7 @@ func newTextChunk(id, object string, created int64, model string, chat, includeU
 		s = append(s, `,"logprobs":null,"finish_reason":null}]`...)
 	}
 	s = appendEnd(s, includeUsage)
-	return &textChunk{head: h, prefix: p, suffix: s, chat: chat, includeUsage: includeUsage}
+	return &streamEvents{head: h, prefix: p, suffix: s, chat: chat, includeUsage: includeUsage}
 }
 
 // appendEnd closes a chunk: `"usage":null` when the client asked for a
@@ -54,7 +55,7 @@ func appendEnd(b []byte, includeUsage bool) []byte {
 }
 
 // render returns the event for text; valid until the next call.
-func (c *textChunk) render(text string) []byte {
+func (c *streamEvents) render(text string) []byte {
 	b := append(c.buf[:0], c.prefix...)
 	b = appendJSONString(b, text)
 	b = append(b, c.suffix...)
@@ -63,7 +64,7 @@ func (c *textChunk) render(text string) []byte {
 }
 
 // role returns chat's first event: the assistant role with empty content.
-func (c *textChunk) role() []byte {
+func (c *streamEvents) role() []byte {
 	b := append(c.buf[:0], c.head...)
 	b = append(b, `,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
 	b = appendEnd(b, c.includeUsage)
@@ -72,7 +73,7 @@ func (c *textChunk) role() []byte {
 }
 
 // finish returns the event that carries the finish reason.
-func (c *textChunk) finish(reason string) []byte {
+func (c *streamEvents) finish(reason string) []byte {
 	b := append(c.buf[:0], c.head...)
 	if c.chat {
 		b = append(b, `,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":`...)
@@ -88,7 +89,7 @@ func (c *textChunk) finish(reason string) []byte {
 
 // usage returns stream_options.include_usage's last event: no choices,
 // the request's token counts.
-func (c *textChunk) usage(u usage) []byte {
+func (c *streamEvents) usage(u usage) []byte {
 	b := append(c.buf[:0], c.head...)
 	b = append(b, `,"choices":[],"usage":{"prompt_tokens":`...)
 	b = strconv.AppendInt(b, int64(u.PromptTokens), 10)

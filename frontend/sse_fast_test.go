@@ -22,7 +22,7 @@ func TestTextChunkMatchesEncodingJSON(t *testing.T) {
 	}
 	for _, chat := range []bool{true, false} {
 		for _, usage := range []bool{true, false} {
-			c := newTextChunk("chatcmpl-<id>&", "chat.completion.chunk", 1700000000, "m\"odel", chat, usage)
+			c := newStreamEvents("chatcmpl-<id>&", "chat.completion.chunk", 1700000000, "m\"odel", chat, usage)
 			for _, text := range texts {
 				got := c.render(text)
 				want := map[string]any{"id": "chatcmpl-<id>&", "object": "chat.completion.chunk", "created": 1700000000, "model": "m\"odel"}
@@ -58,7 +58,7 @@ func TestTextChunkMatchesEncodingJSON(t *testing.T) {
 func TestStreamEventsMatchEncodingJSON(t *testing.T) {
 	for _, chat := range []bool{true, false} {
 		for _, incl := range []bool{true, false} {
-			c := newTextChunk("cmpl-<&>", "text_completion", 1700000001, "kvmesh-sim", chat, incl)
+			c := newStreamEvents("cmpl-<&>", "text_completion", 1700000001, "kvmesh-sim", chat, incl)
 			head := func() map[string]any {
 				return map[string]any{"id": "cmpl-<&>", "object": "text_completion", "created": 1700000001, "model": "kvmesh-sim"}
 			}
@@ -119,7 +119,7 @@ func sameJSON(t *testing.T, a, b []byte) bool {
 }
 
 func BenchmarkTextChunk(b *testing.B) {
-	c := newTextChunk("chatcmpl-0123456789abcdef01234567", "chat.completion.chunk", 1700000000, "kvmesh-sim", true, false)
+	c := newStreamEvents("chatcmpl-0123456789abcdef01234567", "chat.completion.chunk", 1700000000, "kvmesh-sim", true, false)
 	b.ReportAllocs()
 	for b.Loop() {
 		c.render(" token")
