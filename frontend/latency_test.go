@@ -39,12 +39,15 @@ import (
 // client's receive time minus that is the token's delivery latency, so the
 // engine's own pacing cancels out. It prints p50/p99 of delivery latency,
 // TTFT and inter-token latency for both paths and their difference.
+// Everything shares the machine's cores, so the result depends on them:
+// docs/benchmarks.md §3 has the figures at 2 to 16 cores (GOMAXPROCS).
 //
 //	KVMESH_BENCH=1 go test ./frontend -run TestFrontendAddedLatency -v
 //
 // Knobs (env): KVMESH_BENCH_STREAMS (200), KVMESH_BENCH_TOKENS (64),
 // KVMESH_BENCH_WORKERS (4), KVMESH_BENCH_SPEEDUP (2: sim time divisor),
 // KVMESH_BENCH_CPUPROFILE (file: CPU profile of the frontend phase),
+// KVMESH_BENCH_MEMPROFILE (file: allocations of the frontend phase),
 // KVMESH_BENCH_H2C (1: the HTTP client speaks cleartext HTTP/2).
 func TestFrontendAddedLatency(t *testing.T) {
 	if os.Getenv("KVMESH_BENCH") == "" {
