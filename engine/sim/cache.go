@@ -45,6 +45,7 @@ func (c *Core) ReadPayload(seq kv.SeqHash, layer int, dst []byte) (int, error) {
 	if len(dst) < c.cfg.PayloadSize {
 		return 0, fmt.Errorf("sim: payload buffer of %d bytes, need %d", len(dst), c.cfg.PayloadSize)
 	}
+	c.pool.fill(id)
 	return copy(dst, c.pool.payload(id, layer)), nil
 }
 

@@ -57,10 +57,11 @@ type Config struct {
 	// it inserts is reused instead of recomputed.
 	Fetcher Fetcher
 	// StoreChecksums keeps kv.Checksum of each block's payload (all layers),
-	// taken when the block is computed or inserted, for BlockChecksum: a
-	// worker serving peers sends it instead of hashing again, and bytes that
-	// changed since fail the peer's check. It costs one hash per stored
-	// block, so engines that never serve (the twin) leave it off.
+	// of a computed block's derived bytes or an inserted block's bytes, for
+	// BlockChecksum: a worker serving peers sends it instead of hashing
+	// again, and bytes that changed since fail the peer's check. It costs
+	// one hash per stored block (a computed block's when its bytes are
+	// first read), so engines that never serve (the twin) leave it off.
 	StoreChecksums bool
 	// OmitEventTokens leaves kv.Event.Tokens empty (saves copying when the
 	// consumer only needs hashes, as in the twin).

@@ -524,8 +524,8 @@ func (c *Core) admit(s *Seq, budget int) (int, bool) {
 
 // register makes s's full blocks up to token upto findable. A block another
 // request registered meanwhile is shared instead (its duplicate is freed, no
-// event); a fresh one is stored, its payload filled, and a Stored event
-// emitted.
+// event); a fresh one is stored (its payload filled on first read) and a
+// Stored event emitted.
 func (c *Core) register(s *Seq, upto int) {
 	full := upto / c.bs
 	for b := s.nReg; b < full; b++ {

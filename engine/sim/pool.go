@@ -8,6 +8,7 @@ import (
 const (
 	flagRegistered uint8 = 1 << iota // has a sequence hash, findable by lookups
 	flagHasParent
+	flagUnfilled // payload not written yet: derived from seq on first read (fill)
 )
 
 // block is one slot of the paged KV pool. A block is in exactly one state:
@@ -144,12 +145,25 @@ func (p *pool) register(id int32, seq, local, parent uint64, hasParent bool, fil
 		b.flags |= flagHasParent
 	}
 	p.byHash.put(seq, id)
-	if fill {
-		for l := 0; l < p.layers; l++ {
-			kv.FillPayload(p.payload(id, l), seq, l)
-		}
-		p.storeSum(id)
+	if fill && p.layers*p.psize > 0 {
+		// Most computed blocks are never read (only peers fetch them), so
+		// their derived bytes are written on the first read instead.
+		b.flags |= flagUnfilled
 	}
+}
+
+// fill writes block id's payload (and its stored checksum) if register
+// deferred it. Every read of a block's bytes or checksum goes through it.
+func (p *pool) fill(id int32) {
+	b := &p.blocks[id]
+	if b.flags&flagUnfilled == 0 {
+		return
+	}
+	b.flags &^= flagUnfilled
+	for l := 0; l < p.layers; l++ {
+		kv.FillPayload(p.payload(id, l), b.seq, l)
+	}
+	p.storeSum(id)
 }
 
 func (p *pool) payload(id int32, layer int) []byte {

@@ -11,12 +11,15 @@ import (
 // so its whole payload is one slice.
 //
 // Why a pinned view is safe to read without the engine's lock: payload
-// bytes are written only into a block just taken by pool.alloc (computed
-// blocks in pool.register, fetched ones in Insert), and alloc takes only
-// blocks with no reference (the free stack or the idle LRU list). A pin is
-// a reference, so while it is held the block is neither evicted nor reused,
-// its hash keeps mapping to it, and its bytes do not change; the lock taken
-// by Pin orders the bytes' writes before any read through the view.
+// bytes are written only once per allocation of a block — a fetched block's
+// by Insert right after pool.alloc, a computed block's by pool.fill on the
+// first read of its bytes or checksum (ViewBlock, ReadPayload,
+// BlockChecksum), under the lock — and alloc takes only blocks with no
+// reference (the free stack or the idle LRU list). A pin is a reference,
+// so while it is held the block is neither evicted nor reused, its hash
+// keeps mapping to it, and its bytes do not change once ViewBlock has
+// returned them; the lock ViewBlock takes orders the writes before any
+// read through the view.
 
 // blockPayload is block id's payload, every layer concatenated.
 func (p *pool) blockPayload(id int32) []byte {
@@ -47,6 +50,7 @@ func (c *Core) ViewBlock(seq kv.SeqHash) ([]byte, error) {
 	if c.pool.blocks[id].ref <= 0 {
 		return nil, fmt.Errorf("sim: block %016x is not pinned; pin it before viewing its payload", seq)
 	}
+	c.pool.fill(id)
 	return c.pool.blockPayload(id), nil
 }
 
@@ -59,6 +63,7 @@ func (c *Core) BlockChecksum(seq kv.SeqHash) (sum uint64, ok bool) {
 	if !ok || c.pool.sums == nil {
 		return 0, false
 	}
+	c.pool.fill(id)
 	return c.pool.sums[id], true
 }
 

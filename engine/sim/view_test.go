@@ -244,3 +244,61 @@ func TestEngineViewsWhileRunning(t *testing.T) {
 		t.Fatal("no evictions while viewing")
 	}
 }
+
+// TestLazyFillOnFirstRead: a computed block's bytes are written on their
+// first read, whichever read comes first (checksum, layer copy or view),
+// and a slot reused by another block never shows the old block's bytes.
+func TestLazyFillOnFirstRead(t *testing.T) {
+	cfg := testConfig()
+	cfg.Blocks, cfg.Layers, cfg.PayloadSize, cfg.StoreChecksums = 8, 2, 24, true
+	a := mustCore(t, cfg)
+	p1 := promptOf(4*cfg.BlockSize+1, 5)
+	a.Add(req("a", p1, 1), time.Time{})
+	drain(a)
+	s1 := seqOf(cfg, p1)
+	for i, h := range s1 {
+		id, _ := a.pool.byHash.get(h)
+		if a.pool.blocks[id].flags&flagUnfilled == 0 {
+			t.Fatalf("block %d filled before any read", i)
+		}
+	}
+	// Checksum first: it must be the derivation's, and fill the bytes.
+	if sum, ok := a.BlockChecksum(s1[0]); !ok || sum != kv.Checksum(derived(cfg, s1[0])) {
+		t.Fatalf("checksum before any view: %016x %v", sum, ok)
+	}
+	// A layer copy first.
+	buf := make([]byte, cfg.PayloadSize)
+	if _, err := a.ReadPayload(s1[1], 1, buf); err != nil || !bytes.Equal(buf, kv.Payload(s1[1], 1, cfg.PayloadSize)) {
+		t.Fatalf("layer read before any view: %v", err)
+	}
+	// Fill the rest of p1, then push it out with p2 (the whole pool), whose
+	// blocks reuse those slots and must read as p2's derivation.
+	n1, rel1 := a.Pin(s1)
+	for _, h := range s1[:n1] {
+		if _, err := a.ViewBlock(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rel1()
+	p2 := promptOf(7*cfg.BlockSize+1, 900)
+	a.Add(req("b", p2, 1), time.Time{})
+	drain(a)
+	if a.Lookup(s1) != 0 {
+		t.Fatal("p1 still cached")
+	}
+	s2 := seqOf(cfg, p2)
+	n, release := a.Pin(s2)
+	defer release()
+	for i, h := range s2[:n] {
+		v, err := a.ViewBlock(h)
+		if err != nil || !bytes.Equal(v, derived(cfg, h)) {
+			t.Fatalf("reused slot, block %d: %v", i, err)
+		}
+		if sum, ok := a.BlockChecksum(h); !ok || sum != kv.Checksum(v) {
+			t.Fatalf("reused slot, block %d: checksum %016x %v", i, sum, ok)
+		}
+	}
+	if n == 0 {
+		t.Fatal("nothing of p2 cached")
+	}
+}
