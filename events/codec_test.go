@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // goldenBatch is the batch every fixture in testdata/golden encodes.
@@ -73,6 +75,93 @@ func TestGoldenEncode(t *testing.T) {
 				t.Fatalf("decoded %+v\nwant    %+v", dec, goldenBatch())
 			}
 		})
+	}
+}
+
+// TestGoldenSalted: a salted store in vLLM's extra_keys form encodes to the
+// hand-assembled fixture, decodes back with its salt, and converts to local
+// hashes seeded by LoRA and salt.
+func TestGoldenSalted(t *testing.T) {
+	want := &Batch{TS: 1.5, HasDPRank: true, Events: []Event{{Type: TypeStored, BlockHashes: []uint64{7, 8},
+		TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: "GPU", HasMedium: true,
+		LoRAName: "sql-lora", HasLoRAName: true, CacheSalt: "tenant-a"}}}
+	fixture := loadHex(t, "salted_map_events.hex")
+	got, err := EncodeBatch(want, ShapeMapEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, fixture) {
+		t.Fatalf("encoding differs from fixture\n got %x\nwant %x", got, fixture)
+	}
+	for _, s := range []Shape{ShapeArray, ShapeMapEvents, ShapeMap} {
+		enc, err := EncodeBatch(want, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec, _, err := DecodeBatch(enc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(dec, want) {
+			t.Fatalf("%v: decoded %+v\nwant    %+v", s, dec, want)
+		}
+	}
+	c := Converter{BlockSize: 2}
+	evs := c.Convert(nil, want)
+	seed := kv.Seed("sql-lora", "tenant-a")
+	if len(evs) != 1 || evs[0].Salt != "tenant-a" || evs[0].Blocks[1].LocalHash != kv.HashTokens([]kv.Token{3, 4}, seed) {
+		t.Fatalf("converted %+v", evs)
+	}
+}
+
+// TestDecodeExtraKeys: the salt is read from the first block's extra_keys
+// of a store without a parent, in every form vLLM has used, and nowhere else.
+func TestDecodeExtraKeys(t *testing.T) {
+	stored := func(parent, lora, extra any) []any {
+		return []any{"BlockStored", []any{1, 2}, parent, []any{1, 2, 3, 4}, 2, nil, "GPU", lora, extra, 0, "full_attention"}
+	}
+	mmKey := []any{"img-hash", 3}
+	embeds := []byte{0xde, 0xad}
+	for _, tc := range []struct {
+		name string
+		ev   any
+		want string
+	}{
+		{"lora then salt", stored(nil, "a", []any{[]any{"a", "s"}, []any{"a"}}), "s"},
+		{"salt alone", stored(nil, nil, []any{[]any{"s"}, nil}), "s"},
+		{"salt equal to the lora name", stored(nil, "a", []any{[]any{"a", "a"}, []any{"a"}}), "a"},
+		{"lora, mm tuple, salt, embeds digest", stored(nil, "a", []any{[]any{"a", mmKey, "s", embeds}, []any{"a", embeds}}), "s"},
+		{"old int lora id first", stored(nil, nil, []any{[]any{7, "s"}, []any{7}}), "s"},
+		{"lora only", stored(nil, "a", []any{[]any{"a"}, []any{"a"}}), ""},
+		{"mm and embeds only", stored(nil, nil, []any{[]any{mmKey, embeds}, nil}), ""},
+		{"nil extra keys", stored(nil, "a", nil), ""},
+		{"empty extra keys", stored(nil, "a", []any{}), ""},
+		{"first entry nil", stored(nil, nil, []any{nil, []any{"x"}}), ""},
+		{"continuation names no salt", stored(9, nil, []any{[]any{"x"}, nil}), ""},
+		{"not a list: skipped", stored(nil, nil, "weird"), ""},
+		{"map event", map[string]any{"type": "BlockStored", "extra_keys": []any{[]any{"a", "s"}}, "block_hashes": []any{1},
+			"lora_name": "a", "parent_block_hash": nil}, "s"},
+		{"map event, parent after extra_keys", map[string]any{"type": "BlockStored", "extra_keys": []any{[]any{"s"}},
+			"block_hashes": []any{1}, "parent_block_hash": 5}, ""},
+		{"cache_salt key wins", map[string]any{"type": "BlockStored", "extra_keys": []any{[]any{"s"}}, "cache_salt": "k",
+			"block_hashes": []any{1}}, "k"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, _, err := DecodeBatch(pack(t, []any{1.0, []any{tc.ev}, 0}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(b.Events) != 1 || b.Events[0].CacheSalt != tc.want {
+				t.Fatalf("got %+v, want salt %q", b.Events, tc.want)
+			}
+		})
+	}
+	// Every truncation of a salted store is an error, never a panic.
+	full := pack(t, []any{1.0, []any{stored(nil, "a", []any{[]any{"a", mmKey, "s", embeds}, []any{"a"}})}, 0})
+	for n := range len(full) {
+		if _, _, err := DecodeBatch(full[:n]); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("truncated to %d bytes: err %v", n, err)
+		}
 	}
 }
 

@@ -31,7 +31,7 @@ func ToWire(evs []kv.Event, blockSize int, ts float64) []Batch {
 		switch e.Kind {
 		case kv.EventStored:
 			w := Event{Type: TypeStored, Parent: e.Parent, HasParent: e.HasParent, BlockSize: blockSize,
-				Medium: MediumOf(e.Tier), HasMedium: true, LoRAName: e.LoRA, HasLoRAName: e.LoRA != ""}
+				Medium: MediumOf(e.Tier), HasMedium: true, LoRAName: e.LoRA, HasLoRAName: e.LoRA != "", CacheSalt: e.Salt}
 			w.BlockHashes = make([]uint64, len(e.Blocks))
 			for j, blk := range e.Blocks {
 				w.BlockHashes[j] = blk.EngineHash
@@ -55,12 +55,21 @@ func ToWire(evs []kv.Event, blockSize int, ts float64) []Batch {
 type ConvertStats struct {
 	Dropped   uint64 // events that yielded nothing (unknown medium, remote, no full block, duplicate hashes)
 	Truncated uint64 // stores cut at a short or mismatched block
+	// SaltUntracked counts salted blocks not remembered because MaxSalted
+	// were held: a store continuing from one is hashed unsalted.
+	SaltUntracked uint64
 }
+
+// MaxSalted bounds how many salted blocks a Converter remembers.
+const MaxSalted = 1 << 20
 
 // Converter turns decoded wire batches into kv events for one engine
 // instance. It recomputes each block's local hash from token_ids (with the
 // LoRA name and cache salt mixed in by kv.Seed), keeps the engine hash as
-// the handle, and numbers events per worker key. Not safe for concurrent use.
+// the handle, and numbers events per worker key. vLLM names the salt only
+// on a request's first block, so the Converter remembers the salt of every
+// salted block it has seen stored (until removed or cleared) and gives it
+// to stores that continue from one. Not safe for concurrent use.
 type Converter struct {
 	Instance uint64
 	// BlockSize is the worker's configured block size; 0 trusts the wire.
@@ -68,8 +77,17 @@ type Converter struct {
 	// DPRank is used when a batch carries none.
 	DPRank uint32
 
-	ids   map[kv.WorkerKey]uint64
-	Stats ConvertStats
+	ids    map[kv.WorkerKey]uint64
+	salted map[saltKey]string
+	Stats  ConvertStats
+}
+
+// saltKey names one block copy: the same engine hash can sit on several
+// tiers and leave them one at a time.
+type saltKey struct {
+	w    kv.WorkerKey
+	tier kv.Tier
+	hash uint64
 }
 
 // Worker is the worker key a batch's events belong to.
@@ -99,6 +117,7 @@ func (c *Converter) Convert(dst []kv.Event, b *Batch) []kv.Event {
 		switch ev.Type {
 		case TypeCleared:
 			out = kv.Cleared(w)
+			c.forgetWorker(w)
 		case TypeRemoved:
 			tier, ok := c.tier(ev)
 			if !ok || len(ev.BlockHashes) == 0 {
@@ -106,6 +125,11 @@ func (c *Converter) Convert(dst []kv.Event, b *Batch) []kv.Event {
 				continue
 			}
 			out = kv.Removed(w, tier, ev.BlockHashes)
+			if len(c.salted) > 0 {
+				for _, h := range ev.BlockHashes {
+					delete(c.salted, saltKey{w, tier, h})
+				}
+			}
 		case TypeStored:
 			var ok bool
 			if out, ok = c.stored(w, ev); !ok {
@@ -164,7 +188,11 @@ func (c *Converter) stored(w kv.WorkerKey, ev *Event) (kv.Event, bool) {
 	if n == 0 {
 		return kv.Event{}, false
 	}
-	seed := kv.Seed(ev.LoRAName, ev.CacheSalt)
+	salt := ev.CacheSalt
+	if salt == "" && ev.HasParent {
+		salt = c.parentSalt(w, tier, ev.Parent)
+	}
+	seed := kv.Seed(ev.LoRAName, salt)
 	blocks := make([]kv.StoredBlock, n)
 	for i := range blocks {
 		blocks[i] = kv.StoredBlock{EngineHash: ev.BlockHashes[i], LocalHash: kv.HashTokens(ev.TokenIDs[i*bs:(i+1)*bs], seed)}
@@ -175,6 +203,47 @@ func (c *Converter) stored(w kv.WorkerKey, ev *Event) (kv.Event, bool) {
 	}
 	out := kv.Stored(w, tier, parent, blocks)
 	out.Tokens = ev.TokenIDs[:n*bs]
-	out.LoRA = ev.LoRAName
+	out.LoRA, out.Salt = ev.LoRAName, salt
+	if salt != "" {
+		c.remember(w, tier, blocks, salt)
+	}
 	return out, true
+}
+
+// parentSalt is the salt of the parent block, looked up on the store's
+// tier first (an offload may store a child on another tier than its parent).
+func (c *Converter) parentSalt(w kv.WorkerKey, tier kv.Tier, parent uint64) string {
+	if len(c.salted) == 0 {
+		return ""
+	}
+	if s, ok := c.salted[saltKey{w, tier, parent}]; ok {
+		return s
+	}
+	for t := range kv.Tier(kv.NumTiers) {
+		if s, ok := c.salted[saltKey{w, t, parent}]; ok {
+			return s
+		}
+	}
+	return ""
+}
+
+func (c *Converter) remember(w kv.WorkerKey, tier kv.Tier, blocks []kv.StoredBlock, salt string) {
+	if c.salted == nil {
+		c.salted = make(map[saltKey]string)
+	}
+	for _, b := range blocks {
+		if len(c.salted) >= MaxSalted {
+			c.Stats.SaltUntracked++
+			continue
+		}
+		c.salted[saltKey{w, tier, b.EngineHash}] = salt
+	}
+}
+
+func (c *Converter) forgetWorker(w kv.WorkerKey) {
+	for k := range c.salted {
+		if k.w == w {
+			delete(c.salted, k)
+		}
+	}
 }

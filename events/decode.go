@@ -582,6 +582,7 @@ func (dec *decoder) arrayEvent() (ev Event, known bool, err error) {
 		return ev, false, err
 	}
 	ev.Type = tagType(tag)
+	var first []string // string extra keys of the first block
 	// fields[i] decodes positional slot i+1.
 	var fields []func() error
 	switch ev.Type {
@@ -594,6 +595,7 @@ func (dec *decoder) arrayEvent() (ev Event, known bool, err error) {
 			func() (err error) { ev.LoRAID, ev.HasLoRAID, err = dec.optInt64(keyLoRAID); return },
 			func() (err error) { ev.Medium, ev.HasMedium, err = dec.optStr(keyMedium); return },
 			func() (err error) { ev.LoRAName, ev.HasLoRAName, err = dec.optStr(keyLoRAName); return },
+			func() (err error) { first, err = dec.extraKeys(first); return },
 		}
 	case TypeRemoved:
 		fields = []func() error{
@@ -617,6 +619,7 @@ func (dec *decoder) arrayEvent() (ev Event, known bool, err error) {
 	if ev.Type != TypeCleared && n < 2 {
 		return ev, false, fmt.Errorf("%s without block_hashes", tag)
 	}
+	ev.saltFromExtraKeys(first)
 	return ev, true, dec.skipN(rest)
 }
 
@@ -626,6 +629,7 @@ func (dec *decoder) mapEvent() (ev Event, known bool, err error) {
 		return ev, false, err
 	}
 	tag, sawHashes := "", false
+	var first []string // string extra keys of the first block
 	for range n {
 		k, err := dec.str("event key")
 		if err != nil {
@@ -649,6 +653,8 @@ func (dec *decoder) mapEvent() (ev Event, known bool, err error) {
 			ev.Medium, ev.HasMedium, err = dec.optStr(keyMedium)
 		case keyLoRAName:
 			ev.LoRAName, ev.HasLoRAName, err = dec.optStr(keyLoRAName)
+		case keyExtraKeys:
+			first, err = dec.extraKeys(first[:0])
 		case keyCacheSalt:
 			ev.CacheSalt, _, err = dec.optStr(keyCacheSalt)
 		case keyLocality:
@@ -670,6 +676,9 @@ func (dec *decoder) mapEvent() (ev Event, known bool, err error) {
 	case TypeStored, TypeRemoved:
 		if !sawHashes {
 			return ev, false, fmt.Errorf("%s without block_hashes", tag)
+		}
+		if ev.Type == TypeStored {
+			ev.saltFromExtraKeys(first)
 		}
 	case TypeCleared:
 		ev = Event{Type: TypeCleared}
@@ -697,4 +706,67 @@ func (dec *decoder) blockSize() (int, error) {
 		return 0, fmt.Errorf("block_size %d out of range", v)
 	}
 	return int(v), nil
+}
+
+// extraKeys reads vLLM's extra_keys: nil, or one entry per block, each nil
+// or a tuple of LoRA name, multimodal ids, cache_salt (a request's first
+// block only) and prompt-embeds digests, in that order. It appends the
+// top-level strings of the first block's tuple to dst and skips the rest;
+// anything else in the slot is skipped, as before it was read at all.
+func (dec *decoder) extraKeys(dst []string) ([]string, error) {
+	c, err := dec.peek()
+	if err != nil {
+		return dst, err
+	}
+	if !isArray(c) {
+		return dst, dec.skipN(1)
+	}
+	n, err := dec.arrayLen(keyExtraKeys)
+	if err != nil || n == 0 {
+		return dst, err
+	}
+	if c, err = dec.peek(); err != nil {
+		return dst, err
+	}
+	if isArray(c) {
+		m, err := dec.arrayLen(keyExtraKeys + " entry")
+		if err != nil {
+			return dst, err
+		}
+		for range m {
+			if c, err = dec.peek(); err != nil {
+				return dst, err
+			}
+			if !isStr(c) {
+				if err := dec.skipN(1); err != nil {
+					return dst, err
+				}
+				continue
+			}
+			s, err := dec.str(keyExtraKeys)
+			if err != nil {
+				return dst, err
+			}
+			dst = append(dst, s)
+		}
+		n--
+	}
+	return dst, dec.skipN(n)
+}
+
+// saltFromExtraKeys sets CacheSalt from the first block's string extra keys
+// when no cache_salt key did. Only a store without a parent starts at a
+// request's first block, the one vLLM adds the salt to; a leading string
+// equal to lora_name is the LoRA key, and the salt is the last string
+// after it (multimodal ids are (id, offset) tuples, embeds digests bytes).
+func (ev *Event) saltFromExtraKeys(first []string) {
+	if ev.CacheSalt != "" || ev.HasParent || len(first) == 0 {
+		return
+	}
+	if ev.LoRAName != "" && first[0] == ev.LoRAName {
+		first = first[1:]
+	}
+	if len(first) > 0 {
+		ev.CacheSalt = first[len(first)-1]
+	}
 }

@@ -118,7 +118,7 @@ func (e *Encoder) event(ev *Event, asMap bool) error {
 		key(keyLoRAName)
 		e.optString(ev.LoRAName, ev.HasLoRAName)
 		key(keyExtraKeys)
-		must(w.EncodeNil())
+		e.extraKeys(ev)
 	case TypeRemoved:
 		head(3)
 		key(keyType)
@@ -149,5 +149,39 @@ func (e *Encoder) optString(s string, ok bool) {
 		must(e.enc.EncodeString(s))
 	} else {
 		must(e.enc.EncodeNil())
+	}
+}
+
+// extraKeys writes extra_keys as vLLM does for a salted request: one entry
+// per block, the LoRA name on each and the salt after it on the request's
+// first block only (a store without a parent). Unsalted stores, and stores
+// that continue a chain, write nil as before: receivers take the LoRA name
+// from lora_name, and a continuation inherits its parent's salt.
+func (e *Encoder) extraKeys(ev *Event) {
+	w := e.enc
+	if ev.CacheSalt == "" || ev.HasParent || len(ev.BlockHashes) == 0 {
+		must(w.EncodeNil())
+		return
+	}
+	must(w.EncodeArrayLen(len(ev.BlockHashes)))
+	for i := range ev.BlockHashes {
+		n := 0
+		if ev.LoRAName != "" {
+			n++
+		}
+		if i == 0 {
+			n++
+		}
+		if n == 0 {
+			must(w.EncodeNil())
+			continue
+		}
+		must(w.EncodeArrayLen(n))
+		if ev.LoRAName != "" {
+			must(w.EncodeString(ev.LoRAName))
+		}
+		if i == 0 {
+			must(w.EncodeString(ev.CacheSalt))
+		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 // panic, every failure must wrap ErrMalformed, and whatever decodes must
 // survive an encode/decode round trip unchanged.
 func FuzzDecodeBatch(f *testing.F) {
-	for _, name := range []string{"array.hex", "map_events.hex", "map.hex"} {
+	for _, name := range []string{"array.hex", "map_events.hex", "map.hex", "salted_map_events.hex"} {
 		f.Add(loadHex(f, name))
 	}
 	f.Add(pack(f, []any{1.0, []any{[]any{"BlockStored", []any{int64(-1), []byte{1, 2, 3, 4, 5, 6, 7, 8, 9}}, nil, []any{[]any{1, 2}}, 1}}, nil}))

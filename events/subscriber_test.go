@@ -254,7 +254,7 @@ func TestConvert(t *testing.T) {
 	stored := kv.Stored(w, kv.TierHost, nil, []kv.StoredBlock{
 		{EngineHash: 1, LocalHash: kv.HashTokens([]kv.Token{1, 2}, salted)},
 		{EngineHash: 2, LocalHash: kv.HashTokens([]kv.Token{3, 4}, salted)}})
-	stored.ID, stored.Tokens, stored.LoRA = 1, []kv.Token{1, 2, 3, 4}, "lora-a"
+	stored.ID, stored.Tokens, stored.LoRA, stored.Salt = 1, []kv.Token{1, 2, 3, 4}, "lora-a", "salt-1"
 	removed := kv.Removed(w, kv.TierDisk, []uint64{9})
 	removed.ID = 2
 	cleared := kv.Cleared(w)
@@ -269,6 +269,49 @@ func TestConvert(t *testing.T) {
 	c0 := Converter{}
 	if evs := c0.Convert(nil, &Batch{Events: []Event{{Type: TypeStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{1, 2, 3}, BlockSize: 3}}}); len(evs) != 1 || len(evs[0].Blocks) != 1 {
 		t.Fatalf("got %+v", evs)
+	}
+}
+
+// TestConvertSaltInheritance: vLLM names the salt on a request's first block
+// only; stores continuing a salted chain take the salt of their parent
+// until that parent is removed from every tier or the worker clears.
+func TestConvertSaltInheritance(t *testing.T) {
+	c := Converter{Instance: 1, BlockSize: 2}
+	st := func(h, parent uint64, hasParent bool, medium, salt string) Event {
+		return Event{Type: TypeStored, BlockHashes: []uint64{h}, Parent: parent, HasParent: hasParent,
+			TokenIDs: []uint32{uint32(h), 1}, BlockSize: 2, Medium: medium, HasMedium: true, CacheSalt: salt}
+	}
+	rm := func(h uint64, medium string) Event {
+		return Event{Type: TypeRemoved, BlockHashes: []uint64{h}, Medium: medium, HasMedium: true}
+	}
+	check := func(evs []Event, wantSalts ...string) {
+		t.Helper()
+		got := c.Convert(nil, &Batch{Events: evs})
+		var salts []string
+		for _, e := range got {
+			if e.Kind != kv.EventStored {
+				continue
+			}
+			salts = append(salts, e.Salt)
+			want := kv.HashTokens(e.Tokens, kv.Seed("", e.Salt))
+			if e.Blocks[0].LocalHash != want {
+				t.Fatalf("block %d: local %x, want %x (salt %q)", e.Blocks[0].EngineHash, e.Blocks[0].LocalHash, want, e.Salt)
+			}
+		}
+		if !reflect.DeepEqual(salts, wantSalts) {
+			t.Fatalf("salts %q, want %q", salts, wantSalts)
+		}
+	}
+	check([]Event{st(10, 0, false, "GPU", "s"), st(11, 10, true, "GPU", ""), st(12, 11, true, "GPU", ""),
+		st(20, 0, false, "GPU", ""), st(21, 20, true, "GPU", "")}, "s", "s", "s", "", "")
+	// 11 offloaded to CPU, then evicted from GPU: the CPU copy still names it.
+	check([]Event{st(11, 10, true, "CPU", ""), rm(11, "GPU"), st(13, 11, true, "CPU", "")}, "s", "s")
+	check([]Event{rm(11, "CPU"), st(14, 11, true, "GPU", "")}, "")
+	// An explicit salt wins over the parent's.
+	check([]Event{st(15, 12, true, "GPU", "t")}, "t")
+	check([]Event{{Type: TypeCleared}, st(16, 12, true, "GPU", "")}, "")
+	if len(c.salted) != 0 || c.Stats.SaltUntracked != 0 {
+		t.Fatalf("after clear: %d salted blocks remembered, stats %+v", len(c.salted), c.Stats)
 	}
 }
 

@@ -63,7 +63,10 @@ type Event struct {
 	HasLoRAID   bool
 	LoRAName    string
 	HasLoRAName bool
-	// CacheSalt and Locality only arrive in map-shaped events.
+	// CacheSalt is the request's cache salt: a map event's cache_salt key,
+	// else vLLM's form, the last string of the first block's extra_keys
+	// tuple in a store without a parent (see saltFromExtraKeys). The
+	// encoder writes the vLLM form. Locality only arrives in map events.
 	CacheSalt string
 	Locality  string
 }
