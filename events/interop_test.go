@@ -129,7 +129,7 @@ func TestInteropPythonSubscriber(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		_, dels := c.snapshot()
-		if len(dels) > 0 && dels[len(dels)-1].Seq >= 8 { // past the scripted batches
+		if len(dels) > 0 && dels[len(dels)-1].Seq >= 9 { // past the scripted batches
 			break
 		}
 		if time.Now().After(deadline) {
@@ -152,7 +152,12 @@ func TestInteropPythonSubscriber(t *testing.T) {
 		t.Fatalf("got %d kv events, want %d", len(scripted), len(want))
 	}
 	tiers := []kv.Tier{kv.TierDevice, kv.TierDevice, kv.TierHost, kv.TierDevice, kv.TierHost,
-		kv.TierDevice, kv.TierDevice, kv.TierDevice, kv.TierDevice, kv.TierDisk, kv.TierHost, kv.TierDisk}
+		kv.TierDevice, kv.TierDevice, kv.TierDevice, kv.TierDevice, kv.TierDisk, kv.TierHost, kv.TierDisk,
+		kv.TierDevice, kv.TierDevice, kv.TierDevice}
+	// The salt of every salted block stored so far: a continuation names
+	// none on the wire and must hash with its parent's.
+	salts := map[uint64]string{}
+	sawSalted := 0
 	for i, line := range want {
 		var w struct {
 			Seq          uint64
@@ -163,6 +168,7 @@ func TestInteropPythonSubscriber(t *testing.T) {
 			TokenIDs     []uint32 `json:"token_ids"`
 			BlockSize    int      `json:"block_size"`
 			LoRAName     *string  `json:"lora_name"`
+			CacheSalt    *string  `json:"cache_salt"`
 		}
 		if err := json.Unmarshal([]byte(line), &w); err != nil {
 			t.Fatal(err)
@@ -184,8 +190,20 @@ func TestInteropPythonSubscriber(t *testing.T) {
 			if w.LoRAName != nil {
 				lora = *w.LoRAName
 			}
-			seed := kv.Seed(lora, "")
-			if len(e.Blocks) != len(w.EngineHashes) || e.HasParent != (w.Parent != nil) || (w.Parent != nil && e.Parent != *w.Parent) || e.LoRA != lora {
+			salt := ""
+			if w.CacheSalt != nil {
+				salt = *w.CacheSalt
+			} else if w.Parent != nil {
+				salt = salts[*w.Parent]
+			}
+			if salt != "" {
+				sawSalted++
+				for _, h := range w.EngineHashes {
+					salts[h] = salt
+				}
+			}
+			seed := kv.Seed(lora, salt)
+			if len(e.Blocks) != len(w.EngineHashes) || e.HasParent != (w.Parent != nil) || (w.Parent != nil && e.Parent != *w.Parent) || e.LoRA != lora || e.Salt != salt {
 				t.Fatalf("event %d: %+v vs %s", i, e, line)
 			}
 			for j, b := range e.Blocks {
@@ -195,5 +213,8 @@ func TestInteropPythonSubscriber(t *testing.T) {
 				}
 			}
 		}
+	}
+	if sawSalted != 3 { // the script's two salted stores and one continuation
+		t.Fatalf("%d salted stores, want 3", sawSalted)
 	}
 }

@@ -32,6 +32,9 @@ var ErrListenTimeout = errors.New("timed out")
 //	{"seq":S,"dp_rank":R,"type":"stored|removed|cleared","engine_hashes":[...],
 //	 "parent":P|null,"token_ids":[...],"block_size":N,"medium":M|null,"lora_name":L|null}
 //
+// A store that names a cache salt (see Event.CacheSalt) adds "cache_salt":S
+// at the end; a continuation of a salted chain names none on the wire.
+//
 // Hashes are written as unsigned decimal integers. It returns how many
 // events it wrote; with Count > 0 the timeout is an error.
 func Listen(ctx context.Context, cfg ListenConfig, out io.Writer) (int, error) {
@@ -129,6 +132,10 @@ func AppendJSONLine(dst []byte, seq uint64, b *Batch, ev *Event) []byte {
 	dst = appendOptJSONString(dst, ev.Medium, ev.HasMedium)
 	dst = append(dst, `,"lora_name":`...)
 	dst = appendOptJSONString(dst, ev.LoRAName, ev.HasLoRAName)
+	if ev.Type == TypeStored && ev.CacheSalt != "" {
+		dst = append(dst, `,"cache_salt":`...)
+		dst = appendOptJSONString(dst, ev.CacheSalt, true)
+	}
 	return append(dst, "}\n"...)
 }
 

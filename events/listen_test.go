@@ -43,12 +43,14 @@ func TestListenPrintsJSONLines(t *testing.T) {
 			{Type: TypeStored, BlockHashes: []uint64{18446744073709551615, 9223372036854775809}, Parent: 12345678901234567890, HasParent: true,
 				TokenIDs: []uint32{1, 2, 3, 4294967295}, BlockSize: 2, Medium: "GPU", HasMedium: true, LoRAName: `ad"é`, HasLoRAName: true},
 			{Type: TypeRemoved, BlockHashes: []uint64{18446744073709551615}, Medium: "CPU", HasMedium: true}}},
-		{Events: []Event{{Type: TypeCleared}, {Type: TypeStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{7, 8}}}},
+		{Events: []Event{{Type: TypeCleared}, {Type: TypeStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{7, 8}},
+			{Type: TypeStored, BlockHashes: []uint64{2}, TokenIDs: []uint32{9}, BlockSize: 1, CacheSalt: `t"1`}}},
 	}
 	want := `{"seq":0,"dp_rank":1,"type":"stored","engine_hashes":[18446744073709551615,9223372036854775809],"parent":12345678901234567890,"token_ids":[1,2,3,4294967295],"block_size":2,"medium":"GPU","lora_name":"ad\"é"}
 {"seq":0,"dp_rank":1,"type":"removed","engine_hashes":[18446744073709551615],"parent":null,"token_ids":[],"block_size":0,"medium":"CPU","lora_name":null}
 {"seq":1,"dp_rank":0,"type":"cleared","engine_hashes":[],"parent":null,"token_ids":[],"block_size":0,"medium":null,"lora_name":null}
 {"seq":1,"dp_rank":0,"type":"stored","engine_hashes":[1],"parent":null,"token_ids":[7,8],"block_size":0,"medium":null,"lora_name":null}
+{"seq":1,"dp_rank":0,"type":"stored","engine_hashes":[2],"parent":null,"token_ids":[9],"block_size":1,"medium":null,"lora_name":null,"cache_salt":"t\"1"}
 `
 	for _, b := range batches {
 		if _, err := p.PublishBatch(b); err != nil {
@@ -59,7 +61,7 @@ func TestListenPrintsJSONLines(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		_, err := Listen(context.Background(), ListenConfig{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(),
-			Count: 4, Timeout: 10 * time.Second, Logger: quietLogger()}, out)
+			Count: 5, Timeout: 10 * time.Second, Logger: quietLogger()}, out)
 		done <- err
 	}()
 	var lerr error

@@ -34,6 +34,25 @@ def stored_array(hashes, parent, tokens, bs, medium=None, lora=None, tail=()):
     return ["BlockStored", hashes, parent, tokens, bs, None, medium, lora, None, *tail]
 
 
+def extra_keys(n_blocks, parent, lora=None, salt=None, mm=None):
+    """extra_keys as vLLM's generate_block_hash_extra_keys builds them: per
+    block a tuple of the LoRA name, multimodal (id, offset) keys, the salt
+    (a request's first block only, i.e. no parent) and embeds digests."""
+    out = []
+    for i in range(n_blocks):
+        keys = []
+        if lora:
+            keys.append(lora)
+        if mm and i == 0:
+            keys.extend(mm)
+        if salt and i == 0 and parent is None:
+            keys.append(salt)
+        if mm and i == 0:
+            keys.append(b"\x01" * 32)  # a prompt-embeds digest
+        out.append(tuple(keys) if keys else None)
+    return out
+
+
 def stored_map(hashes, parent, tokens, bs, medium=None, lora=None, **extra):
     m = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
          "token_ids": tokens, "block_size": bs, "lora_id": None, "medium": medium,
@@ -49,8 +68,9 @@ def as_u64(h):
     return h & U64
 
 
-def expect(seq, dp_rank, ev):
-    """The listen line for one wire event, computed independently."""
+def expect(seq, dp_rank, ev, salt=None):
+    """The listen line for one wire event, computed independently; salt is
+    the cache salt the script put on the event's first block, if any."""
     if isinstance(ev, dict):
         tag = ev["type"]
         get = ev.get
@@ -78,9 +98,12 @@ def expect(seq, dp_rank, ev):
             lora = get("lora_name")
         else:
             parent, tokens, bs, lora = None, [], 0, None
-    return {"seq": seq, "dp_rank": dp_rank or 0, "type": kind, "engine_hashes": hashes,
+    line = {"seq": seq, "dp_rank": dp_rank or 0, "type": kind, "engine_hashes": hashes,
             "parent": parent, "token_ids": tokens, "block_size": bs, "medium": medium,
             "lora_name": lora}
+    if salt is not None:
+        line["cache_salt"] = salt
+    return line
 
 
 def batches():
@@ -122,7 +145,23 @@ def batches():
     # 7: live again.
     ev = [stored_array([501], 300, toks(1, 0), bs, "DISK", "adapter-b")]
     out.append((False, [t, ev, 0], 0, ev))
+    # 8: salted requests in vLLM's form. A map event (current vLLM) with the
+    #    salt after the LoRA name and multimodal keys in block 0's
+    #    extra_keys, its continuation (no salt on the wire: the receiver
+    #    inherits it from block 902), and a positional event salted
+    #    without a LoRA.
+    ev = [stored_map([901, 902], None, toks(2, 200), bs, "GPU", "sql-lora",
+                     extra_keys=extra_keys(2, None, "sql-lora", "tenant-a", mm=[("img-1", 3)])),
+          stored_map([903], 902, toks(1, 300), bs, "GPU", "sql-lora",
+                     extra_keys=extra_keys(1, 902, "sql-lora", "tenant-a")),
+          ["BlockStored", [904], None, toks(1, 400), bs, None, "GPU", None,
+           extra_keys(1, None, None, "tenant-b")]]
+    out.append((False, [t, ev, 0], 0, ev))
     return out
+
+
+# The salt each scripted salted store names on the wire, by first hash.
+SALTS = {901: "tenant-a", 904: "tenant-b"}
 
 
 def main():
@@ -137,7 +176,10 @@ def main():
     with open(expected_path, "w") as f:
         for seq, (_, _, dp, evs) in enumerate(scripted):
             for ev in evs:
-                f.write(json.dumps(expect(seq, dp, ev)) + "\n")
+                first = ev["block_hashes"][0] if isinstance(ev, dict) and "block_hashes" in ev else \
+                    (ev[1][0] if len(ev) > 1 and ev[1] else None)
+                salt = SALTS.get(first) if isinstance(first, int) else None
+                f.write(json.dumps(expect(seq, dp, ev, salt)) + "\n")
     print(f"READY tcp://127.0.0.1:{pub_port} tcp://127.0.0.1:{replay_port}", flush=True)
 
     ring = []
