@@ -379,6 +379,50 @@ func TestSaltAndLoRAIsolateCache(t *testing.T) {
 	}
 }
 
+// TestStoredEventsCarrySalt: every Stored event of a salted request, the
+// prompt's and the continuations decode adds, names the request's LoRA and
+// salt, and its tokens hash to its local hashes with both (the holdings
+// checker rehashes every event).
+func TestStoredEventsCarrySalt(t *testing.T) {
+	cfg := testConfig()
+	c := mustCore(t, cfg)
+	h := newHoldings(t, cfg.Worker, cfg.BlockSize)
+	var stored []kv.Event
+	c.SetEventSink(func(b []kv.Event) {
+		h.sink(b)
+		for _, e := range b {
+			if e.Kind == kv.EventStored {
+				stored = append(stored, e)
+			}
+		}
+	})
+	prompt := []kv.Token{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	for _, id := range []struct{ lora, salt string }{{"", "tenant"}, {"a", "tenant"}, {"", ""}} {
+		stored = stored[:0]
+		rq := req(id.lora+"/"+id.salt, prompt, 8) // decode fills blocks 3 and 4
+		rq.LoRA, rq.CacheSalt = id.lora, id.salt
+		if _, err := c.Add(rq, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		for !c.Idle() {
+			c.Step(time.Time{})
+		}
+		blocks, continuations := 0, 0
+		for _, e := range stored {
+			if e.LoRA != id.lora || e.Salt != id.salt {
+				t.Fatalf("%+v: event %d names LoRA %q salt %q", id, e.ID, e.LoRA, e.Salt)
+			}
+			blocks += len(e.Blocks)
+			if e.HasParent {
+				continuations++
+			}
+		}
+		if blocks != 4 || continuations == 0 {
+			t.Fatalf("%+v: %d blocks in %d events, %d continuations", id, blocks, len(stored), continuations)
+		}
+	}
+}
+
 func TestAddValidates(t *testing.T) {
 	c := mustCore(t, testConfig())
 	cases := []*engine.Request{

@@ -173,7 +173,7 @@ func (h *holdings) sink(batch []kv.Event) {
 					h.t.Fatalf("stored event %d block %d: engine hash does not chain", e.ID, i)
 				}
 				if e.Tokens != nil {
-					if lh := kv.HashTokens(e.Tokens[i*h.bs:(i+1)*h.bs], kv.Seed(e.LoRA, "")); lh != b.LocalHash {
+					if lh := kv.HashTokens(e.Tokens[i*h.bs:(i+1)*h.bs], kv.Seed(e.LoRA, e.Salt)); lh != b.LocalHash {
 						h.t.Fatalf("stored event %d block %d: tokens hash to %016x, local %016x", e.ID, i, lh, b.LocalHash)
 					}
 				}
