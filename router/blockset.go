@@ -7,22 +7,22 @@ import "github.com/kvmesh/kvmesh/kv"
 // so their low bits index the table directly and no hashing is needed; this
 // makes booking a 512-block request several times cheaper than a Go map.
 //
-// A key whose count drops to zero stays in its slot as a tombstone (a later
-// inc of the same key revives it); tombstones are swept when live keys plus
-// tombstones would pass half the table. The table keeps its peak size
-// (24 bytes a slot with its spare, at most four times a worker's peak
-// active blocks), so a
-// worker cycling through requests does not reallocate.
+// A key whose count drops to zero leaves its slot at once, the later keys
+// of its probe run shifting back (backward-shift deletion), so the table
+// holds no tombstones and never needs sweeping: requests come and go at a
+// high rate, and sweeping a table sized for the peak cost more than the
+// bookings. A key and its count share a slot (one cache line per probe).
+// The table grows to keep live keys at most half of it and keeps its peak
+// size, so a worker cycling through requests does not reallocate.
 type blockSet struct {
-	keys   []kv.SeqHash
-	counts []int32
-	n      int   // live keys (count > 0), including zero
-	used   int   // occupied slots: live plus tombstones
-	zero   int32 // refcount of the key 0, which marks empty slots
+	slots []blockSlot // key 0 marks an empty slot
+	n     int         // live keys (count > 0), including zero
+	zero  int32       // refcount of the key 0
+}
 
-	// A second table of the same size to rehash into without allocating.
-	spareK []kv.SeqHash
-	spareC []int32
+type blockSlot struct {
+	key   kv.SeqHash
+	count int32
 }
 
 const minBlockSet = 64
@@ -33,14 +33,14 @@ func (s *blockSet) has(h kv.SeqHash) bool {
 	if h == 0 {
 		return s.zero > 0
 	}
-	if len(s.keys) == 0 {
+	if len(s.slots) == 0 {
 		return false
 	}
-	mask := uint64(len(s.keys) - 1)
+	mask := uint64(len(s.slots) - 1)
 	for i := h & mask; ; i = (i + 1) & mask {
-		switch s.keys[i] {
+		switch s.slots[i].key {
 		case h:
-			return s.counts[i] > 0
+			return true
 		case 0:
 			return false
 		}
@@ -56,22 +56,18 @@ func (s *blockSet) inc(h kv.SeqHash) {
 		s.zero++
 		return
 	}
-	if 2*(s.used+1) > len(s.keys) {
-		s.rehash()
+	if 2*(s.n+1) > len(s.slots) {
+		s.grow()
 	}
-	mask := uint64(len(s.keys) - 1)
+	mask := uint64(len(s.slots) - 1)
 	for i := h & mask; ; i = (i + 1) & mask {
-		switch s.keys[i] {
+		switch s.slots[i].key {
 		case h:
-			if s.counts[i] == 0 {
-				s.n++
-			}
-			s.counts[i]++
+			s.slots[i].count++
 			return
 		case 0:
-			s.keys[i], s.counts[i] = h, 1
+			s.slots[i] = blockSlot{h, 1}
 			s.n++
-			s.used++
 			return
 		}
 	}
@@ -87,58 +83,49 @@ func (s *blockSet) dec(h kv.SeqHash) {
 		}
 		return
 	}
-	if len(s.keys) == 0 {
+	if len(s.slots) == 0 {
 		return
 	}
-	mask := uint64(len(s.keys) - 1)
-	for i := h & mask; ; i = (i + 1) & mask {
-		switch s.keys[i] {
-		case 0:
+	mask := uint64(len(s.slots) - 1)
+	i := h & mask
+	for ; s.slots[i].key != h; i = (i + 1) & mask {
+		if s.slots[i].key == 0 {
 			return
-		case h:
-			if s.counts[i] > 0 {
-				if s.counts[i]--; s.counts[i] == 0 {
-					s.n--
-				}
-			}
+		}
+	}
+	if s.slots[i].count--; s.slots[i].count > 0 {
+		return
+	}
+	s.n--
+	for j := i; ; {
+		j = (j + 1) & mask
+		kj := s.slots[j].key
+		if kj == 0 {
+			s.slots[i] = blockSlot{}
 			return
+		}
+		// kj may move to the hole at i unless its home lies cyclically in (i, j].
+		if (j-kj)&mask >= (j-i)&mask {
+			s.slots[i] = s.slots[j]
+			i = j
 		}
 	}
 }
 
-// rehash drops tombstones, growing the table when live keys alone would
-// fill more than a quarter of it.
-func (s *blockSet) rehash() {
-	size := max(len(s.keys), minBlockSet)
-	for 4*(s.n+1) > size {
-		size *= 2
-	}
-	oldK, oldC := s.keys, s.counts
-	if size == len(oldK) && s.n == 0 {
-		clear(s.keys) // nothing live: just wipe the tombstones
-		clear(s.counts)
-		s.used = 0
-		return
-	}
-	if len(s.spareK) != size {
-		s.spareK, s.spareC = make([]kv.SeqHash, size), make([]int32, size)
-	}
-	s.keys, s.counts, s.spareK, s.spareC = s.spareK, s.spareC, oldK, oldC
-	defer func() { clear(s.spareK); clear(s.spareC) }()
-	if size != len(oldK) {
-		s.spareK, s.spareC = nil, nil // the old size is no use any more
-	}
-	s.used = 0
+// grow doubles the table (or makes the first one) and reinserts the keys.
+func (s *blockSet) grow() {
+	size := max(2*len(s.slots), minBlockSet)
+	old := s.slots
+	s.slots = make([]blockSlot, size)
 	mask := uint64(size - 1)
-	for k, h := range oldK {
-		if h == 0 || oldC[k] == 0 {
+	for _, sl := range old {
+		if sl.key == 0 {
 			continue
 		}
-		i := h & mask
-		for s.keys[i] != 0 {
+		i := sl.key & mask
+		for s.slots[i].key != 0 {
 			i = (i + 1) & mask
 		}
-		s.keys[i], s.counts[i] = h, oldC[k]
-		s.used++
+		s.slots[i] = sl
 	}
 }
