@@ -31,6 +31,9 @@ prints one JSON line per decoded event:
   {"seq":S,"dp_rank":R,"type":"stored|removed|cleared","engine_hashes":[...],
    "parent":P|null,"token_ids":[...],"block_size":N,"medium":M|null,"lora_name":L|null}
 
+A store that names a cache salt (vLLM sends it in the first block's extra_keys) adds
+"cache_salt":S at the end; a continuation of a salted chain names none on the wire.
+
 It exits 0 after --count events; if --timeout hits first it exits non-zero.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
