@@ -26,6 +26,7 @@ func EventToProto(e *kv.Event) *KvEvent {
 		Parent:    e.Parent,
 		Tokens:    e.Tokens,
 		Lora:      e.LoRA,
+		Salt:      e.Salt,
 		Removed:   e.Removed,
 	}
 	switch e.Kind {
@@ -59,6 +60,7 @@ func EventFromProto(p *KvEvent) (kv.Event, error) {
 		Parent:    p.Parent,
 		Tokens:    p.Tokens,
 		LoRA:      p.Lora,
+		Salt:      p.Salt,
 		Removed:   p.Removed,
 	}
 	if p.Tier >= kv.NumTiers {

@@ -12,7 +12,7 @@ func TestEventRoundTrip(t *testing.T) {
 	w := kv.WorkerKey{Instance: 0xdeadbeef, DPRank: 3}
 	parent := uint64(1 << 63)
 	stored := kv.Stored(w, kv.TierHost, &parent, []kv.StoredBlock{{EngineHash: 1, LocalHash: 2}, {EngineHash: ^uint64(0), LocalHash: 4}})
-	stored.ID, stored.Tokens, stored.LoRA = 9, []kv.Token{1, 2, 3, 4}, "ad"
+	stored.ID, stored.Tokens, stored.LoRA, stored.Salt = 9, []kv.Token{1, 2, 3, 4}, "ad", "tenant-7"
 	removed := kv.Removed(w, kv.TierDisk, []uint64{5, 6})
 	removed.ID = 10
 	cleared := kv.Cleared(w)

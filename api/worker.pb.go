@@ -439,17 +439,19 @@ func (x *StoredBlock) GetLocalHash() uint64 {
 
 // KvEvent mirrors kv.Event.
 type KvEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Worker        *WorkerKey             `protobuf:"bytes,2,opt,name=worker,proto3" json:"worker,omitempty"`
-	Tier          uint32                 `protobuf:"varint,3,opt,name=tier,proto3" json:"tier,omitempty"`
-	Kind          EventKind              `protobuf:"varint,4,opt,name=kind,proto3,enum=kvmesh.api.v1.EventKind" json:"kind,omitempty"`
-	HasParent     bool                   `protobuf:"varint,5,opt,name=has_parent,json=hasParent,proto3" json:"has_parent,omitempty"`
-	Parent        uint64                 `protobuf:"varint,6,opt,name=parent,proto3" json:"parent,omitempty"`
-	Blocks        []*StoredBlock         `protobuf:"bytes,7,rep,name=blocks,proto3" json:"blocks,omitempty"`
-	Tokens        []uint32               `protobuf:"varint,8,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	Lora          string                 `protobuf:"bytes,9,opt,name=lora,proto3" json:"lora,omitempty"`
-	Removed       []uint64               `protobuf:"varint,10,rep,packed,name=removed,proto3" json:"removed,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Worker    *WorkerKey             `protobuf:"bytes,2,opt,name=worker,proto3" json:"worker,omitempty"`
+	Tier      uint32                 `protobuf:"varint,3,opt,name=tier,proto3" json:"tier,omitempty"`
+	Kind      EventKind              `protobuf:"varint,4,opt,name=kind,proto3,enum=kvmesh.api.v1.EventKind" json:"kind,omitempty"`
+	HasParent bool                   `protobuf:"varint,5,opt,name=has_parent,json=hasParent,proto3" json:"has_parent,omitempty"`
+	Parent    uint64                 `protobuf:"varint,6,opt,name=parent,proto3" json:"parent,omitempty"`
+	Blocks    []*StoredBlock         `protobuf:"bytes,7,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	Tokens    []uint32               `protobuf:"varint,8,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	Lora      string                 `protobuf:"bytes,9,opt,name=lora,proto3" json:"lora,omitempty"`
+	// The cache salt that seeded the stored blocks' local hashes ("" = none).
+	Salt          string   `protobuf:"bytes,11,opt,name=salt,proto3" json:"salt,omitempty"`
+	Removed       []uint64 `protobuf:"varint,10,rep,packed,name=removed,proto3" json:"removed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -543,6 +545,13 @@ func (x *KvEvent) GetTokens() []uint32 {
 func (x *KvEvent) GetLora() string {
 	if x != nil {
 		return x.Lora
+	}
+	return ""
+}
+
+func (x *KvEvent) GetSalt() string {
+	if x != nil {
+		return x.Salt
 	}
 	return ""
 }
@@ -986,7 +995,7 @@ const file_worker_proto_rawDesc = "" +
 	"\vengine_hash\x18\x01 \x01(\x04R\n" +
 	"engineHash\x12\x1d\n" +
 	"\n" +
-	"local_hash\x18\x02 \x01(\x04R\tlocalHash\"\xbe\x02\n" +
+	"local_hash\x18\x02 \x01(\x04R\tlocalHash\"\xd2\x02\n" +
 	"\aKvEvent\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x120\n" +
 	"\x06worker\x18\x02 \x01(\v2\x18.kvmesh.api.v1.WorkerKeyR\x06worker\x12\x12\n" +
@@ -997,7 +1006,8 @@ const file_worker_proto_rawDesc = "" +
 	"\x06parent\x18\x06 \x01(\x04R\x06parent\x122\n" +
 	"\x06blocks\x18\a \x03(\v2\x1a.kvmesh.api.v1.StoredBlockR\x06blocks\x12\x16\n" +
 	"\x06tokens\x18\b \x03(\rR\x06tokens\x12\x12\n" +
-	"\x04lora\x18\t \x01(\tR\x04lora\x12\x18\n" +
+	"\x04lora\x18\t \x01(\tR\x04lora\x12\x12\n" +
+	"\x04salt\x18\v \x01(\tR\x04salt\x12\x18\n" +
 	"\aremoved\x18\n" +
 	" \x03(\x04R\aremoved\"Z\n" +
 	"\fKvEventBatch\x12\x1a\n" +
