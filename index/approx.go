@@ -144,7 +144,7 @@ func (a *Approx) prune(target int) {
 }
 
 // popRec expires the head record's entries that no later insert refreshed,
-// deepest first. With target ≥ 0 it stops once a.n ≤ target, keeping the
+// deepest first: a suffix of its path, up to the first refreshed block. With target ≥ 0 it stops once a.n ≤ target, keeping the
 // record's shallower rest queued.
 func (a *Approx) popRec(target int) {
 	r := &a.q[a.head]
@@ -155,7 +155,11 @@ func (a *Approx) popRec(target int) {
 		j--
 		s := a.qseq[r.off+j]
 		if aw.gone || aw.last.get(s) != r.stamp {
-			continue // refreshed later, or the worker was removed
+			// Refreshed later, or the worker was removed. A refreshed
+			// block's ancestors were refreshed with it (an insert stamps
+			// its whole path), so the rest of the record is too: stop.
+			j = 0
+			break
 		}
 		aw.last.del(s)
 		a.n--
