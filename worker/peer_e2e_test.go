@@ -212,11 +212,10 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 	if got.ttft >= base.ttft {
 		t.Errorf("hinted TTFT %v is not below recompute TTFT %v", got.ttft, base.ttft)
 	}
-	for _, op := range []string{"fetch", "serve"} {
-		if v := counterValue(t, reg, "kvmesh_transfer_blocks_total", map[string]string{"operation": op}); v != float64(n1) {
-			t.Errorf("kvmesh_transfer_blocks_total{operation=%q} = %v, want %d", op, v, n1)
-		}
+	if v := counterValue(t, reg, "kvmesh_transfer_blocks_total", map[string]string{"operation": "fetch"}); v != float64(n1) {
+		t.Errorf("kvmesh_transfer_blocks_total{operation=\"fetch\"} = %v, want %d", v, n1)
 	}
+	waitServed(t, reg, n1)
 	if v := counterValue(t, reg, "kvmesh_kv_hint_results_total", map[string]string{"result": HintFetched}); v != 1 {
 		t.Errorf("fetched hints %v, want 1", v)
 	}

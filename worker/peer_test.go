@@ -105,6 +105,16 @@ func reference(t *testing.T, req *engine.Request) genOut {
 	return genEngine(t, e, &r)
 }
 
+// waitServed waits for the source side's served-blocks metric to reach
+// want: the source records a transfer after its last write, so the target
+// may finish first.
+func waitServed(t *testing.T, reg *prometheus.Registry, want int) {
+	t.Helper()
+	waitFor(t, "the served-blocks metric to reach "+strconv.Itoa(want), func() bool {
+		return counterValue(t, reg, "kvmesh_transfer_blocks_total", map[string]string{"operation": "serve"}) == float64(want)
+	})
+}
+
 func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -188,11 +198,10 @@ func TestPeerFetchWholePrefix(t *testing.T) {
 	if c := b.Counters(); c.FetchedBlocks != uint64(len(hinted)) || c.FetchErrors != 0 {
 		t.Errorf("engine counters %+v", c)
 	}
-	for _, scope := range []string{"fetch", "serve"} {
-		if v := counterValue(t, reg, "kvmesh_transfer_blocks_total", map[string]string{"operation": scope}); v != float64(len(hinted)) {
-			t.Errorf("%s blocks metric %v, want %d", scope, v, len(hinted))
-		}
+	if v := counterValue(t, reg, "kvmesh_transfer_blocks_total", map[string]string{"operation": "fetch"}); v != float64(len(hinted)) {
+		t.Errorf("fetch blocks metric %v, want %d", v, len(hinted))
 	}
+	waitServed(t, reg, len(hinted))
 	if v := counterValue(t, reg, "kvmesh_transfer_duration_seconds", map[string]string{"scope": "fetch", "result": "success"}); v != 1 {
 		t.Errorf("fetch successes %v, want 1", v)
 	}
