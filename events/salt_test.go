@@ -70,14 +70,7 @@ func TestSaltedRoundTripZMQIndex(t *testing.T) {
 			tickUntil(t, p, func() bool { evs, _ := c.snapshot(); return len(evs) >= len(in) })
 			stop()
 			got, _ := c.snapshot()
-			if !reflect.DeepEqual(got, in) {
-				for i := range min(len(got), len(in)) {
-					if !reflect.DeepEqual(got[i], in[i]) {
-						t.Errorf("event %d:\n got %+v\nwant %+v", i, got[i], in[i])
-					}
-				}
-				t.Fatalf("got %d events, want %d", len(got), len(in))
-			}
+			requireEvents(t, got, in)
 			if st := sub.Stats(); st.Malformed+st.Lost+st.DroppedEvents+st.TruncatedStores != 0 {
 				t.Fatalf("stats %+v", st)
 			}

@@ -148,14 +148,7 @@ func TestRoundTripZMQ(t *testing.T) {
 			tickUntil(t, p, func() bool { evs, _ := c.snapshot(); return len(evs) >= len(in) })
 			stop()
 			got, _ := c.snapshot()
-			if !reflect.DeepEqual(got, in) {
-				for i := range min(len(got), len(in)) {
-					if !reflect.DeepEqual(got[i], in[i]) {
-						t.Errorf("event %d:\n got %+v\nwant %+v", i, got[i], in[i])
-					}
-				}
-				t.Fatalf("got %d events, want %d", len(got), len(in))
-			}
+			requireEvents(t, got, in)
 			st := sub.Stats()
 			if st.Malformed+st.BadFrames+st.Lost+st.ReplayErrors+st.DroppedEvents != 0 {
 				t.Fatalf("unexpected trouble: %+v", st)
@@ -204,4 +197,18 @@ func TestReplayServesRing(t *testing.T) {
 	if st := p.Stats(); st.ReplayRequests != 3 || st.ReplayBatches != 7 || st.Batches != 8 {
 		t.Fatalf("stats %+v", st)
 	}
+}
+
+// requireEvents fails unless got equals want, naming each event that differs.
+func requireEvents(t *testing.T, got, want []kv.Event) {
+	t.Helper()
+	if reflect.DeepEqual(got, want) {
+		return
+	}
+	for i := range min(len(got), len(want)) {
+		if !reflect.DeepEqual(got[i], want[i]) {
+			t.Errorf("event %d:\n got %+v\nwant %+v", i, got[i], want[i])
+		}
+	}
+	t.Fatalf("got %d events, want %d", len(got), len(want))
 }
