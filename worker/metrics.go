@@ -13,7 +13,7 @@ const (
 	resultFinished    = "finished"    // the engine ended it (stop or length)
 	resultError       = "error"       // the engine failed it
 	resultRejected    = "rejected"    // invalid request
-	resultUnavailable = "unavailable" // the worker is shutting down
+	resultUnavailable = "unavailable" // the worker is shutting down or its engine stalled
 	resultCanceled    = "canceled"    // the caller left
 	resultAborted     = "aborted"     // the engine closed the stream without a finish
 )
@@ -26,6 +26,8 @@ type metrics struct {
 	prompt   prometheus.Counter
 	cached   prometheus.Counter
 	output   prometheus.Counter
+	stalls   prometheus.Counter
+	healthy  prometheus.Gauge
 	all      []prometheus.Collector
 }
 
@@ -46,7 +48,11 @@ func newMetrics(w *Worker) *metrics {
 		prompt: counter("kvmesh_worker_prompt_tokens_total", "Prompt tokens of finished requests."),
 		cached: counter("kvmesh_worker_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache; divided by kvmesh_worker_prompt_tokens_total it is the KV hit rate."),
 		output: counter("kvmesh_worker_output_tokens_total", "Tokens streamed to callers."),
+		stalls: counter("kvmesh_worker_engine_stalls_total", "Times the watchdog found the engine stalled (streams in flight, no output for the stall timeout)."),
+		healthy: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvmesh_worker_healthy",
+			Help: "1 while the worker serves; 0 once its engine stalled and it left service.", ConstLabels: cl}),
 	}
+	m.healthy.Set(1)
 	for _, r := range []string{resultFinished, resultError, resultRejected, resultUnavailable, resultCanceled, resultAborted} {
 		m.requests.WithLabelValues(r) // every series exists from the start
 	}
@@ -56,7 +62,7 @@ func newMetrics(w *Worker) *metrics {
 			return float64([3]int64{b, e, f}[i])
 		}
 	}
-	m.all = []prometheus.Collector{m.requests, m.inflight, m.prompt, m.cached, m.output,
+	m.all = []prometheus.Collector{m.requests, m.inflight, m.prompt, m.cached, m.output, m.stalls, m.healthy,
 		counterFunc("kvmesh_worker_kv_hints_total", "Requests that carried a KV hint.", func() float64 { return float64(w.hints.Load()) }),
 		counterFunc("kvmesh_worker_kv_transfer_params_total", "Requests that carried KV transfer parameters (disaggregated serving).", func() float64 { return float64(w.transferParams.Load()) }),
 		counterFunc("kvmesh_worker_event_batches_published_total", "KV event batches published on NATS.", pub(0)),

@@ -10,6 +10,10 @@ import (
 	"google.golang.org/grpc/status"
 )
 
+// errStalled ends streams on a worker whose engine stalled; Unavailable
+// makes the frontend migrate the request to another worker.
+var errStalled = status.Error(codes.Unavailable, "generate: engine stalled (no output within the stall timeout); worker out of service, retry on another worker")
+
 // server implements api.WorkerServer for one Worker.
 type server struct {
 	api.UnimplementedWorkerServer
@@ -47,6 +51,14 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 		Seed: req.Seed, Temperature: req.Temperature, LoRA: req.Lora, CacheSalt: req.CacheSalt,
 		KVHint: req.KvHint,
 	}
+	// Counted (as waiting on the engine) before the engine sees it, so an
+	// engine that hangs on admission still trips the watchdog.
+	wd := w.wd
+	wd.inflight.Add(1)
+	defer wd.inflight.Add(-1)
+	if wd.stalled.Load() {
+		return resultUnavailable, errStalled
+	}
 	// The stream's context ends when the client cancels or disconnects;
 	// the engine stops working on the request with it.
 	ctx, cancel := context.WithCancel(stream.Context())
@@ -64,10 +76,13 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 		select {
 		case <-ctx.Done():
 			return resultCanceled, status.FromContextError(ctx.Err()).Err()
+		case <-wd.stallCh:
+			return resultUnavailable, errStalled
 		case c, ok := <-ch:
 			if !ok {
 				return resultAborted, nil
 			}
+			wd.outputs.Add(1)
 			out := &api.GenerateChunk{Tokens: c.Tokens, FinishReason: string(c.Finish)}
 			if c.Usage != nil {
 				out.Usage = &api.Usage{PromptTokens: uint32(c.Usage.PromptTokens), CompletionTokens: uint32(c.Usage.CompletionTokens), CachedTokens: uint32(c.Usage.CachedTokens)}
@@ -78,7 +93,12 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 					out.FinishReason = string(engine.FinishError)
 				}
 			}
-			if err := stream.Send(out); err != nil {
+			// A stream blocked on a slow caller is not waiting on the
+			// engine, so it must not count toward a stall.
+			wd.inflight.Add(-1)
+			err := stream.Send(out)
+			wd.inflight.Add(1)
+			if err != nil {
 				return resultCanceled, err
 			}
 			w.met.output.Add(float64(len(c.Tokens)))
@@ -115,6 +135,6 @@ func (s *server) Dump(_ context.Context, req *api.DumpRequest) (*api.DumpRespons
 
 func (s *server) Health(context.Context, *api.HealthRequest) (*api.HealthResponse, error) {
 	st := s.w.eng.Stats()
-	return &api.HealthResponse{Ok: true, Instance: s.w.cfg.InstanceID, Model: s.w.cfg.Model,
+	return &api.HealthResponse{Ok: !s.w.wd.stalled.Load(), Instance: s.w.cfg.InstanceID, Model: s.w.cfg.Model,
 		Running: uint32(st.Running), Waiting: uint32(st.Waiting)}, nil
 }

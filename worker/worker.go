@@ -44,6 +44,11 @@ type Config struct {
 	RingSize int
 	// LoadInterval is how often load is published; default 1s.
 	LoadInterval time.Duration
+	// StallTimeout: with streams in flight and no engine output for this
+	// long, the worker declares its engine stalled, leaves discovery and
+	// fails every stream with Unavailable (see watchdog.go); default
+	// DefaultStallTimeout, negative disables.
+	StallTimeout time.Duration
 	// KVCapacity is blocks per tier name; default {"device": engine blocks}.
 	KVCapacity map[string]int
 	// ControlEndpoints are the peer-transfer endpoints per DP rank, if any,
@@ -83,6 +88,10 @@ type Worker struct {
 	hints, transferParams atomic.Int64
 	met                   *metrics
 	registered            bool
+
+	wd        *watchdog
+	deregOnce sync.Once
+	deregErr  error
 }
 
 // New prepares a worker around eng (which it then owns: Close closes it).
@@ -117,6 +126,9 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	if cfg.LoadInterval <= 0 {
 		cfg.LoadInterval = time.Second
 	}
+	if cfg.StallTimeout == 0 {
+		cfg.StallTimeout = DefaultStallTimeout
+	}
 	if cfg.KVCapacity == nil {
 		cfg.KVCapacity = map[string]int{kv.TierDevice.String(): ec.Blocks}
 	}
@@ -135,7 +147,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	w := &Worker{cfg: cfg, eng: eng, nc: nc, log: cfg.Logger.With("instance", runtime.InstanceToken(cfg.InstanceID), "model", cfg.Model), evlog: evlog}
+	w := &Worker{cfg: cfg, eng: eng, nc: nc, log: cfg.Logger.With("instance", runtime.InstanceToken(cfg.InstanceID), "model", cfg.Model), evlog: evlog, wd: newWatchdog()}
 	w.pub = runtime.NewEventPublisher(nc, cfg.Model, evlog, w.log)
 	w.met = newMetrics(w)
 	w.inst = runtime.Instance{
@@ -203,6 +215,9 @@ func (w *Worker) Start(ctx context.Context) error {
 			runtime.RunLoadPublisher(lctx, w.nc, w.cfg.Model, w.cfg.LoadInterval, w.loadSample, w.log)
 		})
 	}
+	if w.cfg.StallTimeout > 0 {
+		w.wg.Go(func() { w.runWatchdog(lctx) })
+	}
 	w.log.Info("worker started", "grpc", adv, "role", w.cfg.Role, "dp_size", w.cfg.DPSize)
 	return nil
 }
@@ -247,13 +262,11 @@ func (w *Worker) Close() error {
 	}
 	w.closed = true
 	var errs []error
-	if w.reg != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		if err := w.reg.Close(ctx); err != nil {
-			errs = append(errs, err)
-		}
-		cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	if err := w.deregister(ctx); err != nil {
+		errs = append(errs, err)
 	}
+	cancel()
 	w.stopLocked()
 	if w.registered {
 		w.met.unregister(w.cfg.Registerer)
@@ -264,6 +277,17 @@ func (w *Worker) Close() error {
 	}
 	w.log.Info("worker stopped")
 	return errors.Join(errs...)
+}
+
+// deregister deletes the discovery record once, for Close or the
+// watchdog, whichever comes first. w.reg is set before either can run.
+func (w *Worker) deregister(ctx context.Context) error {
+	w.deregOnce.Do(func() {
+		if w.reg != nil {
+			w.deregErr = w.reg.Close(ctx)
+		}
+	})
+	return w.deregErr
 }
 
 func (w *Worker) stopLocked() {

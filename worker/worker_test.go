@@ -38,6 +38,11 @@ type testEngine struct {
 	running   atomic.Int64
 	wg        sync.WaitGroup
 	closed    atomic.Bool
+	// hang makes every stream stop emitting (the engine hangs but stays
+	// alive); streams still end when cancelled.
+	hang atomic.Bool
+	// chunk is the tokens per chunk of streams started from now (0: 1).
+	chunk atomic.Int64
 }
 
 func (e *testEngine) Config() engine.Config {
@@ -75,8 +80,12 @@ func (e *testEngine) Generate(ctx context.Context, req *engine.Request) (<-chan 
 		defer e.running.Add(-1)
 		t := time.NewTicker(e.tick)
 		defer t.Stop()
+		per := max(int(e.chunk.Load()), 1)
 		for i := range req.MaxTokens {
 			c := engine.Chunk{Tokens: []kv.Token{kv.Token(1000 + i)}}
+			if per > 1 {
+				c.Tokens = make([]kv.Token, per)
+			}
 			if i == req.MaxTokens-1 {
 				c.Finish = engine.FinishLength
 				c.Usage = &engine.Usage{PromptTokens: len(req.Tokens), CompletionTokens: req.MaxTokens}
@@ -86,6 +95,11 @@ func (e *testEngine) Generate(ctx context.Context, req *engine.Request) (<-chan 
 				e.cancelled.Add(1)
 				return
 			case <-t.C:
+			}
+			if e.hang.Load() {
+				<-ctx.Done()
+				e.cancelled.Add(1)
+				return
 			}
 			select {
 			case out <- c:
@@ -115,7 +129,15 @@ func startNATS(t *testing.T) (*runtime.Embedded, *nats.Conn) {
 
 func startWorker(t *testing.T, nc *nats.Conn, eng engine.Engine) (*Worker, api.WorkerClient) {
 	t.Helper()
-	w, err := New(Config{Discovery: runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}, LoadInterval: 50 * time.Millisecond}, eng, nc)
+	return startWorkerWith(t, nc, eng, Config{})
+}
+
+// startWorkerWith is startWorker with cfg's other fields set.
+func startWorkerWith(t *testing.T, nc *nats.Conn, eng engine.Engine, cfg Config) (*Worker, api.WorkerClient) {
+	t.Helper()
+	cfg.Discovery = runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}
+	cfg.LoadInterval = 50 * time.Millisecond
+	w, err := New(cfg, eng, nc)
 	if err != nil {
 		t.Fatal(err)
 	}

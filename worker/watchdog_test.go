@@ -1,0 +1,191 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/runtime"
+)
+
+// The decision alone, sample by sample.
+func TestStallCheck(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	type sample struct {
+		ms       int
+		outputs  uint64
+		inflight int64
+		want     bool
+	}
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration
+		samples []sample
+	}{
+		{"output flows", 100 * time.Millisecond, []sample{
+			{0, 0, 2, false}, {50, 1, 2, false}, {100, 2, 2, false}, {150, 3, 2, false}, {200, 4, 2, false}, {250, 5, 3, false}}},
+		{"idle with nothing in flight", 100 * time.Millisecond, []sample{
+			{0, 7, 0, false}, {100, 7, 0, false}, {200, 7, 0, false}, {1000, 7, 0, false}}},
+		{"silent with streams in flight", 100 * time.Millisecond, []sample{
+			{0, 3, 1, false}, {50, 3, 1, false}, {99, 3, 1, false}, {100, 3, 1, true}}},
+		{"silence counts from the last output", 100 * time.Millisecond, []sample{
+			{0, 3, 1, false}, {80, 4, 1, false}, {150, 4, 1, false}, {179, 4, 1, false}, {180, 4, 1, true}}},
+		// A request arriving after a long idle spell gets the whole timeout,
+		// counted from the first sample that sees it.
+		{"idle then a request", 100 * time.Millisecond, []sample{
+			{0, 5, 0, false}, {1000, 5, 0, false}, {1050, 5, 1, false}, {1100, 5, 1, false}, {1149, 5, 1, false}, {1150, 5, 1, true}}},
+		// A sample with nothing in flight (the streams ended, or wait on
+		// their callers) restarts the clock.
+		{"a gap in flight restarts", 100 * time.Millisecond, []sample{
+			{0, 5, 1, false}, {90, 5, 0, false}, {100, 5, 1, false}, {190, 5, 1, false}, {200, 5, 1, true}}},
+		{"disabled", 0, []sample{{0, 1, 1, false}, {1000000, 1, 1, false}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := stallCheck{timeout: tc.timeout}
+			for _, s := range tc.samples {
+				if got := c.observe(at(s.ms), s.outputs, s.inflight); got != s.want {
+					t.Fatalf("at %d ms (outputs %d, in flight %d): stalled %v, want %v", s.ms, s.outputs, s.inflight, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+// An engine that stops producing with a stream in flight takes the worker
+// out of service: the stream and new calls fail with Unavailable, the
+// discovery record goes, Health says not ok and the metrics count it. A
+// busy worker, an idle one and one whose only caller does not read are
+// left alone.
+func TestWatchdogStall(t *testing.T) {
+	_, nc := startNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	d, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wt, err := d.Watch(ctx, "m", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wt.Close()
+	reg := prometheus.NewRegistry()
+	const timeout = 150 * time.Millisecond
+	eng := &testEngine{tick: 10 * time.Millisecond}
+	w, c := startWorkerWith(t, nc, eng, Config{StallTimeout: timeout, Registerer: reg})
+	waitFor(t, "worker discovered", func() bool { return len(wt.Instances()) == 1 })
+	if g := gather(t, reg)[fmt.Sprintf(`kvmesh_worker_healthy{instance="%s",model="m"}`, runtime.InstanceToken(w.InstanceID()))]; g != 1 {
+		t.Fatalf("healthy %v at start", g)
+	}
+
+	// Busy for several timeouts: 60 tokens at 10 ms.
+	st, err := c.Generate(ctx, &api.GenerateRequest{Tokens: prompt(1, 8), MaxTokens: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for {
+		ch, err := st.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("busy stream after %d tokens: %v", n, err)
+		}
+		n += len(ch.Tokens)
+	}
+	if n != 60 {
+		t.Fatalf("%d tokens, want 60", n)
+	}
+	time.Sleep(3 * timeout) // idle
+	if w.Stalled() {
+		t.Fatal("stalled while busy or idle")
+	}
+	// A caller that does not read: the stream waits on it, not on the
+	// engine. Chunks of 200k tokens fill gRPC's flow-control window fast.
+	eng.chunk.Store(200000)
+	slow, err := c.Generate(ctx, &api.GenerateRequest{Tokens: prompt(2, 8), MaxTokens: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := slow.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	eng.chunk.Store(0)
+	l := fmt.Sprintf(`{instance="%s",model="m"}`, runtime.InstanceToken(w.InstanceID()))
+	out := func() float64 { return gather(t, reg)["kvmesh_worker_output_tokens_total"+l] }
+	for prev := -1.0; ; { // until the output stops: Send blocks
+		time.Sleep(2 * timeout)
+		if o := out(); o == prev {
+			break
+		} else {
+			prev = o
+		}
+	}
+	time.Sleep(2 * timeout)
+	if w.Stalled() {
+		t.Fatal("stalled while the only stream waits on its caller")
+	}
+
+	// Now the engine hangs mid-stream.
+	st, err = c.Generate(ctx, &api.GenerateRequest{Tokens: prompt(3, 8), MaxTokens: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	eng.hang.Store(true)
+	last := time.Now()
+	for {
+		_, err = st.Recv()
+		if err != nil {
+			break
+		}
+		last = time.Now() // a chunk already on its way
+	}
+	took := time.Since(last)
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("stalled stream ended with %v, want Unavailable", err)
+	}
+	// Sampled every timeout/4: noticed between timeout and 1.5 timeouts
+	// after the last output, give or take scheduling.
+	if took < timeout-20*time.Millisecond || took > timeout+time.Second {
+		t.Fatalf("stall noticed %v after the last token, timeout %v", took, timeout)
+	}
+	waitFor(t, "stalled worker removed from discovery", func() bool { return len(wt.Instances()) == 0 })
+	st, err = c.Generate(ctx, &api.GenerateRequest{Tokens: prompt(4, 8), MaxTokens: 2})
+	if err == nil {
+		_, err = st.Recv()
+	}
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("new call on a stalled worker: %v, want Unavailable", err)
+	}
+	if h, err := c.Health(ctx, &api.HealthRequest{}); err != nil || h.Ok {
+		t.Fatalf("health of a stalled worker: %v %v", h, err)
+	}
+	got := gather(t, reg)
+	if got["kvmesh_worker_engine_stalls_total"+l] != 1 || got["kvmesh_worker_healthy"+l] != 0 {
+		t.Fatalf("stalls %v healthy %v", got["kvmesh_worker_engine_stalls_total"+l], got["kvmesh_worker_healthy"+l])
+	}
+	// The slow caller's stream is failed too once it reaches the engine again.
+	for {
+		if _, err := slow.Recv(); err != nil {
+			if status.Code(err) != codes.Unavailable {
+				t.Fatalf("slow stream: %v", err)
+			}
+			break
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
