@@ -156,6 +156,7 @@ func newServeCmd() *cobra.Command {
 	ff := &frontendFlags{}
 	sf := sim.DefaultConfig()
 	var workers int
+	var stallTimeout time.Duration
 	var nf natsFlags
 	var dataDir string
 	cmd := &cobra.Command{
@@ -166,12 +167,13 @@ OpenAI-compatible frontend with the KV-aware router, all in one process. Ctrl-C 
 cleanly. Every flag has a KVMESH_* environment variable.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runServe(cmd, ff, sf, workers, nf, dataDir)
+			return runServe(cmd, ff, sf, workers, stallTimeout, nf, dataDir)
 		},
 	}
 	f := cmd.Flags()
 	ff.register(f, []string{"kvmesh-sim"})
 	f.IntVar(&workers, "workers", 4, "simulated workers to start")
+	registerStallTimeout(f, &stallTimeout)
 	nf.registerURL(f, "", "external NATS URL(s), comma-separated; empty starts an embedded server")
 	f.StringVar(&dataDir, "data-dir", "", "embedded NATS JetStream directory (default: a temporary one)")
 	f.IntVar(&sf.BlockSize, "block-size", sf.BlockSize, "sim: tokens per KV block")
@@ -182,7 +184,7 @@ cleanly. Every flag has a KVMESH_* environment variable.`,
 	return withEnv(cmd, "")
 }
 
-func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, nf natsFlags, dataDir string) error {
+func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, stallTimeout time.Duration, nf natsFlags, dataDir string) error {
 	log, err := workerLogger(ff.logLevel, os.Stderr)
 	if err != nil {
 		return err
@@ -245,7 +247,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 			return fmt.Errorf("sim engine: %w", err)
 		}
 		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer,
-			Discovery: runtime.DiscoveryConfig{Logger: log}}, eng, nc)
+			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: runtime.DiscoveryConfig{Logger: log}}, eng, nc)
 		if err != nil {
 			eng.Close()
 			return err

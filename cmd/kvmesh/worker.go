@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
@@ -34,6 +35,7 @@ type workerFlags struct {
 	metricsListen                 string
 	transferTimeout               time.Duration
 	discoveryTTL, loadInterval    time.Duration
+	stallTimeout                  time.Duration
 	ringSize, dpSize              int
 	logLevel                      string
 	sim                           sim.Config
@@ -71,6 +73,7 @@ On startup it prints one line to stdout:
 	f.StringVar(&wf.metricsListen, "metrics-listen", "", "serve Prometheus /metrics on this address (empty: off)")
 	f.DurationVar(&wf.discoveryTTL, "discovery-ttl", runtime.MaxTTL, "discovery record TTL (1s..10s; set by the first process to create the bucket)")
 	f.DurationVar(&wf.loadInterval, "load-interval", time.Second, "how often load is published")
+	registerStallTimeout(f, &wf.stallTimeout)
 	f.IntVar(&wf.ringSize, "event-ring", runtime.DefaultRingSize, "recent KV events kept per DP rank for gap repair")
 	f.IntVar(&wf.dpSize, "dp-size", 1, "data-parallel ranks the engine serves")
 	f.StringVar(&wf.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -86,6 +89,19 @@ On startup it prints one line to stdout:
 	f.IntVar(&s.Layers, "layers", s.Layers, "sim: payload layers per block")
 	f.IntVar(&s.PayloadSize, "payload-size", s.PayloadSize, "sim: payload bytes per block and layer")
 	return withEnv(cmd, "")
+}
+
+// registerStallTimeout defines --stall-timeout (worker and serve).
+func registerStallTimeout(f *pflag.FlagSet, d *time.Duration) {
+	f.DurationVar(d, "stall-timeout", worker.DefaultStallTimeout, "a worker whose engine produces nothing this long with streams in flight leaves discovery and fails its streams so they migrate (0: off)")
+}
+
+// stallTimeoutConfig maps the flag (0: off) to worker.Config (0: default, negative: off).
+func stallTimeoutConfig(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 func workerLogger(level string, w *os.File) (*slog.Logger, error) {
@@ -157,7 +173,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
-		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, ControlEndpoints: wf.controlEndpoints, Peer: peer, Registerer: reg,
+		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, Peer: peer, Registerer: reg,
 		Discovery: runtime.DiscoveryConfig{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)
 	if err != nil {
