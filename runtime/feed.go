@@ -168,6 +168,23 @@ func (f *EventFeed) OnLoad(w kv.WorkerKey, lastID uint64) {
 	}
 }
 
+// OnLoadReport is OnLoad for every DP rank the report announces (see
+// LoadReport.LastEvents): a worker with several ranks sends one report
+// with the last event id of each, and a lost tail on any rank is repaired.
+func (f *EventFeed) OnLoadReport(r LoadReport) {
+	if len(r.LastEventIDs) == 0 && r.LastEventID == 0 {
+		return
+	}
+	select {
+	case f.ops <- func() {
+		for w, id := range r.LastEvents() {
+			f.announce(w, id)
+		}
+	}:
+	default:
+	}
+}
+
 func (f *EventFeed) announce(w kv.WorkerKey, id uint64) {
 	fi := f.insts[w.Instance]
 	if fi == nil || int(w.DPRank) >= len(fi.keys) {

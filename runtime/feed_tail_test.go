@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -48,5 +50,52 @@ func TestEventFeedTailGap(t *testing.T) {
 	waitSynced(t, feed, ix, f)
 	if s := feed.Stats(); s.TailGaps != 2 || s.DumpRepairs != 2 {
 		t.Fatalf("after a long lost tail: %+v", s)
+	}
+}
+
+// With several DP ranks one load report carries every rank's last event id,
+// so a tail lost on rank 1 is repaired too; a report in the old format
+// (last_event_id only) still announces rank 0.
+func TestEventFeedTailGapOtherRank(t *testing.T) {
+	e := startNATS(t)
+	clients := NewWorkerClients()
+	defer clients.Close()
+	ix := &lockedIndex{ix: ref.New()}
+	feed := runFeed(t, e, ix, clients)
+	f := startFakeWorker(t, e, 0xabd, 16)
+	f.dp = 2
+	id := f.log.instance
+	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceAdded, Instance: f.instance()})
+	f.publish(5)
+	f.useRank(1)
+	f.publish(4)
+	waitSynced(t, feed, ix, f)
+	report := func() LoadReport {
+		return LoadReport{Instance: id, LastEventID: f.log.LastID(0), LastEventIDs: []uint64{f.log.LastID(0), f.log.LastID(1)}}
+	}
+
+	f.lose(3) // rank 1's tail is lost; nothing follows
+	feed.OnLoadReport(report())
+	time.Sleep(50 * time.Millisecond)
+	if s := feed.Stats(); s.Gaps != 0 {
+		t.Fatalf("one announcement already repaired: %+v", s)
+	}
+	feed.OnLoadReport(report())
+	waitSynced(t, feed, ix, f)
+	if s := feed.Stats(); s.Gaps != 1 || s.TailGaps != 1 || s.RangeRepairs != 1 {
+		t.Fatalf("after a lost tail on rank 1: %+v", s)
+	}
+
+	f.useRank(0)
+	f.lose(2)
+	var old LoadReport
+	if err := json.Unmarshal(fmt.Appendf(nil, `{"instance_id":%d,"last_event_id":%d}`, id, f.log.LastID(0)), &old); err != nil {
+		t.Fatal(err)
+	}
+	feed.OnLoadReport(old)
+	feed.OnLoadReport(old)
+	waitSynced(t, feed, ix, f)
+	if s := feed.Stats(); s.TailGaps != 2 || s.RangeRepairs != 2 {
+		t.Fatalf("after a lost tail announced the old way: %+v", s)
 	}
 }

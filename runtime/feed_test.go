@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"reflect"
@@ -65,7 +66,21 @@ type fakeWorker struct {
 	srv      *grpc.Server
 	rng      *rand.Rand
 	nextHash uint64
-	chains   [][]uint64
+	chains   [][]uint64 // of rank
+	// rank is the DP rank step changes (see useRank); dp is the
+	// instance's DP size (0: 1).
+	rank   uint32
+	dp     int
+	others map[uint32][][]uint64 // chains of the other ranks
+}
+
+// useRank makes step change rank r's cache from now on.
+func (f *fakeWorker) useRank(r uint32) {
+	if f.others == nil {
+		f.others = map[uint32][][]uint64{}
+	}
+	f.others[f.rank] = f.chains
+	f.rank, f.chains = r, f.others[r]
 }
 
 func (f *fakeWorker) Events(_ context.Context, req *api.EventsRequest) (*api.EventsResponse, error) {
@@ -102,14 +117,14 @@ func startFakeWorker(t *testing.T, e *Embedded, id uint64, ring int) *fakeWorker
 }
 
 func (f *fakeWorker) instance() Instance {
-	return Instance{ID: f.log.instance, Model: "m", Role: "aggregated", GRPCAddr: f.addr, DPSize: 1, BlockSize: 4}
+	return Instance{ID: f.log.instance, Model: "m", Role: "aggregated", GRPCAddr: f.addr, DPSize: max(f.dp, 1), BlockSize: 4}
 }
 
 // step makes one random cache change: store a new chain (sometimes
 // extending an existing one, sometimes also on the host tier) or remove a
 // whole chain leaf-first.
 func (f *fakeWorker) step() []kv.Event {
-	w := kv.WorkerKey{Instance: f.log.instance}
+	w := kv.WorkerKey{Instance: f.log.instance, DPRank: f.rank}
 	if len(f.chains) > 4 && f.rng.IntN(3) == 0 {
 		i := f.rng.IntN(len(f.chains))
 		c := f.chains[i]
@@ -168,16 +183,20 @@ func runFeed(t *testing.T, e *Embedded, ap EventApplier, clients *WorkerClients)
 	return feed
 }
 
+// waitSynced waits until the feed has every rank of f up to its last event
+// and the router index equals the worker's own.
 func waitSynced(t *testing.T, feed *EventFeed, ix *lockedIndex, f *fakeWorker) {
 	t.Helper()
-	w := kv.WorkerKey{Instance: f.log.instance}
-	eventually(t, 10*time.Second, "feed caught up", func() bool {
-		last, ok := feed.LastID(w)
-		return ok && last == f.log.LastID(0)
-	})
-	got, want := ix.holdings(w), f.local.Holdings(w)
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("router index differs from the worker's own: %d vs %d holdings", len(got), len(want))
+	for rank := range uint32(max(f.dp, 1)) {
+		w := kv.WorkerKey{Instance: f.log.instance, DPRank: rank}
+		eventually(t, 10*time.Second, fmt.Sprintf("feed caught up on rank %d", rank), func() bool {
+			last, ok := feed.LastID(w)
+			return ok && last == f.log.LastID(rank)
+		})
+		got, want := ix.holdings(w), f.local.Holdings(w)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("rank %d: router index differs from the worker's own: %d vs %d holdings", rank, len(got), len(want))
+		}
 	}
 }
 

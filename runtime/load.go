@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // LoadReport is one worker key's load, published periodically.
@@ -20,11 +23,35 @@ type LoadReport struct {
 	Running              int    `json:"running"`
 	Waiting              int    `json:"waiting"`
 	PendingPrefillTokens int    `json:"pending_prefill_tokens"`
-	// LastEventID is the last KV event id the worker key produced, so
-	// routers notice events lost at the end of the stream (0: unknown).
+	// LastEventID is the last KV event id the worker key (DPRank) produced,
+	// so routers notice events lost at the end of the stream (0: unknown).
 	LastEventID uint64 `json:"last_event_id,omitempty"`
+	// LastEventIDs, when set, is the last KV event id of every DP rank of
+	// the instance, indexed by rank (0: unknown), and supersedes
+	// LastEventID; a worker with several ranks publishes one report for all
+	// of them. Reports without it (older workers) still announce
+	// LastEventID for DPRank.
+	LastEventIDs []uint64 `json:"last_event_ids,omitempty"`
 	// UnixNano is when the report was taken.
 	UnixNano int64 `json:"ts"`
+}
+
+// LastEvents yields each worker key whose last event id the report
+// announces, with that id; unknown (0) ids are skipped.
+func (r LoadReport) LastEvents() iter.Seq2[kv.WorkerKey, uint64] {
+	return func(yield func(kv.WorkerKey, uint64) bool) {
+		if len(r.LastEventIDs) == 0 {
+			if r.LastEventID != 0 {
+				yield(kv.WorkerKey{Instance: r.Instance, DPRank: r.DPRank}, r.LastEventID)
+			}
+			return
+		}
+		for rank, id := range r.LastEventIDs {
+			if id != 0 && !yield(kv.WorkerKey{Instance: r.Instance, DPRank: uint32(rank)}, id) {
+				return
+			}
+		}
+	}
 }
 
 // PublishLoad publishes one report on the instance's load subject.

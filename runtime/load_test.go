@@ -2,9 +2,14 @@ package runtime
 
 import (
 	"context"
+	"encoding/json"
+	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 func TestLoadReports(t *testing.T) {
@@ -76,5 +81,40 @@ func TestBroadcastSkipsSelf(t *testing.T) {
 	defer mu.Unlock()
 	if len(recv["r1"]) != 0 {
 		t.Fatalf("sender received its own message: %v", recv["r1"])
+	}
+}
+
+// Reports name the last event id per worker key: old reports (no
+// last_event_ids) for their dp_rank, new ones for every rank.
+func TestLoadReportLastEvents(t *testing.T) {
+	collect := func(js string) map[kv.WorkerKey]uint64 {
+		t.Helper()
+		var r LoadReport
+		if err := json.Unmarshal([]byte(js), &r); err != nil {
+			t.Fatal(err)
+		}
+		out := map[kv.WorkerKey]uint64{}
+		for w, id := range r.LastEvents() {
+			out[w] = id
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		js   string
+		want map[kv.WorkerKey]uint64
+	}{
+		{`{"instance_id":7,"last_event_id":12}`, map[kv.WorkerKey]uint64{{Instance: 7}: 12}},
+		{`{"instance_id":7,"dp_rank":2,"last_event_id":12}`, map[kv.WorkerKey]uint64{{Instance: 7, DPRank: 2}: 12}},
+		{`{"instance_id":7}`, map[kv.WorkerKey]uint64{}},
+		{`{"instance_id":7,"last_event_id":12,"last_event_ids":[12,0,30]}`, map[kv.WorkerKey]uint64{{Instance: 7}: 12, {Instance: 7, DPRank: 2}: 30}},
+	} {
+		if got := collect(tc.js); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.js, got, tc.want)
+		}
+	}
+	// A single-rank report keeps the old format.
+	b, err := json.Marshal(LoadReport{Instance: 7, LastEventID: 3})
+	if err != nil || strings.Contains(string(b), "last_event_ids") {
+		t.Fatalf("%s %v", b, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"reflect"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/runtime"
 )
 
@@ -187,5 +189,27 @@ func TestWatchdogStall(t *testing.T) {
 	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A worker with several DP ranks reports every rank's last event id (and
+// rank 0's in the old field); a single-rank one keeps the old format.
+func TestLoadSampleLastEventIDs(t *testing.T) {
+	for _, dp := range []int{1, 3} {
+		w, err := New(Config{DPSize: dp}, &testEngine{tick: time.Millisecond}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rank := range []uint32{0, 0, 2} {
+			w.evlog.Append([]kv.Event{kv.Removed(kv.WorkerKey{DPRank: rank}, kv.TierDevice, []uint64{1})}, nil)
+		}
+		r := w.loadSample()
+		if len(r) != 1 || r[0].LastEventID != 2 {
+			t.Fatalf("dp %d: %+v", dp, r)
+		}
+		if want := map[int][]uint64{1: nil, 3: {2, 0, 1}}[dp]; !reflect.DeepEqual(r[0].LastEventIDs, want) {
+			t.Fatalf("dp %d: last event ids %v, want %v", dp, r[0].LastEventIDs, want)
+		}
+		w.Close()
 	}
 }

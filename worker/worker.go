@@ -224,8 +224,17 @@ func (w *Worker) Start(ctx context.Context) error {
 
 func (w *Worker) loadSample() []runtime.LoadReport {
 	s := w.eng.Stats()
-	return []runtime.LoadReport{{Instance: w.cfg.InstanceID, UsedBlocks: s.UsedBlocks, TotalBlocks: s.TotalBlocks,
-		Running: s.Running, Waiting: s.Waiting, PendingPrefillTokens: s.PendingPrefillTokens, LastEventID: w.evlog.LastID(0)}}
+	r := runtime.LoadReport{Instance: w.cfg.InstanceID, UsedBlocks: s.UsedBlocks, TotalBlocks: s.TotalBlocks,
+		Running: s.Running, Waiting: s.Waiting, PendingPrefillTokens: s.PendingPrefillTokens, LastEventID: w.evlog.LastID(0)}
+	if w.cfg.DPSize > 1 {
+		// Every rank's last event id, so routers find lost tails on all of
+		// them; LastEventID stays rank 0's for routers that predate it.
+		r.LastEventIDs = make([]uint64, w.cfg.DPSize)
+		for rank := range r.LastEventIDs {
+			r.LastEventIDs[rank] = w.evlog.LastID(uint32(rank))
+		}
+	}
+	return []runtime.LoadReport{r}
 }
 
 // Addr is the advertised gRPC address (after Start).
