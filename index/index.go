@@ -164,6 +164,8 @@ type Index struct {
 	freeSlots     []uint32
 	cand          []uint32 // nodes that may have become empty during an event
 	found         []uint32 // prefind's answers, by position in the event
+	fresh         []uint32 // storeFresh's new nodes, by position in its run
+	touchedTag    uint8    // keeps storeFresh's warming loads
 	touched       uint64   // keeps prefind's warming loads
 	st            Stats
 	seed          uint64
@@ -619,14 +621,43 @@ func (ix *Index) bind(ws *wstate, id uint32, h uint64) {
 	ws.over[id] = h
 }
 
-// storeFresh creates the child (p, b.LocalHash), which does not exist, and
-// stores it for ws on tier: the general path without the lookups whose
-// answer is known for a new node (no child, no holder, no binding).
-func (ix *Index) storeFresh(ws *wstate, p uint32, b kv.StoredBlock, tier kv.Tier) uint32 {
-	// Not a free candidate: it ends the event held unless a later block
-	// drops it, and drop makes it one.
-	c := ix.newNode(p, b.LocalHash, uint64(ws.slot<<4|1<<tier))
-	h := b.EngineHash
+// storeFresh creates the chain of children blocks below p, none of which
+// exists, and stores them for ws on tier: the general path without the
+// lookups whose answer is known for a new node (no child, no holder, no
+// binding). It returns the last node.
+//
+// Nodes first, engine hashes after: newNode's atomic pg store drains the
+// store buffer on amd64, so an engine-table store (a random cache miss)
+// left before it made every new node wait for DRAM. Binding after the
+// chain exists gives the same result (a binding's drop touches no node
+// the chain creation reads), and the table probes, warmed first, overlap.
+func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier kv.Tier) uint32 {
+	// Not free candidates: they end the event held unless a later block
+	// drops them, and drop makes them one.
+	ids := ix.fresh[:0]
+	hw := uint64(ws.slot<<4 | 1<<tier)
+	for _, b := range blocks {
+		p = ix.newNode(p, b.LocalHash, hw)
+		ids = append(ids, p)
+	}
+	ix.fresh = ids
+	t := &ix.etab
+	var touch uint8
+	for _, b := range blocks {
+		touch += t.tags[ix.engHash(b.EngineHash)&t.mask]
+	}
+	ix.touchedTag = touch
+	for j, b := range blocks {
+		ix.bindFresh(ws, ids[j], b.EngineHash)
+	}
+	ix.st.Blocks += uint64(len(blocks))
+	ix.st.Holdings += uint64(len(blocks))
+	ws.counts[tier] += int64(len(blocks))
+	return p
+}
+
+// bindFresh binds engine hash h to c, a node ws just stored.
+func (ix *Index) bindFresh(ws *wstate, c uint32, h uint64) {
 	x, ins := ix.etabFind(h) // one probe serves resolve and insert
 	var other uint32
 	ok := false
@@ -653,9 +684,6 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, b kv.StoredBlock, tier kv.Tier
 		ws.exc[h] = c
 		ws.over[c] = h
 	}
-	ix.st.Holdings++
-	ws.counts[tier]++
-	return c
 }
 
 // Apply applies one KV event. Bad input is counted in Stats, never fatal.
@@ -690,19 +718,14 @@ func (ix *Index) apply(ev *kv.Event) {
 			}
 		}
 		bit := uint8(1) << ev.Tier
-		fresh := false // p was created by this event, so it has no children yet
-		for _, b := range ev.Blocks {
-			ix.st.Blocks++
-			if fresh {
-				p = ix.storeFresh(ws, p, b, ev.Tier)
-				continue
-			}
+		for k, b := range ev.Blocks {
 			c := ix.findChild(p, b.LocalHash)
 			if c == 0 {
-				p = ix.storeFresh(ws, p, b, ev.Tier)
-				fresh = true
-				continue
+				// The rest of the event is new: its nodes have no children yet.
+				ix.storeFresh(ws, p, ev.Blocks[k:], ev.Tier)
+				break
 			}
+			ix.st.Blocks++
 			ix.bind(ws, c, b.EngineHash)
 			m := ix.maskOf(c, ws.slot)
 			if m&bit != 0 {
