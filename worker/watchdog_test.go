@@ -124,13 +124,16 @@ func TestWatchdogStall(t *testing.T) {
 	eng.chunk.Store(0)
 	l := fmt.Sprintf(`{instance="%s",model="m"}`, runtime.InstanceToken(w.InstanceID()))
 	out := func() float64 { return gather(t, reg)["kvmesh_worker_output_tokens_total"+l] }
-	for prev := -1.0; ; { // until the output stops: Send blocks
+	for prev, deadline := -1.0, time.Now().Add(10*time.Second); ; { // until the output stops: Send blocks
 		time.Sleep(2 * timeout)
-		if o := out(); o == prev {
+		o := out()
+		if o == prev {
 			break
-		} else {
-			prev = o
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("output never stopped behind a caller that does not read (%v tokens)", o)
+		}
+		prev = o
 	}
 	time.Sleep(2 * timeout)
 	if w.Stalled() {
@@ -159,8 +162,8 @@ func TestWatchdogStall(t *testing.T) {
 		t.Fatalf("stalled stream ended with %v, want Unavailable", err)
 	}
 	// Sampled every timeout/4: noticed between timeout and 1.5 timeouts
-	// after the last output, give or take scheduling.
-	if took < timeout-20*time.Millisecond || took > timeout+time.Second {
+	// after the last output, give or take delivery and scheduling.
+	if took < timeout/2 || took > timeout+time.Second {
 		t.Fatalf("stall noticed %v after the last token, timeout %v", took, timeout)
 	}
 	waitFor(t, "stalled worker removed from discovery", func() bool { return len(wt.Instances()) == 0 })
