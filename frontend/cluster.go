@@ -156,7 +156,7 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 	sub, err := runtime.SubscribeLoad(c.cfg.NC, model, func(r runtime.LoadReport) {
 		k := kv.WorkerKey{Instance: r.Instance, DPRank: r.DPRank}
 		c.router.UpdateLoad(k, r.UsedBlocks, r.TotalBlocks, r.Running, r.Waiting)
-		feed.OnLoad(k, r.LastEventID) // finds events lost at the stream's end
+		feed.OnLoadReport(r) // finds events lost at a stream's end, on every DP rank
 	}, func(err error) { c.log.Debug("bad load report", "err", err) })
 	if err != nil {
 		return fmt.Errorf("load reports of %s: %w", model, err)
