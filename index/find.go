@@ -28,37 +28,43 @@ func lowTier(m uint8) uint8 {
 	return uint8(bits.TrailingZeros8(m))
 }
 
-const noSlot = 0xFFFFFFFF
+// denseEnd is where dense mode stopped: every worker whose bit is still
+// set in alive[t] then held the query on tier t (or faster) down to v.
+// Leaving the depth there instead of writing it into every survivor's
+// entry saves a pass over the workers: the output pass reads it.
+type denseEnd struct {
+	alive *[kv.NumTiers][]uint64
+	v     uint32
+	on    bool // dense mode ran for this query (alive is valid)
+}
 
-// settle sets the depth of every worker still alive (dense mode), except
-// the slots in skip, to v on each tier it is alive on. The alive sets nest
-// (alive[t] ⊆ alive[t+1]), so alive[NumTiers-1] lists them all.
-func settle(dep [][kv.NumTiers]uint32, alive *[kv.NumTiers][]uint64, W int, v uint32, skip [2]uint32) {
-	var all [kv.NumTiers]uint32
-	for t := range all {
-		all[t] = v
+func (d *denseEnd) all() (x [kv.NumTiers]uint32) {
+	for t := range x {
+		x[t] = d.v
 	}
-	for k := 0; k < W; k++ {
-		a0 := alive[0][k]
-		for d := alive[kv.NumTiers-1][k]; d != 0; d &= d - 1 {
-			b := bits.TrailingZeros64(d)
-			sl := uint32(k*64 + b)
-			if sl == skip[0] || sl == skip[1] {
-				continue
-			}
-			if a0>>b&1 != 0 {
-				dep[sl] = all
-				continue
-			}
-			for t := 1; t < kv.NumTiers; t++ {
-				if alive[t][k]>>b&1 != 0 {
-					for ; t < kv.NumTiers; t++ {
-						dep[sl][t] = v
-					}
-				}
-			}
+	return x
+}
+
+// depthOf is slot sl's final depth: dep[sl] on the tiers it dropped out of
+// (or never held), d.v on the tiers still alive when dense mode ended.
+func (d *denseEnd) depthOf(dep [][kv.NumTiers]uint32, sl uint32) [kv.NumTiers]uint32 {
+	x := dep[sl]
+	if !d.on {
+		return x
+	}
+	k, b := sl>>6, sl&63
+	if d.alive[kv.NumTiers-1][k]>>b&1 == 0 {
+		return x
+	}
+	if d.alive[0][k]>>b&1 != 0 {
+		return d.all()
+	}
+	for t := 1; t < kv.NumTiers; t++ {
+		if d.alive[t][k]>>b&1 != 0 {
+			x[t] = d.v
 		}
 	}
+	return x
 }
 
 type scanEnd uint8
@@ -149,6 +155,7 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 	var cs [2]cand
 	nc := 0
 	dense := false
+	de := denseEnd{alive: &s.alive}
 	var last uint64 = ^uint64(0) // valid slots in the last word
 	if r := len(v.keys) % 64; r != 0 {
 		last = 1<<r - 1
@@ -168,6 +175,7 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 		}
 		cum, lo := hs.bitsets(s.tmp[:W*kv.NumTiers])
 		dense = true
+		de.on = true
 		for k := 0; k < W; k++ {
 			for tt := 0; tt < kv.NumTiers; tt++ {
 				var c uint64
@@ -261,8 +269,6 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 			// Inline node: at most two survivors remain; go sparse.
 			dense = false
 			nc = 0
-			var keep [2]uint32
-			nk := 0
 			for _, e := range [2]uint32{uint32(h), uint32(h >> 32)} {
 				if e == 0 {
 					continue
@@ -276,17 +282,17 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 				for cur < kv.NumTiers && s.alive[cur][k]&b == 0 {
 					cur++
 				}
-				keep[nk] = sl
-				nk++
 				cs[nc] = cand{slot: sl, cur: cur}
 				nc++
 			}
-			// Everyone else still alive drops out here.
-			for nk < 2 {
-				keep[nk] = noSlot
-				nk++
+			// Everyone else still alive drops out here: the kept two
+			// leave the alive sets, which then record the rest.
+			for _, c := range cs[:nc] {
+				for tt := range s.alive {
+					s.alive[tt][c.slot>>6] &^= 1 << (c.slot & 63)
+				}
 			}
-			settle(dep, &s.alive, W, uint32(i), keep)
+			de.v = uint32(i)
 			// fall through to the sparse step for this same node
 		}
 		live := 0
@@ -318,7 +324,7 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 	}
 	if depth >= 0 {
 		if dense {
-			settle(dep, &s.alive, W, uint32(depth), [2]uint32{noSlot, noSlot})
+			de.v = uint32(depth)
 		} else {
 			for j := 0; j < nc; j++ {
 				for c := cs[j].cur; c < kv.NumTiers; c++ {
@@ -344,20 +350,46 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 			sl[0], sl[1] = sl[1], sl[0]
 		}
 		for _, x := range sl[:j] {
-			dst = append(dst, Match{Worker: v.keys[x], Depth: dep[x]})
+			dst = append(dst, Match{Worker: v.keys[x], Depth: de.depthOf(dep, x)})
 		}
 		return dst, true
 	}
-	// Many matches: walk the workers in key order and test each.
+	return appendMatches(dst, v, hit, dep, &de, nm), true
+}
+
+// appendMatches appends the nm workers in hit, in key order.
+func appendMatches(dst []Match, v *view, hit []uint64, dep [][kv.NumTiers]uint32, de *denseEnd, nm int) []Match {
 	n0 := len(dst)
 	dst = slices.Grow(dst, nm)[:n0+nm]
-	out, keys, j := dst[n0:], v.keys, 0
+	out, keys := dst[n0:], v.keys
+	if nm == len(v.slotOf) && de.on && slices.Equal(hit, v.live) {
+		// Everyone matched (a shared prefix): no hit tests, and most
+		// workers are still alive in one dense state.
+		a0, a3 := de.alive[0], de.alive[kv.NumTiers-1]
+		all := de.all()
+		for r, sl := range v.slotOf[:len(out)] {
+			m := &out[r]
+			m.Worker = keys[sl]
+			k, b := sl>>6, sl&63
+			switch {
+			case a0[k]>>b&1 != 0: // alive on every tier
+				m.Depth = all
+			case a3[k]>>b&1 == 0: // dropped out or kept in sparse mode
+				m.Depth = dep[sl]
+			default:
+				m.Depth = de.depthOf(dep, sl)
+			}
+		}
+		return dst
+	}
+	// Many matches: walk the workers in key order and test each.
+	j := 0
 	for _, sl := range v.slotOf {
 		if hit[sl>>6]>>(sl&63)&1 != 0 && j < len(out) {
 			m := &out[j]
-			m.Worker, m.Depth = keys[sl], dep[sl]
+			m.Worker, m.Depth = keys[sl], de.depthOf(dep, sl)
 			j++
 		}
 	}
-	return dst[:n0+j], true
+	return dst[:n0+j]
 }

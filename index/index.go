@@ -139,6 +139,7 @@ type view struct {
 	slotOf []uint32       // by rank (ascending WorkerKey)
 	rankOf []uint32       // by slot
 	words  int            // 64-slot words covering every slot
+	live   []uint64       // bitset of the slots in slotOf
 }
 
 // Index is the event-driven KV index. The zero value is not usable; call New.
@@ -514,6 +515,10 @@ func (ix *Index) publishView() {
 			v.keys[s] = ws.key
 			v.slotOf = append(v.slotOf, uint32(s))
 		}
+	}
+	v.live = make([]uint64, v.words)
+	for _, s := range v.slotOf {
+		v.live[s>>6] |= 1 << (s & 63)
 	}
 	sort.Slice(v.slotOf, func(i, j int) bool { return less(v.keys[v.slotOf[i]], v.keys[v.slotOf[j]]) })
 	for r, s := range v.slotOf {
