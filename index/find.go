@@ -77,7 +77,9 @@ const (
 )
 
 // scanChain follows successor nodes from parent while they match local[i:]
-// and carry holders word prev.
+// and carry holders word prev. The loop runs over aligned slices of one
+// chunk's nodes and the query, so it needs no bounds checks or chunk
+// arithmetic per node.
 func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev uint64) (int, uint32, uint64, scanEnd) {
 	for i < len(local) {
 		sc := parent + 1
@@ -85,25 +87,30 @@ func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev ui
 		if ci >= len(dir) {
 			return i, parent, 0, scanOther
 		}
-		hot := &dir[ci].hot
-		for k := sc & chunkMask; k < chunkSize; k++ {
-			n := &hot[k]
+		nodes := dir[ci].hot[sc&chunkMask:]
+		q := local[i:]
+		if len(q) > len(nodes) {
+			q = q[:len(nodes)]
+		}
+		nodes = nodes[:len(q)]
+		want := ^parent // pg's low word for a child of parent
+		for j := range q {
+			n := &nodes[j]
 			pg := n.pg.Load()
-			if parentOf(pg) != parent || n.local.Load() != local[i] {
-				return i, parent, 0, scanOther
+			if uint32(pg) != want || n.local.Load() != q[j] {
+				return i + j, ^want, 0, scanOther
 			}
 			h := n.holders.Load()
 			if n.pg.Load() != pg {
-				return i, parent, 0, scanRetry
+				return i + j, ^want, 0, scanRetry
 			}
-			parent++
+			want--
 			if h != prev {
-				return i, parent, h, scanChanged
-			}
-			if i++; i == len(local) {
-				return i, parent, h, scanDone
+				return i + j, ^want, h, scanChanged
 			}
 		}
+		i += len(q)
+		parent = ^want
 	}
 	return i, parent, prev, scanDone
 }
