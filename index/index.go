@@ -12,7 +12,8 @@
 // is reused the same way), so nearly every child sits at id parent+1: such
 // a successor costs no child-table slot and is found by one sequential
 // load. Only the other children go into the open-addressing child table
-// keyed by (parent id, local hash), whose slots are node ids.
+// keyed by (parent id, local hash), whose slots are node ids tagged with
+// part of the key's hash.
 //
 // Holders. Up to two (worker slot, tier mask) entries sit inline in the
 // holders word. A node with more holders names an immutable, interned
