@@ -54,6 +54,26 @@ func TestBenchIndexSmallSlice(t *testing.T) {
 	}
 }
 
+func TestBenchIndexColdQuery(t *testing.T) {
+	if _, err := os.Stat(tracePath); err != nil {
+		t.Skip("trace not present")
+	}
+	for _, cold := range []bool{false, true} {
+		var out bytes.Buffer
+		res, err := RunIndex(context.Background(), IndexConfig{TracePath: tracePath, MaxLines: 200, Workers: 8, CacheBlocks: 1024, ColdQuery: cold}, &out)
+		if err != nil || !res.Verified || res.Phases[0].FindsMeasured != res.Finds || res.Phases[1].FindsMeasured != res.Finds {
+			t.Fatalf("cold %v: %v %+v\n%s", cold, err, res, out.String())
+		}
+		if got := strings.Contains(out.String(), "(--cold-query)"); got != cold {
+			t.Fatalf("cold %v: output does not say how finds were timed:\n%s", cold, out.String())
+		}
+	}
+	warmQuery([]uint64{1, 6, 0x30})
+	if querySink.Load() != 0x37 {
+		t.Fatalf("warmQuery read %#x, want 0x37", querySink.Load())
+	}
+}
+
 func TestLRUEvictsLeastRecent(t *testing.T) {
 	l := newLRU(2)
 	l.insert(1)

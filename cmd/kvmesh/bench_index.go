@@ -42,5 +42,6 @@ Dynamo's mooncake_bench defaults to --block-size 512.`,
 	f.IntVar(&c.MaxLines, "limit", 0, "replay only the first N trace lines (0: all)")
 	f.Uint64Var(&c.Seed, "seed", 42, "seed of the request-to-worker partition")
 	f.BoolVar(&c.SkipReference, "skip-reference", false, "do not replay the naive reference model")
+	f.BoolVar(&c.ColdQuery, "cold-query", false, "time each find's first read of its query too (by default the query is read before the timer, as a router has just hashed it)")
 	benchCmd.AddCommand(cmd)
 }
