@@ -115,6 +115,20 @@ func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev ui
 	return i, parent, prev, scanDone
 }
 
+// warmNext loads the child-table slot where the next turn's first node
+// (the child of end, the last node of the current run, with local hash l)
+// is expected, and that node's pg word: loads whose misses the CPU
+// overlaps with the scan of the current run, so the lookup at the turn
+// boundary finds them in cache. A stale hint only wastes the loads. There
+// is no tag check: a branch on a missing load would, when mispredicted,
+// throw the scan after it away.
+func (ix *Index) warmNext(t *table, dir []*chunk, end uint32, l uint64) {
+	e := t.slots[ix.childHash(end, l)&t.mask].Load()
+	if id := uint32(e); int(id>>chunkBits) < len(dir) {
+		nodeAt(dir, id).pg.Load()
+	}
+}
+
 // FindMatches appends to dst one Match per worker key with
 // Depth[kv.NumTiers-1] > 0, in ascending WorkerKey order, and returns it.
 // It takes no lock and may run concurrently with writers; under concurrent
@@ -167,12 +181,15 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 	if r := len(v.keys) % 64; r != 0 {
 		last = 1<<r - 1
 	}
-	id, _, h, dir, ok := ix.lookup(t, dir, 0, local[0])
+	id, _, h, dir, run, ok := ix.lookup(t, dir, 0, local[0])
 	if !ok {
 		return dst, false
 	}
 	if id == 0 {
 		return dst, true
+	}
+	if np := int(run); np > 0 && np < len(local) {
+		ix.warmNext(t, dir, id+run-1, local[np])
 	}
 	// Level 0 seeds the survivors.
 	if h&ovfFlag != 0 {
@@ -231,13 +248,16 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 		case scanChanged:
 			goto changed
 		}
-		id, _, h, dir, ok = ix.lookup(t, dir, parent, local[i])
+		id, _, h, dir, run, ok = ix.lookup(t, dir, parent, local[i])
 		if !ok {
 			return dst, false
 		}
 		if id == 0 {
 			depth = i
 			break
+		}
+		if np := i + int(run); run > 0 && np < len(local) {
+			ix.warmNext(t, dir, id+run-1, local[np])
 		}
 		parent = id
 		if h == prev {

@@ -112,10 +112,13 @@ type chunk struct {
 }
 
 // table is an open-addressing table of node ids with linear probing. A
-// slot holds the id in its low word and the high word of the key's hash
-// (a tag) in its high word, so a probe passing other keys compares tags
-// instead of loading their nodes (each a random cache miss), and a miss
-// costs no node at all. It is kept at most half full: chain heads are few
+// slot holds the id in its low 32 bits, a run hint in the next 16 and the
+// top 16 bits of the key's hash (a tag) above, so a probe passing other
+// keys compares tags instead of loading their nodes (each a random cache
+// miss), and a miss costs no node at all. The run hint is how many
+// consecutive ids (successors) the chain had from this node when it was
+// stored: FindMatches uses it to start loading the next turn's child
+// early. It is only a hint (chains grow and shrink later). It is kept at most half full: chain heads are few
 // (~12k for the 1.4M nodes of the Mooncake replay), so slots are cheap
 // and short probe runs are not.
 type table struct {
@@ -132,8 +135,15 @@ func newTable(n int) *table {
 	return &table{slots: make([]atomic.Uint64, size), mask: uint64(size - 1)}
 }
 
-// tslot is the table entry of node id under key hash hash.
-func tslot(hash uint64, id uint32) uint64 { return hash&^0xFFFFFFFF | uint64(id) }
+// tslot is the table entry of node id under key hash hash, run hint run.
+func tslot(hash uint64, id uint32, run uint16) uint64 {
+	return hash&^(1<<tagShift-1) | uint64(run)<<32 | uint64(id)
+}
+
+const tagShift = 48 // a slot's tag is the key hash's bits from here up
+
+// runOf is a slot's run hint.
+func runOf(e uint64) uint32 { return uint32(e>>32) & 0xFFFF }
 
 type wstate struct {
 	key    kv.WorkerKey
@@ -227,7 +237,8 @@ func (ix *Index) childHash(parent uint32, local uint64) uint64 {
 
 // lookup finds the child of parent with the given local hash. It returns
 // the node id, its pg word as validated and its holders word; id 0 if absent.
-func (ix *Index) lookup(t *table, dir []*chunk, parent uint32, local uint64) (id uint32, pg, holders uint64, d []*chunk, ok bool) {
+// run is the slot's run hint when the child came from the table, else 0.
+func (ix *Index) lookup(t *table, dir []*chunk, parent uint32, local uint64) (id uint32, pg, holders uint64, d []*chunk, run uint32, ok bool) {
 	// The successor first: it is the child in almost every chain.
 	if s := parent + 1; int(s>>chunkBits) < len(dir) {
 		n := nodeAt(dir, s)
@@ -235,9 +246,9 @@ func (ix *Index) lookup(t *table, dir []*chunk, parent uint32, local uint64) (id
 		if parentOf(pg) == parent && n.local.Load() == local {
 			holders = n.holders.Load()
 			if n.pg.Load() != pg {
-				return 0, 0, 0, dir, false
+				return 0, 0, 0, dir, 0, false
 			}
-			return s, pg, holders, dir, true
+			return s, pg, holders, dir, 0, true
 		}
 	}
 	hash := ix.childHash(parent, local)
@@ -246,13 +257,13 @@ func (ix *Index) lookup(t *table, dir []*chunk, parent uint32, local uint64) (id
 		e := t.slots[i].Load()
 		id = uint32(e)
 		if id == 0 {
-			return 0, 0, 0, dir, true
+			return 0, 0, 0, dir, 0, true
 		}
-		if id != tomb && (e^hash)>>32 == 0 {
+		if id != tomb && (e^hash)>>tagShift == 0 {
 			if int(id>>chunkBits) >= len(dir) {
 				dir = *ix.dir.Load()
 				if int(id>>chunkBits) >= len(dir) {
-					return 0, 0, 0, dir, false
+					return 0, 0, 0, dir, 0, false
 				}
 			}
 			n := nodeAt(dir, id)
@@ -260,9 +271,9 @@ func (ix *Index) lookup(t *table, dir []*chunk, parent uint32, local uint64) (id
 			if parentOf(pg) == parent && n.local.Load() == local {
 				holders = n.holders.Load()
 				if n.pg.Load() != pg {
-					return 0, 0, 0, dir, false
+					return 0, 0, 0, dir, 0, false
 				}
-				return id, pg, holders, dir, true
+				return id, pg, holders, dir, runOf(e), true
 			}
 		}
 		i = (i + 1) & t.mask
@@ -271,7 +282,7 @@ func (ix *Index) lookup(t *table, dir []*chunk, parent uint32, local uint64) (id
 
 // findChild is the writer's lookup (no concurrent mutation possible).
 func (ix *Index) findChild(parent uint32, local uint64) uint32 {
-	id, _, _, _, _ := ix.lookup(ix.ctab.Load(), *ix.dir.Load(), parent, local)
+	id, _, _, _, _, _ := ix.lookup(ix.ctab.Load(), *ix.dir.Load(), parent, local)
 	return id
 }
 
@@ -299,9 +310,24 @@ func (ix *Index) tableInsert(tp *atomic.Pointer[table], t *table, hash uint64, i
 			if x == tomb {
 				t.dead--
 			}
-			t.slots[i].Store(tslot(hash, id))
+			t.slots[i].Store(tslot(hash, id, 0))
 			t.used++
 			return t
+		}
+	}
+}
+
+// setRun sets the run hint of node id's slot (readers see the old or the
+// new word: both name id under the same tag).
+func setRun(t *table, hash uint64, id uint32, run int) {
+	for i := hash & t.mask; ; i = (i + 1) & t.mask {
+		x := t.slots[i].Load()
+		if uint32(x) == 0 {
+			return
+		}
+		if uint32(x) == id {
+			t.slots[i].Store(tslot(hash, id, uint16(min(run, 0xFFFF))))
+			return
 		}
 	}
 }
@@ -652,12 +678,26 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	// Not free candidates: they end the event held unless a later block
 	// drops them, and drop makes them one.
 	ids := ix.fresh[:0]
+	p0 := p
 	hw := uint64(ws.slot<<4 | 1<<tier)
 	for _, b := range blocks {
 		p = ix.newNode(p, b.LocalHash, hw)
 		ids = append(ids, p)
 	}
 	ix.fresh = ids
+	// Run hints for the chain's table entries, from the end backwards.
+	run := 0
+	for j := len(ids) - 1; j >= 0; j-- {
+		run++
+		par := p0
+		if j > 0 {
+			par = ids[j-1]
+		}
+		if inTable(ids[j], par) {
+			setRun(ix.ctab.Load(), ix.childHash(par, blocks[j].LocalHash), ids[j], run)
+			run = 0
+		}
+	}
 	t := &ix.etab
 	var touch uint8
 	for _, b := range blocks {

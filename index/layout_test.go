@@ -172,7 +172,7 @@ func checkInternals(t *testing.T, ix *Index) {
 		if inTable(id, p) {
 			inTab++
 		}
-		if got, _, _, _, _ := ix.lookup(ix.ctab.Load(), d, p, n.local.Load()); got != id {
+		if got, _, _, _, _, _ := ix.lookup(ix.ctab.Load(), d, p, n.local.Load()); got != id {
 			t.Fatalf("node %d (parent %d) is not found by lookup: %d", id, p, got)
 		}
 		if ix.chunkOf(id).nc[id&chunkMask]&hasEngBit != 0 {
@@ -412,4 +412,40 @@ func TestThinHolderSets(t *testing.T) {
 		}
 	}
 	checkInternals(t, ix)
+}
+
+// A chain's table entry carries the length of its successor run, which
+// FindMatches uses to warm the next turn's lookup.
+func TestRunHints(t *testing.T) {
+	ix := New()
+	w1, w2 := kv.WorkerKey{Instance: 1}, kv.WorkerKey{Instance: 2}
+	blocks := func(from, n int) []kv.StoredBlock {
+		var b []kv.StoredBlock
+		for i := from; i < from+n; i++ {
+			b = append(b, kv.StoredBlock{EngineHash: uint64(1000 + i), LocalHash: uint64(i)})
+		}
+		return b
+	}
+	ix.Apply(kv.Stored(w1, kv.TierDevice, nil, blocks(0, 10)))
+	// Another chain takes the ids after the first one's end, so the next
+	// turn below is not a successor and goes into the table.
+	ix.Apply(kv.Stored(w2, kv.TierDevice, nil, blocks(100, 3)))
+	p := uint64(1009)
+	ix.Apply(kv.Stored(w1, kv.TierDevice, &p, blocks(10, 7)))
+	d := *ix.dir.Load()
+	end := ix.findChild(0, 0) + 9
+	id, _, _, _, run, ok := ix.lookup(ix.ctab.Load(), d, end, 10)
+	if !ok || id == 0 || id == end+1 || run != 7 {
+		t.Fatalf("turn head %d (end %d) run %d, want a table entry with run 7", id, end, run)
+	}
+	if s, _, _, _, run, _ := ix.lookup(ix.ctab.Load(), d, id, 11); s != id+1 || run != 0 {
+		t.Fatalf("successor %d reports run %d, want %d and 0", s, run, id+1)
+	}
+	q := make([]kv.LocalHash, 17)
+	for i := range q {
+		q[i] = uint64(i)
+	}
+	if m := ix.FindMatches(q, nil); len(m) != 1 || m[0].Depth[0] != 17 {
+		t.Fatalf("matches %+v", m)
+	}
 }
