@@ -3,6 +3,8 @@ package index
 import (
 	"math/bits"
 	"slices"
+	"sync/atomic"
+	"unsafe"
 
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -115,17 +117,27 @@ func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev ui
 	return i, parent, prev, scanDone
 }
 
-// warmNext loads the child-table slot where the next turn's first node
-// (the child of end, the last node of the current run, with local hash l)
-// is expected, and that node's pg word: loads whose misses the CPU
-// overlaps with the scan of the current run, so the lookup at the turn
-// boundary finds them in cache. A stale hint only wastes the loads. There
-// is no tag check: a branch on a missing load would, when mispredicted,
-// throw the scan after it away.
-func (ix *Index) warmNext(t *table, dir []*chunk, end uint32, l uint64) {
-	e := t.slots[ix.childHash(end, l)&t.mask].Load()
-	if id := uint32(e); int(id>>chunkBits) < len(dir) {
-		nodeAt(dir, id).pg.Load()
+// nextTurn prefetches, in two steps, the child-table slot and the node
+// where the query's next turn should start (the child of end, the last
+// node of the current run, with local hash local[np]): the slot when the
+// run is entered, the node halfway through the run's scan, when the slot
+// has arrived. The lookup at the turn boundary then hits cache. A stale
+// hint only wastes a prefetch.
+type nextTurn struct {
+	slot *atomic.Uint64
+	mid  int // query position of the second step; 0: none pending
+}
+
+func (nt *nextTurn) start(ix *Index, t *table, end uint32, l uint64, i, np int) {
+	nt.slot = &t.slots[ix.childHash(end, l)&t.mask]
+	prefetch(uintptr(unsafe.Pointer(nt.slot)))
+	nt.mid = i + (np-i)/2
+}
+
+func (nt *nextTurn) node(dir []*chunk) {
+	nt.mid = 0
+	if id := uint32(nt.slot.Load()); int(id>>chunkBits) < len(dir) {
+		prefetch(uintptr(unsafe.Pointer(nodeAt(dir, id))))
 	}
 }
 
@@ -188,8 +200,9 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 	if id == 0 {
 		return dst, true
 	}
+	var nt nextTurn
 	if np := int(run); np > 0 && np < len(local) {
-		ix.warmNext(t, dir, id+run-1, local[np])
+		nt.start(ix, t, id+run-1, local[np], 0, np)
 	}
 	// Level 0 seeds the survivors.
 	if h&ovfFlag != 0 {
@@ -239,9 +252,19 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 		// Fast path: a run of successor nodes with the holders word of the
 		// level above (nobody drops out) is one sequential scan.
 		var st scanEnd
-		i, parent, h, st = scanChain(dir, parent, local, i, prev)
+		q := local
+		if nt.mid > i {
+			q = local[:nt.mid]
+		} else if nt.mid != 0 {
+			nt.node(dir) // the run ended (holders changed) past halfway
+		}
+		i, parent, h, st = scanChain(dir, parent, q, i, prev)
 		switch st {
 		case scanDone:
+			if i < len(local) { // halfway to the next turn
+				nt.node(dir)
+				i--
+			}
 			continue // i == len(local): the loop ends
 		case scanRetry:
 			return dst, false
@@ -257,7 +280,7 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 			break
 		}
 		if np := i + int(run); run > 0 && np < len(local) {
-			ix.warmNext(t, dir, id+run-1, local[np])
+			nt.start(ix, t, id+run-1, local[np], i, np)
 		}
 		parent = id
 		if h == prev {

@@ -115,10 +115,11 @@ type chunk struct {
 // slot holds the id in its low 32 bits, a run hint in the next 16 and the
 // top 16 bits of the key's hash (a tag) above, so a probe passing other
 // keys compares tags instead of loading their nodes (each a random cache
-// miss), and a miss costs no node at all. The run hint is how many
-// consecutive ids (successors) the chain had from this node when it was
-// stored: FindMatches uses it to start loading the next turn's child
-// early. It is only a hint (chains grow and shrink later). It is kept at most half full: chain heads are few
+// miss), and a miss costs no node at all. The run hint counts the nodes
+// of this node's run of consecutive ids (successors) up to where the last
+// chain stored below it leaves it (the run's end at first): FindMatches
+// prefetches the next turn's child there. It is only a hint (chains grow
+// and shrink later). It is kept at most half full: chain heads are few
 // (~12k for the 1.4M nodes of the Mooncake replay), so slots are cheap
 // and short probe runs are not.
 type table struct {
@@ -315,6 +316,24 @@ func (ix *Index) tableInsert(tp *atomic.Pointer[table], t *table, hash uint64, i
 			return t
 		}
 	}
+}
+
+// maxRunWalk bounds runHead's walk (a turn is rarely longer).
+const maxRunWalk = 4096
+
+// runHead walks back from node p over successor links to the first node
+// of its run and returns it with its parent; 0 when the run starts at the
+// root's successor or is longer than maxRunWalk.
+func (ix *Index) runHead(p uint32) (uint32, uint32) {
+	dir := *ix.dir.Load()
+	for k := 0; k < maxRunWalk && p != 0; k++ {
+		par := parentOf(nodeAt(dir, p).pg.Load())
+		if par != p-1 {
+			return p, par
+		}
+		p = par
+	}
+	return 0, 0
 }
 
 // setRun sets the run hint of node id's slot (readers see the old or the
@@ -696,6 +715,14 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 		if inTable(ids[j], par) {
 			setRun(ix.ctab.Load(), ix.childHash(par, blocks[j].LocalHash), ids[j], run)
 			run = 0
+		}
+	}
+	// The run the chain leaves (or extends) now ends where the chain
+	// starts: its head's hint points there, where a query of the next
+	// turn will look up its next node.
+	if p0 != 0 {
+		if h, par := ix.runHead(p0); h != 0 {
+			setRun(ix.ctab.Load(), ix.childHash(par, nodeAt(*ix.dir.Load(), h).local.Load()), h, int(p0-h+1)+run)
 		}
 	}
 	t := &ix.etab

@@ -448,4 +448,15 @@ func TestRunHints(t *testing.T) {
 	if m := ix.FindMatches(q, nil); len(m) != 1 || m[0].Depth[0] != 17 {
 		t.Fatalf("matches %+v", m)
 	}
+	// A later turn leaves the run after its 4th node: the run's hint now
+	// points there, where the next lookup of a query of that turn happens.
+	p = 1013
+	ix.Apply(kv.Stored(w1, kv.TierDevice, &p, blocks(50, 3)))
+	if _, _, _, _, run, _ := ix.lookup(ix.ctab.Load(), d, end, 10); run != 4 {
+		t.Fatalf("run hint %d after a branch at the 4th node, want 4", run)
+	}
+	q = append(q[:14], 50, 51, 52)
+	if m := ix.FindMatches(q, nil); len(m) != 1 || m[0].Depth[0] != 17 {
+		t.Fatalf("matches %+v", m)
+	}
 }
