@@ -120,8 +120,8 @@ func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev ui
 // nextTurn prefetches, in two steps, the child-table slot and the node
 // where the query's next turn should start (the child of end, the last
 // node of the current run, with local hash local[np]): the slot when the
-// run is entered, the node halfway through the run's scan, when the slot
-// has arrived. The lookup at the turn boundary then hits cache. A stale
+// run is entered, the node (and the next run's first 4 lines) halfway
+// through the run's scan, when the slot has arrived. The lookup at the turn boundary then hits cache. A stale
 // hint only wastes a prefetch.
 type nextTurn struct {
 	slot *atomic.Uint64
@@ -137,7 +137,12 @@ func (nt *nextTurn) start(ix *Index, t *table, end uint32, l uint64, i, np int) 
 func (nt *nextTurn) node(dir []*chunk) {
 	nt.mid = 0
 	if id := uint32(nt.slot.Load()); int(id>>chunkBits) < len(dir) {
-		prefetch(uintptr(unsafe.Pointer(nodeAt(dir, id))))
+		// The run's first lines too: the hardware prefetcher needs a
+		// few misses before it follows the new stream.
+		a := uintptr(unsafe.Pointer(nodeAt(dir, id)))
+		for k := uintptr(0); k < 4; k++ {
+			prefetch(a + 64*k)
+		}
 	}
 }
 
