@@ -118,11 +118,11 @@ func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev ui
 }
 
 // nextTurn prefetches, in two steps, the child-table slot and the node
-// where the query's next turn should start (the child of end, the last
-// node of the current run, with local hash local[np]): the slot when the
-// run is entered, the node (and the next run's first 4 lines) halfway
-// through the run's scan, when the slot has arrived. The lookup at the turn boundary then hits cache. A stale
-// hint only wastes a prefetch.
+// where the query's next turn should start (the child of end, the node
+// the run's hint names, with local hash local[np]): the slot when the run
+// is entered, the node and the next run's first 4 lines halfway through
+// the run's scan, when the slot has arrived. The lookup at the turn
+// boundary then hits cache. A stale hint only wastes a prefetch.
 type nextTurn struct {
 	slot *atomic.Uint64
 	mid  int // query position of the second step; 0: none pending
