@@ -34,8 +34,12 @@ func (ix *Index) engHash(h uint64) uint64 { return mix(h ^ ix.seed) }
 // etabFind returns the node whose shared engine hash is h, or 0 and the
 // slot where h belongs.
 func (ix *Index) etabFind(h uint64) (id uint32, ins int) {
+	return ix.etabFindHashed(h, ix.engHash(h))
+}
+
+// etabFindHashed is etabFind with h's table hash (engHash) known.
+func (ix *Index) etabFindHashed(h, hash uint64) (id uint32, ins int) {
 	t := &ix.etab
-	hash := ix.engHash(h)
 	tg := tagOf(hash)
 	dir := *ix.dir.Load()
 	ins = -1
@@ -63,15 +67,20 @@ func (ix *Index) etabFind(h uint64) (id uint32, ins int) {
 // etabInsert records id under h at slot ins (from a failed etabFind with
 // no table change since).
 func (ix *Index) etabInsert(h uint64, id uint32, ins int) {
+	ix.etabInsertHashed(h, ix.engHash(h), id, ins)
+}
+
+// etabInsertHashed is etabInsert with h's table hash (engHash) known.
+func (ix *Index) etabInsertHashed(h, hash uint64, id uint32, ins int) {
 	t := &ix.etab
 	if (t.used+t.dead+1)*4 > len(t.ids)*3 {
 		ix.etabRebuild(id)
-		_, ins = ix.etabFind(h)
+		_, ins = ix.etabFindHashed(h, hash)
 	}
 	if t.tags[ins] == tagDead {
 		t.dead--
 	}
-	t.tags[ins] = tagOf(ix.engHash(h))
+	t.tags[ins] = tagOf(hash)
 	t.ids[ins] = id
 	t.used++
 }

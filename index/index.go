@@ -187,6 +187,7 @@ type Index struct {
 	cand          []uint32 // nodes that may have become empty during an event
 	found         []uint32 // prefind's answers, by position in the event
 	fresh         []uint32 // storeFresh's new nodes, by position in its run
+	freshHash     []uint64 // their engine hashes' table hashes
 	touchedTag    uint8    // keeps storeFresh's warming loads
 	touched       uint64   // keeps prefind's warming loads
 	st            Stats
@@ -699,9 +700,15 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	ids := ix.fresh[:0]
 	p0 := p
 	hw := uint64(ws.slot<<4 | 1<<tier)
+	small := len(ix.etab.tags) < warmEtabMin
 	for _, b := range blocks {
 		p = ix.newNode(p, b.LocalHash, hw)
 		ids = append(ids, p)
+		if small {
+			// A table this small stays in cache: its stores cost newNode
+			// no wait, and binding here saves the passes below.
+			ix.bindFresh(ws, p, b.EngineHash, ix.engHash(b.EngineHash))
+		}
 	}
 	ix.fresh = ids
 	// Run hints for the chain's table entries, from the end backwards.
@@ -725,14 +732,10 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 			setRun(ix.ctab.Load(), ix.childHash(par, nodeAt(*ix.dir.Load(), h).local.Load()), h, int(p0-h+1)+run)
 		}
 	}
-	t := &ix.etab
-	var touch uint8
-	for _, b := range blocks {
-		touch += t.tags[ix.engHash(b.EngineHash)&t.mask]
-	}
-	ix.touchedTag = touch
-	for j, b := range blocks {
-		ix.bindFresh(ws, ids[j], b.EngineHash)
+	// The table hashes are computed once: for the warming loads here and
+	// for the probe and insert in bindFresh.
+	if !small {
+		ix.bindAll(ws, ids, blocks)
 	}
 	ix.st.Blocks += uint64(len(blocks))
 	ix.st.Holdings += uint64(len(blocks))
@@ -740,9 +743,33 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	return p
 }
 
-// bindFresh binds engine hash h to c, a node ws just stored.
-func (ix *Index) bindFresh(ws *wstate, c uint32, h uint64) {
-	x, ins := ix.etabFind(h) // one probe serves resolve and insert
+// warmEtabMin is the engine-table size (slots of 5 bytes) from which
+// storeFresh binds a chain after creating it rather than node by node
+// (a variable so tests can run either way on small indexes).
+var warmEtabMin = 1 << 16
+
+// bindAll binds the engine hashes of blocks to ids, the nodes just
+// created for them, after warming every table probe so the misses overlap.
+func (ix *Index) bindAll(ws *wstate, ids []uint32, blocks []kv.StoredBlock) {
+	t := &ix.etab
+	hs := ix.freshHash[:0]
+	var touch uint8
+	for _, b := range blocks {
+		hash := ix.engHash(b.EngineHash)
+		hs = append(hs, hash)
+		touch += t.tags[hash&t.mask]
+	}
+	ix.touchedTag = touch
+	ix.freshHash = hs
+	for j, b := range blocks {
+		ix.bindFresh(ws, ids[j], b.EngineHash, hs[j])
+	}
+}
+
+// bindFresh binds engine hash h (table hash hash) to c, a node ws just
+// stored.
+func (ix *Index) bindFresh(ws *wstate, c uint32, h, hash uint64) {
+	x, ins := ix.etabFindHashed(h, hash) // one probe serves resolve and insert
 	var other uint32
 	ok := false
 	if len(ws.exc) > 0 {
@@ -760,7 +787,7 @@ func (ix *Index) bindFresh(ws *wstate, c uint32, h uint64) {
 	if x == 0 {
 		ch.eng[k] = h
 		ch.nc[k] |= hasEngBit
-		ix.etabInsert(h, c, ins)
+		ix.etabInsertHashed(h, hash, c, ins)
 	} else {
 		if ws.exc == nil {
 			ws.exc, ws.over = map[uint64]uint32{}, map[uint32]uint64{}

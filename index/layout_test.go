@@ -209,6 +209,18 @@ func checkInternals(t *testing.T, ix *Index) {
 }
 
 func TestConversationsMatchReference(t *testing.T) {
+	testConversations(t)
+}
+
+// The same with storeFresh binding chains after creating them, as it does
+// once the engine table outgrows the cache.
+func TestConversationsMatchReferenceBindAfter(t *testing.T) {
+	defer func(m int) { warmEtabMin = m }(warmEtabMin)
+	warmEtabMin = 0
+	testConversations(t)
+}
+
+func testConversations(t *testing.T) {
 	for _, c := range []struct{ workers, convs, maxLen int }{{4, 6, 40}, {40, 30, 120}, {300, 60, 160}, {1500, 12, 60}} {
 		for seed := uint64(1); seed <= 2; seed++ {
 			t.Run(fmt.Sprintf("w%d/s%d", c.workers, seed), func(t *testing.T) {
