@@ -537,10 +537,7 @@ func assertNotRegistered(t *testing.T, nc *nats.Conn, model string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	d, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := memDiscovery(t, ctx, nc)
 	w, err := d.Watch(ctx, model, func(runtime.DiscoveryEvent) {})
 	if err != nil {
 		t.Fatal(err)

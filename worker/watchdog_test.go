@@ -70,10 +70,7 @@ func TestWatchdogStall(t *testing.T) {
 	_, nc := startNATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	d, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := memDiscovery(t, ctx, nc)
 	wt, err := d.Watch(ctx, "m", nil)
 	if err != nil {
 		t.Fatal(err)

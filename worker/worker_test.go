@@ -314,10 +314,7 @@ func TestDiscoveryAndLoad(t *testing.T) {
 	_, nc := startNATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	d, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := memDiscovery(t, ctx, nc)
 	var mu sync.Mutex
 	var evs []runtime.DiscoveryEvent
 	wt, err := d.Watch(ctx, "m", func(ev runtime.DiscoveryEvent) { mu.Lock(); evs = append(evs, ev); mu.Unlock() })
@@ -409,6 +406,16 @@ func TestWorkerWithSim(t *testing.T) {
 	if w.EventLog().LastID(0) == 0 {
 		t.Fatal("sim produced no KV events")
 	}
+}
+
+// memDiscovery opens an in-memory discovery store with a 2 s TTL.
+func memDiscovery(t *testing.T, ctx context.Context, nc *nats.Conn) *runtime.Discovery {
+	t.Helper()
+	d, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
