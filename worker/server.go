@@ -63,7 +63,13 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	// the engine stops working on the request with it.
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	ch, err := w.eng.Generate(ctx, ereq)
+	ch, err := startGenerate(ctx, w.eng, ereq, wd.stallCh)
+	switch {
+	case err == errStalled:
+		return resultUnavailable, errStalled
+	case ctx.Err() != nil:
+		return resultCanceled, err
+	}
 	if errors.Is(err, engine.ErrClosed) {
 		return resultUnavailable, status.Error(codes.Unavailable, "generate: worker shutting down")
 	}
@@ -137,4 +143,40 @@ func (s *server) Health(context.Context, *api.HealthRequest) (*api.HealthRespons
 	st := s.w.eng.Stats()
 	return &api.HealthResponse{Ok: !s.w.wd.stalled.Load(), Instance: s.w.cfg.InstanceID, Model: s.w.cfg.Model,
 		Running: uint32(st.Running), Waiting: uint32(st.Waiting)}, nil
+}
+
+// startGenerate calls eng.Generate but stops waiting for it when the
+// watchdog declares the engine stalled or the caller goes away, so an
+// engine stuck on admission cannot hold a stream (and the caller's
+// migration) hostage. A call given up on is left to return on its own;
+// its stream, already cancelled through ctx, is drained so the engine is
+// never blocked sending on it.
+func startGenerate(ctx context.Context, eng engine.Engine, req *engine.Request, stalled <-chan struct{}) (<-chan engine.Chunk, error) {
+	type started struct {
+		ch  <-chan engine.Chunk
+		err error
+	}
+	done := make(chan started) // unbuffered: handed over only while we wait
+	abandoned := make(chan struct{})
+	go func() {
+		ch, err := eng.Generate(ctx, req)
+		select {
+		case done <- started{ch, err}:
+		case <-abandoned:
+			if err == nil {
+				for range ch {
+				}
+			}
+		}
+	}()
+	select {
+	case r := <-done:
+		return r.ch, r.err
+	case <-stalled:
+		close(abandoned)
+		return nil, errStalled
+	case <-ctx.Done():
+		close(abandoned)
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 }

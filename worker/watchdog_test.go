@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
@@ -187,6 +188,42 @@ func TestWatchdogStall(t *testing.T) {
 			break
 		}
 	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An engine stuck inside Generate itself (on admission, before it returns
+// a stream) still has its stream failed when the watchdog trips, and the
+// stuck call is cleaned up once it returns.
+func TestWatchdogStuckInGenerate(t *testing.T) {
+	_, nc := startNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const timeout = 150 * time.Millisecond
+	eng := &testEngine{tick: time.Millisecond, admit: make(chan struct{})}
+	w, c := startWorkerWith(t, nc, eng, Config{StallTimeout: timeout})
+	release := sync.OnceFunc(func() { close(eng.admit) })
+	t.Cleanup(release) // before the worker's Close, should the test fail early
+	st, err := c.Generate(ctx, &api.GenerateRequest{Tokens: prompt(1, 8), MaxTokens: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	_, err = st.Recv()
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("stream stuck in Generate ended with %v, want Unavailable", err)
+	}
+	if took := time.Since(began); took > timeout+time.Second {
+		t.Fatalf("stall noticed after %v, timeout %v", took, timeout)
+	}
+	if !w.Stalled() {
+		t.Fatal("worker not marked stalled")
+	}
+	// The engine comes back: the abandoned call's stream is cancelled and
+	// drained (goleak in TestMain checks nothing is left behind).
+	release()
+	waitFor(t, "abandoned stream cancelled", func() bool { return eng.cancelled.Load() == 1 && eng.running.Load() == 0 })
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -43,6 +43,10 @@ type testEngine struct {
 	hang atomic.Bool
 	// chunk is the tokens per chunk of streams started from now (0: 1).
 	chunk atomic.Int64
+	// admit, when set before the first call, holds every Generate call
+	// until it is closed, whatever the caller's context says (an engine
+	// stuck on admission).
+	admit chan struct{}
 }
 
 func (e *testEngine) Config() engine.Config {
@@ -58,6 +62,9 @@ func (e *testEngine) Stats() engine.Stats {
 func (e *testEngine) Close() error { e.closed.Store(true); e.wg.Wait(); return nil }
 
 func (e *testEngine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
+	if e.admit != nil {
+		<-e.admit
+	}
 	if e.closed.Load() {
 		return nil, engine.ErrClosed
 	}
