@@ -62,6 +62,9 @@ type Request struct {
 	// one that consumes it must fall back to computing locally whenever the
 	// hint is malformed, stale or its source unreachable.
 	KVHint []byte
+	// DPRank is the data-parallel rank to run on (see Ranked); 0 on an
+	// engine with one rank.
+	DPRank int
 }
 
 // Usage counts one generation's tokens.
@@ -103,6 +106,17 @@ type Engine interface {
 	// SetEventSink installs where KV events go; nil drops them.
 	SetEventSink(EventSink)
 	Close() error
+}
+
+// Ranked is implemented by an engine that runs several data-parallel ranks
+// behind one instance, as vLLM's DP engines do: each rank has its own KV
+// cache, scheduler and event stream (its events carry the rank in
+// kv.Event.Worker.DPRank). Generate runs a request on Request.DPRank and
+// Stats sums over the ranks; RankStats is one rank's load, which the
+// worker reports per rank so routers see each rank's own load.
+type Ranked interface {
+	DPSize() int
+	RankStats(rank int) Stats
 }
 
 // ErrClosed is returned by Generate after Close.

@@ -27,8 +27,14 @@ const (
 type Config struct {
 	engine.Config
 
-	// Worker is the key every KV event carries.
+	// Worker is the key every KV event carries (with DPSize > 1, rank r's
+	// events carry DPRank r).
 	Worker kv.WorkerKey
+	// DPSize is the number of data-parallel ranks the Engine runs (0: 1).
+	// Each rank is a whole engine of its own: a Core with Blocks blocks, its
+	// own batch, stepping loop and event stream; Request.DPRank picks one.
+	// A Core is always one rank and ignores it.
+	DPSize int
 	// Watermark is the fraction of blocks kept free when admitting a waiting
 	// request (running requests may use them).
 	Watermark float64
@@ -115,6 +121,9 @@ func (c Config) normalize() (Config, error) {
 	if c.Model == "" {
 		c.Model = "kvmesh-sim"
 	}
+	if c.DPSize == 0 {
+		c.DPSize = 1
+	}
 	if c.DecodeSpeedupRatio <= 0 {
 		c.DecodeSpeedupRatio = 1
 	}
@@ -145,6 +154,8 @@ func (c Config) normalize() (Config, error) {
 		return c, fmt.Errorf("sim config: vocabulary size %d, want 1 to 2^32-1", c.VocabSize)
 	case c.SpeedupRatio < 0:
 		return c, fmt.Errorf("sim config: speedup ratio %g, want ≥ 0 (0 = no waiting)", c.SpeedupRatio)
+	case c.DPSize < 1 || c.DPSize > 1024:
+		return c, fmt.Errorf("sim config: dp size %d, want 1 to 1024", c.DPSize)
 	case c.TransferBytesPerBlock < 0:
 		return c, fmt.Errorf("sim config: transfer bytes per block %d, want ≥ 0", c.TransferBytesPerBlock)
 	}

@@ -611,3 +611,21 @@ func (c *Core) sample(s *Seq, end time.Time) bool {
 	c.counters.Finished++
 	return true
 }
+
+func (c *Counters) add(o Counters) {
+	c.Steps += o.Steps
+	c.Added += o.Added
+	c.Finished += o.Finished
+	c.Aborted += o.Aborted
+	c.Preemptions += o.Preemptions
+	c.PromptTokens += o.PromptTokens
+	c.CachedTokens += o.CachedTokens
+	c.PrefillTokens += o.PrefillTokens
+	c.OutputTokens += o.OutputTokens
+	c.StoredBlocks += o.StoredBlocks
+	c.InsertedBlocks += o.InsertedBlocks
+	c.EvictedBlocks += o.EvictedBlocks
+	c.FetchCalls += o.FetchCalls
+	c.FetchErrors += o.FetchErrors
+	c.FetchedBlocks += o.FetchedBlocks
+}

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -15,10 +16,19 @@ import (
 // the Core, waiting each pass's modelled time (÷ SpeedupRatio) on the
 // configured clock, and each request's stream is pumped by its own
 // goroutine, so a slow reader never stalls the batch.
+//
+// With Config.DPSize > 1 the Engine is rank 0 and the front of the other
+// ranks, each a whole Engine of its own (Rank): Generate runs a request on
+// its Request.DPRank, and Stats, Counters, SetEventSink and Close cover
+// every rank (RankStats is one rank's load). The cache methods (Lookup,
+// Pin, ReadPayload, ViewBlock, BlockChecksum, Insert) are always the
+// receiving rank's own.
 type Engine struct {
 	cfg  Config
 	clk  clock.Clock
 	wake chan struct{}
+	rank int       // this rank's index
+	dp   []*Engine // every rank (dp[0] is e) when DPSize > 1; nil with one
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -30,15 +40,39 @@ type Engine struct {
 }
 
 var _ engine.Engine = (*Engine)(nil)
+var _ engine.Ranked = (*Engine)(nil)
 var _ Inserter = (*Engine)(nil)
 
-// New starts a simulated engine.
+// New starts a simulated engine with cfg.DPSize ranks.
 func New(cfg Config) (*Engine, error) {
+	n := max(cfg.DPSize, 1)
+	if n == 1 {
+		return newRank(cfg, 0)
+	}
+	dp := make([]*Engine, 0, n)
+	for r := range n {
+		rc := cfg
+		rc.Worker.DPRank = uint32(r)
+		e, err := newRank(rc, r)
+		if err != nil {
+			for _, e := range dp {
+				e.closeRank()
+			}
+			return nil, err
+		}
+		dp = append(dp, e)
+	}
+	dp[0].dp = dp
+	return dp[0], nil
+}
+
+// newRank starts one rank: a Core and the loop that steps it.
+func newRank(cfg Config, rank int) (*Engine, error) {
 	core, err := NewCore(cfg)
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: core.cfg, clk: core.cfg.Clock, core: core, wake: make(chan struct{}, 1)}
+	e := &Engine{cfg: core.cfg, clk: core.cfg.Clock, core: core, rank: rank, wake: make(chan struct{}, 1)}
 	if e.clk == nil {
 		e.clk = clock.NewWall()
 	}
@@ -48,32 +82,85 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
+// DPSize is the number of ranks this Engine fronts (1 for Rank(r), r > 0).
+func (e *Engine) DPSize() int { return max(len(e.dp), 1) }
+
+// Rank is rank r's Engine (e itself for 0), or nil if there is no rank r.
+func (e *Engine) Rank(r int) *Engine {
+	switch {
+	case e.dp != nil && r >= 0 && r < len(e.dp):
+		return e.dp[r]
+	case e.dp == nil && r == e.rank:
+		return e
+	}
+	return nil
+}
+
+// ranks are the ranks this Engine covers.
+func (e *Engine) ranks() []*Engine {
+	if e.dp == nil {
+		return []*Engine{e}
+	}
+	return e.dp
+}
+
 // Config is the engine's static description.
 func (e *Engine) Config() engine.Config { return e.cfg.Config }
 
 // SimConfig is the full (normalised) sim configuration.
 func (e *Engine) SimConfig() Config { return e.cfg }
 
-// Stats is the load right now.
+// Stats is the load right now, summed over the ranks.
 func (e *Engine) Stats() engine.Stats {
+	if e.dp == nil {
+		return e.ownStats()
+	}
+	var t engine.Stats
+	for _, r := range e.dp {
+		s := r.ownStats()
+		t.Running += s.Running
+		t.Waiting += s.Waiting
+		t.UsedBlocks += s.UsedBlocks
+		t.TotalBlocks += s.TotalBlocks
+		t.PendingPrefillTokens += s.PendingPrefillTokens
+	}
+	return t
+}
+
+// RankStats is rank r's load (zero for a rank that does not exist).
+func (e *Engine) RankStats(r int) engine.Stats {
+	if re := e.Rank(r); re != nil {
+		return re.ownStats()
+	}
+	return engine.Stats{}
+}
+
+func (e *Engine) ownStats() engine.Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.core.Stats()
 }
 
-// Counters returns the core's running totals.
+// Counters returns the cores' running totals, summed over the ranks.
 func (e *Engine) Counters() Counters {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.core.Counters()
+	var t Counters
+	for _, r := range e.ranks() {
+		r.mu.Lock()
+		t.add(r.core.Counters())
+		r.mu.Unlock()
+	}
+	return t
 }
 
 // SetEventSink installs where KV events go; the sink is called with the
-// engine's lock held, so it must not call back into the engine.
+// rank's lock held, so it must not call back into the engine, and with
+// several ranks it is called from each rank's loop concurrently.
 func (e *Engine) SetEventSink(sink engine.EventSink) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.core.SetEventSink(sink)
+	for _, r := range e.ranks() {
+		r.mu.Lock()
+		r.core.SetEventSink(sink)
+		r.mu.Unlock()
+	}
 }
 
 // Lookup counts the leading cached blocks of seqs.
@@ -113,18 +200,25 @@ func (e *Engine) Insert(ch Chain) (int, error) {
 	return e.core.Insert(ch)
 }
 
-// Close stops the engine: every open stream ends with ErrClosed.
+// Close stops the engine (every rank): every open stream ends with
+// ErrClosed.
 func (e *Engine) Close() error {
+	for _, r := range e.ranks() {
+		r.closeRank()
+	}
+	return nil
+}
+
+func (e *Engine) closeRank() {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		return nil
+		return
 	}
 	e.closed = true
 	e.mu.Unlock()
 	e.cancel()
 	e.wg.Wait()
-	return nil
 }
 
 func (e *Engine) poke() {
@@ -164,10 +258,17 @@ func (st *stream) take() ([]kv.Token, engine.FinishReason, engine.Usage) {
 	return t, st.finish, st.usage
 }
 
-// Generate starts a request; see engine.Engine.
+// Generate starts a request on rank req.DPRank; see engine.Engine.
 func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
 	if req == nil {
 		return nil, errors.New("sim: nil request")
+	}
+	if req.DPRank != e.rank || e.dp != nil {
+		r := e.Rank(req.DPRank)
+		if r == nil {
+			return nil, fmt.Errorf("sim: no dp rank %d here (dp size %d)", req.DPRank, e.DPSize())
+		}
+		e = r
 	}
 	s, err := e.core.newSeq(req, req.Tokens, nil, Prompt{}, e.clk.Now()) // reads only the immutable config
 	if err != nil {
