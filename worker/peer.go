@@ -197,8 +197,17 @@ func (p *Peer) attach(e *sim.Engine) {
 	p.verify = transfer.PayloadVerifier(c.Layers, c.PayloadSize)
 }
 
-// Source is the engine's cache as a transfer.BlockSource.
+// Source is the engine's cache (rank 0's) as a transfer.BlockSource.
 func (p *Peer) Source() transfer.BlockSource { return NewSimSource(p.eng) }
+
+// RankSource is DP rank r's cache as a transfer.BlockSource, or nil if the
+// engine has no rank r.
+func (p *Peer) RankSource(r int) transfer.BlockSource {
+	if e := p.eng.Rank(r); e != nil {
+		return NewSimSource(e)
+	}
+	return nil
+}
 
 // Digest is the engine's compatibility digest (served and requested).
 func (p *Peer) Digest() string { return p.digest }
@@ -255,7 +264,7 @@ func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 		return fmt.Errorf("kv hint: %w", err)
 	}
 	f, ok := env.Fetch()
-	if !ok || f.SourceEndpoint == "" || p.isSelf(f.SourceEndpoint) {
+	if !ok || f.SourceEndpoint == "" || p.isSelf(f.SourceEndpoint, req.DPRank) {
 		p.count(HintUnused)
 		return nil
 	}
@@ -325,13 +334,21 @@ func (p *Peer) chain(req *engine.Request, m sim.Missing, blocks []transfer.Block
 	return ch
 }
 
-func (p *Peer) isSelf(ep string) bool {
+// isSelf: ep is the requesting rank's own endpoint. Another DP rank of
+// this worker is a separate cache, and a source like any peer.
+func (p *Peer) isSelf(ep string, rank int) bool {
 	s := p.self.Load()
-	return s != nil && slices.Contains(*s, ep)
+	if s == nil {
+		return false
+	}
+	if rank >= 0 && rank < len(*s) {
+		return (*s)[rank] == ep
+	}
+	return slices.Contains(*s, ep)
 }
 
-// startControl serves the Peer's engine on one control endpoint per DP
-// rank and records them in the discovery record, before the worker
+// startControl serves each DP rank's cache on its own control endpoint
+// and records them in the discovery record, before the worker
 // registers. It is all or nothing: every rank must bind, every endpoint
 // must be advertisable (no wildcard host; IPv6 bracketed) and must answer a
 // transfer probe with this engine's digest at its advertised address, or
@@ -347,6 +364,9 @@ func (w *Worker) startControl(ctx context.Context) error {
 	}
 	if len(w.cfg.ControlEndpoints) > 0 {
 		return errors.New("peer: set either Config.ControlEndpoints (served elsewhere) or PeerConfig.Listen, not both")
+	}
+	if n := p.eng.DPSize(); n != w.cfg.DPSize {
+		return fmt.Errorf("peer: the engine runs %d DP ranks, the worker %d", n, w.cfg.DPSize)
 	}
 	host, portText, err := net.SplitHostPort(p.cfg.Listen)
 	if err != nil {
@@ -386,8 +406,9 @@ func (w *Worker) startControl(ctx context.Context) error {
 	if p.cfg.Metrics != nil {
 		tm = p.cfg.Metrics.Transfer
 	}
-	for _, ln := range lns {
-		srv := &transfer.Server{Source: p.Source(), Digest: p.digest, Metrics: tm, Logger: w.log}
+	for r, ln := range lns {
+		// Rank r's endpoint serves rank r's cache.
+		srv := &transfer.Server{Source: p.RankSource(r), Digest: p.digest, Metrics: tm, Logger: w.log}
 		w.wg.Go(func() {
 			if err := srv.Serve(ctx, ln); err != nil {
 				w.log.Error("control endpoint stopped", "addr", ln.Addr().String(), "err", err)

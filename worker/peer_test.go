@@ -431,7 +431,9 @@ func TestControlEndpointAdvertisement(t *testing.T) {
 	}
 
 	start := func(t *testing.T, dp int, pc PeerConfig, nc natsConn) (*Worker, error) {
-		eng, p, err := NewSimPeer(peerSimConfig(64), pc)
+		cfg := peerSimConfig(64)
+		cfg.DPSize = dp
+		eng, p, err := NewSimPeer(cfg, pc)
 		if err != nil {
 			t.Fatal(err)
 		}

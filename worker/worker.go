@@ -38,7 +38,9 @@ type Config struct {
 	AdvertiseAddr string
 	// InstanceID names this worker; 0 picks a random one.
 	InstanceID uint64
-	// DPSize is the number of data-parallel ranks the engine serves; default 1.
+	// DPSize is the number of data-parallel ranks the engine serves;
+	// default the engine's (engine.Ranked), else 1. An engine.Ranked engine
+	// must serve exactly this many.
 	DPSize int
 	// RingSize is the per-rank event ring for gap repair; default 8192.
 	RingSize int
@@ -119,6 +121,13 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	}
 	if cfg.ListenAddr == "" {
 		cfg.ListenAddr = "127.0.0.1:0"
+	}
+	if rk, ok := eng.(engine.Ranked); ok {
+		if n := rk.DPSize(); cfg.DPSize == 0 {
+			cfg.DPSize = n
+		} else if cfg.DPSize != n {
+			return nil, fmt.Errorf("worker: dp size %d but the engine runs %d ranks", cfg.DPSize, n)
+		}
 	}
 	if cfg.DPSize == 0 {
 		cfg.DPSize = 1
@@ -222,10 +231,19 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
+// loadSample is one report per DP rank, with that rank's load and last
+// event id, when the engine reports per-rank load (engine.Ranked). Other
+// engines get one report of their whole load (on rank 0) that announces
+// every rank's last event id.
 func (w *Worker) loadSample() []runtime.LoadReport {
-	s := w.eng.Stats()
-	r := runtime.LoadReport{Instance: w.cfg.InstanceID, UsedBlocks: s.UsedBlocks, TotalBlocks: s.TotalBlocks,
-		Running: s.Running, Waiting: s.Waiting, PendingPrefillTokens: s.PendingPrefillTokens, LastEventID: w.evlog.LastID(0)}
+	if rk, ok := w.eng.(engine.Ranked); ok {
+		out := make([]runtime.LoadReport, w.cfg.DPSize)
+		for rank := range out {
+			out[rank] = w.report(rank, rk.RankStats(rank))
+		}
+		return out
+	}
+	r := w.report(0, w.eng.Stats())
 	if w.cfg.DPSize > 1 {
 		// Every rank's last event id, so routers find lost tails on all of
 		// them; LastEventID stays rank 0's for routers that predate it.
@@ -235,6 +253,11 @@ func (w *Worker) loadSample() []runtime.LoadReport {
 		}
 	}
 	return []runtime.LoadReport{r}
+}
+
+func (w *Worker) report(rank int, s engine.Stats) runtime.LoadReport {
+	return runtime.LoadReport{Instance: w.cfg.InstanceID, DPRank: uint32(rank), UsedBlocks: s.UsedBlocks, TotalBlocks: s.TotalBlocks,
+		Running: s.Running, Waiting: s.Waiting, PendingPrefillTokens: s.PendingPrefillTokens, LastEventID: w.evlog.LastID(uint32(rank))}
 }
 
 // Addr is the advertised gRPC address (after Start).
