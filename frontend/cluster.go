@@ -154,9 +154,10 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 	}
 	c.watchers = append(c.watchers, w)
 	sub, err := runtime.SubscribeLoad(c.cfg.NC, model, func(r runtime.LoadReport) {
+		// A DP worker reports each rank on its own; its load is that key's.
 		k := kv.WorkerKey{Instance: r.Instance, DPRank: r.DPRank}
 		c.router.UpdateLoad(k, r.UsedBlocks, r.TotalBlocks, r.Running, r.Waiting)
-		feed.OnLoadReport(r) // finds events lost at a stream's end, on every DP rank
+		feed.OnLoadReport(r) // finds events lost at a stream's end: this rank's, or every rank LastEventIDs lists
 	}, func(err error) { c.log.Debug("bad load report", "err", err) })
 	if err != nil {
 		return fmt.Errorf("load reports of %s: %w", model, err)

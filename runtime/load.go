@@ -14,7 +14,9 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 )
 
-// LoadReport is one worker key's load, published periodically.
+// LoadReport is one worker key's load, published periodically. A worker
+// whose engine reports per-rank load publishes one report per DP rank, each
+// with that rank's load and LastEventID.
 type LoadReport struct {
 	Instance             uint64 `json:"instance_id"`
 	DPRank               uint32 `json:"dp_rank"`
@@ -28,9 +30,9 @@ type LoadReport struct {
 	LastEventID uint64 `json:"last_event_id,omitempty"`
 	// LastEventIDs, when set, is the last KV event id of every DP rank of
 	// the instance, indexed by rank (0: unknown), and supersedes
-	// LastEventID; a worker with several ranks publishes one report for all
-	// of them. Reports without it (older workers) still announce
-	// LastEventID for DPRank.
+	// LastEventID: a worker with several ranks but no per-rank load
+	// publishes one report (on rank 0) for all of them. Reports without it
+	// (per-rank reports, older workers) announce LastEventID for DPRank.
 	LastEventIDs []uint64 `json:"last_event_ids,omitempty"`
 	// UnixNano is when the report was taken.
 	UnixNano int64 `json:"ts"`
