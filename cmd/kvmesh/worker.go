@@ -75,7 +75,7 @@ On startup it prints one line to stdout:
 	f.DurationVar(&wf.loadInterval, "load-interval", time.Second, "how often load is published")
 	registerStallTimeout(f, &wf.stallTimeout)
 	f.IntVar(&wf.ringSize, "event-ring", runtime.DefaultRingSize, "recent KV events kept per DP rank for gap repair")
-	f.IntVar(&wf.dpSize, "dp-size", 1, "data-parallel ranks the engine serves")
+	f.IntVar(&wf.dpSize, "dp-size", 1, "data-parallel ranks the engine serves (sim: one engine per rank, each with --blocks blocks, its own load and KV events)")
 	f.StringVar(&wf.logLevel, "log-level", "info", "debug, info, warn or error")
 	// Simulated engine.
 	s := &wf.sim
@@ -141,7 +141,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	switch wf.engine {
 	case "sim":
 		cfg := wf.sim
-		cfg.Model, cfg.Role = wf.model, role
+		cfg.Model, cfg.Role, cfg.DPSize = wf.model, role, wf.dpSize
 		if wf.controlListen != "" {
 			pm, err := worker.NewPeerMetrics(reg)
 			if err != nil {
