@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/signal"
 
@@ -27,6 +28,11 @@ event of this trace averages ~180 blocks, so the two rates differ ~100x.
 Dynamo's mooncake_bench defaults to --block-size 512.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkInts(intFlag{"workers", int64(c.Workers), 1}, intFlag{"block-size", int64(c.BlockSize), 1},
+				intFlag{"trace-block-size", int64(c.TraceBlockSize), 1}, intFlag{"cache-blocks", int64(c.CacheBlocks), 1},
+				intFlag{"limit", int64(c.MaxLines), 0}); err != nil {
+				return fmt.Errorf("bench index: %w", err)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
 			_, err := bench.RunIndex(ctx, c, cmd.OutOrStdout())

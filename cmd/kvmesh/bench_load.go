@@ -2,8 +2,11 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -44,7 +47,7 @@ sending, gives in-flight requests --grace to finish, then prints the partial
 report. --out DIR receives report.json, requests.jsonl, summary.md,
 ttft_cdf.svg and latency_over_time.svg. The last stdout line is
 "load: requests=N ok=K ttft_p50_ms=... ttft_p99_ms=... itl_p50_ms=...
-output_tok_s=... goodput=...".`,
+output_tok_s=... goodput=...". It exits 1 when no request succeeded.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if synthetic {
@@ -74,6 +77,10 @@ output_tok_s=... goodput=...".`,
 			}
 			if rep.Interrupted != "" {
 				return errors.New("bench load interrupted (" + rep.Interrupted + "): the report above is partial")
+			}
+			if rep.Requests > 0 && rep.OK == 0 {
+				// A report of zeros is no measurement: fail so scripts notice.
+				return fmt.Errorf("bench load: none of %d requests succeeded (errors: %s)", rep.Requests, errorKinds(rep.Errors))
 			}
 			return nil
 		},
@@ -106,4 +113,23 @@ output_tok_s=... goodput=...".`,
 	f.DurationVar(&c.ProgressEvery, "progress-every", 5*time.Second, "progress line interval when stderr is not a terminal")
 	f.StringVar(&c.OutDir, "out", "", "write report.json, requests.jsonl, summary.md and SVG plots here")
 	return cmd
+}
+
+// errorKinds lists error counts by kind, most frequent first.
+func errorKinds(m map[string]int) string {
+	kinds := make([]string, 0, len(m))
+	for k := range m {
+		kinds = append(kinds, k)
+	}
+	slices.SortFunc(kinds, func(a, b string) int {
+		if m[a] != m[b] {
+			return m[b] - m[a]
+		}
+		return strings.Compare(a, b)
+	})
+	parts := make([]string, len(kinds))
+	for i, k := range kinds {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
 }

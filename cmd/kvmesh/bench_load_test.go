@@ -76,3 +76,22 @@ func TestBenchLoadRejectsBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// When every request fails (here: the server knows no such model), the
+// report still prints but the command fails, naming the error kinds.
+func TestBenchLoadFailsWhenNothingSucceeds(t *testing.T) {
+	srv := fakeStreamingServer(t)
+	cmd := newBenchLoadCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&bytes.Buffer{})
+	cmd.SetArgs([]string{"--url", srv.URL + "/v1", "--synthetic", "--groups", "1", "--prompts-per-group", "3",
+		"--system-len", "10", "--question-len", "5", "--output-len", "3", "--concurrency", "1", "--model", "tiny", "--endpoint", "completions"})
+	err := cmd.ExecuteContext(context.Background())
+	if err == nil || err.Error() != "bench load: none of 3 requests succeeded (errors: http_404 3)" {
+		t.Fatalf("err %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "load: requests=3 ok=0 ") {
+		t.Errorf("no report:\n%s", out.String())
+	}
+}

@@ -61,8 +61,11 @@ func runBenchRoute(ctx context.Context, c benchRouteConfig, out io.Writer) error
 	if c.iterations <= 0 || c.warmup < 0 || c.inFlight < 0 {
 		return fmt.Errorf("bench route: --iterations must be positive, --warmup and --in-flight not negative")
 	}
-	if c.fleet.Workers < 0 || c.fleet.PromptTokens < 0 || c.fleet.Prompts < 0 || c.fleet.BlockSize < 0 || c.fleet.HeldPerWorker < 0 {
-		return fmt.Errorf("bench route: sizes must not be negative")
+	// The fleet reads a zero size as its default; here it is a mistake.
+	if err := checkInts(intFlag{"workers", int64(c.fleet.Workers), 1}, intFlag{"prompt-tokens", int64(c.fleet.PromptTokens), 1},
+		intFlag{"prompts", int64(c.fleet.Prompts), 1}, intFlag{"block-size", int64(c.fleet.BlockSize), 1},
+		intFlag{"held", int64(c.fleet.HeldPerWorker), 1}); err != nil {
+		return fmt.Errorf("bench route: %w", err)
 	}
 	reg := prometheus.NewRegistry()
 	start := time.Now()

@@ -40,6 +40,15 @@ It exits 0 after --count events; if --timeout hits first it exits non-zero.`,
 			if cfg.Endpoint == "" {
 				return fmt.Errorf("--endpoint is required (e.g. tcp://127.0.0.1:5557)")
 			}
+			if cfg.Count < 0 {
+				return fmt.Errorf("--count %d: want ≥ 0 (0: until the timeout or Ctrl-C)", cfg.Count)
+			}
+			if cfg.Timeout < 0 {
+				return fmt.Errorf("--timeout %v: want ≥ 0 (0: wait forever)", cfg.Timeout)
+			}
+			if cfg.BlockSize < 0 {
+				return fmt.Errorf("--block-size %d: want ≥ 0 (0: trust the wire)", cfg.BlockSize)
+			}
 			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()

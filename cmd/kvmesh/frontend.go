@@ -27,6 +27,9 @@ func newFrontendCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := ff.validate(); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			nc, err := runtime.Connect(nf.conn("kvmesh-frontend", log))

@@ -54,7 +54,7 @@ func validateHint(stdin io.Reader, path, engine string, out io.Writer) error {
 	if engine != "" {
 		var err error
 		if eng, err = hints.ParseEngine(engine); err != nil {
-			return err
+			return fmt.Errorf("--engine: %w", err)
 		}
 	}
 	in := stdin

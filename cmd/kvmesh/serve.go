@@ -193,6 +193,15 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if workers < 1 {
 		return fmt.Errorf("--workers %d: want at least 1", workers)
 	}
+	if err := ff.validate(); err != nil {
+		return err
+	}
+	if err := checkSimFlags(sf); err != nil {
+		return err
+	}
+	if err := checkStallTimeout(stallTimeout); err != nil {
+		return err
+	}
 	if len(ff.models) != 1 {
 		return fmt.Errorf("--model: serve runs one model, got %d", len(ff.models))
 	}

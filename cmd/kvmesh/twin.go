@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -54,7 +55,8 @@ several modes side by side; --out writes twin.json and two SVG charts.
 Results are deterministic for a given --seed. Each mode's output ends with
   twin: mode=<m> requests=<n> hit=<ratio> ttft_p50_ms=<x> ttft_mean_ms=<y> wall_s=<z>
 Malformed trace lines are reported with their line numbers and skipped
-(--strict fails on the first). Every flag has a KVMESH_TWIN_* environment
+(--strict fails on the first). It exits 1 when a mode completes no request
+(every one rejected, e.g. longer than --blocks holds). Every flag has a KVMESH_TWIN_* environment
 variable (--trace also reads KVMESH_TRACE).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -138,8 +140,45 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 			return fmt.Errorf("twin: --%s %d, want ≥ 1", v.name, v.v)
 		}
 	}
-	if !(tf.cfg.ArrivalSpeedup > 0) || tf.cfg.LoadInterval <= 0 || tf.cfg.ApproxTTL <= 0 || tf.cfg.KVBytesPerToken <= 0 {
-		return fmt.Errorf("twin: --arrival-speedup, --load-interval, --approx-ttl and --kv-bytes-per-token must be positive")
+	if !(tf.cfg.ArrivalSpeedup > 0) || math.IsInf(tf.cfg.ArrivalSpeedup, 0) {
+		return fmt.Errorf("twin: --arrival-speedup %g, want a finite number > 0", tf.cfg.ArrivalSpeedup)
+	}
+	for _, v := range []struct {
+		name string
+		v    time.Duration
+	}{{"load-interval", tf.cfg.LoadInterval}, {"approx-ttl", tf.cfg.ApproxTTL}} {
+		if v.v <= 0 {
+			return fmt.Errorf("twin: --%s %v, want > 0", v.name, v.v)
+		}
+	}
+	if tf.cfg.KVBytesPerToken <= 0 {
+		return fmt.Errorf("twin: --kv-bytes-per-token %d, want ≥ 1", tf.cfg.KVBytesPerToken)
+	}
+	for _, v := range []struct {
+		name string
+		v    int64
+	}{{"requests", int64(tf.maxRequests)}, {"concurrency", int64(tf.cfg.Concurrency)},
+		{"busy-prefill-tokens", tf.cfg.MaxPrefillTokens}} {
+		if v.v < 0 {
+			return fmt.Errorf("twin: --%s %d, want ≥ 0", v.name, v.v)
+		}
+	}
+	for _, v := range []struct {
+		name string
+		v    float64
+	}{{"temperature", tf.temperature}, {"prefill-scale", tf.prefillScale}, {"work-weight", tf.workWeight}} {
+		if !(v.v >= 0) || math.IsInf(v.v, 0) {
+			return fmt.Errorf("twin: --%s %g, want a finite number ≥ 0", v.name, v.v)
+		}
+	}
+	if tf.cfg.MaxKVUsage < 0 || tf.cfg.MaxKVUsage > 1 || math.IsNaN(tf.cfg.MaxKVUsage) {
+		return fmt.Errorf("twin: --busy-kv-usage %g, want a fraction in [0, 1]", tf.cfg.MaxKVUsage)
+	}
+	if tf.out != "" {
+		// Fail before the replay, not after it.
+		if err := os.MkdirAll(tf.out, 0o755); err != nil {
+			return fmt.Errorf("twin: --out: %w", err)
+		}
 	}
 	if tf.costKind != "" || fs.Changed("prefill-scale") || fs.Changed("work-weight") || fs.Changed("temperature") {
 		var kind router.CostKind
@@ -173,6 +212,9 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 			break
 		}
 		fmt.Fprintf(errOut, "twin: %s: line %d: %v (skipped)\n", tf.trace, le.Line, le.Err)
+	}
+	if len(wl.Requests) == 0 {
+		return fmt.Errorf("twin: %s holds no valid requests (%d malformed lines skipped)", tf.trace, len(wl.Skipped))
 	}
 	fmt.Fprintf(out, "trace %s: %d requests (%d malformed lines skipped); %d workers × %d blocks × %d tokens\n",
 		tf.trace, len(wl.Requests), len(wl.Skipped), tf.cfg.Workers, tf.cfg.Blocks, tf.cfg.BlockSize)
@@ -209,6 +251,13 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 		}
 		for _, p := range paths {
 			fmt.Fprintf(errOut, "twin: wrote %s\n", p)
+		}
+	}
+	for _, res := range results {
+		// Every request rejected (all too long for --blocks, or all busy):
+		// the figures above are zeros, not a measurement.
+		if res.Requests == 0 {
+			return fmt.Errorf("twin: mode %s completed none of its %d requests (all rejected; see above)", res.Mode, res.Rejected)
 		}
 	}
 	return nil

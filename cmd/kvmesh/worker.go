@@ -117,6 +117,12 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	if err != nil {
 		return err
 	}
+	if err := checkSimFlags(wf.sim); err != nil {
+		return err
+	}
+	if err := checkStallTimeout(wf.stallTimeout); err != nil {
+		return err
+	}
 	role := engine.Role(wf.role)
 	if !role.Valid() {
 		return fmt.Errorf("--role %q: want aggregated, prefill or decode", wf.role)

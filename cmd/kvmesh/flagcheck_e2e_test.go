@@ -1,0 +1,89 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// A bad flag value makes every command exit 1 at once with one line on
+// stderr naming the flag, before it binds a port, starts NATS or reads a
+// trace; zero sizes no longer fall back to package defaults silently.
+func TestBadFlagsExitEarly(t *testing.T) {
+	const trace = "../../twin/testdata/conversation_300.jsonl"
+	empty := filepath.Join(t.TempDir(), "empty.jsonl")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// --listen on a port no test binds: a command that wrongly starts would
+	// print its banner and hang until the timeout below.
+	serve := []string{"serve", "--listen", "127.0.0.1:0", "--nats", "nats://127.0.0.1:1"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{append(serve, "--blocks", "0"), "kvmesh: --blocks 0: want at least 1\n"},
+		{append(serve, "--block-size", "0"), "kvmesh: --block-size 0: want at least 1\n"},
+		{append(serve, "--max-seqs", "-1"), "kvmesh: --max-seqs -1: want at least 1\n"},
+		{append(serve, "--max-batched-tokens", "0"), "kvmesh: --max-batched-tokens 0: want at least 1\n"},
+		{append(serve, "--max-body-bytes", "0"), "kvmesh: --max-body-bytes 0: want at least 1\n"},
+		{append(serve, "--migration-limit", "-1"), "kvmesh: --migration-limit -1: want at least 0\n"},
+		{append(serve, "--router-temperature", "-1"), "kvmesh: --router-temperature -1: want a finite number ≥ 0 (0: always the cheapest)\n"},
+		{append(serve, "--stall-timeout", "-1s"), "kvmesh: --stall-timeout -1s: want ≥ 0 (0: off)\n"},
+		{append(serve, "--speedup-ratio", "-1"), "kvmesh: --speedup-ratio -1: want a finite number ≥ 0 (0: no waiting)\n"},
+		{[]string{"frontend", "--listen", "127.0.0.1:0", "--nats", "nats://127.0.0.1:1", "--max-body-bytes", "-5"}, "kvmesh: --max-body-bytes -5: want at least 1\n"},
+		{[]string{"worker", "--nats", "nats://127.0.0.1:1", "--blocks", "0"}, "kvmesh: --blocks 0: want at least 1\n"},
+		{[]string{"worker", "--nats", "nats://127.0.0.1:1", "--decode-speedup-ratio", "0"}, "kvmesh: --decode-speedup-ratio 0: want a finite number > 0\n"},
+		{[]string{"events", "listen", "--endpoint", "tcp://127.0.0.1:1", "--count", "-1"}, "kvmesh: --count -1: want ≥ 0 (0: until the timeout or Ctrl-C)\n"},
+		{[]string{"events", "listen", "--endpoint", "tcp://127.0.0.1:1", "--timeout", "-1s"}, "kvmesh: --timeout -1s: want ≥ 0 (0: wait forever)\n"},
+		{[]string{"bench", "index", "--trace", trace, "--workers", "0"}, "kvmesh: bench index: --workers 0: want at least 1\n"},
+		{[]string{"bench", "index", "--trace", trace, "--cache-blocks", "0"}, "kvmesh: bench index: --cache-blocks 0: want at least 1\n"},
+		{[]string{"bench", "index", "--trace", trace, "--limit", "-1"}, "kvmesh: bench index: --limit -1: want at least 0\n"},
+		{[]string{"bench", "route", "--prompt-tokens", "0"}, "kvmesh: bench route: --prompt-tokens 0: want at least 1\n"},
+		{[]string{"bench", "route", "--workers", "0"}, "kvmesh: bench route: --workers 0: want at least 1\n"},
+		{[]string{"twin", "--trace", trace, "--requests", "-1"}, "kvmesh: twin: --requests -1, want ≥ 0\n"},
+		{[]string{"twin", "--trace", trace, "--concurrency", "-1"}, "kvmesh: twin: --concurrency -1, want ≥ 0\n"},
+		{[]string{"twin", "--trace", trace, "--temperature", "-1"}, "kvmesh: twin: --temperature -1, want a finite number ≥ 0\n"},
+		{[]string{"twin", "--trace", trace, "--arrival-speedup", "0"}, "kvmesh: twin: --arrival-speedup 0, want a finite number > 0\n"},
+		{[]string{"twin", "--trace", empty}, "kvmesh: twin: " + empty + " holds no valid requests (0 malformed lines skipped)\n"},
+		{[]string{"hints", "validate", "--engine", "tgi", empty}, "kvmesh: --engine: unknown engine \"tgi\" (want vllm, vllm-bridge, sglang or trtllm)\n"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cmd := exec.CommandContext(ctx, kvmeshBin(t), c.args...)
+		cmd.Env = append(os.Environ(), "KVMESH_TRACE=")
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		cancel()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Errorf("%q: exit %v, want status 1; stderr %q", c.args, err, stderr.String())
+			continue
+		}
+		if stderr.String() != c.want {
+			t.Errorf("%q: stderr %q\nwant %q", c.args, stderr.String(), c.want)
+		}
+		if stdout.Len() != 0 {
+			t.Errorf("%q: printed %q on stdout", c.args, stdout.String())
+		}
+	}
+}
+
+// A twin mode in which every request is rejected (each needs more blocks
+// than a worker has) prints its rejections but exits non-zero: a table of
+// zeros is not a measurement.
+func TestTwinFailsWhenNothingCompletes(t *testing.T) {
+	t.Setenv("KVMESH_TRACE", "")
+	out, _, err := runTwinCmd(t, "--trace", "../../twin/testdata/conversation_300.jsonl", "--requests", "5", "--workers", "2", "--blocks", "1")
+	if err == nil || err.Error() != "twin: mode kv completed none of its 5 requests (all rejected; see above)" {
+		t.Fatalf("err %v", err)
+	}
+	if !bytes.Contains([]byte(out), []byte("0/5 requests completed, 5 rejected")) {
+		t.Errorf("summary does not show the rejections:\n%s", out)
+	}
+}
