@@ -49,6 +49,7 @@ func newFrontendCmd() *cobra.Command {
 			fmt.Fprintf(cmd.OutOrStdout(), "kvmesh frontend: models %v (router %s); OpenAI API at %s\n", ff.models, ff.routerMode, rf.url())
 			select {
 			case <-ctx.Done():
+				log.Info("shutting down")
 				return nil
 			case err := <-rf.errc:
 				if errors.Is(err, http.ErrServerClosed) {
@@ -61,5 +62,6 @@ func newFrontendCmd() *cobra.Command {
 	f := cmd.Flags()
 	ff.register(f, []string{"kvmesh-sim"})
 	nf.register(f)
+	cmd.RunE = quietOnInterrupt(cmd.RunE)
 	return withEnv(cmd, "")
 }

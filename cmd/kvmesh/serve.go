@@ -182,6 +182,7 @@ cleanly. Every flag has a KVMESH_* environment variable.`,
 	f.IntVar(&sf.MaxSeqs, "max-seqs", sf.MaxSeqs, "sim: running sequences per step")
 	f.IntVar(&sf.DPSize, "dp-size", 1, "sim: data-parallel ranks per worker (each its own engine, cache, load and KV events; routed per rank)")
 	f.Float64Var(&sf.SpeedupRatio, "speedup-ratio", sf.SpeedupRatio, "sim: divide modelled time by this (0: no waiting)")
+	cmd.RunE = quietOnInterrupt(cmd.RunE)
 	return withEnv(cmd, "")
 }
 
