@@ -200,6 +200,9 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if err := checkSimFlags(sf); err != nil {
 		return err
 	}
+	if err := checkInts(intFlag{"dp-size", int64(sf.DPSize), 1}); err != nil {
+		return err
+	}
 	if err := checkStallTimeout(stallTimeout); err != nil {
 		return err
 	}

@@ -121,6 +121,9 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	if err := checkSimFlags(wf.sim); err != nil {
 		return err
 	}
+	if err := checkInts(intFlag{"dp-size", int64(wf.dpSize), 1}); err != nil {
+		return err
+	}
 	if err := checkStallTimeout(wf.stallTimeout); err != nil {
 		return err
 	}
