@@ -36,6 +36,9 @@ Dynamo's mooncake_bench defaults to --block-size 512.`,
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
 			_, err := bench.RunIndex(ctx, c, cmd.OutOrStdout())
+			if err != nil && ctx.Err() != nil {
+				return fmt.Errorf("bench index: interrupted")
+			}
 			return err
 		},
 	}

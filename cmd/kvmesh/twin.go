@@ -224,6 +224,9 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 		c := tf.cfg
 		c.Mode = m
 		res, err := twin.Run(ctx, wl, c)
+		if err != nil && ctx.Err() != nil {
+			return fmt.Errorf("twin: interrupted during mode %s", m)
+		}
 		if err != nil {
 			return fmt.Errorf("twin: mode %s: %w", m, err)
 		}

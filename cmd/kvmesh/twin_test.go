@@ -103,3 +103,18 @@ func TestTwinRejectsBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// A cancelled replay (Ctrl-C) says so and names the mode it stopped in.
+func TestTwinInterrupted(t *testing.T) {
+	t.Setenv("KVMESH_TRACE", "")
+	cmd := newTwinCmd()
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetErr(&bytes.Buffer{})
+	cmd.SetArgs([]string{"--trace", "../../twin/testdata/conversation_300.jsonl", "--requests", "20", "--workers", "2"})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := cmd.ExecuteContext(ctx)
+	if err == nil || err.Error() != "twin: interrupted during mode kv" {
+		t.Fatalf("err %v", err)
+	}
+}
