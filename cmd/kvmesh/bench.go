@@ -6,6 +6,7 @@ import "github.com/spf13/cobra"
 var benchCmd = &cobra.Command{
 	Use:   "bench",
 	Short: "Measure kvmesh components and deployments",
+	RunE:  groupRun,
 }
 
 func init() { rootCmd.AddCommand(benchCmd) }

@@ -17,6 +17,7 @@ import (
 var eventsCmd = &cobra.Command{
 	Use:   "events",
 	Short: "Inspect engine KV-event feeds (vLLM/SGLang ZMQ)",
+	RunE:  groupRun,
 }
 
 func newEventsListenCmd() *cobra.Command {

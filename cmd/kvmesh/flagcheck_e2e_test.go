@@ -13,7 +13,9 @@ import (
 
 // A bad flag value makes every command exit 1 at once with one line on
 // stderr naming the flag, before it binds a port, starts NATS or reads a
-// trace; zero sizes no longer fall back to package defaults silently.
+// trace; zero sizes no longer fall back to package defaults silently. A
+// mistyped subcommand of bench, events or hints fails too (it printed the
+// help and exited 0).
 func TestBadFlagsExitEarly(t *testing.T) {
 	const trace = "../../twin/testdata/conversation_300.jsonl"
 	empty := filepath.Join(t.TempDir(), "empty.jsonl")
@@ -52,6 +54,9 @@ func TestBadFlagsExitEarly(t *testing.T) {
 		{[]string{"twin", "--trace", trace, "--arrival-speedup", "0"}, "kvmesh: twin: --arrival-speedup 0, want a finite number > 0\n"},
 		{[]string{"twin", "--trace", empty}, "kvmesh: twin: " + empty + " holds no valid requests (0 malformed lines skipped)\n"},
 		{[]string{"hints", "validate", "--engine", "tgi", empty}, "kvmesh: --engine: unknown engine \"tgi\" (want vllm, vllm-bridge, sglang or trtllm)\n"},
+		{[]string{"bench", "laod"}, "kvmesh: unknown command \"laod\" for \"kvmesh bench\"; did you mean \"load\"?\n"},
+		{[]string{"events", "nope"}, "kvmesh: unknown command \"nope\" for \"kvmesh events\"\n"},
+		{[]string{"hints", "vaildate", empty}, "kvmesh: unknown command \"vaildate\" for \"kvmesh hints\"; did you mean \"validate\"?\n"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		cmd := exec.CommandContext(ctx, kvmeshBin(t), c.args...)

@@ -22,6 +22,7 @@ func newHintsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "hints",
 		Short: "Inspect KV hint envelopes",
+		RunE:  groupRun,
 	}
 	var engine string
 	validate := &cobra.Command{
