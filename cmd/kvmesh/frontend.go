@@ -21,7 +21,17 @@ func newFrontendCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "frontend",
 		Short: "Run the OpenAI frontend and KV router against workers registered on NATS",
-		Args:  cobra.NoArgs,
+		Long: `frontend serves the OpenAI-compatible API (/v1/chat/completions, /v1/completions,
+/v1/models, /health, /live, /metrics) and routes each request with the KV-aware
+router to the workers of its model found in the NATS discovery bucket (start
+them with kvmesh worker, or join a kvmesh serve through the NATS URL it prints).
+/health answers 503 until every --model has a worker. SIGINT or SIGTERM stops
+accepting requests, gives those in flight 1 s, then cuts them. Every flag has a
+KVMESH_* environment variable.
+
+On startup it prints one line to stdout:
+  kvmesh frontend: models [<names>] (router <mode>); OpenAI API at http://<host:port>/v1`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := workerLogger(ff.logLevel, os.Stderr)
 			if err != nil {

@@ -163,8 +163,12 @@ func newServeCmd() *cobra.Command {
 		Use:   "serve",
 		Short: "Run a whole kvmesh cluster in one process: embedded NATS, OpenAI frontend, router and simulated workers",
 		Long: `serve starts an embedded NATS server (or joins --nats), N simulated workers and the
-OpenAI-compatible frontend with the KV-aware router, all in one process. Ctrl-C stops it
-cleanly. Every flag has a KVMESH_* environment variable.`,
+OpenAI-compatible frontend with the KV-aware router, all in one process. Ctrl-C or
+SIGTERM stops accepting requests, gives those in flight 1 s, then cuts them and exits 0.
+Every flag has a KVMESH_* environment variable.
+
+On startup it prints one line to stdout:
+  kvmesh serve: model <name> on <n> simulated workers (router <mode>); OpenAI API at http://<host:port>/v1 (NATS <url>)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runServe(cmd, ff, sf, workers, stallTimeout, nf, dataDir)
