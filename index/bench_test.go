@@ -99,3 +99,47 @@ func BenchmarkApplyFreshChains(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*len(chain))/b.Elapsed().Seconds(), "blocks/s")
 }
+
+// turnsTree: 256 workers share an 8-block prompt, then a conversation of
+// 16 turns of 8 blocks, each stored as its own chain (a filler chain in
+// between keeps turns from being consecutive ids); turn k is held by the
+// workers with w%16 >= k, so 16 workers drop out at every turn, as they
+// do in the Mooncake replay's slowest finds.
+func turnsTree() (*Index, []kv.LocalHash) {
+	ix := New()
+	var q []kv.LocalHash
+	h := uint64(1)
+	block := func() kv.StoredBlock {
+		h++
+		return kv.StoredBlock{EngineHash: h, LocalHash: h}
+	}
+	var parent *uint64
+	filler := kv.WorkerKey{Instance: 0}
+	for k := 0; k <= 16; k++ {
+		turn := make([]kv.StoredBlock, 8)
+		for i := range turn {
+			turn[i] = block()
+			q = append(q, turn[i].LocalHash)
+		}
+		for w := 0; w < 256; w++ {
+			if k == 0 || w%16 >= k-1 {
+				ix.Apply(kv.Stored(kv.WorkerKey{Instance: uint64(w)}, kv.TierDevice, parent, turn))
+			}
+		}
+		ix.Apply(kv.Stored(filler, kv.TierDevice, nil, []kv.StoredBlock{block(), block()}))
+		last := turn[len(turn)-1].EngineHash
+		parent = &last
+	}
+	return ix, q
+}
+
+func BenchmarkFindMatchesTurns(b *testing.B) {
+	ix, q := turnsTree()
+	var dst []Match
+	for b.Loop() {
+		dst = ix.FindMatches(q, dst[:0])
+	}
+	if len(dst) != 256 {
+		b.Fatal(len(dst))
+	}
+}

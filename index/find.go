@@ -146,6 +146,53 @@ func (nt *nextTurn) node(dir []*chunk) {
 	}
 }
 
+// dropOut intersects the alive sets with a holder set's bitsets cum
+// (starting at word lo) at query depth i, recording depth i for every
+// worker that drops out of a tier, and reports whether anyone is still
+// alive. A worker usually drops out of every tier at once (it held the
+// block on one tier, so it was in every cumulative set): one 16-byte
+// store then records all four depths.
+func dropOut(alive *[kv.NumTiers][]uint64, dep [][kv.NumTiers]uint32, cum []uint64, lo, W int, i uint32) bool {
+	any := uint64(0)
+	var all [kv.NumTiers]uint32
+	for tt := range all {
+		all[tt] = i
+	}
+	for k := 0; k < W; k++ {
+		var c [kv.NumTiers]uint64
+		if j := (k - lo) * kv.NumTiers; j >= 0 && j+kv.NumTiers <= len(cum) {
+			c = [kv.NumTiers]uint64(cum[j : j+kv.NumTiers])
+		}
+		var d [kv.NumTiers]uint64
+		for tt := range d {
+			a := alive[tt][k]
+			d[tt] = a &^ c[tt]
+			alive[tt][k] = a & c[tt]
+			any |= a & c[tt]
+		}
+		or, same := d[0], true
+		for tt := 1; tt < kv.NumTiers; tt++ {
+			or |= d[tt]
+			same = same && d[tt] == d[0]
+		}
+		if or == 0 {
+			continue
+		}
+		if same {
+			for x := d[0]; x != 0; x &= x - 1 {
+				dep[k*64+bits.TrailingZeros64(x)] = all
+			}
+			continue
+		}
+		for tt := range d {
+			for x := d[tt]; x != 0; x &= x - 1 {
+				dep[k*64+bits.TrailingZeros64(x)][tt] = i
+			}
+		}
+	}
+	return any != 0
+}
+
 // FindMatches appends to dst one Match per worker key with
 // Depth[kv.NumTiers-1] > 0, in ascending WorkerKey order, and returns it.
 // It takes no lock and may run concurrently with writers; under concurrent
@@ -300,22 +347,7 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 					return dst, false
 				}
 				cum, lo := hs.bitsets(s.tmp[:W*kv.NumTiers])
-				any := uint64(0)
-				for k := 0; k < W; k++ {
-					for tt := 0; tt < kv.NumTiers; tt++ {
-						var c uint64
-						if j := (k-lo)*kv.NumTiers + tt; j >= 0 && j < len(cum) {
-							c = cum[j]
-						}
-						a := s.alive[tt][k]
-						for d := a &^ c; d != 0; d &= d - 1 {
-							dep[k*64+bits.TrailingZeros64(d)][tt] = uint32(i)
-						}
-						s.alive[tt][k] = a & c
-						any |= a & c
-					}
-				}
-				if any == 0 {
+				if !dropOut(&s.alive, dep, cum, lo, W, uint32(i)) {
 					depth = -1
 					break
 				}
