@@ -210,6 +210,9 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if err := checkStallTimeout(stallTimeout); err != nil {
 		return err
 	}
+	if nf.url != "" && dataDir != "" {
+		return fmt.Errorf("--data-dir is the embedded NATS server's store; with --nats there is none")
+	}
 	if len(ff.models) != 1 {
 		return fmt.Errorf("--model: serve runs one model, got %d", len(ff.models))
 	}

@@ -141,6 +141,9 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	if wf.controlListen != "" && len(wf.controlEndpoints) > 0 {
 		return errors.New("--control-listen and --control-endpoints: set one (served here, or elsewhere)")
 	}
+	if wf.advertiseHost != "" && wf.controlListen == "" {
+		return errors.New("--advertise-host names the host peers dial for --control-listen; without it nothing is advertised")
+	}
 	if wf.controlListen != "" && wf.advertiseHost == "" {
 		return errors.New("--control-listen needs --advertise-host: the host peers dial (a wildcard bind address cannot be advertised)")
 	}
