@@ -15,6 +15,7 @@ type scratch struct {
 	tmp   []uint64              // a holder set's bitsets, when it keeps none
 	hit   []uint64              // by slot: workers holding the first block
 	dep   [][kv.NumTiers]uint32 // by slot
+	ah    ahead                 // warmPath's turn heads
 }
 
 // cand is one survivor in sparse mode: alive for tiers >= cur.
@@ -117,31 +118,85 @@ func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev ui
 	return i, parent, prev, scanDone
 }
 
-// nextTurn prefetches, in two steps, the child-table slot and the node
-// where the query's next turn should start (the child of end, the node
-// the run's hint names, with local hash local[np]): the slot when the run
-// is entered, the node and the next run's first 4 lines halfway through
-// the run's scan, when the slot has arrived. The lookup at the turn
-// boundary then hits cache. A stale hint only wastes a prefetch.
-type nextTurn struct {
-	slot *atomic.Uint64
-	mid  int // query position of the second step; 0: none pending
+// maxAhead bounds the turns warmPath walks ahead.
+const maxAhead = 32
+
+// ahead is warmPath's answer: the turn heads it expects, id[k] at query
+// position pos[k]; the walk validates each as it gets there (a child of
+// its parent with the query's hash) and skips that turn's table probe.
+type ahead struct {
+	id   [maxAhead]uint32
+	pos  [maxAhead]int32
+	n, k int
 }
 
-func (nt *nextTurn) start(ix *Index, t *table, end uint32, l uint64, i, np int) {
-	nt.slot = &t.slots[ix.childHash(end, l)&t.mask]
-	prefetch(uintptr(unsafe.Pointer(nt.slot)))
-	nt.mid = i + (np-i)/2
+// next returns the expected head at query position i, if any.
+func (ah *ahead) next(i int) uint32 {
+	for ah.k < ah.n && int(ah.pos[ah.k]) < i {
+		ah.k++
+	}
+	if ah.k < ah.n && int(ah.pos[ah.k]) == i {
+		ah.k++
+		return ah.id[ah.k-1]
+	}
+	return 0
 }
 
-func (nt *nextTurn) node(dir []*chunk) {
-	nt.mid = 0
-	if id := uint32(nt.slot.Load()); int(id>>chunkBits) < len(dir) {
-		// The run's first lines too: the hardware prefetcher needs a
-		// few misses before it follows the new stream.
-		a := uintptr(unsafe.Pointer(nodeAt(dir, id)))
-		for k := uintptr(0); k < 4; k++ {
-			prefetch(a + 64*k)
+// warmPath walks the query's turns ahead of the scan through child-table
+// slots alone (a slot holds the next turn's head id and its run hint, so
+// no node is needed to find the next slot), prefetching each head and its
+// first lines, then each head's holder set. Turns of a conversation are
+// often a few blocks long, too short for a prefetch issued within one turn
+// to arrive in time; this way the misses of all turns overlap instead of
+// following one another. It only prefetches: a stale hint costs a wasted
+// line, never a wrong answer.
+func (ix *Index) warmPath(t *table, dir []*chunk, local []kv.LocalHash, id, run uint32, ah *ahead) {
+	heads := &ah.id
+	n, i := 0, 0
+	for n < maxAhead && run > 0 {
+		np := i + int(run)
+		if np >= len(local) {
+			break
+		}
+		hash := ix.childHash(id+run-1, local[np])
+		next := uint32(0)
+		for k := hash & t.mask; ; k = (k + 1) & t.mask {
+			e := t.slots[k].Load()
+			x := uint32(e)
+			if x == 0 {
+				break
+			}
+			if x != tomb && (e^hash)>>tagShift == 0 {
+				next, run = x, runOf(e)
+				break
+			}
+		}
+		if next == 0 || int(next>>chunkBits) >= len(dir) {
+			break
+		}
+		prefetchLines(uintptr(unsafe.Pointer(nodeAt(dir, next))), min(4, int(run)*24/64+1))
+		heads[n], ah.pos[n] = next, int32(np)
+		n++
+		id, i = next, np
+	}
+	ah.n = n
+	// Their holder sets: each head's word, then the set's directory entry,
+	// then the set; every step's loads overlap across turns.
+	od := *ix.ovfDir.Load()
+	var ents [maxAhead]*atomic.Pointer[hset]
+	m := 0
+	for _, id := range heads[:n] {
+		h := nodeAt(dir, id).holders.Load()
+		if x := uint32(h); h&ovfFlag != 0 && int(x>>chunkBits) < len(od) {
+			ents[m] = &od[x>>chunkBits][x&chunkMask]
+			prefetch(uintptr(unsafe.Pointer(ents[m])))
+			m++
+		}
+	}
+	for _, e := range ents[:m] {
+		if hs := e.Load(); hs != nil {
+			a := uintptr(unsafe.Pointer(hs))
+			prefetchLines(a&^63, int(a&63+unsafe.Sizeof(*hs)+63)/64)
 		}
 	}
 }
@@ -191,6 +246,22 @@ func dropOut(alive *[kv.NumTiers][]uint64, dep [][kv.NumTiers]uint32, cum []uint
 		}
 	}
 	return any != 0
+}
+
+// childAt is lookup's answer (node id and holders word) for the child of
+// parent with hash local, trying node want first (0: none): a
+// validated node is the child, as the table's entry would be.
+func (ix *Index) childAt(t *table, dir []*chunk, parent uint32, local uint64, want uint32) (uint32, uint64, []*chunk, bool) {
+	if want != 0 && int(want>>chunkBits) < len(dir) {
+		n := nodeAt(dir, want)
+		pg := n.pg.Load()
+		if parentOf(pg) == parent && n.local.Load() == local {
+			h := n.holders.Load()
+			return want, h, dir, n.pg.Load() == pg
+		}
+	}
+	id, _, h, dir, _, ok := ix.lookup(t, dir, parent, local)
+	return id, h, dir, ok
 }
 
 // FindMatches appends to dst one Match per worker key with
@@ -252,9 +323,13 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 	if id == 0 {
 		return dst, true
 	}
-	var nt nextTurn
-	if np := int(run); np > 0 && np < len(local) {
-		nt.start(ix, t, id+run-1, local[np], 0, np)
+	if id == 1 {
+		run = ix.rootRun.Load()
+	}
+	ah := &s.ah
+	ah.n, ah.k = 0, 0
+	if run > 0 {
+		ix.warmPath(t, dir, local, id, run, ah)
 	}
 	// Level 0 seeds the survivors.
 	if h&ovfFlag != 0 {
@@ -304,35 +379,22 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 		// Fast path: a run of successor nodes with the holders word of the
 		// level above (nobody drops out) is one sequential scan.
 		var st scanEnd
-		q := local
-		if nt.mid > i {
-			q = local[:nt.mid]
-		} else if nt.mid != 0 {
-			nt.node(dir) // the run ended (holders changed) past halfway
-		}
-		i, parent, h, st = scanChain(dir, parent, q, i, prev)
+		i, parent, h, st = scanChain(dir, parent, local, i, prev)
 		switch st {
 		case scanDone:
-			if i < len(local) { // halfway to the next turn
-				nt.node(dir)
-				i--
-			}
 			continue // i == len(local): the loop ends
 		case scanRetry:
 			return dst, false
 		case scanChanged:
 			goto changed
 		}
-		id, _, h, dir, run, ok = ix.lookup(t, dir, parent, local[i])
+		id, h, dir, ok = ix.childAt(t, dir, parent, local[i], ah.next(i))
 		if !ok {
 			return dst, false
 		}
 		if id == 0 {
 			depth = i
 			break
-		}
-		if np := i + int(run); run > 0 && np < len(local) {
-			nt.start(ix, t, id+run-1, local[np], i, np)
 		}
 		parent = id
 		if h == prev {

@@ -118,7 +118,8 @@ type chunk struct {
 // miss), and a miss costs no node at all. The run hint counts the nodes
 // of this node's run of consecutive ids (successors) up to where the last
 // chain stored below it leaves it (the run's end at first): FindMatches
-// prefetches the next turn's child there. It is only a hint (chains grow
+// follows hints from slot to slot to find and prefetch every turn of a
+// query before it walks them (warmPath). It is only a hint (chains grow
 // and shrink later). It is kept at most half full: chain heads are few
 // (~12k for the 1.4M nodes of the Mooncake replay), so slots are cheap
 // and short probe runs are not.
@@ -193,7 +194,11 @@ type Index struct {
 	st            Stats
 	seed          uint64
 	retries       atomic.Uint64
-	scratch       sync.Pool
+	// rootRun is the run hint of node 1's run: the root's successor has
+	// no child-table slot to carry one, and in a trace whose prompts share
+	// a system prompt every query starts in that run.
+	rootRun atomic.Uint32
+	scratch sync.Pool
 }
 
 // New returns an empty index.
@@ -323,14 +328,14 @@ func (ix *Index) tableInsert(tp *atomic.Pointer[table], t *table, hash uint64, i
 const maxRunWalk = 4096
 
 // runHead walks back from node p over successor links to the first node
-// of its run and returns it with its parent; 0 when the run starts at the
-// root's successor or is longer than maxRunWalk.
+// of its run and returns it with its parent (1 and 0 for the root's
+// successor's run); 0 when the run is longer than maxRunWalk.
 func (ix *Index) runHead(p uint32) (uint32, uint32) {
 	dir := *ix.dir.Load()
 	for k := 0; k < maxRunWalk && p != 0; k++ {
 		par := parentOf(nodeAt(dir, p).pg.Load())
-		if par != p-1 {
-			return p, par
+		if par != p-1 || par == 0 {
+			return p, par // par == 0: p is 1, the root's successor
 		}
 		p = par
 	}
@@ -728,7 +733,9 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	// starts: its head's hint points there, where a query of the next
 	// turn will look up its next node.
 	if p0 != 0 {
-		if h, par := ix.runHead(p0); h != 0 {
+		if h, par := ix.runHead(p0); h == 1 && par == 0 {
+			ix.rootRun.Store(uint32(min(int(p0)+run, 0xFFFF)))
+		} else if h != 0 {
 			setRun(ix.ctab.Load(), ix.childHash(par, nodeAt(*ix.dir.Load(), h).local.Load()), h, int(p0-h+1)+run)
 		}
 	}

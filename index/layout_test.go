@@ -472,3 +472,44 @@ func TestRunHints(t *testing.T) {
 		t.Fatalf("matches %+v", m)
 	}
 }
+
+// warmPath finds every turn head of a conversation through the table's run
+// hints alone (the root's run has its hint in rootRun), and a wrong guess
+// never changes an answer.
+func TestWarmPathTurns(t *testing.T) {
+	ix, q := turnsTree()
+	if r := ix.rootRun.Load(); r != 8 {
+		t.Fatalf("root run hint %d, want 8 (the shared prompt)", r)
+	}
+	var ah ahead
+	ix.warmPath(ix.ctab.Load(), *ix.dir.Load(), q, 1, ix.rootRun.Load(), &ah)
+	if ah.n != 16 {
+		t.Fatalf("warmPath found %d turn heads, want 16", ah.n)
+	}
+	parent := uint32(0)
+	for i, l := range q {
+		id := ix.findChild(parent, l)
+		if i%8 == 0 && i > 0 {
+			k := i/8 - 1
+			if int(ah.pos[k]) != i || ah.id[k] != id {
+				t.Fatalf("turn %d: warmPath expects node %d at %d, the head is %d at %d", k, ah.id[k], ah.pos[k], id, i)
+			}
+			// A wrong guess falls back to the table.
+			got, _, _, ok := ix.childAt(ix.ctab.Load(), *ix.dir.Load(), parent, l, ah.id[(k+1)%16])
+			if !ok || got != id {
+				t.Fatalf("childAt with a wrong guess: %d, want %d", got, id)
+			}
+		}
+		parent = id
+	}
+	m := ix.FindMatches(q, nil)
+	if len(m) != 256 {
+		t.Fatalf("%d matches", len(m))
+	}
+	for _, x := range m {
+		want := uint32(min(8*(x.Worker.Instance%16+2), 136))
+		if x.Depth != [kv.NumTiers]uint32{want, want, want, want} {
+			t.Fatalf("worker %d depth %v, want %d", x.Worker.Instance, x.Depth, want)
+		}
+	}
+}

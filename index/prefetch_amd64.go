@@ -6,3 +6,8 @@ package index
 //
 //go:noescape
 func prefetch(addr uintptr)
+
+// prefetchLines prefetches n cache lines from addr on.
+//
+//go:noescape
+func prefetchLines(addr uintptr, n int)

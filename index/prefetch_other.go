@@ -3,3 +3,5 @@
 package index
 
 func prefetch(addr uintptr) {}
+
+func prefetchLines(addr uintptr, n int) {}
