@@ -288,8 +288,12 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if err := waitReady(ctx, rf.cluster, 10*time.Second); err != nil {
 		return err
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh serve: model %s on %d simulated workers (router %s); OpenAI API at %s (NATS %s)\n",
-		ff.models[0], workers, ff.routerMode, rf.url(), nf.url)
+	fleet := fmt.Sprintf("%d simulated workers", workers)
+	if sf.DPSize > 1 {
+		fleet += fmt.Sprintf(" of %d DP ranks", sf.DPSize)
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh serve: model %s on %s (router %s); OpenAI API at %s (NATS %s)\n",
+		ff.models[0], fleet, ff.routerMode, rf.url(), nf.url)
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")
