@@ -70,6 +70,9 @@ func (d *denseEnd) depthOf(dep [][kv.NumTiers]uint32, sl uint32) [kv.NumTiers]ui
 	return x
 }
 
+// streamAhead is how far ahead of the scan a run's nodes are prefetched.
+const streamAhead = 2048
+
 type scanEnd uint8
 
 const (
@@ -82,8 +85,9 @@ const (
 // scanChain follows successor nodes from parent while they match local[i:]
 // and carry holders word prev. The loop runs over aligned slices of one
 // chunk's nodes and the query, so it needs no bounds checks or chunk
-// arithmetic per node.
-func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev uint64) (int, uint32, uint64, scanEnd) {
+// arithmetic per node. It prefetches the run ahead of itself up to stop,
+// the query position where the run should end.
+func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev uint64, stop int) (int, uint32, uint64, scanEnd) {
 	for i < len(local) {
 		sc := parent + 1
 		ci := int(sc >> chunkBits)
@@ -95,7 +99,16 @@ func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev ui
 		if len(q) > len(nodes) {
 			q = q[:len(nodes)]
 		}
+		// At most 64 nodes (24 lines) per pass: each pass prefetches
+		// the stream streamAhead bytes ahead of itself, which the
+		// hardware prefetcher alone does not keep up with (a long run
+		// comes from DRAM). The call stays out of the node loop, where
+		// it would cost an in-cache scan its registers.
+		q = q[:min(len(q), 64)]
 		nodes = nodes[:len(q)]
+		if i+len(q)+streamAhead/int(unsafe.Sizeof(hot{})) <= stop {
+			prefetchLines(uintptr(unsafe.Pointer(&nodes[0]))+streamAhead, 24)
+		}
 		want := ^parent // pg's low word for a child of parent
 		for j := range q {
 			n := &nodes[j]
@@ -379,7 +392,11 @@ func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, b
 		// Fast path: a run of successor nodes with the holders word of the
 		// level above (nobody drops out) is one sequential scan.
 		var st scanEnd
-		i, parent, h, st = scanChain(dir, parent, local, i, prev)
+		stop := len(local) // where the run should end: the next expected turn
+		if ah.k < ah.n {
+			stop = int(ah.pos[ah.k])
+		}
+		i, parent, h, st = scanChain(dir, parent, local, i, prev, stop)
 		switch st {
 		case scanDone:
 			continue // i == len(local): the loop ends

@@ -5,3 +5,5 @@ package index
 func prefetch(addr uintptr) {}
 
 func prefetchLines(addr uintptr, n int) {}
+
+func prefetch3(addr uintptr) {}
