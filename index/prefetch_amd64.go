@@ -11,8 +11,3 @@ func prefetch(addr uintptr)
 //
 //go:noescape
 func prefetchLines(addr uintptr, n int)
-
-// prefetch3 prefetches the three cache lines from addr on.
-//
-//go:noescape
-func prefetch3(addr uintptr)

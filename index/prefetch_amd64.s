@@ -19,11 +19,3 @@ loop:
 	JNZ loop
 done:
 	RET
-
-// func prefetch3(addr uintptr)
-TEXT ·prefetch3(SB), NOSPLIT|NOFRAME, $0-8
-	MOVQ addr+0(FP), AX
-	PREFETCHT0 (AX)
-	PREFETCHT0 64(AX)
-	PREFETCHT0 128(AX)
-	RET

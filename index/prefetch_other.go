@@ -5,5 +5,3 @@ package index
 func prefetch(addr uintptr) {}
 
 func prefetchLines(addr uintptr, n int) {}
-
-func prefetch3(addr uintptr) {}
