@@ -134,6 +134,10 @@ func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev ui
 // maxAhead bounds the turns warmPath walks ahead.
 const maxAhead = 32
 
+// headLines is how many lines of each turn warmPath prefetches: up to
+// where scanChain's own stream prefetch starts.
+const headLines = streamAhead / 64
+
 // ahead is warmPath's answer: the turn heads it expects, id[k] at query
 // position pos[k]; the walk validates each as it gets there (a child of
 // its parent with the query's hash) and skips that turn's table probe.
@@ -187,7 +191,7 @@ func (ix *Index) warmPath(t *table, dir []*chunk, local []kv.LocalHash, id, run 
 		if next == 0 || int(next>>chunkBits) >= len(dir) {
 			break
 		}
-		prefetchLines(uintptr(unsafe.Pointer(nodeAt(dir, next))), min(4, int(run)*24/64+1))
+		prefetchLines(uintptr(unsafe.Pointer(nodeAt(dir, next))), min(headLines, int(run)*24/64+1))
 		heads[n], ah.pos[n] = next, int32(np)
 		n++
 		id, i = next, np
