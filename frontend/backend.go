@@ -51,6 +51,17 @@ type TokenChunk struct {
 // frontend migrates the request to another worker.
 var ErrWorkerLost = errors.New("worker lost")
 
+// ErrRejected marks a request a worker refused as invalid (gRPC
+// InvalidArgument): the client's mistake, so a 400 that is never migrated.
+var ErrRejected = errors.New("the worker rejected the request")
+
+// ContextLimiter is a Backend that knows how many tokens, prompt plus
+// completion, the workers of a model can hold; the frontend checks requests
+// against it before routing and /v1/models advertises it.
+type ContextLimiter interface {
+	MaxContext(model string) int // 0: unknown
+}
+
 // ErrNoWorkers: no worker serves the model right now.
 var ErrNoWorkers = errors.New("no worker available")
 
@@ -74,8 +85,11 @@ type Model struct {
 	NewDetokenizer func() Detokenizer
 	// EOS token ids end a generation with finish reason "stop".
 	EOS []uint32
-	// MaxContext bounds prompt + completion tokens (0: unbounded).
+	// MaxContext bounds prompt + completion tokens (0: unbounded); a
+	// ContextLimiter backend may bound them further.
 	MaxContext int
+	// VocabSize bounds the token ids a prompt may hold (0: unchecked).
+	VocabSize int
 	// DefaultMaxTokens applies when the request sets no limit.
 	DefaultMaxTokens int
 }

@@ -227,6 +227,24 @@ func (c *Cluster) Feed(model string) *runtime.EventFeed { return c.feeds[model] 
 func (c *Cluster) Model(name string) (*Model, bool) { return c.models.Model(name) }
 func (c *Cluster) Models() []*Model                 { return c.models.Models() }
 
+// MaxContext is the context every worker of model can hold: the smallest
+// device KV capacity (blocks × block size) among them, so a request that
+// passes fits wherever it is routed (0: no worker reports its capacity).
+func (c *Cluster) MaxContext(model string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	limit := 0
+	for _, in := range c.instances {
+		if in.Model != model {
+			continue
+		}
+		if n := in.KVCapacity[kv.TierDevice.String()] * in.BlockSize; n > 0 && (limit == 0 || n < limit) {
+			limit = n
+		}
+	}
+	return limit
+}
+
 func (c *Cluster) inhibit(k kv.WorkerKey) {
 	c.mu.Lock()
 	c.inhibited[k] = time.Now().Add(c.cfg.InhibitFor)
@@ -322,7 +340,7 @@ func (s *workerStream) Recv() (TokenChunk, error) {
 				return TokenChunk{}, err
 			}
 		case codes.InvalidArgument:
-			return TokenChunk{}, fmt.Errorf("worker rejected the request: %s", status.Convert(err).Message())
+			return TokenChunk{}, fmt.Errorf("%w: %s", ErrRejected, status.Convert(err).Message())
 		}
 		s.c.inhibit(s.d.Worker)
 		return TokenChunk{}, fmt.Errorf("worker %v: %v: %w", s.d.Worker, err, ErrWorkerLost)

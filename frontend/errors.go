@@ -34,6 +34,17 @@ func withCode(e *apiError, code string) *apiError {
 	return e
 }
 
+// typeError is OpenAI's wording for a parameter of the wrong JSON type.
+func typeError(param, want string, v []byte) *apiError {
+	return withCode(invalid(param, "Invalid type for '%s': expected %s, but got %s instead.", param, want, jsonKind(v)), "invalid_type")
+}
+
+// unsupported names a parameter whose value asks for something kvmesh does
+// not do: an answer that ignored it would be silently wrong.
+func unsupported(param, format string, args ...any) *apiError {
+	return withCode(invalid(param, format, args...), "unsupported_parameter")
+}
+
 func notFound(param, format string, args ...any) *apiError {
 	e := invalid(param, format, args...)
 	e.Status = http.StatusNotFound

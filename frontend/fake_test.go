@@ -63,6 +63,7 @@ func testModel() *Model {
 		NewDetokenizer:   func() Detokenizer { return &byteDetok{} },
 		EOS:              []uint32{testEOS},
 		DefaultMaxTokens: 64,
+		VocabSize:        testEOS + 1,
 	}
 }
 
@@ -89,7 +90,13 @@ type fakeBackend struct {
 	delay     time.Duration // between tokens
 	started   chan struct{} // closed on the first Generate, if set
 	cancelled chan struct{} // closed when a stream's ctx is cancelled, if set
+	// maxContext is what the fake's workers hold (MaxContext; 0: unknown).
+	maxContext int
+	// recvErr, if set, is the first Recv's error (a worker's rejection).
+	recvErr error
 }
+
+func (b *fakeBackend) MaxContext(string) int { return b.maxContext }
 
 func (b *fakeBackend) Generate(ctx context.Context, req *GenerateRequest) (TokenStream, error) {
 	b.mu.Lock()
@@ -117,7 +124,7 @@ func (b *fakeBackend) Generate(ctx context.Context, req *GenerateRequest) (Token
 	if n, ok := b.dieAfter[req.Attempt]; ok {
 		die = n
 	}
-	return &fakeStream{ctx: ctx, b: b, req: *req, pos: len(req.Tokens) - pl, die: die}, nil
+	return &fakeStream{ctx: ctx, b: b, req: *req, pos: len(req.Tokens) - pl, die: die, err: b.recvErr}, nil
 }
 
 type fakeStream struct {
@@ -128,11 +135,16 @@ type fakeStream struct {
 	emitted int
 	die     int
 	done    bool
+	err     error
 }
 
 func (s *fakeStream) Recv() (TokenChunk, error) {
 	if s.done {
 		return TokenChunk{}, io.EOF
+	}
+	if s.err != nil {
+		s.done = true
+		return TokenChunk{}, s.err
 	}
 	if s.b.delay > 0 {
 		select {

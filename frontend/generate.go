@@ -38,13 +38,15 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 	if maxTokens == 0 {
 		maxTokens = m.DefaultMaxTokens
 	}
-	if m.MaxContext > 0 {
-		if len(prompt) >= m.MaxContext {
-			return genOutcome{}, invalid("messages", "the prompt has %d tokens, but the model's context holds %d", len(prompt), m.MaxContext)
+	if limit := s.maxContext(m); limit > 0 {
+		if len(prompt) >= limit {
+			return genOutcome{}, contextExceeded(p.promptParam, "This model's maximum context length is %d tokens. However, your %s resulted in %d tokens, which leaves no room for a completion. Please reduce the length of the %s.",
+				limit, p.promptParam, len(prompt), p.promptParam)
 		}
-		if room := m.MaxContext - len(prompt); maxTokens > room {
+		if room := limit - len(prompt); maxTokens > room {
 			if p.MaxTokens > 0 {
-				return genOutcome{}, invalid("max_tokens", "prompt (%d tokens) plus max_tokens (%d) exceeds the model's context of %d tokens", len(prompt), p.MaxTokens, m.MaxContext)
+				return genOutcome{}, contextExceeded(p.maxTokensParam, "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
+					limit, len(prompt)+p.MaxTokens, len(prompt), p.promptParam, p.MaxTokens, p.promptParam)
 			}
 			maxTokens = room
 		}
@@ -96,7 +98,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 				s.metrics.migrations.Inc()
 				continue
 			}
-			return out, s.backendError(err)
+			return out, s.backendError(ctx, err)
 		}
 		rd := &chunkReader{ctx: ctx, stream: stream, flush: flush}
 		finished, lost, aerr := s.drain(ctx, rd, m, obs, &out, &generated, detok, stops, emitText, started, &lastToken, &stopHit)
@@ -110,6 +112,9 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 			break
 		}
 		if lost != nil {
+			if ctx.Err() != nil {
+				return out, cancelled(ctx)
+			}
 			if attempt < s.cfg.MigrationLimit && ctx.Err() == nil && len(generated) < maxTokens {
 				slog.Warn("migrating request after worker loss", "request", reqID, "generated", len(generated), "attempt", attempt+1, "err", lost)
 				s.metrics.migrations.Inc()
@@ -158,12 +163,12 @@ func (s *Server) drain(ctx context.Context, rd *chunkReader, m *Model, obs laten
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return false, nil, clientGone(ctx.Err())
+				return false, nil, cancelled(ctx)
 			}
 			if errors.Is(err, ErrWorkerLost) {
 				return false, err, nil
 			}
-			return false, nil, s.backendError(err)
+			return false, nil, s.backendError(ctx, err)
 		}
 		// One clock read per chunk: its tokens arrived together.
 		now := time.Now()
@@ -328,7 +333,31 @@ func clientGone(err error) *apiError {
 	return &apiError{Status: 499, Type: "client_closed_request", Message: "client went away: " + err.Error()}
 }
 
-func (s *Server) backendError(err error) *apiError {
+// ErrShuttingDown is the cause with which a server cancels the requests
+// still running when it shuts down (context.WithCancelCause on the
+// requests' base context): they answer 503, not the 499 of a client that
+// left.
+var ErrShuttingDown = errors.New("server shutting down")
+
+// cancelled is the answer to a request whose context ended: the server's
+// shutdown, or the client leaving.
+func cancelled(ctx context.Context) *apiError {
+	if errors.Is(context.Cause(ctx), ErrShuttingDown) {
+		return withCode(unavailable(1, "the server is shutting down; retry the request"), "server_shutting_down")
+	}
+	return clientGone(ctx.Err())
+}
+
+// contextExceeded is OpenAI's answer to a prompt plus completion that the
+// model's context cannot hold.
+func contextExceeded(param, format string, args ...any) *apiError {
+	return withCode(invalid(param, format, args...), "context_length_exceeded")
+}
+
+func (s *Server) backendError(ctx context.Context, err error) *apiError {
+	if ctx.Err() != nil {
+		return cancelled(ctx)
+	}
 	var busy *BusyError
 	switch {
 	case errors.As(err, &busy):
@@ -341,6 +370,9 @@ func (s *Server) backendError(err error) *apiError {
 		return unavailable(1, "no worker is available for this model right now")
 	case errors.Is(err, ErrWorkerLost):
 		return unavailable(1, "the worker failed and the request could not be migrated: %v", err)
+	case errors.Is(err, ErrRejected):
+		// Another worker would reject it too: a 400, never migrated.
+		return invalid("", "%v", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return clientGone(err)
 	}

@@ -33,7 +33,9 @@ func accept[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func
 		m, aerr = s.lookupModel(model(req))
 	}
 	if aerr != nil {
-		writeError(w, aerr)
+		if aerr != errAnswered {
+			writeError(w, aerr)
+		}
 		return req, nil, false
 	}
 	return req, m, true
@@ -106,7 +108,11 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 		prompts = append(prompts, m.Encode(t))
 		texts = append(texts, t)
 	}
-	for _, ids := range req.TokenPrompts {
+	for i, ids := range req.TokenPrompts {
+		if aerr := checkVocab(m, i, len(req.TokenPrompts) > 1, ids); aerr != nil {
+			writeError(w, aerr)
+			return m.Name
+		}
 		prompts = append(prompts, ids)
 		if req.Echo {
 			d := m.NewDetokenizer()
@@ -168,6 +174,24 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 	}
 	sse.end(ev, out)
 	return m.Name
+}
+
+// checkVocab rejects token ids the model's vocabulary does not have: the
+// engine would index past its embedding table.
+func checkVocab(m *Model, prompt int, batch bool, ids []uint32) *apiError {
+	if m.VocabSize <= 0 {
+		return nil
+	}
+	for j, id := range ids {
+		if int64(id) >= int64(m.VocabSize) {
+			at := fmt.Sprintf("prompt[%d]", j)
+			if batch {
+				at = fmt.Sprintf("prompt[%d][%d]", prompt, j)
+			}
+			return invalid("prompt", "'%s' is token id %d, outside the model's vocabulary of %d tokens (ids 0 to %d)", at, id, m.VocabSize, m.VocabSize-1)
+		}
+	}
+	return nil
 }
 
 // sseWriter writes OpenAI's server-sent events: `data: {json}\n\n`, then

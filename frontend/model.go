@@ -20,6 +20,7 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 		Encode:           tok.Encode,
 		NewDetokenizer:   func() Detokenizer { return tokenizer.NewDecoder(tok, true) },
 		DefaultMaxTokens: 256,
+		VocabSize:        tok.VocabSize(),
 	}
 	m.EncodeChat = func(msgs []Message) ([]uint32, error) {
 		tm := make([]tokenizer.Message, len(msgs))

@@ -3,8 +3,10 @@ package frontend
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 )
 
@@ -26,6 +28,13 @@ type genParams struct {
 	Stream       bool
 	IncludeUsage bool
 	User         string
+	// PresencePenalty and FrequencyPenalty are validated sampling knobs.
+	PresencePenalty  float64
+	FrequencyPenalty float64
+	// maxTokensParam names the parameter that set MaxTokens ("" if none)
+	// and promptParam the prompt ("messages" or "prompt"), for errors.
+	maxTokensParam string
+	promptParam    string
 }
 
 // chatRequest is a validated POST /v1/chat/completions body.
@@ -64,7 +73,8 @@ func parseObject(body []byte) (fields, *apiError) {
 	if err := dec.Decode(&f); err != nil {
 		return nil, invalid("", "malformed JSON in request body: %v", err)
 	}
-	if dec.More() {
+	// Not dec.More: it is false before a stray '}' or ']'.
+	if len(bytes.TrimSpace(body[dec.InputOffset():])) > 0 {
 		return nil, invalid("", "malformed JSON in request body: unexpected data after the top-level object")
 	}
 	return f, nil
@@ -104,7 +114,7 @@ func (f fields) str(key string) (string, *apiError) {
 	}
 	var s string
 	if err := json.Unmarshal(v, &s); err != nil {
-		return "", invalid(key, "'%s' must be a string, got %s", key, jsonKind(v))
+		return "", typeError(key, "a string", v)
 	}
 	return s, nil
 }
@@ -114,24 +124,28 @@ func (f fields) boolean(key string) (bool, *apiError) {
 	if !ok || isNull(v) {
 		return false, nil
 	}
-	var b bool
-	if err := json.Unmarshal(v, &b); err != nil {
-		return false, invalid(key, "'%s' must be a boolean, got %s", key, jsonKind(v))
+	switch string(bytes.TrimSpace(v)) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
 	}
-	return b, nil
+	return false, typeError(key, "a boolean", v)
 }
 
+// number reads a JSON number (never a string holding one) in [lo, hi].
 func (f fields) number(key string, lo, hi float64) (float64, bool, *apiError) {
 	v, ok := f[key]
 	if !ok || isNull(v) {
 		return 0, false, nil
 	}
-	var x float64
-	if err := json.Unmarshal(v, &x); err != nil {
-		return 0, false, invalid(key, "'%s' must be a number, got %s", key, jsonKind(v))
+	v = bytes.TrimSpace(v)
+	if jsonKind(v) != "a number" {
+		return 0, false, typeError(key, "a number", v)
 	}
-	if x < lo || x > hi || math.IsNaN(x) {
-		return 0, false, invalid(key, "'%s' must be between %g and %g, got %g", key, lo, hi, x)
+	x, err := strconv.ParseFloat(string(v), 64)
+	if err != nil || x < lo || x > hi || math.IsNaN(x) {
+		return 0, false, invalid(key, "'%s' must be between %g and %g, got %s", key, lo, hi, v)
 	}
 	return x, true, nil
 }
@@ -141,34 +155,63 @@ func (f fields) integer(key string, lo, hi int64) (int64, bool, *apiError) {
 	if !ok || isNull(v) {
 		return 0, false, nil
 	}
-	var n json.Number
-	if err := json.Unmarshal(v, &n); err != nil {
-		return 0, false, invalid(key, "'%s' must be an integer, got %s", key, jsonKind(v))
+	i, err := parseInt(key, v, lo, hi)
+	return i, err == nil, err
+}
+
+// parseInt reads a JSON integer in [lo, hi]: a quoted number is a string,
+// 1.5 is not an integer, and 2^63 is out of range (not "not an integer").
+// An integral exponent form such as 1e3 is accepted, as JSON means it.
+func parseInt(param string, v json.RawMessage, lo, hi int64) (int64, *apiError) {
+	v = bytes.TrimSpace(v)
+	if jsonKind(v) != "a number" {
+		return 0, typeError(param, "an integer", v)
 	}
-	i, err := n.Int64()
+	i, err := strconv.ParseInt(string(v), 10, 64)
 	if err != nil {
-		return 0, false, invalid(key, "'%s' must be an integer, got %s", key, n)
+		x, ferr := strconv.ParseFloat(string(v), 64)
+		switch {
+		case errors.Is(err, strconv.ErrRange) || errors.Is(ferr, strconv.ErrRange):
+			return 0, invalid(param, "'%s' must be between %d and %d, got %s", param, lo, hi, v)
+		case ferr != nil || x != math.Trunc(x):
+			return 0, withCode(invalid(param, "Invalid type for '%s': expected an integer, but got a decimal number (%s) instead.", param, v), "invalid_type")
+		case x < float64(lo) || x > float64(hi) || math.Abs(x) >= 1<<53:
+			return 0, invalid(param, "'%s' must be between %d and %d, got %s", param, lo, hi, v)
+		}
+		i = int64(x)
 	}
 	if i < lo || i > hi {
-		return 0, false, invalid(key, "'%s' must be between %d and %d, got %d", key, lo, hi, i)
+		return 0, invalid(param, "'%s' must be between %d and %d, got %d", param, lo, hi, i)
 	}
-	return i, true, nil
+	return i, nil
 }
 
 // maxStops mirrors OpenAI's limit on stop sequences.
 const maxStops = 4
 
-func (f fields) genParams() (genParams, *apiError) {
+func (f fields) genParams(chat bool) (genParams, *apiError) {
 	var p genParams
 	var e *apiError
+	p.promptParam = "prompt"
+	if chat {
+		p.promptParam = "messages"
+	}
 	if mt, ok, err := f.integer("max_completion_tokens", 1, math.MaxInt32); err != nil {
 		return p, err
 	} else if ok {
-		p.MaxTokens = int(mt)
+		p.MaxTokens, p.maxTokensParam = int(mt), "max_completion_tokens"
 	} else if mt, ok, err := f.integer("max_tokens", 1, math.MaxInt32); err != nil {
 		return p, err
 	} else if ok {
-		p.MaxTokens = int(mt)
+		p.MaxTokens, p.maxTokensParam = int(mt), "max_tokens"
+	}
+	if mt, ok, err := f.integer("min_tokens", 0, math.MaxInt32); err != nil {
+		return p, err
+	} else if ok && mt > 0 {
+		if p.MaxTokens > 0 && int(mt) > p.MaxTokens {
+			return p, invalid("min_tokens", "'min_tokens' (%d) must not exceed '%s' (%d)", mt, p.maxTokensParam, p.MaxTokens)
+		}
+		return p, unsupported("min_tokens", "'min_tokens' is not supported: a generation may end at any token")
 	}
 	p.Temperature = 1
 	if t, ok, err := f.number("temperature", 0, 2); err != nil {
@@ -185,15 +228,29 @@ func (f fields) genParams() (genParams, *apiError) {
 		}
 		p.TopP = t
 	}
+	// Penalties are sampling parameters like temperature: validated and
+	// accepted (the simulated engine samples no distribution).
+	if p.PresencePenalty, _, e = f.number("presence_penalty", -2, 2); e != nil {
+		return p, e
+	}
+	if p.FrequencyPenalty, _, e = f.number("frequency_penalty", -2, 2); e != nil {
+		return p, e
+	}
+	if err := f.logitBias(); err != nil {
+		return p, err
+	}
 	if s, ok, err := f.integer("seed", math.MinInt64, math.MaxInt64); err != nil {
 		return p, err
 	} else if ok {
 		p.Seed, p.HasSeed = uint64(s), true
 	}
-	if n, ok, err := f.integer("n", 1, math.MaxInt32); err != nil {
+	n := int64(1)
+	if x, ok, err := f.integer("n", 1, 128); err != nil {
 		return p, err
-	} else if ok && n != 1 {
-		return p, invalid("n", "'n' must be 1: generating %d choices per request is not supported", n)
+	} else if ok && x != 1 {
+		return p, unsupported("n", "'n' must be 1: generating %d choices per request is not supported", x)
+	} else if ok {
+		n = x
 	}
 	if p.Stop, e = f.stops(); e != nil {
 		return p, e
@@ -207,18 +264,190 @@ func (f fields) genParams() (genParams, *apiError) {
 		}
 		so, err := parseObject(v)
 		if err != nil {
-			return p, invalid("stream_options", "'stream_options' must be an object, got %s", jsonKind(v))
+			return p, typeError("stream_options", "an object", v)
 		}
 		if p.IncludeUsage, e = so.boolean("include_usage"); e != nil {
-			e.Param = strPtr("stream_options.include_usage")
-			e.Message = strings.Replace(e.Message, "'include_usage'", "'stream_options.include_usage'", 1)
-			return p, e
+			return p, typeError("stream_options.include_usage", "a boolean", so["include_usage"])
+		}
+		if _, e = so.boolean("include_obfuscation"); e != nil {
+			return p, typeError("stream_options.include_obfuscation", "a boolean", so["include_obfuscation"])
 		}
 	}
 	if p.User, e = f.str("user"); e != nil {
 		return p, e
 	}
-	return p, nil
+	if chat {
+		return p, f.chatOnly()
+	}
+	return p, f.completionOnly(n)
+}
+
+// logitBias validates logit_bias: an object of token ids to biases in
+// [-100, 100]. Biasing tokens is not implemented, so a non-empty one is an
+// error rather than ignored (a bias of -100 is a ban clients rely on).
+func (f fields) logitBias() *apiError {
+	v, ok := f["logit_bias"]
+	if !ok || isNull(v) {
+		return nil
+	}
+	lb, err := parseObject(v)
+	if err != nil {
+		return typeError("logit_bias", "an object", v)
+	}
+	for k := range lb {
+		if _, err := strconv.ParseUint(k, 10, 32); err != nil {
+			return invalid("logit_bias", "'logit_bias' keys must be token ids, got %q", k)
+		}
+		if _, _, err := lb.number(k, -100, 100); err != nil {
+			err.Param = strPtr("logit_bias")
+			return err
+		}
+	}
+	if len(lb) > 0 {
+		return unsupported("logit_bias", "'logit_bias' is not supported: token biases are not applied")
+	}
+	return nil
+}
+
+// chatOnly checks the chat parameters kvmesh validates but does not act on:
+// defaults and no-ops pass, a request for a missing feature is a 400.
+func (f fields) chatOnly() *apiError {
+	logprobs, err := f.boolean("logprobs")
+	if err != nil {
+		return err
+	}
+	if logprobs {
+		return unsupported("logprobs", "'logprobs': true is not supported: log probabilities are not returned")
+	}
+	if _, ok, err := f.integer("top_logprobs", 0, 20); err != nil {
+		return err
+	} else if ok {
+		return invalid("top_logprobs", "'top_logprobs' requires 'logprobs' to be true")
+	}
+	for _, k := range []string{"parallel_tool_calls", "store"} {
+		if _, err := f.boolean(k); err != nil {
+			return err
+		}
+	}
+	for _, k := range []string{"service_tier", "prompt_cache_key", "safety_identifier"} {
+		if _, err := f.str(k); err != nil {
+			return err
+		}
+	}
+	if v, ok := f["metadata"]; ok && !isNull(v) {
+		if _, err := parseObject(v); err != nil {
+			return typeError("metadata", "an object", v)
+		}
+	}
+	if err := f.tools(); err != nil {
+		return err
+	}
+	if v, ok := f["response_format"]; ok && !isNull(v) {
+		rf, err := parseObject(v)
+		if err != nil {
+			return typeError("response_format", "an object", v)
+		}
+		t, err := rf.str("type")
+		if err != nil {
+			return typeError("response_format.type", "a string", rf["type"])
+		}
+		switch t {
+		case "text":
+		case "json_object", "json_schema":
+			return unsupported("response_format", "'response_format' of type '%s' is not supported: output is not constrained; only 'text' is", t)
+		default:
+			return invalid("response_format.type", "'response_format.type' must be one of text, json_object, json_schema; got %q", t)
+		}
+	}
+	if v, ok := f["modalities"]; ok && !isNull(v) {
+		var ms []string
+		if json.Unmarshal(v, &ms) != nil {
+			return typeError("modalities", "an array of strings", v)
+		}
+		for _, m := range ms {
+			if m != "text" {
+				return unsupported("modalities", "'modalities' %q is not supported: only text is", m)
+			}
+		}
+	}
+	for _, k := range []string{"audio", "prediction", "web_search_options", "reasoning_effort"} {
+		if f.has(k) {
+			return unsupported(k, "'%s' is not supported by this model", k)
+		}
+	}
+	return nil
+}
+
+// tools accepts tool definitions only where no tool may be called
+// (tool_choice "none"); calling tools is not implemented.
+func (f fields) tools() *apiError {
+	choice := `"auto"` // as shown in errors
+	if v, ok := f["tool_choice"]; ok && !isNull(v) {
+		var s string
+		switch {
+		case json.Unmarshal(v, &s) == nil:
+			if s != "none" && s != "auto" && s != "required" {
+				return invalid("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or an object naming a tool; got %q", s)
+			}
+			choice = strconv.Quote(s)
+		case jsonKind(v) == "an object":
+			choice = "naming a tool"
+		default:
+			return typeError("tool_choice", "a string or an object", v)
+		}
+	}
+	n := 0
+	if v, ok := f["tools"]; ok && !isNull(v) {
+		var ts []json.RawMessage
+		if json.Unmarshal(v, &ts) != nil {
+			return typeError("tools", "an array", v)
+		}
+		n = len(ts)
+	}
+	if v, ok := f["functions"]; ok && !isNull(v) {
+		var fs []json.RawMessage
+		if json.Unmarshal(v, &fs) != nil {
+			return typeError("functions", "an array", v)
+		}
+		if len(fs) > 0 {
+			return unsupported("functions", "'functions' is not supported: this server does not call tools")
+		}
+	}
+	if v, ok := f["function_call"]; ok && !isNull(v) {
+		var s string
+		if json.Unmarshal(v, &s) != nil || s != "none" && s != "auto" {
+			return unsupported("function_call", "'function_call' is not supported: this server does not call tools")
+		}
+	}
+	switch {
+	case n > 0 && choice != `"none"`:
+		return unsupported("tools", "'tools' with 'tool_choice' %s is not supported: this server does not call tools (only tool_choice \"none\" is accepted)", choice)
+	case n == 0 && choice != `"none"` && choice != `"auto"`:
+		return invalid("tool_choice", "'tool_choice' %s is only allowed when 'tools' are specified", choice)
+	}
+	return nil
+}
+
+// completionOnly checks the legacy completion parameters.
+func (f fields) completionOnly(n int64) *apiError {
+	if lp, ok, err := f.integer("logprobs", 0, 5); err != nil {
+		return err
+	} else if ok {
+		return unsupported("logprobs", "'logprobs' (%d) is not supported: log probabilities are not returned", lp)
+	}
+	if b, ok, err := f.integer("best_of", 1, 20); err != nil {
+		return err
+	} else if ok && b < n {
+		return invalid("best_of", "'best_of' (%d) must be at least 'n' (%d)", b, n)
+	} else if ok && b > 1 {
+		return unsupported("best_of", "'best_of' %d is not supported: one candidate is generated per choice", b)
+	}
+	if s, err := f.str("suffix"); err != nil {
+		return err
+	} else if s != "" {
+		return unsupported("suffix", "'suffix' is not supported: text is generated only after the prompt")
+	}
+	return nil
 }
 
 func strPtr(s string) *string { return &s }
@@ -298,7 +527,7 @@ func parseChat(body []byte) (*chatRequest, *apiError) {
 		}
 		r.Messages = append(r.Messages, msg)
 	}
-	if r.genParams, err = f.genParams(); err != nil {
+	if r.genParams, err = f.genParams(true); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -321,6 +550,12 @@ func parseMessage(i int, raw json.RawMessage) (Message, *apiError) {
 	msg.Role = role
 	if msg.Name, err = m.str("name"); err != nil {
 		return msg, invalid(at+".name", "'%s.name' must be a string", at)
+	}
+	if role == "tool" {
+		id, err := m.str("tool_call_id")
+		if err != nil || id == "" {
+			return msg, invalid(at+".tool_call_id", "Missing parameter 'tool_call_id': '%s' has role \"tool\" and must name the tool call it answers", at)
+		}
 	}
 	c, ok := m["content"]
 	switch {
@@ -394,7 +629,7 @@ func parseCompletion(body []byte) (*completionRequest, *apiError) {
 	if r.Echo, err = f.boolean("echo"); err != nil {
 		return nil, err
 	}
-	if r.genParams, err = f.genParams(); err != nil {
+	if r.genParams, err = f.genParams(false); err != nil {
 		return nil, err
 	}
 	if n := len(r.Texts) + len(r.TokenPrompts); n > 1 && r.Stream {
@@ -466,13 +701,13 @@ func (r *completionRequest) parsePrompt(v json.RawMessage) *apiError {
 func tokenIDs(at string, items []json.RawMessage) ([]uint32, *apiError) {
 	ids := make([]uint32, len(items))
 	for i, it := range items {
-		var n json.Number
-		if err := json.Unmarshal(it, &n); err != nil {
-			return nil, invalid("prompt", "'%s[%d]' must be a token id (an integer), got %s", at, i, jsonKind(it))
-		}
-		x, err := n.Int64()
-		if err != nil || x < 0 || x > math.MaxUint32 {
-			return nil, invalid("prompt", "'%s[%d]' must be a token id in [0, %d], got %s", at, i, uint32(math.MaxUint32), n)
+		it = bytes.TrimSpace(it)
+		x, err := strconv.ParseUint(string(it), 10, 32)
+		if err != nil {
+			if jsonKind(it) != "a number" {
+				return nil, invalid("prompt", "'%s[%d]' must be a token id (an integer), got %s", at, i, jsonKind(it))
+			}
+			return nil, invalid("prompt", "'%s[%d]' must be a token id in [0, %d], got %s", at, i, uint32(math.MaxUint32), it)
 		}
 		ids[i] = uint32(x)
 	}

@@ -47,6 +47,7 @@ type Server struct {
 	gatherer prometheus.Gatherer
 	mux      *http.ServeMux
 	rng      func() uint64
+	limiter  ContextLimiter // the backend's, if it knows its workers' context
 }
 
 // New builds a frontend. Its metrics go to reg (and GET /metrics serves
@@ -56,10 +57,12 @@ func New(cfg Config, backend Backend, models ModelSource, reg prometheus.Registe
 		cfg.MaxBodyBytes = DefaultConfig().MaxBodyBytes
 	}
 	s := &Server{cfg: cfg, backend: backend, models: models, metrics: newMetrics(reg), gatherer: gatherer, rng: randomU64}
+	s.limiter, _ = backend.(ContextLimiter)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.instrument("chat", s.handleChat))
 	mux.HandleFunc("POST /v1/completions", s.instrument("completions", s.handleCompletions))
 	mux.HandleFunc("GET /v1/models", s.handleModels)
+	mux.HandleFunc("GET /v1/models/{id...}", s.handleModel) // ids may hold slashes (org/name)
 	mux.HandleFunc("GET /health", s.handleHealth)
 	mux.HandleFunc("GET /live", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -116,6 +119,9 @@ func (w *statusWriter) Flush() {
 	}
 }
 
+// Unwrap lets http.ResponseController reach net/http's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // FlushError is Flush that reports a failed write (a client gone).
 func (w *statusWriter) FlushError() error {
 	// net/http's writer has FlushError: asserting it directly spares a
@@ -148,11 +154,13 @@ func statusLabel(code int) string {
 	return strconv.Itoa(code)
 }
 
-// readBody reads a bounded body: 413 above the limit.
+// readBody reads a bounded body: 413 above the limit. A declared length
+// over the limit is answered by tooLarge before anything is read; a chunked
+// body is cut where it passes the limit.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 	if r.ContentLength > s.cfg.MaxBodyBytes {
-		return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
-			Message: "request body of " + strconv.FormatInt(r.ContentLength, 10) + " bytes exceeds the limit of " + strconv.FormatInt(s.cfg.MaxBodyBytes, 10) + " bytes"}
+		s.tooLarge(w, r)
+		return nil, errAnswered
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
@@ -169,6 +177,30 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 	return body, nil
 }
 
+// errAnswered: the response was already written.
+var errAnswered = &apiError{Status: -1, Message: "answered"}
+
+// drainFor bounds the time spent dropping a refused body.
+const drainFor = 10 * time.Second
+
+// tooLarge answers 413 to a body whose Content-Length is over the limit
+// before reading it, then reads and drops it (for at most drainFor): a
+// client that writes its whole body before it reads the answer would
+// otherwise meet a closed connection — a broken pipe, not the 413.
+func (s *Server) tooLarge(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	drain := !strings.EqualFold(r.Header.Get("Expect"), "100-continue") && // such a client sends nothing after a 413
+		rc.EnableFullDuplex() == nil // HTTP/1: read the body after the answer went out
+	w.Header().Set("Connection", "close")
+	writeError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+		Message: "request body of " + strconv.FormatInt(r.ContentLength, 10) + " bytes exceeds the limit of " + strconv.FormatInt(s.cfg.MaxBodyBytes, 10) + " bytes"})
+	if !drain || rc.Flush() != nil {
+		return
+	}
+	_ = rc.SetReadDeadline(time.Now().Add(drainFor))
+	_, _ = io.CopyN(io.Discard, r.Body, r.ContentLength)
+}
+
 func (s *Server) lookupModel(name string) (*Model, *apiError) {
 	m, ok := s.models.Model(name)
 	if !ok {
@@ -177,23 +209,54 @@ func (s *Server) lookupModel(name string) (*Model, *apiError) {
 	return m, nil
 }
 
-func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
-	type card struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
+// maxContext is the context length a request to m must fit: the model's
+// own bound and the backend's workers', whichever is smaller (0: none).
+func (s *Server) maxContext(m *Model) int {
+	n := m.MaxContext
+	if s.limiter != nil {
+		if c := s.limiter.MaxContext(m.Name); c > 0 && (n == 0 || c < n) {
+			n = c
+		}
 	}
+	return n
+}
+
+// modelCard is OpenAI's Model object; max_model_len (vLLM's field) is the
+// context length when it is known.
+type modelCard struct {
+	ID          string `json:"id"`
+	Object      string `json:"object"`
+	Created     int64  `json:"created"`
+	OwnedBy     string `json:"owned_by"`
+	MaxModelLen int    `json:"max_model_len,omitempty"`
+}
+
+func (s *Server) card(m *Model) modelCard {
+	return modelCard{ID: m.Name, Object: "model", Created: m.Created, OwnedBy: "kvmesh", MaxModelLen: s.maxContext(m)}
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	ms := s.models.Models()
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Name < ms[j].Name })
 	out := struct {
-		Object string `json:"object"`
-		Data   []card `json:"data"`
-	}{Object: "list", Data: []card{}}
+		Object string      `json:"object"`
+		Data   []modelCard `json:"data"`
+	}{Object: "list", Data: []modelCard{}}
 	for _, m := range ms {
-		out.Data = append(out.Data, card{ID: m.Name, Object: "model", Created: m.Created, OwnedBy: "kvmesh"})
+		out.Data = append(out.Data, s.card(m))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// handleModel is GET /v1/models/{id}: one Model object, or OpenAI's 404.
+func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	m, ok := s.models.Model(id)
+	if !ok {
+		writeError(w, notFound("model", "The model '%s' does not exist or is not served here", id))
+		return
+	}
+	writeJSON(w, http.StatusOK, s.card(m))
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -253,8 +254,9 @@ func TestBadRequests(t *testing.T) {
 		{"chat/completions", `[1,2]`, 400, "", "must be a JSON object"},
 		{"chat/completions", ``, 400, "", "body is empty"},
 		{"chat/completions", `{"model":"test-model"} {}`, 400, "", "unexpected data"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `}}`, 400, "", "unexpected data"},
 		{"chat/completions", `{` + msgs + `}`, 400, "model", "'model' is required"},
-		{"chat/completions", `{"model":5,` + msgs + `}`, 400, "model", "'model' must be a string, got a number"},
+		{"chat/completions", `{"model":5,` + msgs + `}`, 400, "model", "Invalid type for 'model': expected a string, but got a number instead."},
 		{"chat/completions", `{"model":"nope",` + msgs + `}`, 404, "model", "'nope' does not exist"},
 		{"chat/completions", `{"model":"test-model"}`, 400, "messages", "'messages' is required"},
 		{"chat/completions", `{"model":"test-model","messages":{}}`, 400, "messages", "must be an array"},
@@ -265,17 +267,63 @@ func TestBadRequests(t *testing.T) {
 		{"chat/completions", `{"model":"test-model","messages":[{"role":"user","content":7}]}`, 400, "messages[0].content", "string or an array"},
 		{"chat/completions", `{"model":"test-model","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, "messages[0].content[0].type", "not supported"},
 		{"chat/completions", `{"model":"test-model",` + msgs + `,"temperature":3}`, 400, "temperature", "between 0 and 2"},
-		{"chat/completions", `{"model":"test-model",` + msgs + `,"temperature":"hot"}`, 400, "temperature", "must be a number"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"temperature":"hot"}`, 400, "temperature", "Invalid type for 'temperature': expected a number, but got a string instead."},
 		{"chat/completions", `{"model":"test-model",` + msgs + `,"top_p":0}`, 400, "top_p", "greater than 0"},
 		{"chat/completions", `{"model":"test-model",` + msgs + `,"max_tokens":0}`, 400, "max_tokens", "between 1"},
-		{"chat/completions", `{"model":"test-model",` + msgs + `,"max_completion_tokens":1.5}`, 400, "max_completion_tokens", "must be an integer"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"max_completion_tokens":1.5}`, 400, "max_completion_tokens", "expected an integer, but got a decimal number (1.5)"},
 		{"chat/completions", `{"model":"test-model",` + msgs + `,"n":2}`, 400, "n", "'n' must be 1"},
 		{"chat/completions", `{"model":"test-model",` + msgs + `,"stop":["a","b","c","d","e"]}`, 400, "stop", "at most 4"},
 		{"chat/completions", `{"model":"test-model",` + msgs + `,"stop":[1]}`, 400, "stop", "'stop[0]' must be a string"},
-		{"chat/completions", `{"model":"test-model",` + msgs + `,"stream":"yes"}`, 400, "stream", "must be a boolean"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"stream":"yes"}`, 400, "stream", "Invalid type for 'stream': expected a boolean, but got a string instead."},
 		{"chat/completions", `{"model":"test-model",` + msgs + `,"stream_options":{"include_usage":true}}`, 400, "stream_options", "only allowed when 'stream' is true"},
-		{"chat/completions", `{"model":"test-model",` + msgs + `,"stream":true,"stream_options":{"include_usage":1}}`, 400, "stream_options.include_usage", "must be a boolean"},
-		{"chat/completions", `{"model":"test-model",` + msgs + `,"seed":"x"}`, 400, "seed", "must be an integer"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"stream":true,"stream_options":{"include_usage":1}}`, 400, "stream_options.include_usage", "expected a boolean, but got a number"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"seed":"x"}`, 400, "seed", "Invalid type for 'seed': expected an integer, but got a string instead."},
+		// Numbers in strings are strings, for every numeric parameter.
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"max_tokens":"4"}`, 400, "max_tokens", "Invalid type for 'max_tokens': expected an integer, but got a string instead."},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"seed":"4"}`, 400, "seed", "expected an integer, but got a string"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"n":"1"}`, 400, "n", "expected an integer, but got a string"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"temperature":"1"}`, 400, "temperature", "expected a number, but got a string"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"top_p":"0.5"}`, 400, "top_p", "expected a number, but got a string"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"stream":"true"}`, 400, "stream", "expected a boolean, but got a string"},
+		{"completions", `{"model":"test-model","prompt":[1,"2"]}`, 400, "prompt", "'prompt[1]' must be a token id (an integer), got a string"},
+		// Out of range is said as such, not "not an integer".
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"max_tokens":9223372036854775808}`, 400, "max_tokens", "'max_tokens' must be between 1 and 2147483647, got 9223372036854775808"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"max_tokens":4294967296}`, 400, "max_tokens", "must be between 1 and 2147483647, got 4294967296"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"seed":1e30}`, 400, "seed", "must be between"},
+		// Parameters validated as OpenAI documents them.
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"presence_penalty":5}`, 400, "presence_penalty", "'presence_penalty' must be between -2 and 2, got 5"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"frequency_penalty":"x"}`, 400, "frequency_penalty", "Invalid type for 'frequency_penalty': expected a number"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"logprobs":"x"}`, 400, "logprobs", "Invalid type for 'logprobs': expected a boolean"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"logprobs":true}`, 400, "logprobs", "'logprobs': true is not supported"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"top_logprobs":30}`, 400, "top_logprobs", "must be between 0 and 20, got 30"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"top_logprobs":2}`, 400, "top_logprobs", "requires 'logprobs' to be true"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"logit_bias":{"50256":-100}}`, 400, "logit_bias", "'logit_bias' is not supported"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"logit_bias":{"x":1}}`, 400, "logit_bias", "keys must be token ids"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"logit_bias":{"1":101}}`, 400, "logit_bias", "between -100 and 100"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, "tools", `'tools' with 'tool_choice' "auto" is not supported`},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}}}`, 400, "tools", "naming a tool is not supported"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"tool_choice":"required"}`, 400, "tool_choice", "only allowed when 'tools' are specified"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"tool_choice":"sometimes"}`, 400, "tool_choice", "must be"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"tools":{}}`, 400, "tools", "expected an array"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"functions":[{"name":"f"}]}`, 400, "functions", "not supported"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"response_format":{"type":"json_object"}}`, 400, "response_format", "'response_format' of type 'json_object' is not supported"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"response_format":{"type":"json_schema","json_schema":{"name":"x"}}}`, 400, "response_format", "not supported"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"response_format":{"type":"yaml"}}`, 400, "response_format.type", "must be one of"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"response_format":"text"}`, 400, "response_format", "expected an object"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"modalities":["text","audio"]}`, 400, "modalities", "not supported"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"reasoning_effort":"high"}`, 400, "reasoning_effort", "not supported"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"store":"yes"}`, 400, "store", "expected a boolean"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"metadata":[]}`, 400, "metadata", "expected an object"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"max_tokens":4,"min_tokens":8}`, 400, "min_tokens", "'min_tokens' (8) must not exceed 'max_tokens' (4)"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"min_tokens":2}`, 400, "min_tokens", "not supported"},
+		{"completions", `{"model":"test-model","prompt":"a","best_of":2}`, 400, "best_of", "'best_of' 2 is not supported"},
+		{"completions", `{"model":"test-model","prompt":"a","best_of":0}`, 400, "best_of", "between 1 and 20"},
+		{"completions", `{"model":"test-model","prompt":"a","logprobs":2}`, 400, "logprobs", "not supported"},
+		{"completions", `{"model":"test-model","prompt":"a","logprobs":9}`, 400, "logprobs", "between 0 and 5"},
+		{"completions", `{"model":"test-model","prompt":"a","suffix":"z"}`, 400, "suffix", "not supported"},
+		{"chat/completions", `{"model":"test-model","messages":[{"role":"tool","content":"42"}]}`, 400, "messages[0].tool_call_id", "Missing parameter 'tool_call_id'"},
+		{"completions", `{"model":"test-model","prompt":[1000000000]}`, 400, "prompt", "'prompt[0]' is token id 1000000000, outside the model's vocabulary of 257 tokens"},
+		{"completions", `{"model":"test-model","prompt":[[1],[2,257]]}`, 400, "prompt", "'prompt[1][1]' is token id 257"},
 		{"chat/completions", `{"model":"test-model",` + msgs + `,"pad":"` + strings.Repeat("x", 5000) + `"}`, 413, "", "exceeds the limit"},
 		{"completions", `{"model":"test-model"}`, 400, "prompt", "'prompt' is required"},
 		{"completions", `{"model":"test-model","prompt":{}}`, 400, "prompt", "must be a string"},
@@ -491,5 +539,144 @@ func TestBuiltinModel(t *testing.T) {
 	}
 	if got := m.Encode("<|im_end|>"); len(got) < 2 {
 		t.Fatalf("plain prompts must not produce special tokens: %v", got)
+	}
+}
+
+// Requests cut by the server's shutdown (their base context cancelled with
+// ErrShuttingDown) answer 503, or an error event and [DONE] in a stream;
+// a client that leaves is still a silent 499.
+func TestShutdownIs503NotClientGone(t *testing.T) {
+	b := &fakeBackend{reply: strings.Repeat("z", 1000), delay: 2 * time.Millisecond}
+	reg := prometheus.NewRegistry()
+	s := New(DefaultConfig(), b, models{testModel()}, reg, reg)
+	base, stop := context.WithCancelCause(context.Background())
+	defer stop(nil)
+	ts := httptest.NewUnstartedServer(s)
+	ts.Config.BaseContext = func(net.Listener) context.Context { return base }
+	ts.Start()
+	defer func() { ts.Close(); http.DefaultClient.CloseIdleConnections() }()
+
+	type result struct {
+		resp *http.Response
+		body string
+	}
+	plain, stream := make(chan result, 1), make(chan result, 1)
+	go func() {
+		resp, body := post(t, ts.URL+"/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"q"}],"max_tokens":1000}`)
+		plain <- result{resp, body}
+	}()
+	resp, err := http.Post(ts.URL+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"test-model","messages":[{"role":"user","content":"q"}],"max_tokens":1000,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		stream <- result{resp, string(b)}
+	}()
+	// A client that leaves before the shutdown.
+	cctx, leave := context.WithCancel(context.Background())
+	left := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(cctx, "POST", ts.URL+"/v1/chat/completions",
+			strings.NewReader(`{"model":"test-model","messages":[{"role":"user","content":"q"}],"max_tokens":1000}`))
+		_, err := http.DefaultClient.Do(req)
+		left <- err
+	}()
+	for {
+		b.mu.Lock()
+		n := len(b.requests)
+		b.mu.Unlock()
+		if n == 3 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(10 * time.Millisecond)
+	leave()
+	<-left
+	for !strings.Contains(fmt.Sprint(requestStatuses(t, reg)), "499") {
+		time.Sleep(time.Millisecond)
+	}
+	stop(ErrShuttingDown)
+
+	r := <-plain
+	var e struct{ Error apiError }
+	if err := json.Unmarshal([]byte(r.body), &e); err != nil || r.resp.StatusCode != 503 || e.Error.Code == nil ||
+		*e.Error.Code != "server_shutting_down" || !strings.Contains(e.Error.Message, "shutting down") {
+		t.Fatalf("non-streaming: %d %s", r.resp.StatusCode, r.body)
+	}
+	sr := <-stream
+	events, done := sseEvents(t, strings.NewReader(sr.body))
+	last := events[len(events)-1]
+	if !done || last["error"] == nil || !strings.Contains(fmt.Sprint(last["error"]), "server_shutting_down") {
+		t.Fatalf("stream: want an error event then [DONE], got %v (done=%v)", last, done)
+	}
+	text, _ := chatDeltas(events)
+	if text == "" {
+		t.Fatal("the stream was cut before any token: the test did not cut it mid-stream")
+	}
+
+	// The client that left is a 499, not a 503.
+	if statuses := requestStatuses(t, reg); fmt.Sprint(statuses) != "[200 499 503]" {
+		t.Fatalf("statuses %v, want the stream's 200, the leaver's 499 and the plain request's 503", statuses)
+	}
+}
+
+// requestStatuses lists the status labels of requests_total, in order.
+func requestStatuses(t *testing.T, g prometheus.Gatherer) []string {
+	t.Helper()
+	mf, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, f := range mf {
+		if f.GetName() != "kvmesh_frontend_requests_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "status" {
+					out = append(out, l.GetValue())
+				}
+			}
+		}
+	}
+	return out
+}
+
+// A client that writes a whole over-limit body before it reads gets the
+// 413, not a broken pipe: the answer goes out before the body is read, and
+// the body is then read and dropped.
+func TestTooLargeBodyAnsweredBeforeReading(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxBodyBytes = 4096
+	b := &fakeBackend{reply: "x"}
+	ts := newTestServer(t, b, cfg)
+	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	const size = 8 << 20 // well past socket buffers and net/http's 256 KiB discard
+	head := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", size)
+	body := []byte(`{"model":"test-model","pad":"` + strings.Repeat("x", size-31) + `"}`)
+	if _, err := conn.Write(append([]byte(head), body...)); err != nil {
+		t.Fatalf("writing the body: %v (the server closed the connection before the client could read the 413)", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 413 || !strings.Contains(string(msg), "request body of 8388608 bytes exceeds the limit of 4096 bytes") {
+		t.Fatalf("%d %s", resp.StatusCode, msg)
+	}
+	if len(b.requests) != 0 {
+		t.Fatal("an over-limit request reached the backend")
 	}
 }

@@ -60,8 +60,9 @@ type runningFrontend struct {
 	srv     *http.Server
 	ln      net.Listener
 	errc    chan error
-	// cancelRequests ends every request's context (BaseContext).
-	cancelRequests context.CancelFunc
+	// cancelRequests ends every request's context (BaseContext); the
+	// frontend answers requests cut with frontend.ErrShuttingDown with 503.
+	cancelRequests context.CancelCauseFunc
 }
 
 func startFrontend(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc *runtime.Discovery, log *slog.Logger) (*runningFrontend, error) {
@@ -119,7 +120,7 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 		cl.Close()
 		return nil, fmt.Errorf("--listen %s: %w", ff.listen, err)
 	}
-	reqCtx, cancelRequests := context.WithCancel(context.Background())
+	reqCtx, cancelRequests := context.WithCancelCause(context.Background())
 	srv.BaseContext = func(net.Listener) context.Context { return reqCtx }
 	rf := &runningFrontend{cluster: cl, srv: srv, ln: ln, errc: make(chan error, 1), cancelRequests: cancelRequests}
 	go func() { rf.errc <- srv.Serve(ln) }()
@@ -142,15 +143,24 @@ func (rf *runningFrontend) shutdown() {
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	if err := rf.srv.Shutdown(ctx); err != nil {
-		rf.cancelRequests()
-		_ = rf.srv.Close()
+		rf.cancelRequests(frontend.ErrShuttingDown)
+		// A moment for the cut requests to write their 503 or error event.
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownAnswer)
+		if rf.srv.Shutdown(ctx) != nil {
+			_ = rf.srv.Close()
+		}
+		cancel()
 	}
-	rf.cancelRequests()
+	rf.cancelRequests(frontend.ErrShuttingDown)
 	rf.cluster.Close()
 }
 
-// shutdownGrace is how long in-flight streams may run on after Ctrl-C.
-const shutdownGrace = 1 * time.Second
+// shutdownGrace is how long in-flight streams may run on after Ctrl-C;
+// shutdownAnswer how long those then cut have to say so.
+const (
+	shutdownGrace  = 1 * time.Second
+	shutdownAnswer = 250 * time.Millisecond
+)
 
 func newServeCmd() *cobra.Command {
 	ff := &frontendFlags{}
