@@ -223,7 +223,7 @@ func appendString(b []byte, s string) []byte {
 // the first offending field, an *IgnoredError (ErrIgnored) for an unknown
 // protocol_version, or the envelope. It never panics on input.
 func Parse(data []byte) (*Envelope, error) {
-	env, err := parse(data)
+	env, err := parse(data, true)
 	switch {
 	case errors.Is(err, ErrIgnored):
 		stats.ignoredVersion.Add(1)
@@ -232,6 +232,12 @@ func Parse(data []byte) (*Envelope, error) {
 	}
 	return env, err
 }
+
+// Validate is Parse for a tool that reports the outcome itself (kvmesh
+// hints validate): the same checks and result, but it neither logs the
+// once-per-value warnings (the user would see each problem twice) nor
+// counts in Stats (a check is not traffic).
+func Validate(data []byte) (*Envelope, error) { return parse(data, false) }
 
 // invalidJSON explains why data is not exactly one JSON value.
 func invalidJSON(data []byte) error {
@@ -246,7 +252,8 @@ func invalidJSON(data []byte) error {
 	return &Error{"envelope", "invalid JSON"}
 }
 
-func parse(data []byte) (*Envelope, error) {
+// parse validates; serving logs and counts what a consumer ignores.
+func parse(data []byte, serving bool) (*Envelope, error) {
 	// One validating pass; everything below splits trusted JSON.
 	if !json.Valid(data) {
 		return nil, invalidJSON(data)
@@ -262,6 +269,9 @@ func parse(data []byte) (*Envelope, error) {
 		return nil, err
 	}
 	if pv != ProtocolVersion {
+		if !serving {
+			return nil, &IgnoredError{Version: pv}
+		}
 		warnOnce("protocol:"+clip(pv), "KV hint protocol_version mismatch; hint ignored", "supported", ProtocolVersion, "received", clip(pv))
 		return nil, &IgnoredError{Version: pv}
 	}
@@ -297,6 +307,9 @@ func parse(data []byte) (*Envelope, error) {
 		if disp != skippedDropped {
 			env.Actions = append(env.Actions, a)
 		}
+	}
+	if !serving {
+		return env, nil
 	}
 	// Count only once the whole envelope is accepted.
 	for _, a := range skippedActs {

@@ -436,3 +436,42 @@ func TestParseConcurrent(t *testing.T) {
 		t.Errorf("counters before %+v after %+v, want +%d each", before, after, per)
 	}
 }
+
+// Validate (kvmesh hints validate) gives Parse's result with no log line
+// and no count: its caller shows the error, which is the one message.
+func TestValidateQuiet(t *testing.T) {
+	var logs bytes.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
+	defer slog.SetDefault(prev)
+
+	before := Stats()
+	env, err := Validate([]byte(`{"protocol_version":"9.8-validate","message_id":"m","actions":[]}`))
+	if env != nil || !errors.Is(err, ErrIgnored) || err.Error() != `protocol_version: unsupported "9.8-validate" (supported "0.1"); hint ignored` {
+		t.Fatalf("got %v, %v; want the ErrIgnored error", env, err)
+	}
+	future := `{"action_id":"a2","action_type":"kv.fetch","action_version":"2.7-validate","payload":{}}`
+	env, err = Validate([]byte(withAction(future + `,{"action_id":"a1","action_type":"kv.fetch","action_version":"1.0","payload":{"block_hashes":[4]}}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, ok := env.Fetch(); !ok || !reflect.DeepEqual(f.BlockHashes, []uint64{4}) || len(env.Actions) != 2 {
+		t.Fatalf("Validate's envelope differs from Parse's: %+v", env)
+	}
+	if _, err := Validate([]byte(`{"protocol_version":"0.1"}`)); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("malformed: %v", err)
+	}
+	if logs.Len() != 0 {
+		t.Fatalf("Validate logged:\n%s", logs.String())
+	}
+	if after := Stats(); after != before {
+		t.Fatalf("Validate counted: before %+v after %+v", before, after)
+	}
+	// Parse, the serving path, still warns once.
+	if _, err := Parse([]byte(`{"protocol_version":"9.8-validate","message_id":"m","actions":[]}`)); !errors.Is(err, ErrIgnored) {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "received=9.8-validate"); n != 1 {
+		t.Fatalf("Parse warned %d times, want 1", n)
+	}
+}
