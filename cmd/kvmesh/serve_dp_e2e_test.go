@@ -28,6 +28,12 @@ func TestServeDPRanks(t *testing.T) {
 	client := newClient(s.base)
 	content := strings.Repeat("Data-parallel ranks keep their own KV caches. ", 20)
 	first := chatOnce(t, client, chatParams(content, 3, 4))
+	// The router learns where the prompt is cached from the rank's KV
+	// events, which travel over NATS after the answer may have come back.
+	waitFor(t, 10*time.Second, "the first prompt's KV events at the router", func() bool {
+		n, _ := metric(t, s.base, `kvmesh_event_feed_events_applied_total{model="`+simModel+`"}`)
+		return n > 0
+	})
 	second := chatOnce(t, client, chatParams(content, 3, 4))
 	if first.Usage.PromptTokensDetails.CachedTokens != 0 || second.Usage.PromptTokensDetails.CachedTokens < 16 {
 		t.Fatalf("cached tokens %d then %d, want 0 then ≥ 16", first.Usage.PromptTokensDetails.CachedTokens, second.Usage.PromptTokensDetails.CachedTokens)
