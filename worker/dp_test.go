@@ -10,7 +10,6 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
@@ -47,17 +46,7 @@ func generateUsage(t *testing.T, c api.WorkerClient, req *api.GenerateRequest) *
 // serves rank r's blocks.
 func TestWorkerDPRanks(t *testing.T) {
 	_, nc := startNATS(t)
-	loads := make(chan runtime.LoadReport, 64)
-	sub, err := runtime.SubscribeLoad(nc, "m", func(r runtime.LoadReport) {
-		select {
-		case loads <- r:
-		default:
-		}
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
+	loads := subscribeLoads(t, nc, 64)
 
 	cfg := peerSimConfig(128)
 	cfg.DPSize = 2

@@ -329,17 +329,7 @@ func TestDiscoveryAndLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer wt.Close()
-	loads := make(chan runtime.LoadReport, 16)
-	sub, err := runtime.SubscribeLoad(nc, "m", func(r runtime.LoadReport) {
-		select {
-		case loads <- r:
-		default:
-		}
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
+	loads := subscribeLoads(t, nc, 16)
 
 	w, err := New(Config{Discovery: runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}, LoadInterval: 20 * time.Millisecond}, &testEngine{tick: time.Millisecond}, nc)
 	if err != nil {
@@ -434,4 +424,22 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// subscribeLoads collects model "m"'s load reports (up to n unread; later
+// ones are dropped) until the test ends.
+func subscribeLoads(t *testing.T, nc *nats.Conn, n int) <-chan runtime.LoadReport {
+	t.Helper()
+	loads := make(chan runtime.LoadReport, n)
+	sub, err := runtime.SubscribeLoad(nc, "m", func(r runtime.LoadReport) {
+		select {
+		case loads <- r:
+		default:
+		}
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	return loads
 }
