@@ -23,21 +23,7 @@ func TestWorkerMetrics(t *testing.T) {
 	_, nc := startNATS(t)
 	reg := prometheus.NewRegistry()
 	start := func(id uint64, eng *testEngine) (*Worker, api.WorkerClient) {
-		w, err := New(Config{InstanceID: id, Registerer: reg, Discovery: runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}}, eng, nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { w.Close() })
-		clients := runtime.NewWorkerClients()
-		t.Cleanup(clients.Close)
-		c, err := clients.Get(w.Instance())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return w, c
+		return startWorkerWith(t, nc, eng, Config{InstanceID: id, Registerer: reg})
 	}
 	eng := &testEngine{tick: time.Millisecond}
 	w1, c1 := start(0xa1, eng)

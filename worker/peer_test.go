@@ -355,20 +355,7 @@ func TestPeerBadHintsOverGRPC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := New(Config{Peer: p, Discovery: runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}}, eng, nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.Close() })
-	clients := runtime.NewWorkerClients()
-	t.Cleanup(clients.Close)
-	c, err := clients.Get(w.Instance())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c := startWorkerWith(t, nc, eng, Config{Peer: p})
 	cases := []struct {
 		name, hint string
 		check      func(PeerStats) bool
