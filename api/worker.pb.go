@@ -83,17 +83,24 @@ type GenerateRequest struct {
 	MaxTokens    uint32                 `protobuf:"varint,3,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
 	StopTokenIds []uint32               `protobuf:"varint,4,rep,packed,name=stop_token_ids,json=stopTokenIds,proto3" json:"stop_token_ids,omitempty"`
 	Seed         uint64                 `protobuf:"varint,5,opt,name=seed,proto3" json:"seed,omitempty"`
-	Temperature  float64                `protobuf:"fixed64,6,opt,name=temperature,proto3" json:"temperature,omitempty"`
-	Lora         string                 `protobuf:"bytes,7,opt,name=lora,proto3" json:"lora,omitempty"`
-	CacheSalt    string                 `protobuf:"bytes,8,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
+	// 0 is greedy; the frontend always sends one (the OpenAI default is 1).
+	Temperature float64 `protobuf:"fixed64,6,opt,name=temperature,proto3" json:"temperature,omitempty"`
+	Lora        string  `protobuf:"bytes,7,opt,name=lora,proto3" json:"lora,omitempty"`
+	CacheSalt   string  `protobuf:"bytes,8,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
 	// Opaque JSON: the router's KV hint envelope (DESIGN §6).
 	KvHint []byte `protobuf:"bytes,9,opt,name=kv_hint,json=kvHint,proto3" json:"kv_hint,omitempty"`
 	// Opaque JSON: connector metadata for disaggregated serving.
 	KvTransferParams []byte `protobuf:"bytes,10,opt,name=kv_transfer_params,json=kvTransferParams,proto3" json:"kv_transfer_params,omitempty"`
 	// DP rank the router chose; 0 when DP is off.
-	DpRank        uint32 `protobuf:"varint,11,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DpRank uint32 `protobuf:"varint,11,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
+	// Nucleus sampling mass in (0, 1]; absent: the engine's default (1).
+	TopP *float64 `protobuf:"fixed64,12,opt,name=top_p,json=topP,proto3,oneof" json:"top_p,omitempty"`
+	// OpenAI penalties in [-2, 2]; 0 (also when absent) applies none, which
+	// is every engine's default.
+	PresencePenalty  float64 `protobuf:"fixed64,13,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`
+	FrequencyPenalty float64 `protobuf:"fixed64,14,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -199,6 +206,27 @@ func (x *GenerateRequest) GetKvTransferParams() []byte {
 func (x *GenerateRequest) GetDpRank() uint32 {
 	if x != nil {
 		return x.DpRank
+	}
+	return 0
+}
+
+func (x *GenerateRequest) GetTopP() float64 {
+	if x != nil && x.TopP != nil {
+		return *x.TopP
+	}
+	return 0
+}
+
+func (x *GenerateRequest) GetPresencePenalty() float64 {
+	if x != nil {
+		return x.PresencePenalty
+	}
+	return 0
+}
+
+func (x *GenerateRequest) GetFrequencyPenalty() float64 {
+	if x != nil {
+		return x.FrequencyPenalty
 	}
 	return 0
 }
@@ -962,7 +990,7 @@ var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\rkvmesh.api.v1\"\xd6\x02\n" +
+	"\fworker.proto\x12\rkvmesh.api.v1\"\xd2\x03\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -978,7 +1006,11 @@ const file_worker_proto_rawDesc = "" +
 	"\akv_hint\x18\t \x01(\fR\x06kvHint\x12,\n" +
 	"\x12kv_transfer_params\x18\n" +
 	" \x01(\fR\x10kvTransferParams\x12\x17\n" +
-	"\adp_rank\x18\v \x01(\rR\x06dpRank\"~\n" +
+	"\adp_rank\x18\v \x01(\rR\x06dpRank\x12\x18\n" +
+	"\x05top_p\x18\f \x01(\x01H\x00R\x04topP\x88\x01\x01\x12)\n" +
+	"\x10presence_penalty\x18\r \x01(\x01R\x0fpresencePenalty\x12+\n" +
+	"\x11frequency_penalty\x18\x0e \x01(\x01R\x10frequencyPenaltyB\b\n" +
+	"\x06_top_p\"~\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\rR\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\rR\x10completionTokens\x12#\n" +
@@ -1105,6 +1137,7 @@ func file_worker_proto_init() {
 	if File_worker_proto != nil {
 		return
 	}
+	file_worker_proto_msgTypes[0].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

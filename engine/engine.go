@@ -65,6 +65,13 @@ type Request struct {
 	// DPRank is the data-parallel rank to run on (see Ranked); 0 on an
 	// engine with one rank.
 	DPRank int
+	// TopP is the nucleus sampling mass in (0, 1]; 0 means not set, so the
+	// engine's default (1) applies: no client can ask for 0.
+	TopP float64
+	// PresencePenalty and FrequencyPenalty are OpenAI's, in [-2, 2]; 0
+	// applies none (every engine's default).
+	PresencePenalty  float64
+	FrequencyPenalty float64
 }
 
 // Usage counts one generation's tokens.

@@ -50,6 +50,7 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 		ID: req.RequestId, Tokens: req.Tokens, MaxTokens: int(req.MaxTokens), StopTokens: req.StopTokenIds,
 		Seed: req.Seed, Temperature: req.Temperature, LoRA: req.Lora, CacheSalt: req.CacheSalt,
 		KVHint: req.KvHint, DPRank: int(req.DpRank),
+		TopP: req.GetTopP(), PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty,
 	}
 	// Counted (as waiting on the engine) before the engine sees it, so an
 	// engine that hangs on admission still trips the watchdog.

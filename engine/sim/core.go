@@ -6,6 +6,8 @@
 // Core is the synchronous, goroutine-free scheduler the twin drives on a
 // virtual clock; Engine wraps the same Core behind engine.Engine with a
 // stepping goroutine on an injectable clock.
+//
+// It samples no distribution: Temperature, TopP and the penalties are ignored.
 package sim
 
 import (
