@@ -24,7 +24,10 @@ type GenerateRequest struct {
 	StopTokens  []uint32
 	Seed        uint64
 	Temperature float64
-	TopP        float64
+	TopP        float64 // 0: not set (the engine's default, 1)
+	// PresencePenalty and FrequencyPenalty: 0 applies none.
+	PresencePenalty  float64
+	FrequencyPenalty float64
 	// Attempt counts migrations: 0 for the first try.
 	Attempt int
 }

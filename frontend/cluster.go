@@ -292,7 +292,11 @@ func (c *Cluster) Generate(ctx context.Context, req *GenerateRequest) (TokenStre
 		return nil, fmt.Errorf("%v: %w", err, ErrWorkerLost)
 	}
 	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, MaxTokens: uint32(req.MaxTokens),
-		StopTokenIds: req.StopTokens, Seed: req.Seed, Temperature: req.Temperature, DpRank: d.Worker.DPRank}
+		StopTokenIds: req.StopTokens, Seed: req.Seed, Temperature: req.Temperature, DpRank: d.Worker.DPRank,
+		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty}
+	if tp := req.TopP; tp != 0 { // absent on the wire when the client set none
+		greq.TopP = &tp
+	}
 	if h := d.Hint; h != nil {
 		greq.KvHint = hints.NewFetch(d.ID, h.Endpoint, h.SeqHashes).Marshal()
 	}

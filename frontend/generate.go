@@ -87,6 +87,9 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 			Temperature: p.Temperature,
 			TopP:        p.TopP,
 			Attempt:     attempt,
+
+			PresencePenalty:  p.PresencePenalty,
+			FrequencyPenalty: p.FrequencyPenalty,
 		}
 		// Each attempt has its own context: cancelling it ends a pump's
 		// pending Recv before the stream is closed.

@@ -21,7 +21,7 @@ type Message struct {
 type genParams struct {
 	MaxTokens    int // 0: until the context or the default limit
 	Temperature  float64
-	TopP         float64
+	TopP         float64 // 0: not set (the engine's default, 1)
 	Seed         uint64
 	HasSeed      bool
 	Stop         []string
@@ -219,7 +219,6 @@ func (f fields) genParams(chat bool) (genParams, *apiError) {
 	} else if ok {
 		p.Temperature = t
 	}
-	p.TopP = 1
 	if t, ok, err := f.number("top_p", 0, 1); err != nil {
 		return p, err
 	} else if ok {

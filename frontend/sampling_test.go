@@ -1,0 +1,130 @@
+package frontend
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/worker"
+)
+
+// recordingEngine is a sim engine that keeps a copy of every request it is
+// given, to check what reaches an engine from an HTTP request.
+type recordingEngine struct {
+	*sim.Engine
+	mu   sync.Mutex
+	reqs []engine.Request
+}
+
+func (e *recordingEngine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
+	e.mu.Lock()
+	e.reqs = append(e.reqs, *req)
+	e.mu.Unlock()
+	return e.Engine.Generate(ctx, req)
+}
+
+func (e *recordingEngine) take(t *testing.T) engine.Request {
+	t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.reqs) != 1 {
+		t.Fatalf("the engine got %d requests, want 1", len(e.reqs))
+	}
+	r := e.reqs[0]
+	e.reqs = nil
+	return r
+}
+
+// The sampling parameters a client sends travel frontend → Cluster →
+// gRPC → worker → engine.Request intact; the ones it leaves out arrive
+// unset (top_p 0, no penalties), never as a value the frontend made up.
+func TestSamplingParamsReachEngine(t *testing.T) {
+	ctx, nc, disc := controlPlane(t, 2*time.Second)
+	log := slog.New(slog.DiscardHandler)
+	cfg := sim.DefaultConfig()
+	cfg.BlockSize, cfg.Blocks, cfg.SpeedupRatio = 16, 128, 0
+	se, err := sim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := &recordingEngine{Engine: se}
+	w, err := worker.New(worker.Config{Logger: log, LoadInterval: 20 * time.Millisecond,
+		Discovery: runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}}, eng, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	model, err := BuiltinModel(cfg.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	cl, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*Model{model},
+		Router: router.Config{Mode: router.ModeKV}, Registerer: reg, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	waitFor(t, 10*time.Second, "the worker routed", func() bool {
+		return len(cl.Router().Workers(model.Name, router.RoleAggregated)) == 1
+	})
+	ts := httptest.NewServer(New(DefaultConfig(), cl, cl, reg, reg))
+	t.Cleanup(func() { ts.Close(); http.DefaultClient.CloseIdleConnections() })
+
+	type sampling struct {
+		MaxTokens                              int
+		Seed                                   uint64
+		Temperature, TopP, Presence, Frequency float64
+	}
+	of := func(r engine.Request) sampling {
+		return sampling{r.MaxTokens, r.Seed, r.Temperature, r.TopP, r.PresencePenalty, r.FrequencyPenalty}
+	}
+	for _, tc := range []struct {
+		name, path, params string
+		want               sampling
+		anySeed            bool // the client sent none: the frontend picks one
+	}{
+		{"chat, all set", "/v1/chat/completions",
+			`"max_tokens":3,"seed":-2,"temperature":0.25,"top_p":0.125,"presence_penalty":-1.5,"frequency_penalty":1.75`,
+			sampling{3, 1<<64 - 2, 0.25, 0.125, -1.5, 1.75}, false},
+		{"completions, all set", "/v1/completions",
+			`"max_tokens":2,"seed":9,"temperature":0,"top_p":1,"presence_penalty":2,"frequency_penalty":-2`,
+			sampling{2, 9, 0, 1, 2, -2}, false},
+		// Temperature has no unset form on the wire: the OpenAI default, 1.
+		{"chat, defaults", "/v1/chat/completions", `"max_tokens":1`, sampling{MaxTokens: 1, Temperature: 1}, true},
+		{"completions, nulls", "/v1/completions",
+			`"max_tokens":1,"top_p":null,"presence_penalty":null,"frequency_penalty":null`,
+			sampling{MaxTokens: 1, Temperature: 1}, true},
+	} {
+		body := `{"model":"` + model.Name + `",` + tc.params + `,`
+		if tc.path == "/v1/completions" {
+			body += `"prompt":"the sampling parameters arrive"}`
+		} else {
+			body += `"messages":[{"role":"user","content":"the sampling parameters arrive"}]}`
+		}
+		resp, out := post(t, ts.URL+tc.path, body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", tc.name, resp.StatusCode, out)
+		}
+		got := of(eng.take(t))
+		if tc.anySeed {
+			got.Seed = 0
+		}
+		if got != tc.want {
+			t.Errorf("%s: engine got %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}
