@@ -3,11 +3,15 @@ package worker
 import (
 	"context"
 	"io"
+	"math"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvmesh/kvmesh/api"
@@ -88,5 +92,40 @@ func TestSamplingParamsReachEngine(t *testing.T) {
 		if got := of(eng.last(t)); !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("%s: engine got %+v, want %+v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// Out-of-range sampling parameters from a direct gRPC client are
+// InvalidArgument (the frontend checks its own clients' before routing).
+func TestSamplingParamsOutOfRange(t *testing.T) {
+	_, nc := startNATS(t)
+	eng := &recordingEngine{testEngine: &testEngine{tick: time.Millisecond}}
+	_, c := startWorker(t, nc, eng)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name string
+		req  *api.GenerateRequest
+	}{
+		{"temperature", &api.GenerateRequest{Temperature: -0.5}},
+		{"temperature", &api.GenerateRequest{Temperature: math.NaN()}},
+		{"top_p", &api.GenerateRequest{TopP: proto.Float64(0)}},
+		{"top_p", &api.GenerateRequest{TopP: proto.Float64(1.5)}},
+		{"presence_penalty", &api.GenerateRequest{PresencePenalty: 2.5}},
+		{"frequency_penalty", &api.GenerateRequest{FrequencyPenalty: math.Inf(-1)}},
+	} {
+		tc.req.Tokens, tc.req.MaxTokens = prompt(1, 10), 2
+		st, err := c.Generate(ctx, tc.req)
+		if err == nil {
+			_, err = st.Recv()
+		}
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.name) {
+			t.Errorf("%s %v: got %v, want InvalidArgument naming it", tc.name, tc.req, err)
+		}
+	}
+	eng.mu.Lock()
+	defer eng.mu.Unlock()
+	if len(eng.reqs) != 0 {
+		t.Fatalf("the engine got %d invalid requests", len(eng.reqs))
 	}
 }

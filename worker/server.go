@@ -37,6 +37,14 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 		return resultRejected, status.Error(codes.InvalidArgument, "generate: max_tokens must be ≥ 1")
 	case int(req.DpRank) >= w.cfg.DPSize:
 		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: dp_rank %d but dp_size %d", req.DpRank, w.cfg.DPSize)
+	case !(req.Temperature >= 0): // also NaN
+		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: temperature %g, want ≥ 0", req.Temperature)
+	case req.TopP != nil && !(*req.TopP > 0 && *req.TopP <= 1):
+		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: top_p %g, want in (0, 1]", *req.TopP)
+	case !(req.PresencePenalty >= -2 && req.PresencePenalty <= 2):
+		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: presence_penalty %g, want in [-2, 2]", req.PresencePenalty)
+	case !(req.FrequencyPenalty >= -2 && req.FrequencyPenalty <= 2):
+		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: frequency_penalty %g, want in [-2, 2]", req.FrequencyPenalty)
 	}
 	if len(req.KvHint) > 0 {
 		// Passed to the engine as received: the engine's fetcher (Peer)
