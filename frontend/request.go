@@ -68,6 +68,9 @@ func parseObject(body []byte) (fields, *apiError) {
 	if body[0] != '{' {
 		return nil, invalid("", "request body must be a JSON object")
 	}
+	if f, ok := splitObject(body); ok {
+		return f, nil
+	}
 	var f fields
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&f); err != nil {
@@ -111,6 +114,9 @@ func (f fields) str(key string) (string, *apiError) {
 	v, ok := f[key]
 	if !ok || isNull(v) {
 		return "", nil
+	}
+	if s, ok := plainString(v); ok {
+		return s, nil
 	}
 	var s string
 	if err := json.Unmarshal(v, &s); err != nil {
@@ -512,9 +518,11 @@ func parseChat(body []byte) (*chatRequest, *apiError) {
 	if !ok || isNull(v) {
 		return nil, invalid("messages", "'messages' is required")
 	}
-	var raw []json.RawMessage
-	if e := json.Unmarshal(v, &raw); e != nil {
-		return nil, invalid("messages", "'messages' must be an array, got %s", jsonKind(v))
+	raw, ok := splitArray(v)
+	if !ok {
+		if e := json.Unmarshal(v, &raw); e != nil {
+			return nil, invalid("messages", "'messages' must be an array, got %s", jsonKind(v))
+		}
 	}
 	if len(raw) == 0 {
 		return nil, invalid("messages", "'messages' must hold at least one message")
@@ -575,6 +583,9 @@ func parseMessage(i int, raw json.RawMessage) (Message, *apiError) {
 
 // parseContent accepts a string or an array of text parts.
 func parseContent(at string, c json.RawMessage) (string, *apiError) {
+	if s, ok := plainString(c); ok {
+		return s, nil
+	}
 	var s string
 	if json.Unmarshal(c, &s) == nil {
 		return s, nil

@@ -1,0 +1,293 @@
+package frontend
+
+import (
+	"encoding/json"
+	"unicode/utf8"
+)
+
+// A validating JSON splitter for the request path. encoding/json parsed a
+// chat body three times over (the object, the messages array, each message)
+// with a Decoder, a map and a copy per value: about half of the handler's
+// allocations. These functions split already-read bytes into views of the
+// same bytes. They accept only what encoding/json accepts and decline
+// anything unusual (escaped keys, invalid UTF-8 in a key, deep nesting);
+// the caller then takes the encoding/json path, which also writes the
+// error messages, so errors are unchanged.
+
+const scanMaxDepth = 256 // deeper values take the slow path
+
+func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && isJSONSpace(b[i]) {
+		i++
+	}
+	return i
+}
+
+// scanValue returns the end of the JSON value starting at b[i], or -1 if
+// there is no valid value there.
+func scanValue(b []byte, i, depth int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch c := b[i]; {
+	case c == '"':
+		end, _ := scanString(b, i)
+		return end
+	case c == '{':
+		if depth >= scanMaxDepth {
+			return -1
+		}
+		i = skipSpace(b, i+1)
+		if i < len(b) && b[i] == '}' {
+			return i + 1
+		}
+		for {
+			if i >= len(b) || b[i] != '"' {
+				return -1
+			}
+			if i, _ = scanString(b, i); i < 0 {
+				return -1
+			}
+			i = skipSpace(b, i)
+			if i >= len(b) || b[i] != ':' {
+				return -1
+			}
+			if i = scanValue(b, skipSpace(b, i+1), depth+1); i < 0 {
+				return -1
+			}
+			i = skipSpace(b, i)
+			if i >= len(b) {
+				return -1
+			}
+			if b[i] == '}' {
+				return i + 1
+			}
+			if b[i] != ',' {
+				return -1
+			}
+			i = skipSpace(b, i+1)
+		}
+	case c == '[':
+		if depth >= scanMaxDepth {
+			return -1
+		}
+		i = skipSpace(b, i+1)
+		if i < len(b) && b[i] == ']' {
+			return i + 1
+		}
+		for {
+			if i = scanValue(b, i, depth+1); i < 0 {
+				return -1
+			}
+			i = skipSpace(b, i)
+			if i >= len(b) {
+				return -1
+			}
+			if b[i] == ']' {
+				return i + 1
+			}
+			if b[i] != ',' {
+				return -1
+			}
+			i = skipSpace(b, i+1)
+		}
+	case c == 't':
+		return scanLiteral(b, i, "true")
+	case c == 'f':
+		return scanLiteral(b, i, "false")
+	case c == 'n':
+		return scanLiteral(b, i, "null")
+	case c == '-' || c >= '0' && c <= '9':
+		return scanNumber(b, i)
+	}
+	return -1
+}
+
+func scanLiteral(b []byte, i int, lit string) int {
+	if len(b)-i >= len(lit) && string(b[i:i+len(lit)]) == lit {
+		return i + len(lit)
+	}
+	return -1
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// scanNumber follows JSON's grammar: -?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?
+func scanNumber(b []byte, i int) int {
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && b[i] >= '1' && b[i] <= '9':
+		for i < len(b) && isDigit(b[i]) {
+			i++
+		}
+	default:
+		return -1
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if i >= len(b) || !isDigit(b[i]) {
+			return -1
+		}
+		for i < len(b) && isDigit(b[i]) {
+			i++
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if i >= len(b) || !isDigit(b[i]) {
+			return -1
+		}
+		for i < len(b) && isDigit(b[i]) {
+			i++
+		}
+	}
+	return i
+}
+
+// scanString returns the end of the string starting at b[i] (a '"') and
+// whether it is plain: no escapes and valid UTF-8, so its bytes between
+// the quotes are its value.
+func scanString(b []byte, i int) (int, bool) {
+	plain := true
+	ascii := true
+	start := i + 1
+	for i++; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			if !ascii && plain && !utf8.Valid(b[start:i]) {
+				plain = false
+			}
+			return i + 1, plain
+		case c < 0x20:
+			return -1, false
+		case c >= 0x80:
+			ascii = false
+		case c == '\\':
+			plain = false
+			i++
+			if i >= len(b) {
+				return -1, false
+			}
+			switch b[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if len(b)-i <= 4 {
+					return -1, false
+				}
+				for _, h := range b[i+1 : i+5] {
+					if !(isDigit(h) || h >= 'a' && h <= 'f' || h >= 'A' && h <= 'F') {
+						return -1, false
+					}
+				}
+				i += 4
+			default:
+				return -1, false
+			}
+		}
+	}
+	return -1, false
+}
+
+// splitObject splits a JSON object (b is the whole value, possibly with
+// surrounding whitespace) into its fields; ok is false when b is not a
+// valid object or takes the slow path. A repeated key keeps its last
+// value, as encoding/json does.
+func splitObject(b []byte) (f fields, ok bool) {
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return nil, false
+	}
+	i = skipSpace(b, i+1)
+	f = make(fields, 8)
+	if i < len(b) && b[i] == '}' {
+		return f, skipSpace(b, i+1) == len(b)
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return nil, false
+		}
+		kend, plain := scanString(b, i)
+		if kend < 0 || !plain {
+			return nil, false
+		}
+		key := b[i+1 : kend-1]
+		i = skipSpace(b, kend)
+		if i >= len(b) || b[i] != ':' {
+			return nil, false
+		}
+		vstart := skipSpace(b, i+1)
+		vend := scanValue(b, vstart, 1)
+		if vend < 0 {
+			return nil, false
+		}
+		f[string(key)] = json.RawMessage(b[vstart:vend:vend])
+		i = skipSpace(b, vend)
+		if i >= len(b) {
+			return nil, false
+		}
+		if b[i] == '}' {
+			return f, skipSpace(b, i+1) == len(b)
+		}
+		if b[i] != ',' {
+			return nil, false
+		}
+		i = skipSpace(b, i+1)
+	}
+}
+
+// splitArray splits a JSON array into its elements; ok as for splitObject.
+func splitArray(b []byte) (items []json.RawMessage, ok bool) {
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '[' {
+		return nil, false
+	}
+	i = skipSpace(b, i+1)
+	items = []json.RawMessage{}
+	if i < len(b) && b[i] == ']' {
+		return items, skipSpace(b, i+1) == len(b)
+	}
+	for {
+		end := scanValue(b, i, 1)
+		if end < 0 {
+			return nil, false
+		}
+		items = append(items, json.RawMessage(b[i:end:end]))
+		i = skipSpace(b, end)
+		if i >= len(b) {
+			return nil, false
+		}
+		if b[i] == ']' {
+			return items, skipSpace(b, i+1) == len(b)
+		}
+		if b[i] != ',' {
+			return nil, false
+		}
+		i = skipSpace(b, i+1)
+	}
+}
+
+// plainString returns the value of a JSON string with no escapes and valid
+// UTF-8 (b may have surrounding whitespace); ok is false for anything else.
+func plainString(b []byte) (string, bool) {
+	b = b[skipSpace(b, 0):]
+	for len(b) > 0 && isJSONSpace(b[len(b)-1]) {
+		b = b[:len(b)-1]
+	}
+	if len(b) < 2 || b[0] != '"' {
+		return "", false
+	}
+	end, plain := scanString(b, 0)
+	if end != len(b) || !plain {
+		return "", false
+	}
+	return string(b[1 : len(b)-1]), true
+}

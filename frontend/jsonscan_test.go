@@ -1,0 +1,85 @@
+package frontend
+
+import (
+	"bytes"
+	"encoding/json"
+	"maps"
+	"slices"
+	"testing"
+)
+
+var splitSeeds = []string{
+	`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`,
+	` { "a" : [1, -0.5e+3, 1E2, true, false, null, {"b":{}} , []] , "c":"x\"y\u00e9\n" } `,
+	`{}`, `[]`, `{"a":1,"a":2}`, `["a","é",{"k":[[]]}]`, `"plain"`, `"esc\\aped"`, `"caf` + "\xff" + `"`,
+	`{"a":01}`, `{"a":1.}`, `{"a":-}`, `{"a":.5}`, `{"a":1e}`, `{"a":tru}`, `{"a":"` + "\x01" + `"}`,
+	`{"a":1,}`, `[1,]`, `{"a" 1}`, `{"a":1}x`, `{"a":1}}`, `{"\u0061":1}`, `{"a":"\x"}`, `{"a":"\u12g4"}`,
+	`{"a":[1 2]}`, `{"a":{"b":1,"b":}}`, `{"` + "\xff" + `":1}`, `[1]`, `{"a":"` + "\u2028" + `"}`,
+	"{\"a\":1}\f", "\t[\r\n1\n]\t",
+}
+
+// checkSplit holds the fast splitter to encoding/json: whatever it accepts,
+// encoding/json accepts with the same fields, items or string value.
+func checkSplit(t *testing.T, b []byte) {
+	if f, ok := splitObject(b); ok {
+		var want map[string]json.RawMessage
+		dec := json.NewDecoder(bytes.NewReader(b))
+		if err := dec.Decode(&want); err != nil || len(bytes.TrimSpace(b[dec.InputOffset():])) > 0 {
+			t.Fatalf("splitObject accepted %q; encoding/json: %v", b, err)
+		}
+		if !maps.EqualFunc(f, want, func(x, y json.RawMessage) bool { return bytes.Equal(x, y) }) {
+			t.Fatalf("splitObject(%q) = %q, encoding/json %q", b, f, want)
+		}
+	}
+	if items, ok := splitArray(b); ok {
+		var want []json.RawMessage
+		if err := json.Unmarshal(b, &want); err != nil {
+			t.Fatalf("splitArray accepted %q; encoding/json: %v", b, err)
+		}
+		if !slices.EqualFunc(items, want, func(x, y json.RawMessage) bool { return bytes.Equal(x, y) }) {
+			t.Fatalf("splitArray(%q) = %q, encoding/json %q", b, items, want)
+		}
+	}
+	if s, ok := plainString(b); ok {
+		var want string
+		if err := json.Unmarshal(b, &want); err != nil || s != want {
+			t.Fatalf("plainString(%q) = %q; encoding/json %q, %v", b, s, want, err)
+		}
+	}
+	if scanValue(b, 0, 0) == len(b) && !json.Valid(b) {
+		t.Fatalf("scanValue accepted %q, which is not JSON", b)
+	}
+}
+
+func TestSplitJSON(t *testing.T) {
+	for _, s := range splitSeeds {
+		checkSplit(t, []byte(s))
+	}
+	// The common shapes take the fast path.
+	for _, s := range []string{splitSeeds[0], splitSeeds[1], `{}`, `{"a":1,"a":2}`} {
+		if _, ok := splitObject([]byte(s)); !ok {
+			t.Errorf("splitObject declined %q", s)
+		}
+	}
+	if f, _ := splitObject([]byte(`{"a":1,"a":2}`)); string(f["a"]) != "2" {
+		t.Errorf("repeated key: got %s, want the last value", f["a"])
+	}
+	for _, s := range []string{`{"a":01}`, `{"a":1}x`, `{"a":"` + "\x01" + `"}`, `{"\u0061":1}`, `[1,]`} {
+		if _, ok := splitObject([]byte(s)); ok {
+			t.Errorf("splitObject accepted %q", s)
+		}
+	}
+	if _, ok := plainString([]byte(`"caf` + "\xff" + `"`)); ok {
+		t.Error("plainString accepted invalid UTF-8 (encoding/json replaces it)")
+	}
+	if s, ok := plainString([]byte(`"café"`)); !ok || s != "café" {
+		t.Errorf("plainString(café) = %q, %v", s, ok)
+	}
+}
+
+func FuzzSplitJSON(f *testing.F) {
+	for _, s := range splitSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(checkSplit)
+}
