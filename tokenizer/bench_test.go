@@ -77,3 +77,21 @@ func BenchmarkEncodeTiktokenGo8k(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/token")
 }
+
+// BenchmarkEncodeChatShort is the request path's preprocessing for a short
+// chat (the latency benchmark's prompt): ChatML render, then encode with
+// the special tokens the template wrote.
+func BenchmarkEncodeChatShort(b *testing.B) {
+	tok := builtinBPE(b)
+	msgs := []Message{{Role: "user", Content: "frontend stream 17: tell me something about latency"}}
+	b.ReportAllocs()
+	for b.Loop() {
+		text, err := ChatML{}.Render(msgs, true)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(tok.EncodeWithSpecial(text)) == 0 {
+			b.Fatal("no tokens")
+		}
+	}
+}

@@ -103,15 +103,18 @@ func (t *BPE) Encode(text string) []uint32 { return t.encode(text, false) }
 func (t *BPE) EncodeWithSpecial(text string) []uint32 { return t.encode(text, true) }
 
 func (t *BPE) encode(text string, allowSpecial bool) []uint32 {
-	out := make([]uint32, 0, len(text)/4+4)
+	// One state per call, not per segment: the splitter's callback escapes,
+	// so whatever it captures is a heap allocation each time it is made.
+	e := &encodeState{t: t, out: make([]uint32, 0, len(text)/4+4)}
+	e.yield = e.piece
 	seg := 0
 	for i := 0; i < len(text); {
 		cands := t.addedByFirst[text[i]]
 		matched := false
 		for _, a := range cands {
 			if (allowSpecial || !a.special) && strings.HasPrefix(text[i:], a.content) {
-				out = t.encodeOrdinary(out, text[seg:i])
-				out = append(out, a.id)
+				e.ordinary(text[seg:i])
+				e.out = append(e.out, a.id)
 				i += len(a.content)
 				seg = i
 				matched = true
@@ -122,35 +125,46 @@ func (t *BPE) encode(text string, allowSpecial bool) []uint32 {
 			i++
 		}
 	}
-	return t.encodeOrdinary(out, text[seg:])
+	e.ordinary(text[seg:])
+	return e.out
 }
 
-// encodeOrdinary appends the tokens of a text segment that holds no added tokens.
-func (t *BPE) encodeOrdinary(out []uint32, text string) []uint32 {
+// encodeState is one Encode call's output and merge buffers.
+type encodeState struct {
+	t       *BPE
+	out     []uint32
+	scratch mergeScratch
+	yield   func(piece string) // e.piece, bound once
+}
+
+// ordinary appends the tokens of a text segment that holds no added tokens.
+func (e *encodeState) ordinary(text string) {
 	if text == "" {
-		return out
+		return
 	}
+	t := e.t
 	if t.normalize != nil {
 		text = t.normalize(text)
 	}
 	if t.addPrefixSpace && text[0] != ' ' {
 		text = " " + text
 	}
-	var scratch mergeScratch
-	t.split.split(text, func(piece string) {
-		if t.wholeFirst {
-			if id, ok := t.vocab[piece]; ok {
-				out = append(out, id)
-				return
-			}
-		}
-		if len(piece) == 1 {
-			out = append(out, t.byteID[piece[0]])
+	t.split.split(text, e.yield)
+}
+
+func (e *encodeState) piece(piece string) {
+	t := e.t
+	if t.wholeFirst {
+		if id, ok := t.vocab[piece]; ok {
+			e.out = append(e.out, id)
 			return
 		}
-		out = t.bytePairMerge(out, piece, &scratch)
-	})
-	return out
+	}
+	if len(piece) == 1 {
+		e.out = append(e.out, t.byteID[piece[0]])
+		return
+	}
+	e.out = t.bytePairMerge(e.out, piece, &e.scratch)
 }
 
 // noRank marks a part that cannot merge with its right neighbour.

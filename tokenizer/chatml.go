@@ -18,6 +18,11 @@ type ChatML struct{}
 // Render implements ChatTemplate.
 func (ChatML) Render(messages []Message, addGenerationPrompt bool) (string, error) {
 	var b strings.Builder
+	n := len("<|im_start|>assistant\n")
+	for _, m := range messages {
+		n += len("<|im_start|> \n<|im_end|>\n") + len(m.Role) + len(m.Name) + len(m.Content)
+	}
+	b.Grow(n) // one allocation for the common case (no tool calls)
 	for i, m := range messages {
 		if m.Role == "" {
 			return "", fmt.Errorf("tokenizer: message %d has no role", i)
