@@ -211,11 +211,13 @@ func (s *sseWriter) start() {
 		return
 	}
 	s.started = true
+	// As Header.Set with canonical keys, with one allocation for the four values.
+	v := []string{"text/event-stream", "no-cache", "keep-alive", "no"}
 	h := s.w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("Connection", "keep-alive")
-	h.Set("X-Accel-Buffering", "no")
+	h["Content-Type"] = v[0:1:1]
+	h["Cache-Control"] = v[1:2:2]
+	h["Connection"] = v[2:3:3]
+	h["X-Accel-Buffering"] = v[3:4:4]
 	s.w.WriteHeader(http.StatusOK)
 }
 

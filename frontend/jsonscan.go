@@ -229,7 +229,7 @@ func splitObject(b []byte) (f fields, ok bool) {
 		if vend < 0 {
 			return nil, false
 		}
-		f[string(key)] = json.RawMessage(b[vstart:vend:vend])
+		f[internKey(key)] = json.RawMessage(b[vstart:vend:vend])
 		i = skipSpace(b, vend)
 		if i >= len(b) {
 			return nil, false
@@ -290,4 +290,48 @@ func plainString(b []byte) (string, bool) {
 		return "", false
 	}
 	return string(b[1 : len(b)-1]), true
+}
+
+// internKey returns the parameter names requests carry as constants, so a
+// map key is not an allocation per field per request.
+func internKey(b []byte) string {
+	switch string(b) {
+	case "model":
+		return "model"
+	case "messages":
+		return "messages"
+	case "role":
+		return "role"
+	case "content":
+		return "content"
+	case "name":
+		return "name"
+	case "prompt":
+		return "prompt"
+	case "stream":
+		return "stream"
+	case "stream_options":
+		return "stream_options"
+	case "include_usage":
+		return "include_usage"
+	case "max_tokens":
+		return "max_tokens"
+	case "max_completion_tokens":
+		return "max_completion_tokens"
+	case "temperature":
+		return "temperature"
+	case "top_p":
+		return "top_p"
+	case "seed":
+		return "seed"
+	case "stop":
+		return "stop"
+	case "user":
+		return "user"
+	case "type":
+		return "type"
+	case "text":
+		return "text"
+	}
+	return string(b)
 }

@@ -23,25 +23,33 @@ type streamEvents struct {
 // rest of a text chunk's object. For chat, field is "content" inside a
 // delta; for completions, "text".
 func newStreamEvents(id, object string, created int64, model string, chat, includeUsage bool) *streamEvents {
-	h := []byte(`data: {"id":`)
-	h = appendJSONString(h, id)
-	h = append(h, `,"object":`...)
-	h = appendJSONString(h, object)
-	h = append(h, `,"created":`...)
-	h = strconv.AppendInt(h, created, 10)
-	h = append(h, `,"model":`...)
-	h = appendJSONString(h, model)
-	p := append([]byte(nil), h...)
-	var s []byte
+	// One array holds head, prefix, suffix and room for the first events:
+	// each is cut to its length, so appends to one never overwrite another.
+	b := make([]byte, 0, 2*(len(id)+len(object)+len(model))+512)
+	b = append(b, `data: {"id":`...)
+	b = appendJSONString(b, id)
+	b = append(b, `,"object":`...)
+	b = appendJSONString(b, object)
+	b = append(b, `,"created":`...)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, `,"model":`...)
+	b = appendJSONString(b, model)
+	hl := len(b)
+	b = append(b, b[:hl]...)
 	if chat {
-		p = append(p, `,"choices":[{"index":0,"delta":{"content":`...)
-		s = append(s, `},"logprobs":null,"finish_reason":null}]`...)
+		b = append(b, `,"choices":[{"index":0,"delta":{"content":`...)
 	} else {
-		p = append(p, `,"choices":[{"index":0,"text":`...)
-		s = append(s, `,"logprobs":null,"finish_reason":null}]`...)
+		b = append(b, `,"choices":[{"index":0,"text":`...)
 	}
-	s = appendEnd(s, includeUsage)
-	return &streamEvents{head: h, prefix: p, suffix: s, chat: chat, includeUsage: includeUsage}
+	pl := len(b)
+	if chat {
+		b = append(b, `},"logprobs":null,"finish_reason":null}]`...)
+	} else {
+		b = append(b, `,"logprobs":null,"finish_reason":null}]`...)
+	}
+	b = appendEnd(b, includeUsage)
+	sl := len(b)
+	return &streamEvents{head: b[:hl:hl], prefix: b[hl:pl:pl], suffix: b[pl:sl:sl], buf: b[sl:sl], chat: chat, includeUsage: includeUsage}
 }
 
 // appendEnd closes a chunk: `"usage":null` when the client asked for a
