@@ -77,10 +77,16 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 	}
 
 	for attempt := 0; ; attempt++ {
+		// The prompt as it is (nothing writes to it; the cap makes an append
+		// copy); a migrated attempt resends it with what was generated.
+		tokens := prompt[:len(prompt):len(prompt)]
+		if len(generated) > 0 {
+			tokens = append(append(make([]uint32, 0, len(prompt)+len(generated)), prompt...), generated...)
+		}
 		req := &GenerateRequest{
 			RequestID:   reqID,
 			Model:       m.Name,
-			Tokens:      append(append(make([]uint32, 0, len(prompt)+len(generated)), prompt...), generated...),
+			Tokens:      tokens,
 			MaxTokens:   maxTokens - len(generated),
 			StopTokens:  m.EOS,
 			Seed:        seed,

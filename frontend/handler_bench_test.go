@@ -38,6 +38,24 @@ func BenchmarkChatStreamHandler(b *testing.B) {
 	}
 }
 
+// BenchmarkChatStreamHandlerLongPrompt: one token after a 32k-token prompt
+// (the test model makes a token of every byte), where the frontend's
+// per-token costs of the prompt (encoding, copies) show.
+func BenchmarkChatStreamHandlerLongPrompt(b *testing.B) {
+	reg := prometheus.NewRegistry()
+	s := New(DefaultConfig(), &fakeBackend{reply: "x"}, models{testModel()}, reg, reg)
+	body := `{"model":"test-model","stream":true,"max_tokens":1,"messages":[{"role":"user","content":"` + strings.Repeat("latency ", 4096) + `"}]}`
+	b.ReportAllocs()
+	for b.Loop() {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+		s.ServeHTTP(w, r)
+		if w.Code != http.StatusOK {
+			b.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+	}
+}
+
 // The same over loopback HTTP/1.1 with Go's client, one stream at a time:
 // what net/http and the kernel add to the handler's own cost.
 func BenchmarkChatStreamLoopback(b *testing.B) {
