@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"unicode/utf8"
 )
@@ -161,6 +162,13 @@ func scanString(b []byte, i int) (int, bool) {
 	ascii := true
 	start := i + 1
 	for i++; i < len(b); i++ {
+		// Eight bytes at a time while none needs a look.
+		for len(b)-i >= 8 && !wordNeedsLook(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8
+		}
+		if i >= len(b) {
+			break
+		}
 		switch c := b[i]; {
 		case c == '"':
 			if !ascii && plain && !utf8.Valid(b[start:i]) {
@@ -195,6 +203,21 @@ func scanString(b []byte, i int) (int, bool) {
 		}
 	}
 	return -1, false
+}
+
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// wordNeedsLook reports whether any of x's eight bytes is a quote, a
+// backslash, a control character or not ASCII (SWAR: a byte's high bit is
+// set in (v - ones) &^ v where that byte of v is zero, and no false
+// "none" is possible).
+func wordNeedsLook(x uint64) bool {
+	q := x ^ ('"' * ones)
+	s := x ^ ('\\' * ones)
+	return ((x-0x20*ones)&^x|x|(q-ones)&^q|(s-ones)&^s)&highs != 0
 }
 
 // splitObject splits a JSON object (b is the whole value, possibly with

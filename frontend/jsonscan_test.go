@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -67,6 +68,18 @@ func TestSplitJSON(t *testing.T) {
 	for _, s := range []string{`{"a":01}`, `{"a":1}x`, `{"a":"` + "\x01" + `"}`, `{"\u0061":1}`, `[1,]`} {
 		if _, ok := splitObject([]byte(s)); ok {
 			t.Errorf("splitObject accepted %q", s)
+		}
+	}
+	// Every special byte at every offset of the eight-byte fast path.
+	for _, sp := range []string{`"`, `\n`, `\u00e9`, `\`, "\x01", "\x1f", "é", "\xff", "\x7f", " "} {
+		for pos := 0; pos <= 20; pos++ {
+			str := `"` + strings.Repeat("a", pos) + sp + strings.Repeat("b", 20-pos) + `"`
+			for _, b := range []string{str, `{"k":` + str + `}`, `[` + str + `]`} {
+				checkSplit(t, []byte(b))
+				if json.Valid([]byte(b)) != (scanValue([]byte(b), 0, 0) == len(b)) {
+					t.Errorf("scanValue(%q) disagrees with json.Valid", b)
+				}
+			}
 		}
 	}
 	if _, ok := plainString([]byte(`"caf` + "\xff" + `"`)); ok {
