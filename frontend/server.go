@@ -163,10 +163,11 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 		return nil, errAnswered
 	}
 	// Sized from Content-Length when there is one: io.ReadAll starts at 512
-	// bytes and copies the body at every doubling.
+	// bytes and copies the body at every doubling. Capped, so a declared
+	// length the client does not send cannot reserve the whole limit.
 	var buf []byte
 	if r.ContentLength > 0 {
-		buf = make([]byte, 0, r.ContentLength+1) // +1: EOF is read without growing
+		buf = make([]byte, 0, min(r.ContentLength, maxPrealloc)+1) // +1: EOF is read without growing
 	}
 	body, err := readBodyInto(buf, http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
@@ -182,6 +183,9 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 	}
 	return body, nil
 }
+
+// maxPrealloc bounds the body buffer reserved before the body arrives.
+const maxPrealloc = 1 << 20
 
 // readBodyInto is io.ReadAll appending to b.
 func readBodyInto(b []byte, r io.Reader) ([]byte, error) {
