@@ -2,13 +2,19 @@ package frontend
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/worker"
 )
 
 // controlPlane starts an embedded NATS with a discovery bucket of the given
@@ -38,4 +44,40 @@ func controlPlane(t *testing.T, ttl time.Duration) (context.Context, *nats.Conn,
 		t.Fatal(err)
 	}
 	return ctx, nc, disc
+}
+
+// startWorker runs a worker around eng on the test's control plane until
+// the test ends; cfg's discovery is the test's in-memory one.
+func startWorker(t *testing.T, ctx context.Context, nc *nats.Conn, eng engine.Engine, cfg worker.Config) *worker.Worker {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.Discovery = runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}
+	w, err := worker.New(cfg, eng, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
+// startCluster runs a KV-mode Cluster for the sim's built-in model until
+// the test ends, with its metrics in reg.
+func startCluster(t *testing.T, ctx context.Context, nc *nats.Conn, disc *runtime.Discovery, reg prometheus.Registerer) (*Cluster, *Model) {
+	t.Helper()
+	model, err := BuiltinModel(sim.DefaultConfig().Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*Model{model},
+		Router: router.Config{Mode: router.ModeKV}, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl, model
 }

@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"io"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -22,7 +21,6 @@ import (
 // report reaches its own router key.
 func TestDPRanksRoutedByCache(t *testing.T) {
 	ctx, nc, disc := controlPlane(t, 2*time.Second)
-	log := slog.New(slog.DiscardHandler)
 	const bs, blocks = 16, 128
 	cfg := sim.DefaultConfig()
 	cfg.BlockSize, cfg.Blocks, cfg.SpeedupRatio, cfg.DPSize = bs, blocks, 0, 2
@@ -30,25 +28,8 @@ func TestDPRanksRoutedByCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(worker.Config{Logger: log, LoadInterval: 20 * time.Millisecond,
-		Discovery: runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}}, eng, nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.Close() })
-	model, err := BuiltinModel(cfg.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*Model{model},
-		Router: router.Config{Mode: router.ModeKV}, Registerer: prometheus.NewRegistry(), Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
+	w := startWorker(t, ctx, nc, eng, worker.Config{LoadInterval: 20 * time.Millisecond})
+	cl, model := startCluster(t, ctx, nc, disc, prometheus.NewRegistry())
 	k0, k1 := kv.WorkerKey{Instance: w.InstanceID()}, kv.WorkerKey{Instance: w.InstanceID(), DPRank: 1}
 	waitFor(t, 10*time.Second, "both ranks routed and dumped", func() bool {
 		_, ok0 := cl.Feed(model.Name).LastID(k0)

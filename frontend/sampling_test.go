@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -14,7 +13,6 @@ import (
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/kvmesh/kvmesh/worker"
 )
 
@@ -50,7 +48,6 @@ func (e *recordingEngine) take(t *testing.T) engine.Request {
 // unset (top_p 0, no penalties), never as a value the frontend made up.
 func TestSamplingParamsReachEngine(t *testing.T) {
 	ctx, nc, disc := controlPlane(t, 2*time.Second)
-	log := slog.New(slog.DiscardHandler)
 	cfg := sim.DefaultConfig()
 	cfg.BlockSize, cfg.Blocks, cfg.SpeedupRatio = 16, 128, 0
 	se, err := sim.New(cfg)
@@ -58,26 +55,9 @@ func TestSamplingParamsReachEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	eng := &recordingEngine{Engine: se}
-	w, err := worker.New(worker.Config{Logger: log, LoadInterval: 20 * time.Millisecond,
-		Discovery: runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}}, eng, nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.Close() })
-	model, err := BuiltinModel(cfg.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
+	startWorker(t, ctx, nc, eng, worker.Config{LoadInterval: 20 * time.Millisecond})
 	reg := prometheus.NewRegistry()
-	cl, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*Model{model},
-		Router: router.Config{Mode: router.ModeKV}, Registerer: reg, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
+	cl, model := startCluster(t, ctx, nc, disc, reg)
 	waitFor(t, 10*time.Second, "the worker routed", func() bool {
 		return len(cl.Router().Workers(model.Name, router.RoleAggregated)) == 1
 	})

@@ -3,7 +3,6 @@ package frontend
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,7 +15,6 @@ import (
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/kvmesh/kvmesh/worker"
 )
 
@@ -79,7 +77,6 @@ func (e *hangingEngine) Generate(ctx context.Context, req *engine.Request) (<-ch
 func TestStalledWorkerMigrates(t *testing.T) {
 	const stallTimeout = 300 * time.Millisecond
 	ctx, nc, disc := controlPlane(t, 2*time.Second)
-	log := slog.New(slog.DiscardHandler)
 	trap := &stallTrap{stallAfter: 5}
 	var engines []*hangingEngine
 	var workers []*worker.Worker
@@ -90,28 +87,11 @@ func TestStalledWorkerMigrates(t *testing.T) {
 			t.Fatal(err)
 		}
 		he := &hangingEngine{Engine: eng, trap: trap}
-		w, err := worker.New(worker.Config{StallTimeout: stallTimeout, Logger: log,
-			Discovery: runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}}, he, nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { w.Close() })
+		w := startWorker(t, ctx, nc, he, worker.Config{StallTimeout: stallTimeout})
 		engines, workers = append(engines, he), append(workers, w)
 	}
-	model, err := BuiltinModel(sim.DefaultConfig().Model)
-	if err != nil {
-		t.Fatal(err)
-	}
 	reg := prometheus.NewRegistry()
-	cl, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*Model{model},
-		Router: router.Config{Mode: router.ModeKV}, Registerer: reg, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
+	cl, model := startCluster(t, ctx, nc, disc, reg)
 	ts := httptest.NewServer(New(DefaultConfig(), cl, cl, reg, reg))
 	t.Cleanup(func() { ts.Close(); http.DefaultClient.CloseIdleConnections() })
 	routedIDs := func() map[uint64]bool {
