@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/fleet"
 	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/runtime"
@@ -56,7 +57,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 
 // runningFrontend is an HTTP frontend bound and serving.
 type runningFrontend struct {
-	cluster *frontend.Cluster
+	cluster *fleet.Cluster
 	srv     *http.Server
 	ln      net.Listener
 	errc    chan error
@@ -105,7 +106,7 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 		return nil, fmt.Errorf("--router-cost: %w", err)
 	}
 	cost.Temperature = ff.temperature
-	cl, err := frontend.NewCluster(ctx, frontend.ClusterConfig{
+	cl, err := fleet.NewCluster(ctx, fleet.ClusterConfig{
 		NC: nc, Discovery: disc, Models: models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log,
 		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage, Hints: ff.hints},
 	})
@@ -314,7 +315,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 }
 
 // waitReady waits until every served model has a routable worker.
-func waitReady(ctx context.Context, cl *frontend.Cluster, limit time.Duration) error {
+func waitReady(ctx context.Context, cl *fleet.Cluster, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
 		err := cl.Ready()

@@ -1,4 +1,4 @@
-package worker
+package fleet
 
 import (
 	"bytes"
@@ -19,14 +19,15 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/worker"
 )
 
-const e2eModel = "hinted"
+const hintedModel = "hinted"
 
 type hintedWorker struct {
-	w    *Worker
+	w    *worker.Worker
 	eng  *sim.Engine
-	peer *Peer
+	peer *worker.Peer
 }
 
 func (h hintedWorker) key() kv.WorkerKey { return kv.WorkerKey{Instance: h.w.InstanceID()} }
@@ -37,12 +38,12 @@ type turnResult struct {
 	cached int
 }
 
-func clusterTurn(t *testing.T, c *frontend.Cluster, toks []uint32) turnResult {
+func clusterTurn(t *testing.T, c *Cluster, toks []uint32) turnResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	st, err := c.Generate(ctx, &frontend.GenerateRequest{RequestID: fmt.Sprint("r", start.UnixNano()), Model: e2eModel,
+	st, err := c.Generate(ctx, &frontend.GenerateRequest{RequestID: fmt.Sprint("r", start.UnixNano()), Model: hintedModel,
 		Tokens: toks, MaxTokens: 6, Seed: 1234})
 	if err != nil {
 		t.Fatal(err)
@@ -79,9 +80,9 @@ func clusterTurn(t *testing.T, c *frontend.Cluster, toks []uint32) turnResult {
 // worker recomputing the same turn with hints off, and the transfer shows
 // in the metrics.
 func TestHintedConversationAcrossWorkers(t *testing.T) {
-	_, nc := startNATS(t)
+	_, nc, _ := controlPlane(t, 3*time.Second)
 	reg := prometheus.NewRegistry()
-	pm, err := NewPeerMetrics(reg)
+	pm, err := worker.NewPeerMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,17 +93,17 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 	var ws []hintedWorker
 	for range 4 {
 		cfg := sim.DefaultConfig()
-		cfg.Model = e2eModel
+		cfg.Model = hintedModel
 		// Prefill dominates: modelled time runs at half speed, and a fetched
 		// block is priced as a real 8B model's (64 tokens × 128 KiB) at the
 		// default 64 GB/s, on top of the real loopback transfer time.
 		cfg.SpeedupRatio = 0.5
 		cfg.TransferBytesPerBlock = 64 * 128 << 10
-		eng, p, err := NewSimPeer(cfg, PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Metrics: pm})
+		eng, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Metrics: pm})
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, err := New(Config{Peer: p, Discovery: disc, LoadInterval: time.Hour}, eng, nc)
+		w, err := worker.New(worker.Config{Peer: p, Discovery: disc, LoadInterval: time.Hour}, eng, nc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,15 +117,15 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	newCluster := func(hints bool) *frontend.Cluster {
-		c, err := frontend.NewCluster(ctx, frontend.ClusterConfig{NC: nc, Discovery: d, Models: []*frontend.Model{{Name: e2eModel}},
+	newCluster := func(hints bool) *Cluster {
+		c, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: d, Models: []*frontend.Model{{Name: hintedModel}},
 			Router: router.Config{Mode: router.ModeKV, Hints: hints, MaxKVUsage: 0.9}, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(c.Close)
-		waitFor(t, "cluster sees 4 hint-capable workers", func() bool {
-			infos := c.Router().Workers(e2eModel, router.RoleAggregated)
+		waitFor(t, 10*time.Second, "cluster sees 4 hint-capable workers", func() bool {
+			infos := c.Router().Workers(hintedModel, router.RoleAggregated)
 			return len(infos) == 4 && !slices.ContainsFunc(infos, func(i router.WorkerInfo) bool { return !i.HintCapable })
 		})
 		return c
@@ -144,8 +145,8 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 	}
 	a := ws[ai]
 	// Both routers learn A's blocks from its events, then see A as full.
-	for _, c := range []*frontend.Cluster{hinted, plain} {
-		waitFor(t, "index holds turn 1 on A", func() bool {
+	for _, c := range []*Cluster{hinted, plain} {
+		waitFor(t, 10*time.Second, "index holds turn 1 on A", func() bool {
 			for _, m := range c.Index().FindMatches(local, nil) {
 				if m.Worker == a.key() && int(m.Depth[kv.TierDevice]) == n1 {
 					return true
@@ -185,7 +186,7 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 	}
 
 	// The same turn with hints off goes to a cold worker and recomputes.
-	waitFor(t, "plain index holds turn 2 on B", func() bool {
+	waitFor(t, 10*time.Second, "plain index holds turn 2 on B", func() bool {
 		for _, m := range plain.Index().FindMatches(local, nil) {
 			if m.Worker == b.key() && int(m.Depth[kv.TierDevice]) == n1 {
 				return true
@@ -202,7 +203,7 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 		t.Fatalf("hinted answer %v, recomputed answer %v", got.toks, base.toks)
 	}
 	// A, which computed turn 1, gives the same answer.
-	ga := genEngine(t, a.eng, &engine.Request{ID: "on-a", Tokens: turn2, MaxTokens: 6, Seed: 1234})
+	ga := generateOn(t, a.eng, &engine.Request{ID: "on-a", Tokens: turn2, MaxTokens: 6, Seed: 1234})
 	if !slices.Equal(ga.toks, got.toks) {
 		t.Errorf("A answers %v, B %v", ga.toks, got.toks)
 	}
@@ -212,11 +213,34 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 	if got.ttft >= base.ttft {
 		t.Errorf("hinted TTFT %v is not below recompute TTFT %v", got.ttft, base.ttft)
 	}
-	if v := counterValue(t, reg, "kvmesh_transfer_blocks_total", map[string]string{"operation": "fetch"}); v != float64(n1) {
+	if v := gatherMetrics(t, reg)[`kvmesh_transfer_blocks_total{operation="fetch"}`]; v != float64(n1) {
 		t.Errorf("kvmesh_transfer_blocks_total{operation=\"fetch\"} = %v, want %d", v, n1)
 	}
-	waitServed(t, reg, n1)
-	if v := counterValue(t, reg, "kvmesh_kv_hint_results_total", map[string]string{"result": HintFetched}); v != 1 {
+	// The source records a transfer after its last write, so the target may
+	// finish first.
+	waitFor(t, 10*time.Second, "the served-blocks metric", func() bool {
+		return gatherMetrics(t, reg)[`kvmesh_transfer_blocks_total{operation="serve"}`] == float64(n1)
+	})
+	if v := gatherMetrics(t, reg)[`kvmesh_kv_hint_results_total{result="`+worker.HintFetched+`"}`]; v != 1 {
 		t.Errorf("fetched hints %v, want 1", v)
 	}
+}
+
+// generateOn runs req on eng directly and returns its tokens.
+func generateOn(t *testing.T, eng engine.Engine, req *engine.Request) turnResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ch, err := eng.Generate(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r turnResult
+	for c := range ch {
+		if c.Err != nil {
+			t.Fatal(c.Err)
+		}
+		r.toks = append(r.toks, c.Tokens...)
+	}
+	return r
 }

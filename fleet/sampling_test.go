@@ -1,4 +1,4 @@
-package frontend
+package fleet
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
 )
@@ -61,7 +62,7 @@ func TestSamplingParamsReachEngine(t *testing.T) {
 	waitFor(t, 10*time.Second, "the worker routed", func() bool {
 		return len(cl.Router().Workers(model.Name, router.RoleAggregated)) == 1
 	})
-	ts := httptest.NewServer(New(DefaultConfig(), cl, cl, reg, reg))
+	ts := httptest.NewServer(frontend.New(frontend.DefaultConfig(), cl, cl, reg, reg))
 	t.Cleanup(func() { ts.Close(); http.DefaultClient.CloseIdleConnections() })
 
 	type sampling struct {

@@ -1,4 +1,4 @@
-package frontend
+package fleet
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kv"
@@ -28,7 +29,7 @@ type ClusterConfig struct {
 	Discovery *runtime.Discovery
 	// Models are the served models with their preprocessing; the cluster
 	// routes each to the workers that register under its name.
-	Models []*Model
+	Models []*frontend.Model
 	// Router configures worker selection. Matcher is set by the cluster (its
 	// event-fed index) unless the mode needs none.
 	Router router.Config
@@ -53,7 +54,7 @@ type Cluster struct {
 	index   *index.Index
 	router  *router.Router
 	clients *runtime.WorkerClients
-	models  StaticModels
+	models  frontend.StaticModels
 
 	mu        sync.Mutex
 	instances map[uint64]runtime.Instance
@@ -224,8 +225,8 @@ func (c *Cluster) Index() *index.Index { return c.index }
 func (c *Cluster) Feed(model string) *runtime.EventFeed { return c.feeds[model] }
 
 // Model and Models make the cluster a ModelSource.
-func (c *Cluster) Model(name string) (*Model, bool) { return c.models.Model(name) }
-func (c *Cluster) Models() []*Model                 { return c.models.Models() }
+func (c *Cluster) Model(name string) (*frontend.Model, bool) { return c.models.Model(name) }
+func (c *Cluster) Models() []*frontend.Model                 { return c.models.Models() }
 
 // MaxContext is the context every worker of model can hold: the smallest
 // device KV capacity (blocks × block size) among them, so a request that
@@ -267,14 +268,14 @@ func (c *Cluster) excluded() []kv.WorkerKey {
 }
 
 // Generate routes the request and streams it from the chosen worker.
-func (c *Cluster) Generate(ctx context.Context, req *GenerateRequest) (TokenStream, error) {
+func (c *Cluster) Generate(ctx context.Context, req *frontend.GenerateRequest) (frontend.TokenStream, error) {
 	d, err := c.router.Route(ctx, router.Request{Model: req.Model, Tokens: req.Tokens, Exclude: c.excluded()})
 	var busy *router.BusyError
 	switch {
 	case errors.As(err, &busy):
-		return nil, &BusyError{RetryAfter: busy.RetryAfter}
+		return nil, &frontend.BusyError{RetryAfter: busy.RetryAfter}
 	case errors.Is(err, router.ErrNoWorkers):
-		return nil, ErrNoWorkers
+		return nil, frontend.ErrNoWorkers
 	case err != nil:
 		return nil, err
 	}
@@ -283,13 +284,13 @@ func (c *Cluster) Generate(ctx context.Context, req *GenerateRequest) (TokenStre
 	c.mu.Unlock()
 	if !ok {
 		d.Done()
-		return nil, fmt.Errorf("worker %v left before the request reached it: %w", d.Worker, ErrWorkerLost)
+		return nil, fmt.Errorf("worker %v left before the request reached it: %w", d.Worker, frontend.ErrWorkerLost)
 	}
 	client, err := c.clients.Get(in)
 	if err != nil {
 		d.Done()
 		c.inhibit(d.Worker)
-		return nil, fmt.Errorf("%v: %w", err, ErrWorkerLost)
+		return nil, fmt.Errorf("%v: %w", err, frontend.ErrWorkerLost)
 	}
 	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, MaxTokens: uint32(req.MaxTokens),
 		StopTokenIds: req.StopTokens, Seed: req.Seed, Temperature: req.Temperature, DpRank: d.Worker.DPRank,
@@ -306,7 +307,7 @@ func (c *Cluster) Generate(ctx context.Context, req *GenerateRequest) (TokenStre
 		cancel()
 		d.Done()
 		c.inhibit(d.Worker)
-		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, ErrWorkerLost)
+		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, frontend.ErrWorkerLost)
 	}
 	return &workerStream{c: c, d: d, st: st, ctx: ctx, cancel: cancel}, nil
 }
@@ -322,9 +323,9 @@ type workerStream struct {
 	msg    api.GenerateChunk // reused by every Recv: the codec resets it, and a chunk keeps only its own Tokens slice
 }
 
-func (s *workerStream) Recv() (TokenChunk, error) {
+func (s *workerStream) Recv() (frontend.TokenChunk, error) {
 	if s.done {
-		return TokenChunk{}, io.EOF
+		return frontend.TokenChunk{}, io.EOF
 	}
 	m := &s.msg
 	err := s.st.RecvMsg(m)
@@ -333,7 +334,7 @@ func (s *workerStream) Recv() (TokenChunk, error) {
 		if err == io.EOF {
 			// The worker closed the stream without a finish reason.
 			s.c.inhibit(s.d.Worker)
-			return TokenChunk{}, fmt.Errorf("worker %v ended the stream early: %w", s.d.Worker, ErrWorkerLost)
+			return frontend.TokenChunk{}, fmt.Errorf("worker %v ended the stream early: %w", s.d.Worker, frontend.ErrWorkerLost)
 		}
 		switch status.Code(err) {
 		case codes.Canceled, codes.DeadlineExceeded:
@@ -341,22 +342,22 @@ func (s *workerStream) Recv() (TokenChunk, error) {
 			// cancelled because discovery dropped the worker (Forget closes
 			// its connection) is a lost worker and may be migrated.
 			if s.ctx.Err() != nil {
-				return TokenChunk{}, err
+				return frontend.TokenChunk{}, err
 			}
 		case codes.InvalidArgument:
-			return TokenChunk{}, fmt.Errorf("%w: %s", ErrRejected, status.Convert(err).Message())
+			return frontend.TokenChunk{}, fmt.Errorf("%w: %s", frontend.ErrRejected, status.Convert(err).Message())
 		}
 		s.c.inhibit(s.d.Worker)
-		return TokenChunk{}, fmt.Errorf("worker %v: %v: %w", s.d.Worker, err, ErrWorkerLost)
+		return frontend.TokenChunk{}, fmt.Errorf("worker %v: %v: %w", s.d.Worker, err, frontend.ErrWorkerLost)
 	}
 	if !s.first && len(m.Tokens) > 0 {
 		s.first = true
 		s.d.FirstToken()
 	}
-	ch := TokenChunk{Tokens: m.Tokens, Finish: m.FinishReason}
+	ch := frontend.TokenChunk{Tokens: m.Tokens, Finish: m.FinishReason}
 	if m.FinishReason == "error" {
 		s.finish()
-		return TokenChunk{}, fmt.Errorf("worker %v: engine error: %s", s.d.Worker, m.Error)
+		return frontend.TokenChunk{}, fmt.Errorf("worker %v: engine error: %s", s.d.Worker, m.Error)
 	}
 	if u := m.Usage; u != nil {
 		ch.PromptTokens, ch.CachedTokens = int(u.PromptTokens), int(u.CachedTokens)

@@ -1,4 +1,4 @@
-package frontend
+package fleet
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
 )
@@ -92,7 +93,7 @@ func TestStalledWorkerMigrates(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	cl, model := startCluster(t, ctx, nc, disc, reg)
-	ts := httptest.NewServer(New(DefaultConfig(), cl, cl, reg, reg))
+	ts := httptest.NewServer(frontend.New(frontend.DefaultConfig(), cl, cl, reg, reg))
 	t.Cleanup(func() { ts.Close(); http.DefaultClient.CloseIdleConnections() })
 	routedIDs := func() map[uint64]bool {
 		out := map[uint64]bool{}

@@ -1,4 +1,4 @@
-package frontend_test
+package fleet_test
 
 import (
 	"bufio"
@@ -25,6 +25,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/fleet"
 	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/router"
 	kvrt "github.com/kvmesh/kvmesh/runtime"
@@ -42,7 +43,7 @@ import (
 // Everything shares the machine's cores, so the result depends on them:
 // docs/benchmarks.md §3 has the figures at 2 to 16 cores (GOMAXPROCS).
 //
-//	KVMESH_BENCH=1 go test ./frontend -run TestFrontendAddedLatency -v
+//	KVMESH_BENCH=1 go test ./fleet -run TestFrontendAddedLatency -v
 //
 // Knobs (env): KVMESH_BENCH_STREAMS (200), KVMESH_BENCH_TOKENS (64),
 // KVMESH_BENCH_WORKERS (4), KVMESH_BENCH_SPEEDUP (2: sim time divisor),
@@ -113,7 +114,7 @@ func TestFrontendAddedLatency(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	cl, err := frontend.NewCluster(ctx, frontend.ClusterConfig{NC: nc, Discovery: disc, Models: []*frontend.Model{model},
+	cl, err := fleet.NewCluster(ctx, fleet.ClusterConfig{NC: nc, Discovery: disc, Models: []*frontend.Model{model},
 		Registerer: reg, Logger: log, Router: router.Config{Mode: router.ModeKV}})
 	if err != nil {
 		t.Fatal(err)

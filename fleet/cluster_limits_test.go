@@ -1,4 +1,4 @@
-package frontend
+package fleet
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/runtime"
 )
@@ -23,15 +24,15 @@ type rejectingStream struct {
 func (s *rejectingStream) Recv() (*api.GenerateChunk, error) { return nil, s.err }
 func (s *rejectingStream) RecvMsg(any) error                 { return s.err }
 
-// A worker's InvalidArgument is ErrRejected (a 400, never migrated), not a
+// A worker's InvalidArgument is frontend.ErrRejected (a 400, never migrated), not a
 // lost worker; the worker stays routable.
 func TestWorkerInvalidArgumentIsRejected(t *testing.T) {
 	c := &Cluster{}
 	ws := &workerStream{c: c, d: &router.Decision{}, ctx: context.Background(), cancel: func() {},
 		st: &rejectingStream{err: status.Error(codes.InvalidArgument, "generate: need 9 KV blocks, the engine has 8")}}
 	_, err := ws.Recv()
-	if !errors.Is(err, ErrRejected) || errors.Is(err, ErrWorkerLost) || err.Error() != "the worker rejected the request: generate: need 9 KV blocks, the engine has 8" {
-		t.Fatalf("got %v, want ErrRejected with the worker's message", err)
+	if !errors.Is(err, frontend.ErrRejected) || errors.Is(err, frontend.ErrWorkerLost) || err.Error() != "the worker rejected the request: generate: need 9 KV blocks, the engine has 8" {
+		t.Fatalf("got %v, want frontend.ErrRejected with the worker's message", err)
 	}
 	if c.inhibited != nil {
 		t.Fatal("a worker that rejected a bad request was taken out of routing")

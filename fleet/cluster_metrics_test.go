@@ -1,4 +1,4 @@
-package frontend
+package fleet
 
 import (
 	"log/slog"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/router"
 )
 
@@ -17,7 +18,7 @@ func TestClusterFeedMetrics(t *testing.T) {
 	ctx, nc, disc := controlPlane(t, time.Second)
 	reg := prometheus.NewRegistry()
 	open := func() *Cluster {
-		c, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*Model{{Name: "a"}, {Name: "b"}},
+		c, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*frontend.Model{{Name: "a"}, {Name: "b"}},
 			Router: router.Config{Mode: router.ModeKV}, Logger: slog.New(slog.DiscardHandler), Registerer: reg})
 		if err != nil {
 			t.Fatal(err)

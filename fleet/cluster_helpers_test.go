@@ -1,4 +1,4 @@
-package frontend
+package fleet
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/kvmesh/kvmesh/worker"
@@ -67,13 +68,13 @@ func startWorker(t *testing.T, ctx context.Context, nc *nats.Conn, eng engine.En
 
 // startCluster runs a KV-mode Cluster for the sim's built-in model until
 // the test ends, with its metrics in reg.
-func startCluster(t *testing.T, ctx context.Context, nc *nats.Conn, disc *runtime.Discovery, reg prometheus.Registerer) (*Cluster, *Model) {
+func startCluster(t *testing.T, ctx context.Context, nc *nats.Conn, disc *runtime.Discovery, reg prometheus.Registerer) (*Cluster, *frontend.Model) {
 	t.Helper()
-	model, err := BuiltinModel(sim.DefaultConfig().Model)
+	model, err := frontend.BuiltinModel(sim.DefaultConfig().Model)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*Model{model},
+	cl, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*frontend.Model{model},
 		Router: router.Config{Mode: router.ModeKV}, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package frontend
+package fleet
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/runtime"
@@ -27,7 +28,7 @@ func TestClusterFollowsRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*Model{{Name: "m"}},
+	c, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*frontend.Model{{Name: "m"}},
 		Router: router.Config{Mode: router.ModeKV}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

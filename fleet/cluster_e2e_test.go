@@ -1,4 +1,4 @@
-package frontend
+package fleet
 
 // End-to-end tests of the Cluster against real `kvmesh worker` processes
 // (simulated engine) and an embedded NATS server, all on loopback. Each
@@ -30,6 +30,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/index/ref"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
@@ -185,7 +186,7 @@ func (e *e2e) newCluster(o clusterOpts) *Cluster {
 	if o.reg == nil {
 		o.reg = prometheus.NewRegistry()
 	}
-	c, err := NewCluster(e.ctx, ClusterConfig{NC: o.nc, Discovery: o.disc, Models: []*Model{{Name: e2eModel}},
+	c, err := NewCluster(e.ctx, ClusterConfig{NC: o.nc, Discovery: o.disc, Models: []*frontend.Model{{Name: e2eModel}},
 		Router: router.Config{Mode: router.ModeKV}, ReplicaSync: o.replicaSync, InhibitFor: 200 * time.Millisecond,
 		Registerer: o.reg, Logger: e.log})
 	if err != nil {
@@ -299,7 +300,7 @@ type genResult struct {
 
 // generate sends a request through the cluster and reads it to the end.
 func generate(ctx context.Context, c *Cluster, model string, toks []uint32, maxTokens int) (genResult, error) {
-	st, err := c.Generate(ctx, &GenerateRequest{Model: model, Tokens: toks, MaxTokens: maxTokens})
+	st, err := c.Generate(ctx, &frontend.GenerateRequest{Model: model, Tokens: toks, MaxTokens: maxTokens})
 	if err != nil {
 		return genResult{}, err
 	}
@@ -477,8 +478,8 @@ func testKilledWorker(t *testing.T, bin string) {
 
 	// The router still believes in it: the request fails as a lost worker
 	// (so the frontend would migrate it), not as the client's fault.
-	if _, err := generate(e.ctx, c, e2eModel, concat(p, prompt(9, 8)), 2); !errors.Is(err, ErrWorkerLost) {
-		t.Fatalf("request to the killed worker: %v, want ErrWorkerLost", err)
+	if _, err := generate(e.ctx, c, e2eModel, concat(p, prompt(9, 8)), 2); !errors.Is(err, frontend.ErrWorkerLost) {
+		t.Fatalf("request to the killed worker: %v, want frontend.ErrWorkerLost", err)
 	}
 	waitFor(t, e2eTTL+4*time.Second, "killed worker out of routing", func() bool { return !routed(c)[first.worker] })
 	gone := time.Since(killed)
@@ -631,13 +632,13 @@ func testReplicaSync(t *testing.T, bin string) {
 
 	// Open streams from both replicas and hold them unread: their bookings
 	// stay until they end.
-	var streams []TokenStream
+	var streams []frontend.TokenStream
 	for i := range 8 {
 		c := a
 		if i%2 == 1 {
 			c = b
 		}
-		st, err := c.Generate(e.ctx, &GenerateRequest{Model: e2eModel, Tokens: prompt(uint64(800+i), 300+50*i), MaxTokens: 3})
+		st, err := c.Generate(e.ctx, &frontend.GenerateRequest{Model: e2eModel, Tokens: prompt(uint64(800+i), 300+50*i), MaxTokens: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -727,8 +728,8 @@ func testBadInput(t *testing.T, bin string) {
 	}
 
 	// An unknown model.
-	if _, err := c.Generate(e.ctx, &GenerateRequest{Model: "no-such-model", Tokens: prompt(1, 16), MaxTokens: 1}); !errors.Is(err, ErrNoWorkers) {
-		t.Fatalf("unknown model: %v, want ErrNoWorkers", err)
+	if _, err := c.Generate(e.ctx, &frontend.GenerateRequest{Model: "no-such-model", Tokens: prompt(1, 16), MaxTokens: 1}); !errors.Is(err, frontend.ErrNoWorkers) {
+		t.Fatalf("unknown model: %v, want frontend.ErrNoWorkers", err)
 	}
 
 	// An instance whose address refuses connections: registered once, never
@@ -749,10 +750,10 @@ func testBadInput(t *testing.T, bin string) {
 
 	// A worker that hangs mid-stream (SIGSTOP: sockets open, no answers, no
 	// discovery refresh) and one that dies mid-stream (SIGKILL).
-	long := func(seed uint64) (TokenStream, *e2eWorker) {
+	long := func(seed uint64) (frontend.TokenStream, *e2eWorker) {
 		for {
-			st, err := c.Generate(e.ctx, &GenerateRequest{Model: e2eModel, Tokens: prompt(seed, 128), MaxTokens: 3000})
-			if errors.Is(err, ErrWorkerLost) {
+			st, err := c.Generate(e.ctx, &frontend.GenerateRequest{Model: e2eModel, Tokens: prompt(seed, 128), MaxTokens: 3000})
+			if errors.Is(err, frontend.ErrWorkerLost) {
 				seed += 1000 // routed to the dead instance: try again
 				continue
 			}
@@ -779,13 +780,13 @@ func testBadInput(t *testing.T, bin string) {
 	stoppedAt := time.Now()
 	died.proc.Kill()
 	diedAt := time.Now()
-	if err := drain(dieSt); !errors.Is(err, ErrWorkerLost) {
-		t.Fatalf("stream of the killed worker: %v, want ErrWorkerLost", err)
+	if err := drain(dieSt); !errors.Is(err, frontend.ErrWorkerLost) {
+		t.Fatalf("stream of the killed worker: %v, want frontend.ErrWorkerLost", err)
 	}
 	t.Logf("killed worker's stream failed after %v", time.Since(diedAt).Round(time.Millisecond))
 	// The hung worker's stream fails once discovery drops it.
-	if err := drain(hangSt); !errors.Is(err, ErrWorkerLost) {
-		t.Fatalf("stream of the hung worker: %v, want ErrWorkerLost", err)
+	if err := drain(hangSt); !errors.Is(err, frontend.ErrWorkerLost) {
+		t.Fatalf("stream of the hung worker: %v, want frontend.ErrWorkerLost", err)
 	}
 	t.Logf("hung worker's stream failed after %v (TTL %v)", time.Since(stoppedAt).Round(time.Millisecond), e2eTTL)
 
@@ -826,7 +827,7 @@ func testBadInput(t *testing.T, bin string) {
 	t.Logf("watcher: %d bad records; feed %+v", watcher.BadRecords(), st)
 }
 
-func drain(st TokenStream) error {
+func drain(st frontend.TokenStream) error {
 	for {
 		ch, err := st.Recv()
 		if err != nil {
