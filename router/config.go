@@ -71,7 +71,11 @@ type Config struct {
 	MaxPrefillTokens int64         // active prefill tokens
 	MaxPrefillFrac   float64       // active prefill tokens / worker's MaxBatchedTokens
 	BusyRetryAfter   time.Duration // suggestion in BusyError, default 1 s
-	LoadReportTTL    time.Duration // how long an UpdateLoad report counts, default 10 s
+	// InhibitFor is how long Inhibit (or Decision.Fail) keeps a worker out
+	// of selection and out of hint sources; default DefaultInhibitFor.
+	// Discovery removes a dead worker for good once its record lapses.
+	InhibitFor    time.Duration
+	LoadReportTTL time.Duration // how long an UpdateLoad report counts, default 10 s
 
 	// NoBlockTracking books only prefill tokens, not active blocks: for
 	// prefill pools, whose blocks leave with the request (Dynamo runs its
@@ -103,6 +107,9 @@ type Config struct {
 	Rand       *rand.Rand            // default seeded from the runtime; guarded by the router
 	Registerer prometheus.Registerer // nil: metrics are kept but not registered
 }
+
+// DefaultInhibitFor is Config.InhibitFor's default.
+const DefaultInhibitFor = 5 * time.Second
 
 // CostModel weighs a worker's cached prefix against its load. Both kinds
 // credit the cached prefix per tier:
@@ -236,6 +243,9 @@ func (c *Config) fill() error {
 	}
 	if c.SweepInterval <= 0 {
 		c.SweepInterval = 30 * time.Second
+	}
+	if c.InhibitFor <= 0 {
+		c.InhibitFor = DefaultInhibitFor
 	}
 	if c.Now == nil {
 		c.Now = time.Now

@@ -7,7 +7,8 @@ import (
 )
 
 // Decision is one routing decision and the handle on the load it booked.
-// FirstToken and Done are idempotent and safe to call from any goroutine.
+// FirstToken, Done and Fail are idempotent and safe to call from any
+// goroutine.
 type Decision struct {
 	ID     string       // selection id, unique per router replica
 	Worker kv.WorkerKey // the chosen worker key
@@ -68,6 +69,16 @@ func (d *Decision) Done() {
 	if d == nil || d.r == nil {
 		return
 	}
+	d.r.done(d.a, true)
+}
+
+// Fail is Done for a request its worker failed (unreachable, stream
+// broken): the worker is also kept out of selection for Config.InhibitFor.
+func (d *Decision) Fail() {
+	if d == nil || d.r == nil {
+		return
+	}
+	d.r.Inhibit(d.Worker)
 	d.r.done(d.a, true)
 }
 

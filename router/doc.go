@@ -5,11 +5,16 @@
 // (prefill tokens until the first token, unique active blocks until the
 // request ends), shares that load with other router replicas through
 // compact messages, rejects with ErrAllBusy when every worker is past its
-// busy thresholds, and plans KV hints (a peer holding a longer prefix).
+// busy thresholds, keeps a worker that failed a request out of selection
+// until a deadline (Inhibit, Decision.Fail; a request may also exclude
+// workers of its own), and plans KV hints (a peer holding a longer prefix).
 //
 // The router is a pure core: it does no network I/O. Discovery updates
 // (AddWorker/RemoveWorker), worker load reports (UpdateLoad) and replica
 // messages (ApplyReplicaEvent) are fed to it by the caller; KV events go to
 // the index the caller hands it. Time comes from an injectable clock so the
 // twin can run it on virtual time.
+//
+// It must not import the fleet, the transports (NATS, gRPC, api) or the
+// HTTP frontend: those drive it.
 package router

@@ -23,7 +23,8 @@ type Router struct {
 	pools     map[poolKey]*pool
 	workers   map[kv.WorkerKey]*worker
 	loads     map[kv.WorkerKey]*load
-	active    map[string]*active // open decisions, ours and other replicas'
+	active    map[string]*active         // open decisions, ours and other replicas'
+	inhibited map[kv.WorkerKey]time.Time // failed workers, kept out of selection until then
 	lastSweep time.Time
 
 	nworkers atomic.Int64
@@ -58,6 +59,8 @@ func New(cfg Config) (*Router, error) {
 		workers: make(map[kv.WorkerKey]*worker),
 		loads:   make(map[kv.WorkerKey]*load),
 		active:  make(map[string]*active),
+
+		inhibited: make(map[kv.WorkerKey]time.Time),
 	}
 	r.scratch.New = func() any { return new(scratch) }
 	return r, nil
@@ -210,6 +213,7 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 		}
 		return nil, fmt.Errorf("router: model %q changed block size while routing; retry", req.Model)
 	}
+	req.Exclude = r.exclusions(req.Exclude, now)
 	chosen, err := r.choose(p, req, sc, seq, now)
 	if err != nil {
 		r.mu.Unlock()
