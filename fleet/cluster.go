@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,7 +14,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
-	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kv"
@@ -23,42 +21,37 @@ import (
 	"github.com/kvmesh/kvmesh/runtime"
 )
 
-// ClusterConfig wires a Cluster to the control plane.
-type ClusterConfig struct {
+// Config wires a Cluster to the control plane.
+type Config struct {
 	NC        *nats.Conn
 	Discovery *runtime.Discovery
-	// Models are the served models with their preprocessing; the cluster
-	// routes each to the workers that register under its name.
-	Models []*frontend.Model
-	// Router configures worker selection. Matcher is set by the cluster (its
-	// event-fed index) unless the mode needs none.
+	// Models are the served model names; the cluster routes each to the
+	// workers that register under it.
+	Models []string
+	// Router configures worker selection, and how long a worker that failed
+	// a request stays out of it (InhibitFor). Matcher is set by the cluster
+	// (its event-fed index) unless the mode needs none.
 	Router router.Config
 	// ReplicaSync shares load bookings with other frontend replicas.
 	ReplicaSync bool
-	// InhibitFor keeps a worker that failed a request out of routing
-	// (default 5 s); discovery removes it for good once its TTL lapses.
-	InhibitFor time.Duration
-	Registerer prometheus.Registerer
-	Logger     *slog.Logger
+	Registerer  prometheus.Registerer
+	Logger      *slog.Logger
 }
 
 // replicaSyncScope names the replica-sync subject every frontend shares.
 const replicaSyncScope = "all-models"
 
-// Cluster is the Backend over live workers: discovery feeds the router's
-// worker set, the event plane feeds its index, load reports feed its busy
-// thresholds, and requests go to the chosen worker over gRPC.
+// Cluster is the live backend: discovery feeds its instance table, which
+// drives the router's worker set, the event feeds and the client pool; the
+// event plane feeds the router's index, load reports its busy thresholds,
+// and requests go to the chosen worker over gRPC.
 type Cluster struct {
-	cfg     ClusterConfig
-	log     *slog.Logger
-	index   *index.Index
-	router  *router.Router
-	clients *runtime.WorkerClients
-	models  frontend.StaticModels
-
-	mu        sync.Mutex
-	instances map[uint64]runtime.Instance
-	inhibited map[kv.WorkerKey]time.Time
+	cfg       Config
+	log       *slog.Logger
+	index     *index.Index
+	router    *router.Router
+	clients   *runtime.WorkerClients
+	instances *instances
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -69,16 +62,12 @@ type Cluster struct {
 	bcast    *runtime.Broadcast
 }
 
-// NewCluster starts following the workers of every configured model.
-func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
+// New starts following the workers of every configured model.
+func New(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.InhibitFor <= 0 {
-		cfg.InhibitFor = 5 * time.Second
-	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: runtime.NewWorkerClients(),
-		instances: map[uint64]runtime.Instance{}, inhibited: map[kv.WorkerKey]time.Time{},
 		feeds: map[string]*runtime.EventFeed{}}
 	rc := cfg.Router
 	if rc.Mode == router.ModeKV || rc.Mode == "" {
@@ -97,6 +86,7 @@ func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 		return nil, err
 	}
 	c.router = r
+	c.instances = newInstances(r, c.clients, c.log)
 	if cfg.ReplicaSync {
 		// Replica events name workers, not models: one subject serves all.
 		c.bcast, err = runtime.NewBroadcast(cfg.NC, runtime.SyncSubject(replicaSyncScope, "router"), r.ID(), func(_ string, data []byte) {
@@ -115,8 +105,7 @@ func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	}
 	ctx, c.cancel = context.WithCancel(ctx)
 	for _, m := range cfg.Models {
-		c.models.Add(m)
-		if err := c.follow(ctx, m.Name); err != nil {
+		if err := c.follow(ctx, m); err != nil {
 			c.Close()
 			return nil, err
 		}
@@ -146,10 +135,7 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 			c.log.Error("event feed stopped", "model", model, "err", err)
 		}
 	}()
-	w, err := c.cfg.Discovery.Watch(ctx, model, func(ev runtime.DiscoveryEvent) {
-		c.discovered(ev)
-		feed.OnDiscovery(ev)
-	})
+	w, err := c.cfg.Discovery.Watch(ctx, model, func(ev runtime.DiscoveryEvent) { c.instances.apply(ev, feed) })
 	if err != nil {
 		return fmt.Errorf("watching %s: %w", model, err)
 	}
@@ -167,130 +153,42 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 	return nil
 }
 
-// discovered keeps the router's worker set equal to discovery's.
-func (c *Cluster) discovered(ev runtime.DiscoveryEvent) {
-	in := ev.Instance
-	if ev.Kind == runtime.InstanceRemoved {
-		c.mu.Lock()
-		delete(c.instances, in.ID)
-		c.mu.Unlock()
-		for _, k := range in.Workers() {
-			c.router.RemoveWorker(k)
-		}
-		c.clients.Forget(in.ID)
-		c.log.Info("worker removed", "instance", fmt.Sprintf("%x", in.ID), "model", in.Model)
-		return
-	}
-	c.mu.Lock()
-	prev, had := c.instances[in.ID]
-	c.instances[in.ID] = in
-	c.mu.Unlock()
-	if had {
-		// A re-registration with fewer DP ranks: the dropped ranks go.
-		for _, k := range prev.Workers()[min(len(prev.Workers()), len(in.Workers())):] {
-			c.router.RemoveWorker(k)
-		}
-	}
-	for r, k := range in.Workers() {
-		info := router.WorkerInfo{Key: k, Model: in.Model, Role: router.Role(in.Role), BlockSize: in.BlockSize,
-			KVBlocks: in.KVCapacity[kv.TierDevice.String()], MaxBatchedTokens: in.MaxBatchedTokens, Digest: in.Digest}
-		if r < len(in.ControlEndpoints) {
-			info.ControlEndpoint, info.HintCapable = in.ControlEndpoints[r], true
-		}
-		if err := c.router.AddWorker(info); err != nil {
-			c.log.Warn("worker not routable", "instance", fmt.Sprintf("%x", in.ID), "err", err)
-		}
-	}
-	c.log.Info("worker added", "instance", fmt.Sprintf("%x", in.ID), "model", in.Model, "grpc", in.GRPCAddr)
-}
-
 // Ready reports whether every served model has a worker.
 func (c *Cluster) Ready() error {
 	for _, m := range c.cfg.Models {
-		if len(c.router.Workers(m.Name, router.RoleAggregated)) == 0 {
-			return fmt.Errorf("no worker serves %s yet", m.Name)
+		if len(c.router.Workers(m, router.RoleAggregated)) == 0 {
+			return fmt.Errorf("no worker serves %s yet", m)
 		}
 	}
 	return nil
 }
 
-// Router exposes the router (for metrics and tests).
-func (c *Cluster) Router() *router.Router { return c.router }
-
-// Index exposes the event-fed index (for tests).
-func (c *Cluster) Index() *index.Index { return c.index }
-
-// Feed is the event feed of a served model (for stats and tests); nil for
-// a model the cluster does not serve.
-func (c *Cluster) Feed(model string) *runtime.EventFeed { return c.feeds[model] }
-
-// Model and Models make the cluster a ModelSource.
-func (c *Cluster) Model(name string) (*frontend.Model, bool) { return c.models.Model(name) }
-func (c *Cluster) Models() []*frontend.Model                 { return c.models.Models() }
-
 // MaxContext is the context every worker of model can hold: the smallest
 // device KV capacity (blocks × block size) among them, so a request that
 // passes fits wherever it is routed (0: no worker reports its capacity).
-func (c *Cluster) MaxContext(model string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	limit := 0
-	for _, in := range c.instances {
-		if in.Model != model {
-			continue
-		}
-		if n := in.KVCapacity[kv.TierDevice.String()] * in.BlockSize; n > 0 && (limit == 0 || n < limit) {
-			limit = n
-		}
-	}
-	return limit
-}
-
-func (c *Cluster) inhibit(k kv.WorkerKey) {
-	c.mu.Lock()
-	c.inhibited[k] = time.Now().Add(c.cfg.InhibitFor)
-	c.mu.Unlock()
-}
-
-func (c *Cluster) excluded() []kv.WorkerKey {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []kv.WorkerKey
-	now := time.Now()
-	for k, until := range c.inhibited {
-		if now.After(until) {
-			delete(c.inhibited, k)
-			continue
-		}
-		out = append(out, k)
-	}
-	return out
-}
+func (c *Cluster) MaxContext(model string) int { return c.instances.maxContext(model) }
 
 // Generate routes the request and streams it from the chosen worker.
-func (c *Cluster) Generate(ctx context.Context, req *frontend.GenerateRequest) (frontend.TokenStream, error) {
-	d, err := c.router.Route(ctx, router.Request{Model: req.Model, Tokens: req.Tokens, Exclude: c.excluded()})
+func (c *Cluster) Generate(ctx context.Context, req *kv.GenerateRequest) (kv.TokenStream, error) {
+	d, err := c.router.Route(ctx, router.Request{Model: req.Model, Tokens: req.Tokens})
 	var busy *router.BusyError
 	switch {
 	case errors.As(err, &busy):
-		return nil, &frontend.BusyError{RetryAfter: busy.RetryAfter}
+		return nil, &kv.BusyError{RetryAfter: busy.RetryAfter}
 	case errors.Is(err, router.ErrNoWorkers):
-		return nil, frontend.ErrNoWorkers
+		return nil, kv.ErrNoWorkers
 	case err != nil:
 		return nil, err
 	}
-	c.mu.Lock()
-	in, ok := c.instances[d.Worker.Instance]
-	c.mu.Unlock()
+	in, ok := c.instances.get(d.Worker.Instance)
 	if !ok {
 		d.Done()
-		return nil, fmt.Errorf("worker %v left before the request reached it: %w", d.Worker, frontend.ErrWorkerLost)
+		return nil, fmt.Errorf("worker %v left before the request reached it: %w", d.Worker, kv.ErrWorkerLost)
 	}
 	client, err := c.clients.Get(in)
 	if err != nil {
-		d.Done()
-		c.inhibit(d.Worker)
-		return nil, fmt.Errorf("%v: %w", err, frontend.ErrWorkerLost)
+		d.Fail()
+		return nil, fmt.Errorf("%v: %w", err, kv.ErrWorkerLost)
 	}
 	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, MaxTokens: uint32(req.MaxTokens),
 		StopTokenIds: req.StopTokens, Seed: req.Seed, Temperature: req.Temperature, DpRank: d.Worker.DPRank,
@@ -305,15 +203,13 @@ func (c *Cluster) Generate(ctx context.Context, req *frontend.GenerateRequest) (
 	st, err := client.Generate(sctx, greq)
 	if err != nil {
 		cancel()
-		d.Done()
-		c.inhibit(d.Worker)
-		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, frontend.ErrWorkerLost)
+		d.Fail()
+		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, kv.ErrWorkerLost)
 	}
-	return &workerStream{c: c, d: d, st: st, ctx: ctx, cancel: cancel}, nil
+	return &workerStream{d: d, st: st, ctx: ctx, cancel: cancel}, nil
 }
 
 type workerStream struct {
-	c      *Cluster
 	d      *router.Decision
 	st     api.Worker_GenerateClient
 	ctx    context.Context // the caller's: tells its cancellation from ours
@@ -323,18 +219,17 @@ type workerStream struct {
 	msg    api.GenerateChunk // reused by every Recv: the codec resets it, and a chunk keeps only its own Tokens slice
 }
 
-func (s *workerStream) Recv() (frontend.TokenChunk, error) {
+func (s *workerStream) Recv() (kv.TokenChunk, error) {
 	if s.done {
-		return frontend.TokenChunk{}, io.EOF
+		return kv.TokenChunk{}, io.EOF
 	}
 	m := &s.msg
 	err := s.st.RecvMsg(m)
 	if err != nil {
-		s.finish()
 		if err == io.EOF {
 			// The worker closed the stream without a finish reason.
-			s.c.inhibit(s.d.Worker)
-			return frontend.TokenChunk{}, fmt.Errorf("worker %v ended the stream early: %w", s.d.Worker, frontend.ErrWorkerLost)
+			s.fail()
+			return kv.TokenChunk{}, fmt.Errorf("worker %v ended the stream early: %w", s.d.Worker, kv.ErrWorkerLost)
 		}
 		switch status.Code(err) {
 		case codes.Canceled, codes.DeadlineExceeded:
@@ -342,22 +237,24 @@ func (s *workerStream) Recv() (frontend.TokenChunk, error) {
 			// cancelled because discovery dropped the worker (Forget closes
 			// its connection) is a lost worker and may be migrated.
 			if s.ctx.Err() != nil {
-				return frontend.TokenChunk{}, err
+				s.finish()
+				return kv.TokenChunk{}, err
 			}
 		case codes.InvalidArgument:
-			return frontend.TokenChunk{}, fmt.Errorf("%w: %s", frontend.ErrRejected, status.Convert(err).Message())
+			s.finish()
+			return kv.TokenChunk{}, fmt.Errorf("%w: %s", kv.ErrRejected, status.Convert(err).Message())
 		}
-		s.c.inhibit(s.d.Worker)
-		return frontend.TokenChunk{}, fmt.Errorf("worker %v: %v: %w", s.d.Worker, err, frontend.ErrWorkerLost)
+		s.fail()
+		return kv.TokenChunk{}, fmt.Errorf("worker %v: %v: %w", s.d.Worker, err, kv.ErrWorkerLost)
 	}
 	if !s.first && len(m.Tokens) > 0 {
 		s.first = true
 		s.d.FirstToken()
 	}
-	ch := frontend.TokenChunk{Tokens: m.Tokens, Finish: m.FinishReason}
+	ch := kv.TokenChunk{Tokens: m.Tokens, Finish: m.FinishReason}
 	if m.FinishReason == "error" {
 		s.finish()
-		return frontend.TokenChunk{}, fmt.Errorf("worker %v: engine error: %s", s.d.Worker, m.Error)
+		return kv.TokenChunk{}, fmt.Errorf("worker %v: engine error: %s", s.d.Worker, m.Error)
 	}
 	if u := m.Usage; u != nil {
 		ch.PromptTokens, ch.CachedTokens = int(u.PromptTokens), int(u.CachedTokens)
@@ -372,6 +269,15 @@ func (s *workerStream) finish() {
 	if !s.done {
 		s.done = true
 		s.d.Done()
+	}
+}
+
+// fail ends the stream on a lost worker: the router keeps it out of
+// selection for a while.
+func (s *workerStream) fail() {
+	if !s.done {
+		s.done = true
+		s.d.Fail()
 	}
 }
 

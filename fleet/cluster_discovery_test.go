@@ -8,7 +8,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/runtime"
@@ -28,7 +27,7 @@ func TestClusterFollowsRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*frontend.Model{{Name: "m"}},
+	c, err := New(ctx, Config{NC: nc, Discovery: disc, Models: []string{"m"},
 		Router: router.Config{Mode: router.ModeKV}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +42,7 @@ func TestClusterFollowsRecords(t *testing.T) {
 	}
 	keys := func(want ...kv.WorkerKey) func() bool {
 		return func() bool {
-			got := c.Router().Workers("m", router.RoleAggregated)
+			got := c.router.Workers("m", router.RoleAggregated)
 			if len(got) != len(want) {
 				return false
 			}
@@ -55,7 +54,7 @@ func TestClusterFollowsRecords(t *testing.T) {
 			return true
 		}
 	}
-	why := func() string { return fmt.Sprint(c.Router().Workers("m", router.RoleAggregated)) }
+	why := func() string { return fmt.Sprint(c.router.Workers("m", router.RoleAggregated)) }
 	put(0x10, 3, 16)
 	waitFor(t, 5*time.Second, "three ranks", keys(kv.WorkerKey{Instance: 0x10}, kv.WorkerKey{Instance: 0x10, DPRank: 1}, kv.WorkerKey{Instance: 0x10, DPRank: 2}), why)
 	put(0x10, 1, 16)

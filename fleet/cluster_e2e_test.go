@@ -30,7 +30,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvmesh/kvmesh/api"
-	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/index/ref"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
@@ -186,8 +185,8 @@ func (e *e2e) newCluster(o clusterOpts) *Cluster {
 	if o.reg == nil {
 		o.reg = prometheus.NewRegistry()
 	}
-	c, err := NewCluster(e.ctx, ClusterConfig{NC: o.nc, Discovery: o.disc, Models: []*frontend.Model{{Name: e2eModel}},
-		Router: router.Config{Mode: router.ModeKV}, ReplicaSync: o.replicaSync, InhibitFor: 200 * time.Millisecond,
+	c, err := New(e.ctx, Config{NC: o.nc, Discovery: o.disc, Models: []string{e2eModel},
+		Router: router.Config{Mode: router.ModeKV, InhibitFor: 200 * time.Millisecond}, ReplicaSync: o.replicaSync,
 		Registerer: o.reg, Logger: e.log})
 	if err != nil {
 		e.t.Fatal(err)
@@ -205,7 +204,7 @@ func (e *e2e) waitSynced(c *Cluster, ws ...*e2eWorker) {
 		want[w.key()] = true
 	}
 	waitFor(e.t, 10*time.Second, fmt.Sprintf("cluster routing to %d workers", len(ws)), func() bool {
-		got := c.Router().Workers(e2eModel, router.RoleAggregated)
+		got := c.router.Workers(e2eModel, router.RoleAggregated)
 		if len(got) != len(want) {
 			return false
 		}
@@ -213,7 +212,7 @@ func (e *e2e) waitSynced(c *Cluster, ws ...*e2eWorker) {
 			if !want[wi.Key] {
 				return false
 			}
-			if _, ok := c.Feed(e2eModel).LastID(wi.Key); !ok {
+			if _, ok := c.feeds[e2eModel].LastID(wi.Key); !ok {
 				return false
 			}
 		}
@@ -232,7 +231,7 @@ func (e *e2e) indexMatchesWorker(c *Cluster, w *e2eWorker) (bool, string) {
 	if err != nil {
 		return false, err.Error()
 	}
-	last, ok := c.Feed(e2eModel).LastID(w.key())
+	last, ok := c.feeds[e2eModel].LastID(w.key())
 	if !ok || last != dr.LastId {
 		return false, fmt.Sprintf("feed at event %d (known %v), worker at %d", last, ok, dr.LastId)
 	}
@@ -241,7 +240,7 @@ func (e *e2e) indexMatchesWorker(c *Cluster, w *e2eWorker) (bool, string) {
 		e.t.Fatal(err)
 	}
 	own := holdings(w.key(), evs)
-	got := holdings(w.key(), c.Index().Dump(w.key()))
+	got := holdings(w.key(), c.index.Dump(w.key()))
 	if len(got) != len(own) || (len(own) > 0 && !reflect.DeepEqual(got, own)) {
 		return false, fmt.Sprintf("cluster index holds %d blocks, worker %d", len(got), len(own))
 	}
@@ -300,7 +299,7 @@ type genResult struct {
 
 // generate sends a request through the cluster and reads it to the end.
 func generate(ctx context.Context, c *Cluster, model string, toks []uint32, maxTokens int) (genResult, error) {
-	st, err := c.Generate(ctx, &frontend.GenerateRequest{Model: model, Tokens: toks, MaxTokens: maxTokens})
+	st, err := c.Generate(ctx, &kv.GenerateRequest{Model: model, Tokens: toks, MaxTokens: maxTokens})
 	if err != nil {
 		return genResult{}, err
 	}
@@ -336,7 +335,7 @@ func concat(a, b []uint32) []uint32 { return append(append([]uint32(nil), a...),
 func depths(c *Cluster, toks []uint32) map[kv.WorkerKey]int {
 	local := kv.LocalHashes(nil, toks, e2eBlockSize, kv.Seed("", ""))
 	out := map[kv.WorkerKey]int{}
-	for _, m := range c.Index().FindMatches(local, nil) {
+	for _, m := range c.index.FindMatches(local, nil) {
 		out[m.Worker] = int(m.Depth[kv.NumTiers-1])
 	}
 	return out
@@ -344,7 +343,7 @@ func depths(c *Cluster, toks []uint32) map[kv.WorkerKey]int {
 
 func routed(c *Cluster) map[kv.WorkerKey]bool {
 	out := map[kv.WorkerKey]bool{}
-	for _, wi := range c.Router().Workers(e2eModel, router.RoleAggregated) {
+	for _, wi := range c.router.Workers(e2eModel, router.RoleAggregated) {
 		out[wi.Key] = true
 	}
 	return out
@@ -455,7 +454,7 @@ func testPrefixAffinity(t *testing.T, bin string) {
 		}
 	}
 	e.waitIndexMatches(c, ws...)
-	t.Logf("prefix owners: %v; feed %+v", owner, c.Feed(e2eModel).Stats())
+	t.Logf("prefix owners: %v; feed %+v", owner, c.feeds[e2eModel].Stats())
 }
 
 // 2. A SIGKILLed worker leaves routing within the discovery TTL and gets no
@@ -478,8 +477,8 @@ func testKilledWorker(t *testing.T, bin string) {
 
 	// The router still believes in it: the request fails as a lost worker
 	// (so the frontend would migrate it), not as the client's fault.
-	if _, err := generate(e.ctx, c, e2eModel, concat(p, prompt(9, 8)), 2); !errors.Is(err, frontend.ErrWorkerLost) {
-		t.Fatalf("request to the killed worker: %v, want frontend.ErrWorkerLost", err)
+	if _, err := generate(e.ctx, c, e2eModel, concat(p, prompt(9, 8)), 2); !errors.Is(err, kv.ErrWorkerLost) {
+		t.Fatalf("request to the killed worker: %v, want kv.ErrWorkerLost", err)
 	}
 	waitFor(t, e2eTTL+4*time.Second, "killed worker out of routing", func() bool { return !routed(c)[first.worker] })
 	gone := time.Since(killed)
@@ -497,7 +496,7 @@ func testKilledWorker(t *testing.T, bin string) {
 			t.Fatalf("request %d after removal went to the killed worker", i)
 		}
 	}
-	if s := c.Feed(e2eModel).Stats(); s.InstancesRemoved != 1 {
+	if s := c.feeds[e2eModel].Stats(); s.InstancesRemoved != 1 {
 		t.Fatalf("feed saw %d removals, want 1", s.InstancesRemoved)
 	}
 }
@@ -540,10 +539,10 @@ func testNATSRestart(t *testing.T, bin string) {
 	e.waitIndexMatches(c, ws...)
 	// The workers kept their records alive on the new server.
 	time.Sleep(e2eTTL)
-	if n := len(c.Router().Workers(e2eModel, router.RoleAggregated)); n != 3 {
+	if n := len(c.router.Workers(e2eModel, router.RoleAggregated)); n != 3 {
 		t.Fatalf("%d workers routable one TTL after the restart, want 3", n)
 	}
-	t.Logf("feed after restart: %+v", c.Feed(e2eModel).Stats())
+	t.Logf("feed after restart: %+v", c.feeds[e2eModel].Stats())
 }
 
 // 4. Events lost between the workers and the cluster (a partition of the
@@ -565,7 +564,7 @@ func testEventGap(t *testing.T, bin string) {
 	e.generateDirect(small, prompt(601, 256))
 	e.generateDirect(idle, prompt(602, 256))
 	e.waitIndexMatches(c, ring, small, idle)
-	before := c.Feed(e2eModel).Stats()
+	before := c.feeds[e2eModel].Stats()
 
 	px.cut()
 	waitFor(t, 5*time.Second, "cluster link down", func() bool { return !nc.IsConnected() })
@@ -588,7 +587,7 @@ func testEventGap(t *testing.T, bin string) {
 	e.generateDirect(small, prompt(605, 256))
 	e.waitIndexMatches(c, ring, small, idle)
 
-	after := c.Feed(e2eModel).Stats()
+	after := c.feeds[e2eModel].Stats()
 	if after.TailGaps <= before.TailGaps {
 		t.Fatalf("tail gaps %d → %d, want more (the idle worker)", before.TailGaps, after.TailGaps)
 	}
@@ -632,13 +631,13 @@ func testReplicaSync(t *testing.T, bin string) {
 
 	// Open streams from both replicas and hold them unread: their bookings
 	// stay until they end.
-	var streams []frontend.TokenStream
+	var streams []kv.TokenStream
 	for i := range 8 {
 		c := a
 		if i%2 == 1 {
 			c = b
 		}
-		st, err := c.Generate(e.ctx, &frontend.GenerateRequest{Model: e2eModel, Tokens: prompt(uint64(800+i), 300+50*i), MaxTokens: 3})
+		st, err := c.Generate(e.ctx, &kv.GenerateRequest{Model: e2eModel, Tokens: prompt(uint64(800+i), 300+50*i), MaxTokens: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -651,7 +650,7 @@ func testReplicaSync(t *testing.T, bin string) {
 	}()
 	booked := func(c *Cluster) []router.WorkerLoad {
 		var out []router.WorkerLoad
-		for _, l := range c.Router().Loads() {
+		for _, l := range c.router.Loads() {
 			l.KVUsage = 0 // from load reports, which each replica gets at its own time
 			out = append(out, l)
 		}
@@ -728,8 +727,8 @@ func testBadInput(t *testing.T, bin string) {
 	}
 
 	// An unknown model.
-	if _, err := c.Generate(e.ctx, &frontend.GenerateRequest{Model: "no-such-model", Tokens: prompt(1, 16), MaxTokens: 1}); !errors.Is(err, frontend.ErrNoWorkers) {
-		t.Fatalf("unknown model: %v, want frontend.ErrNoWorkers", err)
+	if _, err := c.Generate(e.ctx, &kv.GenerateRequest{Model: "no-such-model", Tokens: prompt(1, 16), MaxTokens: 1}); !errors.Is(err, kv.ErrNoWorkers) {
+		t.Fatalf("unknown model: %v, want kv.ErrNoWorkers", err)
 	}
 
 	// An instance whose address refuses connections: registered once, never
@@ -750,10 +749,10 @@ func testBadInput(t *testing.T, bin string) {
 
 	// A worker that hangs mid-stream (SIGSTOP: sockets open, no answers, no
 	// discovery refresh) and one that dies mid-stream (SIGKILL).
-	long := func(seed uint64) (frontend.TokenStream, *e2eWorker) {
+	long := func(seed uint64) (kv.TokenStream, *e2eWorker) {
 		for {
-			st, err := c.Generate(e.ctx, &frontend.GenerateRequest{Model: e2eModel, Tokens: prompt(seed, 128), MaxTokens: 3000})
-			if errors.Is(err, frontend.ErrWorkerLost) {
+			st, err := c.Generate(e.ctx, &kv.GenerateRequest{Model: e2eModel, Tokens: prompt(seed, 128), MaxTokens: 3000})
+			if errors.Is(err, kv.ErrWorkerLost) {
 				seed += 1000 // routed to the dead instance: try again
 				continue
 			}
@@ -780,13 +779,13 @@ func testBadInput(t *testing.T, bin string) {
 	stoppedAt := time.Now()
 	died.proc.Kill()
 	diedAt := time.Now()
-	if err := drain(dieSt); !errors.Is(err, frontend.ErrWorkerLost) {
-		t.Fatalf("stream of the killed worker: %v, want frontend.ErrWorkerLost", err)
+	if err := drain(dieSt); !errors.Is(err, kv.ErrWorkerLost) {
+		t.Fatalf("stream of the killed worker: %v, want kv.ErrWorkerLost", err)
 	}
 	t.Logf("killed worker's stream failed after %v", time.Since(diedAt).Round(time.Millisecond))
 	// The hung worker's stream fails once discovery drops it.
-	if err := drain(hangSt); !errors.Is(err, frontend.ErrWorkerLost) {
-		t.Fatalf("stream of the hung worker: %v, want frontend.ErrWorkerLost", err)
+	if err := drain(hangSt); !errors.Is(err, kv.ErrWorkerLost) {
+		t.Fatalf("stream of the hung worker: %v, want kv.ErrWorkerLost", err)
 	}
 	t.Logf("hung worker's stream failed after %v (TTL %v)", time.Since(stoppedAt).Round(time.Millisecond), e2eTTL)
 
@@ -814,7 +813,7 @@ func testBadInput(t *testing.T, bin string) {
 			t.Fatalf("request %d after the TTL went to %v", i, res.worker)
 		}
 	}
-	st := c.Feed(e2eModel).Stats()
+	st := c.feeds[e2eModel].Stats()
 	if st.RepairErrors == 0 {
 		t.Fatalf("no failed dump of the unreachable instance counted: %+v", st)
 	}
@@ -827,7 +826,7 @@ func testBadInput(t *testing.T, bin string) {
 	t.Logf("watcher: %d bad records; feed %+v", watcher.BadRecords(), st)
 }
 
-func drain(st frontend.TokenStream) error {
+func drain(st kv.TokenStream) error {
 	for {
 		ch, err := st.Recv()
 		if err != nil {

@@ -74,7 +74,7 @@ func startCluster(t *testing.T, ctx context.Context, nc *nats.Conn, disc *runtim
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*frontend.Model{model},
+	cl, err := New(ctx, Config{NC: nc, Discovery: disc, Models: []string{model.Name},
 		Router: router.Config{Mode: router.ModeKV}, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"io"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -10,9 +11,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
-	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/runtime"
 )
 
 // rejectingStream is a worker's gRPC stream that fails its first message.
@@ -24,33 +24,58 @@ type rejectingStream struct {
 func (s *rejectingStream) Recv() (*api.GenerateChunk, error) { return nil, s.err }
 func (s *rejectingStream) RecvMsg(any) error                 { return s.err }
 
-// A worker's InvalidArgument is frontend.ErrRejected (a 400, never migrated), not a
+// A worker's InvalidArgument is kv.ErrRejected (a 400, never migrated), not a
 // lost worker; the worker stays routable.
 func TestWorkerInvalidArgumentIsRejected(t *testing.T) {
-	c := &Cluster{}
-	ws := &workerStream{c: c, d: &router.Decision{}, ctx: context.Background(), cancel: func() {},
-		st: &rejectingStream{err: status.Error(codes.InvalidArgument, "generate: need 9 KV blocks, the engine has 8")}}
-	_, err := ws.Recv()
-	if !errors.Is(err, frontend.ErrRejected) || errors.Is(err, frontend.ErrWorkerLost) || err.Error() != "the worker rejected the request: generate: need 9 KV blocks, the engine has 8" {
-		t.Fatalf("got %v, want frontend.ErrRejected with the worker's message", err)
+	r, err := router.New(router.Config{Mode: router.ModeRoundRobin})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if c.inhibited != nil {
-		t.Fatal("a worker that rejected a bad request was taken out of routing")
+	k := kv.WorkerKey{Instance: 1}
+	if err := r.AddWorker(router.WorkerInfo{Key: k, Model: "m", BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	route := func() (*router.Decision, error) {
+		return r.Route(context.Background(), router.Request{Model: "m", Tokens: make([]uint32, 40)})
+	}
+	d, err := route()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := &workerStream{d: d, ctx: context.Background(), cancel: func() {},
+		st: &rejectingStream{err: status.Error(codes.InvalidArgument, "generate: need 9 KV blocks, the engine has 8")}}
+	_, err = ws.Recv()
+	if !errors.Is(err, kv.ErrRejected) || errors.Is(err, kv.ErrWorkerLost) || err.Error() != "the worker rejected the request: generate: need 9 KV blocks, the engine has 8" {
+		t.Fatalf("got %v, want kv.ErrRejected with the worker's message", err)
+	}
+	if l := r.Load(k); l.ActiveRequests != 0 {
+		t.Fatalf("the rejected request still books load: %+v", l)
+	}
+	if _, err := route(); err != nil {
+		t.Fatalf("a worker that rejected a bad request was taken out of routing: %v", err)
 	}
 }
 
-// MaxContext is the smallest device KV capacity among the model's workers.
-func TestClusterMaxContext(t *testing.T) {
-	c := &Cluster{instances: map[uint64]runtime.Instance{
-		1: {ID: 1, Model: "m", BlockSize: 16, KVCapacity: map[string]int{"device": 100, "host": 5000}},
-		2: {ID: 2, Model: "m", BlockSize: 16, KVCapacity: map[string]int{"device": 80}},
-		3: {ID: 3, Model: "m", BlockSize: 16}, // no capacity reported: no bound
-		4: {ID: 4, Model: "other", BlockSize: 16, KVCapacity: map[string]int{"device": 1}},
-	}}
-	if got := c.MaxContext("m"); got != 80*16 {
-		t.Fatalf("MaxContext(m) = %d, want %d", got, 80*16)
+// A stream that breaks (here the worker ends it without a finish reason)
+// is a lost worker: kv.ErrWorkerLost, and the router leaves the worker out.
+func TestWorkerLostIsInhibited(t *testing.T) {
+	r, err := router.New(router.Config{Mode: router.ModeRoundRobin})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := c.MaxContext("none"); got != 0 {
-		t.Fatalf("MaxContext of an unserved model = %d, want 0", got)
+	k := kv.WorkerKey{Instance: 1}
+	if err := r.AddWorker(router.WorkerInfo{Key: k, Model: "m", BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := r.Route(context.Background(), router.Request{Model: "m", Tokens: make([]uint32, 40)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := &workerStream{d: d, ctx: context.Background(), cancel: func() {}, st: &rejectingStream{err: io.EOF}}
+	if _, err := ws.Recv(); !errors.Is(err, kv.ErrWorkerLost) {
+		t.Fatalf("got %v, want kv.ErrWorkerLost", err)
+	}
+	if _, err := r.Route(context.Background(), router.Request{Model: "m", Tokens: make([]uint32, 40)}); !errors.Is(err, router.ErrNoWorkers) {
+		t.Fatalf("the lost worker is still routable: %v", err)
 	}
 }

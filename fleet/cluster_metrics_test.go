@@ -8,7 +8,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/router"
 )
 
@@ -18,7 +17,7 @@ func TestClusterFeedMetrics(t *testing.T) {
 	ctx, nc, disc := controlPlane(t, time.Second)
 	reg := prometheus.NewRegistry()
 	open := func() *Cluster {
-		c, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: disc, Models: []*frontend.Model{{Name: "a"}, {Name: "b"}},
+		c, err := New(ctx, Config{NC: nc, Discovery: disc, Models: []string{"a", "b"},
 			Router: router.Config{Mode: router.ModeKV}, Logger: slog.New(slog.DiscardHandler), Registerer: reg})
 		if err != nil {
 			t.Fatal(err)
@@ -37,7 +36,7 @@ func TestClusterFeedMetrics(t *testing.T) {
 	if n := feedSeries(); n != 2 {
 		t.Fatalf("%d feed batch series, want one per model", n)
 	}
-	if c.Feed("a") == nil || c.Feed("nope") != nil {
+	if c.feeds["a"] == nil || c.feeds["nope"] != nil {
 		t.Fatal("Feed: wrong feeds")
 	}
 	c.Close()

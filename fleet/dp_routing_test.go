@@ -32,9 +32,9 @@ func TestDPRanksRoutedByCache(t *testing.T) {
 	cl, model := startCluster(t, ctx, nc, disc, prometheus.NewRegistry())
 	k0, k1 := kv.WorkerKey{Instance: w.InstanceID()}, kv.WorkerKey{Instance: w.InstanceID(), DPRank: 1}
 	waitFor(t, 10*time.Second, "both ranks routed and dumped", func() bool {
-		_, ok0 := cl.Feed(model.Name).LastID(k0)
-		_, ok1 := cl.Feed(model.Name).LastID(k1)
-		return len(cl.Router().Workers(model.Name, router.RoleAggregated)) == 2 && ok0 && ok1
+		_, ok0 := cl.feeds[model.Name].LastID(k0)
+		_, ok1 := cl.feeds[model.Name].LastID(k1)
+		return len(cl.router.Workers(model.Name, router.RoleAggregated)) == 2 && ok0 && ok1
 	})
 
 	// Turn 1 runs on rank 1, straight at the worker.
@@ -59,7 +59,7 @@ func TestDPRanksRoutedByCache(t *testing.T) {
 	local := kv.LocalHashes(nil, turn1, bs, kv.Seed("", ""))
 	held := func() map[kv.WorkerKey]int {
 		out := map[kv.WorkerKey]int{}
-		for _, m := range cl.Index().FindMatches(local, nil) {
+		for _, m := range cl.index.FindMatches(local, nil) {
 			out[m.Worker] = int(m.Depth[kv.NumTiers-1])
 		}
 		return out
@@ -86,9 +86,9 @@ func TestDPRanksRoutedByCache(t *testing.T) {
 		t.Fatalf("pinned %d blocks of turn 1 on rank 1", n)
 	}
 	waitFor(t, 5*time.Second, "rank 1's load report", func() bool {
-		return cl.Router().Load(k1).KVUsage >= float64(n)/blocks
+		return cl.router.Load(k1).KVUsage >= float64(n)/blocks
 	})
-	if u := cl.Router().Load(k0).KVUsage; u != 0 {
+	if u := cl.router.Load(k0).KVUsage; u != 0 {
 		t.Fatalf("rank 0's KV usage %g, want 0 (rank 1's load applied to rank 0?)", u)
 	}
 }

@@ -10,7 +10,18 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/frontend"
 )
+
+// servedModels is what the frontend serves in front of the fleet.
+func servedModels(ms ...*frontend.Model) *frontend.StaticModels {
+	var s frontend.StaticModels
+	for _, m := range ms {
+		s.Add(m)
+	}
+	return &s
+}
 
 func post(t *testing.T, url, body string) (*http.Response, string) {
 	t.Helper()

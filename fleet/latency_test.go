@@ -1,4 +1,4 @@
-package fleet_test
+package fleet
 
 import (
 	"bufio"
@@ -25,7 +25,6 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
-	"github.com/kvmesh/kvmesh/fleet"
 	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/router"
 	kvrt "github.com/kvmesh/kvmesh/runtime"
@@ -114,17 +113,17 @@ func TestFrontendAddedLatency(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	cl, err := fleet.NewCluster(ctx, fleet.ClusterConfig{NC: nc, Discovery: disc, Models: []*frontend.Model{model},
+	cl, err := New(ctx, Config{NC: nc, Discovery: disc, Models: []string{model.Name},
 		Registerer: reg, Logger: log, Router: router.Config{Mode: router.ModeKV}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	for cl.Ready() != nil || len(cl.Router().Workers("kvmesh-sim", router.RoleAggregated)) < nworkers {
+	for cl.Ready() != nil || len(cl.router.Workers("kvmesh-sim", router.RoleAggregated)) < nworkers {
 		time.Sleep(10 * time.Millisecond)
 	}
 	cfg := frontend.DefaultConfig()
-	srv := &http.Server{Handler: frontend.New(cfg, cl, cl, reg, reg)}
+	srv := &http.Server{Handler: frontend.New(cfg, cl, servedModels(model), reg, reg)}
 	// KVMESH_BENCH_H2C=1: the client speaks cleartext HTTP/2, so all streams
 	// share one connection and the server may coalesce their frames.
 	h2c := os.Getenv("KVMESH_BENCH_H2C") != ""

@@ -15,7 +15,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
-	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/runtime"
@@ -43,7 +42,7 @@ func clusterTurn(t *testing.T, c *Cluster, toks []uint32) turnResult {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	st, err := c.Generate(ctx, &frontend.GenerateRequest{RequestID: fmt.Sprint("r", start.UnixNano()), Model: hintedModel,
+	st, err := c.Generate(ctx, &kv.GenerateRequest{RequestID: fmt.Sprint("r", start.UnixNano()), Model: hintedModel,
 		Tokens: toks, MaxTokens: 6, Seed: 1234})
 	if err != nil {
 		t.Fatal(err)
@@ -118,14 +117,14 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	newCluster := func(hints bool) *Cluster {
-		c, err := NewCluster(ctx, ClusterConfig{NC: nc, Discovery: d, Models: []*frontend.Model{{Name: hintedModel}},
+		c, err := New(ctx, Config{NC: nc, Discovery: d, Models: []string{hintedModel},
 			Router: router.Config{Mode: router.ModeKV, Hints: hints, MaxKVUsage: 0.9}, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(c.Close)
 		waitFor(t, 10*time.Second, "cluster sees 4 hint-capable workers", func() bool {
-			infos := c.Router().Workers(hintedModel, router.RoleAggregated)
+			infos := c.router.Workers(hintedModel, router.RoleAggregated)
 			return len(infos) == 4 && !slices.ContainsFunc(infos, func(i router.WorkerInfo) bool { return !i.HintCapable })
 		})
 		return c
@@ -147,14 +146,14 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 	// Both routers learn A's blocks from its events, then see A as full.
 	for _, c := range []*Cluster{hinted, plain} {
 		waitFor(t, 10*time.Second, "index holds turn 1 on A", func() bool {
-			for _, m := range c.Index().FindMatches(local, nil) {
+			for _, m := range c.index.FindMatches(local, nil) {
 				if m.Worker == a.key() && int(m.Depth[kv.TierDevice]) == n1 {
 					return true
 				}
 			}
 			return false
 		})
-		c.Router().UpdateLoad(a.key(), 100, 100, 0, 0)
+		c.router.UpdateLoad(a.key(), 100, 100, 0, 0)
 	}
 
 	got := clusterTurn(t, hinted, turn2)
@@ -187,14 +186,14 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 
 	// The same turn with hints off goes to a cold worker and recomputes.
 	waitFor(t, 10*time.Second, "plain index holds turn 2 on B", func() bool {
-		for _, m := range plain.Index().FindMatches(local, nil) {
+		for _, m := range plain.index.FindMatches(local, nil) {
 			if m.Worker == b.key() && int(m.Depth[kv.TierDevice]) == n1 {
 				return true
 			}
 		}
 		return false
 	})
-	plain.Router().UpdateLoad(b.key(), 100, 100, 0, 0)
+	plain.router.UpdateLoad(b.key(), 100, 100, 0, 0)
 	base := clusterTurn(t, plain, turn2)
 	if base.cached != 0 {
 		t.Fatalf("baseline found %d cached tokens; it must recompute", base.cached)

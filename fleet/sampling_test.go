@@ -60,9 +60,9 @@ func TestSamplingParamsReachEngine(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cl, model := startCluster(t, ctx, nc, disc, reg)
 	waitFor(t, 10*time.Second, "the worker routed", func() bool {
-		return len(cl.Router().Workers(model.Name, router.RoleAggregated)) == 1
+		return len(cl.router.Workers(model.Name, router.RoleAggregated)) == 1
 	})
-	ts := httptest.NewServer(frontend.New(frontend.DefaultConfig(), cl, cl, reg, reg))
+	ts := httptest.NewServer(frontend.New(frontend.DefaultConfig(), cl, servedModels(model), reg, reg))
 	t.Cleanup(func() { ts.Close(); http.DefaultClient.CloseIdleConnections() })
 
 	type sampling struct {

@@ -93,11 +93,11 @@ func TestStalledWorkerMigrates(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	cl, model := startCluster(t, ctx, nc, disc, reg)
-	ts := httptest.NewServer(frontend.New(frontend.DefaultConfig(), cl, cl, reg, reg))
+	ts := httptest.NewServer(frontend.New(frontend.DefaultConfig(), cl, servedModels(model), reg, reg))
 	t.Cleanup(func() { ts.Close(); http.DefaultClient.CloseIdleConnections() })
 	routedIDs := func() map[uint64]bool {
 		out := map[uint64]bool{}
-		for _, wi := range cl.Router().Workers(model.Name, router.RoleAggregated) {
+		for _, wi := range cl.router.Workers(model.Name, router.RoleAggregated) {
 			out[wi.Key.Instance] = true
 		}
 		return out

@@ -2,77 +2,23 @@ package frontend
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"time"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
-// Backend runs preprocessed (tokenized) requests: the router picks a worker
-// and the request plane streams its tokens back. The frontend knows nothing
-// of workers; kvmesh's wiring implements this over router and gRPC.
+// Backend runs preprocessed (tokenized) requests and streams their tokens
+// back; errors wrap kv.ErrWorkerLost (migrate), kv.ErrRejected (400),
+// kv.ErrNoWorkers or *kv.BusyError (503). The frontend knows nothing of
+// workers: cmd/kvmesh hands it the fleet.
 type Backend interface {
-	Generate(ctx context.Context, req *GenerateRequest) (TokenStream, error)
+	Generate(ctx context.Context, req *kv.GenerateRequest) (kv.TokenStream, error)
 }
-
-// GenerateRequest is what reaches the router: tokens and sampling only. It
-// has no field for client routing hints, so none can reach a worker.
-type GenerateRequest struct {
-	RequestID   string
-	Model       string
-	Tokens      []uint32
-	MaxTokens   int
-	StopTokens  []uint32
-	Seed        uint64
-	Temperature float64
-	TopP        float64 // 0: not set (the engine's default, 1)
-	// PresencePenalty and FrequencyPenalty: 0 applies none.
-	PresencePenalty  float64
-	FrequencyPenalty float64
-	// Attempt counts migrations: 0 for the first try.
-	Attempt int
-}
-
-// TokenStream is one generation's output.
-type TokenStream interface {
-	// Recv returns the next chunk. After the chunk whose Finish is set it
-	// returns io.EOF. An error wrapping ErrWorkerLost means the worker died
-	// mid-stream and the request may be migrated.
-	Recv() (TokenChunk, error)
-	Close() error
-}
-
-// TokenChunk is a piece of output. The final chunk sets Finish ("stop" or
-// "length") and the usage fields.
-type TokenChunk struct {
-	Tokens       []uint32
-	Finish       string
-	PromptTokens int
-	CachedTokens int
-}
-
-// ErrWorkerLost marks a failure of the worker (not of the request): the
-// frontend migrates the request to another worker.
-var ErrWorkerLost = errors.New("worker lost")
-
-// ErrRejected marks a request a worker refused as invalid (gRPC
-// InvalidArgument): the client's mistake, so a 400 that is never migrated.
-var ErrRejected = errors.New("the worker rejected the request")
 
 // ContextLimiter is a Backend that knows how many tokens, prompt plus
 // completion, the workers of a model can hold; the frontend checks requests
 // against it before routing and /v1/models advertises it.
 type ContextLimiter interface {
 	MaxContext(model string) int // 0: unknown
-}
-
-// ErrNoWorkers: no worker serves the model right now.
-var ErrNoWorkers = errors.New("no worker available")
-
-// BusyError: every worker is over its busy threshold.
-type BusyError struct{ RetryAfter time.Duration }
-
-func (e *BusyError) Error() string {
-	return fmt.Sprintf("all workers are busy; retry after %s", e.RetryAfter)
 }
 
 // Model is one served model with its preprocessing.

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 	"unicode/utf8"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // Test doubles: a byte-level model (token = byte, EOS = 256) and a backend
@@ -83,7 +85,7 @@ type fakeBackend struct {
 	mu       sync.Mutex
 	reply    string
 	prompts  map[string]int // request id → first prompt length
-	requests []GenerateRequest
+	requests []kv.GenerateRequest
 	// dieAfter[attempt] = tokens a worker emits before dying on that attempt.
 	dieAfter  map[int]int
 	err       error         // returned by Generate
@@ -98,7 +100,7 @@ type fakeBackend struct {
 
 func (b *fakeBackend) MaxContext(string) int { return b.maxContext }
 
-func (b *fakeBackend) Generate(ctx context.Context, req *GenerateRequest) (TokenStream, error) {
+func (b *fakeBackend) Generate(ctx context.Context, req *kv.GenerateRequest) (kv.TokenStream, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.prompts == nil {
@@ -130,7 +132,7 @@ func (b *fakeBackend) Generate(ctx context.Context, req *GenerateRequest) (Token
 type fakeStream struct {
 	ctx     context.Context
 	b       *fakeBackend
-	req     GenerateRequest
+	req     kv.GenerateRequest
 	pos     int // position in the reply
 	emitted int
 	die     int
@@ -138,13 +140,13 @@ type fakeStream struct {
 	err     error
 }
 
-func (s *fakeStream) Recv() (TokenChunk, error) {
+func (s *fakeStream) Recv() (kv.TokenChunk, error) {
 	if s.done {
-		return TokenChunk{}, io.EOF
+		return kv.TokenChunk{}, io.EOF
 	}
 	if s.err != nil {
 		s.done = true
-		return TokenChunk{}, s.err
+		return kv.TokenChunk{}, s.err
 	}
 	if s.b.delay > 0 {
 		select {
@@ -153,24 +155,24 @@ func (s *fakeStream) Recv() (TokenChunk, error) {
 			if s.b.cancelled != nil {
 				close(s.b.cancelled)
 			}
-			return TokenChunk{}, s.ctx.Err()
+			return kv.TokenChunk{}, s.ctx.Err()
 		}
 	}
 	if s.die >= 0 && s.emitted == s.die {
-		return TokenChunk{}, fmt.Errorf("stream broke: %w", ErrWorkerLost)
+		return kv.TokenChunk{}, fmt.Errorf("stream broke: %w", kv.ErrWorkerLost)
 	}
 	if s.emitted == s.req.MaxTokens {
 		s.done = true
-		return TokenChunk{Finish: "length", PromptTokens: len(s.req.Tokens), CachedTokens: 3}, nil
+		return kv.TokenChunk{Finish: "length", PromptTokens: len(s.req.Tokens), CachedTokens: 3}, nil
 	}
 	if s.pos >= len(s.b.reply) {
 		s.done = true
-		return TokenChunk{Tokens: []uint32{testEOS}, Finish: "stop", PromptTokens: len(s.req.Tokens), CachedTokens: 3}, nil
+		return kv.TokenChunk{Tokens: []uint32{testEOS}, Finish: "stop", PromptTokens: len(s.req.Tokens), CachedTokens: 3}, nil
 	}
 	tok := uint32(s.b.reply[s.pos])
 	s.pos++
 	s.emitted++
-	return TokenChunk{Tokens: []uint32{tok}}, nil
+	return kv.TokenChunk{Tokens: []uint32{tok}}, nil
 }
 
 func (s *fakeStream) Close() error { return nil }

@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/tokenizer"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // usage is what a finished generation reports.
@@ -83,7 +85,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 		if len(generated) > 0 {
 			tokens = append(append(make([]uint32, 0, len(prompt)+len(generated)), prompt...), generated...)
 		}
-		req := &GenerateRequest{
+		req := &kv.GenerateRequest{
 			RequestID:   reqID,
 			Model:       m.Name,
 			Tokens:      tokens,
@@ -103,7 +105,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 		stream, err := s.backend.Generate(actx, req)
 		if err != nil {
 			acancel()
-			if errors.Is(err, ErrWorkerLost) && attempt < s.cfg.MigrationLimit && ctx.Err() == nil {
+			if errors.Is(err, kv.ErrWorkerLost) && attempt < s.cfg.MigrationLimit && ctx.Err() == nil {
 				s.metrics.migrations.Inc()
 				continue
 			}
@@ -168,13 +170,13 @@ func (s *Server) drain(ctx context.Context, rd *chunkReader, m *Model, obs laten
 		}
 		if err == io.EOF {
 			// A stream that ends without a finish reason lost its worker.
-			return false, ErrWorkerLost, nil
+			return false, kv.ErrWorkerLost, nil
 		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return false, nil, cancelled(ctx)
 			}
-			if errors.Is(err, ErrWorkerLost) {
+			if errors.Is(err, kv.ErrWorkerLost) {
 				return false, err, nil
 			}
 			return false, nil, s.backendError(ctx, err)
@@ -235,7 +237,7 @@ func (e *emitError) Error() string { return e.err.Error() }
 // burst, not per token.
 type chunkReader struct {
 	ctx    context.Context
-	stream TokenStream
+	stream kv.TokenStream
 	flush  func() error
 	pump   *pump
 }
@@ -245,7 +247,7 @@ type chunkReader struct {
 // scheduler wake-up (tens of µs); a queued one returns in about 1 µs.
 const behindAfter = 10 * time.Microsecond
 
-func (r *chunkReader) next() (TokenChunk, error) {
+func (r *chunkReader) next() (kv.TokenChunk, error) {
 	if r.flush == nil {
 		return r.stream.Recv()
 	}
@@ -255,7 +257,7 @@ func (r *chunkReader) next() (TokenChunk, error) {
 		}
 	}
 	if err := r.flush(); err != nil {
-		return TokenChunk{}, &emitError{err}
+		return kv.TokenChunk{}, &emitError{err}
 	}
 	if r.pump != nil {
 		return r.pump.wait(r.ctx)
@@ -285,11 +287,11 @@ type pump struct {
 }
 
 type pumped struct {
-	ch  TokenChunk
+	ch  kv.TokenChunk
 	err error
 }
 
-func startPump(stream TokenStream) *pump {
+func startPump(stream kv.TokenStream) *pump {
 	p := &pump{out: make(chan pumped, 16), quit: make(chan struct{}), exited: make(chan struct{})}
 	go func() {
 		defer close(p.exited)
@@ -317,12 +319,12 @@ func (p *pump) ready() (pumped, bool) {
 	}
 }
 
-func (p *pump) wait(ctx context.Context) (TokenChunk, error) {
+func (p *pump) wait(ctx context.Context) (kv.TokenChunk, error) {
 	select {
 	case r := <-p.out:
 		return r.ch, r.err
 	case <-ctx.Done():
-		return TokenChunk{}, ctx.Err()
+		return kv.TokenChunk{}, ctx.Err()
 	}
 }
 
@@ -367,7 +369,7 @@ func (s *Server) backendError(ctx context.Context, err error) *apiError {
 	if ctx.Err() != nil {
 		return cancelled(ctx)
 	}
-	var busy *BusyError
+	var busy *kv.BusyError
 	switch {
 	case errors.As(err, &busy):
 		secs := int(busy.RetryAfter / time.Second)
@@ -375,11 +377,11 @@ func (s *Server) backendError(ctx context.Context, err error) *apiError {
 			secs = 1
 		}
 		return unavailable(secs, "every worker is busy; retry after %d s", secs)
-	case errors.Is(err, ErrNoWorkers):
+	case errors.Is(err, kv.ErrNoWorkers):
 		return unavailable(1, "no worker is available for this model right now")
-	case errors.Is(err, ErrWorkerLost):
+	case errors.Is(err, kv.ErrWorkerLost):
 		return unavailable(1, "the worker failed and the request could not be migrated: %v", err)
-	case errors.Is(err, ErrRejected):
+	case errors.Is(err, kv.ErrRejected):
 		// Another worker would reject it too: a 400, never migrated.
 		return invalid("", "%v", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

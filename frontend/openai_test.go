@@ -14,6 +14,8 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/shared"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 func newOpenAIClient(t *testing.T, b *fakeBackend) openai.Client {
@@ -171,10 +173,10 @@ func TestContextLengthExceeded(t *testing.T) {
 	}
 }
 
-// A worker's rejection (gRPC InvalidArgument: ErrRejected) is the client's
+// A worker's rejection (gRPC InvalidArgument: kv.ErrRejected) is the client's
 // mistake: 400, and the request is not migrated to another worker.
 func TestWorkerRejectionIs400NotMigrated(t *testing.T) {
-	b := &fakeBackend{reply: "x", recvErr: fmt.Errorf("%w: generate: need 9 KV blocks, the engine has 8", ErrRejected)}
+	b := &fakeBackend{reply: "x", recvErr: fmt.Errorf("%w: generate: need 9 KV blocks, the engine has 8", kv.ErrRejected)}
 	c := newOpenAIClient(t, b)
 	_, err := c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "test-model",
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})

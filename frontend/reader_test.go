@@ -5,18 +5,20 @@ import (
 	"io"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // listStream yields its chunks in order, each after wait.
 type listStream struct {
-	chunks []TokenChunk
+	chunks []kv.TokenChunk
 	wait   time.Duration
 	closed bool
 }
 
-func (s *listStream) Recv() (TokenChunk, error) {
+func (s *listStream) Recv() (kv.TokenChunk, error) {
 	if len(s.chunks) == 0 {
-		return TokenChunk{}, io.EOF
+		return kv.TokenChunk{}, io.EOF
 	}
 	if s.wait > 0 {
 		time.Sleep(s.wait)
@@ -28,10 +30,10 @@ func (s *listStream) Recv() (TokenChunk, error) {
 
 func (s *listStream) Close() error { s.closed = true; return nil }
 
-func tokenChunks(n int) []TokenChunk {
-	out := make([]TokenChunk, n)
+func tokenChunks(n int) []kv.TokenChunk {
+	out := make([]kv.TokenChunk, n)
 	for i := range out {
-		out[i] = TokenChunk{Tokens: []uint32{uint32(i)}}
+		out[i] = kv.TokenChunk{Tokens: []uint32{uint32(i)}}
 	}
 	out[n-1].Finish = "length"
 	return out

@@ -1,7 +1,13 @@
 // Package frontend is kvmesh's OpenAI-compatible HTTP API: it validates
-// requests, renders chat templates, tokenizes, hands tokens to a Backend
-// (router + workers), detokenizes and streams the answer back, migrating a
-// request to another worker when its worker dies.
+// requests, renders chat templates, tokenizes, hands tokens to a Backend,
+// detokenizes and streams the answer back, migrating a request to another
+// worker when its worker dies (a kv.ErrWorkerLost from the backend). It owns
+// HTTP only: parsing, templates, SSE, errors and its metrics.
+//
+// The Backend and ContextLimiter interfaces are its own, over the request
+// vocabulary of package kv; cmd/kvmesh hands it the fleet. It must not
+// import fleet, router, index, runtime, api or NATS: it knows nothing of
+// workers.
 package frontend
 
 import (

@@ -16,6 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -369,7 +371,7 @@ func TestBadRequests(t *testing.T) {
 }
 
 func TestBusyIs503WithRetryAfter(t *testing.T) {
-	b := &fakeBackend{err: &BusyError{RetryAfter: 2 * time.Second}}
+	b := &fakeBackend{err: &kv.BusyError{RetryAfter: 2 * time.Second}}
 	ts := newTestServer(t, b, DefaultConfig())
 	resp, body := post(t, ts.URL+"/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "2" || !strings.Contains(body, "busy") {

@@ -84,13 +84,13 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	if err != nil {
 		return nil, fmt.Errorf("--router-mode: %w", err)
 	}
-	var models []*frontend.Model
+	var models frontend.StaticModels
 	for _, name := range ff.models {
 		m, err := frontend.BuiltinModel(name)
 		if err != nil {
 			return nil, err
 		}
-		models = append(models, m)
+		models.Add(m)
 	}
 	if ff.busyKVUsage < 0 || ff.busyKVUsage > 1 {
 		return nil, fmt.Errorf("--busy-kv-usage %g: want a fraction in [0, 1]", ff.busyKVUsage)
@@ -106,8 +106,8 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 		return nil, fmt.Errorf("--router-cost: %w", err)
 	}
 	cost.Temperature = ff.temperature
-	cl, err := fleet.NewCluster(ctx, fleet.ClusterConfig{
-		NC: nc, Discovery: disc, Models: models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log,
+	cl, err := fleet.New(ctx, fleet.Config{
+		NC: nc, Discovery: disc, Models: ff.models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log,
 		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage, Hints: ff.hints},
 	})
 	if err != nil {
@@ -115,7 +115,7 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	}
 	cfg := frontend.DefaultConfig()
 	cfg.MigrationLimit, cfg.MaxBodyBytes, cfg.Ready = ff.migrationLimit, ff.maxBodyBytes, cl.Ready
-	srv := &http.Server{Handler: frontend.New(cfg, cl, cl, reg, reg), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: frontend.New(cfg, cl, &models, reg, reg), ReadHeaderTimeout: 10 * time.Second}
 	ln, err := net.Listen("tcp", ff.listen)
 	if err != nil {
 		cl.Close()

@@ -1,0 +1,14 @@
+// Package fleet is kvmesh's live backend. It owns one instance table, fed
+// by discovery, that drives the router's worker set, each model's event
+// feed (which fills the router's index) and the gRPC client pool; load
+// reports feed the router's busy thresholds, and replica sync shares load
+// bookings with other frontend replicas. Its request path routes a
+// tokenized request, calls the chosen worker over gRPC and streams the
+// tokens back, telling a lost worker (kv.ErrWorkerLost: migrate, and the
+// router inhibits it) from a rejected request (kv.ErrRejected).
+//
+// It speaks the request plane's vocabulary of package kv (GenerateRequest,
+// TokenStream), so the HTTP frontend can use it through its own Backend
+// interface; it must not import frontend (or anything HTTP), and nothing
+// below it (router, index, runtime) may import it.
+package fleet

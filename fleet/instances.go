@@ -1,0 +1,104 @@
+package fleet
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/runtime"
+)
+
+// discoveryFollower is what else follows discovery: a model's event feed.
+type discoveryFollower interface {
+	OnDiscovery(runtime.DiscoveryEvent)
+}
+
+// instances is the fleet's one instance table. Discovery feeds it, and it
+// drives everything that follows the worker set, in one place and in one
+// order: the router's workers (a key per DP rank), the client pool, and the
+// model's event feed. The request path reads instances from it to dial.
+type instances struct {
+	router  *router.Router
+	clients *runtime.WorkerClients
+	log     *slog.Logger
+
+	mu   sync.Mutex
+	byID map[uint64]runtime.Instance
+}
+
+func newInstances(r *router.Router, clients *runtime.WorkerClients, log *slog.Logger) *instances {
+	return &instances{router: r, clients: clients, log: log, byID: map[uint64]runtime.Instance{}}
+}
+
+// apply takes one discovery event into the table and passes it on to the
+// router, the client pool and feed (nil: none).
+func (t *instances) apply(ev runtime.DiscoveryEvent, feed discoveryFollower) {
+	t.update(ev)
+	if feed != nil {
+		feed.OnDiscovery(ev)
+	}
+}
+
+func (t *instances) update(ev runtime.DiscoveryEvent) {
+	in := ev.Instance
+	if ev.Kind == runtime.InstanceRemoved {
+		t.mu.Lock()
+		delete(t.byID, in.ID)
+		t.mu.Unlock()
+		for _, k := range in.Workers() {
+			t.router.RemoveWorker(k)
+		}
+		t.clients.Forget(in.ID)
+		t.log.Info("worker removed", "instance", fmt.Sprintf("%x", in.ID), "model", in.Model)
+		return
+	}
+	t.mu.Lock()
+	prev, had := t.byID[in.ID]
+	t.byID[in.ID] = in
+	t.mu.Unlock()
+	if had {
+		// A re-registration with fewer DP ranks: the dropped ranks go.
+		for _, k := range prev.Workers()[min(len(prev.Workers()), len(in.Workers())):] {
+			t.router.RemoveWorker(k)
+		}
+	}
+	for r, k := range in.Workers() {
+		info := router.WorkerInfo{Key: k, Model: in.Model, Role: router.Role(in.Role), BlockSize: in.BlockSize,
+			KVBlocks: in.KVCapacity[kv.TierDevice.String()], MaxBatchedTokens: in.MaxBatchedTokens, Digest: in.Digest}
+		if r < len(in.ControlEndpoints) {
+			info.ControlEndpoint, info.HintCapable = in.ControlEndpoints[r], true
+		}
+		if err := t.router.AddWorker(info); err != nil {
+			t.log.Warn("worker not routable", "instance", fmt.Sprintf("%x", in.ID), "err", err)
+		}
+	}
+	t.log.Info("worker added", "instance", fmt.Sprintf("%x", in.ID), "model", in.Model, "grpc", in.GRPCAddr)
+}
+
+// get is the instance with id, if discovery lists it.
+func (t *instances) get(id uint64) (runtime.Instance, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	in, ok := t.byID[id]
+	return in, ok
+}
+
+// maxContext is the context every worker of model can hold: the smallest
+// device KV capacity (blocks × block size) among them, so a request that
+// passes fits wherever it is routed (0: no worker reports its capacity).
+func (t *instances) maxContext(model string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	limit := 0
+	for _, in := range t.byID {
+		if in.Model != model {
+			continue
+		}
+		if n := in.KVCapacity[kv.TierDevice.String()] * in.BlockSize; n > 0 && (limit == 0 || n < limit) {
+			limit = n
+		}
+	}
+	return limit
+}
