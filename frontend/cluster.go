@@ -15,17 +15,20 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/eventplane"
 	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 // ClusterConfig wires a Cluster to the control plane.
 type ClusterConfig struct {
 	NC        *nats.Conn
-	Discovery *runtime.Discovery
+	Discovery *discovery.Discovery
 	// Models are the served models with their preprocessing; the cluster
 	// routes each to the workers that register under its name.
 	Models []*Model
@@ -52,20 +55,20 @@ type Cluster struct {
 	log     *slog.Logger
 	index   *index.Index
 	router  *router.Router
-	clients *runtime.WorkerClients
+	clients *workerclient.Pool
 	models  StaticModels
 
 	mu        sync.Mutex
-	instances map[uint64]runtime.Instance
+	instances map[uint64]discovery.Instance
 	inhibited map[kv.WorkerKey]time.Time
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
-	watchers []*runtime.Watcher
-	feeds    map[string]*runtime.EventFeed
+	watchers []*discovery.Watcher
+	feeds    map[string]*eventplane.Feed
 	metrics  []prometheus.Collector // registered on cfg.Registerer; removed at Close
 	subs     []*nats.Subscription
-	bcast    *runtime.Broadcast
+	bcast    *natsbus.Broadcast
 }
 
 // NewCluster starts following the workers of every configured model.
@@ -76,9 +79,9 @@ func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	if cfg.InhibitFor <= 0 {
 		cfg.InhibitFor = 5 * time.Second
 	}
-	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: runtime.NewWorkerClients(),
-		instances: map[uint64]runtime.Instance{}, inhibited: map[kv.WorkerKey]time.Time{},
-		feeds: map[string]*runtime.EventFeed{}}
+	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: workerclient.NewPool(),
+		instances: map[uint64]discovery.Instance{}, inhibited: map[kv.WorkerKey]time.Time{},
+		feeds: map[string]*eventplane.Feed{}}
 	rc := cfg.Router
 	if rc.Mode == router.ModeKV || rc.Mode == "" {
 		rc.Matcher = c.index
@@ -98,7 +101,7 @@ func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	c.router = r
 	if cfg.ReplicaSync {
 		// Replica events name workers, not models: one subject serves all.
-		c.bcast, err = runtime.NewBroadcast(cfg.NC, runtime.SyncSubject(replicaSyncScope, "router"), r.ID(), func(_ string, data []byte) {
+		c.bcast, err = natsbus.NewBroadcast(cfg.NC, natsbus.SyncSubject(replicaSyncScope, "router"), r.ID(), func(_ string, data []byte) {
 			var ev router.ReplicaEvent
 			if err := ev.UnmarshalBinary(data); err != nil {
 				c.log.Debug("bad replica event", "err", err)
@@ -125,8 +128,8 @@ func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 
 // follow subscribes to one model's discovery records, events and load.
 func (c *Cluster) follow(ctx context.Context, model string) error {
-	feed, err := runtime.NewEventFeed(c.cfg.NC, runtime.FeedConfig{Model: model, Applier: c.index,
-		Repairer: runtime.GRPCRepairer{Clients: c.clients}, Logger: c.log})
+	feed, err := eventplane.NewFeed(c.cfg.NC, eventplane.FeedConfig{Model: model, Applier: c.index,
+		Repairer: workerclient.Repairer{Clients: c.clients}, Logger: c.log})
 	if err != nil {
 		return fmt.Errorf("event feed for %s: %w", model, err)
 	}
@@ -145,7 +148,7 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 			c.log.Error("event feed stopped", "model", model, "err", err)
 		}
 	}()
-	w, err := c.cfg.Discovery.Watch(ctx, model, func(ev runtime.DiscoveryEvent) {
+	w, err := c.cfg.Discovery.Watch(ctx, model, func(ev discovery.Event) {
 		c.discovered(ev)
 		feed.OnDiscovery(ev)
 	})
@@ -153,7 +156,7 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 		return fmt.Errorf("watching %s: %w", model, err)
 	}
 	c.watchers = append(c.watchers, w)
-	sub, err := runtime.SubscribeLoad(c.cfg.NC, model, func(r runtime.LoadReport) {
+	sub, err := eventplane.SubscribeLoad(c.cfg.NC, model, func(r eventplane.LoadReport) {
 		// A DP worker reports each rank on its own; its load is that key's.
 		k := kv.WorkerKey{Instance: r.Instance, DPRank: r.DPRank}
 		c.router.UpdateLoad(k, r.UsedBlocks, r.TotalBlocks, r.Running, r.Waiting)
@@ -167,9 +170,9 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 }
 
 // discovered keeps the router's worker set equal to discovery's.
-func (c *Cluster) discovered(ev runtime.DiscoveryEvent) {
+func (c *Cluster) discovered(ev discovery.Event) {
 	in := ev.Instance
-	if ev.Kind == runtime.InstanceRemoved {
+	if ev.Kind == discovery.InstanceRemoved {
 		c.mu.Lock()
 		delete(c.instances, in.ID)
 		c.mu.Unlock()
@@ -221,7 +224,7 @@ func (c *Cluster) Index() *index.Index { return c.index }
 
 // Feed is the event feed of a served model (for stats and tests); nil for
 // a model the cluster does not serve.
-func (c *Cluster) Feed(model string) *runtime.EventFeed { return c.feeds[model] }
+func (c *Cluster) Feed(model string) *eventplane.Feed { return c.feeds[model] }
 
 // Model and Models make the cluster a ModelSource.
 func (c *Cluster) Model(name string) (*Model, bool) { return c.models.Model(name) }

@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/runtime"
 )
 
 // rejectingStream is a worker's gRPC stream that fails its first message.
@@ -40,7 +40,7 @@ func TestWorkerInvalidArgumentIsRejected(t *testing.T) {
 
 // MaxContext is the smallest device KV capacity among the model's workers.
 func TestClusterMaxContext(t *testing.T) {
-	c := &Cluster{instances: map[uint64]runtime.Instance{
+	c := &Cluster{instances: map[uint64]discovery.Instance{
 		1: {ID: 1, Model: "m", BlockSize: 16, KVCapacity: map[string]int{"device": 100, "host": 5000}},
 		2: {ID: 2, Model: "m", BlockSize: 16, KVCapacity: map[string]int{"device": 80}},
 		3: {ID: 3, Model: "m", BlockSize: 16}, // no capacity reported: no bound

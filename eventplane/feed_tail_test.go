@@ -1,4 +1,4 @@
-package runtime
+package eventplane
 
 import (
 	"encoding/json"
@@ -8,19 +8,23 @@ import (
 
 	"github.com/kvmesh/kvmesh/index/ref"
 	"github.com/kvmesh/kvmesh/kv"
+
+	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/natsbus/natstest"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 // Events lost at the end of a stream leave no gap until a later event; the
 // last id announced in load reports reveals them.
 func TestEventFeedTailGap(t *testing.T) {
-	e := startNATS(t)
-	clients := NewWorkerClients()
+	e := natstest.Start(t)
+	clients := workerclient.NewPool()
 	defer clients.Close()
 	ix := &lockedIndex{ix: ref.New()}
 	feed := runFeed(t, e, ix, clients)
 	f := startFakeWorker(t, e, 0xabc, 16)
 	w := kv.WorkerKey{Instance: f.log.instance}
-	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceAdded, Instance: f.instance()})
+	feed.OnDiscovery(discovery.Event{Kind: discovery.InstanceAdded, Instance: f.instance()})
 	f.publish(5)
 	waitSynced(t, feed, ix, f)
 
@@ -57,15 +61,15 @@ func TestEventFeedTailGap(t *testing.T) {
 // so a tail lost on rank 1 is repaired too; a report in the old format
 // (last_event_id only) still announces rank 0.
 func TestEventFeedTailGapOtherRank(t *testing.T) {
-	e := startNATS(t)
-	clients := NewWorkerClients()
+	e := natstest.Start(t)
+	clients := workerclient.NewPool()
 	defer clients.Close()
 	ix := &lockedIndex{ix: ref.New()}
 	feed := runFeed(t, e, ix, clients)
 	f := startFakeWorker(t, e, 0xabd, 16)
 	f.dp = 2
 	id := f.log.instance
-	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceAdded, Instance: f.instance()})
+	feed.OnDiscovery(discovery.Event{Kind: discovery.InstanceAdded, Instance: f.instance()})
 	f.publish(5)
 	f.useRank(1)
 	f.publish(4)

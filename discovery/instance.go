@@ -1,4 +1,4 @@
-package runtime
+package discovery
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 // Instance is one worker's discovery record (JSON in the KV bucket).
@@ -126,5 +127,5 @@ func ParseInstance(b []byte) (Instance, error) {
 }
 
 func instanceKey(model string, id uint64) string {
-	return ModelToken(model) + "." + InstanceToken(id)
+	return natsbus.ModelToken(model) + "." + natsbus.InstanceToken(id)
 }

@@ -1,4 +1,4 @@
-package runtime
+package eventplane
 
 import (
 	"context"
@@ -13,11 +13,14 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
-// EventApplier is where an EventFeed puts events: the router's index.
-// An EventFeed calls it from one goroutine only.
-type EventApplier interface {
+// Applier is where an Feed puts events: the router's index.
+// An Feed calls it from one goroutine only.
+type Applier interface {
 	Apply(kv.Event)
 	RemoveWorker(kv.WorkerKey)
 }
@@ -26,16 +29,16 @@ type EventApplier interface {
 type Repairer interface {
 	// Events returns the events of w with from ≤ id ≤ to, all of them in
 	// order, or tooOld when the worker no longer has from.
-	Events(ctx context.Context, in Instance, w kv.WorkerKey, from, to uint64) (evs []kv.Event, tooOld bool, err error)
+	Events(ctx context.Context, in discovery.Instance, w kv.WorkerKey, from, to uint64) (evs []kv.Event, tooOld bool, err error)
 	// Dump returns w's holdings as Stored events and the last event id
 	// they reflect.
-	Dump(ctx context.Context, in Instance, w kv.WorkerKey) (evs []kv.Event, last uint64, err error)
+	Dump(ctx context.Context, in discovery.Instance, w kv.WorkerKey) (evs []kv.Event, last uint64, err error)
 }
 
-// FeedConfig configures an EventFeed.
+// FeedConfig configures an Feed.
 type FeedConfig struct {
 	Model    string
-	Applier  EventApplier
+	Applier  Applier
 	Repairer Repairer
 	// MaxQueue bounds the events held per worker key while a repair is in
 	// flight; beyond it the queue is dropped and a full dump follows.
@@ -62,14 +65,14 @@ type FeedStats struct {
 	DroppedAfterRemoval, StaleRepairs int64
 }
 
-// EventFeed is the router side of the event plane for one model. It
+// Feed is the router side of the event plane for one model. It
 // subscribes to every worker's event subject, applies events per worker key
 // in id order, detects gaps (id > last+1) and repairs them over the worker
 // API: the missing range, or a full dump when the range is too old. A newly
 // discovered instance is dumped; a removed one is dropped from the applier
 // at once. Events that arrive while a key is being repaired are queued and
 // applied in order afterwards.
-type EventFeed struct {
+type Feed struct {
 	nc  *nats.Conn
 	cfg FeedConfig
 	log *slog.Logger
@@ -97,7 +100,7 @@ type feedCounters struct {
 }
 
 type feedInstance struct {
-	info Instance
+	info discovery.Instance
 	gen  uint64
 	keys []*feedKey
 }
@@ -123,8 +126,8 @@ type repairResult struct {
 	err    error
 }
 
-// NewEventFeed prepares a feed; Run starts it.
-func NewEventFeed(nc *nats.Conn, cfg FeedConfig) (*EventFeed, error) {
+// NewFeed prepares a feed; Run starts it.
+func NewFeed(nc *nats.Conn, cfg FeedConfig) (*Feed, error) {
 	if cfg.Model == "" || cfg.Applier == nil || cfg.Repairer == nil {
 		return nil, errors.New("event feed: model, applier and repairer are required")
 	}
@@ -140,14 +143,14 @@ func NewEventFeed(nc *nats.Conn, cfg FeedConfig) (*EventFeed, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &EventFeed{nc: nc, cfg: cfg, log: cfg.Logger,
+	return &Feed{nc: nc, cfg: cfg, log: cfg.Logger,
 		ops: make(chan func(), 1024), results: make(chan repairResult, 64), msgs: make(chan *nats.Msg, cfg.ChanSize),
 		insts: map[uint64]*feedInstance{}, last: map[kv.WorkerKey]uint64{}}, nil
 }
 
 // OnDiscovery hands a discovery change to the feed; call it from a
 // Watcher's callback. It blocks only if the feed is far behind.
-func (f *EventFeed) OnDiscovery(ev DiscoveryEvent) {
+func (f *Feed) OnDiscovery(ev discovery.Event) {
 	f.ops <- func() { f.discovery(ev) }
 }
 
@@ -158,7 +161,7 @@ func (f *EventFeed) OnDiscovery(ev DiscoveryEvent) {
 // behind an id announced one report earlier (the events of the newest
 // report may be in flight on the other subscription). It never blocks: a
 // dropped announcement is repeated by the next report.
-func (f *EventFeed) OnLoad(w kv.WorkerKey, lastID uint64) {
+func (f *Feed) OnLoad(w kv.WorkerKey, lastID uint64) {
 	if lastID == 0 {
 		return
 	}
@@ -171,7 +174,7 @@ func (f *EventFeed) OnLoad(w kv.WorkerKey, lastID uint64) {
 // OnLoadReport is OnLoad for every DP rank the report announces (see
 // LoadReport.LastEvents): a worker with several ranks sends one report
 // with the last event id of each, and a lost tail on any rank is repaired.
-func (f *EventFeed) OnLoadReport(r LoadReport) {
+func (f *Feed) OnLoadReport(r LoadReport) {
 	if len(r.LastEventIDs) == 0 && r.LastEventID == 0 {
 		return
 	}
@@ -185,7 +188,7 @@ func (f *EventFeed) OnLoadReport(r LoadReport) {
 	}
 }
 
-func (f *EventFeed) announce(w kv.WorkerKey, id uint64) {
+func (f *Feed) announce(w kv.WorkerKey, id uint64) {
 	fi := f.insts[w.Instance]
 	if fi == nil || int(w.DPRank) >= len(fi.keys) {
 		return
@@ -204,7 +207,7 @@ func (f *EventFeed) announce(w kv.WorkerKey, id uint64) {
 
 // LastID is the last event id applied for w, and whether w is known and
 // not being repaired.
-func (f *EventFeed) LastID(w kv.WorkerKey) (uint64, bool) {
+func (f *Feed) LastID(w kv.WorkerKey) (uint64, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	id, ok := f.last[w]
@@ -212,7 +215,7 @@ func (f *EventFeed) LastID(w kv.WorkerKey) (uint64, bool) {
 }
 
 // Stats returns the counters.
-func (f *EventFeed) Stats() FeedStats {
+func (f *Feed) Stats() FeedStats {
 	s := &f.st
 	return FeedStats{Batches: s.batches.Load(), Applied: s.applied.Load(), Duplicates: s.duplicates.Load(),
 		Gaps: s.gaps.Load(), RangeRepairs: s.rangeRepairs.Load(), DumpRepairs: s.dumpRepairs.Load(),
@@ -224,7 +227,7 @@ func (f *EventFeed) Stats() FeedStats {
 
 // Run subscribes and processes until ctx ends; it returns after every
 // repair goroutine has stopped.
-func (f *EventFeed) Run(ctx context.Context) error {
+func (f *Feed) Run(ctx context.Context) error {
 	if !f.running.CompareAndSwap(false, true) {
 		return errors.New("event feed: already running")
 	}
@@ -254,11 +257,11 @@ func (f *EventFeed) Run(ctx context.Context) error {
 	}
 }
 
-func (f *EventFeed) discovery(ev DiscoveryEvent) {
+func (f *Feed) discovery(ev discovery.Event) {
 	in := ev.Instance
 	cur := f.insts[in.ID]
 	switch ev.Kind {
-	case InstanceAdded, InstanceUpdated:
+	case discovery.InstanceAdded, discovery.InstanceUpdated:
 		if cur != nil && cur.info.DPSize == in.DPSize {
 			cur.info = in // address or metadata change: same holdings
 			return
@@ -277,7 +280,7 @@ func (f *EventFeed) discovery(ev DiscoveryEvent) {
 		for _, k := range fi.keys {
 			f.startRepair(fi, k)
 		}
-	case InstanceRemoved:
+	case discovery.InstanceRemoved:
 		if cur != nil {
 			f.drop(cur)
 			f.st.removed.Add(1)
@@ -285,7 +288,7 @@ func (f *EventFeed) discovery(ev DiscoveryEvent) {
 	}
 }
 
-func (f *EventFeed) drop(fi *feedInstance) {
+func (f *Feed) drop(fi *feedInstance) {
 	delete(f.insts, fi.info.ID)
 	f.mu.Lock()
 	for _, k := range fi.keys {
@@ -297,8 +300,8 @@ func (f *EventFeed) drop(fi *feedInstance) {
 	}
 }
 
-func (f *EventFeed) message(ctx context.Context, m *nats.Msg) {
-	id, err := parseInstanceToken(m.Subject)
+func (f *Feed) message(ctx context.Context, m *nats.Msg) {
+	id, err := natsbus.ParseInstanceToken(m.Subject)
 	if err != nil {
 		f.bad("subject", err)
 		return
@@ -335,14 +338,14 @@ func (f *EventFeed) message(ctx context.Context, m *nats.Msg) {
 	}
 }
 
-func (f *EventFeed) bad(where string, err error) {
+func (f *Feed) bad(where string, err error) {
 	f.st.badMessages.Add(1)
 	f.log.Warn("event feed: skipping bad message", "where", where, "err", err)
 }
 
 // offer takes one event for k: queued while repairing, applied if next,
 // skipped if old, and a gap starts a range repair.
-func (f *EventFeed) offer(ctx context.Context, fi *feedInstance, k *feedKey, e kv.Event) {
+func (f *Feed) offer(ctx context.Context, fi *feedInstance, k *feedKey, e kv.Event) {
 	if k.repairing {
 		if len(k.queue) >= f.cfg.MaxQueue {
 			f.st.queueOverflows.Add(1)
@@ -365,7 +368,7 @@ func (f *EventFeed) offer(ctx context.Context, fi *feedInstance, k *feedKey, e k
 	}
 }
 
-func (f *EventFeed) apply(k *feedKey, e kv.Event) {
+func (f *Feed) apply(k *feedKey, e kv.Event) {
 	f.cfg.Applier.Apply(e)
 	f.st.applied.Add(1)
 	k.last = e.ID
@@ -374,7 +377,7 @@ func (f *EventFeed) apply(k *feedKey, e kv.Event) {
 	f.mu.Unlock()
 }
 
-func (f *EventFeed) startRepair(fi *feedInstance, k *feedKey) {
+func (f *Feed) startRepair(fi *feedInstance, k *feedKey) {
 	k.repairing = true
 	f.mu.Lock()
 	delete(f.last, k.w)
@@ -413,7 +416,7 @@ func (f *EventFeed) startRepair(fi *feedInstance, k *feedKey) {
 	})
 }
 
-func (f *EventFeed) repaired(ctx context.Context, r repairResult) {
+func (f *Feed) repaired(ctx context.Context, r repairResult) {
 	fi := f.insts[r.w.Instance]
 	if fi == nil || fi.gen != r.gen {
 		f.st.staleRepairs.Add(1)
@@ -475,7 +478,7 @@ func (f *EventFeed) repaired(ctx context.Context, r repairResult) {
 }
 
 // restart retries a repair; a key whose queue overflowed needs a dump.
-func (f *EventFeed) restart(fi *feedInstance, k *feedKey) {
+func (f *Feed) restart(fi *feedInstance, k *feedKey) {
 	if !k.needDump && len(k.queue) == 0 {
 		k.needDump = true
 	}
