@@ -9,16 +9,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvmesh/kvmesh/api"
-	"github.com/kvmesh/kvmesh/kv"
 	"github.com/nats-io/nats.go"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/kvmesh/kvmesh/discovery"
-	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/kv"
 )
 
-// Applier is where an Feed puts events: the router's index.
+// Applier is where a Feed puts events: the router's index.
 // An Feed calls it from one goroutine only.
 type Applier interface {
 	Apply(kv.Event)
@@ -35,14 +32,14 @@ type Repairer interface {
 	Dump(ctx context.Context, in discovery.Instance, w kv.WorkerKey) (evs []kv.Event, last uint64, err error)
 }
 
-// FeedConfig configures an Feed.
+// FeedConfig configures a Feed.
 type FeedConfig struct {
 	Model    string
 	Applier  Applier
 	Repairer Repairer
 	// MaxQueue bounds the events held per worker key while a repair is in
 	// flight; beyond it the queue is dropped and a full dump follows.
-	// Default 65536.
+	// Default DefaultMaxQueue.
 	MaxQueue int
 	// RepairTimeout bounds one repair call; default 10s.
 	RepairTimeout time.Duration
@@ -58,81 +55,42 @@ type FeedStats struct {
 	Gaps, RangeRepairs, DumpRepairs int64
 	// TailGaps are the gaps (also in Gaps) found from a load report's
 	// announced last id rather than from a later event.
-	TailGaps                          int64
-	RepairErrors, QueueOverflows      int64
-	BadMessages, UnknownInstance      int64
-	InstancesAdded, InstancesRemoved  int64
-	DroppedAfterRemoval, StaleRepairs int64
+	TailGaps                         int64
+	RepairErrors, QueueOverflows     int64
+	BadMessages, UnknownInstance     int64
+	InstancesAdded, InstancesRemoved int64
+	StaleRepairs                     int64
 }
 
-// Feed is the router side of the event plane for one model. It
-// subscribes to every worker's event subject, applies events per worker key
-// in id order, detects gaps (id > last+1) and repairs them over the worker
-// API: the missing range, or a full dump when the range is too old. A newly
-// discovered instance is dumped; a removed one is dropped from the applier
-// at once. Events that arrive while a key is being repaired are queued and
-// applied in order afterwards.
+// Feed is the router side of the event plane for one model: the loop that
+// drives a FeedCore from NATS and the Repairer. It subscribes to every
+// worker's event subject, hands messages, discovery changes, load reports
+// and repair answers to the core one at a time, and carries out the
+// core's actions: events to the Applier, fetches on their own goroutines.
 type Feed struct {
 	nc  *nats.Conn
 	cfg FeedConfig
 	log *slog.Logger
 
 	ops     chan func()
-	results chan repairResult
+	results chan Answer
 	msgs    chan *nats.Msg
 
-	// loop-owned state
-	insts  map[uint64]*feedInstance
-	gen    uint64
+	core   *FeedCore       // loop-owned
 	runCtx context.Context // Run's context; repairs stop with it
 
-	mu   sync.Mutex
-	last map[kv.WorkerKey]uint64 // published copy for LastID
+	mu    sync.Mutex // guards the published copies below
+	last  map[kv.WorkerKey]uint64
+	stats FeedStats
 
-	st      feedCounters
 	wg      sync.WaitGroup
 	running atomic.Bool
-}
-
-type feedCounters struct {
-	batches, applied, duplicates, gaps, rangeRepairs, dumpRepairs, repairErrors,
-	queueOverflows, badMessages, unknownInstance, added, removed, droppedAfterRemoval, staleRepairs, tailGaps atomic.Int64
-}
-
-type feedInstance struct {
-	info discovery.Instance
-	gen  uint64
-	keys []*feedKey
-}
-
-type feedKey struct {
-	w         kv.WorkerKey
-	last      uint64
-	repairing bool
-	needDump  bool
-	queue     []kv.Event
-	backoff   time.Duration
-	// announced is the highest last id the worker's load reports named.
-	announced uint64
-}
-
-type repairResult struct {
-	gen    uint64
-	w      kv.WorkerKey
-	dump   bool
-	evs    []kv.Event
-	last   uint64
-	tooOld bool
-	err    error
 }
 
 // NewFeed prepares a feed; Run starts it.
 func NewFeed(nc *nats.Conn, cfg FeedConfig) (*Feed, error) {
 	if cfg.Model == "" || cfg.Applier == nil || cfg.Repairer == nil {
 		return nil, errors.New("event feed: model, applier and repairer are required")
-	}
-	if cfg.MaxQueue <= 0 {
-		cfg.MaxQueue = 65536
 	}
 	if cfg.RepairTimeout <= 0 {
 		cfg.RepairTimeout = 10 * time.Second
@@ -144,65 +102,27 @@ func NewFeed(nc *nats.Conn, cfg FeedConfig) (*Feed, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Feed{nc: nc, cfg: cfg, log: cfg.Logger,
-		ops: make(chan func(), 1024), results: make(chan repairResult, 64), msgs: make(chan *nats.Msg, cfg.ChanSize),
-		insts: map[uint64]*feedInstance{}, last: map[kv.WorkerKey]uint64{}}, nil
+		ops: make(chan func(), 1024), results: make(chan Answer, 64), msgs: make(chan *nats.Msg, cfg.ChanSize),
+		core: NewFeedCore(cfg.MaxQueue), last: map[kv.WorkerKey]uint64{}}, nil
 }
 
 // OnDiscovery hands a discovery change to the feed; call it from a
 // Watcher's callback. It blocks only if the feed is far behind.
 func (f *Feed) OnDiscovery(ev discovery.Event) {
-	f.ops <- func() { f.discovery(ev) }
+	f.ops <- func() { f.do(f.core.Discovery(ev)) }
 }
 
-// OnLoad hands the feed the last event id a worker announced in its load
-// report. Events lost at the end of a stream (a NATS outage, a slow
-// consumer) leave no gap until the worker's next event, which may never
-// come; the announcement reveals them. The feed repairs when it is still
-// behind an id announced one report earlier (the events of the newest
-// report may be in flight on the other subscription). It never blocks: a
-// dropped announcement is repeated by the next report.
-func (f *Feed) OnLoad(w kv.WorkerKey, lastID uint64) {
-	if lastID == 0 {
-		return
-	}
-	select {
-	case f.ops <- func() { f.announce(w, lastID) }:
-	default:
-	}
-}
-
-// OnLoadReport is OnLoad for every DP rank the report announces (see
-// LoadReport.LastEvents): a worker with several ranks sends one report
-// with the last event id of each, and a lost tail on any rank is repaired.
+// OnLoadReport hands the feed the last event ids a load report announces
+// (see FeedCore.Load). It never blocks: a dropped announcement is repeated
+// by the next report.
 func (f *Feed) OnLoadReport(r LoadReport) {
 	if len(r.LastEventIDs) == 0 && r.LastEventID == 0 {
 		return
 	}
 	select {
-	case f.ops <- func() {
-		for w, id := range r.LastEvents() {
-			f.announce(w, id)
-		}
-	}:
+	case f.ops <- func() { f.do(f.core.Load(r)) }:
 	default:
 	}
-}
-
-func (f *Feed) announce(w kv.WorkerKey, id uint64) {
-	fi := f.insts[w.Instance]
-	if fi == nil || int(w.DPRank) >= len(fi.keys) {
-		return
-	}
-	k := fi.keys[w.DPRank]
-	prev := k.announced
-	k.announced = max(k.announced, id)
-	if k.repairing || k.last >= prev {
-		return
-	}
-	f.st.gaps.Add(1)
-	f.st.tailGaps.Add(1)
-	f.log.Debug("event gap at the tail", "worker", k.w, "last", k.last, "announced", k.announced)
-	f.startRepair(fi, k)
 }
 
 // LastID is the last event id applied for w, and whether w is known and
@@ -216,13 +136,9 @@ func (f *Feed) LastID(w kv.WorkerKey) (uint64, bool) {
 
 // Stats returns the counters.
 func (f *Feed) Stats() FeedStats {
-	s := &f.st
-	return FeedStats{Batches: s.batches.Load(), Applied: s.applied.Load(), Duplicates: s.duplicates.Load(),
-		Gaps: s.gaps.Load(), RangeRepairs: s.rangeRepairs.Load(), DumpRepairs: s.dumpRepairs.Load(),
-		RepairErrors: s.repairErrors.Load(), QueueOverflows: s.queueOverflows.Load(),
-		BadMessages: s.badMessages.Load(), UnknownInstance: s.unknownInstance.Load(),
-		InstancesAdded: s.added.Load(), InstancesRemoved: s.removed.Load(),
-		DroppedAfterRemoval: s.droppedAfterRemoval.Load(), StaleRepairs: s.staleRepairs.Load(), TailGaps: s.tailGaps.Load()}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stats
 }
 
 // Run subscribes and processes until ctx ends; it returns after every
@@ -250,249 +166,72 @@ func (f *Feed) Run(ctx context.Context) error {
 		case op := <-f.ops:
 			op()
 		case m := <-f.msgs:
-			f.message(ctx, m)
-		case r := <-f.results:
-			f.repaired(ctx, r)
+			f.do(f.core.Message(m.Subject, m.Data))
+		case a := <-f.results:
+			f.do(f.core.Answer(a))
 		}
 	}
 }
 
-func (f *Feed) discovery(ev discovery.Event) {
-	in := ev.Instance
-	cur := f.insts[in.ID]
-	switch ev.Kind {
-	case discovery.InstanceAdded, discovery.InstanceUpdated:
-		if cur != nil && cur.info.DPSize == in.DPSize {
-			cur.info = in // address or metadata change: same holdings
-			return
-		}
-		if cur != nil {
-			f.drop(cur)
-		}
-		f.gen++
-		fi := &feedInstance{info: in, gen: f.gen}
-		for _, w := range in.Workers() {
-			k := &feedKey{w: w, needDump: true}
-			fi.keys = append(fi.keys, k)
-		}
-		f.insts[in.ID] = fi
-		f.st.added.Add(1)
-		for _, k := range fi.keys {
-			f.startRepair(fi, k)
-		}
-	case discovery.InstanceRemoved:
-		if cur != nil {
-			f.drop(cur)
-			f.st.removed.Add(1)
+// do carries out the core's actions, then publishes the last ids and
+// counters they changed.
+func (f *Feed) do(acts []Action) {
+	for i := range acts {
+		a := &acts[i]
+		switch a.Kind {
+		case ActApply:
+			for _, e := range a.Events {
+				f.cfg.Applier.Apply(e)
+			}
+		case ActRemoveWorker:
+			f.cfg.Applier.RemoveWorker(a.Worker)
+		case ActFetch:
+			f.fetch(a.Fetch)
+		case ActBad:
+			f.log.Warn("event feed: skipping bad message", "where", a.Where, "err", a.Err)
 		}
 	}
-}
-
-func (f *Feed) drop(fi *feedInstance) {
-	delete(f.insts, fi.info.ID)
 	f.mu.Lock()
-	for _, k := range fi.keys {
-		delete(f.last, k.w)
-	}
-	f.mu.Unlock()
-	for _, k := range fi.keys {
-		f.cfg.Applier.RemoveWorker(k.w)
-	}
-}
-
-func (f *Feed) message(ctx context.Context, m *nats.Msg) {
-	id, err := natsbus.ParseInstanceToken(m.Subject)
-	if err != nil {
-		f.bad("subject", err)
-		return
-	}
-	fi := f.insts[id]
-	if fi == nil {
-		// Not discovered yet (its dump will cover this) or already gone.
-		f.st.unknownInstance.Add(1)
-		return
-	}
-	var batch api.KvEventBatch
-	if err := proto.Unmarshal(m.Data, &batch); err != nil {
-		f.bad(m.Subject, err)
-		return
-	}
-	if batch.Instance != id {
-		f.bad(m.Subject, fmt.Errorf("batch of instance %x on its subject", batch.Instance))
-		return
-	}
-	f.st.batches.Add(1)
-	for _, p := range batch.Events {
-		e, err := api.EventFromProto(p)
-		if err == nil && (e.Worker.Instance != id || int(e.Worker.DPRank) >= len(fi.keys)) {
-			err = fmt.Errorf("event for worker %v from instance %x (dp_size %d)", e.Worker, id, len(fi.keys))
+	for i := range acts {
+		switch a := &acts[i]; a.Kind {
+		case ActApply:
+			f.last[a.Worker] = a.Last
+		case ActRemoveWorker, ActFetch:
+			delete(f.last, a.Worker)
 		}
-		if err == nil && e.ID == 0 {
-			err = errors.New("event without id")
-		}
-		if err != nil {
-			f.bad(m.Subject, err)
-			continue
-		}
-		f.offer(ctx, fi, fi.keys[e.Worker.DPRank], e)
 	}
-}
-
-func (f *Feed) bad(where string, err error) {
-	f.st.badMessages.Add(1)
-	f.log.Warn("event feed: skipping bad message", "where", where, "err", err)
-}
-
-// offer takes one event for k: queued while repairing, applied if next,
-// skipped if old, and a gap starts a range repair.
-func (f *Feed) offer(ctx context.Context, fi *feedInstance, k *feedKey, e kv.Event) {
-	if k.repairing {
-		if len(k.queue) >= f.cfg.MaxQueue {
-			f.st.queueOverflows.Add(1)
-			k.queue = k.queue[:0]
-			k.needDump = true
-		}
-		k.queue = append(k.queue, e)
-		return
-	}
-	switch {
-	case e.ID <= k.last:
-		f.st.duplicates.Add(1)
-	case e.ID == k.last+1:
-		f.apply(k, e)
-	default:
-		f.st.gaps.Add(1)
-		f.log.Debug("event gap", "worker", k.w, "last", k.last, "got", e.ID)
-		k.queue = append(k.queue, e)
-		f.startRepair(fi, k)
-	}
-}
-
-func (f *Feed) apply(k *feedKey, e kv.Event) {
-	f.cfg.Applier.Apply(e)
-	f.st.applied.Add(1)
-	k.last = e.ID
-	f.mu.Lock()
-	f.last[k.w] = k.last
+	f.stats = f.core.Stats()
 	f.mu.Unlock()
 }
 
-func (f *Feed) startRepair(fi *feedInstance, k *feedKey) {
-	k.repairing = true
-	f.mu.Lock()
-	delete(f.last, k.w)
-	f.mu.Unlock()
-	r := repairResult{gen: fi.gen, w: k.w, dump: k.needDump}
-	in := fi.info
-	var from, to uint64
-	if !r.dump {
-		from, to = k.last+1, k.announced
-		if len(k.queue) > 0 {
-			to = k.queue[0].ID - 1
-		}
+// fetch runs one repair on its own goroutine and hands the answer back to
+// the loop.
+func (f *Feed) fetch(r *Fetch) {
+	if r.Retry != nil {
+		f.log.Warn("event feed: repair failed; retrying", "worker", r.Worker, "addr", r.Instance.GRPCAddr, "dump", r.Dump, "retry_in", r.Delay, "err", r.Retry)
+	} else {
+		f.log.Debug("event feed: repairing", "worker", r.Worker, "dump", r.Dump, "from", r.From, "to", r.To)
 	}
-	delay := k.backoff
 	ctx := f.runCtx
 	f.wg.Go(func() {
-		if delay > 0 {
+		if r.Delay > 0 {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(delay):
+			case <-time.After(r.Delay):
 			}
 		}
+		a := Answer{Worker: r.Worker, Ticket: r.Ticket}
 		cctx, ccancel := context.WithTimeout(ctx, f.cfg.RepairTimeout)
-		if r.dump {
-			r.evs, r.last, r.err = f.cfg.Repairer.Dump(cctx, in, k.w)
+		if r.Dump {
+			a.Events, a.Last, a.Err = f.cfg.Repairer.Dump(cctx, r.Instance, r.Worker)
 		} else {
-			r.evs, r.tooOld, r.err = f.cfg.Repairer.Events(cctx, in, k.w, from, to)
-			r.last = to
+			a.Events, a.TooOld, a.Err = f.cfg.Repairer.Events(cctx, r.Instance, r.Worker, r.From, r.To)
 		}
 		ccancel()
 		select {
-		case f.results <- r:
+		case f.results <- a:
 		case <-ctx.Done():
 		}
 	})
-}
-
-func (f *Feed) repaired(ctx context.Context, r repairResult) {
-	fi := f.insts[r.w.Instance]
-	if fi == nil || fi.gen != r.gen {
-		f.st.staleRepairs.Add(1)
-		return
-	}
-	k := fi.keys[r.w.DPRank]
-	if r.err == nil && !r.dump && !r.tooOld && !contiguous(r.evs, k.last+1, r.last) {
-		r.err = fmt.Errorf("range answer [%d,%d] not contiguous (%d events)", k.last+1, r.last, len(r.evs))
-	}
-	switch {
-	case r.err != nil:
-		f.st.repairErrors.Add(1)
-		k.backoff = min(max(2*k.backoff, 100*time.Millisecond), 5*time.Second)
-		f.log.Warn("event feed: repair failed; retrying", "worker", r.w, "addr", fi.info.GRPCAddr, "dump", r.dump, "retry_in", k.backoff, "err", r.err)
-		f.restart(fi, k)
-		return
-	case r.tooOld:
-		k.needDump = true
-		f.restart(fi, k)
-		return
-	}
-	k.backoff = 0
-	if !r.dump && k.needDump {
-		// The queue overflowed while the range was in flight.
-		f.startRepair(fi, k)
-		return
-	}
-	if r.dump {
-		f.st.dumpRepairs.Add(1)
-		f.cfg.Applier.RemoveWorker(k.w)
-		for _, e := range r.evs {
-			e.Worker = k.w
-			f.cfg.Applier.Apply(e)
-		}
-		k.last, k.needDump = r.last, false
-	} else {
-		f.st.rangeRepairs.Add(1)
-		for _, e := range r.evs {
-			e.Worker = k.w
-			f.cfg.Applier.Apply(e)
-			f.st.applied.Add(1)
-		}
-		k.last = r.last
-	}
-	k.repairing = false
-	f.mu.Lock()
-	f.last[k.w] = k.last
-	f.mu.Unlock()
-	q := k.queue
-	k.queue = nil
-	for i, e := range q {
-		f.offer(ctx, fi, k, e)
-		if k.repairing {
-			// A new gap: the rest waits behind it.
-			k.queue = append(k.queue, q[i+1:]...)
-			return
-		}
-	}
-}
-
-// restart retries a repair; a key whose queue overflowed needs a dump.
-func (f *Feed) restart(fi *feedInstance, k *feedKey) {
-	if !k.needDump && len(k.queue) == 0 {
-		k.needDump = true
-	}
-	f.startRepair(fi, k)
-}
-
-func contiguous(evs []kv.Event, from, to uint64) bool {
-	if uint64(len(evs)) != to-from+1 {
-		return false
-	}
-	for i, e := range evs {
-		if e.ID != from+uint64(i) {
-			return false
-		}
-	}
-	return true
 }

@@ -2,7 +2,7 @@ package eventplane
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// feedCollector exports an Feed's counters, read at scrape time (the
+// feedCollector exports a Feed's counters, read at scrape time (the
 // feed keeps them as atomics), labelled with the feed's model so several
 // feeds can share one registry.
 type feedCollector struct {
