@@ -133,8 +133,6 @@ type Registration struct {
 	val    []byte
 	cancel context.CancelFunc
 	done   chan struct{}
-
-	refreshes, failures atomic.Int64
 }
 
 // Register writes the record and refreshes it every TTL/3, and at once after
@@ -169,10 +167,8 @@ func (r *Registration) put(ctx context.Context) error {
 		}
 	}
 	if err != nil {
-		r.failures.Add(1)
 		return fmt.Errorf("discovery: put %s: %w", r.key, err)
 	}
-	r.refreshes.Add(1)
 	return nil
 }
 
@@ -198,10 +194,6 @@ func (r *Registration) loop(ctx context.Context) {
 		}
 	}
 }
-
-// Refreshes and Failures count record writes.
-func (r *Registration) Refreshes() int64 { return r.refreshes.Load() }
-func (r *Registration) Failures() int64  { return r.failures.Load() }
 
 // Close stops refreshing and deletes the record, so watchers drop the
 // instance at once instead of after the TTL.
@@ -255,10 +247,10 @@ type Watcher struct {
 	mu        sync.Mutex
 	instances map[uint64]Instance
 
-	bad, resyncs atomic.Int64
-	cancel       context.CancelFunc
-	done         chan struct{}
-	synced       chan struct{}
+	bad    atomic.Int64
+	cancel context.CancelFunc
+	done   chan struct{}
+	synced chan struct{}
 }
 
 // Watch calls fn (serially, from one goroutine) for every add, update and
@@ -292,9 +284,8 @@ func (w *Watcher) Instances() []Instance {
 }
 
 // BadRecords counts records that did not parse, failed validation or named
-// another model; Resyncs counts watch restarts.
+// another model.
 func (w *Watcher) BadRecords() int64 { return w.bad.Load() }
-func (w *Watcher) Resyncs() int64    { return w.resyncs.Load() }
 
 // Close stops the watcher and waits for it.
 func (w *Watcher) Close() {
@@ -313,7 +304,6 @@ func (w *Watcher) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		w.resyncs.Add(1)
 		if err != nil {
 			w.d.log.Warn("discovery watch restarting", "model", w.model, "err", err)
 			select {
@@ -376,7 +366,7 @@ func (w *Watcher) watchOnce(ctx context.Context, status chan nats.Status, first 
 					w.remove(id)
 				}
 			default:
-				in, err := ParseInstance(e.Value())
+				in, err := parseInstance(e.Value())
 				if err == nil && (in.ID != id || in.Model != w.model) {
 					err = fmt.Errorf("record names instance %x of model %q", in.ID, in.Model)
 				}

@@ -114,8 +114,8 @@ func validHostPort(hp string) error {
 	return nil
 }
 
-// ParseInstance decodes and validates a record.
-func ParseInstance(b []byte) (Instance, error) {
+// parseInstance decodes and validates a record.
+func parseInstance(b []byte) (Instance, error) {
 	var in Instance
 	if err := json.Unmarshal(b, &in); err != nil {
 		return Instance{}, fmt.Errorf("instance record: %w", err)

@@ -64,9 +64,6 @@ func TestDiscoverySurvivesNATSRestart(t *testing.T) {
 	if ins := w.Instances(); len(ins) != 1 || ins[0].ID != 1 {
 		t.Fatalf("after restart: %+v", ins)
 	}
-	if alive.Failures() == 0 && w.Resyncs() == 0 {
-		t.Log("note: outage produced no failed refresh and no resync")
-	}
 	if err := alive.Close(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -10,9 +10,9 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// MaxEventsPerAnswer bounds one Events answer; the client asks again for
+// maxEventsPerAnswer bounds one Events answer; the client asks again for
 // the rest.
-const MaxEventsPerAnswer = 4096
+const maxEventsPerAnswer = 4096
 
 // Publisher is a worker's event-plane sink: each engine batch is
 // stamped and recorded in the EventLog and published on the instance's
@@ -66,7 +66,7 @@ func (p *Publisher) Counts() (batches, events, failures int64) {
 
 // EventsAnswer answers an api Events request from the log.
 func (l *EventLog) EventsAnswer(req *api.EventsRequest) *api.EventsResponse {
-	evs, res := l.Range(api.KeyFromProto(req.Worker), req.FromId, req.ToId, MaxEventsPerAnswer)
+	evs, res := l.Range(api.KeyFromProto(req.Worker), req.FromId, req.ToId, maxEventsPerAnswer)
 	return &api.EventsResponse{Events: api.EventsToProto(evs), TooOld: res.TooOld, TooNew: res.TooNew, LastId: res.Last}
 }
 
