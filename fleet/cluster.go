@@ -14,17 +14,20 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/eventplane"
 	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 // Config wires a Cluster to the control plane.
 type Config struct {
 	NC        *nats.Conn
-	Discovery *runtime.Discovery
+	Discovery *discovery.Discovery
 	// Models are the served model names; the cluster routes each to the
 	// workers that register under it.
 	Models []string
@@ -50,16 +53,16 @@ type Cluster struct {
 	log       *slog.Logger
 	index     *index.Index
 	router    *router.Router
-	clients   *runtime.WorkerClients
+	clients   *workerclient.Pool
 	instances *instances
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
-	watchers []*runtime.Watcher
-	feeds    map[string]*runtime.EventFeed
+	watchers []*discovery.Watcher
+	feeds    map[string]*eventplane.Feed
 	metrics  []prometheus.Collector // registered on cfg.Registerer; removed at Close
 	subs     []*nats.Subscription
-	bcast    *runtime.Broadcast
+	bcast    *natsbus.Broadcast
 }
 
 // New starts following the workers of every configured model.
@@ -67,8 +70,8 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: runtime.NewWorkerClients(),
-		feeds: map[string]*runtime.EventFeed{}}
+	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: workerclient.NewPool(),
+		feeds: map[string]*eventplane.Feed{}}
 	rc := cfg.Router
 	if rc.Mode == router.ModeKV || rc.Mode == "" {
 		rc.Matcher = c.index
@@ -89,7 +92,7 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 	c.instances = newInstances(r, c.clients, c.log)
 	if cfg.ReplicaSync {
 		// Replica events name workers, not models: one subject serves all.
-		c.bcast, err = runtime.NewBroadcast(cfg.NC, runtime.SyncSubject(replicaSyncScope, "router"), r.ID(), func(_ string, data []byte) {
+		c.bcast, err = natsbus.NewBroadcast(cfg.NC, natsbus.SyncSubject(replicaSyncScope, "router"), r.ID(), func(_ string, data []byte) {
 			var ev router.ReplicaEvent
 			if err := ev.UnmarshalBinary(data); err != nil {
 				c.log.Debug("bad replica event", "err", err)
@@ -115,8 +118,8 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 
 // follow subscribes to one model's discovery records, events and load.
 func (c *Cluster) follow(ctx context.Context, model string) error {
-	feed, err := runtime.NewEventFeed(c.cfg.NC, runtime.FeedConfig{Model: model, Applier: c.index,
-		Repairer: runtime.GRPCRepairer{Clients: c.clients}, Logger: c.log})
+	feed, err := eventplane.NewFeed(c.cfg.NC, eventplane.FeedConfig{Model: model, Applier: c.index,
+		Repairer: workerclient.Repairer{Clients: c.clients}, Logger: c.log})
 	if err != nil {
 		return fmt.Errorf("event feed for %s: %w", model, err)
 	}
@@ -135,12 +138,12 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 			c.log.Error("event feed stopped", "model", model, "err", err)
 		}
 	}()
-	w, err := c.cfg.Discovery.Watch(ctx, model, func(ev runtime.DiscoveryEvent) { c.instances.apply(ev, feed) })
+	w, err := c.cfg.Discovery.Watch(ctx, model, func(ev discovery.Event) { c.instances.apply(ev, feed) })
 	if err != nil {
 		return fmt.Errorf("watching %s: %w", model, err)
 	}
 	c.watchers = append(c.watchers, w)
-	sub, err := runtime.SubscribeLoad(c.cfg.NC, model, func(r runtime.LoadReport) {
+	sub, err := eventplane.SubscribeLoad(c.cfg.NC, model, func(r eventplane.LoadReport) {
 		// A DP worker reports each rank on its own; its load is that key's.
 		k := kv.WorkerKey{Instance: r.Instance, DPRank: r.DPRank}
 		c.router.UpdateLoad(k, r.UsedBlocks, r.TotalBlocks, r.Running, r.Waiting)

@@ -8,9 +8,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/runtime"
 )
 
 // The router's worker set follows discovery records exactly: a record
@@ -23,7 +24,7 @@ func TestClusterFollowsRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kvb, err := js.KeyValue(ctx, runtime.DefaultBucket)
+	kvb, err := js.KeyValue(ctx, discovery.DefaultBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +37,7 @@ func TestClusterFollowsRecords(t *testing.T) {
 	put := func(id uint64, dp, bs int) {
 		t.Helper()
 		rec := fmt.Sprintf(`{"instance_id":%d,"model":"m","role":"aggregated","grpc_addr":"127.0.0.1:9","dp_size":%d,"block_size":%d}`, id, dp, bs)
-		if _, err := kvb.Put(ctx, "m."+runtime.InstanceToken(id), []byte(rec)); err != nil {
+		if _, err := kvb.Put(ctx, "m."+natsbus.InstanceToken(id), []byte(rec)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -62,7 +63,7 @@ func TestClusterFollowsRecords(t *testing.T) {
 	put(0x20, 1, 32) // the pool's block size is 16
 	put(0x30, 2, 16)
 	waitFor(t, 5*time.Second, "instance 0x30 added", keys(kv.WorkerKey{Instance: 0x10}, kv.WorkerKey{Instance: 0x30}, kv.WorkerKey{Instance: 0x30, DPRank: 1}), why)
-	if err := kvb.Delete(ctx, "m."+runtime.InstanceToken(0x30)); err != nil {
+	if err := kvb.Delete(ctx, "m."+natsbus.InstanceToken(0x30)); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "instance 0x30 removed", keys(kv.WorkerKey{Instance: 0x10}), why)

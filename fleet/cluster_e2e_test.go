@@ -30,11 +30,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/index/ref"
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/kvmesh/kvmesh/worker/proctest"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 const (
@@ -66,21 +68,21 @@ type e2e struct {
 	bin  string
 	ctx  context.Context
 	dir  string
-	srv  *runtime.Embedded
+	srv  *natsbus.Embedded
 	port int
 	url  string
 	nc   *nats.Conn
-	disc *runtime.Discovery
+	disc *discovery.Discovery
 	logs *logSink
 	log  *slog.Logger
 	// clients dials workers directly (dumps, direct generates).
-	clients *runtime.WorkerClients
+	clients *workerclient.Pool
 	workers map[uint64]*e2eWorker
 }
 
 type e2eWorker struct {
 	proc *proctest.Proc
-	in   runtime.Instance // ID and GRPCAddr, from the ready line
+	in   discovery.Instance // ID and GRPCAddr, from the ready line
 }
 
 func (w *e2eWorker) key() kv.WorkerKey { return kv.WorkerKey{Instance: w.in.ID} }
@@ -99,7 +101,7 @@ func newE2E(t *testing.T, bin string) *e2e {
 			t.Logf("in-process log:\n%s", e.logs.String())
 		}
 	})
-	srv, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: e.dir})
+	srv, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: e.dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,14 +113,14 @@ func newE2E(t *testing.T, bin string) *e2e {
 	if got := e.disc.TTL(); got != e2eTTL {
 		t.Fatalf("bucket TTL %v, want %v", got, e2eTTL)
 	}
-	e.clients = runtime.NewWorkerClients()
+	e.clients = workerclient.NewPool()
 	t.Cleanup(e.clients.Close)
 	return e
 }
 
 func (e *e2e) connect(url string) *nats.Conn {
 	e.t.Helper()
-	nc, err := runtime.Connect(runtime.ConnConfig{URLs: url, Name: "e2e", ReconnectWait: 50 * time.Millisecond,
+	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: url, Name: "e2e", ReconnectWait: 50 * time.Millisecond,
 		MaxReconnectWait: 200 * time.Millisecond, Logger: e.log})
 	if err != nil {
 		e.t.Fatal(err)
@@ -127,9 +129,9 @@ func (e *e2e) connect(url string) *nats.Conn {
 	return nc
 }
 
-func (e *e2e) openDiscovery(nc *nats.Conn) *runtime.Discovery {
+func (e *e2e) openDiscovery(nc *nats.Conn) *discovery.Discovery {
 	e.t.Helper()
-	d, err := runtime.OpenDiscovery(e.ctx, nc, runtime.DiscoveryConfig{TTL: e2eTTL, Logger: e.log})
+	d, err := discovery.Open(e.ctx, nc, discovery.Config{TTL: e2eTTL, Logger: e.log})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -154,7 +156,7 @@ func (e *e2e) startWorker(extra ...string) *e2eWorker {
 	if err != nil || f["grpc"] == "" {
 		e.t.Fatalf("ready line %q", line)
 	}
-	w := &e2eWorker{proc: p, in: runtime.Instance{ID: id, Model: e2eModel, GRPCAddr: f["grpc"]}}
+	w := &e2eWorker{proc: p, in: discovery.Instance{ID: id, Model: e2eModel, GRPCAddr: f["grpc"]}}
 	e.workers[id] = w
 	return w
 }
@@ -169,7 +171,7 @@ func (e *e2e) startWorkers(n int, extra ...string) []*e2eWorker {
 
 type clusterOpts struct {
 	nc          *nats.Conn
-	disc        *runtime.Discovery
+	disc        *discovery.Discovery
 	replicaSync bool
 	reg         *prometheus.Registry
 }
@@ -524,7 +526,7 @@ func testNATSRestart(t *testing.T, bin string) {
 			t.Fatalf("request during the outage: %v", err)
 		}
 	}
-	srv, err := runtime.StartEmbedded(runtime.EmbeddedConfig{Port: e.port, DataDir: e.dir})
+	srv, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{Port: e.port, DataDir: e.dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -706,7 +708,7 @@ func testBadInput(t *testing.T, bin string) {
 	watcher := c.watchers[0]
 
 	// Garbage records under the model's key space.
-	tok := runtime.ModelToken(e2eModel)
+	tok := natsbus.ModelToken(e2eModel)
 	garbage := map[string]string{
 		tok + ".zz-not-hex": `{}`,
 		tok + ".abc":        `{not json`,
@@ -742,7 +744,7 @@ func testBadInput(t *testing.T, bin string) {
 	dead := kv.WorkerKey{Instance: 0xdead}
 	rec := fmt.Sprintf(`{"instance_id":%d,"model":"m","role":"aggregated","grpc_addr":%q,"dp_size":1,"block_size":%d,"kv_capacity":{"device":4096}}`,
 		dead.Instance, deadAddr, e2eBlockSize)
-	if _, err := kvb.Put(e.ctx, tok+"."+runtime.InstanceToken(dead.Instance), []byte(rec)); err != nil {
+	if _, err := kvb.Put(e.ctx, tok+"."+natsbus.InstanceToken(dead.Instance), []byte(rec)); err != nil {
 		t.Fatal(err)
 	}
 	deadAt := time.Now()

@@ -10,37 +10,38 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/kvmesh/kvmesh/worker"
 )
 
 // controlPlane starts an embedded NATS with a discovery bucket of the given
 // TTL for one test, and checks for leaked goroutines after everything the
 // test registered with t.Cleanup has run.
-func controlPlane(t *testing.T, ttl time.Duration) (context.Context, *nats.Conn, *runtime.Discovery) {
+func controlPlane(t *testing.T, ttl time.Duration) (context.Context, *nats.Conn, *discovery.Discovery) {
 	t.Helper()
 	// Registered first, so it runs last.
 	t.Cleanup(func() {
 		goleak.VerifyNone(t, goleak.IgnoreCurrent(),
 			goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*ats).start"))
 	})
-	srv, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: t.TempDir()})
+	srv, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	nc, err := runtime.Connect(runtime.ConnConfig{URLs: srv.URL()})
+	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: srv.URL()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
-	disc, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{TTL: ttl, Memory: true})
+	disc, err := discovery.Open(ctx, nc, discovery.Config{TTL: ttl, Memory: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func startWorker(t *testing.T, ctx context.Context, nc *nats.Conn, eng engine.En
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	cfg.Discovery = runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}
+	cfg.Discovery = discovery.Config{TTL: 2 * time.Second, Memory: true}
 	w, err := worker.New(cfg, eng, nc)
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +69,7 @@ func startWorker(t *testing.T, ctx context.Context, nc *nats.Conn, eng engine.En
 
 // startCluster runs a KV-mode Cluster for the sim's built-in model until
 // the test ends, with its metrics in reg.
-func startCluster(t *testing.T, ctx context.Context, nc *nats.Conn, disc *runtime.Discovery, reg prometheus.Registerer) (*Cluster, *frontend.Model) {
+func startCluster(t *testing.T, ctx context.Context, nc *nats.Conn, disc *discovery.Discovery, reg prometheus.Registerer) (*Cluster, *frontend.Model) {
 	t.Helper()
 	model, err := frontend.BuiltinModel(sim.DefaultConfig().Model)
 	if err != nil {

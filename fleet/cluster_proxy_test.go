@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/discovery"
 )
 
 const syscallSIGSTOP = syscall.SIGSTOP
@@ -23,7 +23,7 @@ func (e *e2e) rawBucket() jetstream.KeyValue {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	kvb, err := js.KeyValue(e.ctx, runtime.DefaultBucket)
+	kvb, err := js.KeyValue(e.ctx, discovery.DefaultBucket)
 	if err != nil {
 		e.t.Fatal(err)
 	}

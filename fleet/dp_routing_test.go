@@ -11,8 +11,8 @@ import (
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/kvmesh/kvmesh/worker"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 // A worker with DP size 2 behind a Cluster: a prefix cached on rank 1 is
@@ -39,7 +39,7 @@ func TestDPRanksRoutedByCache(t *testing.T) {
 
 	// Turn 1 runs on rank 1, straight at the worker.
 	turn1 := prompt(7, 10*bs)
-	clients := runtime.NewWorkerClients()
+	clients := workerclient.NewPool()
 	t.Cleanup(clients.Close)
 	wc, err := clients.Get(w.Instance())
 	if err != nil {

@@ -5,14 +5,15 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 // discoveryFollower is what else follows discovery: a model's event feed.
 type discoveryFollower interface {
-	OnDiscovery(runtime.DiscoveryEvent)
+	OnDiscovery(discovery.Event)
 }
 
 // instances is the fleet's one instance table. Discovery feeds it, and it
@@ -21,29 +22,29 @@ type discoveryFollower interface {
 // model's event feed. The request path reads instances from it to dial.
 type instances struct {
 	router  *router.Router
-	clients *runtime.WorkerClients
+	clients *workerclient.Pool
 	log     *slog.Logger
 
 	mu   sync.Mutex
-	byID map[uint64]runtime.Instance
+	byID map[uint64]discovery.Instance
 }
 
-func newInstances(r *router.Router, clients *runtime.WorkerClients, log *slog.Logger) *instances {
-	return &instances{router: r, clients: clients, log: log, byID: map[uint64]runtime.Instance{}}
+func newInstances(r *router.Router, clients *workerclient.Pool, log *slog.Logger) *instances {
+	return &instances{router: r, clients: clients, log: log, byID: map[uint64]discovery.Instance{}}
 }
 
 // apply takes one discovery event into the table and passes it on to the
 // router, the client pool and feed (nil: none).
-func (t *instances) apply(ev runtime.DiscoveryEvent, feed discoveryFollower) {
+func (t *instances) apply(ev discovery.Event, feed discoveryFollower) {
 	t.update(ev)
 	if feed != nil {
 		feed.OnDiscovery(ev)
 	}
 }
 
-func (t *instances) update(ev runtime.DiscoveryEvent) {
+func (t *instances) update(ev discovery.Event) {
 	in := ev.Instance
-	if ev.Kind == runtime.InstanceRemoved {
+	if ev.Kind == discovery.InstanceRemoved {
 		t.mu.Lock()
 		delete(t.byID, in.ID)
 		t.mu.Unlock()
@@ -78,7 +79,7 @@ func (t *instances) update(ev runtime.DiscoveryEvent) {
 }
 
 // get is the instance with id, if discovery lists it.
-func (t *instances) get(id uint64) (runtime.Instance, bool) {
+func (t *instances) get(id uint64) (discovery.Instance, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	in, ok := t.byID[id]

@@ -23,12 +23,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
-	kvrt "github.com/kvmesh/kvmesh/runtime"
 	"github.com/kvmesh/kvmesh/worker"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 // TestFrontendAddedLatency measures what the OpenAI frontend and the router
@@ -67,24 +69,24 @@ func TestFrontendAddedLatency(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := slog.New(slog.DiscardHandler)
-	ns, err := kvrt.StartEmbedded(kvrt.EmbeddedConfig{})
+	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ns.Shutdown()
-	nc, err := kvrt.Connect(kvrt.ConnConfig{URLs: ns.URL(), Name: "latency-bench"})
+	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: ns.URL(), Name: "latency-bench"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	disc, err := kvrt.OpenDiscovery(ctx, nc, kvrt.DiscoveryConfig{})
+	disc, err := discovery.Open(ctx, nc, discovery.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	rec := &emitLog{byID: map[string]*emitted{}}
 	var clients []api.WorkerClient
-	wclients := kvrt.NewWorkerClients()
+	wclients := workerclient.NewPool()
 	defer wclients.Close()
 	for wi := range nworkers {
 		cfg := sim.DefaultConfig()

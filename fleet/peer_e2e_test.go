@@ -13,11 +13,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/kvmesh/kvmesh/worker"
 )
 
@@ -87,7 +87,7 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	disc := runtime.DiscoveryConfig{TTL: 3 * time.Second, Memory: true}
+	disc := discovery.Config{TTL: 3 * time.Second, Memory: true}
 
 	var ws []hintedWorker
 	for range 4 {
@@ -112,7 +112,7 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 		t.Cleanup(func() { w.Close() })
 		ws = append(ws, hintedWorker{w, eng, p})
 	}
-	d, err := runtime.OpenDiscovery(ctx, nc, disc)
+	d, err := discovery.Open(ctx, nc, disc)
 	if err != nil {
 		t.Fatal(err)
 	}

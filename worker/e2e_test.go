@@ -10,10 +10,13 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/eventplane"
 	"github.com/kvmesh/kvmesh/index/ref"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/worker/proctest"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 type lockedRef struct {
@@ -49,7 +52,7 @@ func TestE2EWorkerProcesses(t *testing.T) {
 	}
 	bin := proctest.Build(t)
 	dir := t.TempDir()
-	srv, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: dir})
+	srv, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,21 +60,21 @@ func TestE2EWorkerProcesses(t *testing.T) {
 	defer func() { srv.Shutdown() }()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	nc, err := runtime.Connect(runtime.ConnConfig{URLs: url, ReconnectWait: 50 * time.Millisecond, MaxReconnectWait: 200 * time.Millisecond})
+	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: url, ReconnectWait: 50 * time.Millisecond, MaxReconnectWait: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
 	const ttl = 2 * time.Second
-	d, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{TTL: ttl})
+	d, err := discovery.Open(ctx, nc, discovery.Config{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	clients := runtime.NewWorkerClients()
+	clients := workerclient.NewPool()
 	defer clients.Close()
 	ix := &lockedRef{ix: ref.New()}
-	feed, err := runtime.NewEventFeed(nc, runtime.FeedConfig{Model: "m", Applier: ix, Repairer: runtime.GRPCRepairer{Clients: clients}, RepairTimeout: 2 * time.Second})
+	feed, err := eventplane.NewFeed(nc, eventplane.FeedConfig{Model: "m", Applier: ix, Repairer: workerclient.Repairer{Clients: clients}, RepairTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +112,7 @@ func TestE2EWorkerProcesses(t *testing.T) {
 		}
 	}
 
-	generate := func(in runtime.Instance, base int) {
+	generate := func(in discovery.Instance, base int) {
 		t.Helper()
 		c, err := clients.Get(in)
 		if err != nil {
@@ -132,7 +135,7 @@ func TestE2EWorkerProcesses(t *testing.T) {
 		}
 	}
 	// The router-side index equals the worker's own (rebuilt from its dump).
-	matches := func(in runtime.Instance) bool {
+	matches := func(in discovery.Instance) bool {
 		c, err := clients.Get(in)
 		if err != nil {
 			return false
@@ -170,7 +173,7 @@ func TestE2EWorkerProcesses(t *testing.T) {
 	// NATS restarts on the same port and data dir: nothing is lost.
 	srv.Shutdown()
 	time.Sleep(300 * time.Millisecond)
-	srv, err = runtime.StartEmbedded(runtime.EmbeddedConfig{Port: port, DataDir: dir})
+	srv, err = natsbus.StartEmbedded(natsbus.EmbeddedConfig{Port: port, DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}

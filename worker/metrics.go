@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 // Request results, the label of kvmesh_worker_requests_total.
@@ -32,7 +32,7 @@ type metrics struct {
 }
 
 func newMetrics(w *Worker) *metrics {
-	cl := prometheus.Labels{"model": w.cfg.Model, "instance": runtime.InstanceToken(w.cfg.InstanceID)}
+	cl := prometheus.Labels{"model": w.cfg.Model, "instance": natsbus.InstanceToken(w.cfg.InstanceID)}
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: cl})
 	}

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 // Two workers share a registry; each counts its own requests by result,
@@ -63,7 +63,7 @@ func TestWorkerMetrics(t *testing.T) {
 	if _, err := st.Recv(); err != nil {
 		t.Fatal(err)
 	}
-	l1 := fmt.Sprintf(`instance="%s",model="m"`, runtime.InstanceToken(w1.InstanceID()))
+	l1 := fmt.Sprintf(`instance="%s",model="m"`, natsbus.InstanceToken(w1.InstanceID()))
 	if got := gather(t, reg)["kvmesh_worker_inflight_requests{"+l1+"}"]; got != 1 {
 		t.Fatalf("in flight %v, want 1", got)
 	}
@@ -92,7 +92,7 @@ func TestWorkerMetrics(t *testing.T) {
 	if got[`kvmesh_worker_output_tokens_total{`+l1+`}`] < 6 {
 		t.Errorf("output tokens %v, want ≥ 6", got[`kvmesh_worker_output_tokens_total{`+l1+`}`])
 	}
-	l2 := fmt.Sprintf(`instance="%s",model="m"`, runtime.InstanceToken(w2.InstanceID()))
+	l2 := fmt.Sprintf(`instance="%s",model="m"`, natsbus.InstanceToken(w2.InstanceID()))
 	if g := got[`kvmesh_worker_requests_total{`+l2+`,result="finished"}`]; g != 0 {
 		t.Errorf("second worker counted %v requests", g)
 	}

@@ -18,11 +18,11 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
@@ -424,7 +424,7 @@ func TestControlEndpointAdvertisement(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, err := New(Config{Model: "adv", DPSize: dp, Peer: p, Discovery: runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}}, eng, nc)
+		w, err := New(Config{Model: "adv", DPSize: dp, Peer: p, Discovery: discovery.Config{TTL: 2 * time.Second, Memory: true}}, eng, nc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -527,7 +527,7 @@ func assertNotRegistered(t *testing.T, nc *nats.Conn, model string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	d := memDiscovery(t, ctx, nc)
-	w, err := d.Watch(ctx, model, func(runtime.DiscoveryEvent) {})
+	w, err := d.Watch(ctx, model, func(discovery.Event) {})
 	if err != nil {
 		t.Fatal(err)
 	}

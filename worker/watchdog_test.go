@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 // The decision alone, sample by sample.
@@ -82,7 +82,7 @@ func TestWatchdogStall(t *testing.T) {
 	eng := &testEngine{tick: 10 * time.Millisecond}
 	w, c := startWorkerWith(t, nc, eng, Config{StallTimeout: timeout, Registerer: reg})
 	waitFor(t, "worker discovered", func() bool { return len(wt.Instances()) == 1 })
-	if g := gather(t, reg)[fmt.Sprintf(`kvmesh_worker_healthy{instance="%s",model="m"}`, runtime.InstanceToken(w.InstanceID()))]; g != 1 {
+	if g := gather(t, reg)[fmt.Sprintf(`kvmesh_worker_healthy{instance="%s",model="m"}`, natsbus.InstanceToken(w.InstanceID()))]; g != 1 {
 		t.Fatalf("healthy %v at start", g)
 	}
 
@@ -120,7 +120,7 @@ func TestWatchdogStall(t *testing.T) {
 		t.Fatal(err)
 	}
 	eng.chunk.Store(0)
-	l := fmt.Sprintf(`{instance="%s",model="m"}`, runtime.InstanceToken(w.InstanceID()))
+	l := fmt.Sprintf(`{instance="%s",model="m"}`, natsbus.InstanceToken(w.InstanceID()))
 	out := func() float64 { return gather(t, reg)["kvmesh_worker_output_tokens_total"+l] }
 	for prev, deadline := -1.0, time.Now().Add(10*time.Second); ; { // until the output stops: Send blocks
 		time.Sleep(2 * timeout)

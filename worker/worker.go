@@ -17,10 +17,13 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/eventplane"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/workerclient"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -60,7 +63,7 @@ type Config struct {
 	// worker serves its blocks on one control endpoint per DP rank and
 	// advertises them (see startControl).
 	Peer      *Peer
-	Discovery runtime.DiscoveryConfig
+	Discovery discovery.Config
 	// Registerer receives the worker's metrics (labelled with its model and
 	// instance) from Start until Close; nil keeps them unregistered.
 	Registerer prometheus.Registerer
@@ -74,16 +77,16 @@ type Worker struct {
 	nc  *nats.Conn
 	log *slog.Logger
 
-	evlog *runtime.EventLog
-	pub   *runtime.EventPublisher
-	inst  runtime.Instance
+	evlog *eventplane.EventLog
+	pub   *eventplane.Publisher
+	inst  discovery.Instance
 
 	mu      sync.Mutex
 	started bool
 	closed  bool
 	ln      net.Listener
 	srv     *grpc.Server
-	reg     *runtime.Registration
+	reg     *discovery.Registration
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 
@@ -152,14 +155,14 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		_, _ = rand.Read(b[:])
 		cfg.InstanceID = binary.LittleEndian.Uint64(b[:]) >> 1 // positive as int64 too
 	}
-	evlog, err := runtime.NewEventLog(cfg.InstanceID, cfg.RingSize, index.New())
+	evlog, err := eventplane.NewEventLog(cfg.InstanceID, cfg.RingSize, index.New())
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	w := &Worker{cfg: cfg, eng: eng, nc: nc, log: cfg.Logger.With("instance", runtime.InstanceToken(cfg.InstanceID), "model", cfg.Model), evlog: evlog, wd: newWatchdog()}
-	w.pub = runtime.NewEventPublisher(nc, cfg.Model, evlog, w.log)
+	w := &Worker{cfg: cfg, eng: eng, nc: nc, log: cfg.Logger.With("instance", natsbus.InstanceToken(cfg.InstanceID), "model", cfg.Model), evlog: evlog, wd: newWatchdog()}
+	w.pub = eventplane.NewPublisher(nc, cfg.Model, evlog, w.log)
 	w.met = newMetrics(w)
-	w.inst = runtime.Instance{
+	w.inst = discovery.Instance{
 		ID: cfg.InstanceID, Model: cfg.Model, Role: string(cfg.Role), DPSize: cfg.DPSize,
 		BlockSize: ec.BlockSize, KVCapacity: cfg.KVCapacity, MaxBatchedTokens: ec.MaxBatchedTokens,
 		Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints,
@@ -196,7 +199,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		ln.Close()
 		return fmt.Errorf("worker: %w (set an advertise address)", err)
 	}
-	w.srv = grpc.NewServer(grpc.MaxRecvMsgSize(runtime.MaxMessageBytes), grpc.MaxSendMsgSize(runtime.MaxMessageBytes))
+	w.srv = grpc.NewServer(grpc.MaxRecvMsgSize(workerclient.MaxMessageBytes), grpc.MaxSendMsgSize(workerclient.MaxMessageBytes))
 	api.RegisterWorkerServer(w.srv, &server{w: w})
 	w.wg.Go(func() {
 		if err := w.srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
@@ -212,7 +215,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	if w.nc != nil {
-		d, err := runtime.OpenDiscovery(ctx, w.nc, w.cfg.Discovery)
+		d, err := discovery.Open(ctx, w.nc, w.cfg.Discovery)
 		if err == nil {
 			w.reg, err = d.Register(ctx, w.inst)
 		}
@@ -221,7 +224,7 @@ func (w *Worker) Start(ctx context.Context) error {
 			return fmt.Errorf("worker: %w", err)
 		}
 		w.wg.Go(func() {
-			runtime.RunLoadPublisher(lctx, w.nc, w.cfg.Model, w.cfg.LoadInterval, w.loadSample, w.log)
+			eventplane.RunLoadPublisher(lctx, w.nc, w.cfg.Model, w.cfg.LoadInterval, w.loadSample, w.log)
 		})
 	}
 	if w.cfg.StallTimeout > 0 {
@@ -235,9 +238,9 @@ func (w *Worker) Start(ctx context.Context) error {
 // event id, when the engine reports per-rank load (engine.Ranked). Other
 // engines get one report of their whole load (on rank 0) that announces
 // every rank's last event id.
-func (w *Worker) loadSample() []runtime.LoadReport {
+func (w *Worker) loadSample() []eventplane.LoadReport {
 	if rk, ok := w.eng.(engine.Ranked); ok {
-		out := make([]runtime.LoadReport, w.cfg.DPSize)
+		out := make([]eventplane.LoadReport, w.cfg.DPSize)
 		for rank := range out {
 			out[rank] = w.report(rank, rk.RankStats(rank))
 		}
@@ -252,11 +255,11 @@ func (w *Worker) loadSample() []runtime.LoadReport {
 			r.LastEventIDs[rank] = w.evlog.LastID(uint32(rank))
 		}
 	}
-	return []runtime.LoadReport{r}
+	return []eventplane.LoadReport{r}
 }
 
-func (w *Worker) report(rank int, s engine.Stats) runtime.LoadReport {
-	return runtime.LoadReport{Instance: w.cfg.InstanceID, DPRank: uint32(rank), UsedBlocks: s.UsedBlocks, TotalBlocks: s.TotalBlocks,
+func (w *Worker) report(rank int, s engine.Stats) eventplane.LoadReport {
+	return eventplane.LoadReport{Instance: w.cfg.InstanceID, DPRank: uint32(rank), UsedBlocks: s.UsedBlocks, TotalBlocks: s.TotalBlocks,
 		Running: s.Running, Waiting: s.Waiting, PendingPrefillTokens: s.PendingPrefillTokens, LastEventID: w.evlog.LastID(uint32(rank))}
 }
 
@@ -271,14 +274,14 @@ func (w *Worker) Addr() string {
 func (w *Worker) InstanceID() uint64 { return w.cfg.InstanceID }
 
 // Instance is the discovery record (complete after Start).
-func (w *Worker) Instance() runtime.Instance {
+func (w *Worker) Instance() discovery.Instance {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.inst
 }
 
 // EventLog is the worker's event ring and local index.
-func (w *Worker) EventLog() *runtime.EventLog { return w.evlog }
+func (w *Worker) EventLog() *eventplane.EventLog { return w.evlog }
 
 // EventSubject is where the worker publishes its KV events.
 func (w *Worker) EventSubject() string { return w.pub.Subject() }

@@ -11,11 +11,14 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/eventplane"
 	"github.com/kvmesh/kvmesh/index/ref"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/workerclient"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
@@ -119,14 +122,14 @@ func (e *testEngine) Generate(ctx context.Context, req *engine.Request) (<-chan 
 	return out, nil
 }
 
-func startNATS(t *testing.T) (*runtime.Embedded, *nats.Conn) {
+func startNATS(t *testing.T) (*natsbus.Embedded, *nats.Conn) {
 	t.Helper()
-	e, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: t.TempDir()})
+	e, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Shutdown)
-	nc, err := runtime.Connect(runtime.ConnConfig{URLs: e.URL()})
+	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: e.URL()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +145,7 @@ func startWorker(t *testing.T, nc *nats.Conn, eng engine.Engine) (*Worker, api.W
 // startWorkerWith is startWorker with cfg's other fields set.
 func startWorkerWith(t *testing.T, nc *nats.Conn, eng engine.Engine, cfg Config) (*Worker, api.WorkerClient) {
 	t.Helper()
-	cfg.Discovery = runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}
+	cfg.Discovery = discovery.Config{TTL: 2 * time.Second, Memory: true}
 	cfg.LoadInterval = 50 * time.Millisecond
 	w, err := New(cfg, eng, nc)
 	if err != nil {
@@ -152,7 +155,7 @@ func startWorkerWith(t *testing.T, nc *nats.Conn, eng engine.Engine, cfg Config)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.Close() })
-	clients := runtime.NewWorkerClients()
+	clients := workerclient.NewPool()
 	t.Cleanup(clients.Close)
 	c, err := clients.Get(w.Instance())
 	if err != nil {
@@ -323,15 +326,15 @@ func TestDiscoveryAndLoad(t *testing.T) {
 	defer cancel()
 	d := memDiscovery(t, ctx, nc)
 	var mu sync.Mutex
-	var evs []runtime.DiscoveryEvent
-	wt, err := d.Watch(ctx, "m", func(ev runtime.DiscoveryEvent) { mu.Lock(); evs = append(evs, ev); mu.Unlock() })
+	var evs []discovery.Event
+	wt, err := d.Watch(ctx, "m", func(ev discovery.Event) { mu.Lock(); evs = append(evs, ev); mu.Unlock() })
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer wt.Close()
 	loads := subscribeLoads(t, nc, 16)
 
-	w, err := New(Config{Discovery: runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true}, LoadInterval: 20 * time.Millisecond}, &testEngine{tick: time.Millisecond}, nc)
+	w, err := New(Config{Discovery: discovery.Config{TTL: 2 * time.Second, Memory: true}, LoadInterval: 20 * time.Millisecond}, &testEngine{tick: time.Millisecond}, nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +359,7 @@ func TestDiscoveryAndLoad(t *testing.T) {
 	waitFor(t, "worker removed on close", func() bool { return len(wt.Instances()) == 0 })
 	mu.Lock()
 	defer mu.Unlock()
-	if len(evs) != 2 || evs[0].Kind != runtime.InstanceAdded || evs[1].Kind != runtime.InstanceRemoved {
+	if len(evs) != 2 || evs[0].Kind != discovery.InstanceAdded || evs[1].Kind != discovery.InstanceRemoved {
 		t.Fatalf("discovery events %+v", evs)
 	}
 }
@@ -406,9 +409,9 @@ func TestWorkerWithSim(t *testing.T) {
 }
 
 // memDiscovery opens an in-memory discovery store with a 2 s TTL.
-func memDiscovery(t *testing.T, ctx context.Context, nc *nats.Conn) *runtime.Discovery {
+func memDiscovery(t *testing.T, ctx context.Context, nc *nats.Conn) *discovery.Discovery {
 	t.Helper()
-	d, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{TTL: 2 * time.Second, Memory: true})
+	d, err := discovery.Open(ctx, nc, discovery.Config{TTL: 2 * time.Second, Memory: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,10 +431,10 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // subscribeLoads collects model "m"'s load reports (up to n unread; later
 // ones are dropped) until the test ends.
-func subscribeLoads(t *testing.T, nc *nats.Conn, n int) <-chan runtime.LoadReport {
+func subscribeLoads(t *testing.T, nc *nats.Conn, n int) <-chan eventplane.LoadReport {
 	t.Helper()
-	loads := make(chan runtime.LoadReport, n)
-	sub, err := runtime.SubscribeLoad(nc, "m", func(r runtime.LoadReport) {
+	loads := make(chan eventplane.LoadReport, n)
+	sub, err := eventplane.SubscribeLoad(nc, "m", func(r eventplane.LoadReport) {
 		select {
 		case loads <- r:
 		default:

@@ -20,8 +20,10 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/frontend"
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 // The e2e tests run the real kvmesh binary, built once per test binary.
@@ -218,25 +220,25 @@ func newClient(base string, opts ...option.RequestOption) openai.Client {
 // them over their gRPC API.
 type workerSet struct {
 	nc      interface{ Close() }
-	watcher *runtime.Watcher
-	clients *runtime.WorkerClients
+	watcher *discovery.Watcher
+	clients *workerclient.Pool
 	cancel  context.CancelFunc
 }
 
 func watchWorkers(t *testing.T, natsURL, model string, want int) *workerSet {
 	t.Helper()
-	nc, err := runtime.Connect(runtime.ConnConfig{URLs: natsURL, Name: "e2e-test"})
+	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: natsURL, Name: "e2e-test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	ws := &workerSet{nc: nc, clients: runtime.NewWorkerClients(), cancel: cancel}
+	ws := &workerSet{nc: nc, clients: workerclient.NewPool(), cancel: cancel}
 	t.Cleanup(ws.close)
-	d, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{})
+	d, err := discovery.Open(ctx, nc, discovery.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ws.watcher, err = d.Watch(ctx, model, func(runtime.DiscoveryEvent) {}); err != nil {
+	if ws.watcher, err = d.Watch(ctx, model, func(discovery.Event) {}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 15*time.Second, fmt.Sprintf("%d workers in discovery", want), func() bool {

@@ -10,7 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 func init() { rootCmd.AddCommand(newFrontendCmd()) }
@@ -42,12 +43,12 @@ On startup it prints one line to stdout:
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			nc, err := runtime.Connect(nf.conn("kvmesh-frontend", log))
+			nc, err := natsbus.Connect(nf.conn("kvmesh-frontend", log))
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			disc, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{Logger: log})
+			disc, err := discovery.Open(ctx, nc, discovery.Config{Logger: log})
 			if err != nil {
 				return err
 			}

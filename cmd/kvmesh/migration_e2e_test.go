@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/frontend"
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 // TestMigrationAcrossWorkerProcesses: embedded NATS here, two `kvmesh
@@ -24,7 +24,7 @@ func TestMigrationAcrossWorkerProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs kvmesh processes")
 	}
-	ns, err := runtime.StartEmbedded(runtime.EmbeddedConfig{})
+	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 // natsFlags are the NATS client flags of every command that joins a
@@ -29,7 +29,7 @@ func (n *natsFlags) registerURL(f *pflag.FlagSet, def, help string) {
 }
 
 // conn returns the connection settings for a client called name.
-func (n *natsFlags) conn(name string, log *slog.Logger) runtime.ConnConfig {
-	return runtime.ConnConfig{URLs: n.url, Name: name, CredsFile: n.creds,
+func (n *natsFlags) conn(name string, log *slog.Logger) natsbus.ConnConfig {
+	return natsbus.ConnConfig{URLs: n.url, Name: name, CredsFile: n.creds,
 		CAFile: n.ca, CertFile: n.cert, KeyFile: n.key, Logger: log}
 }

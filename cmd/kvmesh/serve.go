@@ -17,12 +17,13 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/fleet"
 	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/kvmesh/kvmesh/worker"
 )
 
@@ -66,7 +67,7 @@ type runningFrontend struct {
 	cancelRequests context.CancelCauseFunc
 }
 
-func startFrontend(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc *runtime.Discovery, log *slog.Logger) (*runningFrontend, error) {
+func startFrontend(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc *discovery.Discovery, log *slog.Logger) (*runningFrontend, error) {
 	return startFrontendOn(ctx, ff, nc, disc, log, newMetricsRegistry())
 }
 
@@ -79,7 +80,7 @@ func newMetricsRegistry() *prometheus.Registry {
 
 // startFrontendOn is startFrontend with /metrics served from reg (serve
 // puts its workers' peer-transfer series there too).
-func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc *runtime.Discovery, log *slog.Logger, reg *prometheus.Registry) (*runningFrontend, error) {
+func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc *discovery.Discovery, log *slog.Logger, reg *prometheus.Registry) (*runningFrontend, error) {
 	mode, err := router.ParseMode(ff.routerMode)
 	if err != nil {
 		return nil, fmt.Errorf("--router-mode: %w", err)
@@ -231,19 +232,19 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	defer stop()
 
 	if nf.url == "" {
-		ns, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: dataDir, Logger: log})
+		ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: dataDir, Logger: log})
 		if err != nil {
 			return err
 		}
 		defer ns.Shutdown()
 		nf.url = ns.URL()
 	}
-	nc, err := runtime.Connect(nf.conn("kvmesh-serve", log))
+	nc, err := natsbus.Connect(nf.conn("kvmesh-serve", log))
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	disc, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{Logger: log})
+	disc, err := discovery.Open(ctx, nc, discovery.Config{Logger: log})
 	if err != nil {
 		return err
 	}
@@ -279,7 +280,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 			return fmt.Errorf("sim engine: %w", err)
 		}
 		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer,
-			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: runtime.DiscoveryConfig{Logger: log}}, eng, nc)
+			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}, eng, nc)
 		if err != nil {
 			eng.Close()
 			return err

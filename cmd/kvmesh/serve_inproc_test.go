@@ -17,8 +17,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine/sim"
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/worker"
 )
 
@@ -78,17 +79,17 @@ func TestServeWiringInProcess(t *testing.T) {
 	defer cancel()
 	log := slog.New(slog.DiscardHandler)
 
-	ns, err := runtime.StartEmbedded(runtime.EmbeddedConfig{})
+	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ns.Shutdown()
-	nc, err := runtime.Connect(runtime.ConnConfig{URLs: ns.URL(), Name: "inproc-test"})
+	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: ns.URL(), Name: "inproc-test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	disc, err := runtime.OpenDiscovery(ctx, nc, runtime.DiscoveryConfig{})
+	disc, err := discovery.Open(ctx, nc, discovery.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,9 +20,11 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/eventplane"
+	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/worker"
 )
 
@@ -71,10 +73,10 @@ On startup it prints one line to stdout:
 	f.StringVar(&wf.advertiseHost, "advertise-host", "", "host peers dial for the control endpoints (required with --control-listen; 0.0.0.0 and :: are rejected)")
 	f.DurationVar(&wf.transferTimeout, "transfer-timeout", time.Second, "per-fetch timeout of a hinted peer KV transfer")
 	f.StringVar(&wf.metricsListen, "metrics-listen", "", "serve Prometheus /metrics on this address (empty: off)")
-	f.DurationVar(&wf.discoveryTTL, "discovery-ttl", runtime.MaxTTL, "discovery record TTL (1s..10s; set by the first process to create the bucket)")
+	f.DurationVar(&wf.discoveryTTL, "discovery-ttl", discovery.MaxTTL, "discovery record TTL (1s..10s; set by the first process to create the bucket)")
 	f.DurationVar(&wf.loadInterval, "load-interval", time.Second, "how often load is published")
 	registerStallTimeout(f, &wf.stallTimeout)
-	f.IntVar(&wf.ringSize, "event-ring", runtime.DefaultRingSize, "recent KV events kept per DP rank for gap repair")
+	f.IntVar(&wf.ringSize, "event-ring", eventplane.DefaultRingSize, "recent KV events kept per DP rank for gap repair")
 	f.IntVar(&wf.dpSize, "dp-size", 1, "data-parallel ranks the engine serves (sim: one engine per rank, each with --blocks blocks, its own load and KV events)")
 	f.StringVar(&wf.logLevel, "log-level", "info", "debug, info, warn or error")
 	// Simulated engine.
@@ -177,7 +179,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		return fmt.Errorf("--engine %q: only sim is available", wf.engine)
 	}
 
-	nc, err := runtime.Connect(wf.nats.conn("kvmesh-worker "+wf.model, log))
+	nc, err := natsbus.Connect(wf.nats.conn("kvmesh-worker "+wf.model, log))
 	if err != nil {
 		eng.Close()
 		return err
@@ -187,7 +189,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
 		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, Peer: peer, Registerer: reg,
-		Discovery: runtime.DiscoveryConfig{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
+		Discovery: discovery.Config{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)
 	if err != nil {
 		eng.Close()
@@ -215,7 +217,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		defer msrv.Close()
 		log.Info("metrics", "addr", ln.Addr().String())
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh worker ready instance=%s grpc=%s model=%s\n", runtime.InstanceToken(w.InstanceID()), w.Addr(), wf.model)
+	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh worker ready instance=%s grpc=%s model=%s\n", natsbus.InstanceToken(w.InstanceID()), w.Addr(), wf.model)
 	<-ctx.Done()
 	log.Info("shutting down")
 	if err := w.Close(); err != nil {

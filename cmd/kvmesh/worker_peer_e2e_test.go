@@ -11,9 +11,10 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/runtime"
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 var metricsLine = regexp.MustCompile(`msg=metrics addr=(\S+)`)
@@ -27,7 +28,7 @@ func TestWorkerProcessesPeerTransfer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	ns, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: t.TempDir()})
+	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,7 @@ func TestWorkerProcessesPeerTransfer(t *testing.T) {
 	pb := startProc(t, "worker B", args("--advertise-host", "127.0.0.1")...)
 	mb := pb.waitMatch(workerLine, 30*time.Second)
 	ws := watchWorkers(t, ns.URL(), model, 2)
-	var a, b runtime.Instance
+	var a, b discovery.Instance
 	for _, in := range ws.watcher.Instances() {
 		if len(in.ControlEndpoints) != 1 || !strings.HasPrefix(in.ControlEndpoints[0], "tcp://127.0.0.1:") {
 			t.Fatalf("instance %x control endpoints %v", in.ID, in.ControlEndpoints)
@@ -60,7 +61,7 @@ func TestWorkerProcessesPeerTransfer(t *testing.T) {
 		if in.Digest == "" {
 			t.Errorf("instance %x publishes no compatibility digest", in.ID)
 		}
-		if runtime.InstanceToken(in.ID) == mb[1] {
+		if natsbus.InstanceToken(in.ID) == mb[1] {
 			b = in
 		} else {
 			a = in

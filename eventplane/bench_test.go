@@ -1,4 +1,4 @@
-package runtime
+package eventplane
 
 import (
 	"context"
@@ -7,6 +7,9 @@ import (
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kv"
+
+	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 // benchBatch is a steady-state cache: a 16-block Stored chain, and from
@@ -31,18 +34,18 @@ func benchBatch(w kv.WorkerKey, i uint64) []kv.Event {
 // Worker side: stamp, ring, local index, protobuf, NATS publish, per
 // 16-block Stored event.
 func BenchmarkPublisherSink(b *testing.B) {
-	e, err := StartEmbedded(EmbeddedConfig{})
+	e, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer e.Shutdown()
-	nc, err := Connect(ConnConfig{URLs: e.URL()})
+	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: e.URL()})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer nc.Close()
 	l, _ := NewEventLog(1, 0, index.New())
-	p := NewEventPublisher(nc, "m", l, nil)
+	p := NewPublisher(nc, "m", l, nil)
 	w := kv.WorkerKey{Instance: 1}
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
@@ -51,26 +54,26 @@ func BenchmarkPublisherSink(b *testing.B) {
 	b.ReportMetric(float64(l.LastID(0))/b.Elapsed().Seconds(), "events/s")
 }
 
-// End to end: publisher → NATS → EventFeed → index, 16-block events.
+// End to end: publisher → NATS → Feed → index, 16-block events.
 func BenchmarkEventPlaneThroughput(b *testing.B) {
-	e, err := StartEmbedded(EmbeddedConfig{})
+	e, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer e.Shutdown()
-	ncP, _ := Connect(ConnConfig{URLs: e.URL()})
-	ncF, _ := Connect(ConnConfig{URLs: e.URL()})
+	ncP, _ := natsbus.Connect(natsbus.ConnConfig{URLs: e.URL()})
+	ncF, _ := natsbus.Connect(natsbus.ConnConfig{URLs: e.URL()})
 	defer ncP.Close()
 	defer ncF.Close()
 	l, _ := NewEventLog(1, 1<<16, index.New())
-	p := NewEventPublisher(ncP, "m", l, nil)
-	feed, _ := NewEventFeed(ncF, FeedConfig{Model: "m", Applier: index.New(), Repairer: logRepairer{l}})
+	p := NewPublisher(ncP, "m", l, nil)
+	feed, _ := NewFeed(ncF, FeedConfig{Model: "m", Applier: index.New(), Repairer: logRepairer{l}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- feed.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	w := kv.WorkerKey{Instance: 1}
-	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceAdded, Instance: Instance{ID: 1, Model: "m", Role: "aggregated", GRPCAddr: "127.0.0.1:1", DPSize: 1, BlockSize: 16}})
+	feed.OnDiscovery(discovery.Event{Kind: discovery.InstanceAdded, Instance: discovery.Instance{ID: 1, Model: "m", Role: "aggregated", GRPCAddr: "127.0.0.1:1", DPSize: 1, BlockSize: 16}})
 	for {
 		if _, ok := feed.LastID(w); ok {
 			break
@@ -95,12 +98,12 @@ func BenchmarkEventPlaneThroughput(b *testing.B) {
 // logRepairer answers repairs straight from an EventLog (no gRPC).
 type logRepairer struct{ l *EventLog }
 
-func (r logRepairer) Events(_ context.Context, _ Instance, w kv.WorkerKey, from, to uint64) ([]kv.Event, bool, error) {
+func (r logRepairer) Events(_ context.Context, _ discovery.Instance, w kv.WorkerKey, from, to uint64) ([]kv.Event, bool, error) {
 	evs, res := r.l.Range(w, from, to, 0)
 	return evs, res.TooOld, nil
 }
 
-func (r logRepairer) Dump(_ context.Context, _ Instance, w kv.WorkerKey) ([]kv.Event, uint64, error) {
+func (r logRepairer) Dump(_ context.Context, _ discovery.Instance, w kv.WorkerKey) ([]kv.Event, uint64, error) {
 	evs, last := r.l.Dump(w)
 	return evs, last, nil
 }

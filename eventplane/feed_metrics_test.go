@@ -1,4 +1,4 @@
-package runtime
+package eventplane
 
 import (
 	"fmt"
@@ -7,17 +7,21 @@ import (
 
 	"github.com/kvmesh/kvmesh/index/ref"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/natsbus/natstest"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 // The collector reports the feed's own counters, per model, and two feeds
 // share a registry.
 func TestEventFeedCollector(t *testing.T) {
-	e := startNATS(t)
-	clients := NewWorkerClients()
+	e := natstest.Start(t)
+	clients := workerclient.NewPool()
 	defer clients.Close()
 	ix := &lockedIndex{ix: ref.New()}
 	feed := runFeed(t, e, ix, clients)
-	other, err := NewEventFeed(nil, FeedConfig{Model: "other model", Applier: ix, Repairer: GRPCRepairer{Clients: clients}})
+	other, err := NewFeed(nil, FeedConfig{Model: "other model", Applier: ix, Repairer: workerclient.Repairer{Clients: clients}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +32,7 @@ func TestEventFeedCollector(t *testing.T) {
 	}
 
 	f := startFakeWorker(t, e, 0xabc, 16)
-	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceAdded, Instance: f.instance()})
+	feed.OnDiscovery(discovery.Event{Kind: discovery.InstanceAdded, Instance: f.instance()})
 	waitSynced(t, feed, ix, f)
 	f.publish(4)
 	waitSynced(t, feed, ix, f)

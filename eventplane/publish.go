@@ -1,4 +1,4 @@
-package runtime
+package eventplane
 
 import (
 	"log/slog"
@@ -10,14 +10,14 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// MaxEventsPerAnswer bounds one Events answer; the client asks again for
+// maxEventsPerAnswer bounds one Events answer; the client asks again for
 // the rest.
-const MaxEventsPerAnswer = 4096
+const maxEventsPerAnswer = 4096
 
-// EventPublisher is a worker's event-plane sink: each engine batch is
+// Publisher is a worker's event-plane sink: each engine batch is
 // stamped and recorded in the EventLog and published on the instance's
 // subject as an api.KvEventBatch, in id order.
-type EventPublisher struct {
+type Publisher struct {
 	nc       *nats.Conn
 	subject  string
 	instance uint64
@@ -27,21 +27,21 @@ type EventPublisher struct {
 	batches, events, failures atomic.Int64
 }
 
-// NewEventPublisher returns a publisher for one instance of model.
-func NewEventPublisher(nc *nats.Conn, model string, log *EventLog, logger *slog.Logger) *EventPublisher {
+// NewPublisher returns a publisher for one instance of model.
+func NewPublisher(nc *nats.Conn, model string, log *EventLog, logger *slog.Logger) *Publisher {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &EventPublisher{nc: nc, subject: EventSubject(model, log.instance), instance: log.instance, log: log, logger: logger}
+	return &Publisher{nc: nc, subject: EventSubject(model, log.instance), instance: log.instance, log: log, logger: logger}
 }
 
 // Sink is the engine.EventSink: it never blocks on the network (NATS
 // buffers while reconnecting); a lost batch is a gap the routers repair.
-func (p *EventPublisher) Sink(batch []kv.Event) {
+func (p *Publisher) Sink(batch []kv.Event) {
 	p.log.Append(batch, p.publish)
 }
 
-func (p *EventPublisher) publish(batch []kv.Event) {
+func (p *Publisher) publish(batch []kv.Event) {
 	b, err := protoMarshalBatch(p.instance, batch)
 	if err == nil && p.nc != nil {
 		err = p.nc.Publish(p.subject, b)
@@ -57,16 +57,16 @@ func (p *EventPublisher) publish(batch []kv.Event) {
 }
 
 // Subject is where the events go.
-func (p *EventPublisher) Subject() string { return p.subject }
+func (p *Publisher) Subject() string { return p.subject }
 
 // Counts returns published batches, events and failed publishes.
-func (p *EventPublisher) Counts() (batches, events, failures int64) {
+func (p *Publisher) Counts() (batches, events, failures int64) {
 	return p.batches.Load(), p.events.Load(), p.failures.Load()
 }
 
 // EventsAnswer answers an api Events request from the log.
 func (l *EventLog) EventsAnswer(req *api.EventsRequest) *api.EventsResponse {
-	evs, res := l.Range(api.KeyFromProto(req.Worker), req.FromId, req.ToId, MaxEventsPerAnswer)
+	evs, res := l.Range(api.KeyFromProto(req.Worker), req.FromId, req.ToId, maxEventsPerAnswer)
 	return &api.EventsResponse{Events: api.EventsToProto(evs), TooOld: res.TooOld, TooNew: res.TooNew, LastId: res.Last}
 }
 

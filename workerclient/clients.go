@@ -1,4 +1,4 @@
-package runtime
+package workerclient
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/kv"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -15,9 +16,9 @@ import (
 // MaxMessageBytes bounds a worker API message (dumps of large caches).
 const MaxMessageBytes = 256 << 20
 
-// WorkerClients keeps one gRPC connection per worker instance, redialled
+// Pool keeps one gRPC connection per worker instance, redialled
 // when the instance's address changes. Safe for concurrent use.
-type WorkerClients struct {
+type Pool struct {
 	mu     sync.Mutex
 	conns  map[uint64]*workerConn
 	closed bool
@@ -30,18 +31,18 @@ type workerConn struct {
 	wc   api.WorkerClient
 }
 
-// NewWorkerClients returns an empty pool; extra dial options are appended
+// NewPool returns an empty pool; extra dial options are appended
 // to the defaults (plaintext, 256 MiB messages).
-func NewWorkerClients(opts ...grpc.DialOption) *WorkerClients {
+func NewPool(opts ...grpc.DialOption) *Pool {
 	base := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
 	}
-	return &WorkerClients{conns: map[uint64]*workerConn{}, opts: append(base, opts...)}
+	return &Pool{conns: map[uint64]*workerConn{}, opts: append(base, opts...)}
 }
 
 // Get returns a client for the instance, dialling lazily.
-func (p *WorkerClients) Get(in Instance) (api.WorkerClient, error) {
+func (p *Pool) Get(in discovery.Instance) (api.WorkerClient, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -64,7 +65,7 @@ func (p *WorkerClients) Get(in Instance) (api.WorkerClient, error) {
 }
 
 // Forget closes the connection to a departed instance.
-func (p *WorkerClients) Forget(id uint64) {
+func (p *Pool) Forget(id uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c := p.conns[id]; c != nil {
@@ -74,7 +75,7 @@ func (p *WorkerClients) Forget(id uint64) {
 }
 
 // Close closes every connection.
-func (p *WorkerClients) Close() {
+func (p *Pool) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for id, c := range p.conns {
@@ -84,11 +85,12 @@ func (p *WorkerClients) Close() {
 	p.closed = true
 }
 
-// GRPCRepairer is the Repairer that asks workers over the worker API.
-type GRPCRepairer struct{ Clients *WorkerClients }
+// Repairer is the event feed's repairer (eventplane.Repairer) that asks
+// workers over the worker API.
+type Repairer struct{ Clients *Pool }
 
 // Events fetches [from, to], following truncated answers.
-func (r GRPCRepairer) Events(ctx context.Context, in Instance, w kv.WorkerKey, from, to uint64) ([]kv.Event, bool, error) {
+func (r Repairer) Events(ctx context.Context, in discovery.Instance, w kv.WorkerKey, from, to uint64) ([]kv.Event, bool, error) {
 	wc, err := r.Clients.Get(in)
 	if err != nil {
 		return nil, false, err
@@ -119,7 +121,7 @@ func (r GRPCRepairer) Events(ctx context.Context, in Instance, w kv.WorkerKey, f
 }
 
 // Dump fetches a worker key's holdings.
-func (r GRPCRepairer) Dump(ctx context.Context, in Instance, w kv.WorkerKey) ([]kv.Event, uint64, error) {
+func (r Repairer) Dump(ctx context.Context, in discovery.Instance, w kv.WorkerKey) ([]kv.Event, uint64, error) {
 	wc, err := r.Clients.Get(in)
 	if err != nil {
 		return nil, 0, err

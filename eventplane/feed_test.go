@@ -1,4 +1,4 @@
-package runtime
+package eventplane
 
 import (
 	"context"
@@ -18,7 +18,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/natsbus/natstest"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
+
+func TestMain(m *testing.M) { natstest.Main(m) }
 
 // lockedIndex is the router-side applier under test: the reference index.
 type lockedIndex struct {
@@ -59,7 +66,7 @@ type fakeWorker struct {
 	api.UnimplementedWorkerServer
 	log      *EventLog
 	local    *teeIndex
-	pub      *EventPublisher
+	pub      *Publisher
 	fail     atomic.Int32
 	calls    atomic.Int32
 	addr     string
@@ -99,11 +106,11 @@ func (f *fakeWorker) Dump(_ context.Context, req *api.DumpRequest) (*api.DumpRes
 	return f.log.DumpAnswer(req), nil
 }
 
-func startFakeWorker(t *testing.T, e *Embedded, id uint64, ring int) *fakeWorker {
+func startFakeWorker(t *testing.T, e *natsbus.Embedded, id uint64, ring int) *fakeWorker {
 	t.Helper()
 	f := &fakeWorker{local: newTee(), rng: rand.New(rand.NewPCG(id, 7)), nextHash: id << 32}
 	f.log = mustLog(t, id, ring, f.local)
-	f.pub = NewEventPublisher(connect(t, e.URL()), "m", f.log, nil)
+	f.pub = NewPublisher(natstest.Connect(t, e.URL()), "m", f.log, nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -116,8 +123,8 @@ func startFakeWorker(t *testing.T, e *Embedded, id uint64, ring int) *fakeWorker
 	return f
 }
 
-func (f *fakeWorker) instance() Instance {
-	return Instance{ID: f.log.instance, Model: "m", Role: "aggregated", GRPCAddr: f.addr, DPSize: max(f.dp, 1), BlockSize: 4}
+func (f *fakeWorker) instance() discovery.Instance {
+	return discovery.Instance{ID: f.log.instance, Model: "m", Role: "aggregated", GRPCAddr: f.addr, DPSize: max(f.dp, 1), BlockSize: 4}
 }
 
 // step makes one random cache change: store a new chain (sometimes
@@ -165,9 +172,9 @@ func (f *fakeWorker) lose(n int) {
 	}
 }
 
-func runFeed(t *testing.T, e *Embedded, ap EventApplier, clients *WorkerClients) *EventFeed {
+func runFeed(t *testing.T, e *natsbus.Embedded, ap Applier, clients *workerclient.Pool) *Feed {
 	t.Helper()
-	feed, err := NewEventFeed(connect(t, e.URL()), FeedConfig{Model: "m", Applier: ap, Repairer: GRPCRepairer{Clients: clients}, RepairTimeout: 2 * time.Second})
+	feed, err := NewFeed(natstest.Connect(t, e.URL()), FeedConfig{Model: "m", Applier: ap, Repairer: workerclient.Repairer{Clients: clients}, RepairTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,11 +192,11 @@ func runFeed(t *testing.T, e *Embedded, ap EventApplier, clients *WorkerClients)
 
 // waitSynced waits until the feed has every rank of f up to its last event
 // and the router index equals the worker's own.
-func waitSynced(t *testing.T, feed *EventFeed, ix *lockedIndex, f *fakeWorker) {
+func waitSynced(t *testing.T, feed *Feed, ix *lockedIndex, f *fakeWorker) {
 	t.Helper()
 	for rank := range uint32(max(f.dp, 1)) {
 		w := kv.WorkerKey{Instance: f.log.instance, DPRank: rank}
-		eventually(t, 10*time.Second, fmt.Sprintf("feed caught up on rank %d", rank), func() bool {
+		natstest.Eventually(t, 10*time.Second, fmt.Sprintf("feed caught up on rank %d", rank), func() bool {
 			last, ok := feed.LastID(w)
 			return ok && last == f.log.LastID(rank)
 		})
@@ -201,15 +208,15 @@ func waitSynced(t *testing.T, feed *EventFeed, ix *lockedIndex, f *fakeWorker) {
 }
 
 func TestEventFeedGapRepair(t *testing.T) {
-	e := startNATS(t)
-	clients := NewWorkerClients()
+	e := natstest.Start(t)
+	clients := workerclient.NewPool()
 	defer clients.Close()
 	ix := &lockedIndex{ix: ref.New()}
 	feed := runFeed(t, e, ix, clients)
 	f := startFakeWorker(t, e, 0xabc, 16)
 
 	f.publish(10) // before discovery: covered by the first dump
-	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceAdded, Instance: f.instance()})
+	feed.OnDiscovery(discovery.Event{Kind: discovery.InstanceAdded, Instance: f.instance()})
 	waitSynced(t, feed, ix, f)
 	if s := feed.Stats(); s.DumpRepairs != 1 {
 		t.Fatalf("discovery dumps %d, want 1", s.DumpRepairs)
@@ -248,8 +255,8 @@ func TestEventFeedGapRepair(t *testing.T) {
 	if len(ix.holdings(w)) == 0 {
 		t.Fatal("no holdings before removal")
 	}
-	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceRemoved, Instance: f.instance()})
-	eventually(t, 5*time.Second, "holdings dropped", func() bool { return len(ix.holdings(w)) == 0 })
+	feed.OnDiscovery(discovery.Event{Kind: discovery.InstanceRemoved, Instance: f.instance()})
+	natstest.Eventually(t, 5*time.Second, "holdings dropped", func() bool { return len(ix.holdings(w)) == 0 })
 	f.publish(5) // events of a removed instance are ignored
 	time.Sleep(100 * time.Millisecond)
 	if len(ix.holdings(w)) != 0 {
@@ -258,8 +265,8 @@ func TestEventFeedGapRepair(t *testing.T) {
 }
 
 func TestEventFeedBadInput(t *testing.T) {
-	e := startNATS(t)
-	clients := NewWorkerClients()
+	e := natstest.Start(t)
+	clients := workerclient.NewPool()
 	defer clients.Close()
 	ix := &lockedIndex{ix: ref.New()}
 	feed := runFeed(t, e, ix, clients)
@@ -272,13 +279,13 @@ func TestEventFeedBadInput(t *testing.T) {
 	}
 	dead := ln.Addr().String()
 	ln.Close()
-	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceAdded, Instance: Instance{ID: 7, Model: "m", Role: "aggregated", GRPCAddr: dead, DPSize: 1, BlockSize: 4}})
-	eventually(t, 10*time.Second, "repair errors counted", func() bool { return feed.Stats().RepairErrors >= 2 })
+	feed.OnDiscovery(discovery.Event{Kind: discovery.InstanceAdded, Instance: discovery.Instance{ID: 7, Model: "m", Role: "aggregated", GRPCAddr: dead, DPSize: 1, BlockSize: 4}})
+	natstest.Eventually(t, 10*time.Second, "repair errors counted", func() bool { return feed.Stats().RepairErrors >= 2 })
 
 	// Garbage on event subjects is counted and skipped.
-	nc := connect(t, e.URL())
+	nc := natstest.Connect(t, e.URL())
 	good := startFakeWorker(t, e, 0x99, 64)
-	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceAdded, Instance: good.instance()})
+	feed.OnDiscovery(discovery.Event{Kind: discovery.InstanceAdded, Instance: good.instance()})
 	nc.Publish(EventSubject("m", 0x99), []byte("\xff\xff garbage"))
 	nc.Publish(EventSubject("m", 0x99), mustBatch(t, 0x98, kv.Event{ID: 1, Worker: kv.WorkerKey{Instance: 0x98}, Kind: kv.EventCleared}))
 	nc.Publish(EventSubject("m", 0x99), mustBatch(t, 0x99, kv.Event{ID: 1, Worker: kv.WorkerKey{Instance: 0x99, DPRank: 5}, Kind: kv.EventCleared}))
@@ -286,11 +293,11 @@ func TestEventFeedBadInput(t *testing.T) {
 	nc.Publish(EventSubject("m", 0x12345), mustBatch(t, 0x12345, kv.Event{ID: 1, Worker: kv.WorkerKey{Instance: 0x12345}, Kind: kv.EventCleared}))
 	good.publish(5)
 	waitSynced(t, feed, ix, good)
-	eventually(t, 5*time.Second, "bad messages counted", func() bool {
+	natstest.Eventually(t, 5*time.Second, "bad messages counted", func() bool {
 		s := feed.Stats()
 		return s.BadMessages >= 4 && s.UnknownInstance >= 1
 	})
-	feed.OnDiscovery(DiscoveryEvent{Kind: InstanceRemoved, Instance: Instance{ID: 7}})
+	feed.OnDiscovery(discovery.Event{Kind: discovery.InstanceRemoved, Instance: discovery.Instance{ID: 7}})
 }
 
 func mustBatch(t *testing.T, inst uint64, evs ...kv.Event) []byte {

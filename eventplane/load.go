@@ -1,4 +1,4 @@
-package runtime
+package eventplane
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvmesh/kvmesh/kv"
+
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 // LoadReport is one worker key's load, published periodically. A worker
@@ -56,8 +58,8 @@ func (r LoadReport) LastEvents() iter.Seq2[kv.WorkerKey, uint64] {
 	}
 }
 
-// PublishLoad publishes one report on the instance's load subject.
-func PublishLoad(nc *nats.Conn, model string, r LoadReport) error {
+// publishLoad publishes one report on the instance's load subject.
+func publishLoad(nc *nats.Conn, model string, r LoadReport) error {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -88,7 +90,7 @@ func RunLoadPublisher(ctx context.Context, nc *nats.Conn, model string, interval
 			if r.UnixNano == 0 {
 				r.UnixNano = time.Now().UnixNano()
 			}
-			err = errors.Join(err, PublishLoad(nc, model, r))
+			err = errors.Join(err, publishLoad(nc, model, r))
 		}
 		if err != nil && !failing {
 			log.Warn("load publish failing", "err", err)
@@ -102,7 +104,7 @@ func RunLoadPublisher(ctx context.Context, nc *nats.Conn, model string, interval
 // (if non-nil).
 func SubscribeLoad(nc *nats.Conn, model string, fn func(LoadReport), bad func(error)) (*nats.Subscription, error) {
 	sub, err := nc.Subscribe(LoadSubjectAll(model), func(m *nats.Msg) {
-		id, err := parseInstanceToken(m.Subject)
+		id, err := natsbus.ParseInstanceToken(m.Subject)
 		var r LoadReport
 		if err == nil {
 			err = json.Unmarshal(m.Data, &r)

@@ -1,19 +1,19 @@
-package runtime
+package eventplane
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// feedCollector exports an EventFeed's counters, read at scrape time (the
+// feedCollector exports a Feed's counters, read at scrape time (the
 // feed keeps them as atomics), labelled with the feed's model so several
 // feeds can share one registry.
 type feedCollector struct {
-	f                                                         *EventFeed
+	f                                                         *Feed
 	batches, applied, duplicates, gaps, repairs, repairErrors *prometheus.Desc
 	overflows, bad, unknown, instances, staleRepairs          *prometheus.Desc
 }
 
 // Collector returns a prometheus.Collector of the feed's counters, with a
 // constant label model; register it on the caller's registry.
-func (f *EventFeed) Collector() prometheus.Collector {
+func (f *Feed) Collector() prometheus.Collector {
 	cl := prometheus.Labels{"model": f.cfg.Model}
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("kvmesh_event_feed_"+name, help, labels, cl)

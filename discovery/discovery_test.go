@@ -1,24 +1,28 @@
-package runtime
+package discovery
 
 import (
 	"context"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/natsbus/natstest"
 )
+
+func TestMain(m *testing.M) { natstest.Main(m) }
 
 type eventLog struct {
 	mu  sync.Mutex
-	evs []DiscoveryEvent
+	evs []Event
 }
 
-func (l *eventLog) add(ev DiscoveryEvent) {
+func (l *eventLog) add(ev Event) {
 	l.mu.Lock()
 	l.evs = append(l.evs, ev)
 	l.mu.Unlock()
 }
 
-func (l *eventLog) count(kind DiscoveryEventKind, id uint64) int {
+func (l *eventLog) count(kind EventKind, id uint64) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
@@ -36,14 +40,14 @@ func testInstance(id uint64, model string) Instance {
 }
 
 func TestDiscoveryAddExpireDeregister(t *testing.T) {
-	e := startNATS(t)
-	ctx := testCtx(t)
-	ncW, ncR := connect(t, e.URL()), connect(t, e.URL())
-	dw, err := OpenDiscovery(ctx, ncW, DiscoveryConfig{TTL: time.Second})
+	e := natstest.Start(t)
+	ctx := natstest.Ctx(t)
+	ncW, ncR := natstest.Connect(t, e.URL()), natstest.Connect(t, e.URL())
+	dw, err := Open(ctx, ncW, Config{TTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dr, err := OpenDiscovery(ctx, ncR, DiscoveryConfig{TTL: 5 * time.Second})
+	dr, err := Open(ctx, ncR, Config{TTL: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +74,7 @@ func TestDiscoveryAddExpireDeregister(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "two adds", func() bool { return log.count(InstanceAdded, 1) == 1 && log.count(InstanceAdded, 2) == 1 })
+	natstest.Eventually(t, 5*time.Second, "two adds", func() bool { return log.count(InstanceAdded, 1) == 1 && log.count(InstanceAdded, 2) == 1 })
 	if got := len(w.Instances()); got != 2 {
 		t.Fatalf("instances %d, want 2 (other model filtered)", got)
 	}
@@ -85,14 +89,14 @@ func TestDiscoveryAddExpireDeregister(t *testing.T) {
 	if err := r2.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "deregister removal", func() bool { return log.count(InstanceRemoved, 2) == 1 })
+	natstest.Eventually(t, 2*time.Second, "deregister removal", func() bool { return log.count(InstanceRemoved, 2) == 1 })
 
 	// Stop refreshing without deleting (a crash): the TTL expiry must reach
 	// the watcher as a removal.
 	r1.cancel()
 	<-r1.done
 	start := time.Now()
-	eventually(t, 5*time.Second, "TTL expiry removal", func() bool { return log.count(InstanceRemoved, 1) == 1 })
+	natstest.Eventually(t, 5*time.Second, "TTL expiry removal", func() bool { return log.count(InstanceRemoved, 1) == 1 })
 	t.Logf("expiry seen %v after the last refresh stopped (TTL 1s)", time.Since(start).Round(10*time.Millisecond))
 	if len(w.Instances()) != 0 {
 		t.Fatalf("instances left: %+v", w.Instances())
@@ -101,10 +105,10 @@ func TestDiscoveryAddExpireDeregister(t *testing.T) {
 }
 
 func TestDiscoveryBadRecords(t *testing.T) {
-	e := startNATS(t)
-	ctx := testCtx(t)
-	nc := connect(t, e.URL())
-	d, err := OpenDiscovery(ctx, nc, DiscoveryConfig{TTL: 2 * time.Second})
+	e := natstest.Start(t)
+	ctx := natstest.Ctx(t)
+	nc := natstest.Connect(t, e.URL())
+	d, err := Open(ctx, nc, Config{TTL: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,8 +140,8 @@ func TestDiscoveryBadRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "good instance", func() bool { return log.count(InstanceAdded, 6) == 1 })
-	eventually(t, 5*time.Second, "bad records counted", func() bool { return w.BadRecords() >= 4 })
+	natstest.Eventually(t, 5*time.Second, "good instance", func() bool { return log.count(InstanceAdded, 6) == 1 })
+	natstest.Eventually(t, 5*time.Second, "bad records counted", func() bool { return w.BadRecords() >= 4 })
 	if n := len(w.Instances()); n != 1 {
 		t.Fatalf("instances %+v, want only 6", w.Instances())
 	}

@@ -1,4 +1,4 @@
-package runtime
+package discovery
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 // Instance is one worker's discovery record (JSON in the KV bucket).
@@ -113,8 +114,8 @@ func validHostPort(hp string) error {
 	return nil
 }
 
-// ParseInstance decodes and validates a record.
-func ParseInstance(b []byte) (Instance, error) {
+// parseInstance decodes and validates a record.
+func parseInstance(b []byte) (Instance, error) {
 	var in Instance
 	if err := json.Unmarshal(b, &in); err != nil {
 		return Instance{}, fmt.Errorf("instance record: %w", err)
@@ -126,5 +127,5 @@ func ParseInstance(b []byte) (Instance, error) {
 }
 
 func instanceKey(model string, id uint64) string {
-	return ModelToken(model) + "." + InstanceToken(id)
+	return natsbus.ModelToken(model) + "." + natsbus.InstanceToken(id)
 }

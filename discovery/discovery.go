@@ -1,4 +1,4 @@
-package runtime
+package discovery
 
 import (
 	"context"
@@ -14,10 +14,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
-// DiscoveryConfig configures the discovery bucket.
-type DiscoveryConfig struct {
+// DefaultBucket is the discovery KV bucket.
+const DefaultBucket = "kvmesh_instances"
+
+// Config configures the discovery bucket.
+type Config struct {
 	// Bucket is the JetStream KV bucket; default DefaultBucket.
 	Bucket string
 	// TTL is how long a record lives without a refresh; default and maximum
@@ -41,7 +46,7 @@ const MaxTTL = 10 * time.Second
 type Discovery struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
-	cfg DiscoveryConfig
+	cfg Config
 	log *slog.Logger
 
 	mu  sync.Mutex
@@ -49,8 +54,8 @@ type Discovery struct {
 	ttl time.Duration
 }
 
-// OpenDiscovery binds to (creating if needed) the discovery bucket.
-func OpenDiscovery(ctx context.Context, nc *nats.Conn, cfg DiscoveryConfig) (*Discovery, error) {
+// Open binds to (creating if needed) the discovery bucket.
+func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Discovery, error) {
 	if cfg.Bucket == "" {
 		cfg.Bucket = DefaultBucket
 	}
@@ -128,8 +133,6 @@ type Registration struct {
 	val    []byte
 	cancel context.CancelFunc
 	done   chan struct{}
-
-	refreshes, failures atomic.Int64
 }
 
 // Register writes the record and refreshes it every TTL/3, and at once after
@@ -164,10 +167,8 @@ func (r *Registration) put(ctx context.Context) error {
 		}
 	}
 	if err != nil {
-		r.failures.Add(1)
 		return fmt.Errorf("discovery: put %s: %w", r.key, err)
 	}
-	r.refreshes.Add(1)
 	return nil
 }
 
@@ -194,10 +195,6 @@ func (r *Registration) loop(ctx context.Context) {
 	}
 }
 
-// Refreshes and Failures count record writes.
-func (r *Registration) Refreshes() int64 { return r.refreshes.Load() }
-func (r *Registration) Failures() int64  { return r.failures.Load() }
-
 // Close stops refreshing and deletes the record, so watchers drop the
 // instance at once instead of after the TTL.
 func (r *Registration) Close(ctx context.Context) error {
@@ -213,16 +210,16 @@ func (r *Registration) Close(ctx context.Context) error {
 	return nil
 }
 
-// DiscoveryEventKind says what happened to an instance.
-type DiscoveryEventKind uint8
+// EventKind says what happened to an instance.
+type EventKind uint8
 
 const (
-	InstanceAdded DiscoveryEventKind = iota + 1
+	InstanceAdded EventKind = iota + 1
 	InstanceUpdated
 	InstanceRemoved
 )
 
-func (k DiscoveryEventKind) String() string {
+func (k EventKind) String() string {
 	switch k {
 	case InstanceAdded:
 		return "added"
@@ -234,10 +231,10 @@ func (k DiscoveryEventKind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
-// DiscoveryEvent is one change seen by a watcher. For removals only
+// Event is one change seen by a watcher. For removals only
 // Instance.ID and Model are certain; the rest is the last known record.
-type DiscoveryEvent struct {
-	Kind     DiscoveryEventKind
+type Event struct {
+	Kind     EventKind
 	Instance Instance
 }
 
@@ -245,22 +242,22 @@ type DiscoveryEvent struct {
 type Watcher struct {
 	d     *Discovery
 	model string
-	fn    func(DiscoveryEvent)
+	fn    func(Event)
 
 	mu        sync.Mutex
 	instances map[uint64]Instance
 
-	bad, resyncs atomic.Int64
-	cancel       context.CancelFunc
-	done         chan struct{}
-	synced       chan struct{}
+	bad    atomic.Int64
+	cancel context.CancelFunc
+	done   chan struct{}
+	synced chan struct{}
 }
 
 // Watch calls fn (serially, from one goroutine) for every add, update and
 // removal of model's instances, starting with the current ones. After a
 // reconnect it re-reads the bucket and reconciles, so removals missed while
 // disconnected are delivered. Bad records are logged, counted and skipped.
-func (d *Discovery) Watch(ctx context.Context, model string, fn func(DiscoveryEvent)) (*Watcher, error) {
+func (d *Discovery) Watch(ctx context.Context, model string, fn func(Event)) (*Watcher, error) {
 	if model == "" {
 		return nil, errors.New("discovery: watch: empty model")
 	}
@@ -287,9 +284,8 @@ func (w *Watcher) Instances() []Instance {
 }
 
 // BadRecords counts records that did not parse, failed validation or named
-// another model; Resyncs counts watch restarts.
+// another model.
 func (w *Watcher) BadRecords() int64 { return w.bad.Load() }
-func (w *Watcher) Resyncs() int64    { return w.resyncs.Load() }
 
 // Close stops the watcher and waits for it.
 func (w *Watcher) Close() {
@@ -308,7 +304,6 @@ func (w *Watcher) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		w.resyncs.Add(1)
 		if err != nil {
 			w.d.log.Warn("discovery watch restarting", "model", w.model, "err", err)
 			select {
@@ -332,7 +327,7 @@ func (w *Watcher) watchOnce(ctx context.Context, status chan nats.Status, first 
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	kw, err := kvb.Watch(wctx, ModelToken(w.model)+".*")
+	kw, err := kvb.Watch(wctx, natsbus.ModelToken(w.model)+".*")
 	if err != nil {
 		return fmt.Errorf("watch: %w", err)
 	}
@@ -360,7 +355,7 @@ func (w *Watcher) watchOnce(ctx context.Context, status chan nats.Status, first 
 				}
 				continue
 			}
-			id, err := parseInstanceToken(e.Key())
+			id, err := natsbus.ParseInstanceToken(e.Key())
 			if err != nil {
 				w.badRecord(e.Key(), err)
 				continue
@@ -371,7 +366,7 @@ func (w *Watcher) watchOnce(ctx context.Context, status chan nats.Status, first 
 					w.remove(id)
 				}
 			default:
-				in, err := ParseInstance(e.Value())
+				in, err := parseInstance(e.Value())
 				if err == nil && (in.ID != id || in.Model != w.model) {
 					err = fmt.Errorf("record names instance %x of model %q", in.ID, in.Model)
 				}
@@ -401,9 +396,9 @@ func (w *Watcher) upsert(in Instance) {
 	w.mu.Unlock()
 	switch {
 	case !known:
-		w.emit(DiscoveryEvent{Kind: InstanceAdded, Instance: in})
+		w.emit(Event{Kind: InstanceAdded, Instance: in})
 	case !sameInstance(old, in):
-		w.emit(DiscoveryEvent{Kind: InstanceUpdated, Instance: in})
+		w.emit(Event{Kind: InstanceUpdated, Instance: in})
 	}
 }
 
@@ -413,7 +408,7 @@ func (w *Watcher) remove(id uint64) {
 	delete(w.instances, id)
 	w.mu.Unlock()
 	if known {
-		w.emit(DiscoveryEvent{Kind: InstanceRemoved, Instance: old})
+		w.emit(Event{Kind: InstanceRemoved, Instance: old})
 	}
 }
 
@@ -431,7 +426,7 @@ func (w *Watcher) reconcile(seen map[uint64]bool) {
 	}
 }
 
-func (w *Watcher) emit(ev DiscoveryEvent) {
+func (w *Watcher) emit(ev Event) {
 	if w.fn != nil {
 		w.fn(ev)
 	}
