@@ -407,3 +407,33 @@ func TestCorruptHostBlockStopsTheLoad(t *testing.T) {
 		}
 	})
 }
+
+// An engine may report a first computed position that leaves out what the
+// connector loaded (TensorRT-LLM subtracts fresh connector matches): the
+// loaded blocks still count as computed and are not offloaded again.
+func TestLoadedTokensCountEvenIfTheEngineLeavesThemOut(t *testing.T) {
+	forEachShape(t, func(t *testing.T, mk func(*Connector) shape) {
+		r := newRig(t, mk, 32, 0)
+		r.dev.release(r.prefill(req("a", 100, 13), nil, 16))
+		b := req("b", 100, 19)
+		seqs := seqsOf(b)
+		if n, _, _ := r.sh.match(b, 0); n != 12 {
+			t.Fatalf("match %d", n)
+		}
+		ext := r.dev.alloc(t, 3)
+		if err := r.sh.alloc("b", ext, 12, 0); err != nil {
+			t.Fatal(err)
+		}
+		r.run(nil, nil, map[string]int{}, nil)
+		blocks := append(ext, r.dev.alloc(t, 2)...)
+		md, _, _ := r.run([]stepReq{newReq(b, blocks, 0)}, nil, map[string]int{"b": 7},
+			func() { r.computeBlocks(blocks, seqs, 3, 4) })
+		if got := storedSeqs(md); fmt.Sprint(got) != fmt.Sprint(seqs[3:4]) {
+			t.Fatalf("stored %v, want only block 3", got)
+		}
+		// A device hit that is not block aligned (partial reuse) matches nothing.
+		if n, async, _ := r.sh.match(req("c", 100, 19), 6); n != 0 || async {
+			t.Fatalf("unaligned device hit matched %d", n)
+		}
+	})
+}
