@@ -300,3 +300,35 @@ func TestManagerRejectsMismatchedStorage(t *testing.T) {
 		t.Fatal("block size 0 must be refused")
 	}
 }
+
+// sumFake is a fakeDevice that supplies checksums, possibly wrong ones.
+type sumFake struct {
+	*fakeDevice
+	lie bool
+}
+
+func (d sumFake) BlockChecksum(id DeviceBlockID) (uint64, bool) {
+	s := kv.Checksum(d.blocks[id])
+	if d.lie {
+		s++
+	}
+	return s, true
+}
+
+func TestDeviceSuppliedChecksumIsVerifiedOnOnboard(t *testing.T) {
+	for _, lie := range []bool{false, true} {
+		h, _ := NewHostArena(8, tBB)
+		m, _ := NewManager(Config{BlockSize: tBS, BlockBytes: tBB, Host: h})
+		dev := sumFake{newFakeDevice(16), lie}
+		bs := chain(t, dev.fakeDevice, 1, 2)
+		m.Offload(dev, bs)
+		st := m.Match(nil, seqsOfBlocks(bs))
+		n, err := m.Onboard(dev, st, dev.alloc(t, 2))
+		if lie && (n != 0 || m.Stats().Corrupt != 1 || err == nil) {
+			t.Fatalf("a wrong device checksum must fail the onboard: %d %v", n, err)
+		}
+		if !lie && (n != 2 || err != nil) {
+			t.Fatalf("onboard %d %v", n, err)
+		}
+	}
+}
