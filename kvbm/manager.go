@@ -155,7 +155,27 @@ func (m *Manager) Offload(dev Device, blocks []StoreBlock) (int, error) {
 			errs = append(errs, err)
 		}
 	}
+	if err := m.commit(); err != nil {
+		errs = append(errs, err)
+	}
 	return n, errors.Join(errs...)
+}
+
+// commit finishes the storages' batched writes (the disk's slot headers).
+func (m *Manager) commit() error {
+	var errs []error
+	for _, p := range []*pool{m.host, m.disk} {
+		if p == nil {
+			continue
+		}
+		if c, ok := p.store.(Committer); ok {
+			if err := c.Commit(); err != nil {
+				m.st.Errors++
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (m *Manager) offloadOne(dev Device, b StoreBlock) (bool, error) {
@@ -289,6 +309,9 @@ func (m *Manager) Match(dst []Staged, seqs []kv.SeqHash) []Staged {
 			if err := m.offerDisk(s); err != nil {
 				m.st.Errors++
 			}
+		}
+		if err := m.commit(); err != nil {
+			m.st.Errors++
 		}
 	}
 	if m.disk != nil {

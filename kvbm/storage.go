@@ -45,6 +45,12 @@ type Scanner interface {
 	Scan(fn func(slot int, m BlockMeta)) error
 }
 
+// Committer is a Storage that batches part of its writes: the manager
+// calls Commit at the end of every call that stored blocks.
+type Committer interface {
+	Commit() error
+}
+
 // HostArena is the host tier's storage: one byte arena in process memory,
 // slot i at [i·BlockBytes, (i+1)·BlockBytes).
 type HostArena struct {
@@ -118,7 +124,10 @@ type DiskFile struct {
 	n       int
 	stride  int64
 	dataOff int64
-	hdr     [slotHeaderSize]byte
+	// hdrs mirrors the slot headers; Put fills it and Commit writes the
+	// dirty range [lo, hi) with one pwrite, after the payloads.
+	hdrs   []byte
+	lo, hi int
 	// Reopened is true when OpenDiskFile found an existing pool file of the
 	// same geometry: its slots may hold blocks to recover.
 	Reopened bool
@@ -133,7 +142,7 @@ func OpenDiskFile(path string, slots, blockBytes int) (*DiskFile, error) {
 		return nil, fmt.Errorf("kvbm: disk pool of %d slots × %d bytes", slots, blockBytes)
 	}
 	d := &DiskFile{path: path, bb: blockBytes, n: slots,
-		stride: alignUp(int64(blockBytes), diskAlign)}
+		stride: alignUp(int64(blockBytes), diskAlign), hdrs: make([]byte, slots*slotHeaderSize), lo: slots}
 	d.dataOff = diskHeaderSize + alignUp(int64(slots)*slotHeaderSize, diskAlign)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
@@ -143,6 +152,10 @@ func OpenDiskFile(path string, slots, blockBytes int) (*DiskFile, error) {
 	want := d.fileHeader()
 	got := make([]byte, diskHeaderSize)
 	if _, err := f.ReadAt(got, 0); err == nil && string(got) == string(want) {
+		if _, err := f.ReadAt(d.hdrs, diskHeaderSize); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("kvbm: disk pool %s: slot headers: %w", path, err)
+		}
 		d.Reopened = true
 		return d, nil
 	} else if err != nil && !errors.Is(err, io.EOF) {
@@ -188,7 +201,8 @@ func (d *DiskFile) headerOffset(slot int) int64 {
 	return diskHeaderSize + int64(slot)*slotHeaderSize
 }
 
-// Put writes the payload, then the slot header that makes it recoverable.
+// Put writes the payload; the slot header that makes it recoverable is
+// written by the next Commit.
 func (d *DiskFile) Put(slot int, src []byte, m BlockMeta) error {
 	if err := checkSlot(slot, d.n, len(src), d.bb); err != nil {
 		return err
@@ -196,9 +210,21 @@ func (d *DiskFile) Put(slot int, src []byte, m BlockMeta) error {
 	if _, err := d.f.WriteAt(src, d.PayloadOffset(slot)); err != nil {
 		return fmt.Errorf("kvbm: disk slot %d: %w", slot, err)
 	}
-	encodeSlotHeader(d.hdr[:], m, d.bb)
-	if _, err := d.f.WriteAt(d.hdr[:], d.headerOffset(slot)); err != nil {
-		return fmt.Errorf("kvbm: disk slot %d header: %w", slot, err)
+	encodeSlotHeader(d.hdrs[slot*slotHeaderSize:(slot+1)*slotHeaderSize], m, d.bb)
+	d.lo, d.hi = min(d.lo, slot), max(d.hi, slot+1)
+	return nil
+}
+
+// Commit writes the slot headers Put changed since the last Commit, as one
+// contiguous range.
+func (d *DiskFile) Commit() error {
+	if d.lo >= d.hi {
+		return nil
+	}
+	lo, hi := d.lo, d.hi
+	d.lo, d.hi = d.n, 0
+	if _, err := d.f.WriteAt(d.hdrs[lo*slotHeaderSize:hi*slotHeaderSize], d.headerOffset(lo)); err != nil {
+		return fmt.Errorf("kvbm: disk pool %s: slot headers: %w", d.path, err)
 	}
 	return nil
 }
@@ -214,12 +240,10 @@ func (d *DiskFile) Get(slot int, dst []byte) error {
 	return nil
 }
 
-// Scan reads every slot header and reports the intact ones.
+// Scan reports every slot whose header (as read at open, or written
+// since) is intact.
 func (d *DiskFile) Scan(fn func(slot int, m BlockMeta)) error {
-	buf := make([]byte, d.n*slotHeaderSize)
-	if _, err := d.f.ReadAt(buf, diskHeaderSize); err != nil {
-		return fmt.Errorf("kvbm: disk pool %s: scan: %w", d.path, err)
-	}
+	buf := d.hdrs
 	for i := 0; i < d.n; i++ {
 		if m, ok := decodeSlotHeader(buf[i*slotHeaderSize:(i+1)*slotHeaderSize], d.bb); ok {
 			fn(i, m)
@@ -228,12 +252,17 @@ func (d *DiskFile) Scan(fn func(slot int, m BlockMeta)) error {
 	return nil
 }
 
-// Sync flushes the pool file to stable storage.
-func (d *DiskFile) Sync() error { return d.f.Sync() }
+// Sync commits pending headers and flushes the pool file to stable storage.
+func (d *DiskFile) Sync() error {
+	if err := d.Commit(); err != nil {
+		return err
+	}
+	return d.f.Sync()
+}
 
-// Close fsyncs and closes the pool file.
+// Close commits, fsyncs and closes the pool file.
 func (d *DiskFile) Close() error {
-	err := d.f.Sync()
+	err := d.Sync()
 	if cerr := d.f.Close(); err == nil {
 		err = cerr
 	}
