@@ -1,0 +1,116 @@
+package kvbm
+
+import (
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Request is what the connector needs to know of a request when the
+// engine first asks it for matches.
+type Request struct {
+	ID         string
+	Tokens     []kv.Token // every token known so far (the prompt, plus outputs after a preemption)
+	LoRA, Salt string     // mixed into the block hashes' seed (kv.Seed)
+	Priority   uint32     // retention priority of its offloaded blocks: lower is evicted first
+	// GenerationOnly marks the decode side of a disaggregated pair: its
+	// prompt KV arrives from the prefill worker, so the connector matches
+	// nothing for it.
+	GenerationOnly bool
+}
+
+// Phase is where a request's slot stands.
+type Phase uint8
+
+const (
+	PhaseNew           Phase = iota // created by a match call, nothing staged
+	PhaseOnboardStaged              // matched blocks pinned, waiting for the engine's allocation
+	PhaseOnboarding                 // a load op is issued, not yet completed
+	PhasePrefilling
+	PhaseDecoding
+	PhasePreempted // the engine freed its device blocks; it will be matched again
+	PhaseFinishing // finished, with ops still in flight: the engine delays freeing its blocks
+)
+
+var phaseNames = [...]string{"new", "onboard-staged", "onboarding", "prefilling", "decoding", "preempted", "finishing"}
+
+func (p Phase) String() string {
+	if int(p) < len(phaseNames) {
+		return phaseNames[p]
+	}
+	return fmt.Sprintf("phase(%d)", uint8(p))
+}
+
+// slot is one request's connector state: its tokens and block hashes, the
+// device blocks the engine gave it, how far its KV is computed (current)
+// and how many leading blocks were already considered for offload
+// (evaluated), so that nothing is offloaded twice.
+type slot struct {
+	id       string
+	seed     uint64
+	priority uint32
+	genOnly  bool
+	tokens   []kv.Token
+	local    []kv.LocalHash
+	seq      []kv.SeqHash
+	blocks   []DeviceBlockID
+
+	current   int // tokens whose KV is (or after this step will be) on the device
+	evaluated int // leading full blocks already offloaded or skipped
+	phase     Phase
+
+	staged    []Staged // pinned matches, PhaseOnboardStaged
+	matchFrom int      // first matched block index (the device hit)
+	loadFrom  int      // tokens on the device before the load, PhaseOnboarding
+	pending   int      // ops issued and not completed
+
+	loadedHost, loadedDisk int // blocks onboarded from each tier
+}
+
+func newSlot(r *Request, bs int) *slot {
+	s := &slot{id: r.ID, seed: kv.Seed(r.LoRA, r.Salt), priority: r.Priority, genOnly: r.GenerationOnly}
+	s.setTokens(r.Tokens, bs)
+	return s
+}
+
+// setTokens makes toks the request's tokens (a longer list extends them).
+func (s *slot) setTokens(toks []kv.Token, bs int) {
+	if len(toks) <= len(s.tokens) {
+		return
+	}
+	s.appendTokens(toks[len(s.tokens):], bs)
+}
+
+// appendTokens adds tokens and hashes the blocks they complete.
+func (s *slot) appendTokens(toks []kv.Token, bs int) {
+	s.tokens = append(s.tokens, toks...)
+	for b := len(s.local); (b+1)*bs <= len(s.tokens); b++ {
+		l := kv.HashTokens(s.tokens[b*bs:(b+1)*bs], s.seed)
+		h := kv.SeqHash(l)
+		if b > 0 {
+			h = kv.ChainHash(s.seq[b-1], l)
+		}
+		s.local = append(s.local, l)
+		s.seq = append(s.seq, h)
+	}
+}
+
+func (s *slot) meta(b int) BlockMeta {
+	m := BlockMeta{Seq: s.seq[b], Local: s.local[b], Priority: s.priority}
+	if b > 0 {
+		m.Parent, m.HasParent = s.seq[b-1], true
+	}
+	return m
+}
+
+// SlotInfo is a snapshot of one request's connector state.
+type SlotInfo struct {
+	Phase        Phase
+	Tokens       int
+	DeviceBlocks []DeviceBlockID
+	Current      int // tokens computed on the device as the connector counts them
+	Evaluated    int // leading blocks already offloaded or skipped
+	Pending      int // ops in flight
+	// LoadedHost and LoadedDisk are the tokens onboarded from each tier.
+	LoadedHost, LoadedDisk int
+}
