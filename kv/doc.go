@@ -1,4 +1,5 @@
 // Package kv is kvmesh's shared vocabulary: tokens, blocks, block hashes,
 // tiers, worker keys, KV events and block payloads. Every other package
-// speaks it, so it stays small and depends on nothing but a hash function.
+// speaks it, so it stays small and depends on nothing but a hash function
+// and internal/mix.
 package kv
