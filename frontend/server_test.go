@@ -16,9 +16,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(testutil.WithBinary(m)) }
 
 func newTestServer(t *testing.T, b *fakeBackend, cfg Config) *httptest.Server {
 	t.Helper()

@@ -7,6 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -45,13 +47,4 @@ func testCtx(t *testing.T) context.Context {
 }
 
 // eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+var eventually = testutil.WaitFor

@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/runtime"
@@ -123,7 +124,7 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(c.Close)
-		waitFor(t, "cluster sees 4 hint-capable workers", func() bool {
+		testutil.WaitFor(t, 10*time.Second, "cluster sees 4 hint-capable workers", func() bool {
 			infos := c.Router().Workers(e2eModel, router.RoleAggregated)
 			return len(infos) == 4 && !slices.ContainsFunc(infos, func(i router.WorkerInfo) bool { return !i.HintCapable })
 		})
@@ -145,7 +146,7 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 	a := ws[ai]
 	// Both routers learn A's blocks from its events, then see A as full.
 	for _, c := range []*frontend.Cluster{hinted, plain} {
-		waitFor(t, "index holds turn 1 on A", func() bool {
+		testutil.WaitFor(t, 10*time.Second, "index holds turn 1 on A", func() bool {
 			for _, m := range c.Index().FindMatches(local, nil) {
 				if m.Worker == a.key() && int(m.Depth[kv.TierDevice]) == n1 {
 					return true
@@ -185,7 +186,7 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 	}
 
 	// The same turn with hints off goes to a cold worker and recomputes.
-	waitFor(t, "plain index holds turn 2 on B", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "plain index holds turn 2 on B", func() bool {
 		for _, m := range plain.Index().FindMatches(local, nil) {
 			if m.Worker == b.key() && int(m.Depth[kv.TierDevice]) == n1 {
 				return true
@@ -212,11 +213,11 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 	if got.ttft >= base.ttft {
 		t.Errorf("hinted TTFT %v is not below recompute TTFT %v", got.ttft, base.ttft)
 	}
-	if v := counterValue(t, reg, "kvmesh_transfer_blocks_total", map[string]string{"operation": "fetch"}); v != float64(n1) {
+	if v := testutil.Value(t, reg, "kvmesh_transfer_blocks_total", "operation", "fetch"); v != float64(n1) {
 		t.Errorf("kvmesh_transfer_blocks_total{operation=\"fetch\"} = %v, want %d", v, n1)
 	}
 	waitServed(t, reg, n1)
-	if v := counterValue(t, reg, "kvmesh_kv_hint_results_total", map[string]string{"result": HintFetched}); v != 1 {
+	if v := testutil.Value(t, reg, "kvmesh_kv_hint_results_total", "result", HintFetched); v != 1 {
 		t.Errorf("fetched hints %v, want 1", v)
 	}
 }
