@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/internal/quantile"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/trace"
 )
@@ -295,12 +296,10 @@ func heapNow() uint64 {
 	return m.HeapAlloc
 }
 
+// percentile sorts d in place.
 func percentile(d []time.Duration, p float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
 	slices.Sort(d)
-	return d[min(len(d)-1, int(float64(len(d))*p))]
+	return quantile.Nearest(d, p)
 }
 
 // replay runs ops in order on one thread, timing every find. Its wall

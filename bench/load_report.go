@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/quantile"
 	"github.com/kvmesh/kvmesh/plot"
 )
 
@@ -131,21 +132,6 @@ type Stats struct {
 	Std   float64 `json:"std"`
 }
 
-// quantile is the linear-interpolation quantile of sorted values (numpy's
-// default, as aiperf uses).
-func quantile(sorted []float64, q float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	pos := q * float64(len(sorted)-1)
-	lo := int(math.Floor(pos))
-	if lo >= len(sorted)-1 {
-		return sorted[len(sorted)-1]
-	}
-	frac := pos - float64(lo)
-	return sorted[lo] + frac*(sorted[lo+1]-sorted[lo])
-}
-
 func newStats(v []float64) Stats {
 	if len(v) == 0 {
 		return Stats{}
@@ -162,7 +148,7 @@ func newStats(v []float64) Stats {
 		ss += (x - mean) * (x - mean)
 	}
 	return Stats{Count: len(s), Mean: mean, Min: s[0], Max: s[len(s)-1],
-		P50: quantile(s, 0.5), P90: quantile(s, 0.9), P99: quantile(s, 0.99), Std: math.Sqrt(ss / float64(len(s)))}
+		P50: quantile.Linear(s, 0.5), P90: quantile.Linear(s, 0.9), P99: quantile.Linear(s, 0.99), Std: math.Sqrt(ss / float64(len(s)))}
 }
 
 // GoodputReport is the share of requests meeting every SLO.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/natsbus/natstest"
 )
 
@@ -74,7 +75,7 @@ func TestDiscoveryAddExpireDeregister(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	natstest.Eventually(t, 5*time.Second, "two adds", func() bool { return log.count(InstanceAdded, 1) == 1 && log.count(InstanceAdded, 2) == 1 })
+	testutil.WaitFor(t, 5*time.Second, "two adds", func() bool { return log.count(InstanceAdded, 1) == 1 && log.count(InstanceAdded, 2) == 1 })
 	if got := len(w.Instances()); got != 2 {
 		t.Fatalf("instances %d, want 2 (other model filtered)", got)
 	}
@@ -89,14 +90,14 @@ func TestDiscoveryAddExpireDeregister(t *testing.T) {
 	if err := r2.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	natstest.Eventually(t, 2*time.Second, "deregister removal", func() bool { return log.count(InstanceRemoved, 2) == 1 })
+	testutil.WaitFor(t, 2*time.Second, "deregister removal", func() bool { return log.count(InstanceRemoved, 2) == 1 })
 
 	// Stop refreshing without deleting (a crash): the TTL expiry must reach
 	// the watcher as a removal.
 	r1.cancel()
 	<-r1.done
 	start := time.Now()
-	natstest.Eventually(t, 5*time.Second, "TTL expiry removal", func() bool { return log.count(InstanceRemoved, 1) == 1 })
+	testutil.WaitFor(t, 5*time.Second, "TTL expiry removal", func() bool { return log.count(InstanceRemoved, 1) == 1 })
 	t.Logf("expiry seen %v after the last refresh stopped (TTL 1s)", time.Since(start).Round(10*time.Millisecond))
 	if len(w.Instances()) != 0 {
 		t.Fatalf("instances left: %+v", w.Instances())
@@ -140,8 +141,8 @@ func TestDiscoveryBadRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	natstest.Eventually(t, 5*time.Second, "good instance", func() bool { return log.count(InstanceAdded, 6) == 1 })
-	natstest.Eventually(t, 5*time.Second, "bad records counted", func() bool { return w.BadRecords() >= 4 })
+	testutil.WaitFor(t, 5*time.Second, "good instance", func() bool { return log.count(InstanceAdded, 6) == 1 })
+	testutil.WaitFor(t, 5*time.Second, "bad records counted", func() bool { return w.BadRecords() >= 4 })
 	if n := len(w.Instances()); n != 1 {
 		t.Fatalf("instances %+v, want only 6", w.Instances())
 	}

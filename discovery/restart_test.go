@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/natsbus/natstest"
 )
@@ -42,7 +43,7 @@ func TestDiscoverySurvivesNATSRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	natstest.Eventually(t, 5*time.Second, "both added", func() bool { return len(w.Instances()) == 2 })
+	testutil.WaitFor(t, 5*time.Second, "both added", func() bool { return len(w.Instances()) == 2 })
 
 	e.Shutdown()
 	dies.cancel() // instance 2 dies while NATS is away
@@ -54,8 +55,8 @@ func TestDiscoverySurvivesNATSRestart(t *testing.T) {
 	}
 	defer e2.Shutdown()
 
-	natstest.Eventually(t, 10*time.Second, "instance 2 removed after restart", func() bool { return log.count(InstanceRemoved, 2) == 1 })
-	natstest.Eventually(t, 10*time.Second, "instance 1 present after restart", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "instance 2 removed after restart", func() bool { return log.count(InstanceRemoved, 2) == 1 })
+	testutil.WaitFor(t, 10*time.Second, "instance 1 present after restart", func() bool {
 		ins := w.Instances()
 		return len(ins) == 1 && ins[0].ID == 1
 	})
@@ -67,5 +68,5 @@ func TestDiscoverySurvivesNATSRestart(t *testing.T) {
 	if err := alive.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	natstest.Eventually(t, 5*time.Second, "instance 1 removed", func() bool { return log.count(InstanceRemoved, 1) >= 1 })
+	testutil.WaitFor(t, 5*time.Second, "instance 1 removed", func() bool { return log.count(InstanceRemoved, 1) >= 1 })
 }

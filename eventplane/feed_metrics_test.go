@@ -1,11 +1,10 @@
 package eventplane
 
 import (
-	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/discovery"
@@ -68,22 +67,4 @@ func TestEventFeedCollector(t *testing.T) {
 }
 
 // gather scrapes reg into name{label="v",...} → value.
-func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() { // sorted by name
-				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-			}
-			v := m.GetCounter().GetValue() + m.GetGauge().GetValue()
-			out[mf.GetName()+"{"+strings.Join(ls, ",")+"}"] = v
-		}
-	}
-	return out
-}
+var gather = testutil.Metrics

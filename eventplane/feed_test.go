@@ -14,6 +14,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -196,7 +197,7 @@ func waitSynced(t *testing.T, feed *Feed, ix *lockedIndex, f *fakeWorker) {
 	t.Helper()
 	for rank := range uint32(max(f.dp, 1)) {
 		w := kv.WorkerKey{Instance: f.log.instance, DPRank: rank}
-		natstest.Eventually(t, 10*time.Second, fmt.Sprintf("feed caught up on rank %d", rank), func() bool {
+		testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("feed caught up on rank %d", rank), func() bool {
 			last, ok := feed.LastID(w)
 			return ok && last == f.log.LastID(rank)
 		})
@@ -256,7 +257,7 @@ func TestEventFeedGapRepair(t *testing.T) {
 		t.Fatal("no holdings before removal")
 	}
 	feed.OnDiscovery(discovery.Event{Kind: discovery.InstanceRemoved, Instance: f.instance()})
-	natstest.Eventually(t, 5*time.Second, "holdings dropped", func() bool { return len(ix.holdings(w)) == 0 })
+	testutil.WaitFor(t, 5*time.Second, "holdings dropped", func() bool { return len(ix.holdings(w)) == 0 })
 	f.publish(5) // events of a removed instance are ignored
 	time.Sleep(100 * time.Millisecond)
 	if len(ix.holdings(w)) != 0 {
@@ -280,7 +281,7 @@ func TestEventFeedBadInput(t *testing.T) {
 	dead := ln.Addr().String()
 	ln.Close()
 	feed.OnDiscovery(discovery.Event{Kind: discovery.InstanceAdded, Instance: discovery.Instance{ID: 7, Model: "m", Role: "aggregated", GRPCAddr: dead, DPSize: 1, BlockSize: 4}})
-	natstest.Eventually(t, 10*time.Second, "repair errors counted", func() bool { return feed.Stats().RepairErrors >= 2 })
+	testutil.WaitFor(t, 10*time.Second, "repair errors counted", func() bool { return feed.Stats().RepairErrors >= 2 })
 
 	// Garbage on event subjects is counted and skipped.
 	nc := natstest.Connect(t, e.URL())
@@ -293,7 +294,7 @@ func TestEventFeedBadInput(t *testing.T) {
 	nc.Publish(EventSubject("m", 0x12345), mustBatch(t, 0x12345, kv.Event{ID: 1, Worker: kv.WorkerKey{Instance: 0x12345}, Kind: kv.EventCleared}))
 	good.publish(5)
 	waitSynced(t, feed, ix, good)
-	natstest.Eventually(t, 5*time.Second, "bad messages counted", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "bad messages counted", func() bool {
 		s := feed.Stats()
 		return s.BadMessages >= 4 && s.UnknownInstance >= 1
 	})

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 
 	"github.com/kvmesh/kvmesh/natsbus/natstest"
@@ -39,7 +40,7 @@ func TestLoadReports(t *testing.T) {
 	}()
 	nc.Publish(LoadSubject("m", 0x43), []byte("nope"))
 	nc.Publish(LoadSubject("m", 0x44), []byte(`{"instance_id":1}`))
-	natstest.Eventually(t, 5*time.Second, "load report", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "load report", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		r, ok := got[0x42]

@@ -5,7 +5,7 @@ package fleet
 // subtest has its own NATS server, data dir and workers, and checks for
 // leaked goroutines after everything it started has stopped.
 //
-// KVMESH_E2E_BIN names a prebuilt kvmesh binary to use instead of building
+// KVMESH_TEST_BIN names a prebuilt kvmesh binary to use instead of building
 // ./cmd/kvmesh (handy when iterating on these tests).
 
 import (
@@ -17,7 +17,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"os"
 	"reflect"
 	"strconv"
 	"strings"
@@ -32,10 +31,10 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/worker/proctest"
 	"github.com/kvmesh/kvmesh/workerclient"
 )
 
@@ -49,10 +48,7 @@ func TestClusterE2E(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds kvmesh and runs worker processes")
 	}
-	bin := os.Getenv("KVMESH_E2E_BIN")
-	if bin == "" {
-		bin = proctest.Build(t)
-	}
+	bin := testutil.Binary(t)
 	t.Run("PrefixAffinity", func(t *testing.T) { testPrefixAffinity(t, bin) })
 	t.Run("KilledWorkerLeavesRouting", func(t *testing.T) { testKilledWorker(t, bin) })
 	t.Run("NATSRestart", func(t *testing.T) { testNATSRestart(t, bin) })
@@ -81,7 +77,7 @@ type e2e struct {
 }
 
 type e2eWorker struct {
-	proc *proctest.Proc
+	proc *testutil.Proc
 	in   discovery.Instance // ID and GRPCAddr, from the ready line
 }
 
@@ -146,12 +142,12 @@ func (e *e2e) startWorker(extra ...string) *e2eWorker {
 	args := append([]string{"worker", "--engine", "sim", "--nats", e.url, "--model", e2eModel,
 		"--discovery-ttl", e2eTTL.String(), "--load-interval", "100ms", "--log-level", "warn",
 		"--block-size", strconv.Itoa(e2eBlockSize), "--blocks", "4096", "--speedup-ratio", "1"}, extra...)
-	p := proctest.Start(e.t, e.bin, nil, args...)
+	p := testutil.Start(e.t, "kvmesh worker", e.bin, nil, args...)
 	line, err := p.WaitLine("kvmesh worker ready", 30*time.Second)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	f := proctest.Fields(line)
+	f := testutil.Fields(line)
 	id, err := strconv.ParseUint(f["instance"], 16, 64)
 	if err != nil || f["grpc"] == "" {
 		e.t.Fatalf("ready line %q", line)
@@ -351,40 +347,11 @@ func routed(c *Cluster) map[kv.WorkerKey]bool {
 	return out
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool, why ...func() string) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			msg := ""
-			if len(why) > 0 {
-				msg = ": " + why[0]()
-			}
-			t.Fatalf("timed out after %v waiting for %s%s", d, what, msg)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// gatherMetrics scrapes reg into name{label="v",...} → value.
-func gatherMetrics(t *testing.T, reg *prometheus.Registry) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-			}
-			out[mf.GetName()+"{"+strings.Join(ls, ",")+"}"] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return out
-}
+// waitFor and gatherMetrics are this package's short names for testutil's.
+var (
+	waitFor       = testutil.WaitFor
+	gatherMetrics = testutil.Metrics
+)
 
 // logSink collects the in-process log for assertions and failure output.
 type logSink struct {

@@ -27,6 +27,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/internal/quantile"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
@@ -536,7 +537,7 @@ func pct(d []time.Duration, p int) time.Duration {
 	}
 	s := slices.Clone(d)
 	slices.Sort(s)
-	return s[min(len(s)-1, len(s)*p/100)].Round(time.Microsecond)
+	return quantile.Nearest(s, float64(p)/100).Round(time.Microsecond)
 }
 
 func envInt(name string, def int) int {

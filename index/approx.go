@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/u64map"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -49,8 +50,8 @@ type Approx struct {
 
 type approxWorker struct {
 	key  kv.WorkerKey
-	last stampMap // block -> stamp of the last insert holding it
-	gone bool     // removed: its pending records are void
+	last u64map.Map[kv.SeqHash, uint64] // block -> stamp (never 0) of the last insert holding it
+	gone bool                           // removed: its pending records are void
 }
 
 // approxRec is one insert: qseq[off:off+n] stamped stamp under w, expiring
@@ -98,7 +99,7 @@ func (a *Approx) Insert(w kv.WorkerKey, local []kv.LocalHash, now time.Time) {
 	// that grows the map starts the suffix the index lacks.
 	first := -1
 	for i, s := range a.seq {
-		if aw.last.set(s, a.stamp) && first < 0 {
+		if aw.last.Set(s, a.stamp) && first < 0 {
 			first = i
 		}
 	}
@@ -154,14 +155,14 @@ func (a *Approx) popRec(target int) {
 	for j > 0 && (target < 0 || a.n > target) {
 		j--
 		s := a.qseq[r.off+j]
-		if aw.gone || aw.last.get(s) != r.stamp {
+		if stamp, _ := aw.last.Get(s); aw.gone || stamp != r.stamp {
 			// Refreshed later, or the worker was removed. A refreshed
 			// block's ancestors were refreshed with it (an insert stamps
 			// its whole path), so the rest of the record is too: stop.
 			j = 0
 			break
 		}
-		aw.last.del(s)
+		aw.last.Delete(s)
 		a.n--
 		a.rm = append(a.rm, s)
 	}
@@ -207,7 +208,7 @@ func (a *Approx) RemoveWorker(w kv.WorkerKey) {
 	defer a.mu.Unlock()
 	if aw := a.workers[w]; aw != nil {
 		aw.gone = true
-		a.n -= aw.last.len()
+		a.n -= aw.last.Len()
 		delete(a.workers, w)
 	}
 	a.ix.RemoveWorker(w)

@@ -1,5 +1,7 @@
 package index
 
+import "github.com/kvmesh/kvmesh/internal/mix"
+
 // engTable maps a node's shared engine hash to the node. Only the writer
 // uses it (readers never resolve engine hashes), so it is plain memory: a
 // node id per slot plus a parallel byte of hash tag, so a probe that misses
@@ -29,7 +31,7 @@ func newEngTable(n int) engTable {
 	return engTable{ids: make([]uint32, size), tags: make([]uint8, size), mask: uint64(size - 1)}
 }
 
-func (ix *Index) engHash(h uint64) uint64 { return mix(h ^ ix.seed) }
+func (ix *Index) engHash(h uint64) uint64 { return mix.Mix64(h ^ ix.seed) }
 
 // etabFind returns the node whose shared engine hash is h, or 0 and the
 // slot where h belongs.

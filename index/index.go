@@ -43,6 +43,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/kvmesh/kvmesh/internal/mix"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -229,17 +230,8 @@ func nodeAt(dir []*chunk, id uint32) *hot { return &dir[id>>chunkBits].hot[id&ch
 
 func (ix *Index) chunkOf(id uint32) *chunk { return (*ix.dir.Load())[id>>chunkBits] }
 
-func mix(x uint64) uint64 {
-	x ^= x >> 32
-	x *= 0xd6e8feb86659fd93
-	x ^= x >> 32
-	x *= 0xd6e8feb86659fd93
-	x ^= x >> 32
-	return x
-}
-
 func (ix *Index) childHash(parent uint32, local uint64) uint64 {
-	return mix(local ^ ix.seed ^ uint64(parent)*0x9E3779B97F4A7C15)
+	return mix.Mix64(local ^ ix.seed ^ uint64(parent)*mix.Golden)
 }
 
 // lookup finds the child of parent with the given local hash. It returns

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvmesh/kvmesh/internal/mix"
 )
 
 // DefaultPayloadSize is the per-layer payload of a simulated block: small so
@@ -17,24 +19,16 @@ const DefaultPayloadSize = 256
 // bytes, so any tier or peer can check what it received.
 func FillPayload(dst []byte, seq SeqHash, layer int) {
 	// splitmix64 stream keyed by (seq, layer): fast and well mixed.
-	x := seq ^ (uint64(layer)+1)*0x9E3779B97F4A7C15
+	x := seq ^ (uint64(layer)+1)*mix.Golden
 	i := 0
 	for ; i+8 <= len(dst); i += 8 {
-		binary.LittleEndian.PutUint64(dst[i:], splitmix(&x))
+		binary.LittleEndian.PutUint64(dst[i:], mix.Next(&x))
 	}
 	if i < len(dst) {
 		var tail [8]byte
-		binary.LittleEndian.PutUint64(tail[:], splitmix(&x))
+		binary.LittleEndian.PutUint64(tail[:], mix.Next(&x))
 		copy(dst[i:], tail[:])
 	}
-}
-
-func splitmix(x *uint64) uint64 {
-	*x += 0x9E3779B97F4A7C15
-	z := *x
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-	return z ^ (z >> 31)
 }
 
 // Payload returns a fresh buffer with the bytes FillPayload writes.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/natsbus/natstest"
 )
@@ -40,7 +41,7 @@ func TestBroadcastSkipsSelf(t *testing.T) {
 	if err := peers["r1"].Publish([]byte("hello")); err != nil {
 		t.Fatal(err)
 	}
-	natstest.Eventually(t, 5*time.Second, "r2 and r3 receive", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "r2 and r3 receive", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(recv["r2"]) == 1 && len(recv["r3"]) == 1 && recv["r2"][0] == msg{"r1", "hello"}

@@ -1,7 +1,7 @@
 // Package trace loads Mooncake-style request traces and expands their
 // 512-token hash-id blocks into engine tokens and block hashes. It is the
 // low-level reader the index benchmark, the load generator and the twin
-// share; it imports only kv.
+// share; it imports only kv and internal/mix.
 package trace
 
 import (
@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/kvmesh/kvmesh/internal/mix"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -171,10 +172,7 @@ func TokenLen(req *Request, traceBlockSize int) int {
 // splitmix64 stream keyed by h, so equal ids give equal tokens and
 // different ids differ with overwhelming probability.
 func Token(h uint64, j int) kv.Token {
-	z := h*0x9E3779B97F4A7C15 + uint64(j+1)*0xD1B54A32D192ED03
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-	return kv.Token(z ^ (z >> 31))
+	return kv.Token(mix.Mix64(h*mix.Golden + uint64(j+1)*0xD1B54A32D192ED03))
 }
 
 // Tokens expands req into its prompt tokens: hash id i fills tokens

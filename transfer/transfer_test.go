@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -446,68 +446,18 @@ func TestConcurrentFetches(t *testing.T) {
 		t.Error(err)
 	}
 	waitPins(t, src)
-	if got := counter(t, reg, "kvmesh_transfer_bytes_total", "operation", "fetch"); got != float64(total.Load()) {
+	if got := testutil.Value(t, reg, "kvmesh_transfer_bytes_total", "operation", "fetch"); got != float64(total.Load()) {
 		t.Errorf("fetch bytes metric %v, delivered %d", got, total.Load())
 	}
-	if got := counter(t, reg, "kvmesh_transfer_bytes_total", "operation", "serve"); got != float64(total.Load()) {
+	if got := testutil.Value(t, reg, "kvmesh_transfer_bytes_total", "operation", "serve"); got != float64(total.Load()) {
 		t.Errorf("serve bytes metric %v, delivered %d", got, total.Load())
 	}
-	if got := histCount(t, reg, "fetch", "success"); got != workers*each {
-		t.Errorf("fetch/success observations %d, want %d", got, workers*each)
+	if got := testutil.Value(t, reg, "kvmesh_transfer_duration_seconds_count", "scope", "fetch", "result", "success"); got != float64(workers*each) {
+		t.Errorf("fetch/success observations %v, want %d", got, workers*each)
 	}
-	if got := counter(t, reg, "kvmesh_transfer_in_flight", "operation", "fetch"); got != 0 {
+	if got := testutil.Value(t, reg, "kvmesh_transfer_in_flight", "operation", "fetch"); got != 0 {
 		t.Errorf("fetch in flight %v after all returned", got)
 	}
-}
-
-func findMetric(t *testing.T, reg *prometheus.Registry, name string) []*dto.Metric {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()
-		}
-	}
-	return nil
-}
-
-func labelsMatch(m *dto.Metric, kv ...string) bool {
-	for i := 0; i+1 < len(kv); i += 2 {
-		found := false
-		for _, lp := range m.GetLabel() {
-			if lp.GetName() == kv[i] && lp.GetValue() == kv[i+1] {
-				found = true
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
-}
-
-func counter(t *testing.T, reg *prometheus.Registry, name string, kv ...string) float64 {
-	for _, m := range findMetric(t, reg, name) {
-		if labelsMatch(m, kv...) {
-			if m.Counter != nil {
-				return m.Counter.GetValue()
-			}
-			return m.Gauge.GetValue()
-		}
-	}
-	return 0
-}
-
-func histCount(t *testing.T, reg *prometheus.Registry, scope, result string) int {
-	for _, m := range findMetric(t, reg, "kvmesh_transfer_duration_seconds") {
-		if labelsMatch(m, "scope", scope, "result", result) {
-			return int(m.Histogram.GetSampleCount())
-		}
-	}
-	return 0
 }
 
 func TestStalePooledConnectionIsRetried(t *testing.T) {

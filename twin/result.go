@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/quantile"
 	"github.com/kvmesh/kvmesh/plot"
 )
 
@@ -85,10 +85,7 @@ func newDist(xs []float64) Dist {
 	for _, v := range s {
 		sum += v
 	}
-	q := func(p float64) float64 {
-		i := int(math.Ceil(p*float64(len(s)))) - 1
-		return s[min(max(i, 0), len(s)-1)]
-	}
+	q := func(p float64) float64 { return quantile.Nearest(s, p) }
 	return Dist{N: len(s), Mean: sum / float64(len(s)), P50: q(0.50), P90: q(0.90), P99: q(0.99), Max: s[len(s)-1]}
 }
 

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/kvmesh/kvmesh/internal/mix"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/trace"
 )
@@ -135,7 +136,7 @@ func appendTraceBlock(dst []kv.Token, h uint64, m int) []kv.Token {
 
 // blockKey is the key k = mix(h) of hash id h's trace block, as halves.
 func blockKey(h uint64) (lo, hi uint32) {
-	k := mix64(h + 0x9E3779B97F4A7C15)
+	k := mix.Mix64(h + mix.Golden)
 	return uint32(k), uint32(k >> 32)
 }
 
@@ -147,13 +148,7 @@ func blockToken(lo, hi uint32, j int) kv.Token {
 	return hi + uint32(j)
 }
 
-func mix64(z uint64) uint64 {
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-	return z ^ (z >> 31)
-}
-
 // rng64 is a splitmix64 stream for request seeds.
 func rng64(seed uint64, i int) uint64 {
-	return mix64(seed + uint64(i+1)*0x9E3779B97F4A7C15)
+	return mix.Mix64(seed + uint64(i+1)*mix.Golden)
 }

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,9 +14,9 @@ import (
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/eventplane"
 	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
-	"github.com/kvmesh/kvmesh/worker/proctest"
 	"github.com/kvmesh/kvmesh/workerclient"
 )
 
@@ -32,17 +33,6 @@ func (l *lockedRef) holdings(w kv.WorkerKey) []ref.Holding {
 	return l.ix.Holdings(w)
 }
 
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // Real `kvmesh worker` processes against an embedded NATS: discovery,
 // the event plane into a router-side index (via EventFeed), a NATS restart,
 // graceful stop and a crash.
@@ -50,7 +40,7 @@ func TestE2EWorkerProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs kvmesh processes")
 	}
-	bin := proctest.Build(t)
+	bin := testutil.Binary(t)
 	dir := t.TempDir()
 	srv, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: dir})
 	if err != nil {
@@ -89,15 +79,15 @@ func TestE2EWorkerProcesses(t *testing.T) {
 	defer w.Close()
 
 	env := []string{"KVMESH_NATS=" + url, "KVMESH_MODEL=m", "KVMESH_BLOCK_SIZE=4", "KVMESH_SPEEDUP_RATIO=0"}
-	var procs []*proctest.Proc
+	var procs []*testutil.Proc
 	ids := map[uint64]string{}
 	for range 2 {
-		p := proctest.Start(t, bin, env, "worker", "--blocks", "512", "--load-interval", "100ms", "--log-level", "warn")
+		p := testutil.Start(t, "kvmesh worker "+strconv.Itoa(len(procs)), bin, env, "worker", "--blocks", "512", "--load-interval", "100ms", "--log-level", "warn")
 		line, err := p.WaitLine("kvmesh worker ready", 30*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := proctest.Fields(line)
+		f := testutil.Fields(line)
 		id, err := strconv.ParseUint(f["instance"], 16, 64)
 		if err != nil || f["grpc"] == "" {
 			t.Fatalf("ready line %q", line)
@@ -105,7 +95,7 @@ func TestE2EWorkerProcesses(t *testing.T) {
 		ids[id] = f["grpc"]
 		procs = append(procs, p)
 	}
-	waitUntil(t, 10*time.Second, "two workers discovered", func() bool { return len(w.Instances()) == 2 })
+	testutil.WaitFor(t, 10*time.Second, "two workers discovered", func() bool { return len(w.Instances()) == 2 })
 	for _, in := range w.Instances() {
 		if ids[in.ID] != in.GRPCAddr || in.BlockSize != 4 || in.KVCapacity["device"] != 512 {
 			t.Fatalf("discovered %+v; processes said %v", in, ids)
@@ -167,7 +157,7 @@ func TestE2EWorkerProcesses(t *testing.T) {
 		}
 	}
 	for _, in := range ins {
-		waitUntil(t, 10*time.Second, "router index equals worker's", func() bool { return matches(in) })
+		testutil.WaitFor(t, 10*time.Second, "router index equals worker's", func() bool { return matches(in) })
 	}
 
 	// NATS restarts on the same port and data dir: nothing is lost.
@@ -177,25 +167,25 @@ func TestE2EWorkerProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 15*time.Second, "workers back after NATS restart", func() bool { return len(w.Instances()) == 2 })
+	testutil.WaitFor(t, 15*time.Second, "workers back after NATS restart", func() bool { return len(w.Instances()) == 2 })
 	for i, in := range ins {
 		generate(in, 500000+1000*i)
 	}
 	for _, in := range ins {
-		waitUntil(t, 15*time.Second, "index equal after NATS restart", func() bool { return matches(in) })
+		testutil.WaitFor(t, 15*time.Second, "index equal after NATS restart", func() bool { return matches(in) })
 	}
 
 	// SIGTERM deregisters at once; SIGKILL is noticed within the TTL.
-	if err := procs[1].Stop(10 * time.Second); err != nil {
+	if err := procs[1].Stop(syscall.SIGTERM, 10*time.Second); err != nil {
 		t.Fatalf("graceful stop: %v\n%s", err, procs[1].Stderr())
 	}
-	waitUntil(t, 3*time.Second, "stopped worker removed", func() bool { return len(w.Instances()) == 1 })
+	testutil.WaitFor(t, 3*time.Second, "stopped worker removed", func() bool { return len(w.Instances()) == 1 })
 	left := w.Instances()[0]
 	procs[0].Kill()
 	start := time.Now()
-	waitUntil(t, ttl+5*time.Second, "killed worker removed", func() bool { return len(w.Instances()) == 0 })
+	testutil.WaitFor(t, ttl+5*time.Second, "killed worker removed", func() bool { return len(w.Instances()) == 0 })
 	t.Logf("killed worker removed after %v (TTL %v)", time.Since(start).Round(10*time.Millisecond), ttl)
-	waitUntil(t, 2*time.Second, "holdings dropped", func() bool { return len(ix.holdings(kv.WorkerKey{Instance: left.ID})) == 0 })
+	testutil.WaitFor(t, 2*time.Second, "holdings dropped", func() bool { return len(ix.holdings(kv.WorkerKey{Instance: left.ID})) == 0 })
 	if s := feed.Stats(); s.BadMessages != 0 {
 		t.Fatalf("feed stats %+v", s)
 	}

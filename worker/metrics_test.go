@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/natsbus"
 )
 
@@ -64,13 +65,13 @@ func TestWorkerMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	l1 := fmt.Sprintf(`instance="%s",model="m"`, natsbus.InstanceToken(w1.InstanceID()))
-	if got := gather(t, reg)["kvmesh_worker_inflight_requests{"+l1+"}"]; got != 1 {
+	if got := testutil.Metrics(t, reg)["kvmesh_worker_inflight_requests{"+l1+"}"]; got != 1 {
 		t.Fatalf("in flight %v, want 1", got)
 	}
 	ccancel()
 	waitMetric(t, reg, `kvmesh_worker_requests_total{`+l1+`,result="canceled"}`, 1)
 
-	got := gather(t, reg)
+	got := testutil.Metrics(t, reg)
 	_, events, _ := w1.pub.Counts()
 	for k, v := range map[string]float64{
 		`kvmesh_worker_requests_total{` + l1 + `,result="finished"}`: 2,
@@ -97,7 +98,7 @@ func TestWorkerMetrics(t *testing.T) {
 		t.Errorf("second worker counted %v requests", g)
 	}
 	w1.Close()
-	for k := range gather(t, reg) {
+	for k := range testutil.Metrics(t, reg) {
 		if strings.Contains(k, l1) {
 			t.Fatalf("%s still registered after Close", k)
 		}
@@ -115,31 +116,6 @@ func TestWorkerMetrics(t *testing.T) {
 
 func waitMetric(t *testing.T, reg *prometheus.Registry, key string, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for gather(t, reg)[key] != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s = %v, want %v", key, gather(t, reg)[key], want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// gather scrapes reg into name{label="v",...} → value (labels sorted).
-func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-			}
-			out[mf.GetName()+"{"+strings.Join(ls, ",")+"}"] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return out
+	testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("%s = %v", key, want), func() bool { return testutil.Metrics(t, reg)[key] == want },
+		func() string { return fmt.Sprint(testutil.Metrics(t, reg)[key]) })
 }

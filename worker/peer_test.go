@@ -15,13 +15,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/hints"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
 )
@@ -110,44 +110,9 @@ func reference(t *testing.T, req *engine.Request) genOut {
 // may finish first.
 func waitServed(t *testing.T, reg *prometheus.Registry, want int) {
 	t.Helper()
-	waitFor(t, "the served-blocks metric to reach "+strconv.Itoa(want), func() bool {
-		return counterValue(t, reg, "kvmesh_transfer_blocks_total", map[string]string{"operation": "serve"}) == float64(want)
+	testutil.WaitFor(t, 10*time.Second, "the served-blocks metric to reach "+strconv.Itoa(want), func() bool {
+		return testutil.Value(t, reg, "kvmesh_transfer_blocks_total", "operation", "serve") == float64(want)
 	})
-}
-
-func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue next
-				}
-			}
-			return metricValue(m)
-		}
-	}
-	return 0
-}
-
-func metricValue(m *dto.Metric) float64 {
-	switch {
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
-	case m.Histogram != nil:
-		return float64(m.Histogram.GetSampleCount())
-	}
-	return 0
 }
 
 // A target fetches a conversation's prefix from the peer that computed it:
@@ -198,14 +163,14 @@ func TestPeerFetchWholePrefix(t *testing.T) {
 	if c := b.Counters(); c.FetchedBlocks != uint64(len(hinted)) || c.FetchErrors != 0 {
 		t.Errorf("engine counters %+v", c)
 	}
-	if v := counterValue(t, reg, "kvmesh_transfer_blocks_total", map[string]string{"operation": "fetch"}); v != float64(len(hinted)) {
+	if v := testutil.Value(t, reg, "kvmesh_transfer_blocks_total", "operation", "fetch"); v != float64(len(hinted)) {
 		t.Errorf("fetch blocks metric %v, want %d", v, len(hinted))
 	}
 	waitServed(t, reg, len(hinted))
-	if v := counterValue(t, reg, "kvmesh_transfer_duration_seconds", map[string]string{"scope": "fetch", "result": "success"}); v != 1 {
+	if v := testutil.Value(t, reg, "kvmesh_transfer_duration_seconds_count", "scope", "fetch", "result", "success"); v != 1 {
 		t.Errorf("fetch successes %v, want 1", v)
 	}
-	if v := counterValue(t, reg, "kvmesh_kv_hint_results_total", map[string]string{"result": HintFetched}); v != 1 {
+	if v := testutil.Value(t, reg, "kvmesh_kv_hint_results_total", "result", HintFetched); v != 1 {
 		t.Errorf("fetched hints %v, want 1", v)
 	}
 
@@ -283,7 +248,7 @@ func TestPeerFetchDeadSource(t *testing.T) {
 	if s := pb.Stats(); s.Fallback != 1 {
 		t.Errorf("stats %+v, want one fallback", s)
 	}
-	if v := counterValue(t, reg, "kvmesh_transfer_duration_seconds", map[string]string{"scope": "fetch", "result": "unreachable"}); v != 1 {
+	if v := testutil.Value(t, reg, "kvmesh_transfer_duration_seconds_count", "scope", "fetch", "result", "unreachable"); v != 1 {
 		t.Errorf("unreachable fetches %v, want 1", v)
 	}
 	if c := b.Counters(); c.FetchErrors != 1 {
@@ -341,7 +306,7 @@ func TestPeerFetchTimeout(t *testing.T) {
 	if s := p.Stats(); s.Fallback != 1 {
 		t.Errorf("stats %+v", s)
 	}
-	if v := counterValue(t, reg, "kvmesh_transfer_duration_seconds", map[string]string{"scope": "fetch", "result": "timeout"}); v != 1 {
+	if v := testutil.Value(t, reg, "kvmesh_transfer_duration_seconds_count", "scope", "fetch", "result", "timeout"); v != 1 {
 		t.Errorf("timed-out fetches %v, want 1", v)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 )
@@ -81,8 +82,8 @@ func TestWatchdogStall(t *testing.T) {
 	const timeout = 150 * time.Millisecond
 	eng := &testEngine{tick: 10 * time.Millisecond}
 	w, c := startWorkerWith(t, nc, eng, Config{StallTimeout: timeout, Registerer: reg})
-	waitFor(t, "worker discovered", func() bool { return len(wt.Instances()) == 1 })
-	if g := gather(t, reg)[fmt.Sprintf(`kvmesh_worker_healthy{instance="%s",model="m"}`, natsbus.InstanceToken(w.InstanceID()))]; g != 1 {
+	testutil.WaitFor(t, 10*time.Second, "worker discovered", func() bool { return len(wt.Instances()) == 1 })
+	if g := testutil.Metrics(t, reg)[fmt.Sprintf(`kvmesh_worker_healthy{instance="%s",model="m"}`, natsbus.InstanceToken(w.InstanceID()))]; g != 1 {
 		t.Fatalf("healthy %v at start", g)
 	}
 
@@ -121,7 +122,7 @@ func TestWatchdogStall(t *testing.T) {
 	}
 	eng.chunk.Store(0)
 	l := fmt.Sprintf(`{instance="%s",model="m"}`, natsbus.InstanceToken(w.InstanceID()))
-	out := func() float64 { return gather(t, reg)["kvmesh_worker_output_tokens_total"+l] }
+	out := func() float64 { return testutil.Metrics(t, reg)["kvmesh_worker_output_tokens_total"+l] }
 	for prev, deadline := -1.0, time.Now().Add(10*time.Second); ; { // until the output stops: Send blocks
 		time.Sleep(2 * timeout)
 		o := out()
@@ -164,7 +165,7 @@ func TestWatchdogStall(t *testing.T) {
 	if took < timeout/2 || took > timeout+time.Second {
 		t.Fatalf("stall noticed %v after the last token, timeout %v", took, timeout)
 	}
-	waitFor(t, "stalled worker removed from discovery", func() bool { return len(wt.Instances()) == 0 })
+	testutil.WaitFor(t, 10*time.Second, "stalled worker removed from discovery", func() bool { return len(wt.Instances()) == 0 })
 	st, err = c.Generate(ctx, &api.GenerateRequest{Tokens: prompt(4, 8), MaxTokens: 2})
 	if err == nil {
 		_, err = st.Recv()
@@ -175,7 +176,7 @@ func TestWatchdogStall(t *testing.T) {
 	if h, err := c.Health(ctx, &api.HealthRequest{}); err != nil || h.Ok {
 		t.Fatalf("health of a stalled worker: %v %v", h, err)
 	}
-	got := gather(t, reg)
+	got := testutil.Metrics(t, reg)
 	if got["kvmesh_worker_engine_stalls_total"+l] != 1 || got["kvmesh_worker_healthy"+l] != 0 {
 		t.Fatalf("stalls %v healthy %v", got["kvmesh_worker_engine_stalls_total"+l], got["kvmesh_worker_healthy"+l])
 	}
@@ -223,7 +224,7 @@ func TestWatchdogStuckInGenerate(t *testing.T) {
 	// The engine comes back: the abandoned call's stream is cancelled and
 	// drained (goleak in TestMain checks nothing is left behind).
 	release()
-	waitFor(t, "abandoned stream cancelled", func() bool { return eng.cancelled.Load() == 1 && eng.running.Load() == 0 })
+	testutil.WaitFor(t, 10*time.Second, "abandoned stream cancelled", func() bool { return eng.cancelled.Load() == 1 && eng.running.Load() == 0 })
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}

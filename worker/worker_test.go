@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"reflect"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/eventplane"
 	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/workerclient"
@@ -27,7 +29,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*ats).start"))
+	goleak.VerifyTestMain(testutil.WithBinary(m), goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*ats).start"))
 }
 
 // testEngine stores each prompt's full blocks (one Stored event per
@@ -212,13 +214,8 @@ func TestGenerateAndCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	ccancel()
-	deadline := time.Now().Add(5 * time.Second)
-	for eng.cancelled.Load() != 1 || eng.running.Load() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("engine not cancelled: cancelled %d running %d", eng.cancelled.Load(), eng.running.Load())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 5*time.Second, "the engine to be cancelled", func() bool { return eng.cancelled.Load() == 1 && eng.running.Load() == 0 },
+		func() string { return fmt.Sprintf("cancelled %d running %d", eng.cancelled.Load(), eng.running.Load()) })
 
 	// Bad requests are refused with precise codes.
 	for _, req := range []*api.GenerateRequest{{MaxTokens: 1}, {Tokens: []uint32{1}}, {Tokens: []uint32{1}, MaxTokens: 1, DpRank: 3}} {
@@ -341,7 +338,7 @@ func TestDiscoveryAndLoad(t *testing.T) {
 	if err := w.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "worker discovered", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "worker discovered", func() bool {
 		ins := wt.Instances()
 		return len(ins) == 1 && ins[0].ID == w.InstanceID() && ins[0].GRPCAddr == w.Addr() && ins[0].BlockSize == 4
 	})
@@ -356,7 +353,7 @@ func TestDiscoveryAndLoad(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "worker removed on close", func() bool { return len(wt.Instances()) == 0 })
+	testutil.WaitFor(t, 10*time.Second, "worker removed on close", func() bool { return len(wt.Instances()) == 0 })
 	mu.Lock()
 	defer mu.Unlock()
 	if len(evs) != 2 || evs[0].Kind != discovery.InstanceAdded || evs[1].Kind != discovery.InstanceRemoved {
@@ -416,17 +413,6 @@ func memDiscovery(t *testing.T, ctx context.Context, nc *nats.Conn) *discovery.D
 		t.Fatal(err)
 	}
 	return d
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // subscribeLoads collects model "m"'s load reports (up to n unread; later

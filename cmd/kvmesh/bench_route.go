@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/kvmesh/kvmesh/internal/quantile"
 	"github.com/kvmesh/kvmesh/router"
 )
 
@@ -116,7 +117,7 @@ func runBenchRoute(ctx context.Context, c benchRouteConfig, out io.Writer) error
 	}
 
 	pctOf := func(v []time.Duration, p float64) float64 {
-		return float64(v[min(len(v)-1, int(p*float64(len(v))))].Nanoseconds()) / 1e3
+		return float64(quantile.Nearest(v, p).Nanoseconds()) / 1e3
 	}
 	for _, s := range stages {
 		slices.Sort(s)

@@ -1,17 +1,11 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,162 +16,19 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 // The e2e tests run the real kvmesh binary, built once per test binary.
 
-var (
-	binOnce sync.Once
-	binDir  string
-	binPath string
-	binErr  error
-)
+func TestMain(m *testing.M) { os.Exit(testutil.WithBinary(m).Run()) }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
-	os.Exit(code)
-}
-
-// kvmeshBin builds ./cmd/kvmesh once. KVMESH_TEST_BIN points at a prebuilt
-// binary instead (handy while iterating on the tests alone).
-func kvmeshBin(t *testing.T) string {
+// startProc starts a kvmesh subcommand; name labels it in failures.
+func startProc(t *testing.T, name string, args ...string) *testutil.Proc {
 	t.Helper()
-	if p := os.Getenv("KVMESH_TEST_BIN"); p != "" {
-		return p
-	}
-	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "kvmesh-e2e-")
-		if binErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "kvmesh")
-		// The test runs in cmd/kvmesh: build this very package.
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
-}
-
-// proc is a kvmesh subprocess whose stdout lines are scanned for a pattern.
-type proc struct {
-	t     *testing.T
-	name  string
-	cmd   *exec.Cmd
-	lines chan string
-	done  chan struct{}
-
-	mu     sync.Mutex
-	stderr bytes.Buffer
-	err    error
-}
-
-func startProc(t *testing.T, name string, args ...string) *proc {
-	t.Helper()
-	p := &proc{t: t, name: name, cmd: exec.Command(kvmeshBin(t), args...), lines: make(chan string, 256), done: make(chan struct{})}
-	p.cmd.Stderr = writerFunc(func(b []byte) (int, error) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.stderr.Write(b)
-	})
-	out, err := p.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			select {
-			case p.lines <- sc.Text():
-			default:
-			}
-		}
-		err := p.cmd.Wait()
-		p.mu.Lock()
-		p.err = err
-		p.mu.Unlock()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			t.Logf("stderr of %s (last 4 KiB):\n%s", name, tail(p.stderrText(), 4096))
-		}
-	})
-	return p
-}
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}
-
-func (p *proc) stderrText() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.String()
-}
-
-// waitMatch returns the submatches of the first stdout line matching re.
-func (p *proc) waitMatch(re *regexp.Regexp, timeout time.Duration) []string {
-	p.t.Helper()
-	deadline := time.After(timeout)
-	for {
-		select {
-		case l := <-p.lines:
-			if m := re.FindStringSubmatch(l); m != nil {
-				return m
-			}
-		case <-p.done:
-			p.t.Fatalf("%s exited (%v) before printing %v; stderr:\n%s", p.name, p.err, re, tail(p.stderrText(), 4096))
-		case <-deadline:
-			p.t.Fatalf("%s printed no line matching %v within %v; stderr:\n%s", p.name, re, timeout, tail(p.stderrText(), 4096))
-		}
-	}
-}
-
-// interrupt sends SIGINT and returns the exit error once the process ended
-// (nil: exit 0), or an error if it took longer than timeout.
-func (p *proc) interrupt(timeout time.Duration) error {
-	_ = p.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-p.done:
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.err
-	case <-time.After(timeout):
-		p.kill()
-		return fmt.Errorf("%s did not exit within %v of SIGINT", p.name, timeout)
-	}
-}
-
-// kill is a crash: SIGKILL, no clean-up in the process.
-func (p *proc) kill() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
+	return testutil.Start(t, name, testutil.Binary(t), nil, args...)
 }
 
 var (
@@ -188,7 +39,7 @@ var (
 
 // served is a running `kvmesh serve`.
 type served struct {
-	*proc
+	*testutil.Proc
 	base    string // http://host:port/v1
 	natsURL string
 }
@@ -196,16 +47,16 @@ type served struct {
 func startServe(t *testing.T, args ...string) *served {
 	t.Helper()
 	p := startProc(t, "kvmesh serve", append([]string{"serve", "--listen", "127.0.0.1:0", "--log-level", "warn"}, args...)...)
-	m := p.waitMatch(serveLine, 30*time.Second)
-	return &served{proc: p, base: m[1], natsURL: m[2]}
+	m := p.Expect(serveLine, 30*time.Second)
+	return &served{Proc: p, base: m[1], natsURL: m[2]}
 }
 
 // stop interrupts serve and checks it exits 0 promptly.
 func (s *served) stop(t *testing.T) {
 	t.Helper()
 	start := time.Now()
-	if err := s.interrupt(10 * time.Second); err != nil {
-		t.Errorf("kvmesh serve after SIGINT: %v; stderr:\n%s", err, tail(s.stderrText(), 4096))
+	if err := s.Stop(syscall.SIGINT, 10*time.Second); err != nil {
+		t.Errorf("kvmesh serve after SIGINT: %v; stderr:\n%s", err, s.Stderr())
 	} else if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("kvmesh serve took %v to exit after SIGINT", d)
 	}
@@ -241,7 +92,7 @@ func watchWorkers(t *testing.T, natsURL, model string, want int) *workerSet {
 	if ws.watcher, err = d.Watch(ctx, model, func(discovery.Event) {}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, fmt.Sprintf("%d workers in discovery", want), func() bool {
+	testutil.WaitFor(t, 15*time.Second, fmt.Sprintf("%d workers in discovery", want), func() bool {
 		return len(ws.watcher.Instances()) >= want
 	})
 	return ws
@@ -287,17 +138,6 @@ func (ws *workerSet) running(t *testing.T) (total int, busiest string) {
 	return total, busiest
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // promptTokens is what the frontend's chat template makes of msgs.
 func chatPromptTokens(t *testing.T, model string, msgs ...frontend.Message) []uint32 {
 	t.Helper()
@@ -334,24 +174,9 @@ func decode(t *testing.T, model string, ids []uint32) string {
 	return b.String()
 }
 
-// metric reads one unlabelled sample from /metrics.
+// metric reads one series (name{label="value",...}) from base's /metrics.
 func metric(t *testing.T, base, name string) (float64, bool) {
 	t.Helper()
-	resp, err := http.Get(strings.TrimSuffix(base, "/v1") + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<16), 1<<20)
-	for sc.Scan() {
-		l := sc.Text()
-		if v, ok := strings.CutPrefix(l, name+" "); ok {
-			var f float64
-			if _, err := fmt.Sscan(v, &f); err == nil {
-				return f, true
-			}
-		}
-	}
-	return 0, false
+	v, ok := testutil.Scrape(t, strings.TrimSuffix(base, "/v1")+"/metrics")[name]
+	return v, ok
 }

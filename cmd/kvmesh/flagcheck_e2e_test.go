@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // A bad flag value makes every command exit 1 at once with one line on
@@ -18,6 +20,7 @@ import (
 // help and exited 0).
 func TestBadFlagsExitEarly(t *testing.T) {
 	const trace = "../../twin/testdata/conversation_300.jsonl"
+	bin := testutil.Binary(t) // built before the per-command deadlines start
 	empty := filepath.Join(t.TempDir(), "empty.jsonl")
 	if err := os.WriteFile(empty, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -61,7 +64,7 @@ func TestBadFlagsExitEarly(t *testing.T) {
 		{[]string{"hints", "vaildate", empty}, "kvmesh: unknown command \"vaildate\" for \"kvmesh hints\"; did you mean \"validate\"?\n"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		cmd := exec.CommandContext(ctx, kvmeshBin(t), c.args...)
+		cmd := exec.CommandContext(ctx, bin, c.args...)
 		cmd.Env = append(os.Environ(), "KVMESH_TRACE=")
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr

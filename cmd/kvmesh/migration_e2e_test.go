@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/natsbus"
 )
 
@@ -31,16 +33,16 @@ func TestMigrationAcrossWorkerProcesses(t *testing.T) {
 	defer ns.Shutdown()
 
 	// ~6 ms per token: a 200-token stream lasts about a second.
-	workers := map[string]*proc{}
+	workers := map[string]*testutil.Proc{}
 	for range 2 {
 		p := startProc(t, "kvmesh worker", "worker", "--nats", ns.URL(), "--speedup-ratio", "1", "--log-level", "warn")
-		m := p.waitMatch(workerLine, 20*time.Second)
+		m := p.Expect(workerLine, 20*time.Second)
 		workers[m[2]] = p
 	}
 	fe := startProc(t, "kvmesh frontend", "frontend", "--nats", ns.URL(), "--listen", "127.0.0.1:0", "--log-level", "warn")
-	base := fe.waitMatch(frontendLine, 20*time.Second)[1]
+	base := fe.Expect(frontendLine, 20*time.Second)[1]
 	ws := watchWorkers(t, ns.URL(), simModel, 2)
-	waitFor(t, 10*time.Second, "frontend /health", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "frontend /health", func() bool {
 		resp, err := http.Get(strings.TrimSuffix(base, "/v1") + "/health")
 		if err != nil {
 			return false
@@ -92,7 +94,7 @@ func TestMigrationAcrossWorkerProcesses(t *testing.T) {
 
 	// The migration run: kill the worker serving the stream a fifth of the
 	// way in.
-	waitFor(t, 5*time.Second, "idle workers", func() bool { n, _ := ws.running(t); return n == 0 })
+	testutil.WaitFor(t, 5*time.Second, "idle workers", func() bool { n, _ := ws.running(t); return n == 0 })
 	p := chatParams(content, seed, maxTok)
 	p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
 	st := client.Chat.Completions.NewStreaming(ctx, p)
@@ -121,7 +123,7 @@ func TestMigrationAcrossWorkerProcesses(t *testing.T) {
 			if n != 1 || workers[addr] == nil {
 				t.Fatalf("%d requests running (busiest %q), want 1 on a known worker", n, addr)
 			}
-			workers[addr].kill()
+			workers[addr].Kill()
 			killed = addr
 		}
 	}
@@ -141,12 +143,12 @@ func TestMigrationAcrossWorkerProcesses(t *testing.T) {
 		t.Errorf("migrations_total %v, want 1", v)
 	}
 
-	if err := fe.interrupt(10 * time.Second); err != nil {
+	if err := fe.Stop(syscall.SIGINT, 10*time.Second); err != nil {
 		t.Errorf("frontend after SIGINT: %v", err)
 	}
 	for addr, w := range workers {
 		if addr != killed {
-			if err := w.interrupt(10 * time.Second); err != nil {
+			if err := w.Stop(syscall.SIGINT, 10*time.Second); err != nil {
 				t.Errorf("worker %s after SIGINT: %v", addr, err)
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -30,7 +31,7 @@ func TestServeDPRanks(t *testing.T) {
 	first := chatOnce(t, client, chatParams(content, 3, 4))
 	// The router learns where the prompt is cached from the rank's KV
 	// events, which travel over NATS after the answer may have come back.
-	waitFor(t, 10*time.Second, "the first prompt's KV events at the router", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the first prompt's KV events at the router", func() bool {
 		n, _ := metric(t, s.base, `kvmesh_event_feed_events_applied_total{model="`+simModel+`"}`)
 		return n > 0
 	})

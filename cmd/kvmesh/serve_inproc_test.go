@@ -19,6 +19,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/worker"
 )
@@ -189,7 +190,7 @@ func TestServeWiringInProcess(t *testing.T) {
 	}
 	scancel()
 	st.Close()
-	waitFor(t, 3*time.Second, "the engine to drop the cancelled request", func() bool {
+	testutil.WaitFor(t, 3*time.Second, "the engine to drop the cancelled request", func() bool {
 		s := eng.Stats()
 		return s.Running == 0 && s.Waiting == 0
 	})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net/http"
 	"regexp"
 	"strings"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/hints"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 )
@@ -40,18 +40,18 @@ func TestWorkerProcessesPeerTransfer(t *testing.T) {
 	}
 	bad := startProc(t, "wildcard worker", args("--advertise-host", "0.0.0.0")...)
 	select {
-	case <-bad.done:
+	case <-bad.Done():
 	case <-time.After(20 * time.Second):
 		t.Fatal("worker with a wildcard advertise host kept running")
 	}
-	if bad.err == nil || !strings.Contains(bad.stderrText(), "wildcard address is bind-only and cannot be advertised") {
-		t.Fatalf("wildcard worker: exit %v, stderr:\n%s", bad.err, tail(bad.stderrText(), 1024))
+	if bad.Err() == nil || !strings.Contains(bad.Stderr(), "wildcard address is bind-only and cannot be advertised") {
+		t.Fatalf("wildcard worker: exit %v, stderr:\n%s", bad.Err(), bad.Stderr())
 	}
 
 	pa := startProc(t, "worker A", args("--advertise-host", "127.0.0.1")...)
-	pa.waitMatch(workerLine, 30*time.Second)
+	pa.Expect(workerLine, 30*time.Second)
 	pb := startProc(t, "worker B", args("--advertise-host", "127.0.0.1")...)
-	mb := pb.waitMatch(workerLine, 30*time.Second)
+	mb := pb.Expect(workerLine, 30*time.Second)
 	ws := watchWorkers(t, ns.URL(), model, 2)
 	var a, b discovery.Instance
 	for _, in := range ws.watcher.Instances() {
@@ -108,23 +108,18 @@ func TestWorkerProcessesPeerTransfer(t *testing.T) {
 		t.Fatalf("B cached %d tokens, want the %d fetched from A", u.GetCachedTokens(), len(seq)*16)
 	}
 	var addr string
-	waitFor(t, 5*time.Second, "B's metrics address in its log", func() bool {
-		m := metricsLine.FindStringSubmatch(pb.stderrText())
+	testutil.WaitFor(t, 5*time.Second, "B's metrics address in its log", func() bool {
+		m := metricsLine.FindStringSubmatch(pb.Stderr())
 		if m != nil {
 			addr = m[1]
 		}
 		return m != nil
 	})
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, want := range []string{`kvmesh_kv_hint_results_total{result="fetched"} 1`, `kvmesh_transfer_blocks_total{operation="fetch"} 30`,
-		`kvmesh_transfer_duration_seconds_count{result="success",scope="fetch"} 1`} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("B's /metrics lacks %s", want)
+	got := testutil.Scrape(t, "http://"+addr+"/metrics")
+	for k, want := range map[string]float64{`kvmesh_kv_hint_results_total{result="fetched"}`: 1, `kvmesh_transfer_blocks_total{operation="fetch"}`: 30,
+		`kvmesh_transfer_duration_seconds_count{result="success",scope="fetch"}`: 1} {
+		if v, ok := got[k]; !ok || v != want {
+			t.Errorf("B's /metrics: %s = %v (present %v), want %v", k, v, ok, want)
 		}
 	}
 }

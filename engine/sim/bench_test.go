@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/internal/mix"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -57,7 +58,7 @@ func loadTrace(tb testing.TB) []traceReq {
 // traceToken is token j of the 512-token trace block with hash id h, in
 // [0, vocab): equal ids give equal tokens, hence equal engine-block hashes.
 func traceToken(h uint64, j int, vocab uint32) kv.Token {
-	hi, _ := bits.Mul64(mix64(h*0x9E3779B97F4A7C15^uint64(j)), uint64(vocab))
+	hi, _ := bits.Mul64(mix.Mix64(h*mix.Golden^uint64(j)), uint64(vocab))
 	return kv.Token(hi)
 }
 

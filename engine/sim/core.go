@@ -158,7 +158,7 @@ func (c *Core) Stats() engine.Stats {
 }
 
 // CachedBlocks returns the number of registered (prefix-cached) blocks.
-func (c *Core) CachedBlocks() int { return c.pool.byHash.len() }
+func (c *Core) CachedBlocks() int { return c.pool.byHash.Len() }
 
 // validate checks a request with a prompt of plen tokens against the
 // engine's limits.
@@ -533,7 +533,7 @@ func (c *Core) register(s *Seq, upto int) {
 	for b := s.nReg; b < full; b++ {
 		h := s.seqh[b]
 		id := s.table[b]
-		if other, ok := c.pool.byHash.get(h); ok {
+		if other, ok := c.pool.byHash.Get(h); ok {
 			c.pool.acquire(other)
 			c.pool.release(id)
 			s.table[b] = other

@@ -42,7 +42,7 @@ func checkPool(t *testing.T, c *Core, extraRefs map[int32]int) {
 		}
 		if b.flags&flagRegistered != 0 {
 			registered++
-			if id, ok := p.byHash.get(b.seq); !ok || id != int32(i) {
+			if id, ok := p.byHash.Get(b.seq); !ok || id != int32(i) {
 				t.Fatalf("registered block %d (%016x) not indexed", i, b.seq)
 			}
 		}
@@ -50,8 +50,8 @@ func checkPool(t *testing.T, c *Core, extraRefs map[int32]int) {
 	if used != p.used || used > n {
 		t.Fatalf("used %d, counted %d, capacity %d", p.used, used, n)
 	}
-	if registered != p.byHash.len() {
-		t.Fatalf("%d registered blocks, %d hashes", registered, p.byHash.len())
+	if registered != p.byHash.Len() {
+		t.Fatalf("%d registered blocks, %d hashes", registered, p.byHash.Len())
 	}
 	// LRU: exactly the idle registered blocks; free: exactly the idle unregistered ones.
 	lru := 0

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/internal/u64map"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -30,7 +31,7 @@ type pool struct {
 	lruLen           int
 	used             int // blocks with ref > 0
 	evicted          uint64
-	byHash           hashIndex
+	byHash           u64map.Map[kv.SeqHash, int32]
 	layers, psize    int
 	slab             []byte
 	sums             []uint64 // kv.Checksum of each block's payload as stored, when kept (view.go)
@@ -42,7 +43,7 @@ func newPool(n, layers, psize int, ev *eventLog) pool {
 		blocks:  make([]block, n),
 		free:    make([]int32, n),
 		lruHead: -1, lruTail: -1,
-		byHash: newHashIndex(n),
+		byHash: u64map.New[kv.SeqHash, int32](n),
 		layers: layers, psize: psize,
 		slab: make([]byte, n*layers*psize),
 		ev:   ev,
@@ -124,7 +125,7 @@ func (p *pool) alloc() (int32, bool) {
 		id = p.lruHead
 		p.lruRemove(id)
 		b := &p.blocks[id]
-		p.byHash.del(b.seq)
+		p.byHash.Delete(b.seq)
 		b.flags = 0
 		p.evicted++
 		p.ev.removed(b.seq)
@@ -144,7 +145,7 @@ func (p *pool) register(id int32, seq, local, parent uint64, hasParent bool, fil
 	if hasParent {
 		b.flags |= flagHasParent
 	}
-	p.byHash.put(seq, id)
+	p.byHash.Set(seq, id)
 	if fill && p.layers*p.psize > 0 {
 		// Most computed blocks are never read (only peers fetch them), so
 		// their derived bytes are written on the first read instead.
@@ -175,7 +176,7 @@ func (p *pool) payload(id int32, layer int) []byte {
 // to ids.
 func (p *pool) match(seqs []kv.SeqHash, ids []int32) (int, []int32) {
 	for i, h := range seqs {
-		id, ok := p.byHash.get(h)
+		id, ok := p.byHash.Get(h)
 		if !ok {
 			return i, ids
 		}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/internal/mix"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -109,13 +110,7 @@ func (s *Seq) blockTokens(b, bs int, scratch []kv.Token) []kv.Token {
 const tailInit = 0x6a09e667f3bcc909
 
 func rollTail(h uint64, t kv.Token) uint64 {
-	return bits.RotateLeft64((h^uint64(t))*0x9E3779B97F4A7C15, 31)
-}
-
-func mix64(z uint64) uint64 {
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-	return z ^ (z >> 31)
+	return bits.RotateLeft64((h^uint64(t))*mix.Golden, 31)
 }
 
 // NextToken is the sim's deterministic "model": the token after a context
@@ -124,7 +119,7 @@ func mix64(z uint64) uint64 {
 // depends only on the context, so a request migrated with its generated
 // tokens appended to the prompt continues exactly where it stopped.
 func NextToken(seed, ctxSeq, ctxTail uint64, vocab uint32) kv.Token {
-	x := mix64(ctxSeq ^ bits.RotateLeft64(ctxTail, 17) ^ (seed+1)*0xD6E8FEB86659FD93)
+	x := mix.Mix64(ctxSeq ^ bits.RotateLeft64(ctxTail, 17) ^ (seed+1)*0xD6E8FEB86659FD93)
 	hi, _ := bits.Mul64(x, uint64(vocab))
 	return kv.Token(hi)
 }

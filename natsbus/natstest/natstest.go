@@ -56,15 +56,3 @@ func Ctx(t testing.TB) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
-
-// Eventually polls cond until it holds or d passes.
-func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
