@@ -96,12 +96,13 @@ func TestPrefillDecodePullsRealBlocks(t *testing.T) {
 			t.Fatalf("block %d at decode: checksum %x (held %v), want %x", i, sum, ok, wantSums[i])
 		}
 	}
-	if st := pre.LeaseStats(0); st.Held != 0 || st.Blocks != 0 || st.Consumed != 1 || st.Expired != 0 {
+	if st := pre.LeaseStats(0); st.Held != 0 || st.Consumed != 1 || st.Expired != 0 {
 		t.Fatalf("prefill leases after the notification %+v", st)
 	}
-	if got := pre.Engine().Stats().UsedBlocks; got != 0 {
-		t.Fatalf("prefill still holds %d blocks", got)
-	}
+	// The side channel drops its transfer pin just after its last frame.
+	waitFor(t, "the prefill to free its blocks", func() bool {
+		return pre.LeaseStats(0).Blocks == 0 && pre.Engine().Stats().UsedBlocks == 0
+	})
 
 	// A second decode of the same prompt finds every block cached: it only
 	// notifies, and the prefill no longer holds that lease.
