@@ -16,12 +16,27 @@ func (c *Core) Lookup(seqs []kv.SeqHash) int {
 // peer is reading them). It returns how many it holds and a release func,
 // which is safe to call more than once.
 func (c *Core) Pin(seqs []kv.SeqHash) (int, func()) {
-	n, ids := c.pool.match(seqs, make([]int32, 0, len(seqs)))
+	ids, release := c.pinBlocks(seqs)
+	return len(ids), release
+}
+
+// PinBlocks is Pin that also returns the pinned blocks' ids in the pool:
+// the physical block ids a vLLM-style P/D connector hands to its peer. An
+// id stays the block's while the pin is held.
+func (c *Core) PinBlocks(seqs []kv.SeqHash) ([]int32, func()) {
+	ids, release := c.pinBlocks(seqs)
+	return append([]int32(nil), ids...), release
+}
+
+// pinBlocks pins and returns the ids the release func reads: callers must
+// not modify them.
+func (c *Core) pinBlocks(seqs []kv.SeqHash) ([]int32, func()) {
+	_, ids := c.pool.match(seqs, make([]int32, 0, len(seqs)))
 	for _, id := range ids {
 		c.pool.acquire(id)
 	}
 	released := false
-	return n, func() {
+	return ids, func() {
 		if released {
 			return
 		}

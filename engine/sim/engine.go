@@ -186,6 +186,23 @@ func (e *Engine) Pin(seqs []kv.SeqHash) (int, func()) {
 	}
 }
 
+// PinBlocks is Pin that also returns the pinned blocks' pool ids (see
+// Core.PinBlocks).
+func (e *Engine) PinBlocks(seqs []kv.SeqHash) ([]int32, func()) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ids, rel := e.core.PinBlocks(seqs)
+	var once sync.Once
+	return ids, func() {
+		once.Do(func() {
+			e.mu.Lock()
+			rel()
+			e.mu.Unlock()
+			e.poke()
+		})
+	}
+}
+
 // ReadPayload copies a cached block's layer payload into dst.
 func (e *Engine) ReadPayload(seq kv.SeqHash, layer int, dst []byte) (int, error) {
 	e.mu.Lock()

@@ -1,0 +1,24 @@
+// Package mockengine runs kvmesh's simulated engine (engine/sim: its
+// scheduler, KV pool, timing model and real block bytes) behind the network
+// surfaces of real inference engines, so kvmesh's adapters and users' own
+// stacks can be tested end to end without GPUs.
+//
+// VLLM is the vLLM stand-in: OpenAI completions and chat over HTTP with
+// vLLM's extra fields (return_token_ids, cache_salt, kv_transfer_params,
+// kv_hints), /v1/models, /health, /version, /metrics with vLLM's metric
+// names, KV events on vLLM's ZMQ wire (package events) and the
+// NixlConnector's P/D contract with real block ids, a real pull of the
+// blocks' bytes over a side channel, and the consumers' notification that
+// frees them.
+//
+// Shared pieces, meant for the SGLang and TensorRT-LLM stand-ins as well:
+// SideChannel (a port that serves leased blocks by pool id through package
+// transfer and takes "request_id:consumers" notifications), Leases (blocks
+// pinned for a peer, freed on notification or when the lease runs out),
+// Pull (the consumer side), RankPublishers (one vLLM-wire publisher per DP
+// rank, with the engine-hash mapping) and the OpenAI error and SSE helpers.
+//
+// It imports engine/sim, events, transfer, hints, tokenizer and kv; it must
+// not import frontend, worker, router, the fleet layer or cmd: it stands
+// where a real engine would, outside kvmesh.
+package mockengine

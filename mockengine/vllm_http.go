@@ -1,0 +1,440 @@
+package mockengine
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/tokenizer"
+)
+
+func (v *VLLM) routes() {
+	m := http.NewServeMux()
+	m.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { v.serveGenerate(w, r, false) })
+	m.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { v.serveGenerate(w, r, true) })
+	m.HandleFunc("GET /v1/models", v.serveModels)
+	m.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		if v.closed.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	m.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"version": VLLMVersion})
+	})
+	m.HandleFunc("GET /load", func(w http.ResponseWriter, _ *http.Request) {
+		s := v.eng.Stats()
+		writeJSON(w, http.StatusOK, map[string]int{"server_load": s.Running + s.Waiting})
+	})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&vllmCollector{v: v})
+	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	m.HandleFunc("GET /debug/kv_hints", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"hints": v.Hints()})
+	})
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		WriteError(w, &APIError{Status: http.StatusNotFound, Message: "Not Found"})
+	})
+	v.mux = m
+}
+
+func (v *VLLM) serveModels(w http.ResponseWriter, _ *http.Request) {
+	name := v.cfg.Sim.Model
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{map[string]any{
+		"id": name, "object": "model", "created": v.created, "owned_by": "vllm", "root": name,
+		"parent": nil, "max_model_len": v.maxModelLen,
+		"permission": []any{map[string]any{"id": "modelperm-" + randomHex(32), "object": "model_permission",
+			"created": v.created, "allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true,
+			"allow_search_indices": false, "allow_view": true, "allow_fine_tuning": false, "organization": "*",
+			"group": nil, "is_blocking": false}},
+	}}})
+}
+
+// Response shapes, field for field as vLLM's pydantic models serialise:
+// streamed chunks keep the fields vLLM sets explicitly (null included),
+// the final usage chunk drops nulls, whole responses keep every field.
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+type usageInfo struct {
+	PromptTokens        int            `json:"prompt_tokens"`
+	TotalTokens         int            `json:"total_tokens"`
+	CompletionTokens    int            `json:"completion_tokens"`
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details"`
+}
+
+type streamUsage struct {
+	PromptTokens        int            `json:"prompt_tokens"`
+	TotalTokens         int            `json:"total_tokens"`
+	CompletionTokens    int            `json:"completion_tokens"`
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+type cmplStreamChoice struct {
+	Index          int        `json:"index"`
+	Text           string     `json:"text"`
+	Logprobs       any        `json:"logprobs"`
+	FinishReason   *string    `json:"finish_reason"`
+	StopReason     any        `json:"stop_reason"`
+	PromptTokenIDs []kv.Token `json:"prompt_token_ids"`
+	TokenIDs       []kv.Token `json:"token_ids"`
+}
+
+type cmplStreamResp struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []cmplStreamChoice `json:"choices"`
+}
+
+type usageChunk struct {
+	ID      string      `json:"id"`
+	Object  string      `json:"object"`
+	Created int64       `json:"created"`
+	Model   string      `json:"model"`
+	Choices []struct{}  `json:"choices"`
+	Usage   streamUsage `json:"usage"`
+}
+
+type cmplChoice struct {
+	Index          int        `json:"index"`
+	Text           string     `json:"text"`
+	Logprobs       any        `json:"logprobs"`
+	FinishReason   *string    `json:"finish_reason"`
+	StopReason     any        `json:"stop_reason"`
+	TokenIDs       []kv.Token `json:"token_ids"`
+	PromptLogprobs any        `json:"prompt_logprobs"`
+	PromptTokenIDs []kv.Token `json:"prompt_token_ids"`
+}
+
+type cmplResp struct {
+	ID                string         `json:"id"`
+	Object            string         `json:"object"`
+	Created           int64          `json:"created"`
+	Model             string         `json:"model"`
+	Choices           []cmplChoice   `json:"choices"`
+	ServiceTier       any            `json:"service_tier"`
+	SystemFingerprint any            `json:"system_fingerprint"`
+	Usage             usageInfo      `json:"usage"`
+	KVTransferParams  *prefillParams `json:"kv_transfer_params"`
+}
+
+type chatMsgOut struct {
+	Role             string `json:"role"`
+	Content          string `json:"content"`
+	ReasoningContent any    `json:"reasoning_content"`
+	ToolCalls        []any  `json:"tool_calls"`
+}
+
+type chatChoice struct {
+	Index        int        `json:"index"`
+	Message      chatMsgOut `json:"message"`
+	Logprobs     any        `json:"logprobs"`
+	FinishReason *string    `json:"finish_reason"`
+	StopReason   any        `json:"stop_reason"`
+	TokenIDs     []kv.Token `json:"token_ids"`
+}
+
+type chatResp struct {
+	ID                string         `json:"id"`
+	Object            string         `json:"object"`
+	Created           int64          `json:"created"`
+	Model             string         `json:"model"`
+	Choices           []chatChoice   `json:"choices"`
+	ServiceTier       any            `json:"service_tier"`
+	SystemFingerprint any            `json:"system_fingerprint"`
+	Usage             usageInfo      `json:"usage"`
+	PromptLogprobs    any            `json:"prompt_logprobs"`
+	PromptTokenIDs    []kv.Token     `json:"prompt_token_ids"`
+	KVTransferParams  *prefillParams `json:"kv_transfer_params"`
+}
+
+type chatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+type chatStreamChoice struct {
+	Index        int        `json:"index"`
+	Delta        chatDelta  `json:"delta"`
+	Logprobs     any        `json:"logprobs"`
+	FinishReason *string    `json:"finish_reason"`
+	StopReason   any        `json:"stop_reason,omitempty"`
+	TokenIDs     []kv.Token `json:"token_ids,omitempty"`
+}
+
+type chatStreamResp struct {
+	ID             string             `json:"id"`
+	Object         string             `json:"object"`
+	Created        int64              `json:"created"`
+	Model          string             `json:"model"`
+	Choices        []chatStreamChoice `json:"choices"`
+	PromptTokenIDs []kv.Token         `json:"prompt_token_ids,omitempty"`
+}
+
+// result is what a request ends with.
+type result struct {
+	tokens     []kv.Token
+	finish     string
+	stopReason any
+	usage      engine.Usage
+	params     *prefillParams
+}
+
+func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+	if v.closed.Load() {
+		WriteError(w, &APIError{Status: http.StatusServiceUnavailable, Message: "The engine is shut down."})
+		return
+	}
+	j, ae := v.parse(r, chat)
+	if ae != nil {
+		WriteError(w, ae)
+		return
+	}
+	if id := r.Header.Get("X-Request-Id"); id != "" {
+		w.Header().Set("X-Request-Id", id)
+	}
+	var ps *pullState
+	if j.decode != nil {
+		ps = &pullState{p: *j.decode}
+		v.pulls.Store(j.internalID, ps)
+		defer v.pulls.Delete(j.internalID)
+	}
+	// A client that hangs up cancels ctx, and the sim aborts the request.
+	ctx := r.Context()
+	ch, err := v.eng.Generate(ctx, j.req)
+	if err != nil {
+		if errors.Is(err, engine.ErrClosed) {
+			WriteError(w, &APIError{Status: http.StatusServiceUnavailable, Message: err.Error()})
+			return
+		}
+		WriteError(w, badRequest(err.Error(), ""))
+		return
+	}
+	created := time.Now().Unix()
+	var (
+		res   result
+		sse   *sse
+		dec   = tokenizer.NewDecoder(v.tok, true)
+		text  []byte
+		first = true
+	)
+	if j.stream {
+		sse = newSSE(w)
+		if chat {
+			role := chatStreamResp{ID: j.respID, Object: "chat.completion.chunk", Created: created, Model: v.cfg.Sim.Model,
+				Choices: []chatStreamChoice{{Delta: chatDelta{Role: "assistant", Content: new(string)}}}}
+			if j.tokenIDs {
+				role.PromptTokenIDs = j.prompt
+			}
+			sse.event(role)
+		}
+	}
+	for c := range ch {
+		if first {
+			v.afterPrefill(ctx, ps)
+		}
+		if c.Err != nil || c.Finish == engine.FinishError {
+			v.noteFinish(j.rank, "error")
+			if ctx.Err() != nil {
+				return
+			}
+			msg := "engine error"
+			if c.Err != nil {
+				msg = c.Err.Error()
+			}
+			ae := &APIError{Status: http.StatusInternalServerError, Message: msg}
+			if sse != nil {
+				sse.raw(errorJSON(ae))
+				sse.done()
+			} else {
+				WriteError(w, ae)
+			}
+			return
+		}
+		if c.Finish == engine.FinishCancelled {
+			v.noteFinish(j.rank, "abort")
+			return // the client is gone
+		}
+		var delta string
+		for _, t := range c.Tokens {
+			delta += dec.Add(t)
+		}
+		res.tokens = append(res.tokens, c.Tokens...)
+		var fr *string
+		if c.Finish != engine.FinishNone {
+			delta += dec.Flush()
+			res.finish = finishReason(c.Finish)
+			fr = &res.finish
+			if c.Usage != nil {
+				res.usage = *c.Usage
+			}
+			if c.Finish == engine.FinishStop && len(res.tokens) > 0 && j.stopReasons[res.tokens[len(res.tokens)-1]] {
+				res.stopReason = res.tokens[len(res.tokens)-1]
+			}
+			v.noteFinish(j.rank, res.finish)
+			// vLLM's connector answers a prefill that ended by length or
+			// stop; any other end frees its blocks at once.
+			if j.prefill && v.cfg.KVTransfer != nil && (c.Finish == engine.FinishLength || c.Finish == engine.FinishStop) {
+				res.params = v.grant(j)
+			}
+		}
+		text = append(text, delta...)
+		if sse != nil && (len(c.Tokens) > 0 || fr != nil) {
+			toks := c.Tokens
+			if toks == nil {
+				toks = []kv.Token{}
+			}
+			if chat {
+				ch := chatStreamChoice{Delta: chatDelta{Content: &delta}, FinishReason: fr, StopReason: res.stopReason}
+				if j.tokenIDs {
+					ch.TokenIDs = toks
+				}
+				sse.event(chatStreamResp{ID: j.respID, Object: "chat.completion.chunk", Created: created, Model: v.cfg.Sim.Model,
+					Choices: []chatStreamChoice{ch}})
+			} else {
+				ch := cmplStreamChoice{Text: delta, FinishReason: fr, StopReason: res.stopReason}
+				if j.tokenIDs {
+					ch.TokenIDs = toks
+					if first {
+						ch.PromptTokenIDs = j.prompt
+					}
+				}
+				sse.event(cmplStreamResp{ID: j.respID, Object: "text_completion", Created: created, Model: v.cfg.Sim.Model,
+					Choices: []cmplStreamChoice{ch}})
+			}
+			if sse.err != nil {
+				return // the write failed: the client is gone, ctx cancels the request
+			}
+		}
+		first = false
+		if c.Finish != engine.FinishNone {
+			break
+		}
+	}
+	if res.finish == "" {
+		return // cancelled before any output
+	}
+	var details *promptDetails
+	if v.cfg.EnablePromptTokensDetails {
+		details = &promptDetails{CachedTokens: res.usage.CachedTokens}
+	}
+	u := usageInfo{PromptTokens: len(j.prompt), CompletionTokens: len(res.tokens),
+		TotalTokens: len(j.prompt) + len(res.tokens), PromptTokensDetails: details}
+	if sse != nil {
+		if j.usage {
+			obj := "text_completion"
+			if chat {
+				obj = "chat.completion.chunk"
+			}
+			sse.event(usageChunk{ID: j.respID, Object: obj, Created: created, Model: v.cfg.Sim.Model, Choices: []struct{}{},
+				Usage: streamUsage(u)})
+		}
+		sse.done()
+		return
+	}
+	var tokenIDs, promptIDs []kv.Token
+	if j.tokenIDs {
+		tokenIDs, promptIDs = res.tokens, j.prompt
+		if tokenIDs == nil {
+			tokenIDs = []kv.Token{}
+		}
+	}
+	fr := res.finish
+	if chat {
+		writeJSON(w, http.StatusOK, chatResp{ID: j.respID, Object: "chat.completion", Created: created, Model: v.cfg.Sim.Model,
+			Choices: []chatChoice{{Message: chatMsgOut{Role: "assistant", Content: string(text), ToolCalls: []any{}},
+				FinishReason: &fr, StopReason: res.stopReason, TokenIDs: tokenIDs}},
+			Usage: u, PromptTokenIDs: promptIDs, KVTransferParams: res.params})
+		return
+	}
+	writeJSON(w, http.StatusOK, cmplResp{ID: j.respID, Object: "text_completion", Created: created, Model: v.cfg.Sim.Model,
+		Choices: []cmplChoice{{Text: string(text), FinishReason: &fr, StopReason: res.stopReason,
+			TokenIDs: tokenIDs, PromptTokenIDs: promptIDs}},
+		Usage: u, KVTransferParams: res.params})
+}
+
+// vllmCollector exports vLLM's metric names, per DP rank (label engine),
+// read from the sim at scrape time. vLLM's counters are declared without
+// the _total suffix that prometheus_client adds on the wire, as here.
+type vllmCollector struct{ v *VLLM }
+
+var (
+	vllmLabels   = []string{"model_name", "engine"}
+	descRunning  = prometheus.NewDesc("vllm:num_requests_running", "Number of requests in model execution batches.", vllmLabels, nil)
+	descWaiting  = prometheus.NewDesc("vllm:num_requests_waiting", "Number of requests waiting to be processed.", vllmLabels, nil)
+	descKVUsage  = prometheus.NewDesc("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", vllmLabels, nil)
+	descQueries  = prometheus.NewDesc("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", vllmLabels, nil)
+	descHits     = prometheus.NewDesc("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", vllmLabels, nil)
+	descPrompt   = prometheus.NewDesc("vllm:prompt_tokens_total", "Number of prefill tokens processed.", vllmLabels, nil)
+	descGen      = prometheus.NewDesc("vllm:generation_tokens_total", "Number of generation tokens processed.", vllmLabels, nil)
+	descPreempt  = prometheus.NewDesc("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", vllmLabels, nil)
+	descSuccess  = prometheus.NewDesc("vllm:request_success_total", "Count of successfully processed requests.", append(vllmLabels[:2:2], "finished_reason"), nil)
+	descCacheCfg = prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", []string{"block_size", "num_gpu_blocks", "enable_prefix_caching"}, nil)
+)
+
+func (c *vllmCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
+
+func (c *vllmCollector) Collect(ch chan<- prometheus.Metric) {
+	v := c.v
+	model := v.cfg.Sim.Model
+	counters := v.rankCounters()
+	for r := range v.eng.DPSize() {
+		lv := []string{model, strconv.Itoa(r)}
+		s := v.eng.RankStats(r)
+		ct := counters[r]
+		usage := 0.0
+		if s.TotalBlocks > 0 {
+			usage = float64(s.UsedBlocks) / float64(s.TotalBlocks)
+		}
+		ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(s.Running), lv...)
+		ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(s.Waiting), lv...)
+		ch <- prometheus.MustNewConstMetric(descKVUsage, prometheus.GaugeValue, usage, lv...)
+		ch <- prometheus.MustNewConstMetric(descQueries, prometheus.CounterValue, float64(ct.PromptTokens), lv...)
+		ch <- prometheus.MustNewConstMetric(descHits, prometheus.CounterValue, float64(ct.CachedTokens), lv...)
+		ch <- prometheus.MustNewConstMetric(descPrompt, prometheus.CounterValue, float64(ct.PromptTokens), lv...)
+		ch <- prometheus.MustNewConstMetric(descGen, prometheus.CounterValue, float64(ct.OutputTokens), lv...)
+		ch <- prometheus.MustNewConstMetric(descPreempt, prometheus.CounterValue, float64(ct.Preemptions), lv...)
+	}
+	v.stats.mu.Lock()
+	for k, n := range v.stats.finished {
+		if k[1] == "error" || k[1] == "abort" {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(descSuccess, prometheus.CounterValue, float64(n), model, k[0], k[1])
+	}
+	v.stats.mu.Unlock()
+	sc := v.cfg.Sim
+	ch <- prometheus.MustNewConstMetric(descCacheCfg, prometheus.GaugeValue, 1,
+		strconv.Itoa(sc.BlockSize), strconv.Itoa(sc.Blocks), "True")
+}
+
+// rankCounters splits the sim's counters by rank: the front engine sums
+// every rank, so rank 0's own are the total less the others'.
+func (v *VLLM) rankCounters() []sim.Counters {
+	n := v.eng.DPSize()
+	out := make([]sim.Counters, n)
+	total := v.eng.Counters()
+	out[0] = total
+	for r := 1; r < n; r++ {
+		out[r] = v.eng.Rank(r).Counters()
+		o := &out[0]
+		o.PromptTokens -= out[r].PromptTokens
+		o.CachedTokens -= out[r].CachedTokens
+		o.PrefillTokens -= out[r].PrefillTokens
+		o.OutputTokens -= out[r].OutputTokens
+		o.Preemptions -= out[r].Preemptions
+	}
+	return out
+}

@@ -1,0 +1,428 @@
+package mockengine
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/hints"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/tokenizer"
+)
+
+// maxBody bounds a request body (a long prompt as token ids is ~10 bytes a
+// token).
+const maxBody = 64 << 20
+
+// vllmRequest is the union of the completion and chat request fields the
+// stand-in reads; unknown fields are ignored, as vLLM ignores them.
+type vllmRequest struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	MaxTokens           json.RawMessage `json:"max_tokens"`
+	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+	MinTokens           int             `json:"min_tokens"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *streamOptions  `json:"stream_options"`
+	ReturnTokenIDs      bool            `json:"return_token_ids"`
+	Temperature         *float64        `json:"temperature"`
+	TopP                *float64        `json:"top_p"`
+	Seed                *int64          `json:"seed"`
+	IgnoreEOS           bool            `json:"ignore_eos"`
+	StopTokenIDs        []int64         `json:"stop_token_ids"`
+	N                   *int            `json:"n"`
+	Echo                bool            `json:"echo"`
+	Logprobs            json.RawMessage `json:"logprobs"`
+	CacheSalt           *string         `json:"cache_salt"`
+	KVTransferParams    json.RawMessage `json:"kv_transfer_params"`
+	KVHints             json.RawMessage `json:"kv_hints"`
+	RequestID           string          `json:"request_id"`
+}
+
+type streamOptions struct {
+	IncludeUsage         *bool `json:"include_usage"`
+	ContinuousUsageStats bool  `json:"continuous_usage_stats"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	Name    string          `json:"name"`
+}
+
+// job is a validated request, ready for the engine.
+type job struct {
+	chat        bool
+	respID      string // "cmpl-…" / "chatcmpl-…"
+	internalID  string // the engine's request id (remote_request_id)
+	rank        int
+	prompt      []kv.Token
+	maxTokens   int
+	salt        string
+	stream      bool
+	usage       bool // stream_options.include_usage
+	tokenIDs    bool // return_token_ids
+	req         *engine.Request
+	prefill     bool          // kv_transfer_params.do_remote_decode
+	decode      *decodeParams // a usable do_remote_prefill handoff
+	stopReasons map[kv.Token]bool
+}
+
+func isNull(raw json.RawMessage) bool {
+	return len(raw) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
+}
+
+// parse reads and validates a request into a job.
+func (v *VLLM) parse(r *http.Request, chat bool) (*job, *APIError) {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
+	if err != nil {
+		return nil, badRequest("cannot read the request body: "+err.Error(), "")
+	}
+	var q vllmRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&q); err != nil {
+		return nil, badRequest("invalid request body: "+err.Error(), "")
+	}
+	if q.Model != "" && q.Model != v.cfg.Sim.Model {
+		return nil, &APIError{Status: http.StatusNotFound, Message: fmt.Sprintf("The model `%s` does not exist.", q.Model), Param: "model"}
+	}
+	j := &job{chat: chat, stream: q.Stream, tokenIDs: q.ReturnTokenIDs}
+	switch {
+	case q.N != nil && *q.N != 1:
+		return nil, badRequest("n other than 1 is not supported by the kvmesh mock engine", "n")
+	case q.Echo:
+		return nil, badRequest("echo is not supported by the kvmesh mock engine", "echo")
+	case !isNull(q.Logprobs) && !bytes.Equal(bytes.TrimSpace(q.Logprobs), []byte("false")):
+		return nil, badRequest("logprobs are not supported by the kvmesh mock engine", "logprobs")
+	case q.StreamOptions != nil && !q.Stream:
+		return nil, badRequest("Stream options can only be defined when `stream=True`.", "stream_options")
+	case q.Temperature != nil && (*q.Temperature < 0 || math.IsNaN(*q.Temperature)):
+		return nil, badRequest(fmt.Sprintf("temperature must be non-negative, got %v.", *q.Temperature), "temperature")
+	case q.TopP != nil && !(*q.TopP > 0 && *q.TopP <= 1):
+		return nil, badRequest(fmt.Sprintf("top_p must be in (0, 1], got %v.", *q.TopP), "top_p")
+	case q.MinTokens < 0:
+		return nil, badRequest(fmt.Sprintf("min_tokens must be greater than or equal to 0, got %d.", q.MinTokens), "min_tokens")
+	case q.CacheSalt != nil && *q.CacheSalt == "":
+		return nil, badRequest("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
+	}
+	if q.StreamOptions != nil && q.StreamOptions.IncludeUsage != nil {
+		j.usage = *q.StreamOptions.IncludeUsage
+	}
+	if q.CacheSalt != nil {
+		j.salt = *q.CacheSalt
+	}
+
+	// The prompt.
+	if chat {
+		j.prompt, err = v.renderChat(q.Messages)
+	} else {
+		j.prompt, err = v.promptTokens(q.Prompt)
+	}
+	if err != nil {
+		var ae *APIError
+		if errors.As(err, &ae) {
+			return nil, ae
+		}
+		return nil, badRequest(err.Error(), "prompt")
+	}
+	if len(j.prompt) >= v.maxModelLen {
+		return nil, badRequest(fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.",
+			v.maxModelLen, len(j.prompt)), "input_tokens")
+	}
+
+	// max_tokens: completions default to 16 when absent; null (and chat's
+	// absent) means whatever the context leaves.
+	room := v.maxModelLen - len(j.prompt)
+	raw := q.MaxTokens
+	if chat && !isNull(q.MaxCompletionTokens) {
+		raw = q.MaxCompletionTokens
+	}
+	j.maxTokens = room
+	switch {
+	case len(raw) == 0 && !chat:
+		j.maxTokens = min(16, room)
+	case !isNull(raw):
+		n, err := strconv.Atoi(string(bytes.TrimSpace(raw)))
+		if err != nil {
+			return nil, badRequest("max_tokens must be an integer", "max_tokens")
+		}
+		if n < 1 {
+			return nil, badRequest(fmt.Sprintf("max_tokens must be at least 1, got %d.", n), "max_tokens")
+		}
+		j.maxTokens = min(n, room)
+	}
+	if q.MinTokens > j.maxTokens {
+		return nil, badRequest(fmt.Sprintf("min_tokens must be less than or equal to max_tokens=%d, got %d.", j.maxTokens, q.MinTokens), "min_tokens")
+	}
+
+	// Identity: X-Request-Id, else the body's request_id, else random.
+	base := r.Header.Get("X-Request-Id")
+	if base == "" {
+		base = q.RequestID
+	}
+	if base == "" {
+		base = randomHex(32)
+	}
+	if chat {
+		j.respID = "chatcmpl-" + base
+		j.internalID = j.respID + "-" + randomHex(8)
+	} else {
+		j.respID = "cmpl-" + base
+		j.internalID = j.respID + "-0-" + randomHex(8)
+	}
+
+	// Data-parallel rank: the header a router sets, else the least loaded.
+	if h := r.Header.Get("X-data-parallel-rank"); h != "" {
+		rank, err := strconv.Atoi(h)
+		if err != nil || rank < 0 || rank >= v.eng.DPSize() {
+			return nil, badRequest(fmt.Sprintf("X-data-parallel-rank %q: want 0 to %d", h, v.eng.DPSize()-1), "")
+		}
+		j.rank = rank
+	} else {
+		j.rank = v.leastLoaded()
+	}
+
+	// Hints: the native field, and the bridge form inside the connector's
+	// parameters.
+	var params map[string]json.RawMessage
+	if !isNull(q.KVTransferParams) {
+		if err := json.Unmarshal(q.KVTransferParams, &params); err != nil {
+			return nil, badRequest("kv_transfer_params must be an object: "+err.Error(), "kv_transfer_params")
+		}
+	}
+	if !isNull(q.KVHints) {
+		if ae := v.recordHint(j.internalID, "kv_hints", q.KVHints); ae != nil {
+			return nil, ae
+		}
+	}
+	if raw, ok := params["kv_hint"]; ok && !isNull(raw) {
+		if ae := v.recordHint(j.internalID, "kv_transfer_params.kv_hint", raw); ae != nil {
+			return nil, ae
+		}
+	}
+	if params != nil && v.cfg.KVTransfer != nil {
+		if ae := v.connectorParams(j, params); ae != nil {
+			return nil, ae
+		}
+	}
+
+	// Sampling. The sim samples deterministically from its context and seed:
+	// a seed (or temperature 0) gives repeatable output, else each request
+	// draws one, as a sampling engine's output varies.
+	req := &engine.Request{ID: j.internalID, Tokens: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt,
+		DPRank: j.rank}
+	if q.Temperature != nil {
+		req.Temperature = *q.Temperature
+	} else {
+		req.Temperature = 1
+	}
+	if q.TopP != nil {
+		req.TopP = *q.TopP
+	}
+	switch {
+	case q.Seed != nil:
+		req.Seed = uint64(*q.Seed)
+	case req.Temperature > 0:
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		req.Seed = binary.LittleEndian.Uint64(b[:])
+	}
+	if !isNull(q.KVHints) {
+		req.KVHint = append([]byte(nil), q.KVHints...)
+	}
+	// Stop tokens; min_tokens holds them all back (the sim has no minimum,
+	// so a request that asks for one never stops early).
+	if q.MinTokens == 0 {
+		if !q.IgnoreEOS {
+			req.StopTokens = append(req.StopTokens, v.eos...)
+		}
+		for _, t := range q.StopTokenIDs {
+			if t < 0 || t > math.MaxUint32 {
+				return nil, badRequest(fmt.Sprintf("stop_token_ids: %d is not a token id", t), "stop_token_ids")
+			}
+			if j.stopReasons == nil {
+				j.stopReasons = make(map[kv.Token]bool)
+			}
+			j.stopReasons[kv.Token(t)] = true
+			req.StopTokens = append(req.StopTokens, kv.Token(t))
+		}
+	}
+	j.req = req
+	return j, nil
+}
+
+// promptTokens reads a completion prompt: text, token ids, or a batch of
+// one of either.
+func (v *VLLM) promptTokens(raw json.RawMessage) ([]kv.Token, error) {
+	if isNull(raw) {
+		return nil, badRequest("prompt is required", "prompt")
+	}
+	var text string
+	if json.Unmarshal(raw, &text) == nil {
+		if text == "" {
+			return nil, badRequest("The prompt cannot be empty.", "prompt")
+		}
+		return v.tok.Encode(text), nil
+	}
+	var ids []int64
+	if json.Unmarshal(raw, &ids) == nil {
+		return v.checkIDs(ids)
+	}
+	var batchIDs [][]int64
+	if json.Unmarshal(raw, &batchIDs) == nil {
+		if len(batchIDs) != 1 {
+			return nil, badRequest(fmt.Sprintf("a batch of %d prompts is not supported by the kvmesh mock engine (send one)", len(batchIDs)), "prompt")
+		}
+		return v.checkIDs(batchIDs[0])
+	}
+	var texts []string
+	if json.Unmarshal(raw, &texts) == nil {
+		if len(texts) != 1 {
+			return nil, badRequest(fmt.Sprintf("a batch of %d prompts is not supported by the kvmesh mock engine (send one)", len(texts)), "prompt")
+		}
+		return v.promptTokens(json.RawMessage(strconv.Quote(texts[0])))
+	}
+	return nil, badRequest("prompt must be a string, a list of token ids, or a list of one of either", "prompt")
+}
+
+func (v *VLLM) checkIDs(ids []int64) ([]kv.Token, error) {
+	if len(ids) == 0 {
+		return nil, badRequest("The prompt cannot be empty.", "prompt")
+	}
+	vocab := int64(v.cfg.Sim.VocabSize)
+	out := make([]kv.Token, len(ids))
+	for i, id := range ids {
+		if id < 0 || id >= vocab {
+			return nil, badRequest(fmt.Sprintf("Token id %d is out of vocabulary", id), "prompt")
+		}
+		out[i] = kv.Token(id)
+	}
+	return out, nil
+}
+
+// renderChat applies the chat template (generation prompt added) and
+// tokenizes the result with its special tokens.
+func (v *VLLM) renderChat(msgs []chatMessage) ([]kv.Token, error) {
+	if len(msgs) == 0 {
+		return nil, badRequest("messages must be a non-empty list", "messages")
+	}
+	tm := make([]tokenizer.Message, len(msgs))
+	for i, m := range msgs {
+		text, err := messageText(m.Content)
+		if err != nil {
+			return nil, badRequest(fmt.Sprintf("messages[%d].content: %v", i, err), "messages")
+		}
+		tm[i] = tokenizer.Message{Role: m.Role, Content: text, Name: m.Name}
+	}
+	s, err := v.tmpl.Render(tm, true)
+	if err != nil {
+		return nil, badRequest(err.Error(), "messages")
+	}
+	return v.tok.EncodeWithSpecial(s), nil
+}
+
+// messageText reads content as a string or a list of text parts.
+func messageText(raw json.RawMessage) (string, error) {
+	if isNull(raw) {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", errors.New("want a string or a list of content parts")
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		if p.Type != "text" {
+			return "", fmt.Errorf("content part of type %q is not supported by the kvmesh mock engine", p.Type)
+		}
+		b.WriteString(p.Text)
+	}
+	return b.String(), nil
+}
+
+func (v *VLLM) leastLoaded() int {
+	best, load := 0, -1
+	for r := range v.eng.DPSize() {
+		s := v.eng.RankStats(r)
+		if l := s.Running + s.Waiting; load < 0 || l < load {
+			best, load = r, l
+		}
+	}
+	return best
+}
+
+// HintRecord is one kv_hints envelope the stand-in received.
+type HintRecord struct {
+	RequestID string          `json:"request_id"`
+	Field     string          `json:"field"` // "kv_hints" or "kv_transfer_params.kv_hint"
+	Envelope  json.RawMessage `json:"envelope"`
+	MessageID string          `json:"message_id"`
+	Actions   int             `json:"actions"`
+	// SourceEndpoint and BlockHashes are the first kv.fetch action's.
+	SourceEndpoint string   `json:"source_endpoint,omitempty"`
+	BlockHashes    []uint64 `json:"block_hashes,omitempty"`
+	// Ignored: the protocol_version is not understood (hints.ErrIgnored).
+	Ignored bool `json:"ignored,omitempty"`
+}
+
+// hintLog keeps the last max records.
+type hintLog struct {
+	mu   sync.Mutex
+	max  int
+	recs []HintRecord
+}
+
+// recordHint validates a hint envelope with package hints and records it;
+// a malformed one is a 400, as vLLM's request validation rejects it.
+func (v *VLLM) recordHint(reqID, field string, raw json.RawMessage) *APIError {
+	env, err := hints.Parse(raw)
+	rec := HintRecord{RequestID: reqID, Field: field, Envelope: append(json.RawMessage(nil), raw...)}
+	switch {
+	case errors.Is(err, hints.ErrIgnored):
+		rec.Ignored = true
+	case err != nil:
+		return badRequest(fmt.Sprintf("%s: %v", field, err), field)
+	default:
+		rec.MessageID, rec.Actions = env.MessageID, len(env.Actions)
+		if f, ok := env.Fetch(); ok {
+			rec.SourceEndpoint, rec.BlockHashes = f.SourceEndpoint, f.BlockHashes
+		}
+	}
+	v.hints.add(rec)
+	return nil
+}
+
+func (h *hintLog) add(r HintRecord) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.recs) >= h.max {
+		h.recs = append(h.recs[:0], h.recs[1:]...)
+	}
+	h.recs = append(h.recs, r)
+}
+
+// Hints returns the recorded kv_hints, oldest first (also served at
+// GET /debug/kv_hints).
+func (v *VLLM) Hints() []HintRecord {
+	v.hints.mu.Lock()
+	defer v.hints.mu.Unlock()
+	return append([]HintRecord(nil), v.hints.recs...)
+}
