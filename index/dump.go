@@ -124,3 +124,27 @@ func (ix *Index) Dump(w kv.WorkerKey) []kv.Event {
 	}
 	return evs
 }
+
+// EngineHashes appends to dst the engine hashes w stored the leading blocks
+// of the query local under (its own hash domain, from its events), stopping
+// at the first block w holds on no tier. A KV hint names the source's blocks
+// this way. It takes the writers' lock, since engine hashes are writer-only
+// memory: it is meant for the decisions that plan a hint, not every lookup.
+func (ix *Index) EngineHashes(w kv.WorkerKey, local []kv.LocalHash, dst []kv.EngineHash) []kv.EngineHash {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ws := ix.workers[w]
+	if ws == nil {
+		return dst
+	}
+	var parent uint32
+	for _, l := range local {
+		id := ix.findChild(parent, l)
+		if id == 0 || ix.maskOf(id, ws.slot) == 0 {
+			break
+		}
+		dst = append(dst, kv.EngineHash(ix.engineOf(ws, id)))
+		parent = id
+	}
+	return dst
+}
