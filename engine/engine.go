@@ -57,11 +57,12 @@ type Request struct {
 	Temperature float64
 	LoRA        string // adapter name; mixed into block hashes
 	CacheSalt   string // cache namespace; mixed into block hashes
-	// KVHint is the router's KV hint envelope as received (raw JSON, see
-	// package hints), or nil. It is advisory: an engine may ignore it, and
-	// one that consumes it must fall back to computing locally whenever the
-	// hint is malformed, stale or its source unreachable.
-	KVHint []byte
+	// KVHint is the router's KV hint, validated where it entered the
+	// worker, or nil. It is advisory (see kv.Hint): an engine may ignore
+	// it, and one that consumes it must fall back to computing locally
+	// whenever it is stale or its source unreachable. An adapter to an
+	// engine that reads JSON lowers it with package hints.
+	KVHint *kv.Hint
 	// DPRank is the data-parallel rank to run on (see Ranked); 0 on an
 	// engine with one rank.
 	DPRank int

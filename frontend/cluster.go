@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
-	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
@@ -297,9 +296,7 @@ func (c *Cluster) Generate(ctx context.Context, req *GenerateRequest) (TokenStre
 	if tp := req.TopP; tp != 0 { // absent on the wire when the client set none
 		greq.TopP = &tp
 	}
-	if h := d.Hint; h != nil {
-		greq.KvHint = hints.NewFetch(d.ID, h.Endpoint, h.SeqHashes).Marshal()
-	}
+	greq.KvFetch = api.HintToProto(d.Hint)
 	sctx, cancel := context.WithCancel(ctx)
 	st, err := client.Generate(sctx, greq)
 	if err != nil {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/api"
-	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
 )
@@ -133,15 +132,15 @@ func TestWorkerDPRanks(t *testing.T) {
 	}
 	toks2 := prompt(5000, 4*peerBS+1)
 	generateUsage(t, c, &api.GenerateRequest{Tokens: toks2, MaxTokens: 1, DpRank: 1})
-	hint := hints.NewFetch("sel", inst.ControlEndpoints[1], seqHashes(toks2)).Marshal()
-	u := generateUsage(t, c, &api.GenerateRequest{Tokens: toks2, MaxTokens: 1, DpRank: 0, KvHint: hint})
+	hint := api.HintToProto(simHint("sel", inst.ControlEndpoints[1], seqHashes(toks2)))
+	u := generateUsage(t, c, &api.GenerateRequest{Tokens: toks2, MaxTokens: 1, DpRank: 0, KvFetch: hint})
 	if u.GetCachedTokens() != 4*peerBS || p.Stats().Fetched != 1 {
 		t.Fatalf("hinted rank 0: cached %d, peer stats %+v", u.GetCachedTokens(), p.Stats())
 	}
 	// The own rank's endpoint is self: unused.
 	toks3 := prompt(9000, 2*peerBS+1)
-	hint = hints.NewFetch("sel2", inst.ControlEndpoints[0], seqHashes(toks3)).Marshal()
-	generateUsage(t, c, &api.GenerateRequest{Tokens: toks3, MaxTokens: 1, DpRank: 0, KvHint: hint})
+	hint = api.HintToProto(simHint("sel2", inst.ControlEndpoints[0], seqHashes(toks3)))
+	generateUsage(t, c, &api.GenerateRequest{Tokens: toks3, MaxTokens: 1, DpRank: 0, KvFetch: hint})
 	if s := p.Stats(); s.Unused != 1 {
 		t.Fatalf("self hint: %+v", s)
 	}

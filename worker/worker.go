@@ -88,6 +88,8 @@ type Worker struct {
 	wg      sync.WaitGroup
 
 	hints, transferParams atomic.Int64
+	hintWarned            atomic.Bool // a malformed hint was logged
+	blockSize             int
 	met                   *metrics
 	registered            bool
 
@@ -156,7 +158,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	w := &Worker{cfg: cfg, eng: eng, nc: nc, log: cfg.Logger.With("instance", runtime.InstanceToken(cfg.InstanceID), "model", cfg.Model), evlog: evlog, wd: newWatchdog()}
+	w := &Worker{cfg: cfg, eng: eng, nc: nc, log: cfg.Logger.With("instance", runtime.InstanceToken(cfg.InstanceID), "model", cfg.Model), evlog: evlog, wd: newWatchdog(), blockSize: ec.BlockSize}
 	w.pub = runtime.NewEventPublisher(nc, cfg.Model, evlog, w.log)
 	w.met = newMetrics(w)
 	w.inst = runtime.Instance{
