@@ -127,5 +127,20 @@ type Ranked interface {
 	RankStats(rank int) Stats
 }
 
+// Inventory is implemented by an engine that can list the KV blocks it
+// holds, as the sim does from its block table; the worker answers dump
+// queries (the event plane's gap repair) from it. Without it a worker has
+// no dumps to give, and a router repairing a gap too old for the event ring
+// clears that worker's holdings and relearns them from later events.
+type Inventory interface {
+	// Inventory lists what DP rank rank holds, per tier, as Stored events
+	// (ID 0) that rebuild its holdings when applied in order to an empty
+	// index. at, if non-nil, is called once while the list is exact with
+	// respect to the rank's event stream: every batch delivered to the
+	// event sink before at is reflected, none delivered after. It reports
+	// false for a rank the engine does not have.
+	Inventory(rank int, at func()) ([]kv.Event, bool)
+}
+
 // ErrClosed is returned by Generate after Close.
 var ErrClosed = errors.New("engine closed")
