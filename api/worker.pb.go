@@ -911,7 +911,11 @@ type DumpResponse struct {
 	Events []*KvEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
 	// Events with id <= last_id are reflected in the dump; the caller resumes
 	// gap detection from last_id.
-	LastId        uint64 `protobuf:"varint,2,opt,name=last_id,json=lastId,proto3" json:"last_id,omitempty"`
+	LastId uint64 `protobuf:"varint,2,opt,name=last_id,json=lastId,proto3" json:"last_id,omitempty"`
+	// The worker cannot list its holdings (its engine has no inventory):
+	// events is empty, so a caller applying the dump clears the worker and
+	// relearns its holdings from the events after last_id.
+	NoInventory   bool `protobuf:"varint,3,opt,name=no_inventory,json=noInventory,proto3" json:"no_inventory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -958,6 +962,13 @@ func (x *DumpResponse) GetLastId() uint64 {
 		return x.LastId
 	}
 	return 0
+}
+
+func (x *DumpResponse) GetNoInventory() bool {
+	if x != nil {
+		return x.NoInventory
+	}
+	return false
 }
 
 type HealthRequest struct {
@@ -1148,10 +1159,11 @@ const file_worker_proto_rawDesc = "" +
 	"\atoo_new\x18\x03 \x01(\bR\x06tooNew\x12\x17\n" +
 	"\alast_id\x18\x04 \x01(\x04R\x06lastId\"?\n" +
 	"\vDumpRequest\x120\n" +
-	"\x06worker\x18\x01 \x01(\v2\x18.kvmesh.api.v1.WorkerKeyR\x06worker\"W\n" +
+	"\x06worker\x18\x01 \x01(\v2\x18.kvmesh.api.v1.WorkerKeyR\x06worker\"z\n" +
 	"\fDumpResponse\x12.\n" +
 	"\x06events\x18\x01 \x03(\v2\x16.kvmesh.api.v1.KvEventR\x06events\x12\x17\n" +
-	"\alast_id\x18\x02 \x01(\x04R\x06lastId\"\x0f\n" +
+	"\alast_id\x18\x02 \x01(\x04R\x06lastId\x12!\n" +
+	"\fno_inventory\x18\x03 \x01(\bR\vnoInventory\"\x0f\n" +
 	"\rHealthRequest\"\x86\x01\n" +
 	"\x0eHealthResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x1a\n" +

@@ -28,7 +28,7 @@ func benchBatch(w kv.WorkerKey, i uint64) []kv.Event {
 	return evs
 }
 
-// Worker side: stamp, ring, local index, protobuf, NATS publish, per
+// Worker side: stamp, ring, protobuf, NATS publish, per
 // 16-block Stored event.
 func BenchmarkPublisherSink(b *testing.B) {
 	e, err := StartEmbedded(EmbeddedConfig{})
@@ -41,7 +41,7 @@ func BenchmarkPublisherSink(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer nc.Close()
-	l, _ := NewEventLog(1, 0, index.New())
+	l, _ := NewEventLog(1, 0, nil)
 	p := NewEventPublisher(nc, "m", l, nil)
 	w := kv.WorkerKey{Instance: 1}
 	b.ResetTimer()
@@ -62,7 +62,7 @@ func BenchmarkEventPlaneThroughput(b *testing.B) {
 	ncF, _ := Connect(ConnConfig{URLs: e.URL()})
 	defer ncP.Close()
 	defer ncF.Close()
-	l, _ := NewEventLog(1, 1<<16, index.New())
+	l, _ := NewEventLog(1, 1<<16, nil)
 	p := NewEventPublisher(ncP, "m", l, nil)
 	feed, _ := NewEventFeed(ncF, FeedConfig{Model: "m", Applier: index.New(), Repairer: logRepairer{l}})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -101,6 +101,6 @@ func (r logRepairer) Events(_ context.Context, _ Instance, w kv.WorkerKey, from,
 }
 
 func (r logRepairer) Dump(_ context.Context, _ Instance, w kv.WorkerKey) ([]kv.Event, uint64, error) {
-	evs, last := r.l.Dump(w)
+	evs, last, _ := r.l.Dump(w)
 	return evs, last, nil
 }

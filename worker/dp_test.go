@@ -76,9 +76,12 @@ func TestWorkerDPRanks(t *testing.T) {
 	if log.LastID(0) != 0 || log.LastID(1) == 0 {
 		t.Fatalf("last event ids: rank 0 %d, rank 1 %d", log.LastID(0), log.LastID(1))
 	}
-	dump, _ := log.Dump(kv.WorkerKey{Instance: w.InstanceID(), DPRank: 1})
-	if len(dump) == 0 {
-		t.Fatal("rank 1 holds nothing in the worker's index")
+	dump, _, ok := log.Dump(kv.WorkerKey{Instance: w.InstanceID(), DPRank: 1})
+	if !ok || len(dump) == 0 {
+		t.Fatal("rank 1's inventory lists nothing")
+	}
+	if dump0, _, _ := log.Dump(kv.WorkerKey{Instance: w.InstanceID()}); len(dump0) != 0 {
+		t.Fatalf("rank 0 lists %d events, yet ran nothing", len(dump0))
 	}
 
 	// Rank 1's endpoint serves the prompt's blocks; rank 0's has none.

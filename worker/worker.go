@@ -1,7 +1,7 @@
 // Package worker runs one engine as a kvmesh worker: it serves the worker
 // API over gRPC (Generate, Events, Dump, Health), registers the instance in
-// discovery, publishes the engine's KV events (ring + local index + NATS)
-// and its load. Several workers can run in one process (kvmesh serve).
+// discovery, publishes the engine's KV events (ring + NATS) and its load,
+// and answers dumps from the engine's inventory (engine.Inventory). Several workers can run in one process (kvmesh serve).
 package worker
 
 import (
@@ -18,7 +18,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/engine"
-	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/nats-io/nats.go"
@@ -154,7 +153,13 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		_, _ = rand.Read(b[:])
 		cfg.InstanceID = binary.LittleEndian.Uint64(b[:]) >> 1 // positive as int64 too
 	}
-	evlog, err := runtime.NewEventLog(cfg.InstanceID, cfg.RingSize, index.New())
+	// Dumps list the engine's own inventory; without one the worker has
+	// none to give (see runtime.EventLog.Dump).
+	var holdings runtime.Holdings
+	if inv, ok := eng.(engine.Inventory); ok {
+		holdings = inventoryHoldings{inv}
+	}
+	evlog, err := runtime.NewEventLog(cfg.InstanceID, cfg.RingSize, holdings)
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
@@ -167,6 +172,13 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints,
 	}
 	return w, nil
+}
+
+// inventoryHoldings answers the event log's dumps from the engine.
+type inventoryHoldings struct{ inv engine.Inventory }
+
+func (h inventoryHoldings) Holdings(w kv.WorkerKey, mark func()) ([]kv.Event, bool) {
+	return h.inv.Inventory(int(w.DPRank), mark)
 }
 
 // Start listens, serves the worker API, installs the event sink, registers
@@ -279,7 +291,7 @@ func (w *Worker) Instance() runtime.Instance {
 	return w.inst
 }
 
-// EventLog is the worker's event ring and local index.
+// EventLog is the worker's event ring.
 func (w *Worker) EventLog() *runtime.EventLog { return w.evlog }
 
 // EventSubject is where the worker publishes its KV events.
