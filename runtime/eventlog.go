@@ -144,6 +144,9 @@ func (l *EventLog) Dump(w kv.WorkerKey) (evs []kv.Event, last uint64, ok bool) {
 	if !ok {
 		return nil, l.LastID(w.DPRank), false
 	}
+	for i := range evs {
+		evs[i].Worker = w // stamped as Append stamps events
+	}
 	return evs, last, true
 }
 

@@ -367,7 +367,9 @@ func TestDumpIsTheSimsInventory(t *testing.T) {
 	fromDump, fromEvents := ref.New(), ref.New()
 	ix := index.New()
 	for _, e := range dumped {
-		e.Worker = wk
+		if e.Worker != wk || e.ID != 0 {
+			t.Fatalf("dump event of %v, id %d", e.Worker, e.ID)
+		}
 		fromDump.Apply(e)
 		ix.Apply(e)
 	}
