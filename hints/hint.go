@@ -14,8 +14,7 @@ func FromHint(h *kv.Hint) *Envelope {
 	for i, e := range h.Hashes {
 		hashes[i] = uint64(e)
 	}
-	f := &Fetch{SourceEndpoint: h.Endpoint, BlockHashes: hashes, Mode: ModeCopy}
-	return &Envelope{ProtocolVersion: ProtocolVersion, MessageID: h.ID, Actions: []Action{newFetchAction(FetchActionID, f)}}
+	return NewFetch(h.ID, h.Endpoint, hashes)
 }
 
 // Hint is the envelope's first kv.fetch as a typed hint (no source key:
