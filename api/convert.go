@@ -108,3 +108,30 @@ func EventsFromProto(ps []*KvEvent) ([]kv.Event, error) {
 	}
 	return out, nil
 }
+
+// HintToProto converts a KV hint; nil stays nil.
+func HintToProto(h *kv.Hint) *KvFetchHint {
+	if h == nil {
+		return nil
+	}
+	p := &KvFetchHint{MessageId: h.ID, Source: KeyToProto(h.Source), SourceControlEndpoint: h.Endpoint,
+		BlockHashes: make([]uint64, len(h.Hashes))}
+	for i, e := range h.Hashes {
+		p.BlockHashes[i] = uint64(e)
+	}
+	return p
+}
+
+// HintFromProto converts a KV hint from the wire, unvalidated: the worker
+// validates it where it enters (hints.CheckHint). nil stays nil.
+func HintFromProto(p *KvFetchHint) *kv.Hint {
+	if p == nil {
+		return nil
+	}
+	h := &kv.Hint{ID: p.MessageId, Source: KeyFromProto(p.Source), Endpoint: p.SourceControlEndpoint,
+		Hashes: make([]kv.EngineHash, len(p.BlockHashes))}
+	for i, e := range p.BlockHashes {
+		h.Hashes[i] = kv.EngineHash(e)
+	}
+	return h
+}

@@ -49,3 +49,24 @@ func TestEventFromProtoRejects(t *testing.T) {
 		}
 	}
 }
+
+// A hint crosses the worker API typed: every field survives the wire, and
+// the hashes stay the source's, all 64 bits.
+func TestHintRoundTrip(t *testing.T) {
+	h := &kv.Hint{ID: "r1-2a", Source: kv.WorkerKey{Instance: 7, DPRank: 1}, Endpoint: "tcp://10.0.0.7:23280",
+		Hashes: []kv.EngineHash{11, 1 << 63, ^kv.EngineHash(0)}}
+	b, err := proto.Marshal(&GenerateRequest{RequestId: "x", KvFetch: HintToProto(h)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req GenerateRequest
+	if err := proto.Unmarshal(b, &req); err != nil {
+		t.Fatal(err)
+	}
+	if got := HintFromProto(req.KvFetch); !reflect.DeepEqual(got, h) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", got, h)
+	}
+	if HintToProto(nil) != nil || HintFromProto(nil) != nil {
+		t.Fatal("nil hint did not stay nil")
+	}
+}

@@ -87,7 +87,8 @@ type GenerateRequest struct {
 	Temperature float64 `protobuf:"fixed64,6,opt,name=temperature,proto3" json:"temperature,omitempty"`
 	Lora        string  `protobuf:"bytes,7,opt,name=lora,proto3" json:"lora,omitempty"`
 	CacheSalt   string  `protobuf:"bytes,8,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
-	// Opaque JSON: the router's KV hint envelope (DESIGN §6).
+	// Legacy: the router's KV hint as a JSON envelope (DESIGN §6), from
+	// clients that predate kv_fetch; read only when kv_fetch is absent.
 	KvHint []byte `protobuf:"bytes,9,opt,name=kv_hint,json=kvHint,proto3" json:"kv_hint,omitempty"`
 	// Opaque JSON: connector metadata for disaggregated serving.
 	KvTransferParams []byte `protobuf:"bytes,10,opt,name=kv_transfer_params,json=kvTransferParams,proto3" json:"kv_transfer_params,omitempty"`
@@ -99,8 +100,10 @@ type GenerateRequest struct {
 	// is every engine's default.
 	PresencePenalty  float64 `protobuf:"fixed64,13,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`
 	FrequencyPenalty float64 `protobuf:"fixed64,14,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The router's KV hint; absent: none.
+	KvFetch       *KvFetchHint `protobuf:"bytes,15,opt,name=kv_fetch,json=kvFetch,proto3" json:"kv_fetch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -231,6 +234,89 @@ func (x *GenerateRequest) GetFrequencyPenalty() float64 {
 	return 0
 }
 
+func (x *GenerateRequest) GetKvFetch() *KvFetchHint {
+	if x != nil {
+		return x.KvFetch
+	}
+	return nil
+}
+
+// KvFetchHint mirrors kv.Hint: the source worker holds a longer prefix of
+// the prompt than this one; fetch it from the source's control endpoint
+// instead of recomputing it. Advisory: a worker falls back to computing
+// whatever it cannot fetch.
+type KvFetchHint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The routing decision's selection id.
+	MessageId string     `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	Source    *WorkerKey `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// tcp://host:port
+	SourceControlEndpoint string `protobuf:"bytes,3,opt,name=source_control_endpoint,json=sourceControlEndpoint,proto3" json:"source_control_endpoint,omitempty"`
+	// The SOURCE engine's own hashes of the prompt's first blocks (a
+	// root-aligned prefix), as its KV events named them.
+	BlockHashes   []uint64 `protobuf:"varint,4,rep,packed,name=block_hashes,json=blockHashes,proto3" json:"block_hashes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KvFetchHint) Reset() {
+	*x = KvFetchHint{}
+	mi := &file_worker_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KvFetchHint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KvFetchHint) ProtoMessage() {}
+
+func (x *KvFetchHint) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KvFetchHint.ProtoReflect.Descriptor instead.
+func (*KvFetchHint) Descriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *KvFetchHint) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+func (x *KvFetchHint) GetSource() *WorkerKey {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *KvFetchHint) GetSourceControlEndpoint() string {
+	if x != nil {
+		return x.SourceControlEndpoint
+	}
+	return ""
+}
+
+func (x *KvFetchHint) GetBlockHashes() []uint64 {
+	if x != nil {
+		return x.BlockHashes
+	}
+	return nil
+}
+
 type Usage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	PromptTokens     uint32                 `protobuf:"varint,1,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
@@ -242,7 +328,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -254,7 +340,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[1]
+	mi := &file_worker_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -267,7 +353,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{1}
+	return file_worker_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Usage) GetPromptTokens() uint32 {
@@ -305,7 +391,7 @@ type GenerateChunk struct {
 
 func (x *GenerateChunk) Reset() {
 	*x = GenerateChunk{}
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -317,7 +403,7 @@ func (x *GenerateChunk) String() string {
 func (*GenerateChunk) ProtoMessage() {}
 
 func (x *GenerateChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[2]
+	mi := &file_worker_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -330,7 +416,7 @@ func (x *GenerateChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateChunk.ProtoReflect.Descriptor instead.
 func (*GenerateChunk) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{2}
+	return file_worker_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *GenerateChunk) GetTokens() []uint32 {
@@ -371,7 +457,7 @@ type WorkerKey struct {
 
 func (x *WorkerKey) Reset() {
 	*x = WorkerKey{}
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -383,7 +469,7 @@ func (x *WorkerKey) String() string {
 func (*WorkerKey) ProtoMessage() {}
 
 func (x *WorkerKey) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[3]
+	mi := &file_worker_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -396,7 +482,7 @@ func (x *WorkerKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerKey.ProtoReflect.Descriptor instead.
 func (*WorkerKey) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{3}
+	return file_worker_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *WorkerKey) GetInstance() uint64 {
@@ -423,7 +509,7 @@ type StoredBlock struct {
 
 func (x *StoredBlock) Reset() {
 	*x = StoredBlock{}
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +521,7 @@ func (x *StoredBlock) String() string {
 func (*StoredBlock) ProtoMessage() {}
 
 func (x *StoredBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[4]
+	mi := &file_worker_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +534,7 @@ func (x *StoredBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredBlock.ProtoReflect.Descriptor instead.
 func (*StoredBlock) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{4}
+	return file_worker_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StoredBlock) GetEngineHash() uint64 {
@@ -486,7 +572,7 @@ type KvEvent struct {
 
 func (x *KvEvent) Reset() {
 	*x = KvEvent{}
-	mi := &file_worker_proto_msgTypes[5]
+	mi := &file_worker_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -498,7 +584,7 @@ func (x *KvEvent) String() string {
 func (*KvEvent) ProtoMessage() {}
 
 func (x *KvEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[5]
+	mi := &file_worker_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -511,7 +597,7 @@ func (x *KvEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KvEvent.ProtoReflect.Descriptor instead.
 func (*KvEvent) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{5}
+	return file_worker_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *KvEvent) GetId() uint64 {
@@ -602,7 +688,7 @@ type KvEventBatch struct {
 
 func (x *KvEventBatch) Reset() {
 	*x = KvEventBatch{}
-	mi := &file_worker_proto_msgTypes[6]
+	mi := &file_worker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -614,7 +700,7 @@ func (x *KvEventBatch) String() string {
 func (*KvEventBatch) ProtoMessage() {}
 
 func (x *KvEventBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[6]
+	mi := &file_worker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -627,7 +713,7 @@ func (x *KvEventBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KvEventBatch.ProtoReflect.Descriptor instead.
 func (*KvEventBatch) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{6}
+	return file_worker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KvEventBatch) GetInstance() uint64 {
@@ -655,7 +741,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_worker_proto_msgTypes[7]
+	mi := &file_worker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -667,7 +753,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[7]
+	mi := &file_worker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -680,7 +766,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{7}
+	return file_worker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EventsRequest) GetWorker() *WorkerKey {
@@ -719,7 +805,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_worker_proto_msgTypes[8]
+	mi := &file_worker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -731,7 +817,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[8]
+	mi := &file_worker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -744,7 +830,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{8}
+	return file_worker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EventsResponse) GetEvents() []*KvEvent {
@@ -784,7 +870,7 @@ type DumpRequest struct {
 
 func (x *DumpRequest) Reset() {
 	*x = DumpRequest{}
-	mi := &file_worker_proto_msgTypes[9]
+	mi := &file_worker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +882,7 @@ func (x *DumpRequest) String() string {
 func (*DumpRequest) ProtoMessage() {}
 
 func (x *DumpRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[9]
+	mi := &file_worker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +895,7 @@ func (x *DumpRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpRequest.ProtoReflect.Descriptor instead.
 func (*DumpRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{9}
+	return file_worker_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DumpRequest) GetWorker() *WorkerKey {
@@ -825,14 +911,18 @@ type DumpResponse struct {
 	Events []*KvEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
 	// Events with id <= last_id are reflected in the dump; the caller resumes
 	// gap detection from last_id.
-	LastId        uint64 `protobuf:"varint,2,opt,name=last_id,json=lastId,proto3" json:"last_id,omitempty"`
+	LastId uint64 `protobuf:"varint,2,opt,name=last_id,json=lastId,proto3" json:"last_id,omitempty"`
+	// The worker cannot list its holdings (its engine has no inventory):
+	// events is empty, so a caller applying the dump clears the worker and
+	// relearns its holdings from the events after last_id.
+	NoInventory   bool `protobuf:"varint,3,opt,name=no_inventory,json=noInventory,proto3" json:"no_inventory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DumpResponse) Reset() {
 	*x = DumpResponse{}
-	mi := &file_worker_proto_msgTypes[10]
+	mi := &file_worker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +934,7 @@ func (x *DumpResponse) String() string {
 func (*DumpResponse) ProtoMessage() {}
 
 func (x *DumpResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[10]
+	mi := &file_worker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +947,7 @@ func (x *DumpResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpResponse.ProtoReflect.Descriptor instead.
 func (*DumpResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{10}
+	return file_worker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DumpResponse) GetEvents() []*KvEvent {
@@ -874,6 +964,13 @@ func (x *DumpResponse) GetLastId() uint64 {
 	return 0
 }
 
+func (x *DumpResponse) GetNoInventory() bool {
+	if x != nil {
+		return x.NoInventory
+	}
+	return false
+}
+
 type HealthRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -882,7 +979,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_worker_proto_msgTypes[11]
+	mi := &file_worker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +991,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[11]
+	mi := &file_worker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +1004,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{11}
+	return file_worker_proto_rawDescGZIP(), []int{12}
 }
 
 type HealthResponse struct {
@@ -923,7 +1020,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_worker_proto_msgTypes[12]
+	mi := &file_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1032,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_proto_msgTypes[12]
+	mi := &file_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1045,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{12}
+	return file_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -990,7 +1087,7 @@ var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\rkvmesh.api.v1\"\xd2\x03\n" +
+	"\fworker.proto\x12\rkvmesh.api.v1\"\x89\x04\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -1009,8 +1106,15 @@ const file_worker_proto_rawDesc = "" +
 	"\adp_rank\x18\v \x01(\rR\x06dpRank\x12\x18\n" +
 	"\x05top_p\x18\f \x01(\x01H\x00R\x04topP\x88\x01\x01\x12)\n" +
 	"\x10presence_penalty\x18\r \x01(\x01R\x0fpresencePenalty\x12+\n" +
-	"\x11frequency_penalty\x18\x0e \x01(\x01R\x10frequencyPenaltyB\b\n" +
-	"\x06_top_p\"~\n" +
+	"\x11frequency_penalty\x18\x0e \x01(\x01R\x10frequencyPenalty\x125\n" +
+	"\bkv_fetch\x18\x0f \x01(\v2\x1a.kvmesh.api.v1.KvFetchHintR\akvFetchB\b\n" +
+	"\x06_top_p\"\xb9\x01\n" +
+	"\vKvFetchHint\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x01 \x01(\tR\tmessageId\x120\n" +
+	"\x06source\x18\x02 \x01(\v2\x18.kvmesh.api.v1.WorkerKeyR\x06source\x126\n" +
+	"\x17source_control_endpoint\x18\x03 \x01(\tR\x15sourceControlEndpoint\x12!\n" +
+	"\fblock_hashes\x18\x04 \x03(\x04R\vblockHashes\"~\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\rR\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\rR\x10completionTokens\x12#\n" +
@@ -1055,10 +1159,11 @@ const file_worker_proto_rawDesc = "" +
 	"\atoo_new\x18\x03 \x01(\bR\x06tooNew\x12\x17\n" +
 	"\alast_id\x18\x04 \x01(\x04R\x06lastId\"?\n" +
 	"\vDumpRequest\x120\n" +
-	"\x06worker\x18\x01 \x01(\v2\x18.kvmesh.api.v1.WorkerKeyR\x06worker\"W\n" +
+	"\x06worker\x18\x01 \x01(\v2\x18.kvmesh.api.v1.WorkerKeyR\x06worker\"z\n" +
 	"\fDumpResponse\x12.\n" +
 	"\x06events\x18\x01 \x03(\v2\x16.kvmesh.api.v1.KvEventR\x06events\x12\x17\n" +
-	"\alast_id\x18\x02 \x01(\x04R\x06lastId\"\x0f\n" +
+	"\alast_id\x18\x02 \x01(\x04R\x06lastId\x12!\n" +
+	"\fno_inventory\x18\x03 \x01(\bR\vnoInventory\"\x0f\n" +
 	"\rHealthRequest\"\x86\x01\n" +
 	"\x0eHealthResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x1a\n" +
@@ -1090,46 +1195,49 @@ func file_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_worker_proto_goTypes = []any{
 	(EventKind)(0),          // 0: kvmesh.api.v1.EventKind
 	(*GenerateRequest)(nil), // 1: kvmesh.api.v1.GenerateRequest
-	(*Usage)(nil),           // 2: kvmesh.api.v1.Usage
-	(*GenerateChunk)(nil),   // 3: kvmesh.api.v1.GenerateChunk
-	(*WorkerKey)(nil),       // 4: kvmesh.api.v1.WorkerKey
-	(*StoredBlock)(nil),     // 5: kvmesh.api.v1.StoredBlock
-	(*KvEvent)(nil),         // 6: kvmesh.api.v1.KvEvent
-	(*KvEventBatch)(nil),    // 7: kvmesh.api.v1.KvEventBatch
-	(*EventsRequest)(nil),   // 8: kvmesh.api.v1.EventsRequest
-	(*EventsResponse)(nil),  // 9: kvmesh.api.v1.EventsResponse
-	(*DumpRequest)(nil),     // 10: kvmesh.api.v1.DumpRequest
-	(*DumpResponse)(nil),    // 11: kvmesh.api.v1.DumpResponse
-	(*HealthRequest)(nil),   // 12: kvmesh.api.v1.HealthRequest
-	(*HealthResponse)(nil),  // 13: kvmesh.api.v1.HealthResponse
+	(*KvFetchHint)(nil),     // 2: kvmesh.api.v1.KvFetchHint
+	(*Usage)(nil),           // 3: kvmesh.api.v1.Usage
+	(*GenerateChunk)(nil),   // 4: kvmesh.api.v1.GenerateChunk
+	(*WorkerKey)(nil),       // 5: kvmesh.api.v1.WorkerKey
+	(*StoredBlock)(nil),     // 6: kvmesh.api.v1.StoredBlock
+	(*KvEvent)(nil),         // 7: kvmesh.api.v1.KvEvent
+	(*KvEventBatch)(nil),    // 8: kvmesh.api.v1.KvEventBatch
+	(*EventsRequest)(nil),   // 9: kvmesh.api.v1.EventsRequest
+	(*EventsResponse)(nil),  // 10: kvmesh.api.v1.EventsResponse
+	(*DumpRequest)(nil),     // 11: kvmesh.api.v1.DumpRequest
+	(*DumpResponse)(nil),    // 12: kvmesh.api.v1.DumpResponse
+	(*HealthRequest)(nil),   // 13: kvmesh.api.v1.HealthRequest
+	(*HealthResponse)(nil),  // 14: kvmesh.api.v1.HealthResponse
 }
 var file_worker_proto_depIdxs = []int32{
-	2,  // 0: kvmesh.api.v1.GenerateChunk.usage:type_name -> kvmesh.api.v1.Usage
-	4,  // 1: kvmesh.api.v1.KvEvent.worker:type_name -> kvmesh.api.v1.WorkerKey
-	0,  // 2: kvmesh.api.v1.KvEvent.kind:type_name -> kvmesh.api.v1.EventKind
-	5,  // 3: kvmesh.api.v1.KvEvent.blocks:type_name -> kvmesh.api.v1.StoredBlock
-	6,  // 4: kvmesh.api.v1.KvEventBatch.events:type_name -> kvmesh.api.v1.KvEvent
-	4,  // 5: kvmesh.api.v1.EventsRequest.worker:type_name -> kvmesh.api.v1.WorkerKey
-	6,  // 6: kvmesh.api.v1.EventsResponse.events:type_name -> kvmesh.api.v1.KvEvent
-	4,  // 7: kvmesh.api.v1.DumpRequest.worker:type_name -> kvmesh.api.v1.WorkerKey
-	6,  // 8: kvmesh.api.v1.DumpResponse.events:type_name -> kvmesh.api.v1.KvEvent
-	1,  // 9: kvmesh.api.v1.Worker.Generate:input_type -> kvmesh.api.v1.GenerateRequest
-	8,  // 10: kvmesh.api.v1.Worker.Events:input_type -> kvmesh.api.v1.EventsRequest
-	10, // 11: kvmesh.api.v1.Worker.Dump:input_type -> kvmesh.api.v1.DumpRequest
-	12, // 12: kvmesh.api.v1.Worker.Health:input_type -> kvmesh.api.v1.HealthRequest
-	3,  // 13: kvmesh.api.v1.Worker.Generate:output_type -> kvmesh.api.v1.GenerateChunk
-	9,  // 14: kvmesh.api.v1.Worker.Events:output_type -> kvmesh.api.v1.EventsResponse
-	11, // 15: kvmesh.api.v1.Worker.Dump:output_type -> kvmesh.api.v1.DumpResponse
-	13, // 16: kvmesh.api.v1.Worker.Health:output_type -> kvmesh.api.v1.HealthResponse
-	13, // [13:17] is the sub-list for method output_type
-	9,  // [9:13] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	2,  // 0: kvmesh.api.v1.GenerateRequest.kv_fetch:type_name -> kvmesh.api.v1.KvFetchHint
+	5,  // 1: kvmesh.api.v1.KvFetchHint.source:type_name -> kvmesh.api.v1.WorkerKey
+	3,  // 2: kvmesh.api.v1.GenerateChunk.usage:type_name -> kvmesh.api.v1.Usage
+	5,  // 3: kvmesh.api.v1.KvEvent.worker:type_name -> kvmesh.api.v1.WorkerKey
+	0,  // 4: kvmesh.api.v1.KvEvent.kind:type_name -> kvmesh.api.v1.EventKind
+	6,  // 5: kvmesh.api.v1.KvEvent.blocks:type_name -> kvmesh.api.v1.StoredBlock
+	7,  // 6: kvmesh.api.v1.KvEventBatch.events:type_name -> kvmesh.api.v1.KvEvent
+	5,  // 7: kvmesh.api.v1.EventsRequest.worker:type_name -> kvmesh.api.v1.WorkerKey
+	7,  // 8: kvmesh.api.v1.EventsResponse.events:type_name -> kvmesh.api.v1.KvEvent
+	5,  // 9: kvmesh.api.v1.DumpRequest.worker:type_name -> kvmesh.api.v1.WorkerKey
+	7,  // 10: kvmesh.api.v1.DumpResponse.events:type_name -> kvmesh.api.v1.KvEvent
+	1,  // 11: kvmesh.api.v1.Worker.Generate:input_type -> kvmesh.api.v1.GenerateRequest
+	9,  // 12: kvmesh.api.v1.Worker.Events:input_type -> kvmesh.api.v1.EventsRequest
+	11, // 13: kvmesh.api.v1.Worker.Dump:input_type -> kvmesh.api.v1.DumpRequest
+	13, // 14: kvmesh.api.v1.Worker.Health:input_type -> kvmesh.api.v1.HealthRequest
+	4,  // 15: kvmesh.api.v1.Worker.Generate:output_type -> kvmesh.api.v1.GenerateChunk
+	10, // 16: kvmesh.api.v1.Worker.Events:output_type -> kvmesh.api.v1.EventsResponse
+	12, // 17: kvmesh.api.v1.Worker.Dump:output_type -> kvmesh.api.v1.DumpResponse
+	14, // 18: kvmesh.api.v1.Worker.Health:output_type -> kvmesh.api.v1.HealthResponse
+	15, // [15:19] is the sub-list for method output_type
+	11, // [11:15] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_worker_proto_init() }
@@ -1144,7 +1252,7 @@ func file_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_proto_rawDesc), len(file_worker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

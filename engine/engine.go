@@ -57,11 +57,12 @@ type Request struct {
 	Temperature float64
 	LoRA        string // adapter name; mixed into block hashes
 	CacheSalt   string // cache namespace; mixed into block hashes
-	// KVHint is the router's KV hint envelope as received (raw JSON, see
-	// package hints), or nil. It is advisory: an engine may ignore it, and
-	// one that consumes it must fall back to computing locally whenever the
-	// hint is malformed, stale or its source unreachable.
-	KVHint []byte
+	// KVHint is the router's KV hint, validated where it entered the
+	// worker, or nil. It is advisory (see kv.Hint): an engine may ignore
+	// it, and one that consumes it must fall back to computing locally
+	// whenever it is stale or its source unreachable. An adapter to an
+	// engine that reads JSON lowers it with package hints.
+	KVHint *kv.Hint
 	// DPRank is the data-parallel rank to run on (see Ranked); 0 on an
 	// engine with one rank.
 	DPRank int
@@ -124,6 +125,21 @@ type Engine interface {
 type Ranked interface {
 	DPSize() int
 	RankStats(rank int) Stats
+}
+
+// Inventory is implemented by an engine that can list the KV blocks it
+// holds, as the sim does from its block table; the worker answers dump
+// queries (the event plane's gap repair) from it. Without it a worker has
+// no dumps to give, and a router repairing a gap too old for the event ring
+// clears that worker's holdings and relearns them from later events.
+type Inventory interface {
+	// Inventory lists what DP rank rank holds, per tier, as Stored events
+	// (ID 0) that rebuild its holdings when applied in order to an empty
+	// index. at, if non-nil, is called once while the list is exact with
+	// respect to the rank's event stream: every batch delivered to the
+	// event sink before at is reflected, none delivered after. It reports
+	// false for a rank the engine does not have.
+	Inventory(rank int, at func()) ([]kv.Event, bool)
 }
 
 // ErrClosed is returned by Generate after Close.

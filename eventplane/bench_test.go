@@ -31,7 +31,7 @@ func benchBatch(w kv.WorkerKey, i uint64) []kv.Event {
 	return evs
 }
 
-// Worker side: stamp, ring, local index, protobuf, NATS publish, per
+// Worker side: stamp, ring, protobuf, NATS publish, per
 // 16-block Stored event.
 func BenchmarkPublisherSink(b *testing.B) {
 	e, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{})
@@ -44,7 +44,7 @@ func BenchmarkPublisherSink(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer nc.Close()
-	l, _ := NewEventLog(1, 0, index.New())
+	l, _ := NewEventLog(1, 0, nil)
 	p := NewPublisher(nc, "m", l, nil)
 	w := kv.WorkerKey{Instance: 1}
 	b.ResetTimer()
@@ -65,7 +65,7 @@ func BenchmarkEventPlaneThroughput(b *testing.B) {
 	ncF, _ := natsbus.Connect(natsbus.ConnConfig{URLs: e.URL()})
 	defer ncP.Close()
 	defer ncF.Close()
-	l, _ := NewEventLog(1, 1<<16, index.New())
+	l, _ := NewEventLog(1, 1<<16, nil)
 	p := NewPublisher(ncP, "m", l, nil)
 	feed, _ := NewFeed(ncF, FeedConfig{Model: "m", Applier: index.New(), Repairer: logRepairer{l}})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -104,6 +104,6 @@ func (r logRepairer) Events(_ context.Context, _ discovery.Instance, w kv.Worker
 }
 
 func (r logRepairer) Dump(_ context.Context, _ discovery.Instance, w kv.WorkerKey) ([]kv.Event, uint64, error) {
-	evs, last := r.l.Dump(w)
+	evs, last, _ := r.l.Dump(w)
 	return evs, last, nil
 }

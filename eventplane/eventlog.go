@@ -7,14 +7,15 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 )
 
-// LocalIndex is the worker's own view of what it holds, used to answer
-// Dump; *index.Index implements it (runtime does not import index: the
-// worker passes it in).
-type LocalIndex interface {
-	Apply(kv.Event)
-	// Dump re-emits w's holdings as Stored events (ID 0) that rebuild them
-	// when applied in order to an empty index.
-	Dump(w kv.WorkerKey) []kv.Event
+// Holdings lists what the worker holds, to answer Dump: the engine's own
+// inventory (engine.Inventory), not a copy of it kept from the events.
+type Holdings interface {
+	// Holdings returns w's holdings as Stored events (ID 0) that rebuild
+	// them when applied in order to an empty index, or false when they
+	// cannot be listed. It calls mark once, where the list is exact with
+	// respect to w's events: every event appended to the log before mark is
+	// reflected, none appended after.
+	Holdings(w kv.WorkerKey, mark func()) ([]kv.Event, bool)
 }
 
 // DefaultRingSize is how many recent events per worker key an EventLog keeps.
@@ -22,14 +23,14 @@ const DefaultRingSize = 8192
 
 // EventLog is the worker side of the event plane: it stamps each engine
 // event with the instance id and the next per-key event id, keeps a ring of
-// recent events per key for range queries and feeds a local index for
-// dumps. Safe for concurrent use.
+// recent events per key for range queries and answers dumps from the
+// engine's holdings. Safe for concurrent use.
 type EventLog struct {
 	mu       sync.Mutex
 	instance uint64
 	size     int
 	keys     map[uint32]*keyRing
-	idx      LocalIndex
+	holdings Holdings // nil: no dumps
 }
 
 type keyRing struct {
@@ -37,19 +38,17 @@ type keyRing struct {
 	ring []kv.Event // event id i lives at ring[i%len]
 }
 
-// NewEventLog returns an empty log for instance that feeds idx (which it
-// then owns); ringSize ≤ 0 means DefaultRingSize.
-func NewEventLog(instance uint64, ringSize int, idx LocalIndex) (*EventLog, error) {
+// NewEventLog returns an empty log for instance whose dumps list h (nil:
+// the worker cannot list its holdings, see Dump); ringSize ≤ 0 means
+// DefaultRingSize.
+func NewEventLog(instance uint64, ringSize int, h Holdings) (*EventLog, error) {
 	if ringSize <= 0 {
 		ringSize = DefaultRingSize
-	}
-	if idx == nil {
-		return nil, errors.New("event log: nil local index")
 	}
 	if instance == 0 {
 		return nil, errors.New("event log: zero instance id")
 	}
-	return &EventLog{instance: instance, size: ringSize, keys: map[uint32]*keyRing{}, idx: idx}, nil
+	return &EventLog{instance: instance, size: ringSize, keys: map[uint32]*keyRing{}, holdings: h}, nil
 }
 
 // Append stamps and records a batch (in place: batch[i].ID and
@@ -73,7 +72,6 @@ func (l *EventLog) Append(batch []kv.Event, publish func([]kv.Event)) {
 		k.last++
 		e.ID = k.last
 		k.ring[e.ID%uint64(l.size)] = *e
-		l.idx.Apply(*e)
 	}
 	if publish != nil {
 		publish(batch)
@@ -130,18 +128,26 @@ func (l *EventLog) Range(w kv.WorkerKey, from, to uint64, limit int) ([]kv.Event
 }
 
 // Dump returns key's holdings as Stored events and the last event id they
-// reflect.
-func (l *EventLog) Dump(w kv.WorkerKey) ([]kv.Event, uint64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var last uint64
-	if k := l.keys[w.DPRank]; k != nil {
-		last = k.last
+// reflect, or ok false when the holdings cannot be listed (no Holdings):
+// then last is the last event id, and a caller that applies the empty dump
+// clears the key's holdings and relearns them from the events after it.
+func (l *EventLog) Dump(w kv.WorkerKey) (evs []kv.Event, last uint64, ok bool) {
+	switch {
+	case w.Instance != l.instance:
+		return nil, l.LastID(w.DPRank), true // another instance's key: nothing held here
+	case l.holdings == nil:
+		return nil, l.LastID(w.DPRank), false
 	}
-	if w.Instance != l.instance {
-		return nil, last
+	// Not under l.mu: the holdings' mark runs where the engine delivers
+	// events, which then append under l.mu.
+	evs, ok = l.holdings.Holdings(w, func() { last = l.LastID(w.DPRank) })
+	if !ok {
+		return nil, l.LastID(w.DPRank), false
 	}
-	return l.idx.Dump(w), last
+	for i := range evs {
+		evs[i].Worker = w // stamped as Append stamps events
+	}
+	return evs, last, true
 }
 
 // LastID is the last event id produced for a key.

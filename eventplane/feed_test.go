@@ -46,18 +46,40 @@ func (l *lockedIndex) holdings(w kv.WorkerKey) []ref.Holding {
 	return l.ix.Holdings(w)
 }
 
-// teeIndex is a worker's local index for tests: the real index answers
-// dumps, the reference model lists holdings for comparison.
+// teeIndex is a fake worker's cache for tests: the real index answers
+// dumps (the EventLog's Holdings), the reference model lists holdings for
+// comparison. Like an engine, it holds its lock while its events reach the
+// log, and while it lists its holdings.
 type teeIndex struct {
+	mu  sync.Mutex
 	ix  *index.Index
 	ref *ref.Index
 }
 
 func newTee() *teeIndex { return &teeIndex{ix: index.New(), ref: ref.New()} }
 
-func (t *teeIndex) Apply(e kv.Event)               { t.ix.Apply(e); t.ref.Apply(e) }
-func (t *teeIndex) Dump(w kv.WorkerKey) []kv.Event { return t.ix.Dump(w) }
-func (t *teeIndex) Holdings(w kv.WorkerKey) []ref.Holding {
+// emit applies a batch and hands it to sink (the log), under the lock.
+func (t *teeIndex) emit(batch []kv.Event, sink func([]kv.Event)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, e := range batch {
+		t.ix.Apply(e)
+		t.ref.Apply(e)
+	}
+	sink(batch)
+}
+
+// Holdings implements Holdings.
+func (t *teeIndex) Holdings(w kv.WorkerKey, mark func()) ([]kv.Event, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	mark()
+	return t.ix.Dump(w), true
+}
+
+func (t *teeIndex) refHoldings(w kv.WorkerKey) []ref.Holding {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	return t.ref.Holdings(w)
 }
 
@@ -162,14 +184,14 @@ func (f *fakeWorker) step() []kv.Event {
 
 func (f *fakeWorker) publish(n int) {
 	for range n {
-		f.pub.Sink(f.step())
+		f.local.emit(f.step(), f.pub.Sink)
 	}
 }
 
 // lose appends n steps to the log without publishing them: a gap.
 func (f *fakeWorker) lose(n int) {
 	for range n {
-		f.log.Append(f.step(), nil)
+		f.local.emit(f.step(), func(b []kv.Event) { f.log.Append(b, nil) })
 	}
 }
 
@@ -201,7 +223,7 @@ func waitSynced(t *testing.T, feed *Feed, ix *lockedIndex, f *fakeWorker) {
 			last, ok := feed.LastID(w)
 			return ok && last == f.log.LastID(rank)
 		})
-		got, want := ix.holdings(w), f.local.Holdings(w)
+		got, want := ix.holdings(w), f.local.refHoldings(w)
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("rank %d: router index differs from the worker's own: %d vs %d holdings", rank, len(got), len(want))
 		}
@@ -313,9 +335,7 @@ func mustBatch(t *testing.T, inst uint64, evs ...kv.Event) []byte {
 func TestEventLogRangeAndDump(t *testing.T) {
 	f := &fakeWorker{local: newTee(), rng: rand.New(rand.NewPCG(1, 2)), nextHash: 1 << 40}
 	f.log = mustLog(t, 5, 32, f.local)
-	for range 500 {
-		f.log.Append(f.step(), nil)
-	}
+	f.lose(500)
 	last := f.log.LastID(0)
 	w := kv.WorkerKey{Instance: 5}
 	evs, res := f.log.Range(w, last-31, last, 0)
@@ -331,21 +351,21 @@ func TestEventLogRangeAndDump(t *testing.T) {
 	if evs, _ := f.log.Range(kv.WorkerKey{Instance: 6}, last, last, 0); len(evs) != 0 {
 		t.Fatal("answered for another instance")
 	}
-	dump, dl := f.log.Dump(w)
-	if dl != last {
+	dump, dl, ok := f.log.Dump(w)
+	if !ok || dl != last {
 		t.Fatalf("dump last %d want %d", dl, last)
 	}
 	rebuilt := ref.New()
 	for _, e := range dump {
 		rebuilt.Apply(e)
 	}
-	if got, want := rebuilt.Holdings(w), f.local.Holdings(w); !reflect.DeepEqual(got, want) {
+	if got, want := rebuilt.Holdings(w), f.local.refHoldings(w); !reflect.DeepEqual(got, want) {
 		t.Fatalf("dump rebuilds %d holdings, worker has %d", len(got), len(want))
 	}
 	if st := rebuilt.Stats(); st.ParentNotFound != 0 {
 		t.Fatalf("dump order broken: %+v", st)
 	}
-	t.Logf("dump: %d events for %d holdings", len(dump), len(f.local.Holdings(w)))
+	t.Logf("dump: %d events for %d holdings", len(dump), len(f.local.refHoldings(w)))
 }
 
 // Dumps rebuild exactly the worker's holdings, orphans included.
@@ -354,15 +374,13 @@ func TestDumpRebuildsExactly(t *testing.T) {
 		f := &fakeWorker{local: newTee(), rng: rand.New(rand.NewPCG(seed, 3)), nextHash: 1 << 40}
 		f.log = mustLog(t, 5, 0, f.local)
 		w := kv.WorkerKey{Instance: 5}
-		for range 400 {
-			f.log.Append(f.step(), nil)
-		}
-		dump, _ := f.log.Dump(w)
+		f.lose(400)
+		dump, _, _ := f.log.Dump(w)
 		rebuilt := ref.New()
 		for _, e := range dump {
 			rebuilt.Apply(e)
 		}
-		if got, want := rebuilt.Holdings(w), f.local.Holdings(w); !reflect.DeepEqual(got, want) {
+		if got, want := rebuilt.Holdings(w), f.local.refHoldings(w); !reflect.DeepEqual(got, want) {
 			t.Fatalf("seed %d: dump rebuilds %d holdings, worker has %d", seed, len(got), len(want))
 		}
 		if st := rebuilt.Stats(); st.ParentNotFound != 0 || st.RemoveUnknown != 0 {
@@ -371,11 +389,28 @@ func TestDumpRebuildsExactly(t *testing.T) {
 	}
 }
 
-func mustLog(t *testing.T, id uint64, ring int, idx LocalIndex) *EventLog {
+func mustLog(t *testing.T, id uint64, ring int, idx Holdings) *EventLog {
 	t.Helper()
 	l, err := NewEventLog(id, ring, idx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// A worker whose engine cannot list its holdings answers dumps with none,
+// flagged, and the last event id: a router applying it clears the worker and
+// resumes from there.
+func TestDumpWithoutHoldings(t *testing.T) {
+	l := mustLog(t, 5, 0, nil)
+	w := kv.WorkerKey{Instance: 5}
+	for i := range 3 {
+		l.Append([]kv.Event{kv.Stored(w, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: uint64(i + 1), LocalHash: 9}})}, nil)
+	}
+	if evs, last, ok := l.Dump(w); ok || len(evs) != 0 || last != 3 {
+		t.Fatalf("dump %v last %d ok %v; want none, 3, false", evs, last, ok)
+	}
+	if a := l.DumpAnswer(&api.DumpRequest{Worker: api.KeyToProto(w)}); !a.NoInventory || len(a.Events) != 0 || a.LastId != 3 {
+		t.Fatalf("answer %+v", a)
+	}
 }

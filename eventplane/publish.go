@@ -72,8 +72,8 @@ func (l *EventLog) EventsAnswer(req *api.EventsRequest) *api.EventsResponse {
 
 // DumpAnswer answers an api Dump request from the log.
 func (l *EventLog) DumpAnswer(req *api.DumpRequest) *api.DumpResponse {
-	evs, last := l.Dump(api.KeyFromProto(req.Worker))
-	return &api.DumpResponse{Events: api.EventsToProto(evs), LastId: last}
+	evs, last, ok := l.Dump(api.KeyFromProto(req.Worker))
+	return &api.DumpResponse{Events: api.EventsToProto(evs), LastId: last, NoInventory: !ok}
 }
 
 func protoMarshalBatch(instance uint64, evs []kv.Event) ([]byte, error) {

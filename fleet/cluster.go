@@ -16,7 +16,6 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/eventplane"
-	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
@@ -199,9 +198,7 @@ func (c *Cluster) Generate(ctx context.Context, req *kv.GenerateRequest) (kv.Tok
 	if tp := req.TopP; tp != 0 { // absent on the wire when the client set none
 		greq.TopP = &tp
 	}
-	if h := d.Hint; h != nil {
-		greq.KvHint = hints.NewFetch(d.ID, h.Endpoint, h.SeqHashes).Marshal()
-	}
+	greq.KvFetch = api.HintToProto(d.Hint)
 	sctx, cancel := context.WithCancel(ctx)
 	st, err := client.Generate(sctx, greq)
 	if err != nil {

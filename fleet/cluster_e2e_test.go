@@ -219,7 +219,7 @@ func (e *e2e) waitSynced(c *Cluster, ws ...*e2eWorker) {
 }
 
 // indexMatchesWorker reports whether the cluster's index holds exactly what
-// the worker's own index holds (its Dump over gRPC), at the same event id.
+// the worker's engine holds (its Dump over gRPC), at the same event id.
 func (e *e2e) indexMatchesWorker(c *Cluster, w *e2eWorker) (bool, string) {
 	cl, err := e.clients.Get(w.in)
 	if err != nil {

@@ -20,6 +20,13 @@
 //   - anything else malformed is rejected with one precise error naming the
 //     field (*Error, errors.Is(err, ErrMalformed)).
 //
+// Inside kvmesh a hint is the typed kv.Hint (the router plans it, the worker
+// API carries it as a protobuf message, engine.Request holds it); the
+// envelope exists only at the edge to an engine that reads JSON. FromHint
+// lowers a kv.Hint to an envelope, Envelope.Hint reads one back (the worker
+// API's legacy kv_hint field), and CheckHint validates a kv.Hint where it
+// enters a worker with the envelope's rules.
+//
 // Hints are advisory: callers on the worker side drop a hint that fails to
 // parse and serve the request without it.
 //

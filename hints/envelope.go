@@ -81,9 +81,10 @@ type Fetch struct {
 	// SourceEndpoint is the canonical peer control endpoint; "" when the
 	// payload named none (fetch from local storage).
 	SourceEndpoint string
-	// BlockHashes are sequence hashes in request order (root-aligned prefix
-	// as the router emits them). Consumers should test membership, not
-	// positions: a router variant may send a suffix range.
+	// BlockHashes are the source engine's own block hashes (kv.EngineHash)
+	// in request order (root-aligned prefix as the router emits them).
+	// Consumers should test membership, not positions: a router variant may
+	// send a suffix range.
 	BlockHashes []uint64
 	// Mode is always ModeCopy after Parse (move is rejected as unsupported).
 	Mode string

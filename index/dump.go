@@ -124,3 +124,57 @@ func (ix *Index) Dump(w kv.WorkerKey) []kv.Event {
 	}
 	return evs
 }
+
+// EngineHashes appends to dst the engine hashes w stored the leading blocks
+// of the query local under (its own hash domain, from its events), stopping
+// at the first block w holds on no tier. A KV hint names the source's blocks
+// this way. It takes the writers' lock, since engine hashes are writer-only
+// memory: it is meant for the decisions that plan a hint, not every lookup.
+func (ix *Index) EngineHashes(w kv.WorkerKey, local []kv.LocalHash, dst []kv.EngineHash) []kv.EngineHash {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ws := ix.workers[w]
+	if ws == nil {
+		return dst
+	}
+	// Under the writer lock nothing changes, so the walk needs none of the
+	// readers' validation: it tries each node's successor (the child in
+	// almost every chain, next in memory) before the child table, and looks
+	// for w only where the holders word differs from the level above's (the
+	// same word means the same holders, as in FindMatches).
+	dir := *ix.dir.Load()
+	exc := len(ws.over) > 0
+	var parent uint32
+	var above uint64
+	for i, l := range local {
+		id := parent + 1
+		var c *chunk
+		var n *hot
+		if ci := int(id >> chunkBits); ci < len(dir) {
+			c = dir[ci]
+			n = &c.hot[id&chunkMask]
+		}
+		if n == nil || parentOf(n.pg.Load()) != parent || n.local.Load() != l {
+			if id = ix.findChild(parent, l); id == 0 {
+				break
+			}
+			c = dir[id>>chunkBits]
+			n = &c.hot[id&chunkMask]
+		}
+		if holders := n.holders.Load(); i == 0 || holders != above {
+			if maskIn(ix, holders, ws.slot) == 0 {
+				break
+			}
+			above = holders
+		}
+		e := c.eng[id&chunkMask]
+		if exc {
+			if o, ok := ws.over[id]; ok {
+				e = o
+			}
+		}
+		dst = append(dst, kv.EngineHash(e))
+		parent = id
+	}
+	return dst
+}

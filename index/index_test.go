@@ -157,6 +157,7 @@ func TestMatchesReferenceOnRandomStreams(t *testing.T) {
 				}
 				compareAll(t, ix, rf, g, steps)
 				checkDumps(t, ix, rf)
+				checkEngineHashes(t, ix, rf)
 				// Removing every worker frees every node.
 				for _, w := range ix.Workers() {
 					ix.RemoveWorker(w)
@@ -189,6 +190,36 @@ func checkDumps(t *testing.T, ix *Index, rf *ref.Index) {
 	}
 	if s := fresh.Stats(); s.ParentNotFound+s.Rebound+s.DuplicateStore+s.RemoveUnknown != 0 {
 		t.Fatalf("dump replay needed corrections: %+v", s)
+	}
+}
+
+// checkEngineHashes asks, for every block a worker holds, the engine hashes
+// of the path down to it, and requires the reference's: the hash the worker
+// stored each block under, up to the first block it does not hold.
+func checkEngineHashes(t *testing.T, ix *Index, rf *ref.Index) {
+	t.Helper()
+	for _, w := range rf.Workers() {
+		hs := rf.Holdings(w)
+		eng := make(map[string]uint64, len(hs))
+		for _, h := range hs {
+			eng[fmt.Sprint(h.Path)] = h.Engine
+		}
+		for _, h := range hs {
+			var want []kv.EngineHash
+			for i := 1; i <= len(h.Path); i++ {
+				e, ok := eng[fmt.Sprint(h.Path[:i])]
+				if !ok {
+					break
+				}
+				want = append(want, kv.EngineHash(e))
+			}
+			if got := ix.EngineHashes(w, h.Path, nil); !reflect.DeepEqual(got, want) {
+				t.Fatalf("worker %v path %v: engine hashes %v, want %v", w, h.Path, got, want)
+			}
+		}
+	}
+	if got := ix.EngineHashes(kv.WorkerKey{Instance: 1 << 60}, []kv.LocalHash{0, 1}, nil); len(got) != 0 {
+		t.Fatalf("unknown worker: %v", got)
 	}
 }
 

@@ -21,6 +21,9 @@ type LocalHash = uint64
 // SeqHash identifies a block together with every block before it.
 type SeqHash = uint64
 
+// EngineHash is the opaque hash an engine names a block by in its KV events.
+type EngineHash uint64
+
 // Seed returns the local-hash seed for a request: BaseSeed plus
 // xxh3(lora, seed 0) plus xxh3(salt, seed 1), all wrapping. Empty strings
 // count as absent, so lora="" shares cache with no LoRA at all.

@@ -239,7 +239,12 @@ func (v *VLLM) parse(r *http.Request, chat bool) (*job, *APIError) {
 		req.Seed = binary.LittleEndian.Uint64(b[:])
 	}
 	if !isNull(q.KVHints) {
-		req.KVHint = append([]byte(nil), q.KVHints...)
+		// Recorded and validated above; the engine takes the typed form.
+		if env, err := hints.Parse(q.KVHints); err == nil {
+			if h, ok := env.Hint(); ok {
+				req.KVHint = h
+			}
+		}
 	}
 	// Stop tokens; min_tokens holds them all back (the sim has no minimum,
 	// so a request that asks for one never stops early).

@@ -3,6 +3,8 @@ package router
 import (
 	"context"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // BenchmarkRoute times one routing decision (hash + match + cost + load
@@ -25,4 +27,34 @@ func BenchmarkRoute(b *testing.B) {
 		d.Done()
 		i++
 	}
+}
+
+// BenchmarkEngineHashes times what a hinted decision adds: reading the
+// source's engine hashes of its matched prefix (an 8k-token prompt) from
+// the bench fleet's index, under the index's writer lock.
+func BenchmarkEngineHashes(b *testing.B) {
+	f, err := NewBenchFleet(BenchFleetConfig{}, Config{Hints: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	local := kv.NewHasher(16, "", "").Local(f.Prompts[0])
+	ms := f.Index.FindMatches(local, nil)
+	if len(ms) == 0 {
+		b.Fatal("no worker holds the prompt")
+	}
+	best := ms[0]
+	for _, m := range ms {
+		if m.Depth[kv.NumTiers-1] > best.Depth[kv.NumTiers-1] {
+			best = m
+		}
+	}
+	n := int(best.Depth[kv.NumTiers-1])
+	dst := make([]kv.EngineHash, 0, n)
+	for b.Loop() {
+		dst = f.Index.EngineHashes(best.Worker, local[:n], dst[:0])
+	}
+	if len(dst) != n {
+		b.Fatalf("%d engine hashes for a prefix of %d blocks", len(dst), n)
+	}
+	b.ReportMetric(float64(n), "blocks")
 }

@@ -27,8 +27,9 @@ type Decision struct {
 	CachedTokens  int
 	PrefillTokens int
 	// Hint, when non-nil, names a peer holding a longer prefix than the
-	// chosen worker (Config.Hints).
-	Hint *HintPlan
+	// chosen worker (Config.Hints), by the peer's own engine hashes; the
+	// chosen worker holds Overlap[kv.NumTiers-1] of those blocks already.
+	Hint *kv.Hint
 	// Timing is the wall time this decision took, by stage.
 	Timing Timing
 

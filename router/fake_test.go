@@ -71,6 +71,40 @@ func (f *fakeIndex) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 	return dst
 }
 
+// engHash is the engine hash the fakes say worker w names block seq by:
+// its own hash domain, unlike any kvmesh hash.
+func engHash(w kv.WorkerKey, seq kv.SeqHash) kv.EngineHash {
+	return kv.EngineHash(seq ^ (w.Instance<<40 | uint64(w.DPRank)<<32 | 0xE))
+}
+
+// engineHashes is w's engine hashes of seq.
+func (f *fakeIndex) engineHashes(w kv.WorkerKey, seq []kv.SeqHash) []kv.EngineHash {
+	out := make([]kv.EngineHash, len(seq))
+	for i, s := range seq {
+		out[i] = engHash(w, s)
+	}
+	return out
+}
+
+// EngineHashes implements EngineHasher.
+func (f *fakeIndex) EngineHashes(w kv.WorkerKey, local []kv.LocalHash, dst []kv.EngineHash) []kv.EngineHash {
+	seq := kv.SeqHashes(nil, local)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := f.held[w]
+	for _, s := range seq {
+		held := false
+		for t := range kv.NumTiers {
+			held = held || h != nil && h[t][s]
+		}
+		if !held {
+			break
+		}
+		dst = append(dst, engHash(w, s))
+	}
+	return dst
+}
+
 // fakeApprox is a naive TTL index with the index.Approx contract: entries
 // expire ttl after their last insert; expiry is applied at Insert time.
 type fakeApprox struct {

@@ -7,63 +7,43 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 )
 
-// HintPlan is the router's KV-hint advice for one decision: fetch the
-// blocks named by SeqHashes (root-aligned: the first len(SeqHashes) blocks
-// of the prompt, in the engine's hash domain — the sequence hash for the
-// sim) from Source's control endpoint before prefilling. Building the wire
-// envelope is the hints package's job.
-type HintPlan struct {
-	Source    kv.WorkerKey
-	Endpoint  string
-	SeqHashes []uint64
-	// TargetBlocks is the prefix the target already holds (any tier).
-	TargetBlocks int
+// hintPlan is a planned hint before its hashes are resolved: the source
+// holds the first blocks blocks of the request, the target (the chosen
+// worker) the first target.
+type hintPlan struct {
+	src    WorkerInfo
+	blocks int
+	target int
 }
 
-// PlanHint picks, for a request routed to target, the eligible source with
-// the longest prefix strictly longer than the target's (kvcr_hints.md
-// §3.1): the target must be hint-capable; a source is another worker key of
-// the same role and compatibility digest with a control endpoint. Ties go
-// to the lowest key. workers and matches are in ascending key order as the
-// index returns them; seq is the request's sequence hashes.
-func PlanHint(target WorkerInfo, workers []WorkerInfo, matches []Match, seq []kv.SeqHash) (HintPlan, bool) {
-	var targetDepth uint32
-	for _, m := range matches {
-		if m.Worker == target.Key {
-			targetDepth = m.Depth[kv.NumTiers-1]
-		}
-	}
-	best, bestDepth := -1, targetDepth
-	mi := 0
-	for i := range workers {
-		w := &workers[i]
-		for mi < len(matches) && cmpKey(matches[mi].Worker, w.Key) < 0 {
-			mi++
-		}
-		if mi == len(matches) || matches[mi].Worker != w.Key {
-			continue
-		}
-		if d := matches[mi].Depth[kv.NumTiers-1]; d > bestDepth && eligibleSource(target, w) {
-			best, bestDepth = i, d
-		}
-	}
-	if best < 0 || !target.HintCapable {
-		return HintPlan{}, false
-	}
-	return makePlan(workers[best], targetDepth, bestDepth, seq)
-}
-
+// eligibleSource: s may be the hint source of a request routed to target
+// (kvcr_hints.md §3.1): another worker key of the same role, model and
+// compatibility digest with a control endpoint.
 func eligibleSource(target WorkerInfo, s *WorkerInfo) bool {
 	return s.Key != target.Key && s.Role.norm() == target.Role.norm() &&
 		s.Model == target.Model && s.Digest == target.Digest && s.ControlEndpoint != ""
 }
 
-func makePlan(src WorkerInfo, targetDepth, srcDepth uint32, seq []kv.SeqHash) (HintPlan, bool) {
-	n := min(int(srcDepth), len(seq))
+func makePlan(src WorkerInfo, targetDepth, srcDepth uint32, nblocks int) (hintPlan, bool) {
+	n := min(int(srcDepth), nblocks)
 	if n <= int(targetDepth) {
-		return HintPlan{}, false
+		return hintPlan{}, false
 	}
-	return HintPlan{Source: src.Key, Endpoint: src.ControlEndpoint, SeqHashes: seq[:n:n], TargetBlocks: int(targetDepth)}, true
+	return hintPlan{src: src, blocks: n, target: int(targetDepth)}, true
+}
+
+// resolveHint turns a plan into the hint the target is sent: the source's
+// own engine hashes for the planned prefix, as the index has them from its
+// events (a real engine interprets no other hash). The source may have
+// evicted blocks since the index was read: the hint then names the shorter
+// prefix it still holds, or there is none. Called without r.mu: it takes
+// the index's writer lock, and only for decisions that plan a hint.
+func (r *Router) resolveHint(id string, pl hintPlan, local []kv.LocalHash) *kv.Hint {
+	hashes := r.engHashes.EngineHashes(pl.src.Key, local[:pl.blocks], make([]kv.EngineHash, 0, pl.blocks))
+	if len(hashes) <= pl.target {
+		return nil
+	}
+	return &kv.Hint{ID: id, Source: pl.src.Key, Endpoint: pl.src.ControlEndpoint, Hashes: hashes}
 }
 
 // HintCandidate is an eligible hint source for one decision.
@@ -85,17 +65,20 @@ type HintPolicy func(target WorkerInfo, targetBlocks int, candidates []HintCandi
 // HintSkip is the HintPolicy answer that attaches no hint.
 const HintSkip = -1
 
-// planHint is PlanHint over a pool, with the depths Route already merged;
-// excluded workers (ones the request already failed on) are no sources.
-// Called with r.mu held.
-func planHint(p *pool, target int, depth [][kv.NumTiers]uint32, seq []kv.SeqHash, exclude []kv.WorkerKey, policy HintPolicy) (HintPlan, bool) {
+// planHint picks, for a request of nblocks full blocks routed to target,
+// the eligible source with the longest prefix strictly longer than the
+// target's (any tier: a peer's host-tier blocks count), ties to the lowest
+// key, or lets policy choose; the target must be hint-capable. depth is
+// what Route merged from the index; excluded workers (ones the request
+// already failed on) are no sources. Called with r.mu held.
+func planHint(p *pool, target int, depth [][kv.NumTiers]uint32, nblocks int, exclude []kv.WorkerKey, policy HintPolicy) (hintPlan, bool) {
 	t := &p.workers[target].info
 	if !t.HintCapable {
-		return HintPlan{}, false
+		return hintPlan{}, false
 	}
 	td := depth[target][kv.NumTiers-1]
 	if policy != nil {
-		return planHintPolicy(p, t, td, depth, seq, exclude, policy)
+		return planHintPolicy(p, t, td, depth, nblocks, exclude, policy)
 	}
 	best, bestDepth := -1, td
 	for i, w := range p.workers {
@@ -104,32 +87,32 @@ func planHint(p *pool, target int, depth [][kv.NumTiers]uint32, seq []kv.SeqHash
 		}
 	}
 	if best < 0 {
-		return HintPlan{}, false
+		return hintPlan{}, false
 	}
-	return makePlan(p.workers[best].info, td, bestDepth, seq)
+	return makePlan(p.workers[best].info, td, bestDepth, nblocks)
 }
 
 // planHintPolicy lists every eligible source and lets policy choose.
-func planHintPolicy(p *pool, t *WorkerInfo, td uint32, depth [][kv.NumTiers]uint32, seq []kv.SeqHash, exclude []kv.WorkerKey, policy HintPolicy) (HintPlan, bool) {
+func planHintPolicy(p *pool, t *WorkerInfo, td uint32, depth [][kv.NumTiers]uint32, nblocks int, exclude []kv.WorkerKey, policy HintPolicy) (hintPlan, bool) {
 	var cands []HintCandidate
 	for i, w := range p.workers {
-		if d := min(int(depth[i][kv.NumTiers-1]), len(seq)); d > int(td) && eligibleSource(*t, &w.info) && !slices.Contains(exclude, w.info.Key) {
+		if d := min(int(depth[i][kv.NumTiers-1]), nblocks); d > int(td) && eligibleSource(*t, &w.info) && !slices.Contains(exclude, w.info.Key) {
 			cands = append(cands, HintCandidate{Worker: w.info, Blocks: d})
 		}
 	}
 	if len(cands) == 0 {
-		return HintPlan{}, false
+		return hintPlan{}, false
 	}
 	// The pool is in key order, so a stable sort keeps ties lowest-key first.
 	slices.SortStableFunc(cands, func(a, b HintCandidate) int { return b.Blocks - a.Blocks })
 	i := policy(*t, int(td), cands)
 	if i == HintSkip {
-		return HintPlan{}, false
+		return hintPlan{}, false
 	}
 	if i < 0 || i >= len(cands) {
 		slog.Warn("KV hint policy chose a source out of range; attaching no hint", "index", i, "candidates", len(cands))
-		return HintPlan{}, false
+		return hintPlan{}, false
 	}
 	c := cands[i]
-	return makePlan(c.Worker, td, uint32(c.Blocks), seq)
+	return makePlan(c.Worker, td, uint32(c.Blocks), nblocks)
 }

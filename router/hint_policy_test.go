@@ -64,7 +64,8 @@ func TestHintPolicy(t *testing.T) {
 			d.Done()
 			continue
 		}
-		if d.Hint == nil || d.Hint.Source != key(tc.want) || !slices.Equal(d.Hint.SeqHashes, seq[:tc.n]) || d.Hint.TargetBlocks != 2 {
+		if d.Hint == nil || d.Hint.Source != key(tc.want) || !slices.Equal(d.Hint.Hashes, ix.engineHashes(key(tc.want), seq[:tc.n])) ||
+			d.Overlap[kv.NumTiers-1] != 2 {
 			t.Errorf("%s: hint %+v, want source %d with %d blocks", tc.name, d.Hint, tc.want, tc.n)
 		}
 		d.Done()

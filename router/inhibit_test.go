@@ -108,7 +108,7 @@ func TestInhibitedWorkerIsNoHintSource(t *testing.T) {
 		t.Fatalf("heavy request: %v %v", heavy, err)
 	}
 	d = route(t, r, p)
-	if d.Worker != key(2) || d.Hint == nil || d.Hint.Source != key(1) || !slices.Equal(d.Hint.SeqHashes, seqOf(p)[:12]) {
+	if d.Worker != key(2) || d.Hint == nil || d.Hint.Source != key(1) || !slices.Equal(d.Hint.Hashes, ix.engineHashes(key(1), seqOf(p)[:12])) {
 		t.Fatalf("after the deadline: routed to %v with hint %+v; want worker 2 hinted to 1", d.Worker, d.Hint)
 	}
 }

@@ -20,6 +20,14 @@ type Matcher interface {
 	FindMatches(local []kv.LocalHash, dst []Match) []Match
 }
 
+// EngineHasher is what hint planning needs of the Matcher (*index.Index has
+// it): the engine hashes worker w stored the leading blocks of a query under,
+// appended to dst, stopping at the first block w does not hold. A hint must
+// name the source's blocks in its own hash domain.
+type EngineHasher interface {
+	EngineHashes(w kv.WorkerKey, local []kv.LocalHash, dst []kv.EngineHash) []kv.EngineHash
+}
+
 // ApproxIndex is the index of kv-approx mode (*index.Approx): the router
 // inserts each routed request's blocks under the chosen worker and they
 // expire after a TTL. It must be safe for concurrent use. If it also has

@@ -10,12 +10,13 @@ import (
 )
 
 // storeEvent is the Stored event of a worker holding tokens' full blocks on
-// tier t (engine hash = sequence hash, as the sim reports).
+// tier t, under engine hashes of its own (engHash), as a real engine names
+// them.
 func storeEvent(w kv.WorkerKey, t kv.Tier, tokens []kv.Token) kv.Event {
 	local, seq := kv.NewHasher(testBS, "", "").Blocks(tokens)
 	blocks := make([]kv.StoredBlock, len(local))
 	for i := range local {
-		blocks[i] = kv.StoredBlock{EngineHash: seq[i], LocalHash: local[i]}
+		blocks[i] = kv.StoredBlock{EngineHash: uint64(engHash(w, seq[i])), LocalHash: local[i]}
 	}
 	return kv.Stored(w, t, nil, blocks)
 }
@@ -41,8 +42,18 @@ func TestKVModeWithEventIndex(t *testing.T) {
 		t.Fatalf("filler: %v %v", d2, err)
 	}
 	d3 := route(t, r, p)
-	if d3.Worker != key(2) || d3.Hint == nil || d3.Hint.Source != key(3) || len(d3.Hint.SeqHashes) != 64 || d3.Hint.TargetBlocks != 32 {
+	if d3.Worker != key(2) || d3.Hint == nil || d3.Hint.Source != key(3) || d3.Overlap[kv.NumTiers-1] != 32 {
 		t.Fatalf("decision %v hint %+v", d3.Worker, d3.Hint)
+	}
+	// The hint names worker 3's blocks by worker 3's own engine hashes.
+	seq := seqOf(p)
+	for i, h := range d3.Hint.Hashes {
+		if h != engHash(key(3), seq[i]) {
+			t.Fatalf("hint hash %d is %x, want worker 3's %x", i, h, engHash(key(3), seq[i]))
+		}
+	}
+	if len(d3.Hint.Hashes) != 64 {
+		t.Fatalf("hint of %d blocks, want 64", len(d3.Hint.Hashes))
 	}
 	// A worker the request already failed on is no source.
 	d4, err := r.Route(context.Background(), Request{Model: "m", Tokens: p, Exclude: []kv.WorkerKey{key(3)}})

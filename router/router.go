@@ -18,6 +18,8 @@ import (
 type Router struct {
 	cfg Config
 	met *metrics
+	// engHashes is the Matcher's EngineHasher (kv mode with hints).
+	engHashes EngineHasher
 
 	mu        sync.Mutex
 	pools     map[poolKey]*pool
@@ -63,6 +65,13 @@ func New(cfg Config) (*Router, error) {
 		inhibited: make(map[kv.WorkerKey]time.Time),
 	}
 	r.scratch.New = func() any { return new(scratch) }
+	if cfg.Hints && cfg.Mode == ModeKV {
+		eh, ok := cfg.Matcher.(EngineHasher)
+		if !ok {
+			return nil, fmt.Errorf("%w: hints need a Matcher that reports engine hashes (EngineHasher, as *index.Index does)", errConfig)
+		}
+		r.engHashes = eh
+	}
 	return r, nil
 }
 
@@ -236,10 +245,10 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	w.load.add(a)
 	r.active[d.ID] = a
 	d.a = a
-	if r.cfg.Hints && r.cfg.Mode == ModeKV {
-		if plan, ok := planHint(p, chosen, sc.depth, seq, req.Exclude, r.cfg.HintPolicy); ok {
-			d.Hint = &plan
-		}
+	var hint hintPlan
+	hinted := false
+	if r.engHashes != nil {
+		hint, hinted = planHint(p, chosen, sc.depth, len(seq), req.Exclude, r.cfg.HintPolicy)
 	}
 	if r.cfg.OnReplicaEvent != nil {
 		ev = ReplicaEvent{Kind: ReplicaAdd, Router: r.cfg.RouterID, Decision: d.ID, Worker: d.Worker,
@@ -248,6 +257,9 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	}
 	r.mu.Unlock()
 
+	if hinted {
+		d.Hint = r.resolveHint(d.ID, hint, local)
+	}
 	if r.cfg.Mode == ModeKVApprox && n > 0 {
 		r.cfg.Approx.Insert(d.Worker, local, now)
 	}

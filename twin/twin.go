@@ -223,7 +223,8 @@ type twin struct {
 	tails []kv.Token // slab the prompts' partial tails are carved from
 
 	// The hint of the request being added (read by the Fetcher).
-	hint *router.HintPlan
+	hint *kv.Hint
+	pin  []kv.SeqHash // the hinted blocks as the source sim's sequence hashes
 	pbuf []byte
 	sums []uint64
 	lay  [][]byte
@@ -534,7 +535,7 @@ func (t *twin) arrive(ctx context.Context, atNS int64) error {
 	t.hint = d.Hint
 	if d.Hint != nil {
 		t.res.Hints.Hints++
-		t.res.Hints.PlannedBlocks += int64(len(d.Hint.SeqHashes) - d.Hint.TargetBlocks)
+		t.res.Hints.PlannedBlocks += int64(len(d.Hint.Hashes) - int(d.Overlap[kv.NumTiers-1]))
 	}
 	s, err := t.ws[w].core.AddPrompt(&st.er, sim.Prompt{Len: plen, Local: d.Local, Tail: tail}, at)
 	t.hint = nil
@@ -680,17 +681,23 @@ func (t *twin) fetch(_ context.Context, _ *engine.Request, m sim.Missing, into s
 		hs.Errors++
 		return fmt.Errorf("twin: hint names unknown source %v", h.Source)
 	}
-	end := min(len(h.SeqHashes), m.Start+len(m.Seq))
+	end := min(len(h.Hashes), m.Start+len(m.Seq))
 	if end <= m.Start {
 		hs.Misses++ // the target already holds all the source has
 		return nil
 	}
-	if h.SeqHashes[m.Start] != m.Seq[0] {
+	// The hint names the source's blocks by its engine hashes; among sims
+	// those are the prompt's sequence hashes.
+	if h.Hashes[m.Start] != sim.EngineHash(m.Seq[0]) {
 		hs.Errors++
-		return fmt.Errorf("twin: hint block %d is %016x, the prompt's is %016x", m.Start, h.SeqHashes[m.Start], m.Seq[0])
+		return fmt.Errorf("twin: hint block %d is %016x, the prompt's is %016x", m.Start, h.Hashes[m.Start], m.Seq[0])
+	}
+	t.pin = t.pin[:0]
+	for _, e := range h.Hashes[:end] {
+		t.pin = append(t.pin, sim.SeqOf(e))
 	}
 	core := t.ws[src].core
-	held, release := core.Pin(h.SeqHashes[:end])
+	held, release := core.Pin(t.pin)
 	defer release()
 	end = min(end, held)
 	if end <= m.Start {

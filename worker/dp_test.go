@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/api"
-	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
 )
@@ -77,9 +76,12 @@ func TestWorkerDPRanks(t *testing.T) {
 	if log.LastID(0) != 0 || log.LastID(1) == 0 {
 		t.Fatalf("last event ids: rank 0 %d, rank 1 %d", log.LastID(0), log.LastID(1))
 	}
-	dump, _ := log.Dump(kv.WorkerKey{Instance: w.InstanceID(), DPRank: 1})
-	if len(dump) == 0 {
-		t.Fatal("rank 1 holds nothing in the worker's index")
+	dump, _, ok := log.Dump(kv.WorkerKey{Instance: w.InstanceID(), DPRank: 1})
+	if !ok || len(dump) == 0 {
+		t.Fatal("rank 1's inventory lists nothing")
+	}
+	if dump0, _, _ := log.Dump(kv.WorkerKey{Instance: w.InstanceID()}); len(dump0) != 0 {
+		t.Fatalf("rank 0 lists %d events, yet ran nothing", len(dump0))
 	}
 
 	// Rank 1's endpoint serves the prompt's blocks; rank 0's has none.
@@ -133,15 +135,15 @@ func TestWorkerDPRanks(t *testing.T) {
 	}
 	toks2 := prompt(5000, 4*peerBS+1)
 	generateUsage(t, c, &api.GenerateRequest{Tokens: toks2, MaxTokens: 1, DpRank: 1})
-	hint := hints.NewFetch("sel", inst.ControlEndpoints[1], seqHashes(toks2)).Marshal()
-	u := generateUsage(t, c, &api.GenerateRequest{Tokens: toks2, MaxTokens: 1, DpRank: 0, KvHint: hint})
+	hint := api.HintToProto(simHint("sel", inst.ControlEndpoints[1], seqHashes(toks2)))
+	u := generateUsage(t, c, &api.GenerateRequest{Tokens: toks2, MaxTokens: 1, DpRank: 0, KvFetch: hint})
 	if u.GetCachedTokens() != 4*peerBS || p.Stats().Fetched != 1 {
 		t.Fatalf("hinted rank 0: cached %d, peer stats %+v", u.GetCachedTokens(), p.Stats())
 	}
 	// The own rank's endpoint is self: unused.
 	toks3 := prompt(9000, 2*peerBS+1)
-	hint = hints.NewFetch("sel2", inst.ControlEndpoints[0], seqHashes(toks3)).Marshal()
-	generateUsage(t, c, &api.GenerateRequest{Tokens: toks3, MaxTokens: 1, DpRank: 0, KvHint: hint})
+	hint = api.HintToProto(simHint("sel2", inst.ControlEndpoints[0], seqHashes(toks3)))
+	generateUsage(t, c, &api.GenerateRequest{Tokens: toks3, MaxTokens: 1, DpRank: 0, KvFetch: hint})
 	if s := p.Stats(); s.Unused != 1 {
 		t.Fatalf("self hint: %+v", s)
 	}

@@ -18,7 +18,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
-	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
 )
@@ -105,8 +104,9 @@ type PeerStats struct {
 // Listen). A hint never fails a request: whatever goes wrong is counted and
 // the request proceeds with what was fetched, possibly nothing.
 //
-// Failure handling: a malformed hint is counted and logged once; an unknown
-// protocol_version is ignored; an unreachable source fails at once (no wait
+// Failure handling: the worker validates a hint where it enters (admitHint)
+// and counts through the Peer those that end there (malformed, ignored,
+// unused); an unreachable source fails at once (no wait
 // for the deadline); a source that does not finish within Timeout (or the
 // request's context) yields nothing, since a timed-out fetch delivers no
 // blocks; a source that evicted part of the prefix sends what it still
@@ -134,7 +134,6 @@ type Peer struct {
 	verify             func(hash uint64, payload []byte) error
 	self               atomic.Pointer[[]string] // own advertised endpoints
 	closeOnce          sync.Once
-	malformedLogged    atomic.Bool
 	n                  [6]atomic.Uint64 // by hintResults index
 	nBlocks, nBytes    atomic.Uint64
 	metricsByResult    [6]prometheus.Counter
@@ -242,38 +241,32 @@ func (p *Peer) count(result string) {
 }
 
 // Fetch is the engine's sim.Fetcher. missing is the run of full prompt
-// blocks the engine lacks; the hint's block_hashes are a set of sequence
-// hashes (the sim's engine hash domain), so the blocks to fetch are the
-// leading missing blocks whose hashes the hint names. The fetch is bounded
-// by the operation timeout and by ctx (the request's), and its error is
-// advisory: the engine counts it and recomputes what was not inserted.
+// blocks the engine lacks; the hint (validated where it entered the worker)
+// names the source's blocks by the source's engine hashes, so the blocks to
+// fetch are the leading missing blocks whose engine hashes, were the source
+// a sim like this one (sim.EngineHash), the hint names, and they are asked
+// of the source by those hashes. The fetch is bounded by the operation
+// timeout and by ctx (the request's), and its error is advisory: the
+// engine counts it and recomputes what was not inserted.
 func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, into sim.Inserter) error {
-	if len(req.KVHint) == 0 || p.eng == nil {
+	h := req.KVHint
+	if h == nil || p.eng == nil {
 		return nil
 	}
-	env, err := hints.Parse(req.KVHint)
-	if errors.Is(err, hints.ErrIgnored) {
-		p.count(HintIgnored)
-		return nil
-	}
-	if err != nil {
-		p.count(HintMalformed)
-		if p.malformedLogged.CompareAndSwap(false, true) {
-			p.log.Warn("malformed KV hint ignored; the request is computed locally (logged once)", "request", req.ID, "err", err)
-		}
-		return fmt.Errorf("kv hint: %w", err)
-	}
-	f, ok := env.Fetch()
-	if !ok || f.SourceEndpoint == "" || p.isSelf(f.SourceEndpoint, req.DPRank) {
+	if p.isSelf(h.Endpoint, req.DPRank) {
 		p.count(HintUnused)
 		return nil
 	}
-	want := hintedRun(m.Seq, f.BlockHashes)
+	want := hintedRun(m.Seq, h.Hashes)
 	if want == 0 {
 		p.count(HintUnused)
 		return nil
 	}
-	res, ferr := p.client.Fetch(ctx, f.SourceEndpoint, transfer.FetchRequest{Hashes: m.Seq[:want], Digest: p.digest, Verify: p.verify})
+	ask := make([]uint64, want)
+	for i := range ask {
+		ask[i] = uint64(sim.EngineHash(m.Seq[i]))
+	}
+	res, ferr := p.client.Fetch(ctx, h.Endpoint, transfer.FetchRequest{Hashes: ask, Digest: p.digest, Verify: p.verify})
 	inserted, ierr := 0, error(nil)
 	if len(res.Blocks) > 0 {
 		inserted, ierr = into.Insert(p.chain(req, m, res.Blocks))
@@ -288,7 +281,7 @@ func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 	}
 	p.nBlocks.Add(uint64(inserted))
 	p.nBytes.Add(uint64(inserted * p.layers * p.psize))
-	p.log.Debug("kv hint fetch", "request", req.ID, "source", f.SourceEndpoint, "wanted", want,
+	p.log.Debug("kv hint fetch", "request", req.ID, "source", h.Endpoint, "wanted", want,
 		"received", len(res.Blocks), "inserted", inserted, "outcome", res.Outcome.String(), "took", res.Duration, "err", errors.Join(ferr, ierr))
 	if ferr != nil || ierr != nil {
 		return fmt.Errorf("kv hint: %d of %d blocks inserted: %w", inserted, want, errors.Join(ferr, ierr))
@@ -298,17 +291,17 @@ func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 
 // hintedRun counts the leading missing blocks the hint names. Membership,
 // not position: a router may send the root-aligned prefix or a suffix.
-func hintedRun(missing []kv.SeqHash, hinted []uint64) int {
+func hintedRun(missing []kv.SeqHash, hinted []kv.EngineHash) int {
 	if len(missing) == 0 || len(hinted) == 0 {
 		return 0
 	}
-	set := make(map[uint64]struct{}, len(hinted))
+	set := make(map[kv.EngineHash]struct{}, len(hinted))
 	for _, h := range hinted {
 		set[h] = struct{}{}
 	}
 	n := 0
 	for n < len(missing) {
-		if _, ok := set[missing[n]]; !ok {
+		if _, ok := set[sim.EngineHash(missing[n])]; !ok {
 			break
 		}
 		n++

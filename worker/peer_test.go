@@ -20,7 +20,6 @@ import (
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
-	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
@@ -83,12 +82,22 @@ func genEngine(t *testing.T, e engine.Engine, req *engine.Request) genOut {
 	return out
 }
 
-func seqHashes(toks []kv.Token) []uint64 {
+func seqHashes(toks []kv.Token) []kv.SeqHash {
 	_, seq := kv.NewHasher(peerBS, "", "").Blocks(toks)
 	return seq
 }
 
-func turnReq(id string, toks []kv.Token, hint []byte) *engine.Request {
+// simHint is the router's hint to fetch the blocks seq from the sim serving
+// ep: it names them by that sim's engine hashes.
+func simHint(id, ep string, seq []kv.SeqHash) *kv.Hint {
+	h := &kv.Hint{ID: id, Endpoint: ep}
+	for _, s := range seq {
+		h.Hashes = append(h.Hashes, sim.EngineHash(s))
+	}
+	return h
+}
+
+func turnReq(id string, toks []kv.Token, hint *kv.Hint) *engine.Request {
 	return &engine.Request{ID: id, Tokens: toks, MaxTokens: 8, Seed: 42, KVHint: hint}
 }
 
@@ -131,7 +140,7 @@ func TestPeerFetchWholePrefix(t *testing.T) {
 	genEngine(t, a, turn1Req(turn1))
 	turn2 := append(slices.Clone(turn1), prompt(9000, 5*peerBS)...)
 	hinted := seqHashes(turn1)
-	hint := hints.NewFetch("sel-1", pa.Endpoints()[0], hinted).Marshal()
+	hint := simHint("sel-1", pa.Endpoints()[0], hinted)
 
 	got := genEngine(t, b, turnReq("t2", turn2, hint))
 	want := reference(t, turnReq("t2", turn2, nil))
@@ -207,7 +216,7 @@ func TestPeerFetchPartialAfterEviction(t *testing.T) {
 		t.Fatalf("peer holds %d of %d blocks; want a strict prefix", held, len(hinted))
 	}
 	turn2 := append(slices.Clone(turn1), prompt(9000, 3*peerBS)...)
-	req := turnReq("t2", turn2, hints.NewFetch("sel-2", pa.Endpoints()[0], hinted).Marshal())
+	req := turnReq("t2", turn2, simHint("sel-2", pa.Endpoints()[0], hinted))
 	got := genEngine(t, b, req)
 	if want := reference(t, req); !slices.Equal(got.toks, want.toks) {
 		t.Fatalf("answer %v, want %v", got.toks, want.toks)
@@ -237,7 +246,7 @@ func TestPeerFetchDeadSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	turn2 := append(slices.Clone(turn1), prompt(9000, peerBS)...)
-	req := turnReq("t2", turn2, hints.NewFetch("sel-3", ep, seqHashes(turn1)).Marshal())
+	req := turnReq("t2", turn2, simHint("sel-3", ep, seqHashes(turn1)))
 	got := genEngine(t, b, req)
 	if want := reference(t, req); !slices.Equal(got.toks, want.toks) {
 		t.Fatalf("answer %v, want %v", got.toks, want.toks)
@@ -298,7 +307,7 @@ func TestPeerFetchTimeout(t *testing.T) {
 	defer eng.Close()
 	defer p.Close()
 	toks := prompt(5, 6*peerBS)
-	req := turnReq("t", toks, hints.NewFetch("sel-4", "tcp://"+ln.Addr().String(), seqHashes(toks)).Marshal())
+	req := turnReq("t", toks, simHint("sel-4", "tcp://"+ln.Addr().String(), seqHashes(toks)))
 	got := genEngine(t, eng, req)
 	if want := reference(t, req); !slices.Equal(got.toks, want.toks) {
 		t.Fatalf("answer %v, want %v", got.toks, want.toks)
@@ -311,9 +320,10 @@ func TestPeerFetchTimeout(t *testing.T) {
 	}
 }
 
-// Hints sent straight to a worker over gRPC: malformed ones are counted and
-// the request is computed locally with the right answer; an unknown
-// protocol version is ignored; no kv.fetch action is unused.
+// Hints sent straight to a worker over gRPC, typed or as legacy JSON:
+// malformed ones are counted where they enter and the request is computed
+// locally with the right answer; an unknown protocol version is ignored; no
+// kv.fetch action, or a hint naming the worker itself, is unused.
 func TestPeerBadHintsOverGRPC(t *testing.T) {
 	_, nc := startNATS(t)
 	eng, p, err := NewSimPeer(peerSimConfig(1024), PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1"})
@@ -321,18 +331,34 @@ func TestPeerBadHintsOverGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, c := startWorkerWith(t, nc, eng, Config{Peer: p})
+	self := p.Endpoints()[0]
+	typed := func(ep string, n int) *api.KvFetchHint {
+		h := &api.KvFetchHint{MessageId: "x", SourceControlEndpoint: ep}
+		for i := range n {
+			h.BlockHashes = append(h.BlockHashes, uint64(i+1))
+		}
+		return h
+	}
 	cases := []struct {
 		name, hint string
+		fetch      *api.KvFetchHint
 		check      func(PeerStats) bool
 	}{
-		{"not json", `{"protocol_version":"0.1",`, func(s PeerStats) bool { return s.Malformed == 1 }},
-		{"negative hash", `{"protocol_version":"0.1","message_id":"x","actions":[{"action_id":"a1","action_type":"kv.fetch","action_version":"1.0","payload":{"source_control_endpoint":"tcp://127.0.0.1:1","block_hashes":[-1]}}]}`,
+		{"not json", `{"protocol_version":"0.1",`, nil, func(s PeerStats) bool { return s.Malformed == 1 }},
+		{"negative hash", `{"protocol_version":"0.1","message_id":"x","actions":[{"action_id":"a1","action_type":"kv.fetch","action_version":"1.0","payload":{"source_control_endpoint":"tcp://127.0.0.1:1","block_hashes":[-1]}}]}`, nil,
 			func(s PeerStats) bool { return s.Malformed == 2 }},
-		{"wildcard source", `{"protocol_version":"0.1","message_id":"x","actions":[{"action_id":"a1","action_type":"kv.fetch","action_version":"1.0","payload":{"source_control_endpoint":"tcp://0.0.0.0:9","block_hashes":[1]}}]}`,
+		{"wildcard source", `{"protocol_version":"0.1","message_id":"x","actions":[{"action_id":"a1","action_type":"kv.fetch","action_version":"1.0","payload":{"source_control_endpoint":"tcp://0.0.0.0:9","block_hashes":[1]}}]}`, nil,
 			func(s PeerStats) bool { return s.Malformed == 3 }},
-		{"unknown protocol", `{"protocol_version":"9.9","message_id":"x","actions":[]}`, func(s PeerStats) bool { return s.Ignored == 1 && s.Malformed == 3 }},
-		{"no fetch action", `{"protocol_version":"0.1","message_id":"x","actions":[{"action_id":"z","action_type":"kv.other","action_version":"1.0","payload":{}}]}`,
+		{"unknown protocol", `{"protocol_version":"9.9","message_id":"x","actions":[]}`, nil, func(s PeerStats) bool { return s.Ignored == 1 && s.Malformed == 3 }},
+		{"no fetch action", `{"protocol_version":"0.1","message_id":"x","actions":[{"action_id":"z","action_type":"kv.other","action_version":"1.0","payload":{}}]}`, nil,
 			func(s PeerStats) bool { return s.Unused == 1 }},
+		{"legacy, longer than the prompt", `{"protocol_version":"0.1","message_id":"x","actions":[{"action_id":"a1","action_type":"kv.fetch","action_version":"1.0","payload":{"source_control_endpoint":"tcp://127.0.0.1:1","block_hashes":[1,2,3,4,5,6]}}]}`, nil,
+			func(s PeerStats) bool { return s.Malformed == 4 }},
+		{"typed, wildcard source", "", typed("tcp://0.0.0.0:9", 1), func(s PeerStats) bool { return s.Malformed == 5 }},
+		{"typed, no hashes", "", typed("tcp://127.0.0.1:1", 0), func(s PeerStats) bool { return s.Malformed == 6 }},
+		{"typed, longer than the prompt", "", typed("tcp://127.0.0.1:1", 6), func(s PeerStats) bool { return s.Malformed == 7 }},
+		{"typed, no endpoint", "", typed("", 1), func(s PeerStats) bool { return s.Malformed == 8 }},
+		{"typed, from itself", "", typed(self, 5), func(s PeerStats) bool { return s.Unused == 2 && s.Malformed == 8 }},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -340,7 +366,7 @@ func TestPeerBadHintsOverGRPC(t *testing.T) {
 		// A fresh prompt each time, so the engine has blocks to fetch.
 		toks := prompt(1000*(i+1), 5*peerBS+1)
 		want := reference(t, turnReq("r", toks, nil))
-		st, err := c.Generate(ctx, &api.GenerateRequest{RequestId: tc.name, Tokens: toks, MaxTokens: 8, Seed: 42, KvHint: []byte(tc.hint)})
+		st, err := c.Generate(ctx, &api.GenerateRequest{RequestId: tc.name, Tokens: toks, MaxTokens: 8, Seed: 42, KvHint: []byte(tc.hint), KvFetch: tc.fetch})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/kv"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -46,10 +47,11 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	case !(req.FrequencyPenalty >= -2 && req.FrequencyPenalty <= 2):
 		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: frequency_penalty %g, want in [-2, 2]", req.FrequencyPenalty)
 	}
-	if len(req.KvHint) > 0 {
-		// Passed to the engine as received: the engine's fetcher (Peer)
-		// parses it, and a bad hint only costs the fetch, never the request.
+	var hint *kv.Hint
+	if req.KvFetch != nil || len(req.KvHint) > 0 {
 		w.hints.Add(1)
+		// A bad hint only costs the fetch, never the request.
+		hint = w.admitHint(req)
 	}
 	if len(req.KvTransferParams) > 0 {
 		w.transferParams.Add(1)
@@ -57,7 +59,7 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	ereq := &engine.Request{
 		ID: req.RequestId, Tokens: req.Tokens, MaxTokens: int(req.MaxTokens), StopTokens: req.StopTokenIds,
 		Seed: req.Seed, Temperature: req.Temperature, LoRA: req.Lora, CacheSalt: req.CacheSalt,
-		KVHint: req.KvHint, DPRank: int(req.DpRank),
+		KVHint: hint, DPRank: int(req.DpRank),
 		TopP: req.GetTopP(), PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty,
 	}
 	// Counted (as waiting on the engine) before the engine sees it, so an

@@ -1,7 +1,7 @@
 // Package worker runs one engine as a kvmesh worker: it serves the worker
 // API over gRPC (Generate, Events, Dump, Health), registers the instance in
-// discovery, publishes the engine's KV events (ring + local index + NATS)
-// and its load. Several workers can run in one process (kvmesh serve).
+// discovery, publishes the engine's KV events (ring + NATS) and its load,
+// and answers dumps from the engine's inventory (engine.Inventory). Several workers can run in one process (kvmesh serve).
 package worker
 
 import (
@@ -20,7 +20,6 @@ import (
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/eventplane"
-	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/workerclient"
@@ -91,6 +90,8 @@ type Worker struct {
 	wg      sync.WaitGroup
 
 	hints, transferParams atomic.Int64
+	hintWarned            atomic.Bool // a malformed hint was logged
+	blockSize             int
 	met                   *metrics
 	registered            bool
 
@@ -155,11 +156,17 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		_, _ = rand.Read(b[:])
 		cfg.InstanceID = binary.LittleEndian.Uint64(b[:]) >> 1 // positive as int64 too
 	}
-	evlog, err := eventplane.NewEventLog(cfg.InstanceID, cfg.RingSize, index.New())
+	// Dumps list the engine's own inventory; without one the worker has
+	// none to give (see eventplane.EventLog.Dump).
+	var holdings eventplane.Holdings
+	if inv, ok := eng.(engine.Inventory); ok {
+		holdings = inventoryHoldings{inv}
+	}
+	evlog, err := eventplane.NewEventLog(cfg.InstanceID, cfg.RingSize, holdings)
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	w := &Worker{cfg: cfg, eng: eng, nc: nc, log: cfg.Logger.With("instance", natsbus.InstanceToken(cfg.InstanceID), "model", cfg.Model), evlog: evlog, wd: newWatchdog()}
+	w := &Worker{cfg: cfg, eng: eng, nc: nc, log: cfg.Logger.With("instance", natsbus.InstanceToken(cfg.InstanceID), "model", cfg.Model), evlog: evlog, wd: newWatchdog(), blockSize: ec.BlockSize}
 	w.pub = eventplane.NewPublisher(nc, cfg.Model, evlog, w.log)
 	w.met = newMetrics(w)
 	w.inst = discovery.Instance{
@@ -168,6 +175,13 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints,
 	}
 	return w, nil
+}
+
+// inventoryHoldings answers the event log's dumps from the engine.
+type inventoryHoldings struct{ inv engine.Inventory }
+
+func (h inventoryHoldings) Holdings(w kv.WorkerKey, mark func()) ([]kv.Event, bool) {
+	return h.inv.Inventory(int(w.DPRank), mark)
 }
 
 // Start listens, serves the worker API, installs the event sink, registers
@@ -280,7 +294,7 @@ func (w *Worker) Instance() discovery.Instance {
 	return w.inst
 }
 
-// EventLog is the worker's event ring and local index.
+// EventLog is the worker's event ring.
 func (w *Worker) EventLog() *eventplane.EventLog { return w.evlog }
 
 // EventSubject is where the worker publishes its KV events.

@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/eventplane"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/index/ref"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
@@ -300,20 +301,93 @@ func TestEventsPlaneAndRepairAnswers(t *testing.T) {
 	if _, err := c.Events(ctx, &api.EventsRequest{Worker: &api.WorkerKey{Instance: 1}, FromId: 1, ToId: 1}); status.Code(err) != codes.NotFound {
 		t.Fatalf("events of another instance: %v", err)
 	}
+	// testEngine lists no inventory: the dump says so, holds nothing and
+	// names the last event id, so a router applying it clears the worker
+	// and resumes from there.
 	d, err := c.Dump(ctx, &api.DumpRequest{Worker: api.KeyToProto(wk)})
-	if err != nil || d.LastId != n {
+	if err != nil || d.LastId != n || !d.NoInventory || len(d.Events) != 0 {
 		t.Fatalf("dump %v %v", d, err)
 	}
-	evs, err := api.EventsFromProto(d.Events)
+	if seen.Holdings(wk) == nil {
+		t.Fatal("the events stored nothing")
+	}
+}
+
+// A worker over the sim answers dumps from the sim's inventory: after a load
+// that evicts, the dump is exactly what the sim holds (every prompt's
+// cached prefix, as the sim's own lookup finds it) and what its events
+// built, up to the dump's last event id.
+func TestDumpIsTheSimsInventory(t *testing.T) {
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.BlockSize, cfg.Blocks, cfg.SpeedupRatio = "m", 4, 48, 0
+	eng, err := sim.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rebuilt := ref.New()
-	for _, e := range evs {
-		rebuilt.Apply(e)
+	w, c := startWorker(t, nil, eng)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var prompts [][]uint32
+	for i := range 30 {
+		p := append(prompt(7, 4*(1+i%5)), prompt(1000*(i+1), 4*(i%4)+2)...)
+		prompts = append(prompts, p)
+		st, err := c.Generate(ctx, &api.GenerateRequest{Tokens: p, MaxTokens: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			if _, err := st.Recv(); err != nil {
+				if err != io.EOF {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
 	}
-	if got, want := rebuilt.Holdings(wk), seen.Holdings(wk); !reflect.DeepEqual(got, want) || len(want) == 0 {
-		t.Fatalf("dump rebuilds %d holdings, events give %d", len(got), len(want))
+	if eng.Counters().EvictedBlocks == 0 {
+		t.Fatal("the load evicted nothing")
+	}
+	wk := kv.WorkerKey{Instance: w.InstanceID()}
+	d, err := c.Dump(ctx, &api.DumpRequest{Worker: api.KeyToProto(wk)})
+	if err != nil || d.NoInventory || d.LastId != w.EventLog().LastID(0) {
+		t.Fatalf("dump %v %v", d, err)
+	}
+	dumped, err := api.EventsFromProto(d.Events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Events(ctx, &api.EventsRequest{Worker: api.KeyToProto(wk), FromId: 1, ToId: d.LastId})
+	if err != nil || r.TooOld || len(r.Events) != int(d.LastId) {
+		t.Fatalf("events %v %v", r, err)
+	}
+	streamed, err := api.EventsFromProto(r.Events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromDump, fromEvents := ref.New(), ref.New()
+	ix := index.New()
+	for _, e := range dumped {
+		if e.Worker != wk || e.ID != 0 {
+			t.Fatalf("dump event of %v, id %d", e.Worker, e.ID)
+		}
+		fromDump.Apply(e)
+		ix.Apply(e)
+	}
+	for _, e := range streamed {
+		fromEvents.Apply(e)
+	}
+	if got, want := fromDump.Holdings(wk), fromEvents.Holdings(wk); !reflect.DeepEqual(got, want) || len(want) == 0 {
+		t.Fatalf("dump rebuilds %d holdings, the events %d", len(got), len(want))
+	}
+	for i, p := range prompts {
+		local, seq := kv.NewHasher(4, "", "").Blocks(p)
+		var depth uint32
+		for _, m := range ix.FindMatches(local, nil) {
+			depth = m.Depth[kv.TierDevice]
+		}
+		if int(depth) != eng.Lookup(seq) {
+			t.Fatalf("prompt %d: the dump holds %d blocks of it, the sim %d", i, depth, eng.Lookup(seq))
+		}
 	}
 }
 

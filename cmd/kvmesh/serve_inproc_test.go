@@ -35,7 +35,7 @@ type recordingProxy struct {
 
 func (p *recordingProxy) Generate(req *api.GenerateRequest, st api.Worker_GenerateServer) error {
 	p.calls.Add(1)
-	if len(req.KvHint) > 0 {
+	if len(req.KvHint) > 0 || req.KvFetch != nil {
 		p.hints.Add(1)
 	}
 	if len(req.KvTransferParams) > 0 {

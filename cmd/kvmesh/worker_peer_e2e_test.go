@@ -11,7 +11,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/discovery"
-	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
@@ -77,8 +76,8 @@ func TestWorkerProcessesPeerTransfer(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	run := func(c api.WorkerClient, toks []uint32, hint []byte) *api.Usage {
-		st, err := c.Generate(ctx, &api.GenerateRequest{Tokens: toks, MaxTokens: 3, Seed: 5, KvHint: hint})
+	run := func(c api.WorkerClient, toks []uint32, hint *api.KvFetchHint) *api.Usage {
+		st, err := c.Generate(ctx, &api.GenerateRequest{Tokens: toks, MaxTokens: 3, Seed: 5, KvFetch: hint})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,7 +102,13 @@ func TestWorkerProcessesPeerTransfer(t *testing.T) {
 	run(ca, turn1, nil)
 	_, seq := kv.NewHasher(16, "", "").Blocks(turn1)
 	turn2 := append(append([]uint32(nil), turn1...), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
-	u := run(cb, turn2, hints.NewFetch("e2e", a.ControlEndpoints[0], seq).Marshal())
+	// The hint names A's blocks by A's engine hashes: a sim's are its
+	// sequence hashes.
+	hint := &api.KvFetchHint{MessageId: "e2e", SourceControlEndpoint: a.ControlEndpoints[0]}
+	for _, s := range seq {
+		hint.BlockHashes = append(hint.BlockHashes, uint64(s))
+	}
+	u := run(cb, turn2, hint)
 	if u.GetCachedTokens() != uint32(len(seq)*16) {
 		t.Fatalf("B cached %d tokens, want the %d fetched from A", u.GetCachedTokens(), len(seq)*16)
 	}

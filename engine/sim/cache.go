@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -151,8 +152,7 @@ type CachedBlock struct {
 	Refs      int
 }
 
-// AppendCached appends every registered block to dst (in block-id order):
-// the device inventory a worker dumps for gap repair.
+// AppendCached appends every registered block to dst (in block-id order).
 func (c *Core) AppendCached(dst []CachedBlock) []CachedBlock {
 	for i := range c.pool.blocks {
 		b := &c.pool.blocks[i]
@@ -163,6 +163,66 @@ func (c *Core) AppendCached(dst []CachedBlock) []CachedBlock {
 			Parent: b.parent, Refs: int(b.ref)})
 	}
 	return dst
+}
+
+// Inventory lists the blocks the pool holds as Stored events on the device
+// tier (ID 0, the core's worker key, engine hash = sequence hash): a chain
+// per event, parents before children, so that applied in order to an empty
+// index they rebuild the holdings its events built. A block whose parent
+// was evicted before it (a fetched chain's blocks are freed first to last)
+// is listed under that parent, which it no longer holds, as the events left
+// it: an index drops it (ParentNotFound), and no query could reach it.
+func (c *Core) Inventory() []kv.Event {
+	cached := c.AppendCached(nil)
+	at := make(map[kv.SeqHash]int, len(cached))
+	for i, b := range cached {
+		at[b.Seq] = i
+	}
+	depth := make([]int, len(cached)) // blocks above it in the pool, plus 1
+	var path []int
+	for i := range cached {
+		// Walk up to a block of known depth (or the root, or a missing
+		// parent), then set the depths on the way back down.
+		path = append(path[:0], i)
+		d := 0
+		for {
+			b := cached[path[len(path)-1]]
+			j, ok := at[b.Parent]
+			if !b.HasParent || !ok {
+				break
+			}
+			if depth[j] > 0 {
+				d = depth[j]
+				break
+			}
+			path = append(path, j)
+		}
+		for k := len(path) - 1; k >= 0; k-- {
+			d++
+			depth[path[k]] = d
+		}
+	}
+	order := make([]int, len(cached))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return depth[a] - depth[b] })
+	var evs []kv.Event
+	open := make(map[kv.SeqHash]int, len(cached)) // last block of an event -> that event
+	for _, i := range order {
+		b := cached[i]
+		blk := kv.StoredBlock{EngineHash: uint64(EngineHash(b.Seq)), LocalHash: b.Local}
+		if e, ok := open[b.Parent]; ok && b.HasParent {
+			evs[e].Blocks = append(evs[e].Blocks, blk)
+			delete(open, b.Parent)
+			open[b.Seq] = e
+			continue
+		}
+		evs = append(evs, kv.Event{Worker: c.cfg.Worker, Tier: kv.TierDevice, Kind: kv.EventStored,
+			HasParent: b.HasParent, Parent: b.Parent, Blocks: []kv.StoredBlock{blk}})
+		open[b.Seq] = len(evs) - 1
+	}
+	return evs
 }
 
 // seqDeque is a ring buffer of requests: FCFS with preempted requests put

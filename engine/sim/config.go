@@ -185,6 +185,16 @@ type Inserter interface {
 // it on the request's own goroutine with the request's context.
 type Fetcher func(ctx context.Context, req *engine.Request, missing Missing, into Inserter) error
 
+// EngineHash is the hash the sim names a block by in its KV events, and so
+// in the hints that name it as a source and in peer fetches from it: its
+// sequence hash.
+func EngineHash(seq kv.SeqHash) kv.EngineHash { return kv.EngineHash(seq) }
+
+// SeqOf is the sequence hash of the sim block named by engine hash e (see
+// EngineHash). Only a sim's own engine hashes mean anything here: a hint's
+// hashes are the source's, which is a sim only among sims.
+func SeqOf(e kv.EngineHash) kv.SeqHash { return kv.SeqHash(e) }
+
 // Chain is a run of consecutive blocks of one sequence to insert.
 type Chain struct {
 	HasParent bool       // false when Blocks[0] is a sequence's first block

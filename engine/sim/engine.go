@@ -41,6 +41,7 @@ type Engine struct {
 
 var _ engine.Engine = (*Engine)(nil)
 var _ engine.Ranked = (*Engine)(nil)
+var _ engine.Inventory = (*Engine)(nil)
 var _ Inserter = (*Engine)(nil)
 
 // New starts a simulated engine with cfg.DPSize ranks.
@@ -161,6 +162,23 @@ func (e *Engine) SetEventSink(sink engine.EventSink) {
 		r.core.SetEventSink(sink)
 		r.mu.Unlock()
 	}
+}
+
+// Inventory implements engine.Inventory: rank's pool (Core.Inventory),
+// listed under the rank's lock, which its events also reach the sink under,
+// so at sees the event stream exactly where the list was taken.
+func (e *Engine) Inventory(rank int, at func()) ([]kv.Event, bool) {
+	r := e.Rank(rank)
+	if r == nil {
+		return nil, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	evs := r.core.Inventory()
+	if at != nil {
+		at()
+	}
+	return evs, true
 }
 
 // Lookup counts the leading cached blocks of seqs.
