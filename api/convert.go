@@ -23,11 +23,11 @@ func EventToProto(e *kv.Event) *KvEvent {
 		Worker:    KeyToProto(e.Worker),
 		Tier:      uint32(e.Tier),
 		HasParent: e.HasParent,
-		Parent:    e.Parent,
+		Parent:    uint64(e.Parent),
 		Tokens:    e.Tokens,
 		Lora:      e.LoRA,
 		Salt:      e.Salt,
-		Removed:   e.Removed,
+		Removed:   kv.RawHashes(e.Removed),
 	}
 	switch e.Kind {
 	case kv.EventStored:
@@ -41,7 +41,7 @@ func EventToProto(e *kv.Event) *KvEvent {
 		bs := make([]StoredBlock, len(e.Blocks))
 		p.Blocks = make([]*StoredBlock, len(e.Blocks))
 		for i, b := range e.Blocks {
-			bs[i].EngineHash, bs[i].LocalHash = b.EngineHash, b.LocalHash
+			bs[i].EngineHash, bs[i].LocalHash = uint64(b.EngineHash), uint64(b.LocalHash)
 			p.Blocks[i] = &bs[i]
 		}
 	}
@@ -57,11 +57,11 @@ func EventFromProto(p *KvEvent) (kv.Event, error) {
 		ID:        p.Id,
 		Worker:    KeyFromProto(p.Worker),
 		HasParent: p.HasParent,
-		Parent:    p.Parent,
+		Parent:    kv.EngineHash(p.Parent),
 		Tokens:    p.Tokens,
 		LoRA:      p.Lora,
 		Salt:      p.Salt,
-		Removed:   p.Removed,
+		Removed:   kv.AsHashes[kv.EngineHash](p.Removed),
 	}
 	if p.Tier >= kv.NumTiers {
 		return kv.Event{}, fmt.Errorf("kv event %d: unknown tier %d", p.Id, p.Tier)
@@ -75,7 +75,7 @@ func EventFromProto(p *KvEvent) (kv.Event, error) {
 		}
 		e.Blocks = make([]kv.StoredBlock, len(p.Blocks))
 		for i, b := range p.Blocks {
-			e.Blocks[i] = kv.StoredBlock{EngineHash: b.GetEngineHash(), LocalHash: b.GetLocalHash()}
+			e.Blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(b.GetEngineHash()), LocalHash: kv.LocalHash(b.GetLocalHash())}
 		}
 	case EventKind_EVENT_KIND_REMOVED:
 		e.Kind = kv.EventRemoved

@@ -10,10 +10,10 @@ import (
 
 func TestEventRoundTrip(t *testing.T) {
 	w := kv.WorkerKey{Instance: 0xdeadbeef, DPRank: 3}
-	parent := uint64(1 << 63)
-	stored := kv.Stored(w, kv.TierHost, &parent, []kv.StoredBlock{{EngineHash: 1, LocalHash: 2}, {EngineHash: ^uint64(0), LocalHash: 4}})
+	parent := kv.EngineHash(1 << 63)
+	stored := kv.Stored(w, kv.TierHost, &parent, []kv.StoredBlock{{EngineHash: 1, LocalHash: 2}, {EngineHash: ^kv.EngineHash(0), LocalHash: 4}})
 	stored.ID, stored.Tokens, stored.LoRA, stored.Salt = 9, []kv.Token{1, 2, 3, 4}, "ad", "tenant-7"
-	removed := kv.Removed(w, kv.TierDisk, []uint64{5, 6})
+	removed := kv.Removed(w, kv.TierDisk, []kv.EngineHash{5, 6})
 	removed.ID = 10
 	cleared := kv.Cleared(w)
 	cleared.ID = 11

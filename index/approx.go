@@ -44,7 +44,7 @@ type Approx struct {
 	qseq    []kv.SeqHash // the records' blocks
 	seq     []kv.SeqHash
 	blocks  []kv.StoredBlock
-	rm      []uint64
+	rm      []kv.EngineHash
 }
 
 type approxWorker struct {
@@ -98,7 +98,7 @@ func (a *Approx) Insert(w kv.WorkerKey, local []kv.LocalHash, now time.Time) {
 	// that grows the map starts the suffix the index lacks.
 	first := -1
 	for i, s := range a.seq {
-		if aw.last.set(s, a.stamp) && first < 0 {
+		if aw.last.set(uint64(s), a.stamp) && first < 0 {
 			first = i
 		}
 	}
@@ -107,11 +107,14 @@ func (a *Approx) Insert(w kv.WorkerKey, local []kv.LocalHash, now time.Time) {
 		a.n += len(a.seq) - first
 		a.blocks = a.blocks[:0]
 		for i := first; i < len(a.seq); i++ {
-			a.blocks = append(a.blocks, kv.StoredBlock{EngineHash: a.seq[i], LocalHash: local[i]})
+			// The approximate index plays the engine: its engine hash is
+			// the block's sequence hash.
+			a.blocks = append(a.blocks, kv.StoredBlock{EngineHash: kv.EngineHash(a.seq[i]), LocalHash: local[i]})
 		}
-		var parent *uint64
+		var parent *kv.EngineHash
 		if first > 0 {
-			parent = &a.seq[first-1]
+			p := kv.EngineHash(a.seq[first-1])
+			parent = &p
 		}
 		a.ix.Apply(kv.Stored(w, kv.TierDevice, parent, a.blocks))
 	}
@@ -154,16 +157,16 @@ func (a *Approx) popRec(target int) {
 	for j > 0 && (target < 0 || a.n > target) {
 		j--
 		s := a.qseq[r.off+j]
-		if aw.gone || aw.last.get(s) != r.stamp {
+		if aw.gone || aw.last.get(uint64(s)) != r.stamp {
 			// Refreshed later, or the worker was removed. A refreshed
 			// block's ancestors were refreshed with it (an insert stamps
 			// its whole path), so the rest of the record is too: stop.
 			j = 0
 			break
 		}
-		aw.last.del(s)
+		aw.last.del(uint64(s))
 		a.n--
-		a.rm = append(a.rm, s)
+		a.rm = append(a.rm, kv.EngineHash(s))
 	}
 	if len(a.rm) > 0 {
 		a.ix.Apply(kv.Removed(aw.key, kv.TierDevice, a.rm))

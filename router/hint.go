@@ -63,7 +63,7 @@ func makePlan(src WorkerInfo, targetDepth, srcDepth uint32, seq []kv.SeqHash) (H
 	if n <= int(targetDepth) {
 		return HintPlan{}, false
 	}
-	return HintPlan{Source: src.Key, Endpoint: src.ControlEndpoint, SeqHashes: seq[:n:n], TargetBlocks: int(targetDepth)}, true
+	return HintPlan{Source: src.Key, Endpoint: src.ControlEndpoint, SeqHashes: kv.RawHashes(seq[:n:n]), TargetBlocks: int(targetDepth)}, true
 }
 
 // HintCandidate is an eligible hint source for one decision.

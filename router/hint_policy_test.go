@@ -64,7 +64,7 @@ func TestHintPolicy(t *testing.T) {
 			d.Done()
 			continue
 		}
-		if d.Hint == nil || d.Hint.Source != key(tc.want) || !slices.Equal(d.Hint.SeqHashes, seq[:tc.n]) || d.Hint.TargetBlocks != 2 {
+		if d.Hint == nil || d.Hint.Source != key(tc.want) || !slices.Equal(d.Hint.SeqHashes, kv.RawHashes(seq[:tc.n])) || d.Hint.TargetBlocks != 2 {
 			t.Errorf("%s: hint %+v, want source %d with %d blocks", tc.name, d.Hint, tc.want, tc.n)
 		}
 		d.Done()

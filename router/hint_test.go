@@ -49,7 +49,7 @@ func TestPlanHint(t *testing.T) {
 			continue
 		}
 		if !ok || plan.Source != key(tc.want) || plan.Endpoint != ws[tc.want-1].ControlEndpoint ||
-			!slices.Equal(plan.SeqHashes, seq[:tc.n]) {
+			!slices.Equal(plan.SeqHashes, kv.RawHashes(seq[:tc.n])) {
 			t.Errorf("%s: plan %+v ok=%v, want source %d with %d blocks", tc.name, plan, ok, tc.want, tc.n)
 		}
 	}
@@ -71,7 +71,7 @@ func TestRouteAttachesHint(t *testing.T) {
 	if d.Worker != key(2) {
 		t.Fatalf("went to %v, want the idle worker", d.Worker)
 	}
-	if d.Hint == nil || d.Hint.Source != key(1) || !slices.Equal(d.Hint.SeqHashes, seq[:12]) || d.Hint.TargetBlocks != 0 {
+	if d.Hint == nil || d.Hint.Source != key(1) || !slices.Equal(d.Hint.SeqHashes, kv.RawHashes(seq[:12])) || d.Hint.TargetBlocks != 0 {
 		t.Fatalf("hint %+v", d.Hint)
 	}
 	// Routed to the holder itself: no hint.

@@ -171,9 +171,9 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 			seq = kv.SeqHashes(make([]kv.SeqHash, 0, n), local)
 		}
 	case n > 0:
-		buf := make([]uint64, 2*n)
-		local = kv.LocalHashes(buf[:0:n], req.Tokens, bs, kv.Seed(req.LoRA, req.Salt))
-		seq = kv.SeqHashes(buf[n:n:2*n], local)
+		buf := make([]uint64, 2*n) // one allocation for both
+		local = kv.LocalHashes(kv.AsHashes[kv.LocalHash](buf[:0:n]), req.Tokens, bs, kv.Seed(req.LoRA, req.Salt))
+		seq = kv.SeqHashes(kv.AsHashes[kv.SeqHash](buf[n:n:2*n]), local)
 	}
 	t1 := time.Now()
 

@@ -685,12 +685,12 @@ func (t *twin) fetch(_ context.Context, _ *engine.Request, m sim.Missing, into s
 		hs.Misses++ // the target already holds all the source has
 		return nil
 	}
-	if h.SeqHashes[m.Start] != m.Seq[0] {
+	if kv.SeqHash(h.SeqHashes[m.Start]) != m.Seq[0] {
 		hs.Errors++
 		return fmt.Errorf("twin: hint block %d is %016x, the prompt's is %016x", m.Start, h.SeqHashes[m.Start], m.Seq[0])
 	}
 	core := t.ws[src].core
-	held, release := core.Pin(h.SeqHashes[:end])
+	held, release := core.Pin(kv.AsHashes[kv.SeqHash](h.SeqHashes[:end]))
 	defer release()
 	end = min(end, held)
 	if end <= m.Start {

@@ -88,11 +88,11 @@ func TestWorkerDPRanks(t *testing.T) {
 	defer tc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	res, err := tc.Fetch(ctx, inst.ControlEndpoints[1], transfer.FetchRequest{Hashes: seqs, Digest: p.Digest()})
+	res, err := tc.Fetch(ctx, inst.ControlEndpoints[1], transfer.FetchRequest{Hashes: kv.RawHashes(seqs), Digest: p.Digest()})
 	if err != nil || len(res.Blocks) != len(seqs) {
 		t.Fatalf("rank 1 served %d of %d blocks: %v (%s)", len(res.Blocks), len(seqs), err, res.Outcome)
 	}
-	if res, _ := tc.Fetch(ctx, inst.ControlEndpoints[0], transfer.FetchRequest{Hashes: seqs, Digest: p.Digest()}); len(res.Blocks) != 0 || res.Outcome != transfer.OutcomeNotFound {
+	if res, _ := tc.Fetch(ctx, inst.ControlEndpoints[0], transfer.FetchRequest{Hashes: kv.RawHashes(seqs), Digest: p.Digest()}); len(res.Blocks) != 0 || res.Outcome != transfer.OutcomeNotFound {
 		t.Fatalf("rank 0 served %d blocks (%s)", len(res.Blocks), res.Outcome)
 	}
 
@@ -133,14 +133,14 @@ func TestWorkerDPRanks(t *testing.T) {
 	}
 	toks2 := prompt(5000, 4*peerBS+1)
 	generateUsage(t, c, &api.GenerateRequest{Tokens: toks2, MaxTokens: 1, DpRank: 1})
-	hint := hints.NewFetch("sel", inst.ControlEndpoints[1], seqHashes(toks2)).Marshal()
+	hint := hints.NewFetch("sel", inst.ControlEndpoints[1], kv.RawHashes(seqHashes(toks2))).Marshal()
 	u := generateUsage(t, c, &api.GenerateRequest{Tokens: toks2, MaxTokens: 1, DpRank: 0, KvHint: hint})
 	if u.GetCachedTokens() != 4*peerBS || p.Stats().Fetched != 1 {
 		t.Fatalf("hinted rank 0: cached %d, peer stats %+v", u.GetCachedTokens(), p.Stats())
 	}
 	// The own rank's endpoint is self: unused.
 	toks3 := prompt(9000, 2*peerBS+1)
-	hint = hints.NewFetch("sel2", inst.ControlEndpoints[0], seqHashes(toks3)).Marshal()
+	hint = hints.NewFetch("sel2", inst.ControlEndpoints[0], kv.RawHashes(seqHashes(toks3))).Marshal()
 	generateUsage(t, c, &api.GenerateRequest{Tokens: toks3, MaxTokens: 1, DpRank: 0, KvHint: hint})
 	if s := p.Stats(); s.Unused != 1 {
 		t.Fatalf("self hint: %+v", s)

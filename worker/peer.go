@@ -273,7 +273,7 @@ func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 		p.count(HintUnused)
 		return nil
 	}
-	res, ferr := p.client.Fetch(ctx, f.SourceEndpoint, transfer.FetchRequest{Hashes: m.Seq[:want], Digest: p.digest, Verify: p.verify})
+	res, ferr := p.client.Fetch(ctx, f.SourceEndpoint, transfer.FetchRequest{Hashes: kv.RawHashes(m.Seq[:want]), Digest: p.digest, Verify: p.verify})
 	inserted, ierr := 0, error(nil)
 	if len(res.Blocks) > 0 {
 		inserted, ierr = into.Insert(p.chain(req, m, res.Blocks))
@@ -308,7 +308,7 @@ func hintedRun(missing []kv.SeqHash, hinted []uint64) int {
 	}
 	n := 0
 	for n < len(missing) {
-		if _, ok := set[missing[n]]; !ok {
+		if _, ok := set[uint64(missing[n])]; !ok {
 			break
 		}
 		n++

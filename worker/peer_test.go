@@ -83,7 +83,7 @@ func genEngine(t *testing.T, e engine.Engine, req *engine.Request) genOut {
 	return out
 }
 
-func seqHashes(toks []kv.Token) []uint64 {
+func seqHashes(toks []kv.Token) []kv.SeqHash {
 	_, seq := kv.NewHasher(peerBS, "", "").Blocks(toks)
 	return seq
 }
@@ -166,7 +166,7 @@ func TestPeerFetchWholePrefix(t *testing.T) {
 	genEngine(t, a, turn1Req(turn1))
 	turn2 := append(slices.Clone(turn1), prompt(9000, 5*peerBS)...)
 	hinted := seqHashes(turn1)
-	hint := hints.NewFetch("sel-1", pa.Endpoints()[0], hinted).Marshal()
+	hint := hints.NewFetch("sel-1", pa.Endpoints()[0], kv.RawHashes(hinted)).Marshal()
 
 	got := genEngine(t, b, turnReq("t2", turn2, hint))
 	want := reference(t, turnReq("t2", turn2, nil))
@@ -184,10 +184,10 @@ func TestPeerFetchWholePrefix(t *testing.T) {
 	ba, bb := make([]byte, 40), make([]byte, 40)
 	for _, h := range hinted {
 		for l := range 3 {
-			if _, err := a.ReadPayload(h, l, ba); err != nil {
+			if _, err := a.ReadPayload(kv.SeqHash(h), l, ba); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := b.ReadPayload(h, l, bb); err != nil {
+			if _, err := b.ReadPayload(kv.SeqHash(h), l, bb); err != nil {
 				t.Fatalf("block %016x not in the target: %v", h, err)
 			}
 			if kv.Checksum(ba) != kv.Checksum(bb) || !bytes.Equal(ba, bb) {
@@ -242,7 +242,7 @@ func TestPeerFetchPartialAfterEviction(t *testing.T) {
 		t.Fatalf("peer holds %d of %d blocks; want a strict prefix", held, len(hinted))
 	}
 	turn2 := append(slices.Clone(turn1), prompt(9000, 3*peerBS)...)
-	req := turnReq("t2", turn2, hints.NewFetch("sel-2", pa.Endpoints()[0], hinted).Marshal())
+	req := turnReq("t2", turn2, hints.NewFetch("sel-2", pa.Endpoints()[0], kv.RawHashes(hinted)).Marshal())
 	got := genEngine(t, b, req)
 	if want := reference(t, req); !slices.Equal(got.toks, want.toks) {
 		t.Fatalf("answer %v, want %v", got.toks, want.toks)
@@ -272,7 +272,7 @@ func TestPeerFetchDeadSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	turn2 := append(slices.Clone(turn1), prompt(9000, peerBS)...)
-	req := turnReq("t2", turn2, hints.NewFetch("sel-3", ep, seqHashes(turn1)).Marshal())
+	req := turnReq("t2", turn2, hints.NewFetch("sel-3", ep, kv.RawHashes(seqHashes(turn1))).Marshal())
 	got := genEngine(t, b, req)
 	if want := reference(t, req); !slices.Equal(got.toks, want.toks) {
 		t.Fatalf("answer %v, want %v", got.toks, want.toks)
@@ -333,7 +333,7 @@ func TestPeerFetchTimeout(t *testing.T) {
 	defer eng.Close()
 	defer p.Close()
 	toks := prompt(5, 6*peerBS)
-	req := turnReq("t", toks, hints.NewFetch("sel-4", "tcp://"+ln.Addr().String(), seqHashes(toks)).Marshal())
+	req := turnReq("t", toks, hints.NewFetch("sel-4", "tcp://"+ln.Addr().String(), kv.RawHashes(seqHashes(toks))).Marshal())
 	got := genEngine(t, eng, req)
 	if want := reference(t, req); !slices.Equal(got.toks, want.toks) {
 		t.Fatalf("answer %v, want %v", got.toks, want.toks)

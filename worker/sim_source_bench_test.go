@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/kvmesh/kvmesh/kv"
 	"io"
 	"net"
 	"sort"
@@ -65,7 +66,7 @@ func BenchmarkSimSourceVsRaw(b *testing.B) {
 	}{{"view", sim}, {"copy", copySource{sim}}, {"copysum", copySumSource{copySource{sim}, sim}}} {
 		for _, recv := range []string{"recvbuf", "release"} {
 			b.Run(fmt.Sprintf("%dx%dKiB/%s/%s", blocks, layers*layerSize>>10, src.name, recv), func(b *testing.B) {
-				benchSourceVsRaw(b, src.src, seqs, layers*layerSize, recv == "recvbuf")
+				benchSourceVsRaw(b, src.src, kv.RawHashes(seqs), layers*layerSize, recv == "recvbuf")
 			})
 		}
 	}

@@ -72,7 +72,7 @@ func (e *testEngine) Generate(ctx context.Context, req *engine.Request) (<-chan 
 	if len(local) > 0 {
 		blocks := make([]kv.StoredBlock, len(local))
 		for i := range local {
-			blocks[i] = kv.StoredBlock{EngineHash: seq[i], LocalHash: local[i]}
+			blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(seq[i]), LocalHash: local[i]}
 		}
 		e.mu.Lock()
 		if e.sink != nil {

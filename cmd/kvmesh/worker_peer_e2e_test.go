@@ -102,7 +102,7 @@ func TestWorkerProcessesPeerTransfer(t *testing.T) {
 	run(ca, turn1, nil)
 	_, seq := kv.NewHasher(16, "", "").Blocks(turn1)
 	turn2 := append(append([]uint32(nil), turn1...), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
-	u := run(cb, turn2, hints.NewFetch("e2e", a.ControlEndpoints[0], seq).Marshal())
+	u := run(cb, turn2, hints.NewFetch("e2e", a.ControlEndpoints[0], kv.RawHashes(seq)).Marshal())
 	if u.GetCachedTokens() != uint32(len(seq)*16) {
 		t.Fatalf("B cached %d tokens, want the %d fetched from A", u.GetCachedTokens(), len(seq)*16)
 	}

@@ -35,7 +35,7 @@ func (c *Core) Pin(seqs []kv.SeqHash) (int, func()) {
 // ReadPayload copies layer's payload of the cached block seq into dst and
 // returns the byte count.
 func (c *Core) ReadPayload(seq kv.SeqHash, layer int, dst []byte) (int, error) {
-	id, ok := c.pool.byHash.get(seq)
+	id, ok := c.pool.byHash.get(uint64(seq))
 	if !ok {
 		return 0, fmt.Errorf("sim: block %016x is not cached", seq)
 	}
@@ -59,7 +59,7 @@ func (c *Core) Insert(ch Chain) (n int, err error) {
 	defer c.ev.flush()
 	var prevID int32 = -1
 	if ch.HasParent {
-		id, ok := c.pool.byHash.get(ch.Parent)
+		id, ok := c.pool.byHash.get(uint64(ch.Parent))
 		if !ok {
 			return 0, fmt.Errorf("sim insert: parent block %016x is not cached", ch.Parent)
 		}
@@ -71,7 +71,7 @@ func (c *Core) Insert(ch Chain) (n int, err error) {
 		if err := c.checkBlock(b, prev, hasPrev); err != nil {
 			return i, fmt.Errorf("sim insert: block %d of %d: %w", i, len(ch.Blocks), err)
 		}
-		id, ok := c.pool.byHash.get(b.Seq)
+		id, ok := c.pool.byHash.get(uint64(b.Seq))
 		if !ok {
 			// Hold the parent so making room cannot evict it mid-chain.
 			if prevID >= 0 {
@@ -95,15 +95,15 @@ func (c *Core) Insert(ch Chain) (n int, err error) {
 			if len(b.Tokens) == c.bs {
 				toks = b.Tokens
 			}
-			c.ev.stored(prev, hasPrev, b.Seq, b.Local, toks, ch.LoRA, ch.Salt)
+			c.ev.stored(kv.EngineHash(prev), hasPrev, kv.EngineHash(b.Seq), b.Local, toks, ch.LoRA, ch.Salt)
 		}
 		prev, hasPrev, prevID = b.Seq, true, id
 	}
 	return len(ch.Blocks), nil
 }
 
-func (c *Core) checkBlock(b *BlockData, prev uint64, hasPrev bool) error {
-	want := b.Local
+func (c *Core) checkBlock(b *BlockData, prev kv.SeqHash, hasPrev bool) error {
+	want := kv.SeqHash(b.Local) // a first block's sequence hash is its local hash
 	if hasPrev {
 		want = kv.ChainHash(prev, b.Local)
 	}

@@ -533,13 +533,13 @@ func (c *Core) register(s *Seq, upto int) {
 	for b := s.nReg; b < full; b++ {
 		h := s.seqh[b]
 		id := s.table[b]
-		if other, ok := c.pool.byHash.get(h); ok {
+		if other, ok := c.pool.byHash.get(uint64(h)); ok {
 			c.pool.acquire(other)
 			c.pool.release(id)
 			s.table[b] = other
 			continue
 		}
-		var parent uint64
+		var parent kv.SeqHash
 		if b > 0 {
 			parent = s.seqh[b-1]
 		}
@@ -549,7 +549,7 @@ func (c *Core) register(s *Seq, upto int) {
 		if c.ev.sink != nil && !c.ev.omitTokens {
 			toks = s.blockTokens(b, c.bs, c.scratch)
 		}
-		c.ev.stored(parent, b > 0, h, s.local[b], toks, s.req.LoRA, s.req.CacheSalt)
+		c.ev.stored(kv.EngineHash(parent), b > 0, kv.EngineHash(h), s.local[b], toks, s.req.LoRA, s.req.CacheSalt)
 	}
 	if full > s.nReg {
 		s.nReg = full
@@ -573,7 +573,7 @@ func (c *Core) sample(s *Seq, end time.Time) bool {
 	if t := s.total(); t%c.bs == 0 {
 		b := t/c.bs - 1
 		l := kv.HashTokens(s.blockTokens(b, c.bs, c.scratch), s.seed)
-		h := l
+		h := kv.SeqHash(l) // a first block's sequence hash is its local hash
 		if b > 0 {
 			h = kv.ChainHash(s.seqh[b-1], l)
 		}

@@ -99,7 +99,7 @@ func randomLoad(t *testing.T, seed uint64) {
 			n, rel := c.Pin(l.s.seqh)
 			ids := make([]int32, n)
 			for i := 0; i < n; i++ {
-				ids[i], _ = c.pool.byHash.get(l.s.seqh[i])
+				ids[i], _ = c.pool.byHash.get(uint64(l.s.seqh[i]))
 				pins[ids[i]]++
 			}
 			releases, pinIDs = append(releases, rel), append(pinIDs, ids)

@@ -43,7 +43,7 @@ func (p *pool) storeSum(id int32) {
 // released, and must not be modified. A block that is not cached, or is
 // cached but referenced by nothing (so not pinned), is an error.
 func (c *Core) ViewBlock(seq kv.SeqHash) ([]byte, error) {
-	id, ok := c.pool.byHash.get(seq)
+	id, ok := c.pool.byHash.get(uint64(seq))
 	if !ok {
 		return nil, fmt.Errorf("sim: block %016x is not cached", seq)
 	}
@@ -59,7 +59,7 @@ func (c *Core) ViewBlock(seq kv.SeqHash) ([]byte, error) {
 // bytes that changed since then no longer match it. ok is false when the
 // block is not cached or Config.StoreChecksums is off.
 func (c *Core) BlockChecksum(seq kv.SeqHash) (sum uint64, ok bool) {
-	id, ok := c.pool.byHash.get(seq)
+	id, ok := c.pool.byHash.get(uint64(seq))
 	if !ok || c.pool.sums == nil {
 		return 0, false
 	}

@@ -152,7 +152,7 @@ func TestPinnedViewSurvivesEviction(t *testing.T) {
 	}
 	pins := map[int32]int{}
 	for _, h := range seqs {
-		id, _ := a.pool.byHash.get(h)
+		id, _ := a.pool.byHash.get(uint64(h))
 		pins[id]++
 	}
 	checkPool(t, a, pins)
@@ -257,7 +257,7 @@ func TestLazyFillOnFirstRead(t *testing.T) {
 	drain(a)
 	s1 := seqOf(cfg, p1)
 	for i, h := range s1 {
-		id, _ := a.pool.byHash.get(h)
+		id, _ := a.pool.byHash.get(uint64(h))
 		if a.pool.blocks[id].flags&flagUnfilled == 0 {
 			t.Fatalf("block %d filled before any read", i)
 		}
