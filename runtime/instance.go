@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"strings"
 
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -77,22 +76,12 @@ func (in *Instance) Validate() error {
 			return fmt.Errorf("instance %x: %d control endpoints for dp_size %d (all ranks or none)", in.ID, len(in.ControlEndpoints), in.DPSize)
 		}
 		for r, ep := range in.ControlEndpoints {
-			if err := ValidateControlEndpoint(ep); err != nil {
+			if _, err := kv.ParseEndpoint(ep); err != nil {
 				return fmt.Errorf("instance %x: control endpoint of rank %d: %w", in.ID, r, err)
 			}
 		}
 	}
 	return nil
-}
-
-// ValidateControlEndpoint accepts tcp://host:port with a concrete host: no
-// wildcard address, IPv6 in brackets.
-func ValidateControlEndpoint(ep string) error {
-	rest, ok := strings.CutPrefix(ep, "tcp://")
-	if !ok {
-		return fmt.Errorf("%q: want tcp://host:port", ep)
-	}
-	return validHostPort(rest)
 }
 
 func validHostPort(hp string) error {

@@ -23,7 +23,6 @@ import (
 	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/runtime"
-	"github.com/kvmesh/kvmesh/transfer"
 )
 
 const peerBS = 16
@@ -517,7 +516,7 @@ func TestControlEndpointAdvertisement(t *testing.T) {
 
 type natsConn = *nats.Conn
 
-func errWildcard() error { return transfer.ErrWildcardHost }
+func errWildcard() error { return kv.ErrWildcardHost }
 
 func itoa(n int) string { return strconv.Itoa(n) }
 

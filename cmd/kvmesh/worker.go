@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/kv"
 	"log/slog"
 	"net"
 	"net/http"
@@ -146,6 +147,16 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	}
 	if wf.controlListen != "" && wf.advertiseHost == "" {
 		return errors.New("--control-listen needs --advertise-host: the host peers dial (a wildcard bind address cannot be advertised)")
+	}
+	if wf.advertiseHost != "" {
+		if _, err := kv.NewEndpoint(wf.advertiseHost, 1); err != nil {
+			return fmt.Errorf("--advertise-host: %w", err)
+		}
+	}
+	for i, ep := range wf.controlEndpoints {
+		if _, err := kv.ParseEndpoint(ep); err != nil {
+			return fmt.Errorf("--control-endpoints (rank %d): %w", i, err)
+		}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
