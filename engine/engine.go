@@ -9,24 +9,10 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 )
 
-// Role is the part an engine plays in (dis)aggregated serving.
-type Role string
-
-const (
-	RoleAggregated Role = "aggregated"
-	RolePrefill    Role = "prefill"
-	RoleDecode     Role = "decode"
-)
-
-// Valid reports whether r is a known role.
-func (r Role) Valid() bool {
-	return r == RoleAggregated || r == RolePrefill || r == RoleDecode
-}
-
 // Config is an engine's static description; workers register it.
 type Config struct {
 	Model            string
-	Role             Role
+	Role             kv.Role
 	BlockSize        int // tokens per KV block
 	Blocks           int // device KV capacity in blocks
 	MaxBatchedTokens int // token budget per scheduler step

@@ -191,7 +191,7 @@ func (c *Cluster) discovered(ev runtime.DiscoveryEvent) {
 		}
 	}
 	for r, k := range in.Workers() {
-		info := router.WorkerInfo{Key: k, Model: in.Model, Role: router.Role(in.Role), BlockSize: in.BlockSize,
+		info := router.WorkerInfo{Key: k, Model: in.Model, Role: in.Role, BlockSize: in.BlockSize,
 			KVBlocks: in.KVCapacity[kv.TierDevice.String()], MaxBatchedTokens: in.MaxBatchedTokens, Digest: in.Digest}
 		if r < len(in.ControlEndpoints) {
 			info.ControlEndpoint, info.HintCapable = in.ControlEndpoints[r], true
@@ -206,7 +206,7 @@ func (c *Cluster) discovered(ev runtime.DiscoveryEvent) {
 // Ready reports whether every served model has a worker.
 func (c *Cluster) Ready() error {
 	for _, m := range c.cfg.Models {
-		if len(c.router.Workers(m.Name, router.RoleAggregated)) == 0 {
+		if len(c.router.Workers(m.Name, kv.RoleAggregated)) == 0 {
 			return fmt.Errorf("no worker serves %s yet", m.Name)
 		}
 	}

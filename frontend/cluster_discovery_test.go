@@ -42,7 +42,7 @@ func TestClusterFollowsRecords(t *testing.T) {
 	}
 	keys := func(want ...kv.WorkerKey) func() bool {
 		return func() bool {
-			got := c.Router().Workers("m", router.RoleAggregated)
+			got := c.Router().Workers("m", kv.RoleAggregated)
 			if len(got) != len(want) {
 				return false
 			}
@@ -54,7 +54,7 @@ func TestClusterFollowsRecords(t *testing.T) {
 			return true
 		}
 	}
-	why := func() string { return fmt.Sprint(c.Router().Workers("m", router.RoleAggregated)) }
+	why := func() string { return fmt.Sprint(c.Router().Workers("m", kv.RoleAggregated)) }
 	put(0x10, 3, 16)
 	waitFor(t, 5*time.Second, "three ranks", keys(kv.WorkerKey{Instance: 0x10}, kv.WorkerKey{Instance: 0x10, DPRank: 1}, kv.WorkerKey{Instance: 0x10, DPRank: 2}), why)
 	put(0x10, 1, 16)

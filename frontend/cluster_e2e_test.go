@@ -204,7 +204,7 @@ func (e *e2e) waitSynced(c *Cluster, ws ...*e2eWorker) {
 		want[w.key()] = true
 	}
 	waitFor(e.t, 10*time.Second, fmt.Sprintf("cluster routing to %d workers", len(ws)), func() bool {
-		got := c.Router().Workers(e2eModel, router.RoleAggregated)
+		got := c.Router().Workers(e2eModel, kv.RoleAggregated)
 		if len(got) != len(want) {
 			return false
 		}
@@ -343,7 +343,7 @@ func depths(c *Cluster, toks []uint32) map[kv.WorkerKey]int {
 
 func routed(c *Cluster) map[kv.WorkerKey]bool {
 	out := map[kv.WorkerKey]bool{}
-	for _, wi := range c.Router().Workers(e2eModel, router.RoleAggregated) {
+	for _, wi := range c.Router().Workers(e2eModel, kv.RoleAggregated) {
 		out[wi.Key] = true
 	}
 	return out
@@ -539,7 +539,7 @@ func testNATSRestart(t *testing.T, bin string) {
 	e.waitIndexMatches(c, ws...)
 	// The workers kept their records alive on the new server.
 	time.Sleep(e2eTTL)
-	if n := len(c.Router().Workers(e2eModel, router.RoleAggregated)); n != 3 {
+	if n := len(c.Router().Workers(e2eModel, kv.RoleAggregated)); n != 3 {
 		t.Fatalf("%d workers routable one TTL after the restart, want 3", n)
 	}
 	t.Logf("feed after restart: %+v", c.Feed(e2eModel).Stats())

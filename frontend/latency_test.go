@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kvmesh/kvmesh/kv"
 	"io"
 	"log/slog"
 	"net"
@@ -119,7 +120,7 @@ func TestFrontendAddedLatency(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	for cl.Ready() != nil || len(cl.Router().Workers("kvmesh-sim", router.RoleAggregated)) < nworkers {
+	for cl.Ready() != nil || len(cl.Router().Workers("kvmesh-sim", kv.RoleAggregated)) < nworkers {
 		time.Sleep(10 * time.Millisecond)
 	}
 	cfg := frontend.DefaultConfig()

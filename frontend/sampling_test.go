@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"context"
+	"github.com/kvmesh/kvmesh/kv"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
-	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
 )
 
@@ -59,7 +59,7 @@ func TestSamplingParamsReachEngine(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cl, model := startCluster(t, ctx, nc, disc, reg)
 	waitFor(t, 10*time.Second, "the worker routed", func() bool {
-		return len(cl.Router().Workers(model.Name, router.RoleAggregated)) == 1
+		return len(cl.Router().Workers(model.Name, kv.RoleAggregated)) == 1
 	})
 	ts := httptest.NewServer(New(DefaultConfig(), cl, cl, reg, reg))
 	t.Cleanup(func() { ts.Close(); http.DefaultClient.CloseIdleConnections() })

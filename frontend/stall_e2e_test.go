@@ -3,6 +3,7 @@ package frontend
 import (
 	"context"
 	"fmt"
+	"github.com/kvmesh/kvmesh/kv"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
-	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
 )
 
@@ -96,7 +96,7 @@ func TestStalledWorkerMigrates(t *testing.T) {
 	t.Cleanup(func() { ts.Close(); http.DefaultClient.CloseIdleConnections() })
 	routedIDs := func() map[uint64]bool {
 		out := map[uint64]bool{}
-		for _, wi := range cl.Router().Workers(model.Name, router.RoleAggregated) {
+		for _, wi := range cl.Router().Workers(model.Name, kv.RoleAggregated) {
 			out[wi.Key.Instance] = true
 		}
 		return out

@@ -30,23 +30,6 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("unknown router mode %q (want round-robin, random, kv or kv-approx)", s)
 }
 
-// Role is a worker's place in (dis)aggregated serving. Routing pools are
-// keyed by model and role; the empty role means aggregated.
-type Role string
-
-const (
-	RoleAggregated Role = "aggregated"
-	RolePrefill    Role = "prefill"
-	RoleDecode     Role = "decode"
-)
-
-func (r Role) norm() Role {
-	if r == "" {
-		return RoleAggregated
-	}
-	return r
-}
-
 // Config configures a Router. The zero value of every field picks the
 // default noted beside it.
 type Config struct {

@@ -54,7 +54,7 @@ func PlanHint(target WorkerInfo, workers []WorkerInfo, matches []Match, seq []kv
 }
 
 func eligibleSource(target WorkerInfo, s *WorkerInfo) bool {
-	return s.Key != target.Key && s.Role.norm() == target.Role.norm() &&
+	return s.Key != target.Key && s.Role.Norm() == target.Role.Norm() &&
 		s.Model == target.Model && s.Digest == target.Digest && s.ControlEndpoint != ""
 }
 

@@ -32,7 +32,7 @@ func TestPlanHint(t *testing.T) {
 		{"target not hint-capable", 1, func(ws []WorkerInfo) { ws[0].HintCapable = false }, []Match{m(3, 8)}, 0, 0},
 		{"source without endpoint", 1, func(ws []WorkerInfo) { ws[2].ControlEndpoint = "" }, []Match{m(2, 5), m(3, 8)}, 2, 5},
 		{"source with another digest", 1, func(ws []WorkerInfo) { ws[2].Digest = "other" }, []Match{m(2, 5), m(3, 8)}, 2, 5},
-		{"source with another role", 1, func(ws []WorkerInfo) { ws[2].Role = RolePrefill }, []Match{m(2, 5), m(3, 8)}, 2, 5},
+		{"source with another role", 1, func(ws []WorkerInfo) { ws[2].Role = kv.RolePrefill }, []Match{m(2, 5), m(3, 8)}, 2, 5},
 		{"source not a live worker", 1, nil, []Match{m(2, 5), m(9, 9)}, 2, 5},
 		{"prefix capped at the request", 1, nil, []Match{m(2, 50)}, 2, 10},
 		{"cold target", 4, nil, []Match{m(1, 1)}, 1, 1},

@@ -72,7 +72,7 @@ func (r *Router) ID() string { return r.cfg.RouterID }
 // Request is what the router needs to know about one request.
 type Request struct {
 	Model  string
-	Role   Role // "" means aggregated
+	Role   kv.Role // "" means aggregated
 	Tokens []kv.Token
 	LoRA   string // mixed into block hashes
 	Salt   string // cache salt, mixed into block hashes
@@ -138,7 +138,7 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	}
 	t0 := time.Now()
 	now := r.cfg.Now()
-	role := req.Role.norm()
+	role := req.Role.Norm()
 	pk := poolKey{req.Model, role}
 
 	r.mu.Lock()

@@ -105,7 +105,7 @@ func TestNoWorkers(t *testing.T) {
 	if !errors.Is(err, ErrNoWorkers) {
 		t.Fatalf("unknown model: %v", err)
 	}
-	_, err = r.Route(context.Background(), Request{Model: "m", Role: RolePrefill, Tokens: prompt(1, 64)})
+	_, err = r.Route(context.Background(), Request{Model: "m", Role: kv.RolePrefill, Tokens: prompt(1, 64)})
 	if !errors.Is(err, ErrNoWorkers) {
 		t.Fatalf("no prefill workers: %v", err)
 	}
@@ -436,12 +436,12 @@ func TestStaleRequestsExpire(t *testing.T) {
 func TestRolesAreSeparatePools(t *testing.T) {
 	r := newRouter(t, Config{Mode: ModeRoundRobin}, 1)
 	pf := winfo(9)
-	pf.Role = RolePrefill
+	pf.Role = kv.RolePrefill
 	if err := r.AddWorker(pf); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 5; i++ {
-		d, err := r.Route(context.Background(), Request{Model: "m", Role: RolePrefill, Tokens: prompt(i, 64)})
+		d, err := r.Route(context.Background(), Request{Model: "m", Role: kv.RolePrefill, Tokens: prompt(i, 64)})
 		if err != nil || d.Worker != key(9) {
 			t.Fatalf("prefill route: %v %v", d, err)
 		}

@@ -15,7 +15,7 @@ type Instance struct {
 	ID    uint64 `json:"instance_id"`
 	Model string `json:"model"`
 	// Role is aggregated, prefill or decode.
-	Role string `json:"role"`
+	Role kv.Role `json:"role"`
 	// GRPCAddr is host:port of the worker API (api.Worker).
 	GRPCAddr string `json:"grpc_addr"`
 	DPSize   int    `json:"dp_size"`
@@ -49,9 +49,7 @@ func (in *Instance) Validate() error {
 	if in.Model == "" {
 		return errors.New("instance: empty model")
 	}
-	switch in.Role {
-	case "aggregated", "prefill", "decode":
-	default:
+	if !in.Role.Valid() {
 		return fmt.Errorf("instance %x: role %q (want aggregated, prefill or decode)", in.ID, in.Role)
 	}
 	if err := validHostPort(in.GRPCAddr); err != nil {

@@ -124,7 +124,7 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 		}
 		t.Cleanup(c.Close)
 		waitFor(t, "cluster sees 4 hint-capable workers", func() bool {
-			infos := c.Router().Workers(e2eModel, router.RoleAggregated)
+			infos := c.Router().Workers(e2eModel, kv.RoleAggregated)
 			return len(infos) == 4 && !slices.ContainsFunc(infos, func(i router.WorkerInfo) bool { return !i.HintCapable })
 		})
 		return c

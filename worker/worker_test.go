@@ -50,7 +50,7 @@ type testEngine struct {
 }
 
 func (e *testEngine) Config() engine.Config {
-	return engine.Config{Model: "m", Role: engine.RoleAggregated, BlockSize: 4, Blocks: 100, MaxBatchedTokens: 64, Digest: "test"}
+	return engine.Config{Model: "m", Role: kv.RoleAggregated, BlockSize: 4, Blocks: 100, MaxBatchedTokens: 64, Digest: "test"}
 }
 
 func (e *testEngine) SetEventSink(s engine.EventSink) { e.mu.Lock(); e.sink = s; e.mu.Unlock() }

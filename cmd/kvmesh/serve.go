@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/kvmesh/kvmesh/kv"
 	"log/slog"
 	"net"
 	"net/http"
@@ -17,7 +18,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/router"
@@ -265,7 +265,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	}()
 	for i := 0; i < workers; i++ {
 		cfg := sf
-		cfg.Model, cfg.Role = ff.models[0], engine.RoleAggregated
+		cfg.Model, cfg.Role = ff.models[0], kv.RoleAggregated
 		var eng *sim.Engine
 		var peer *worker.Peer
 		if ff.hints {

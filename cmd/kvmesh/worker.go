@@ -128,9 +128,9 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	if err := checkStallTimeout(wf.stallTimeout); err != nil {
 		return err
 	}
-	role := engine.Role(wf.role)
-	if !role.Valid() {
-		return fmt.Errorf("--role %q: want aggregated, prefill or decode", wf.role)
+	role, err := kv.ParseRole(wf.role)
+	if err != nil {
+		return fmt.Errorf("--role: %w", err)
 	}
 	var id uint64
 	if wf.instanceID != "" {
