@@ -22,17 +22,6 @@ type Config struct {
 	Digest string
 }
 
-// FinishReason says why a generation ended.
-type FinishReason string
-
-const (
-	FinishNone      FinishReason = ""
-	FinishStop      FinishReason = "stop"   // a stop token was produced
-	FinishLength    FinishReason = "length" // max_tokens reached
-	FinishCancelled FinishReason = "cancelled"
-	FinishError     FinishReason = "error"
-)
-
 // Request is one generation.
 type Request struct {
 	ID          string
@@ -71,7 +60,7 @@ type Usage struct {
 // non-empty Finish (and Usage); an Err ends the stream with FinishError.
 type Chunk struct {
 	Tokens []kv.Token
-	Finish FinishReason
+	Finish kv.FinishReason
 	Usage  *Usage
 	Err    error
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/kv"
 	"time"
 )
 
@@ -41,11 +42,11 @@ type TokenStream interface {
 	Close() error
 }
 
-// TokenChunk is a piece of output. The final chunk sets Finish ("stop" or
-// "length") and the usage fields.
+// TokenChunk is a piece of output. The final chunk sets Finish (stop or
+// length) and the usage fields.
 type TokenChunk struct {
 	Tokens       []uint32
-	Finish       string
+	Finish       kv.FinishReason
 	PromptTokens int
 	CachedTokens int
 }

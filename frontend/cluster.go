@@ -353,8 +353,8 @@ func (s *workerStream) Recv() (TokenChunk, error) {
 		s.first = true
 		s.d.FirstToken()
 	}
-	ch := TokenChunk{Tokens: m.Tokens, Finish: m.FinishReason}
-	if m.FinishReason == "error" {
+	ch := TokenChunk{Tokens: m.Tokens, Finish: kv.FinishReason(m.FinishReason)}
+	if ch.Finish == kv.FinishError {
 		s.finish()
 		return TokenChunk{}, fmt.Errorf("worker %v: engine error: %s", s.d.Worker, m.Error)
 	}

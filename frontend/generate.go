@@ -3,6 +3,7 @@ package frontend
 import (
 	"context"
 	"errors"
+	"github.com/kvmesh/kvmesh/kv"
 	"io"
 	"log/slog"
 	"time"
@@ -21,7 +22,7 @@ type usage struct {
 
 // genOutcome is how a generation ended.
 type genOutcome struct {
-	Finish string
+	Finish kv.FinishReason
 	Usage  usage
 }
 
@@ -130,7 +131,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 				continue
 			}
 			if len(generated) >= maxTokens {
-				out.Finish = "length"
+				out.Finish = kv.FinishLength
 				break
 			}
 			return out, unavailable(1, "the worker failed mid-generation and the migration limit (%d) is spent: %v", s.cfg.MigrationLimit, lost)
@@ -149,7 +150,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 			return out, clientGone(err)
 		}
 		if hit {
-			out.Finish = "stop"
+			out.Finish = kv.FinishStop
 		}
 	}
 	out.Usage.CompletionTokens = len(generated)
@@ -200,7 +201,7 @@ func (s *Server) drain(ctx context.Context, rd *chunkReader, m *Model, obs laten
 					return false, nil, clientGone(err)
 				}
 				if hit {
-					out.Finish, *stopHit = "stop", true
+					out.Finish, *stopHit = kv.FinishStop, true
 					return true, nil, nil
 				}
 				continue

@@ -620,7 +620,7 @@ func (t *twin) workerEvent(w int) error {
 func (t *twin) handle(res *sim.StepResult, now time.Time, nowNS int64) {
 	for i := range res.Outputs {
 		o := &res.Outputs[i]
-		if !o.First && o.Finish == engine.FinishNone {
+		if !o.First && o.Finish == kv.FinishNone {
 			continue
 		}
 		st, ok := o.Seq.Tag.(*request)
@@ -630,7 +630,7 @@ func (t *twin) handle(res *sim.StepResult, now time.Time, nowNS int64) {
 		if o.First {
 			st.dec.FirstToken()
 		}
-		if o.Finish != engine.FinishNone {
+		if o.Finish != kv.FinishNone {
 			st.dec.Done()
 			t.complete(st, now, nowNS)
 		}

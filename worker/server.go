@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"github.com/kvmesh/kvmesh/kv"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/engine"
@@ -105,7 +106,7 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 			if c.Err != nil {
 				out.Error = c.Err.Error()
 				if out.FinishReason == "" {
-					out.FinishReason = string(engine.FinishError)
+					out.FinishReason = string(kv.FinishError)
 				}
 			}
 			// A stream blocked on a slow caller is not waiting on the
@@ -120,7 +121,7 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 			if c.Err != nil {
 				return resultError, nil
 			}
-			if c.Finish != engine.FinishNone {
+			if c.Finish != kv.FinishNone {
 				if u := c.Usage; u != nil {
 					w.met.prompt.Add(float64(u.PromptTokens))
 					w.met.cached.Add(float64(u.CachedTokens))

@@ -94,7 +94,7 @@ func (e *testEngine) Generate(ctx context.Context, req *engine.Request) (<-chan 
 				c.Tokens = make([]kv.Token, per)
 			}
 			if i == req.MaxTokens-1 {
-				c.Finish = engine.FinishLength
+				c.Finish = kv.FinishLength
 				c.Usage = &engine.Usage{PromptTokens: len(req.Tokens), CompletionTokens: req.MaxTokens}
 			}
 			select {

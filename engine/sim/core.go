@@ -28,8 +28,8 @@ var ErrNoSpace = errors.New("no free or evictable KV block")
 type Output struct {
 	Seq    *Seq
 	Token  kv.Token
-	First  bool                // the request's first token
-	Finish engine.FinishReason // non-empty when the request finished
+	First  bool            // the request's first token
+	Finish kv.FinishReason // non-empty when the request finished
 }
 
 // StepResult describes one forward pass. It and its Outputs are reused by
@@ -341,7 +341,7 @@ func (c *Core) Abort(s *Seq, now time.Time) bool {
 	}
 	c.freeBlocks(s)
 	s.st = stFinished
-	s.m.Finish = engine.FinishCancelled
+	s.m.Finish = kv.FinishCancelled
 	s.m.Finished = now
 	c.counters.Aborted++
 	c.ev.flush()
@@ -588,21 +588,21 @@ func (c *Core) sample(s *Seq, end time.Time) bool {
 	}
 	s.m.OutputTokens = len(s.out)
 	c.counters.OutputTokens++
-	var fin engine.FinishReason
+	var fin kv.FinishReason
 	for _, st := range s.req.StopTokens {
 		if st == tok {
-			fin = engine.FinishStop
+			fin = kv.FinishStop
 			break
 		}
 	}
-	if fin == engine.FinishNone && len(s.out) >= s.req.MaxTokens {
-		fin = engine.FinishLength
+	if fin == kv.FinishNone && len(s.out) >= s.req.MaxTokens {
+		fin = kv.FinishLength
 	}
 	c.res.Outputs = append(c.res.Outputs, Output{Seq: s, Token: tok, First: first, Finish: fin})
 	if first {
 		c.res.FirstTokens++
 	}
-	if fin == engine.FinishNone {
+	if fin == kv.FinishNone {
 		return false
 	}
 	c.res.Finished++

@@ -131,7 +131,7 @@ func randomLoad(t *testing.T, seed uint64) {
 			if o.First {
 				firsts++
 			}
-			if o.Finish != engine.FinishNone {
+			if o.Finish != kv.FinishNone {
 				finished++
 			}
 		}
@@ -151,7 +151,7 @@ func randomLoad(t *testing.T, seed uint64) {
 				t.Fatalf("step %d: First=%v after %d tokens", step, o.First, len(l.got))
 			}
 			l.got = append(l.got, o.Token)
-			if o.Finish != engine.FinishNone {
+			if o.Finish != kv.FinishNone {
 				l.done = true
 				m := o.Seq.Metrics()
 				if m.Finish != o.Finish || !m.Finished.Equal(res.End) || m.FirstToken.IsZero() {
@@ -167,7 +167,7 @@ func randomLoad(t *testing.T, seed uint64) {
 		// Repeat a finished prompt: with nothing evicting in between, it hits.
 		if len(all) > 0 && r.IntN(3) == 0 {
 			l := all[r.IntN(len(all))]
-			if l.done && l.s.m.Finish != engine.FinishCancelled && c.waiting.len() == 0 && len(c.running) == 0 {
+			if l.done && l.s.m.Finish != kv.FinishCancelled && c.waiting.len() == 0 && len(c.running) == 0 {
 				rq := *l.s.req
 				rq.ID += "-again"
 				want := c.Lookup(l.s.seqh[:min(len(l.s.seqh), (len(rq.Tokens)-1)/cfg.BlockSize)])
@@ -187,7 +187,7 @@ func randomLoad(t *testing.T, seed uint64) {
 				all, bySeq[s] = append(all, nl), nl
 				for _, o := range res.Outputs {
 					bySeq[o.Seq].got = append(bySeq[o.Seq].got, o.Token)
-					if o.Finish != engine.FinishNone {
+					if o.Finish != kv.FinishNone {
 						bySeq[o.Seq].done = true
 					}
 				}
@@ -221,7 +221,7 @@ func randomLoad(t *testing.T, seed uint64) {
 	// exactly the blocks the cache still holds, and the latest hits.
 	for i, k := len(all)-1, 0; i >= 0 && k < 5; i-- {
 		l := all[i]
-		if l.s.m.Finish == engine.FinishCancelled || len(l.s.prompt) <= cfg.BlockSize {
+		if l.s.m.Finish == kv.FinishCancelled || len(l.s.prompt) <= cfg.BlockSize {
 			continue
 		}
 		k++
@@ -245,7 +245,7 @@ func randomLoad(t *testing.T, seed uint64) {
 	var finished, stopped int
 	for _, l := range all {
 		s := l.s
-		if s.m.Finish == engine.FinishCancelled {
+		if s.m.Finish == kv.FinishCancelled {
 			continue
 		}
 		finished++
@@ -254,12 +254,12 @@ func randomLoad(t *testing.T, seed uint64) {
 		if !slices.Equal(l.got, want) || !slices.Equal(s.Output(), want) {
 			t.Fatalf("%s: got %v, reference %v", s.ID(), l.got, want)
 		}
-		if s.m.Finish == engine.FinishStop {
+		if s.m.Finish == kv.FinishStop {
 			stopped++
 			if !slices.Contains(rq.StopTokens, want[len(want)-1]) {
 				t.Fatalf("%s: stop without a stop token", s.ID())
 			}
-		} else if s.m.Finish != engine.FinishLength || len(l.got) != rq.MaxTokens {
+		} else if s.m.Finish != kv.FinishLength || len(l.got) != rq.MaxTokens {
 			t.Fatalf("%s: finish %q with %d of %d tokens", s.ID(), s.m.Finish, len(l.got), rq.MaxTokens)
 		}
 		if u := s.Usage(); u.CompletionTokens != len(want) || u.PromptTokens != len(rq.Tokens) {

@@ -70,7 +70,7 @@ func TestDeterministicAcrossEngines(t *testing.T) {
 	ta, last := run(a, 42)
 	tb, _ := run(b, 42)
 	collect(t, chB2)
-	if len(ta) != 150 || last.Finish != engine.FinishLength || last.Usage == nil || last.Usage.CompletionTokens != 150 || last.Usage.PromptTokens != 300 {
+	if len(ta) != 150 || last.Finish != kv.FinishLength || last.Usage == nil || last.Usage.CompletionTokens != 150 || last.Usage.PromptTokens != 300 {
 		t.Fatalf("a: %d tokens, last chunk %+v", len(ta), last)
 	}
 	if !slices.Equal(ta, tb) {
@@ -115,7 +115,7 @@ func TestCancellationFreesBlocks(t *testing.T) {
 	}
 	vc.Advance(time.Second)
 	first := <-ch
-	if len(first.Tokens) != 1 || first.Finish != engine.FinishNone {
+	if len(first.Tokens) != 1 || first.Finish != kv.FinishNone {
 		t.Fatalf("first chunk %+v", first)
 	}
 	if err := vc.BlockUntil(wait, 1); err != nil {
@@ -126,7 +126,7 @@ func TestCancellationFreesBlocks(t *testing.T) {
 	}
 	cancel()
 	for c := range ch {
-		if c.Finish != engine.FinishCancelled && c.Finish != engine.FinishNone {
+		if c.Finish != kv.FinishCancelled && c.Finish != kv.FinishNone {
 			t.Fatalf("chunk after cancel: %+v", c)
 		}
 	}
@@ -158,7 +158,7 @@ func TestCloseEndsStreams(t *testing.T) {
 	}
 	e.Close()
 	_, last := collect(t, ch)
-	if last.Finish != engine.FinishError || !errors.Is(last.Err, engine.ErrClosed) {
+	if last.Finish != kv.FinishError || !errors.Is(last.Err, engine.ErrClosed) {
 		t.Fatalf("last chunk after Close: %+v", last)
 	}
 	if _, err := e.Generate(context.Background(), &engine.Request{ID: "y", Tokens: []kv.Token{1}, MaxTokens: 1}); !errors.Is(err, engine.ErrClosed) {
@@ -205,9 +205,9 @@ func TestEngineManyConcurrent(t *testing.T) {
 				last = c
 			}
 			want := refOutput(prompt, uint64(i), "", "", 5+i, cfg.BlockSize, uint32(cfg.VocabSize), rq.StopTokens)
-			wantFin := engine.FinishLength
+			wantFin := kv.FinishLength
 			if len(want) < 5+i {
-				wantFin = engine.FinishStop
+				wantFin = kv.FinishStop
 			}
 			if !slices.Equal(got, want) || last.Finish != wantFin {
 				errs <- "request output or finish differs from the reference"

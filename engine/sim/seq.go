@@ -28,7 +28,7 @@ type Metrics struct {
 	CachedTokens  int // prompt tokens found in the cache at first admission (fetched ones included)
 	FetchedTokens int // prompt tokens the Fetcher brought in for it
 	Preemptions   int
-	Finish        engine.FinishReason
+	Finish        kv.FinishReason
 }
 
 // Seq is one request inside a Core. Its methods are safe to call from the
