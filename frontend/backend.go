@@ -3,15 +3,15 @@ package frontend
 import (
 	"context"
 	"errors"
-	"fmt"
 	"github.com/kvmesh/kvmesh/kv"
-	"time"
 )
 
 // Backend runs preprocessed (tokenized) requests: the router picks a worker
 // and the request plane streams its tokens back. The frontend knows nothing
 // of workers; kvmesh's wiring implements this over router and gRPC.
 type Backend interface {
+	// Generate's errors the handler maps to 503s are the router's own:
+	// *router.BusyError (every worker busy) and router.ErrNoWorkers.
 	Generate(ctx context.Context, req *GenerateRequest) (TokenStream, error)
 }
 
@@ -64,16 +64,6 @@ var ErrRejected = errors.New("the worker rejected the request")
 // against it before routing and /v1/models advertises it.
 type ContextLimiter interface {
 	MaxContext(model string) int // 0: unknown
-}
-
-// ErrNoWorkers: no worker serves the model right now.
-var ErrNoWorkers = errors.New("no worker available")
-
-// BusyError: every worker is over its busy threshold.
-type BusyError struct{ RetryAfter time.Duration }
-
-func (e *BusyError) Error() string {
-	return fmt.Sprintf("all workers are busy; retry after %s", e.RetryAfter)
 }
 
 // Model is one served model with its preprocessing.

@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -269,14 +268,8 @@ func (c *Cluster) excluded() []kv.WorkerKey {
 // Generate routes the request and streams it from the chosen worker.
 func (c *Cluster) Generate(ctx context.Context, req *GenerateRequest) (TokenStream, error) {
 	d, err := c.router.Route(ctx, router.Request{Model: req.Model, Tokens: req.Tokens, Exclude: c.excluded()})
-	var busy *router.BusyError
-	switch {
-	case errors.As(err, &busy):
-		return nil, &BusyError{RetryAfter: busy.RetryAfter}
-	case errors.Is(err, router.ErrNoWorkers):
-		return nil, ErrNoWorkers
-	case err != nil:
-		return nil, err
+	if err != nil {
+		return nil, err // router.BusyError and router.ErrNoWorkers reach the handler as they are
 	}
 	c.mu.Lock()
 	in, ok := c.instances[d.Worker.Instance]

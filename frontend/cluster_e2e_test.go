@@ -727,7 +727,7 @@ func testBadInput(t *testing.T, bin string) {
 	}
 
 	// An unknown model.
-	if _, err := c.Generate(e.ctx, &GenerateRequest{Model: "no-such-model", Tokens: prompt(1, 16), MaxTokens: 1}); !errors.Is(err, ErrNoWorkers) {
+	if _, err := c.Generate(e.ctx, &GenerateRequest{Model: "no-such-model", Tokens: prompt(1, 16), MaxTokens: 1}); !errors.Is(err, router.ErrNoWorkers) {
 		t.Fatalf("unknown model: %v, want ErrNoWorkers", err)
 	}
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/router"
 	"io"
 	"log/slog"
 	"time"
@@ -368,7 +369,7 @@ func (s *Server) backendError(ctx context.Context, err error) *apiError {
 	if ctx.Err() != nil {
 		return cancelled(ctx)
 	}
-	var busy *BusyError
+	var busy *router.BusyError
 	switch {
 	case errors.As(err, &busy):
 		secs := int(busy.RetryAfter / time.Second)
@@ -376,7 +377,7 @@ func (s *Server) backendError(ctx context.Context, err error) *apiError {
 			secs = 1
 		}
 		return unavailable(secs, "every worker is busy; retry after %d s", secs)
-	case errors.Is(err, ErrNoWorkers):
+	case errors.Is(err, router.ErrNoWorkers):
 		return unavailable(1, "no worker is available for this model right now")
 	case errors.Is(err, ErrWorkerLost):
 		return unavailable(1, "the worker failed and the request could not be migrated: %v", err)

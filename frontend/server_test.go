@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kvmesh/kvmesh/router"
 	"io"
 	"net"
 	"net/http"
@@ -369,7 +370,7 @@ func TestBadRequests(t *testing.T) {
 }
 
 func TestBusyIs503WithRetryAfter(t *testing.T) {
-	b := &fakeBackend{err: &BusyError{RetryAfter: 2 * time.Second}}
+	b := &fakeBackend{err: &router.BusyError{RetryAfter: 2 * time.Second}}
 	ts := newTestServer(t, b, DefaultConfig())
 	resp, body := post(t, ts.URL+"/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "2" || !strings.Contains(body, "busy") {
