@@ -21,13 +21,28 @@ const (
 	ModeKVApprox   Mode = "kv-approx"   // cost model over the router's own routing history
 )
 
-// ParseMode accepts the names above.
-func ParseMode(s string) (Mode, error) {
-	switch m := Mode(strings.ToLower(strings.TrimSpace(s))); m {
-	case ModeRoundRobin, ModeRandom, ModeKV, ModeKVApprox:
-		return m, nil
+// Modes lists every mode, in the order help texts name them.
+var Modes = []Mode{ModeRoundRobin, ModeRandom, ModeKV, ModeKVApprox}
+
+// ModeList names the modes for help and error texts:
+// "round-robin, random, kv or kv-approx".
+func ModeList() string {
+	names := make([]string, len(Modes))
+	for i, m := range Modes {
+		names[i] = string(m)
 	}
-	return "", fmt.Errorf("unknown router mode %q (want round-robin, random, kv or kv-approx)", s)
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+// ParseMode accepts the names above, in any case.
+func ParseMode(s string) (Mode, error) {
+	m := Mode(strings.ToLower(strings.TrimSpace(s)))
+	for _, x := range Modes {
+		if m == x {
+			return m, nil
+		}
+	}
+	return "", fmt.Errorf("unknown router mode %q (want %s)", s, ModeList())
 }
 
 // Config configures a Router. The zero value of every field picks the

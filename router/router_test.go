@@ -77,6 +77,9 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := ParseMode("KV-Approx"); err != nil {
 		t.Errorf("ParseMode: %v", err)
 	}
+	if _, err := ParseMode("kv+hints"); err == nil || err.Error() != `unknown router mode "kv+hints" (want round-robin, random, kv or kv-approx)` {
+		t.Errorf("ParseMode(kv+hints): %v", err)
+	}
 }
 
 func TestAddWorkerValidation(t *testing.T) {

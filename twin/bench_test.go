@@ -2,6 +2,7 @@ package twin
 
 import (
 	"context"
+	"github.com/kvmesh/kvmesh/router"
 	"os"
 	"slices"
 	"testing"
@@ -44,7 +45,7 @@ func BenchmarkConversation8(b *testing.B) {
 			for b.Loop() {
 				w, mode := wl, m
 				if m == "kv-cold" {
-					w, mode = &Workload{TraceBlockSize: wl.TraceBlockSize, Requests: wl.Requests}, ModeKV
+					w, mode = &Workload{TraceBlockSize: wl.TraceBlockSize, Requests: wl.Requests}, string(router.ModeKV)
 				}
 				if r, err = Run(context.Background(), w, Config{Mode: mode, Seed: 1}); err != nil {
 					b.Fatal(err)
