@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/kvmesh/kvmesh/kv"
@@ -107,4 +108,43 @@ func EventsFromProto(ps []*KvEvent) ([]kv.Event, error) {
 		out[i] = e
 	}
 	return out, nil
+}
+
+// SamplingToProto sets req's sampling fields from s. A TopP of 0 (not set)
+// stays absent on the wire, so the engine's default applies.
+func SamplingToProto(req *GenerateRequest, s *kv.Sampling) {
+	req.MaxTokens = uint32(s.MaxTokens)
+	req.StopTokenIds = s.StopTokens
+	req.Seed = s.Seed
+	req.Temperature = s.Temperature
+	req.TopP = nil
+	if s.TopP != 0 {
+		tp := s.TopP
+		req.TopP = &tp
+	}
+	req.PresencePenalty = s.PresencePenalty
+	req.FrequencyPenalty = s.FrequencyPenalty
+}
+
+// SamplingFromProto reads req's sampling fields and checks their ranges;
+// the error names the field as the wire does. StopTokens shares req's slice.
+func SamplingFromProto(req *GenerateRequest) (kv.Sampling, error) {
+	s := kv.Sampling{
+		MaxTokens: int(req.MaxTokens), StopTokens: req.StopTokenIds, Seed: req.Seed,
+		Temperature: req.Temperature, TopP: req.GetTopP(),
+		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty,
+	}
+	switch {
+	case req.MaxTokens == 0:
+		return s, errors.New("max_tokens must be ≥ 1")
+	case !(req.Temperature >= 0): // also NaN
+		return s, fmt.Errorf("temperature %g, want ≥ 0", req.Temperature)
+	case req.TopP != nil && !(*req.TopP > 0 && *req.TopP <= 1):
+		return s, fmt.Errorf("top_p %g, want in (0, 1]", *req.TopP)
+	case !(req.PresencePenalty >= -2 && req.PresencePenalty <= 2):
+		return s, fmt.Errorf("presence_penalty %g, want in [-2, 2]", req.PresencePenalty)
+	case !(req.FrequencyPenalty >= -2 && req.FrequencyPenalty <= 2):
+		return s, fmt.Errorf("frequency_penalty %g, want in [-2, 2]", req.FrequencyPenalty)
+	}
+	return s, nil
 }

@@ -49,3 +49,69 @@ func TestEventFromProtoRejects(t *testing.T) {
 		}
 	}
 }
+
+// TestSamplingRoundTrip fails when a field of kv.Sampling is not carried by
+// the wire: every field is set non-zero (by reflection, so a new field is
+// covered without editing this test, or fails it on a kind it cannot fill),
+// sent through the protobuf encoding and read back.
+func TestSamplingRoundTrip(t *testing.T) {
+	var s kv.Sampling
+	v := reflect.ValueOf(&s).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.Int, reflect.Int64, reflect.Int32:
+			f.SetInt(7) // valid for every count
+		case reflect.Uint64, reflect.Uint32:
+			f.SetUint(9)
+		case reflect.Float64:
+			f.SetFloat(0.5) // inside every sampling range: temperature, top_p, penalties
+		case reflect.Slice:
+			if f.Type().Elem().Kind() != reflect.Uint32 {
+				t.Fatalf("field %s: cannot fill a %s", v.Type().Field(i).Name, f.Type())
+			}
+			f.Set(reflect.ValueOf([]uint32{3, 4}).Convert(f.Type()))
+		default:
+			t.Fatalf("field %s: cannot fill a %s; teach this test", v.Type().Field(i).Name, f.Type())
+		}
+	}
+	var req GenerateRequest
+	SamplingToProto(&req, &s)
+	b, err := proto.Marshal(&req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back GenerateRequest
+	if err := proto.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	got, err := SamplingFromProto(&back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, s) {
+		t.Fatalf("round trip lost a field:\n got %+v\nwant %+v", got, s)
+	}
+	// TopP 0 means "not set": it must stay absent so the engine's default applies.
+	s.TopP = 0
+	SamplingToProto(&req, &s)
+	if req.TopP != nil {
+		t.Fatalf("top_p 0 sent as %v", *req.TopP)
+	}
+}
+
+func TestSamplingFromProtoRejects(t *testing.T) {
+	f := func(x float64) *float64 { return &x }
+	for want, req := range map[string]*GenerateRequest{
+		"max_tokens must be ≥ 1":                  {},
+		"temperature -1, want ≥ 0":                {MaxTokens: 1, Temperature: -1},
+		"top_p 0, want in (0, 1]":                 {MaxTokens: 1, TopP: f(0)},
+		"top_p 1.5, want in (0, 1]":               {MaxTokens: 1, TopP: f(1.5)},
+		"presence_penalty 3, want in [-2, 2]":     {MaxTokens: 1, PresencePenalty: 3},
+		"frequency_penalty -2.5, want in [-2, 2]": {MaxTokens: 1, FrequencyPenalty: -2.5},
+	} {
+		if _, err := SamplingFromProto(req); err == nil || err.Error() != want {
+			t.Errorf("%+v: %v, want %q", req, err, want)
+		}
+	}
+}

@@ -24,14 +24,11 @@ type Config struct {
 
 // Request is one generation.
 type Request struct {
-	ID          string
-	Tokens      []kv.Token // the prompt
-	MaxTokens   int        // tokens to generate (≥ 1)
-	StopTokens  []kv.Token // generation ends after emitting one of these
-	Seed        uint64
-	Temperature float64
-	LoRA        string // adapter name; mixed into block hashes
-	CacheSalt   string // cache namespace; mixed into block hashes
+	ID     string
+	Tokens []kv.Token // the prompt
+	kv.Sampling
+	LoRA      string // adapter name; mixed into block hashes
+	CacheSalt string // cache namespace; mixed into block hashes
 	// KVHint is the router's KV hint envelope as received (raw JSON, see
 	// package hints), or nil. It is advisory: an engine may ignore it, and
 	// one that consumes it must fall back to computing locally whenever the
@@ -40,13 +37,6 @@ type Request struct {
 	// DPRank is the data-parallel rank to run on (see Ranked); 0 on an
 	// engine with one rank.
 	DPRank int
-	// TopP is the nucleus sampling mass in (0, 1]; 0 means not set, so the
-	// engine's default (1) applies: no client can ask for 0.
-	TopP float64
-	// PresencePenalty and FrequencyPenalty are OpenAI's, in [-2, 2]; 0
-	// applies none (every engine's default).
-	PresencePenalty  float64
-	FrequencyPenalty float64
 }
 
 // Usage counts one generation's tokens.

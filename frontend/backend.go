@@ -18,17 +18,10 @@ type Backend interface {
 // GenerateRequest is what reaches the router: tokens and sampling only. It
 // has no field for client routing hints, so none can reach a worker.
 type GenerateRequest struct {
-	RequestID   string
-	Model       string
-	Tokens      []uint32
-	MaxTokens   int
-	StopTokens  []uint32
-	Seed        uint64
-	Temperature float64
-	TopP        float64 // 0: not set (the engine's default, 1)
-	// PresencePenalty and FrequencyPenalty: 0 applies none.
-	PresencePenalty  float64
-	FrequencyPenalty float64
+	RequestID string
+	Model     string
+	Tokens    []uint32
+	kv.Sampling
 	// Attempt counts migrations: 0 for the first try.
 	Attempt int
 }

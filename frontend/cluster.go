@@ -284,12 +284,8 @@ func (c *Cluster) Generate(ctx context.Context, req *GenerateRequest) (TokenStre
 		c.inhibit(d.Worker)
 		return nil, fmt.Errorf("%v: %w", err, ErrWorkerLost)
 	}
-	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, MaxTokens: uint32(req.MaxTokens),
-		StopTokenIds: req.StopTokens, Seed: req.Seed, Temperature: req.Temperature, DpRank: d.Worker.DPRank,
-		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty}
-	if tp := req.TopP; tp != 0 { // absent on the wire when the client set none
-		greq.TopP = &tp
-	}
+	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, DpRank: d.Worker.DPRank}
+	api.SamplingToProto(greq, &req.Sampling)
 	if h := d.Hint; h != nil {
 		greq.KvHint = hints.NewFetch(d.ID, h.Endpoint, h.SeqHashes).Marshal()
 	}

@@ -299,7 +299,7 @@ type genResult struct {
 
 // generate sends a request through the cluster and reads it to the end.
 func generate(ctx context.Context, c *Cluster, model string, toks []uint32, maxTokens int) (genResult, error) {
-	st, err := c.Generate(ctx, &GenerateRequest{Model: model, Tokens: toks, MaxTokens: maxTokens})
+	st, err := c.Generate(ctx, &GenerateRequest{Model: model, Tokens: toks, Sampling: kv.Sampling{MaxTokens: maxTokens}})
 	if err != nil {
 		return genResult{}, err
 	}
@@ -637,7 +637,7 @@ func testReplicaSync(t *testing.T, bin string) {
 		if i%2 == 1 {
 			c = b
 		}
-		st, err := c.Generate(e.ctx, &GenerateRequest{Model: e2eModel, Tokens: prompt(uint64(800+i), 300+50*i), MaxTokens: 3})
+		st, err := c.Generate(e.ctx, &GenerateRequest{Model: e2eModel, Tokens: prompt(uint64(800+i), 300+50*i), Sampling: kv.Sampling{MaxTokens: 3}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -727,7 +727,7 @@ func testBadInput(t *testing.T, bin string) {
 	}
 
 	// An unknown model.
-	if _, err := c.Generate(e.ctx, &GenerateRequest{Model: "no-such-model", Tokens: prompt(1, 16), MaxTokens: 1}); !errors.Is(err, router.ErrNoWorkers) {
+	if _, err := c.Generate(e.ctx, &GenerateRequest{Model: "no-such-model", Tokens: prompt(1, 16), Sampling: kv.Sampling{MaxTokens: 1}}); !errors.Is(err, router.ErrNoWorkers) {
 		t.Fatalf("unknown model: %v, want ErrNoWorkers", err)
 	}
 
@@ -751,7 +751,7 @@ func testBadInput(t *testing.T, bin string) {
 	// discovery refresh) and one that dies mid-stream (SIGKILL).
 	long := func(seed uint64) (TokenStream, *e2eWorker) {
 		for {
-			st, err := c.Generate(e.ctx, &GenerateRequest{Model: e2eModel, Tokens: prompt(seed, 128), MaxTokens: 3000})
+			st, err := c.Generate(e.ctx, &GenerateRequest{Model: e2eModel, Tokens: prompt(seed, 128), Sampling: kv.Sampling{MaxTokens: 3000}})
 			if errors.Is(err, ErrWorkerLost) {
 				seed += 1000 // routed to the dead instance: try again
 				continue

@@ -85,20 +85,9 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 		if len(generated) > 0 {
 			tokens = append(append(make([]uint32, 0, len(prompt)+len(generated)), prompt...), generated...)
 		}
-		req := &GenerateRequest{
-			RequestID:   reqID,
-			Model:       m.Name,
-			Tokens:      tokens,
-			MaxTokens:   maxTokens - len(generated),
-			StopTokens:  m.EOS,
-			Seed:        seed,
-			Temperature: p.Temperature,
-			TopP:        p.TopP,
-			Attempt:     attempt,
-
-			PresencePenalty:  p.PresencePenalty,
-			FrequencyPenalty: p.FrequencyPenalty,
-		}
+		smp := p.Sampling
+		smp.MaxTokens, smp.StopTokens, smp.Seed = maxTokens-len(generated), m.EOS, seed
+		req := &GenerateRequest{RequestID: reqID, Model: m.Name, Tokens: tokens, Sampling: smp, Attempt: attempt}
 		// Each attempt has its own context: cancelling it ends a pump's
 		// pending Recv before the stream is closed.
 		actx, acancel := context.WithCancel(ctx)

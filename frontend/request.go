@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/kv"
 	"math"
 	"strconv"
 	"strings"
@@ -19,18 +20,14 @@ type Message struct {
 
 // genParams are the sampling and length parameters both endpoints share.
 type genParams struct {
-	MaxTokens    int // 0: until the context or the default limit
-	Temperature  float64
-	TopP         float64 // 0: not set (the engine's default, 1)
-	Seed         uint64
+	// Sampling as the client set it; MaxTokens 0: until the context or the
+	// default limit. Seed is meaningful with HasSeed only.
+	kv.Sampling
 	HasSeed      bool
 	Stop         []string
 	Stream       bool
 	IncludeUsage bool
 	User         string
-	// PresencePenalty and FrequencyPenalty are validated sampling knobs.
-	PresencePenalty  float64
-	FrequencyPenalty float64
 	// maxTokensParam names the parameter that set MaxTokens ("" if none)
 	// and promptParam the prompt ("messages" or "prompt"), for errors.
 	maxTokensParam string

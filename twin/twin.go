@@ -530,7 +530,7 @@ func (t *twin) arrive(ctx context.Context, atNS int64) error {
 	}
 	tail := t.carveTail(t.tok)
 	st := &t.reqs[i]
-	st.er = engine.Request{ID: strconv.Itoa(rq.Line), MaxTokens: max(rq.OutputLength, 1), Seed: rng64(t.cfg.Seed, i)}
+	st.er = engine.Request{ID: strconv.Itoa(rq.Line), Sampling: kv.Sampling{MaxTokens: max(rq.OutputLength, 1), Seed: rng64(t.cfg.Seed, i)}}
 	t.hint = d.Hint
 	if d.Hint != nil {
 		t.res.Hints.Hints++

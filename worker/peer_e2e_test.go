@@ -43,7 +43,8 @@ func clusterTurn(t *testing.T, c *frontend.Cluster, toks []uint32) turnResult {
 	defer cancel()
 	start := time.Now()
 	st, err := c.Generate(ctx, &frontend.GenerateRequest{RequestID: fmt.Sprint("r", start.UnixNano()), Model: e2eModel,
-		Tokens: toks, MaxTokens: 6, Seed: 1234})
+		Tokens: toks, Sampling: kv.Sampling{MaxTokens: 6, Seed: 1234},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +203,7 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 		t.Fatalf("hinted answer %v, recomputed answer %v", got.toks, base.toks)
 	}
 	// A, which computed turn 1, gives the same answer.
-	ga := genEngine(t, a.eng, &engine.Request{ID: "on-a", Tokens: turn2, MaxTokens: 6, Seed: 1234})
+	ga := genEngine(t, a.eng, &engine.Request{ID: "on-a", Tokens: turn2, Sampling: kv.Sampling{MaxTokens: 6, Seed: 1234}})
 	if !slices.Equal(ga.toks, got.toks) {
 		t.Errorf("A answers %v, B %v", ga.toks, got.toks)
 	}

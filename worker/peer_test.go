@@ -88,7 +88,7 @@ func seqHashes(toks []kv.Token) []kv.SeqHash {
 }
 
 func turnReq(id string, toks []kv.Token, hint []byte) *engine.Request {
-	return &engine.Request{ID: id, Tokens: toks, MaxTokens: 8, Seed: 42, KVHint: hint}
+	return &engine.Request{ID: id, Tokens: toks, Sampling: kv.Sampling{MaxTokens: 8, Seed: 42}, KVHint: hint}
 }
 
 // reference is what a cold engine produces for req (no hint, no cache).
@@ -222,7 +222,7 @@ func TestPeerFetchWholePrefix(t *testing.T) {
 }
 
 func turn1Req(toks []kv.Token) *engine.Request {
-	return &engine.Request{ID: "t1", Tokens: toks, MaxTokens: 4, Seed: 7}
+	return &engine.Request{ID: "t1", Tokens: toks, Sampling: kv.Sampling{MaxTokens: 4, Seed: 7}}
 }
 
 // The peer evicted the tail of the prefix: the target inserts the prefix the
@@ -235,7 +235,7 @@ func TestPeerFetchPartialAfterEviction(t *testing.T) {
 	hinted := seqHashes(turn1)
 	// An unrelated prompt needs more blocks than are free: the least
 	// recently freed (the conversation's tail) are evicted.
-	genEngine(t, a, &engine.Request{ID: "q", Tokens: prompt(50000, 16*peerBS), MaxTokens: 2})
+	genEngine(t, a, &engine.Request{ID: "q", Tokens: prompt(50000, 16*peerBS), Sampling: kv.Sampling{MaxTokens: 2}})
 	held := a.Lookup(hinted)
 	if held == 0 || held >= len(hinted) {
 		t.Fatalf("peer holds %d of %d blocks; want a strict prefix", held, len(hinted))

@@ -34,18 +34,12 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	switch {
 	case len(req.Tokens) == 0:
 		return resultRejected, status.Error(codes.InvalidArgument, "generate: empty prompt")
-	case req.MaxTokens == 0:
-		return resultRejected, status.Error(codes.InvalidArgument, "generate: max_tokens must be ≥ 1")
 	case int(req.DpRank) >= w.cfg.DPSize:
 		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: dp_rank %d but dp_size %d", req.DpRank, w.cfg.DPSize)
-	case !(req.Temperature >= 0): // also NaN
-		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: temperature %g, want ≥ 0", req.Temperature)
-	case req.TopP != nil && !(*req.TopP > 0 && *req.TopP <= 1):
-		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: top_p %g, want in (0, 1]", *req.TopP)
-	case !(req.PresencePenalty >= -2 && req.PresencePenalty <= 2):
-		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: presence_penalty %g, want in [-2, 2]", req.PresencePenalty)
-	case !(req.FrequencyPenalty >= -2 && req.FrequencyPenalty <= 2):
-		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: frequency_penalty %g, want in [-2, 2]", req.FrequencyPenalty)
+	}
+	smp, err := api.SamplingFromProto(req)
+	if err != nil {
+		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: %v", err)
 	}
 	if len(req.KvHint) > 0 {
 		// Passed to the engine as received: the engine's fetcher (Peer)
@@ -56,10 +50,8 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 		w.transferParams.Add(1)
 	}
 	ereq := &engine.Request{
-		ID: req.RequestId, Tokens: req.Tokens, MaxTokens: int(req.MaxTokens), StopTokens: req.StopTokenIds,
-		Seed: req.Seed, Temperature: req.Temperature, LoRA: req.Lora, CacheSalt: req.CacheSalt,
+		ID: req.RequestId, Tokens: req.Tokens, Sampling: smp, LoRA: req.Lora, CacheSalt: req.CacheSalt,
 		KVHint: req.KvHint, DPRank: int(req.DpRank),
-		TopP: req.GetTopP(), PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty,
 	}
 	// Counted (as waiting on the engine) before the engine sees it, so an
 	// engine that hangs on admission still trips the watchdog.

@@ -49,7 +49,7 @@ func cachePrompt(tb testing.TB, ctx context.Context, e *sim.Engine, prompt []kv.
 }
 
 func runPrompt(ctx context.Context, e *sim.Engine, prompt []kv.Token) error {
-	ch, err := e.Generate(ctx, &engine.Request{ID: "cache", Tokens: prompt, MaxTokens: 1, Seed: 1})
+	ch, err := e.Generate(ctx, &engine.Request{ID: "cache", Tokens: prompt, Sampling: kv.Sampling{MaxTokens: 1, Seed: 1}})
 	if err != nil {
 		return err
 	}

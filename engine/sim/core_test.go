@@ -73,8 +73,7 @@ func randomLoad(t *testing.T, seed uint64) {
 			if kv.BlocksNeeded(len(toks)+max, cfg.BlockSize) > cfg.Blocks {
 				continue
 			}
-			rq := &engine.Request{ID: fmt.Sprint("r", len(all)), Tokens: toks, MaxTokens: max,
-				Seed: uint64(r.IntN(3)), LoRA: loras[r.IntN(len(loras))]}
+			rq := &engine.Request{ID: fmt.Sprint("r", len(all)), Tokens: toks, Sampling: kv.Sampling{MaxTokens: max, Seed: uint64(r.IntN(3))}, LoRA: loras[r.IntN(len(loras))]}
 			if r.IntN(3) == 0 {
 				rq.StopTokens = []kv.Token{kv.Token(r.IntN(cfg.VocabSize)), kv.Token(r.IntN(cfg.VocabSize))}
 			}
@@ -427,9 +426,9 @@ func TestAddValidates(t *testing.T) {
 	c := mustCore(t, testConfig())
 	cases := []*engine.Request{
 		nil,
-		{ID: "empty", MaxTokens: 1},
-		{ID: "zero", Tokens: []kv.Token{1}, MaxTokens: 0},
-		{ID: "huge", Tokens: make([]kv.Token, 250), MaxTokens: 10}, // 260 tokens > 64 blocks × 4
+		{ID: "empty", Sampling: kv.Sampling{MaxTokens: 1}},
+		{ID: "zero", Tokens: []kv.Token{1}, Sampling: kv.Sampling{MaxTokens: 0}},
+		{ID: "huge", Tokens: make([]kv.Token, 250), Sampling: kv.Sampling{MaxTokens: 10}}, // 260 tokens > 64 blocks × 4
 	}
 	for _, rq := range cases {
 		if _, err := c.Add(rq, time.Time{}); err == nil {
@@ -475,7 +474,7 @@ func TestAddHashedEqualsAdd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc, err := cores[2].AddPrompt(&engine.Request{ID: "x", MaxTokens: 9, Seed: 1}, Prompt{Len: 11, Local: local, Tail: prompt[8:]}, time.Time{})
+	sc, err := cores[2].AddPrompt(&engine.Request{ID: "x", Sampling: kv.Sampling{MaxTokens: 9, Seed: 1}}, Prompt{Len: 11, Local: local, Tail: prompt[8:]}, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,7 +493,7 @@ func TestAddHashedEqualsAdd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := cores[2].AddPrompt(&engine.Request{ID: "bad", MaxTokens: 1}, Prompt{Len: 11, Local: local, Tail: prompt[7:]}, time.Time{}); err == nil {
+	if _, err := cores[2].AddPrompt(&engine.Request{ID: "bad", Sampling: kv.Sampling{MaxTokens: 1}}, Prompt{Len: 11, Local: local, Tail: prompt[7:]}, time.Time{}); err == nil {
 		t.Fatal("a tail of the wrong length was accepted")
 	}
 }

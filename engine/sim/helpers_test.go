@@ -228,5 +228,5 @@ func mustCore(t testing.TB, cfg Config) *Core {
 }
 
 func req(id string, toks []kv.Token, maxTokens int) *engine.Request {
-	return &engine.Request{ID: id, Tokens: toks, MaxTokens: maxTokens, Seed: 1}
+	return &engine.Request{ID: id, Tokens: toks, Sampling: kv.Sampling{MaxTokens: maxTokens, Seed: 1}}
 }
