@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"github.com/kvmesh/kvmesh/kv"
 	"os"
 	"reflect"
 	"regexp"
@@ -11,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 const tracePath = "../../shared/traces/conversation_trace.jsonl"

@@ -5,10 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/kv"
 	"math"
 	"sync"
 
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )

@@ -3,8 +3,8 @@ package events
 import (
 	"bytes"
 	"fmt"
-	"github.com/kvmesh/kvmesh/kv"
 
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/vmihailenco/msgpack/v5"
 )
 

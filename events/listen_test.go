@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"github.com/kvmesh/kvmesh/kv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/kv"
 	"go.uber.org/goleak"
 )
 

@@ -3,6 +3,7 @@ package frontend
 import (
 	"context"
 	"errors"
+
 	"github.com/kvmesh/kvmesh/kv"
 )
 

@@ -3,14 +3,14 @@ package frontend
 import (
 	"context"
 	"errors"
-	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/router"
 	"io"
 	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
 

@@ -3,9 +3,10 @@ package frontend
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/kvmesh/kvmesh/kv"
 	"net/http"
 	"time"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 type usageJSON struct {

@@ -5,10 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/kv"
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // Message is one chat message after validation; content is plain text.

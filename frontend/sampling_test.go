@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"context"
-	"github.com/kvmesh/kvmesh/kv"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/worker"
 )
 

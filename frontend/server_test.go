@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/kvmesh/kvmesh/router"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/router"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 )

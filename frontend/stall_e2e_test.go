@@ -3,7 +3,6 @@ package frontend
 import (
 	"context"
 	"fmt"
-	"github.com/kvmesh/kvmesh/kv"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/worker"
 )
 

@@ -5,11 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/kv"
 	"io"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // Protocol constants.

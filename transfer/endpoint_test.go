@@ -2,9 +2,10 @@ package transfer
 
 import (
 	"errors"
-	"github.com/kvmesh/kvmesh/kv"
 	"strings"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // The host rule itself is kv.ParseEndpoint's table; here, that the

@@ -2,10 +2,11 @@ package twin
 
 import (
 	"context"
-	"github.com/kvmesh/kvmesh/router"
 	"os"
 	"slices"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/router"
 )
 
 // conversationTrace is $KVMESH_TRACE, else the shared traces folder next

@@ -3,10 +3,10 @@ package worker
 import (
 	"context"
 	"errors"
-	"github.com/kvmesh/kvmesh/kv"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/kv"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )

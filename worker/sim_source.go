@@ -1,10 +1,10 @@
 package worker
 
 import (
-	"github.com/kvmesh/kvmesh/kv"
 	"slices"
 
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/kvmesh/kvmesh/kv"
 	"io"
 	"net"
 	"sort"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 

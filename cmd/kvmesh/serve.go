@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/kvmesh/kvmesh/kv"
 	"log/slog"
 	"net"
 	"net/http"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/kvmesh/kvmesh/worker"

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/kv"
 	"log/slog"
 	"net"
 	"net/http"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/runtime"
 	"github.com/kvmesh/kvmesh/worker"
 )
