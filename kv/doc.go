@@ -1,4 +1,8 @@
-// Package kv is kvmesh's shared vocabulary: tokens, blocks, block hashes,
-// tiers, worker keys, KV events and block payloads. Every other package
-// speaks it, so it stays small and depends on nothing but a hash function.
+// Package kv is kvmesh's shared vocabulary: tokens, blocks and their three
+// hash domains (LocalHash, SeqHash, EngineHash: defined types, so a value of
+// one domain is never passed for another without a visible conversion),
+// tiers, worker keys, KV events, block payloads, roles, finish reasons,
+// sampling parameters, and the one control-endpoint rule (ParseEndpoint).
+// Every other package speaks it, so it stays small and imports nothing of
+// kvmesh and nothing outside the standard library but its hash function.
 package kv
