@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/kvmesh/kvmesh/kv"
@@ -23,11 +24,11 @@ func EventToProto(e *kv.Event) *KvEvent {
 		Worker:    KeyToProto(e.Worker),
 		Tier:      uint32(e.Tier),
 		HasParent: e.HasParent,
-		Parent:    e.Parent,
+		Parent:    uint64(e.Parent),
 		Tokens:    e.Tokens,
 		Lora:      e.LoRA,
 		Salt:      e.Salt,
-		Removed:   e.Removed,
+		Removed:   kv.RawHashes(e.Removed),
 	}
 	switch e.Kind {
 	case kv.EventStored:
@@ -41,7 +42,7 @@ func EventToProto(e *kv.Event) *KvEvent {
 		bs := make([]StoredBlock, len(e.Blocks))
 		p.Blocks = make([]*StoredBlock, len(e.Blocks))
 		for i, b := range e.Blocks {
-			bs[i].EngineHash, bs[i].LocalHash = b.EngineHash, b.LocalHash
+			bs[i].EngineHash, bs[i].LocalHash = uint64(b.EngineHash), uint64(b.LocalHash)
 			p.Blocks[i] = &bs[i]
 		}
 	}
@@ -57,11 +58,11 @@ func EventFromProto(p *KvEvent) (kv.Event, error) {
 		ID:        p.Id,
 		Worker:    KeyFromProto(p.Worker),
 		HasParent: p.HasParent,
-		Parent:    p.Parent,
+		Parent:    kv.EngineHash(p.Parent),
 		Tokens:    p.Tokens,
 		LoRA:      p.Lora,
 		Salt:      p.Salt,
-		Removed:   p.Removed,
+		Removed:   kv.AsHashes[kv.EngineHash](p.Removed),
 	}
 	if p.Tier >= kv.NumTiers {
 		return kv.Event{}, fmt.Errorf("kv event %d: unknown tier %d", p.Id, p.Tier)
@@ -75,7 +76,7 @@ func EventFromProto(p *KvEvent) (kv.Event, error) {
 		}
 		e.Blocks = make([]kv.StoredBlock, len(p.Blocks))
 		for i, b := range p.Blocks {
-			e.Blocks[i] = kv.StoredBlock{EngineHash: b.GetEngineHash(), LocalHash: b.GetLocalHash()}
+			e.Blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(b.GetEngineHash()), LocalHash: kv.LocalHash(b.GetLocalHash())}
 		}
 	case EventKind_EVENT_KIND_REMOVED:
 		e.Kind = kv.EventRemoved
@@ -109,6 +110,31 @@ func EventsFromProto(ps []*KvEvent) ([]kv.Event, error) {
 	return out, nil
 }
 
+// LegToProto converts a disaggregation leg.
+func LegToProto(l kv.Leg) Leg {
+	switch l {
+	case kv.LegPrefill:
+		return Leg_LEG_PREFILL
+	case kv.LegDecode:
+		return Leg_LEG_DECODE
+	}
+	return Leg_LEG_WHOLE
+}
+
+// LegFromProto converts a disaggregation leg from the wire; an unknown
+// value is an error (a newer peer's leg this worker cannot serve).
+func LegFromProto(l Leg) (kv.Leg, error) {
+	switch l {
+	case Leg_LEG_WHOLE:
+		return kv.LegWhole, nil
+	case Leg_LEG_PREFILL:
+		return kv.LegPrefill, nil
+	case Leg_LEG_DECODE:
+		return kv.LegDecode, nil
+	}
+	return 0, fmt.Errorf("unknown leg %d", l)
+}
+
 // HintToProto converts a KV hint; nil stays nil.
 func HintToProto(h *kv.Hint) *KvFetchHint {
 	if h == nil {
@@ -134,4 +160,43 @@ func HintFromProto(p *KvFetchHint) *kv.Hint {
 		h.Hashes[i] = kv.EngineHash(e)
 	}
 	return h
+}
+
+// SamplingToProto sets req's sampling fields from s. A TopP of 0 (not set)
+// stays absent on the wire, so the engine's default applies.
+func SamplingToProto(req *GenerateRequest, s *kv.Sampling) {
+	req.MaxTokens = uint32(s.MaxTokens)
+	req.StopTokenIds = s.StopTokens
+	req.Seed = s.Seed
+	req.Temperature = s.Temperature
+	req.TopP = nil
+	if s.TopP != 0 {
+		tp := s.TopP
+		req.TopP = &tp
+	}
+	req.PresencePenalty = s.PresencePenalty
+	req.FrequencyPenalty = s.FrequencyPenalty
+}
+
+// SamplingFromProto reads req's sampling fields and checks their ranges;
+// the error names the field as the wire does. StopTokens shares req's slice.
+func SamplingFromProto(req *GenerateRequest) (kv.Sampling, error) {
+	s := kv.Sampling{
+		MaxTokens: int(req.MaxTokens), StopTokens: req.StopTokenIds, Seed: req.Seed,
+		Temperature: req.Temperature, TopP: req.GetTopP(),
+		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty,
+	}
+	switch {
+	case req.MaxTokens == 0:
+		return s, errors.New("max_tokens must be ≥ 1")
+	case !(req.Temperature >= 0): // also NaN
+		return s, fmt.Errorf("temperature %g, want ≥ 0", req.Temperature)
+	case req.TopP != nil && !(*req.TopP > 0 && *req.TopP <= 1):
+		return s, fmt.Errorf("top_p %g, want in (0, 1]", *req.TopP)
+	case !(req.PresencePenalty >= -2 && req.PresencePenalty <= 2):
+		return s, fmt.Errorf("presence_penalty %g, want in [-2, 2]", req.PresencePenalty)
+	case !(req.FrequencyPenalty >= -2 && req.FrequencyPenalty <= 2):
+		return s, fmt.Errorf("frequency_penalty %g, want in [-2, 2]", req.FrequencyPenalty)
+	}
+	return s, nil
 }

@@ -10,10 +10,10 @@ import (
 
 func TestEventRoundTrip(t *testing.T) {
 	w := kv.WorkerKey{Instance: 0xdeadbeef, DPRank: 3}
-	parent := uint64(1 << 63)
-	stored := kv.Stored(w, kv.TierHost, &parent, []kv.StoredBlock{{EngineHash: 1, LocalHash: 2}, {EngineHash: ^uint64(0), LocalHash: 4}})
+	parent := kv.EngineHash(1 << 63)
+	stored := kv.Stored(w, kv.TierHost, &parent, []kv.StoredBlock{{EngineHash: 1, LocalHash: 2}, {EngineHash: ^kv.EngineHash(0), LocalHash: 4}})
 	stored.ID, stored.Tokens, stored.LoRA, stored.Salt = 9, []kv.Token{1, 2, 3, 4}, "ad", "tenant-7"
-	removed := kv.Removed(w, kv.TierDisk, []uint64{5, 6})
+	removed := kv.Removed(w, kv.TierDisk, []kv.EngineHash{5, 6})
 	removed.ID = 10
 	cleared := kv.Cleared(w)
 	cleared.ID = 11
@@ -68,5 +68,82 @@ func TestHintRoundTrip(t *testing.T) {
 	}
 	if HintToProto(nil) != nil || HintFromProto(nil) != nil {
 		t.Fatal("nil hint did not stay nil")
+	}
+}
+
+// TestSamplingRoundTrip fails when a field of kv.Sampling is not carried by
+// the wire: every field is set non-zero (by reflection, so a new field is
+// covered without editing this test, or fails it on a kind it cannot fill),
+// sent through the protobuf encoding and read back.
+func TestSamplingRoundTrip(t *testing.T) {
+	var s kv.Sampling
+	v := reflect.ValueOf(&s).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.Int, reflect.Int64, reflect.Int32:
+			f.SetInt(7) // valid for every count
+		case reflect.Uint64, reflect.Uint32:
+			f.SetUint(9)
+		case reflect.Float64:
+			f.SetFloat(0.5) // inside every sampling range: temperature, top_p, penalties
+		case reflect.Slice:
+			if f.Type().Elem().Kind() != reflect.Uint32 {
+				t.Fatalf("field %s: cannot fill a %s", v.Type().Field(i).Name, f.Type())
+			}
+			f.Set(reflect.ValueOf([]uint32{3, 4}).Convert(f.Type()))
+		default:
+			t.Fatalf("field %s: cannot fill a %s; teach this test", v.Type().Field(i).Name, f.Type())
+		}
+	}
+	var req GenerateRequest
+	SamplingToProto(&req, &s)
+	b, err := proto.Marshal(&req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back GenerateRequest
+	if err := proto.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	got, err := SamplingFromProto(&back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, s) {
+		t.Fatalf("round trip lost a field:\n got %+v\nwant %+v", got, s)
+	}
+	// TopP 0 means "not set": it must stay absent so the engine's default applies.
+	s.TopP = 0
+	SamplingToProto(&req, &s)
+	if req.TopP != nil {
+		t.Fatalf("top_p 0 sent as %v", *req.TopP)
+	}
+}
+
+func TestSamplingFromProtoRejects(t *testing.T) {
+	f := func(x float64) *float64 { return &x }
+	for want, req := range map[string]*GenerateRequest{
+		"max_tokens must be ≥ 1":                  {},
+		"temperature -1, want ≥ 0":                {MaxTokens: 1, Temperature: -1},
+		"top_p 0, want in (0, 1]":                 {MaxTokens: 1, TopP: f(0)},
+		"top_p 1.5, want in (0, 1]":               {MaxTokens: 1, TopP: f(1.5)},
+		"presence_penalty 3, want in [-2, 2]":     {MaxTokens: 1, PresencePenalty: 3},
+		"frequency_penalty -2.5, want in [-2, 2]": {MaxTokens: 1, FrequencyPenalty: -2.5},
+	} {
+		if _, err := SamplingFromProto(req); err == nil || err.Error() != want {
+			t.Errorf("%+v: %v, want %q", req, err, want)
+		}
+	}
+}
+
+func TestLegRoundTrip(t *testing.T) {
+	for _, l := range []kv.Leg{kv.LegWhole, kv.LegPrefill, kv.LegDecode} {
+		if got, err := LegFromProto(LegToProto(l)); err != nil || got != l {
+			t.Errorf("%v: got %v, %v", l, got, err)
+		}
+	}
+	if _, err := LegFromProto(Leg(9)); err == nil {
+		t.Error("unknown leg accepted")
 	}
 }

@@ -24,6 +24,62 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Leg is a request's part in disaggregated prefill/decode.
+type Leg int32
+
+const (
+	// Prefill and decode on this worker (aggregated, or a decode worker
+	// prefilling locally).
+	Leg_LEG_WHOLE Leg = 0
+	// Compute the prompt (and the first token), keep its KV for a decode
+	// worker, and answer with connector parameters.
+	Leg_LEG_PREFILL Leg = 1
+	// Continue a request whose prompt a prefill worker computed: take its KV
+	// through kv_transfer_params (recompute if that fails), then decode.
+	Leg_LEG_DECODE Leg = 2
+)
+
+// Enum value maps for Leg.
+var (
+	Leg_name = map[int32]string{
+		0: "LEG_WHOLE",
+		1: "LEG_PREFILL",
+		2: "LEG_DECODE",
+	}
+	Leg_value = map[string]int32{
+		"LEG_WHOLE":   0,
+		"LEG_PREFILL": 1,
+		"LEG_DECODE":  2,
+	}
+)
+
+func (x Leg) Enum() *Leg {
+	p := new(Leg)
+	*p = x
+	return p
+}
+
+func (x Leg) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Leg) Descriptor() protoreflect.EnumDescriptor {
+	return file_worker_proto_enumTypes[0].Descriptor()
+}
+
+func (Leg) Type() protoreflect.EnumType {
+	return &file_worker_proto_enumTypes[0]
+}
+
+func (x Leg) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Leg.Descriptor instead.
+func (Leg) EnumDescriptor() ([]byte, []int) {
+	return file_worker_proto_rawDescGZIP(), []int{0}
+}
+
 type EventKind int32
 
 const (
@@ -60,11 +116,11 @@ func (x EventKind) String() string {
 }
 
 func (EventKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_worker_proto_enumTypes[0].Descriptor()
+	return file_worker_proto_enumTypes[1].Descriptor()
 }
 
 func (EventKind) Type() protoreflect.EnumType {
-	return &file_worker_proto_enumTypes[0]
+	return &file_worker_proto_enumTypes[1]
 }
 
 func (x EventKind) Number() protoreflect.EnumNumber {
@@ -73,7 +129,7 @@ func (x EventKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EventKind.Descriptor instead.
 func (EventKind) EnumDescriptor() ([]byte, []int) {
-	return file_worker_proto_rawDescGZIP(), []int{0}
+	return file_worker_proto_rawDescGZIP(), []int{1}
 }
 
 type GenerateRequest struct {
@@ -90,7 +146,9 @@ type GenerateRequest struct {
 	// Legacy: the router's KV hint as a JSON envelope (DESIGN §6), from
 	// clients that predate kv_fetch; read only when kv_fetch is absent.
 	KvHint []byte `protobuf:"bytes,9,opt,name=kv_hint,json=kvHint,proto3" json:"kv_hint,omitempty"`
-	// Opaque JSON: connector metadata for disaggregated serving.
+	// Disaggregated serving, decode leg: the prefill leg's connector
+	// parameters (GenerateChunk.kv_transfer_params), whole and unchanged.
+	// Opaque: only the engine that produced them reads them.
 	KvTransferParams []byte `protobuf:"bytes,10,opt,name=kv_transfer_params,json=kvTransferParams,proto3" json:"kv_transfer_params,omitempty"`
 	// DP rank the router chose; 0 when DP is off.
 	DpRank uint32 `protobuf:"varint,11,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
@@ -101,7 +159,9 @@ type GenerateRequest struct {
 	PresencePenalty  float64 `protobuf:"fixed64,13,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`
 	FrequencyPenalty float64 `protobuf:"fixed64,14,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"`
 	// The router's KV hint; absent: none.
-	KvFetch       *KvFetchHint `protobuf:"bytes,15,opt,name=kv_fetch,json=kvFetch,proto3" json:"kv_fetch,omitempty"`
+	KvFetch *KvFetchHint `protobuf:"bytes,15,opt,name=kv_fetch,json=kvFetch,proto3" json:"kv_fetch,omitempty"`
+	// Which part of a disaggregated request this is; LEG_WHOLE otherwise.
+	Leg           Leg `protobuf:"varint,16,opt,name=leg,proto3,enum=kvmesh.api.v1.Leg" json:"leg,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -239,6 +299,13 @@ func (x *GenerateRequest) GetKvFetch() *KvFetchHint {
 		return x.KvFetch
 	}
 	return nil
+}
+
+func (x *GenerateRequest) GetLeg() Leg {
+	if x != nil {
+		return x.Leg
+	}
+	return Leg_LEG_WHOLE
 }
 
 // KvFetchHint mirrors kv.Hint: the source worker holds a longer prefix of
@@ -384,9 +451,13 @@ type GenerateChunk struct {
 	FinishReason string `protobuf:"bytes,2,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"`
 	Usage        *Usage `protobuf:"bytes,3,opt,name=usage,proto3" json:"usage,omitempty"`
 	// Set with finish_reason "error".
-	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// On the last chunk of a LEG_PREFILL request: the engine's connector
+	// parameters for the decode leg (opaque; absent when the output is
+	// final, e.g. the prefill token was a stop token).
+	KvTransferParams []byte `protobuf:"bytes,5,opt,name=kv_transfer_params,json=kvTransferParams,proto3" json:"kv_transfer_params,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *GenerateChunk) Reset() {
@@ -445,6 +516,13 @@ func (x *GenerateChunk) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *GenerateChunk) GetKvTransferParams() []byte {
+	if x != nil {
+		return x.KvTransferParams
+	}
+	return nil
 }
 
 type WorkerKey struct {
@@ -1087,7 +1165,7 @@ var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\rkvmesh.api.v1\"\x89\x04\n" +
+	"\fworker.proto\x12\rkvmesh.api.v1\"\xaf\x04\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -1107,7 +1185,8 @@ const file_worker_proto_rawDesc = "" +
 	"\x05top_p\x18\f \x01(\x01H\x00R\x04topP\x88\x01\x01\x12)\n" +
 	"\x10presence_penalty\x18\r \x01(\x01R\x0fpresencePenalty\x12+\n" +
 	"\x11frequency_penalty\x18\x0e \x01(\x01R\x10frequencyPenalty\x125\n" +
-	"\bkv_fetch\x18\x0f \x01(\v2\x1a.kvmesh.api.v1.KvFetchHintR\akvFetchB\b\n" +
+	"\bkv_fetch\x18\x0f \x01(\v2\x1a.kvmesh.api.v1.KvFetchHintR\akvFetch\x12$\n" +
+	"\x03leg\x18\x10 \x01(\x0e2\x12.kvmesh.api.v1.LegR\x03legB\b\n" +
 	"\x06_top_p\"\xb9\x01\n" +
 	"\vKvFetchHint\x12\x1d\n" +
 	"\n" +
@@ -1118,12 +1197,13 @@ const file_worker_proto_rawDesc = "" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\rR\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\rR\x10completionTokens\x12#\n" +
-	"\rcached_tokens\x18\x03 \x01(\rR\fcachedTokens\"\x8e\x01\n" +
+	"\rcached_tokens\x18\x03 \x01(\rR\fcachedTokens\"\xbc\x01\n" +
 	"\rGenerateChunk\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\rR\x06tokens\x12#\n" +
 	"\rfinish_reason\x18\x02 \x01(\tR\ffinishReason\x12*\n" +
 	"\x05usage\x18\x03 \x01(\v2\x14.kvmesh.api.v1.UsageR\x05usage\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"@\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12,\n" +
+	"\x12kv_transfer_params\x18\x05 \x01(\fR\x10kvTransferParams\"@\n" +
 	"\tWorkerKey\x12\x1a\n" +
 	"\binstance\x18\x01 \x01(\x04R\binstance\x12\x17\n" +
 	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\"M\n" +
@@ -1170,7 +1250,12 @@ const file_worker_proto_rawDesc = "" +
 	"\binstance\x18\x02 \x01(\x04R\binstance\x12\x14\n" +
 	"\x05model\x18\x03 \x01(\tR\x05model\x12\x18\n" +
 	"\arunning\x18\x04 \x01(\rR\arunning\x12\x18\n" +
-	"\awaiting\x18\x05 \x01(\rR\awaiting*n\n" +
+	"\awaiting\x18\x05 \x01(\rR\awaiting*5\n" +
+	"\x03Leg\x12\r\n" +
+	"\tLEG_WHOLE\x10\x00\x12\x0f\n" +
+	"\vLEG_PREFILL\x10\x01\x12\x0e\n" +
+	"\n" +
+	"LEG_DECODE\x10\x02*n\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11EVENT_KIND_STORED\x10\x01\x12\x16\n" +
@@ -1194,50 +1279,52 @@ func file_worker_proto_rawDescGZIP() []byte {
 	return file_worker_proto_rawDescData
 }
 
-var file_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_worker_proto_goTypes = []any{
-	(EventKind)(0),          // 0: kvmesh.api.v1.EventKind
-	(*GenerateRequest)(nil), // 1: kvmesh.api.v1.GenerateRequest
-	(*KvFetchHint)(nil),     // 2: kvmesh.api.v1.KvFetchHint
-	(*Usage)(nil),           // 3: kvmesh.api.v1.Usage
-	(*GenerateChunk)(nil),   // 4: kvmesh.api.v1.GenerateChunk
-	(*WorkerKey)(nil),       // 5: kvmesh.api.v1.WorkerKey
-	(*StoredBlock)(nil),     // 6: kvmesh.api.v1.StoredBlock
-	(*KvEvent)(nil),         // 7: kvmesh.api.v1.KvEvent
-	(*KvEventBatch)(nil),    // 8: kvmesh.api.v1.KvEventBatch
-	(*EventsRequest)(nil),   // 9: kvmesh.api.v1.EventsRequest
-	(*EventsResponse)(nil),  // 10: kvmesh.api.v1.EventsResponse
-	(*DumpRequest)(nil),     // 11: kvmesh.api.v1.DumpRequest
-	(*DumpResponse)(nil),    // 12: kvmesh.api.v1.DumpResponse
-	(*HealthRequest)(nil),   // 13: kvmesh.api.v1.HealthRequest
-	(*HealthResponse)(nil),  // 14: kvmesh.api.v1.HealthResponse
+	(Leg)(0),                // 0: kvmesh.api.v1.Leg
+	(EventKind)(0),          // 1: kvmesh.api.v1.EventKind
+	(*GenerateRequest)(nil), // 2: kvmesh.api.v1.GenerateRequest
+	(*KvFetchHint)(nil),     // 3: kvmesh.api.v1.KvFetchHint
+	(*Usage)(nil),           // 4: kvmesh.api.v1.Usage
+	(*GenerateChunk)(nil),   // 5: kvmesh.api.v1.GenerateChunk
+	(*WorkerKey)(nil),       // 6: kvmesh.api.v1.WorkerKey
+	(*StoredBlock)(nil),     // 7: kvmesh.api.v1.StoredBlock
+	(*KvEvent)(nil),         // 8: kvmesh.api.v1.KvEvent
+	(*KvEventBatch)(nil),    // 9: kvmesh.api.v1.KvEventBatch
+	(*EventsRequest)(nil),   // 10: kvmesh.api.v1.EventsRequest
+	(*EventsResponse)(nil),  // 11: kvmesh.api.v1.EventsResponse
+	(*DumpRequest)(nil),     // 12: kvmesh.api.v1.DumpRequest
+	(*DumpResponse)(nil),    // 13: kvmesh.api.v1.DumpResponse
+	(*HealthRequest)(nil),   // 14: kvmesh.api.v1.HealthRequest
+	(*HealthResponse)(nil),  // 15: kvmesh.api.v1.HealthResponse
 }
 var file_worker_proto_depIdxs = []int32{
-	2,  // 0: kvmesh.api.v1.GenerateRequest.kv_fetch:type_name -> kvmesh.api.v1.KvFetchHint
-	5,  // 1: kvmesh.api.v1.KvFetchHint.source:type_name -> kvmesh.api.v1.WorkerKey
-	3,  // 2: kvmesh.api.v1.GenerateChunk.usage:type_name -> kvmesh.api.v1.Usage
-	5,  // 3: kvmesh.api.v1.KvEvent.worker:type_name -> kvmesh.api.v1.WorkerKey
-	0,  // 4: kvmesh.api.v1.KvEvent.kind:type_name -> kvmesh.api.v1.EventKind
-	6,  // 5: kvmesh.api.v1.KvEvent.blocks:type_name -> kvmesh.api.v1.StoredBlock
-	7,  // 6: kvmesh.api.v1.KvEventBatch.events:type_name -> kvmesh.api.v1.KvEvent
-	5,  // 7: kvmesh.api.v1.EventsRequest.worker:type_name -> kvmesh.api.v1.WorkerKey
-	7,  // 8: kvmesh.api.v1.EventsResponse.events:type_name -> kvmesh.api.v1.KvEvent
-	5,  // 9: kvmesh.api.v1.DumpRequest.worker:type_name -> kvmesh.api.v1.WorkerKey
-	7,  // 10: kvmesh.api.v1.DumpResponse.events:type_name -> kvmesh.api.v1.KvEvent
-	1,  // 11: kvmesh.api.v1.Worker.Generate:input_type -> kvmesh.api.v1.GenerateRequest
-	9,  // 12: kvmesh.api.v1.Worker.Events:input_type -> kvmesh.api.v1.EventsRequest
-	11, // 13: kvmesh.api.v1.Worker.Dump:input_type -> kvmesh.api.v1.DumpRequest
-	13, // 14: kvmesh.api.v1.Worker.Health:input_type -> kvmesh.api.v1.HealthRequest
-	4,  // 15: kvmesh.api.v1.Worker.Generate:output_type -> kvmesh.api.v1.GenerateChunk
-	10, // 16: kvmesh.api.v1.Worker.Events:output_type -> kvmesh.api.v1.EventsResponse
-	12, // 17: kvmesh.api.v1.Worker.Dump:output_type -> kvmesh.api.v1.DumpResponse
-	14, // 18: kvmesh.api.v1.Worker.Health:output_type -> kvmesh.api.v1.HealthResponse
-	15, // [15:19] is the sub-list for method output_type
-	11, // [11:15] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	3,  // 0: kvmesh.api.v1.GenerateRequest.kv_fetch:type_name -> kvmesh.api.v1.KvFetchHint
+	0,  // 1: kvmesh.api.v1.GenerateRequest.leg:type_name -> kvmesh.api.v1.Leg
+	6,  // 2: kvmesh.api.v1.KvFetchHint.source:type_name -> kvmesh.api.v1.WorkerKey
+	4,  // 3: kvmesh.api.v1.GenerateChunk.usage:type_name -> kvmesh.api.v1.Usage
+	6,  // 4: kvmesh.api.v1.KvEvent.worker:type_name -> kvmesh.api.v1.WorkerKey
+	1,  // 5: kvmesh.api.v1.KvEvent.kind:type_name -> kvmesh.api.v1.EventKind
+	7,  // 6: kvmesh.api.v1.KvEvent.blocks:type_name -> kvmesh.api.v1.StoredBlock
+	8,  // 7: kvmesh.api.v1.KvEventBatch.events:type_name -> kvmesh.api.v1.KvEvent
+	6,  // 8: kvmesh.api.v1.EventsRequest.worker:type_name -> kvmesh.api.v1.WorkerKey
+	8,  // 9: kvmesh.api.v1.EventsResponse.events:type_name -> kvmesh.api.v1.KvEvent
+	6,  // 10: kvmesh.api.v1.DumpRequest.worker:type_name -> kvmesh.api.v1.WorkerKey
+	8,  // 11: kvmesh.api.v1.DumpResponse.events:type_name -> kvmesh.api.v1.KvEvent
+	2,  // 12: kvmesh.api.v1.Worker.Generate:input_type -> kvmesh.api.v1.GenerateRequest
+	10, // 13: kvmesh.api.v1.Worker.Events:input_type -> kvmesh.api.v1.EventsRequest
+	12, // 14: kvmesh.api.v1.Worker.Dump:input_type -> kvmesh.api.v1.DumpRequest
+	14, // 15: kvmesh.api.v1.Worker.Health:input_type -> kvmesh.api.v1.HealthRequest
+	5,  // 16: kvmesh.api.v1.Worker.Generate:output_type -> kvmesh.api.v1.GenerateChunk
+	11, // 17: kvmesh.api.v1.Worker.Events:output_type -> kvmesh.api.v1.EventsResponse
+	13, // 18: kvmesh.api.v1.Worker.Dump:output_type -> kvmesh.api.v1.DumpResponse
+	15, // 19: kvmesh.api.v1.Worker.Health:output_type -> kvmesh.api.v1.HealthResponse
+	16, // [16:20] is the sub-list for method output_type
+	12, // [12:16] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_worker_proto_init() }
@@ -1251,7 +1338,7 @@ func file_worker_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_proto_rawDesc), len(file_worker_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,

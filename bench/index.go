@@ -214,7 +214,7 @@ func buildTimeline(ctx context.Context, c IndexConfig, res *IndexResult) ([]op, 
 		}
 		seq = kv.SeqHashes(seq[:0], local)
 		l := caches[wi]
-		var removed []uint64
+		var removed []kv.EngineHash // the replayed engine names blocks by sequence hash
 		var stores []kv.Event
 		var run *kv.Event
 		for i, s := range seq {
@@ -223,17 +223,18 @@ func buildTimeline(ctx context.Context, c IndexConfig, res *IndexResult) ([]op, 
 				continue
 			}
 			if ev, did := l.insert(s); did {
-				removed = append(removed, ev)
+				removed = append(removed, kv.EngineHash(ev))
 			}
 			if run == nil {
-				var parent *uint64
+				var parent *kv.EngineHash
 				if i > 0 {
-					parent = &seq[i-1]
+					p := kv.EngineHash(seq[i-1])
+					parent = &p
 				}
 				stores = append(stores, kv.Stored(w, kv.TierDevice, parent, nil))
 				run = &stores[len(stores)-1]
 			}
-			run.Blocks = append(run.Blocks, kv.StoredBlock{EngineHash: s, LocalHash: local[i]})
+			run.Blocks = append(run.Blocks, kv.StoredBlock{EngineHash: kv.EngineHash(s), LocalHash: local[i]})
 		}
 		// Recency: the request's tail is freed first, so its prefix stays
 		// most recent and eviction takes leaves before shared prefixes.

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 const tracePath = "../../shared/traces/conversation_trace.jsonl"
@@ -68,7 +69,7 @@ func TestBenchIndexColdQuery(t *testing.T) {
 			t.Fatalf("cold %v: output does not say how finds were timed:\n%s", cold, out.String())
 		}
 	}
-	warmQuery([]uint64{1, 6, 0x30})
+	warmQuery([]kv.LocalHash{1, 6, 0x30})
 	if querySink.Load() != 0x37 {
 		t.Fatalf("warmQuery read %#x, want 0x37", querySink.Load())
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"strings"
 
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
@@ -17,7 +16,7 @@ type Instance struct {
 	ID    uint64 `json:"instance_id"`
 	Model string `json:"model"`
 	// Role is aggregated, prefill or decode.
-	Role string `json:"role"`
+	Role kv.Role `json:"role"`
 	// GRPCAddr is host:port of the worker API (api.Worker).
 	GRPCAddr string `json:"grpc_addr"`
 	DPSize   int    `json:"dp_size"`
@@ -51,9 +50,7 @@ func (in *Instance) Validate() error {
 	if in.Model == "" {
 		return errors.New("instance: empty model")
 	}
-	switch in.Role {
-	case "aggregated", "prefill", "decode":
-	default:
+	if !in.Role.Valid() {
 		return fmt.Errorf("instance %x: role %q (want aggregated, prefill or decode)", in.ID, in.Role)
 	}
 	if err := validHostPort(in.GRPCAddr); err != nil {
@@ -78,22 +75,12 @@ func (in *Instance) Validate() error {
 			return fmt.Errorf("instance %x: %d control endpoints for dp_size %d (all ranks or none)", in.ID, len(in.ControlEndpoints), in.DPSize)
 		}
 		for r, ep := range in.ControlEndpoints {
-			if err := ValidateControlEndpoint(ep); err != nil {
+			if _, err := kv.ParseEndpoint(ep); err != nil {
 				return fmt.Errorf("instance %x: control endpoint of rank %d: %w", in.ID, r, err)
 			}
 		}
 	}
 	return nil
-}
-
-// ValidateControlEndpoint accepts tcp://host:port with a concrete host: no
-// wildcard address, IPv6 in brackets.
-func ValidateControlEndpoint(ep string) error {
-	rest, ok := strings.CutPrefix(ep, "tcp://")
-	if !ok {
-		return fmt.Errorf("%q: want tcp://host:port", ep)
-	}
-	return validHostPort(rest)
 }
 
 func validHostPort(hp string) error {

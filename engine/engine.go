@@ -9,24 +9,10 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 )
 
-// Role is the part an engine plays in (dis)aggregated serving.
-type Role string
-
-const (
-	RoleAggregated Role = "aggregated"
-	RolePrefill    Role = "prefill"
-	RoleDecode     Role = "decode"
-)
-
-// Valid reports whether r is a known role.
-func (r Role) Valid() bool {
-	return r == RoleAggregated || r == RolePrefill || r == RoleDecode
-}
-
 // Config is an engine's static description; workers register it.
 type Config struct {
 	Model            string
-	Role             Role
+	Role             kv.Role
 	BlockSize        int // tokens per KV block
 	Blocks           int // device KV capacity in blocks
 	MaxBatchedTokens int // token budget per scheduler step
@@ -36,27 +22,13 @@ type Config struct {
 	Digest string
 }
 
-// FinishReason says why a generation ended.
-type FinishReason string
-
-const (
-	FinishNone      FinishReason = ""
-	FinishStop      FinishReason = "stop"   // a stop token was produced
-	FinishLength    FinishReason = "length" // max_tokens reached
-	FinishCancelled FinishReason = "cancelled"
-	FinishError     FinishReason = "error"
-)
-
 // Request is one generation.
 type Request struct {
-	ID          string
-	Tokens      []kv.Token // the prompt
-	MaxTokens   int        // tokens to generate (≥ 1)
-	StopTokens  []kv.Token // generation ends after emitting one of these
-	Seed        uint64
-	Temperature float64
-	LoRA        string // adapter name; mixed into block hashes
-	CacheSalt   string // cache namespace; mixed into block hashes
+	ID     string
+	Tokens []kv.Token // the prompt
+	kv.Sampling
+	LoRA      string // adapter name; mixed into block hashes
+	CacheSalt string // cache namespace; mixed into block hashes
 	// KVHint is the router's KV hint, validated where it entered the
 	// worker, or nil. It is advisory (see kv.Hint): an engine may ignore
 	// it, and one that consumes it must fall back to computing locally
@@ -66,13 +38,15 @@ type Request struct {
 	// DPRank is the data-parallel rank to run on (see Ranked); 0 on an
 	// engine with one rank.
 	DPRank int
-	// TopP is the nucleus sampling mass in (0, 1]; 0 means not set, so the
-	// engine's default (1) applies: no client can ask for 0.
-	TopP float64
-	// PresencePenalty and FrequencyPenalty are OpenAI's, in [-2, 2]; 0
-	// applies none (every engine's default).
-	PresencePenalty  float64
-	FrequencyPenalty float64
+	// Leg is the request's part in disaggregated serving. A LegPrefill
+	// request computes the prompt, keeps its KV for the decode side and
+	// returns connector parameters on its last chunk; a LegDecode request
+	// carries those parameters in TransferParams, whole and unchanged, and
+	// never a KVHint.
+	Leg kv.Leg
+	// TransferParams are the engine's own connector parameters (opaque
+	// JSON, produced by the prefill engine's LegPrefill answer).
+	TransferParams []byte
 }
 
 // Usage counts one generation's tokens.
@@ -86,9 +60,13 @@ type Usage struct {
 // non-empty Finish (and Usage); an Err ends the stream with FinishError.
 type Chunk struct {
 	Tokens []kv.Token
-	Finish FinishReason
+	Finish kv.FinishReason
 	Usage  *Usage
 	Err    error
+	// TransferParams, on the last chunk of a LegPrefill request whose
+	// output is not final, are the connector parameters the decode leg
+	// must carry.
+	TransferParams []byte
 }
 
 // Stats is an engine's load at one instant.

@@ -18,13 +18,13 @@ func benchBatch(w kv.WorkerKey, i uint64) []kv.Event {
 	h := func(i uint64, j int) uint64 { return (i<<8 | uint64(j) + 1) * 0x9E3779B97F4A7C15 }
 	blocks := make([]kv.StoredBlock, 16)
 	for j := range blocks {
-		blocks[j] = kv.StoredBlock{EngineHash: h(i, j), LocalHash: h(i, j) ^ 0x5555}
+		blocks[j] = kv.StoredBlock{EngineHash: kv.EngineHash(h(i, j)), LocalHash: kv.LocalHash(h(i, j) ^ 0x5555)}
 	}
 	evs := []kv.Event{kv.Stored(w, kv.TierDevice, nil, blocks)}
 	if i >= 1024 {
-		old := make([]uint64, 16)
+		old := make([]kv.EngineHash, 16)
 		for j := range old {
-			old[j] = h(i-1024, 15-j)
+			old[j] = kv.EngineHash(h(i-1024, 15-j))
 		}
 		evs = append(evs, kv.Removed(w, kv.TierDevice, old))
 	}

@@ -96,18 +96,18 @@ type fakeWorker struct {
 	srv      *grpc.Server
 	rng      *rand.Rand
 	nextHash uint64
-	chains   [][]uint64 // of rank
+	chains   [][]kv.EngineHash // of rank
 	// rank is the DP rank step changes (see useRank); dp is the
 	// instance's DP size (0: 1).
 	rank   uint32
 	dp     int
-	others map[uint32][][]uint64 // chains of the other ranks
+	others map[uint32][][]kv.EngineHash // chains of the other ranks
 }
 
 // useRank makes step change rank r's cache from now on.
 func (f *fakeWorker) useRank(r uint32) {
 	if f.others == nil {
-		f.others = map[uint32][][]uint64{}
+		f.others = map[uint32][][]kv.EngineHash{}
 	}
 	f.others[f.rank] = f.chains
 	f.rank, f.chains = r, f.others[r]
@@ -163,13 +163,13 @@ func (f *fakeWorker) step() []kv.Event {
 	}
 	n := 1 + f.rng.IntN(4)
 	var blocks []kv.StoredBlock
-	var hashes []uint64
+	var hashes []kv.EngineHash
 	for range n {
 		f.nextHash++
-		blocks = append(blocks, kv.StoredBlock{EngineHash: f.nextHash, LocalHash: f.rng.Uint64()%64 + 1})
-		hashes = append(hashes, f.nextHash)
+		blocks = append(blocks, kv.StoredBlock{EngineHash: kv.EngineHash(f.nextHash), LocalHash: kv.LocalHash(f.rng.Uint64()%64 + 1)})
+		hashes = append(hashes, kv.EngineHash(f.nextHash))
 	}
-	var parent *uint64
+	var parent *kv.EngineHash
 	if len(f.chains) > 0 && f.rng.IntN(3) == 0 {
 		c := f.chains[f.rng.IntN(len(f.chains))]
 		parent = &c[len(c)-1]
@@ -405,7 +405,7 @@ func TestDumpWithoutHoldings(t *testing.T) {
 	l := mustLog(t, 5, 0, nil)
 	w := kv.WorkerKey{Instance: 5}
 	for i := range 3 {
-		l.Append([]kv.Event{kv.Stored(w, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: uint64(i + 1), LocalHash: 9}})}, nil)
+		l.Append([]kv.Event{kv.Stored(w, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: kv.EngineHash(i + 1), LocalHash: 9}})}, nil)
 	}
 	if evs, last, ok := l.Dump(w); ok || len(evs) != 0 || last != 3 {
 		t.Fatalf("dump %v last %d ok %v; want none, 3, false", evs, last, ok)

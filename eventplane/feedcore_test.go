@@ -91,7 +91,7 @@ func report(r LoadReport) func(*FeedCore) []Action {
 func dumped(instance uint64, rank uint32, ticket, last uint64, n int) func(*FeedCore) []Action {
 	evs := make([]kv.Event, n)
 	for i := range evs {
-		evs[i] = kv.Stored(kv.WorkerKey{}, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: uint64(i + 1), LocalHash: 1}})
+		evs[i] = kv.Stored(kv.WorkerKey{}, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: kv.EngineHash(i + 1), LocalHash: 1}})
 	}
 	return answer(Answer{Worker: kv.WorkerKey{Instance: instance, DPRank: rank}, Ticket: ticket, Events: evs, Last: last})
 }
@@ -414,7 +414,7 @@ func TestFeedCoreConverges(t *testing.T) {
 		w := kv.WorkerKey{Instance: 1}
 		c := NewFeedCore(1 + rng.IntN(6))
 		var produced uint64
-		held := map[uint64]bool{} // the router index: block hashes of w
+		held := map[kv.EngineHash]bool{} // the router index: block hashes of w
 		var fetches []*Fetch
 		run := func(acts []Action) {
 			for _, a := range acts {
@@ -435,7 +435,7 @@ func TestFeedCoreConverges(t *testing.T) {
 			}
 		}
 		event := func(id uint64) kv.Event {
-			e := kv.Stored(w, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: id, LocalHash: 1}})
+			e := kv.Stored(w, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: kv.EngineHash(id), LocalHash: 1}})
 			e.ID = id
 			return e
 		}
@@ -503,7 +503,7 @@ func TestFeedCoreConverges(t *testing.T) {
 			t.Fatalf("seed %d: last %d (caught up %v) of %d, %d blocks held; stats %+v", seed, last, ok, produced, len(held), c.Stats())
 		}
 		for id := uint64(1); id <= produced; id++ {
-			if !held[id] {
+			if !held[kv.EngineHash(id)] {
 				t.Fatalf("seed %d: block %d missing", seed, id)
 			}
 		}

@@ -20,7 +20,7 @@ func benchStore(i int) []kv.Event {
 	local := h.Local(toks)
 	blocks := make([]kv.StoredBlock, len(local))
 	for j, l := range local {
-		blocks[j] = kv.StoredBlock{EngineHash: uint64(i)<<8 | uint64(j), LocalHash: l}
+		blocks[j] = kv.StoredBlock{EngineHash: kv.EngineHash(uint64(i)<<8 | uint64(j)), LocalHash: l}
 	}
 	e := kv.Stored(kv.WorkerKey{Instance: 1}, kv.TierDevice, nil, blocks)
 	e.Tokens = toks

@@ -21,10 +21,10 @@ func goldenBatch() *Batch {
 	return &Batch{
 		TS: 1.5, DPRank: 2, HasDPRank: true,
 		Events: []Event{
-			{Type: TypeStored, BlockHashes: []uint64{7, 300, 1<<63 + 1}, Parent: 5, HasParent: true,
+			{Type: TypeStored, BlockHashes: []kv.EngineHash{7, 300, 1<<63 + 1}, Parent: 5, HasParent: true,
 				TokenIDs: []uint32{1, 2, 3, 4, 5, 6}, BlockSize: 2, Medium: "GPU", HasMedium: true,
 				LoRAName: "sql-lora", HasLoRAName: true},
-			{Type: TypeRemoved, BlockHashes: []uint64{300}, Medium: "CPU", HasMedium: true},
+			{Type: TypeRemoved, BlockHashes: []kv.EngineHash{300}, Medium: "CPU", HasMedium: true},
 			{Type: TypeCleared},
 		},
 	}
@@ -82,7 +82,7 @@ func TestGoldenEncode(t *testing.T) {
 // hand-assembled fixture, decodes back with its salt, and converts to local
 // hashes seeded by LoRA and salt.
 func TestGoldenSalted(t *testing.T) {
-	want := &Batch{TS: 1.5, HasDPRank: true, Events: []Event{{Type: TypeStored, BlockHashes: []uint64{7, 8},
+	want := &Batch{TS: 1.5, HasDPRank: true, Events: []Event{{Type: TypeStored, BlockHashes: []kv.EngineHash{7, 8},
 		TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: "GPU", HasMedium: true,
 		LoRAName: "sql-lora", HasLoRAName: true, CacheSalt: "tenant-a"}}}
 	fixture := loadHex(t, "salted_map_events.hex")
@@ -188,30 +188,30 @@ func TestDecodeVariants(t *testing.T) {
 		want *Batch
 	}{
 		{"negative i64 hashes", []any{0.0, []any{stored([]any{int64(-1), int64(-2)}, int64(-3))}, 0},
-			&Batch{HasDPRank: true, Events: []Event{{Type: TypeStored, BlockHashes: []uint64{^uint64(0), ^uint64(1)},
-				Parent: ^uint64(2), HasParent: true, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: "CPU_PINNED", HasMedium: true}}}},
+			&Batch{HasDPRank: true, Events: []Event{{Type: TypeStored, BlockHashes: []kv.EngineHash{^kv.EngineHash(0), ^kv.EngineHash(1)},
+				Parent: ^kv.EngineHash(2), HasParent: true, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: "CPU_PINNED", HasMedium: true}}}},
 		{"bytes hashes take the last 8 bytes", []any{0.0, []any{stored([]any{digest, []byte{1, 0}}, nil)}, nil},
-			&Batch{Events: []Event{{Type: TypeStored, BlockHashes: []uint64{0x0102030405060708, 256},
+			&Batch{Events: []Event{{Type: TypeStored, BlockHashes: []kv.EngineHash{0x0102030405060708, 256},
 				TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: "CPU_PINNED", HasMedium: true}}}},
 		{"missing trailing fields", []any{2.5, []any{[]any{"BlockStored", []any{9}, nil, []any{1, 2}, 2}, []any{"BlockRemoved", []any{9}}}},
-			&Batch{TS: 2.5, Events: []Event{{Type: TypeStored, BlockHashes: []uint64{9}, TokenIDs: []uint32{1, 2}, BlockSize: 2},
-				{Type: TypeRemoved, BlockHashes: []uint64{9}}}}},
+			&Batch{TS: 2.5, Events: []Event{{Type: TypeStored, BlockHashes: []kv.EngineHash{9}, TokenIDs: []uint32{1, 2}, BlockSize: 2},
+				{Type: TypeRemoved, BlockHashes: []kv.EngineHash{9}}}}},
 		{"extra trailing fields", []any{1.0, []any{
 			append(stored([]any{1}, 0), 3, "sliding_window", 128, map[string]any{"x": []any{1, 2}}),
 			[]any{"BlockRemoved", []any{1}, "GPU", 0, "full_attention"}, []any{"AllBlocksCleared", 1, 2}}, 7, "future"},
 			&Batch{TS: 1, DPRank: 7, HasDPRank: true, Events: []Event{
-				{Type: TypeStored, BlockHashes: []uint64{1}, HasParent: true, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: "CPU_PINNED", HasMedium: true},
-				{Type: TypeRemoved, BlockHashes: []uint64{1}, Medium: "GPU", HasMedium: true}, {Type: TypeCleared}}}},
+				{Type: TypeStored, BlockHashes: []kv.EngineHash{1}, HasParent: true, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: "CPU_PINNED", HasMedium: true},
+				{Type: TypeRemoved, BlockHashes: []kv.EngineHash{1}, Medium: "GPU", HasMedium: true}, {Type: TypeCleared}}}},
 		{"map events with unknown keys, any order", []any{1.0, []any{
 			map[string]any{"medium": "GPU", "block_hashes": []any{4, 5}, "type": "BlockStored", "group_idx": 0,
 				"token_ids": []any{[]any{1, 99}, []any{2, 98}}, "block_size": 1, "cache_salt": "s1", "locality": "LOCAL",
 				"lora_name": "a", "extra_keys": []any{[]any{"a"}, nil}, "future": map[string]any{"deep": []any{[]any{1}}}},
 			map[string]any{"type": "AllBlocksCleared", "extra": 1}}, nil},
-			&Batch{TS: 1, Events: []Event{{Type: TypeStored, BlockHashes: []uint64{4, 5}, TokenIDs: []uint32{1, 2}, BlockSize: 1,
+			&Batch{TS: 1, Events: []Event{{Type: TypeStored, BlockHashes: []kv.EngineHash{4, 5}, TokenIDs: []uint32{1, 2}, BlockSize: 1,
 				Medium: "GPU", HasMedium: true, LoRAName: "a", HasLoRAName: true, CacheSalt: "s1", Locality: "LOCAL"},
 				{Type: TypeCleared}}}},
 		{"map batch with unknown keys", map[string]any{"events": []any{[]any{"BlockRemoved", []any{1}}}, "ts": 3, "data_parallel_rank": 1, "engine": "sglang"},
-			&Batch{TS: 3, DPRank: 1, HasDPRank: true, Events: []Event{{Type: TypeRemoved, BlockHashes: []uint64{1}}}}},
+			&Batch{TS: 3, DPRank: 1, HasDPRank: true, Events: []Event{{Type: TypeRemoved, BlockHashes: []kv.EngineHash{1}}}}},
 		{"unknown event tags are skipped", []any{1.0, []any{[]any{"BlockMoved", 1, 2}, map[string]any{"type": "Future"}, []any{"AllBlocksCleared"}}, 0},
 			&Batch{TS: 1, HasDPRank: true, Events: []Event{{Type: TypeCleared}}}},
 	}
@@ -285,7 +285,7 @@ func TestDecodeRejects(t *testing.T) {
 
 func TestEncodeDecodeRoundTrip(t *testing.T) {
 	b := goldenBatch()
-	b.Events = append(b.Events, Event{Type: TypeStored, BlockHashes: []uint64{1 << 40}, TokenIDs: []uint32{1 << 31, 0}, BlockSize: 2, LoRAID: 3, HasLoRAID: true})
+	b.Events = append(b.Events, Event{Type: TypeStored, BlockHashes: []kv.EngineHash{1 << 40}, TokenIDs: []uint32{1 << 31, 0}, BlockSize: 2, LoRAID: 3, HasLoRAID: true})
 	b.HasDPRank = false
 	for _, s := range []Shape{ShapeArray, ShapeMapEvents, ShapeMap} {
 		enc, err := EncodeBatch(b, s)
@@ -306,9 +306,9 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 func BenchmarkDecodeBatch(b *testing.B) {
 	batch := &Batch{TS: 1, HasDPRank: true}
 	for i := range 8 {
-		ev := Event{Type: TypeStored, BlockHashes: make([]uint64, 4), BlockSize: 16, Medium: "GPU", HasMedium: true}
+		ev := Event{Type: TypeStored, BlockHashes: make([]kv.EngineHash, 4), BlockSize: 16, Medium: "GPU", HasMedium: true}
 		for j := range ev.BlockHashes {
-			ev.BlockHashes[j] = uint64(i*1000+j) * 0x9e3779b97f4a7c15
+			ev.BlockHashes[j] = kv.EngineHash(uint64(i*1000+j) * 0x9e3779b97f4a7c15)
 		}
 		for j := range 64 {
 			ev.TokenIDs = append(ev.TokenIDs, uint32(j*1000))

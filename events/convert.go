@@ -32,7 +32,7 @@ func ToWire(evs []kv.Event, blockSize int, ts float64) []Batch {
 		case kv.EventStored:
 			w := Event{Type: TypeStored, Parent: e.Parent, HasParent: e.HasParent, BlockSize: blockSize,
 				Medium: MediumOf(e.Tier), HasMedium: true, LoRAName: e.LoRA, HasLoRAName: e.LoRA != "", CacheSalt: e.Salt}
-			w.BlockHashes = make([]uint64, len(e.Blocks))
+			w.BlockHashes = make([]kv.EngineHash, len(e.Blocks))
 			for j, blk := range e.Blocks {
 				w.BlockHashes[j] = blk.EngineHash
 			}
@@ -87,7 +87,7 @@ type Converter struct {
 type saltKey struct {
 	w    kv.WorkerKey
 	tier kv.Tier
-	hash uint64
+	hash kv.EngineHash
 }
 
 // Worker is the worker key a batch's events belong to.
@@ -166,7 +166,7 @@ func (c *Converter) stored(w kv.WorkerKey, ev *Event) (kv.Event, bool) {
 		return kv.Event{}, false
 	}
 	// A store that names a hash twice (parent included) cannot be a chain.
-	seen := make(map[uint64]struct{}, len(ev.BlockHashes)+1)
+	seen := make(map[kv.EngineHash]struct{}, len(ev.BlockHashes)+1)
 	if ev.HasParent {
 		seen[ev.Parent] = struct{}{}
 	}
@@ -197,7 +197,7 @@ func (c *Converter) stored(w kv.WorkerKey, ev *Event) (kv.Event, bool) {
 	for i := range blocks {
 		blocks[i] = kv.StoredBlock{EngineHash: ev.BlockHashes[i], LocalHash: kv.HashTokens(ev.TokenIDs[i*bs:(i+1)*bs], seed)}
 	}
-	var parent *uint64
+	var parent *kv.EngineHash
 	if ev.HasParent {
 		parent = &ev.Parent
 	}
@@ -212,7 +212,7 @@ func (c *Converter) stored(w kv.WorkerKey, ev *Event) (kv.Event, bool) {
 
 // parentSalt is the salt of the parent block, looked up on the store's
 // tier first (an offload may store a child on another tier than its parent).
-func (c *Converter) parentSalt(w kv.WorkerKey, tier kv.Tier, parent uint64) string {
+func (c *Converter) parentSalt(w kv.WorkerKey, tier kv.Tier, parent kv.EngineHash) string {
 	if len(c.salted) == 0 {
 		return ""
 	}

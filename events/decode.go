@@ -8,6 +8,7 @@ import (
 	"math"
 	"sync"
 
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
@@ -238,7 +239,7 @@ func (dec *decoder) optInt64(what string) (int64, bool, error) {
 // hash reads an engine block hash: an unsigned or signed integer (negative
 // values are bit-cast) or a byte string whose last 8 bytes, big-endian, are
 // the low 64 bits vLLM publishes as ints.
-func (dec *decoder) hash(what string) (uint64, error) {
+func (dec *decoder) hash(what string) (kv.EngineHash, error) {
 	c, err := dec.peek()
 	if err != nil {
 		return 0, err
@@ -249,7 +250,7 @@ func (dec *decoder) hash(what string) (uint64, error) {
 		if err != nil {
 			return 0, fmt.Errorf("%s: %w", what, err)
 		}
-		return v, nil
+		return kv.EngineHash(v), nil
 	case isBin(c) || isStr(c):
 		if err := dec.checkBytesLen(c, what); err != nil {
 			return 0, err
@@ -275,17 +276,17 @@ func (dec *decoder) hash(what string) (uint64, error) {
 		for _, x := range b {
 			v = v<<8 | uint64(x)
 		}
-		return v, nil
+		return kv.EngineHash(v), nil
 	}
 	return 0, fmt.Errorf("%s: want integer or bytes, got msgpack code 0x%02x", what, c)
 }
 
-func (dec *decoder) hashes(what string) ([]uint64, error) {
+func (dec *decoder) hashes(what string) ([]kv.EngineHash, error) {
 	n, err := dec.arrayLen(what)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]uint64, n)
+	out := make([]kv.EngineHash, n)
 	for i := range out {
 		if out[i], err = dec.hash(what); err != nil {
 			return nil, err
@@ -686,7 +687,7 @@ func (dec *decoder) mapEvent() (ev Event, known bool, err error) {
 	return ev, true, nil
 }
 
-func (dec *decoder) optHash(what string) (uint64, bool, error) {
+func (dec *decoder) optHash(what string) (kv.EngineHash, bool, error) {
 	if isNil, err := dec.nextIsNil(); err != nil || isNil {
 		return 0, false, err
 	}

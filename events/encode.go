@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -96,7 +97,7 @@ func (e *Encoder) event(ev *Event, asMap bool) error {
 		e.hashes(ev.BlockHashes)
 		key(keyParent)
 		if ev.HasParent {
-			must(w.EncodeUint(ev.Parent))
+			must(w.EncodeUint(uint64(ev.Parent)))
 		} else {
 			must(w.EncodeNil())
 		}
@@ -137,10 +138,10 @@ func (e *Encoder) event(ev *Event, asMap bool) error {
 	return nil
 }
 
-func (e *Encoder) hashes(h []uint64) {
+func (e *Encoder) hashes(h []kv.EngineHash) {
 	must(e.enc.EncodeArrayLen(len(h)))
 	for _, v := range h {
-		must(e.enc.EncodeUint(v))
+		must(e.enc.EncodeUint(uint64(v)))
 	}
 }
 

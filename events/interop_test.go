@@ -156,15 +156,15 @@ func TestInteropPythonSubscriber(t *testing.T) {
 		kv.TierDevice, kv.TierDevice, kv.TierDevice}
 	// The salt of every salted block stored so far: a continuation names
 	// none on the wire and must hash with its parent's.
-	salts := map[uint64]string{}
+	salts := map[kv.EngineHash]string{}
 	sawSalted := 0
 	for i, line := range want {
 		var w struct {
 			Seq          uint64
 			DPRank       uint32 `json:"dp_rank"`
 			Type         string
-			EngineHashes []uint64 `json:"engine_hashes"`
-			Parent       *uint64
+			EngineHashes []kv.EngineHash `json:"engine_hashes"`
+			Parent       *kv.EngineHash
 			TokenIDs     []uint32 `json:"token_ids"`
 			BlockSize    int      `json:"block_size"`
 			LoRAName     *string  `json:"lora_name"`

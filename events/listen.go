@@ -111,11 +111,11 @@ func AppendJSONLine(dst []byte, seq uint64, b *Batch, ev *Event) []byte {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = strconv.AppendUint(dst, h, 10)
+		dst = strconv.AppendUint(dst, uint64(h), 10)
 	}
 	dst = append(dst, `],"parent":`...)
 	if ev.HasParent {
-		dst = strconv.AppendUint(dst, ev.Parent, 10)
+		dst = strconv.AppendUint(dst, uint64(ev.Parent), 10)
 	} else {
 		dst = append(dst, "null"...)
 	}

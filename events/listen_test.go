@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/kv"
 	"go.uber.org/goleak"
 )
 
@@ -40,11 +41,11 @@ func TestListenPrintsJSONLines(t *testing.T) {
 	defer p.Close()
 	batches := []*Batch{
 		{HasDPRank: true, DPRank: 1, Events: []Event{
-			{Type: TypeStored, BlockHashes: []uint64{18446744073709551615, 9223372036854775809}, Parent: 12345678901234567890, HasParent: true,
+			{Type: TypeStored, BlockHashes: []kv.EngineHash{18446744073709551615, 9223372036854775809}, Parent: 12345678901234567890, HasParent: true,
 				TokenIDs: []uint32{1, 2, 3, 4294967295}, BlockSize: 2, Medium: "GPU", HasMedium: true, LoRAName: `ad"é`, HasLoRAName: true},
-			{Type: TypeRemoved, BlockHashes: []uint64{18446744073709551615}, Medium: "CPU", HasMedium: true}}},
-		{Events: []Event{{Type: TypeCleared}, {Type: TypeStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{7, 8}},
-			{Type: TypeStored, BlockHashes: []uint64{2}, TokenIDs: []uint32{9}, BlockSize: 1, CacheSalt: `t"1`}}},
+			{Type: TypeRemoved, BlockHashes: []kv.EngineHash{18446744073709551615}, Medium: "CPU", HasMedium: true}}},
+		{Events: []Event{{Type: TypeCleared}, {Type: TypeStored, BlockHashes: []kv.EngineHash{1}, TokenIDs: []uint32{7, 8}},
+			{Type: TypeStored, BlockHashes: []kv.EngineHash{2}, TokenIDs: []uint32{9}, BlockSize: 1, CacheSalt: `t"1`}}},
 	}
 	want := `{"seq":0,"dp_rank":1,"type":"stored","engine_hashes":[18446744073709551615,9223372036854775809],"parent":12345678901234567890,"token_ids":[1,2,3,4294967295],"block_size":2,"medium":"GPU","lora_name":"ad\"é"}
 {"seq":0,"dp_rank":1,"type":"removed","engine_hashes":[18446744073709551615],"parent":null,"token_ids":[],"block_size":0,"medium":"CPU","lora_name":null}

@@ -33,11 +33,11 @@ func TestSaltedRoundTripZMQIndex(t *testing.T) {
 		local := kv.NewHasher(bs, lora, salt).Local(prompt)
 		blocks := make([]kv.StoredBlock, 0, to-from)
 		for b := from; b < to; b++ {
-			blocks = append(blocks, kv.StoredBlock{EngineHash: base + uint64(b), LocalHash: local[b]})
+			blocks = append(blocks, kv.StoredBlock{EngineHash: kv.EngineHash(base + uint64(b)), LocalHash: local[b]})
 		}
-		var parent *uint64
+		var parent *kv.EngineHash
 		if from > 0 {
-			p := base + uint64(from-1)
+			p := kv.EngineHash(base + uint64(from-1))
 			parent = &p
 		}
 		e := kv.Stored(w, kv.TierDevice, parent, blocks)

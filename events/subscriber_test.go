@@ -209,7 +209,7 @@ func TestRestartClearsAndResyncs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, _ := EncodeBatch(&Batch{HasDPRank: true, DPRank: 1, Events: []Event{{Type: TypeStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{5, 6}}}}, ShapeArray)
+	store, _ := EncodeBatch(&Batch{HasDPRank: true, DPRank: 1, Events: []Event{{Type: TypeStored, BlockHashes: []kv.EngineHash{1}, TokenIDs: []uint32{5, 6}}}}, ShapeArray)
 	ctx := context.Background()
 	s.Ingest(ctx, 0, store)
 	s.Ingest(ctx, 1, store)
@@ -239,14 +239,14 @@ func TestConvert(t *testing.T) {
 	salted := kv.Seed("lora-a", "salt-1")
 	b := &Batch{HasDPRank: true, DPRank: 2, Events: []Event{
 		// Short: three hashes, five tokens: two blocks survive.
-		{Type: TypeStored, BlockHashes: []uint64{1, 2, 3}, TokenIDs: []uint32{1, 2, 3, 4, 5}, BlockSize: 2,
+		{Type: TypeStored, BlockHashes: []kv.EngineHash{1, 2, 3}, TokenIDs: []uint32{1, 2, 3, 4, 5}, BlockSize: 2,
 			Medium: "cpu", HasMedium: true, LoRAName: "lora-a", HasLoRAName: true, CacheSalt: "salt-1"},
-		{Type: TypeStored, BlockHashes: []uint64{4}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 4},         // block size mismatch
-		{Type: TypeStored, BlockHashes: []uint64{5, 5}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2},      // duplicate hash
-		{Type: TypeStored, BlockHashes: []uint64{6}, Parent: 6, HasParent: true, TokenIDs: []uint32{1, 2}}, // parent = child
-		{Type: TypeStored, BlockHashes: []uint64{8}, TokenIDs: []uint32{1, 2}, Medium: "TAPE", HasMedium: true},
-		{Type: TypeRemoved, BlockHashes: []uint64{9}, Medium: "NVME", HasMedium: true},
-		{Type: TypeRemoved, BlockHashes: []uint64{9}, Locality: "REMOTE", Medium: "DISK", HasMedium: true},
+		{Type: TypeStored, BlockHashes: []kv.EngineHash{4}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 4},         // block size mismatch
+		{Type: TypeStored, BlockHashes: []kv.EngineHash{5, 5}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2},      // duplicate hash
+		{Type: TypeStored, BlockHashes: []kv.EngineHash{6}, Parent: 6, HasParent: true, TokenIDs: []uint32{1, 2}}, // parent = child
+		{Type: TypeStored, BlockHashes: []kv.EngineHash{8}, TokenIDs: []uint32{1, 2}, Medium: "TAPE", HasMedium: true},
+		{Type: TypeRemoved, BlockHashes: []kv.EngineHash{9}, Medium: "NVME", HasMedium: true},
+		{Type: TypeRemoved, BlockHashes: []kv.EngineHash{9}, Locality: "REMOTE", Medium: "DISK", HasMedium: true},
 		{Type: TypeRemoved},
 		{Type: TypeCleared},
 	}}
@@ -255,7 +255,7 @@ func TestConvert(t *testing.T) {
 		{EngineHash: 1, LocalHash: kv.HashTokens([]kv.Token{1, 2}, salted)},
 		{EngineHash: 2, LocalHash: kv.HashTokens([]kv.Token{3, 4}, salted)}})
 	stored.ID, stored.Tokens, stored.LoRA, stored.Salt = 1, []kv.Token{1, 2, 3, 4}, "lora-a", "salt-1"
-	removed := kv.Removed(w, kv.TierDisk, []uint64{9})
+	removed := kv.Removed(w, kv.TierDisk, []kv.EngineHash{9})
 	removed.ID = 2
 	cleared := kv.Cleared(w)
 	cleared.ID = 3
@@ -267,7 +267,7 @@ func TestConvert(t *testing.T) {
 	}
 	// Block size 0 trusts the wire.
 	c0 := Converter{}
-	if evs := c0.Convert(nil, &Batch{Events: []Event{{Type: TypeStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{1, 2, 3}, BlockSize: 3}}}); len(evs) != 1 || len(evs[0].Blocks) != 1 {
+	if evs := c0.Convert(nil, &Batch{Events: []Event{{Type: TypeStored, BlockHashes: []kv.EngineHash{1}, TokenIDs: []uint32{1, 2, 3}, BlockSize: 3}}}); len(evs) != 1 || len(evs[0].Blocks) != 1 {
 		t.Fatalf("got %+v", evs)
 	}
 }
@@ -278,11 +278,11 @@ func TestConvert(t *testing.T) {
 func TestConvertSaltInheritance(t *testing.T) {
 	c := Converter{Instance: 1, BlockSize: 2}
 	st := func(h, parent uint64, hasParent bool, medium, salt string) Event {
-		return Event{Type: TypeStored, BlockHashes: []uint64{h}, Parent: parent, HasParent: hasParent,
+		return Event{Type: TypeStored, BlockHashes: []kv.EngineHash{kv.EngineHash(h)}, Parent: kv.EngineHash(parent), HasParent: hasParent,
 			TokenIDs: []uint32{uint32(h), 1}, BlockSize: 2, Medium: medium, HasMedium: true, CacheSalt: salt}
 	}
 	rm := func(h uint64, medium string) Event {
-		return Event{Type: TypeRemoved, BlockHashes: []uint64{h}, Medium: medium, HasMedium: true}
+		return Event{Type: TypeRemoved, BlockHashes: []kv.EngineHash{kv.EngineHash(h)}, Medium: medium, HasMedium: true}
 	}
 	check := func(evs []Event, wantSalts ...string) {
 		t.Helper()
@@ -340,7 +340,7 @@ func TestReplayOverlapIsDeduplicated(t *testing.T) {
 	defer p.Close()
 	var payloads [][]byte
 	for i := range 5 {
-		b := &Batch{TS: float64(i), Events: []Event{{Type: TypeRemoved, BlockHashes: []uint64{uint64(i)}}}}
+		b := &Batch{TS: float64(i), Events: []Event{{Type: TypeRemoved, BlockHashes: []kv.EngineHash{kv.EngineHash(i)}}}}
 		if _, err := p.PublishBatch(b); err != nil {
 			t.Fatal(err)
 		}
@@ -362,7 +362,7 @@ func TestReplayOverlapIsDeduplicated(t *testing.T) {
 		t.Fatalf("%d deliveries", len(dels))
 	}
 	for i, d := range dels {
-		if !d.Replayed || d.Events[0].Removed[0] != uint64(i) {
+		if !d.Replayed || d.Events[0].Removed[0] != kv.EngineHash(i) {
 			t.Fatalf("delivery %d: %+v", i, d)
 		}
 	}

@@ -1,6 +1,10 @@
 package events
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
 
 // EventType is the tag of one wire event.
 type EventType uint8
@@ -50,12 +54,12 @@ type Event struct {
 	Type EventType
 
 	// BlockStored and BlockRemoved.
-	BlockHashes []uint64 // engine hashes, bit-cast to u64 whatever their wire type
+	BlockHashes []kv.EngineHash // bit-cast to u64 whatever their wire type
 	Medium      string
 	HasMedium   bool
 
 	// BlockStored only.
-	Parent      uint64
+	Parent      kv.EngineHash
 	HasParent   bool
 	TokenIDs    []uint32
 	BlockSize   int

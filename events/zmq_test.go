@@ -92,12 +92,12 @@ func simEvents(bs int) []kv.Event {
 		e.ID = ids[e.Worker]
 		out = append(out, e)
 	}
-	store := func(w kv.WorkerKey, tier kv.Tier, lora string, parent *uint64, toks []kv.Token, base uint64) {
+	store := func(w kv.WorkerKey, tier kv.Tier, lora string, parent *kv.EngineHash, toks []kv.Token, base uint64) {
 		h := kv.NewHasher(bs, lora, "")
 		local := h.Local(toks)
 		blocks := make([]kv.StoredBlock, len(local))
 		for i, l := range local {
-			blocks[i] = kv.StoredBlock{EngineHash: base + uint64(i)*0x1e3779b97f4a7c15, LocalHash: l}
+			blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(base + uint64(i)*0x1e3779b97f4a7c15), LocalHash: l}
 		}
 		e := kv.Stored(w, tier, parent, blocks)
 		e.Tokens, e.LoRA = toks, lora
@@ -111,12 +111,12 @@ func simEvents(bs int) []kv.Event {
 		return t
 	}
 	store(w0, kv.TierDevice, "", nil, toks(3*bs, 1), 1000)
-	p := uint64(1000)
+	p := kv.EngineHash(1000)
 	store(w0, kv.TierDevice, "", &p, toks(2*bs, 500), 1<<63)
 	store(w1, kv.TierHost, "sql-lora", nil, toks(bs, 9), 77)
 	store(w0, kv.TierDisk, "", nil, toks(bs, 3), ^uint64(0)-5)
-	add(kv.Removed(w0, kv.TierDevice, []uint64{1000, 1<<63 + 0x1e3779b97f4a7c15}))
-	add(kv.Removed(w1, kv.TierExternal, []uint64{77}))
+	add(kv.Removed(w0, kv.TierDevice, []kv.EngineHash{1000, 1<<63 + 0x1e3779b97f4a7c15}))
+	add(kv.Removed(w1, kv.TierExternal, []kv.EngineHash{77}))
 	add(kv.Cleared(w1))
 	store(w1, kv.TierDevice, "", nil, toks(4*bs, 11), 5)
 	return out

@@ -158,7 +158,7 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 // Ready reports whether every served model has a worker.
 func (c *Cluster) Ready() error {
 	for _, m := range c.cfg.Models {
-		if len(c.router.Workers(m, router.RoleAggregated)) == 0 {
+		if len(c.router.Workers(m, kv.RoleAggregated)) == 0 {
 			return fmt.Errorf("no worker serves %s yet", m)
 		}
 	}
@@ -173,11 +173,11 @@ func (c *Cluster) MaxContext(model string) int { return c.instances.maxContext(m
 // Generate routes the request and streams it from the chosen worker.
 func (c *Cluster) Generate(ctx context.Context, req *kv.GenerateRequest) (kv.TokenStream, error) {
 	d, err := c.router.Route(ctx, router.Request{Model: req.Model, Tokens: req.Tokens})
-	var busy *router.BusyError
+	var busy *kv.BusyError
 	switch {
 	case errors.As(err, &busy):
 		return nil, &kv.BusyError{RetryAfter: busy.RetryAfter}
-	case errors.Is(err, router.ErrNoWorkers):
+	case errors.Is(err, kv.ErrNoWorkers):
 		return nil, kv.ErrNoWorkers
 	case err != nil:
 		return nil, err
@@ -251,8 +251,8 @@ func (s *workerStream) Recv() (kv.TokenChunk, error) {
 		s.first = true
 		s.d.FirstToken()
 	}
-	ch := kv.TokenChunk{Tokens: m.Tokens, Finish: m.FinishReason}
-	if m.FinishReason == "error" {
+	ch := kv.TokenChunk{Tokens: m.Tokens, Finish: kv.FinishReason(m.FinishReason)}
+	if kv.FinishReason(m.FinishReason) == kv.FinishError {
 		s.finish()
 		return kv.TokenChunk{}, fmt.Errorf("worker %v: engine error: %s", s.d.Worker, m.Error)
 	}

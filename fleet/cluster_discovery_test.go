@@ -43,7 +43,7 @@ func TestClusterFollowsRecords(t *testing.T) {
 	}
 	keys := func(want ...kv.WorkerKey) func() bool {
 		return func() bool {
-			got := c.router.Workers("m", router.RoleAggregated)
+			got := c.router.Workers("m", kv.RoleAggregated)
 			if len(got) != len(want) {
 				return false
 			}
@@ -55,7 +55,7 @@ func TestClusterFollowsRecords(t *testing.T) {
 			return true
 		}
 	}
-	why := func() string { return fmt.Sprint(c.router.Workers("m", router.RoleAggregated)) }
+	why := func() string { return fmt.Sprint(c.router.Workers("m", kv.RoleAggregated)) }
 	put(0x10, 3, 16)
 	waitFor(t, 5*time.Second, "three ranks", keys(kv.WorkerKey{Instance: 0x10}, kv.WorkerKey{Instance: 0x10, DPRank: 1}, kv.WorkerKey{Instance: 0x10, DPRank: 2}), why)
 	put(0x10, 1, 16)

@@ -202,7 +202,7 @@ func (e *e2e) waitSynced(c *Cluster, ws ...*e2eWorker) {
 		want[w.key()] = true
 	}
 	waitFor(e.t, 10*time.Second, fmt.Sprintf("cluster routing to %d workers", len(ws)), func() bool {
-		got := c.router.Workers(e2eModel, router.RoleAggregated)
+		got := c.router.Workers(e2eModel, kv.RoleAggregated)
 		if len(got) != len(want) {
 			return false
 		}
@@ -297,7 +297,7 @@ type genResult struct {
 
 // generate sends a request through the cluster and reads it to the end.
 func generate(ctx context.Context, c *Cluster, model string, toks []uint32, maxTokens int) (genResult, error) {
-	st, err := c.Generate(ctx, &kv.GenerateRequest{Model: model, Tokens: toks, MaxTokens: maxTokens})
+	st, err := c.Generate(ctx, &kv.GenerateRequest{Model: model, Tokens: toks, Sampling: kv.Sampling{MaxTokens: maxTokens}})
 	if err != nil {
 		return genResult{}, err
 	}
@@ -341,7 +341,7 @@ func depths(c *Cluster, toks []uint32) map[kv.WorkerKey]int {
 
 func routed(c *Cluster) map[kv.WorkerKey]bool {
 	out := map[kv.WorkerKey]bool{}
-	for _, wi := range c.router.Workers(e2eModel, router.RoleAggregated) {
+	for _, wi := range c.router.Workers(e2eModel, kv.RoleAggregated) {
 		out[wi.Key] = true
 	}
 	return out
@@ -508,7 +508,7 @@ func testNATSRestart(t *testing.T, bin string) {
 	e.waitIndexMatches(c, ws...)
 	// The workers kept their records alive on the new server.
 	time.Sleep(e2eTTL)
-	if n := len(c.router.Workers(e2eModel, router.RoleAggregated)); n != 3 {
+	if n := len(c.router.Workers(e2eModel, kv.RoleAggregated)); n != 3 {
 		t.Fatalf("%d workers routable one TTL after the restart, want 3", n)
 	}
 	t.Logf("feed after restart: %+v", c.feeds[e2eModel].Stats())
@@ -606,7 +606,7 @@ func testReplicaSync(t *testing.T, bin string) {
 		if i%2 == 1 {
 			c = b
 		}
-		st, err := c.Generate(e.ctx, &kv.GenerateRequest{Model: e2eModel, Tokens: prompt(uint64(800+i), 300+50*i), MaxTokens: 3})
+		st, err := c.Generate(e.ctx, &kv.GenerateRequest{Model: e2eModel, Tokens: prompt(uint64(800+i), 300+50*i), Sampling: kv.Sampling{MaxTokens: 3}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -696,8 +696,8 @@ func testBadInput(t *testing.T, bin string) {
 	}
 
 	// An unknown model.
-	if _, err := c.Generate(e.ctx, &kv.GenerateRequest{Model: "no-such-model", Tokens: prompt(1, 16), MaxTokens: 1}); !errors.Is(err, kv.ErrNoWorkers) {
-		t.Fatalf("unknown model: %v, want kv.ErrNoWorkers", err)
+	if _, err := c.Generate(e.ctx, &kv.GenerateRequest{Model: "no-such-model", Tokens: prompt(1, 16), Sampling: kv.Sampling{MaxTokens: 1}}); !errors.Is(err, kv.ErrNoWorkers) {
+		t.Fatalf("unknown model: %v, want ErrNoWorkers", err)
 	}
 
 	// An instance whose address refuses connections: registered once, never
@@ -720,7 +720,7 @@ func testBadInput(t *testing.T, bin string) {
 	// discovery refresh) and one that dies mid-stream (SIGKILL).
 	long := func(seed uint64) (kv.TokenStream, *e2eWorker) {
 		for {
-			st, err := c.Generate(e.ctx, &kv.GenerateRequest{Model: e2eModel, Tokens: prompt(seed, 128), MaxTokens: 3000})
+			st, err := c.Generate(e.ctx, &kv.GenerateRequest{Model: e2eModel, Tokens: prompt(seed, 128), Sampling: kv.Sampling{MaxTokens: 3000}})
 			if errors.Is(err, kv.ErrWorkerLost) {
 				seed += 1000 // routed to the dead instance: try again
 				continue

@@ -75,7 +75,7 @@ func TestWorkerLostIsInhibited(t *testing.T) {
 	if _, err := ws.Recv(); !errors.Is(err, kv.ErrWorkerLost) {
 		t.Fatalf("got %v, want kv.ErrWorkerLost", err)
 	}
-	if _, err := r.Route(context.Background(), router.Request{Model: "m", Tokens: make([]uint32, 40)}); !errors.Is(err, router.ErrNoWorkers) {
+	if _, err := r.Route(context.Background(), router.Request{Model: "m", Tokens: make([]uint32, 40)}); !errors.Is(err, kv.ErrNoWorkers) {
 		t.Fatalf("the lost worker is still routable: %v", err)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
 	"github.com/kvmesh/kvmesh/workerclient"
 )
@@ -34,7 +33,7 @@ func TestDPRanksRoutedByCache(t *testing.T) {
 	waitFor(t, 10*time.Second, "both ranks routed and dumped", func() bool {
 		_, ok0 := cl.feeds[model.Name].LastID(k0)
 		_, ok1 := cl.feeds[model.Name].LastID(k1)
-		return len(cl.router.Workers(model.Name, router.RoleAggregated)) == 2 && ok0 && ok1
+		return len(cl.router.Workers(model.Name, kv.RoleAggregated)) == 2 && ok0 && ok1
 	})
 
 	// Turn 1 runs on rank 1, straight at the worker.

@@ -66,7 +66,7 @@ func (t *instances) update(ev discovery.Event) {
 		}
 	}
 	for r, k := range in.Workers() {
-		info := router.WorkerInfo{Key: k, Model: in.Model, Role: router.Role(in.Role), BlockSize: in.BlockSize,
+		info := router.WorkerInfo{Key: k, Model: in.Model, Role: in.Role, BlockSize: in.BlockSize,
 			KVBlocks: in.KVCapacity[kv.TierDevice.String()], MaxBatchedTokens: in.MaxBatchedTokens, Digest: in.Digest}
 		if r < len(in.ControlEndpoints) {
 			info.ControlEndpoint, info.HintCapable = in.ControlEndpoints[r], true

@@ -34,7 +34,7 @@ func TestInstanceTableDrivesRouterAndFeed(t *testing.T) {
 	feed := &recordingFeed{}
 	keys := func() []kv.WorkerKey {
 		var out []kv.WorkerKey
-		for _, wi := range r.Workers("m", router.RoleAggregated) {
+		for _, wi := range r.Workers("m", kv.RoleAggregated) {
 			out = append(out, wi.Key)
 		}
 		slices.SortFunc(out, func(a, b kv.WorkerKey) int { return int(a.DPRank) - int(b.DPRank) })
@@ -46,7 +46,7 @@ func TestInstanceTableDrivesRouterAndFeed(t *testing.T) {
 	if got := keys(); !slices.Equal(got, []kv.WorkerKey{{Instance: 7}, {Instance: 7, DPRank: 1}}) {
 		t.Fatalf("router workers after add: %v", got)
 	}
-	for _, wi := range r.Workers("m", router.RoleAggregated) {
+	for _, wi := range r.Workers("m", kv.RoleAggregated) {
 		if !wi.HintCapable || wi.ControlEndpoint != in.ControlEndpoints[wi.Key.DPRank] {
 			t.Fatalf("rank %d: %+v, want its control endpoint", wi.Key.DPRank, wi)
 		}

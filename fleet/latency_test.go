@@ -28,6 +28,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/internal/quantile"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
@@ -122,7 +123,7 @@ func TestFrontendAddedLatency(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	for cl.Ready() != nil || len(cl.router.Workers("kvmesh-sim", router.RoleAggregated)) < nworkers {
+	for cl.Ready() != nil || len(cl.router.Workers("kvmesh-sim", kv.RoleAggregated)) < nworkers {
 		time.Sleep(10 * time.Millisecond)
 	}
 	cfg := frontend.DefaultConfig()

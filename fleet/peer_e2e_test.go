@@ -43,7 +43,7 @@ func clusterTurn(t *testing.T, c *Cluster, toks []uint32) turnResult {
 	defer cancel()
 	start := time.Now()
 	st, err := c.Generate(ctx, &kv.GenerateRequest{RequestID: fmt.Sprint("r", start.UnixNano()), Model: hintedModel,
-		Tokens: toks, MaxTokens: 6, Seed: 1234})
+		Tokens: toks, Sampling: kv.Sampling{MaxTokens: 6, Seed: 1234}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 		}
 		t.Cleanup(c.Close)
 		waitFor(t, 10*time.Second, "cluster sees 4 hint-capable workers", func() bool {
-			infos := c.router.Workers(hintedModel, router.RoleAggregated)
+			infos := c.router.Workers(hintedModel, kv.RoleAggregated)
 			return len(infos) == 4 && !slices.ContainsFunc(infos, func(i router.WorkerInfo) bool { return !i.HintCapable })
 		})
 		return c
@@ -202,7 +202,7 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 		t.Fatalf("hinted answer %v, recomputed answer %v", got.toks, base.toks)
 	}
 	// A, which computed turn 1, gives the same answer.
-	ga := generateOn(t, a.eng, &engine.Request{ID: "on-a", Tokens: turn2, MaxTokens: 6, Seed: 1234})
+	ga := generateOn(t, a.eng, &engine.Request{ID: "on-a", Tokens: turn2, Sampling: kv.Sampling{MaxTokens: 6, Seed: 1234}})
 	if !slices.Equal(ga.toks, got.toks) {
 		t.Errorf("A answers %v, B %v", ga.toks, got.toks)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
-	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/worker"
 )
 
@@ -60,7 +60,7 @@ func TestSamplingParamsReachEngine(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cl, model := startCluster(t, ctx, nc, disc, reg)
 	waitFor(t, 10*time.Second, "the worker routed", func() bool {
-		return len(cl.router.Workers(model.Name, router.RoleAggregated)) == 1
+		return len(cl.router.Workers(model.Name, kv.RoleAggregated)) == 1
 	})
 	ts := httptest.NewServer(frontend.New(frontend.DefaultConfig(), cl, servedModels(model), reg, reg))
 	t.Cleanup(func() { ts.Close(); http.DefaultClient.CloseIdleConnections() })

@@ -15,7 +15,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
-	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/worker"
 )
 
@@ -97,7 +97,7 @@ func TestStalledWorkerMigrates(t *testing.T) {
 	t.Cleanup(func() { ts.Close(); http.DefaultClient.CloseIdleConnections() })
 	routedIDs := func() map[uint64]bool {
 		out := map[uint64]bool{}
-		for _, wi := range cl.router.Workers(model.Name, router.RoleAggregated) {
+		for _, wi := range cl.router.Workers(model.Name, kv.RoleAggregated) {
 			out[wi.Key.Instance] = true
 		}
 		return out

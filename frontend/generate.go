@@ -9,9 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvmesh/kvmesh/tokenizer"
-
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
 // usage is what a finished generation reports.
@@ -23,7 +22,7 @@ type usage struct {
 
 // genOutcome is how a generation ended.
 type genOutcome struct {
-	Finish string
+	Finish kv.FinishReason
 	Usage  usage
 }
 
@@ -85,20 +84,9 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 		if len(generated) > 0 {
 			tokens = append(append(make([]uint32, 0, len(prompt)+len(generated)), prompt...), generated...)
 		}
-		req := &kv.GenerateRequest{
-			RequestID:   reqID,
-			Model:       m.Name,
-			Tokens:      tokens,
-			MaxTokens:   maxTokens - len(generated),
-			StopTokens:  m.EOS,
-			Seed:        seed,
-			Temperature: p.Temperature,
-			TopP:        p.TopP,
-			Attempt:     attempt,
-
-			PresencePenalty:  p.PresencePenalty,
-			FrequencyPenalty: p.FrequencyPenalty,
-		}
+		smp := p.Sampling
+		smp.MaxTokens, smp.StopTokens, smp.Seed = maxTokens-len(generated), m.EOS, seed
+		req := &kv.GenerateRequest{RequestID: reqID, Model: m.Name, Tokens: tokens, Sampling: smp, Attempt: attempt}
 		// Each attempt has its own context: cancelling it ends a pump's
 		// pending Recv before the stream is closed.
 		actx, acancel := context.WithCancel(ctx)
@@ -132,7 +120,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 				continue
 			}
 			if len(generated) >= maxTokens {
-				out.Finish = "length"
+				out.Finish = kv.FinishLength
 				break
 			}
 			return out, unavailable(1, "the worker failed mid-generation and the migration limit (%d) is spent: %v", s.cfg.MigrationLimit, lost)
@@ -151,7 +139,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 			return out, clientGone(err)
 		}
 		if hit {
-			out.Finish = "stop"
+			out.Finish = kv.FinishStop
 		}
 	}
 	out.Usage.CompletionTokens = len(generated)
@@ -202,7 +190,7 @@ func (s *Server) drain(ctx context.Context, rd *chunkReader, m *Model, obs laten
 					return false, nil, clientGone(err)
 				}
 				if hit {
-					out.Finish, *stopHit = "stop", true
+					out.Finish, *stopHit = kv.FinishStop, true
 					return true, nil, nil
 				}
 				continue

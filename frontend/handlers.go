@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 type usageJSON struct {
@@ -68,7 +70,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 				"index":         0,
 				"message":       map[string]any{"role": "assistant", "content": string(text)},
 				"logprobs":      nil,
-				"finish_reason": out.Finish,
+				"finish_reason": openAIFinish(out.Finish),
 			}},
 			"usage": toUsage(out.Usage),
 		})
@@ -149,7 +151,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 			total.PromptTokens += out.Usage.PromptTokens
 			total.CompletionTokens += out.Usage.CompletionTokens
 			total.CachedTokens += out.Usage.CachedTokens
-			choices = append(choices, map[string]any{"index": i, "text": string(text), "logprobs": nil, "finish_reason": out.Finish})
+			choices = append(choices, map[string]any{"index": i, "text": string(text), "logprobs": nil, "finish_reason": openAIFinish(out.Finish)})
 		}
 		writeJSON(w, http.StatusOK, map[string]any{
 			"id": id, "object": "text_completion", "created": created, "model": m.Name,
@@ -287,7 +289,7 @@ func (s *sseWriter) fail(e *apiError) {
 // end writes a finished stream's last events: the finish reason, the usage
 // when asked for, and [DONE].
 func (s *sseWriter) end(ev *streamEvents, out genOutcome) {
-	_ = s.write(ev.finish(out.Finish))
+	_ = s.write(ev.finish(openAIFinish(out.Finish)))
 	if ev.includeUsage {
 		_ = s.write(ev.usage(out.Usage))
 	}
@@ -305,3 +307,16 @@ type clientWriteError struct{}
 func (clientWriteError) Error() string { return "write to client failed" }
 
 var errClientWrite error = clientWriteError{}
+
+// openAIFinish is the finish_reason an OpenAI client reads. Only stop and
+// length end a successful response; cancelled and failed generations end in
+// an error instead.
+func openAIFinish(f kv.FinishReason) string {
+	switch f {
+	case kv.FinishStop:
+		return "stop"
+	case kv.FinishLength:
+		return "length"
+	}
+	return string(f)
+}

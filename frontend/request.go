@@ -8,6 +8,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // Message is one chat message after validation; content is plain text.
@@ -19,18 +21,14 @@ type Message struct {
 
 // genParams are the sampling and length parameters both endpoints share.
 type genParams struct {
-	MaxTokens    int // 0: until the context or the default limit
-	Temperature  float64
-	TopP         float64 // 0: not set (the engine's default, 1)
-	Seed         uint64
+	// Sampling as the client set it; MaxTokens 0: until the context or the
+	// default limit. Seed is meaningful with HasSeed only.
+	kv.Sampling
 	HasSeed      bool
 	Stop         []string
 	Stream       bool
 	IncludeUsage bool
 	User         string
-	// PresencePenalty and FrequencyPenalty are validated sampling knobs.
-	PresencePenalty  float64
-	FrequencyPenalty float64
 	// maxTokensParam names the parameter that set MaxTokens ("" if none)
 	// and promptParam the prompt ("messages" or "prompt"), for errors.
 	maxTokensParam string

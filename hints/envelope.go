@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // Protocol constants.
@@ -48,7 +50,7 @@ func (e *Error) Is(target error) bool { return target == ErrMalformed }
 type IgnoredError struct{ Version string }
 
 func (e *IgnoredError) Error() string {
-	return fmt.Sprintf("protocol_version: unsupported %s (supported %q); hint ignored", quote(e.Version), ProtocolVersion)
+	return fmt.Sprintf("protocol_version: unsupported %.64q (supported %q); hint ignored", e.Version, ProtocolVersion)
 }
 func (e *IgnoredError) Is(target error) bool { return target == ErrIgnored }
 
@@ -118,7 +120,7 @@ func (e *Envelope) Fetch() (*Fetch, bool) {
 
 // NewFetch builds the router's envelope: message_id is the booking's
 // selection id, one kv.fetch action "a1". endpoint should already be
-// canonical (ParseEndpoint); "" omits the source. hashes are copied.
+// canonical (kv.ParseEndpoint); "" omits the source. hashes are copied.
 func NewFetch(messageID, endpoint string, hashes []uint64) *Envelope {
 	f := &Fetch{SourceEndpoint: endpoint, BlockHashes: slices.Clone(hashes), Mode: ModeCopy}
 	return &Envelope{
@@ -394,9 +396,11 @@ func parseFetch(path string, raw json.RawMessage) (*Fetch, error) {
 		if err := json.Unmarshal(ep, &s); err != nil {
 			return nil, &Error{p, "invalid string: " + jsonErrText(err)}
 		}
-		if f.SourceEndpoint, err = ParseEndpoint(s); err != nil {
+		src, err := kv.ParseEndpoint(s)
+		if err != nil {
 			return nil, &Error{p, err.Error()}
 		}
+		f.SourceEndpoint = src.String()
 	}
 	hp := path + ".block_hashes"
 	hr, ok := m["block_hashes"]

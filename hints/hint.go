@@ -38,7 +38,7 @@ func (e *Envelope) Hint() (*kv.Hint, bool) {
 // more than maxBlocks (the prompt's full blocks: a root-aligned prefix is
 // never longer). Errors are *Error (ErrMalformed) naming the field.
 func CheckHint(h *kv.Hint, maxBlocks int) error {
-	ep, err := ParseEndpoint(h.Endpoint)
+	ep, err := kv.ParseEndpoint(h.Endpoint)
 	if err != nil {
 		return &Error{"kv_fetch.source_control_endpoint", err.Error()}
 	}
@@ -48,6 +48,6 @@ func CheckHint(h *kv.Hint, maxBlocks int) error {
 	case n > maxBlocks:
 		return &Error{"kv_fetch.block_hashes", fmt.Sprintf("%d hashes for a prompt of %d full blocks", n, maxBlocks)}
 	}
-	h.Endpoint = ep
+	h.Endpoint = ep.String()
 	return nil
 }

@@ -45,7 +45,7 @@ type Approx struct {
 	qseq    []kv.SeqHash // the records' blocks
 	seq     []kv.SeqHash
 	blocks  []kv.StoredBlock
-	rm      []uint64
+	rm      []kv.EngineHash
 }
 
 type approxWorker struct {
@@ -108,11 +108,14 @@ func (a *Approx) Insert(w kv.WorkerKey, local []kv.LocalHash, now time.Time) {
 		a.n += len(a.seq) - first
 		a.blocks = a.blocks[:0]
 		for i := first; i < len(a.seq); i++ {
-			a.blocks = append(a.blocks, kv.StoredBlock{EngineHash: a.seq[i], LocalHash: local[i]})
+			// The approximate index plays the engine: its engine hash is
+			// the block's sequence hash.
+			a.blocks = append(a.blocks, kv.StoredBlock{EngineHash: kv.EngineHash(a.seq[i]), LocalHash: local[i]})
 		}
-		var parent *uint64
+		var parent *kv.EngineHash
 		if first > 0 {
-			parent = &a.seq[first-1]
+			p := kv.EngineHash(a.seq[first-1])
+			parent = &p
 		}
 		a.ix.Apply(kv.Stored(w, kv.TierDevice, parent, a.blocks))
 	}
@@ -164,7 +167,7 @@ func (a *Approx) popRec(target int) {
 		}
 		aw.last.Delete(s)
 		a.n--
-		a.rm = append(a.rm, s)
+		a.rm = append(a.rm, kv.EngineHash(s))
 	}
 	if len(a.rm) > 0 {
 		a.ix.Apply(kv.Removed(aw.key, kv.TierDevice, a.rm))

@@ -12,16 +12,16 @@ func deepTree(b *testing.B) (*Index, []kv.LocalHash) {
 	ix := New()
 	prefix := make([]kv.StoredBlock, 16)
 	for i := range prefix {
-		prefix[i] = kv.StoredBlock{EngineHash: uint64(i + 1), LocalHash: uint64(i + 1)}
+		prefix[i] = kv.StoredBlock{EngineHash: kv.EngineHash(i + 1), LocalHash: kv.LocalHash(i + 1)}
 	}
 	var q []kv.LocalHash
 	for w := 0; w < 256; w++ {
 		wk := kv.WorkerKey{Instance: uint64(w)}
 		ix.Apply(kv.Stored(wk, kv.TierDevice, nil, prefix))
-		p := uint64(16)
+		p := kv.EngineHash(16)
 		chain := make([]kv.StoredBlock, 1000)
 		for i := range chain {
-			chain[i] = kv.StoredBlock{EngineHash: uint64(w)<<32 | uint64(i+100), LocalHash: uint64(w)<<32 | uint64(i+100)}
+			chain[i] = kv.StoredBlock{EngineHash: kv.EngineHash(uint64(w)<<32 | uint64(i+100)), LocalHash: kv.LocalHash(uint64(w)<<32 | uint64(i+100))}
 		}
 		ix.Apply(kv.Stored(wk, kv.TierDevice, &p, chain))
 		if w == 7 {
@@ -61,13 +61,13 @@ func BenchmarkApplyStoredRemoved(b *testing.B) {
 	ix := New()
 	w := kv.WorkerKey{Instance: 1}
 	blocks := make([]kv.StoredBlock, 64)
-	hashes := make([]uint64, 64)
+	hashes := make([]kv.EngineHash, 64)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		for j := range blocks {
 			h := uint64(i)<<8 | uint64(j)
-			blocks[j] = kv.StoredBlock{EngineHash: h, LocalHash: h}
-			hashes[j] = h
+			blocks[j] = kv.StoredBlock{EngineHash: kv.EngineHash(h), LocalHash: kv.LocalHash(h)}
+			hashes[j] = kv.EngineHash(h)
 		}
 		ix.Apply(kv.Stored(w, kv.TierDevice, nil, blocks))
 		ix.Apply(kv.Removed(w, kv.TierDevice, hashes))
@@ -82,18 +82,18 @@ func BenchmarkApplyFreshChains(b *testing.B) {
 	ix := New()
 	prefix := make([]kv.StoredBlock, 16)
 	for i := range prefix {
-		prefix[i] = kv.StoredBlock{EngineHash: uint64(i + 1), LocalHash: uint64(i + 1)}
+		prefix[i] = kv.StoredBlock{EngineHash: kv.EngineHash(i + 1), LocalHash: kv.LocalHash(i + 1)}
 	}
 	for w := 0; w < 256; w++ {
 		ix.Apply(kv.Stored(kv.WorkerKey{Instance: uint64(w)}, kv.TierDevice, nil, prefix))
 	}
 	chain := make([]kv.StoredBlock, 180)
-	p := uint64(16)
+	p := kv.EngineHash(16)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		for j := range chain {
 			h := uint64(i)<<20 | uint64(j) | 1<<60
-			chain[j] = kv.StoredBlock{EngineHash: h, LocalHash: h}
+			chain[j] = kv.StoredBlock{EngineHash: kv.EngineHash(h), LocalHash: kv.LocalHash(h)}
 		}
 		ix.Apply(kv.Stored(kv.WorkerKey{Instance: uint64(i % 256)}, kv.TierDevice, &p, chain))
 	}
@@ -111,9 +111,9 @@ func turnsTree() (*Index, []kv.LocalHash) {
 	h := uint64(1)
 	block := func() kv.StoredBlock {
 		h++
-		return kv.StoredBlock{EngineHash: h, LocalHash: h}
+		return kv.StoredBlock{EngineHash: kv.EngineHash(h), LocalHash: kv.LocalHash(h)}
 	}
-	var parent *uint64
+	var parent *kv.EngineHash
 	filler := kv.WorkerKey{Instance: 0}
 	for k := 0; k <= 16; k++ {
 		turn := make([]kv.StoredBlock, 8)

@@ -84,7 +84,7 @@ func (ix *Index) Dump(w kv.WorkerKey) []kv.Event {
 				}
 				ev := kv.Event{Worker: w, Tier: t, Kind: kv.EventStored}
 				if a != 0 {
-					ev.HasParent, ev.Parent = true, hash[a]
+					ev.HasParent, ev.Parent = true, kv.EngineHash(hash[a])
 				}
 				for i := len(miss) - 1; i >= 0; i-- {
 					n := miss[i]
@@ -95,13 +95,13 @@ func (ix *Index) Dump(w kv.WorkerKey) []kv.Event {
 					used[e] = true
 					hash[n] = e
 					present[n] = true
-					ev.Blocks = append(ev.Blocks, kv.StoredBlock{EngineHash: e, LocalHash: nodeAt(d, n).local.Load()})
+					ev.Blocks = append(ev.Blocks, kv.StoredBlock{EngineHash: kv.EngineHash(e), LocalHash: kv.LocalHash(nodeAt(d, n).local.Load())})
 					synth[t] = append(synth[t], e)
 				}
 				evs = append(evs, ev)
 				open[[2]uint32{uint32(t), parent}] = len(evs) - 1
 			}
-			blk := kv.StoredBlock{EngineHash: hash[h.id], LocalHash: nodeAt(d, h.id).local.Load()}
+			blk := kv.StoredBlock{EngineHash: kv.EngineHash(hash[h.id]), LocalHash: kv.LocalHash(nodeAt(d, h.id).local.Load())}
 			if i, ok := open[[2]uint32{uint32(t), parent}]; ok {
 				evs[i].Blocks = append(evs[i].Blocks, blk)
 				delete(open, [2]uint32{uint32(t), parent})
@@ -110,7 +110,7 @@ func (ix *Index) Dump(w kv.WorkerKey) []kv.Event {
 			}
 			ev := kv.Event{Worker: w, Tier: t, Kind: kv.EventStored, Blocks: []kv.StoredBlock{blk}}
 			if parent != 0 {
-				ev.HasParent, ev.Parent = true, hash[parent]
+				ev.HasParent, ev.Parent = true, kv.EngineHash(hash[parent])
 			}
 			evs = append(evs, ev)
 			open[[2]uint32{uint32(t), h.id}] = len(evs) - 1
@@ -119,7 +119,7 @@ func (ix *Index) Dump(w kv.WorkerKey) []kv.Event {
 	}
 	for t := kv.Tier(0); t < kv.NumTiers; t++ {
 		if len(synth[t]) > 0 {
-			evs = append(evs, kv.Removed(w, t, synth[t]))
+			evs = append(evs, kv.Removed(w, t, kv.AsHashes[kv.EngineHash](synth[t])))
 		}
 	}
 	return evs
@@ -154,8 +154,8 @@ func (ix *Index) EngineHashes(w kv.WorkerKey, local []kv.LocalHash, dst []kv.Eng
 			c = dir[ci]
 			n = &c.hot[id&chunkMask]
 		}
-		if n == nil || parentOf(n.pg.Load()) != parent || n.local.Load() != l {
-			if id = ix.findChild(parent, l); id == 0 {
+		if n == nil || parentOf(n.pg.Load()) != parent || n.local.Load() != uint64(l) {
+			if id = ix.findChild(parent, uint64(l)); id == 0 {
 				break
 			}
 			c = dir[id>>chunkBits]

@@ -87,7 +87,7 @@ const (
 // chunk's nodes and the query, so it needs no bounds checks or chunk
 // arithmetic per node. It prefetches the run ahead of itself up to stop,
 // the query position where the run should end.
-func scanChain(dir []*chunk, parent uint32, local []kv.LocalHash, i int, prev uint64, stop int) (int, uint32, uint64, scanEnd) {
+func scanChain(dir []*chunk, parent uint32, local []uint64, i int, prev uint64, stop int) (int, uint32, uint64, scanEnd) {
 	for i < len(local) {
 		sc := parent + 1
 		ci := int(sc >> chunkBits)
@@ -167,7 +167,7 @@ func (ah *ahead) next(i int) uint32 {
 // to arrive in time; this way the misses of all turns overlap instead of
 // following one another. It only prefetches: a stale hint costs a wasted
 // line, never a wrong answer.
-func (ix *Index) warmPath(t *table, dir []*chunk, local []kv.LocalHash, id, run uint32, ah *ahead) {
+func (ix *Index) warmPath(t *table, dir []*chunk, local []uint64, id, run uint32, ah *ahead) {
 	heads := &ah.id
 	n, i := 0, 0
 	for n < maxAhead && run > 0 {
@@ -292,9 +292,10 @@ func (ix *Index) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 	}
 	s := ix.scratch.Get().(*scratch)
 	start := len(dst)
+	raw := kv.RawHashes(local) // the tables key by raw uint64
 	for {
 		var ok bool
-		dst, ok = ix.find(local, dst, s)
+		dst, ok = ix.find(raw, dst, s)
 		if ok {
 			break
 		}
@@ -305,7 +306,7 @@ func (ix *Index) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 	return dst
 }
 
-func (ix *Index) find(local []kv.LocalHash, dst []Match, s *scratch) ([]Match, bool) {
+func (ix *Index) find(local []uint64, dst []Match, s *scratch) ([]Match, bool) {
 	v := ix.vw.Load()
 	t := ix.ctab.Load()
 	dir := *ix.dir.Load()

@@ -699,12 +699,12 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	hw := uint64(ws.slot<<4 | 1<<tier)
 	small := len(ix.etab.tags) < warmEtabMin
 	for _, b := range blocks {
-		p = ix.newNode(p, b.LocalHash, hw)
+		p = ix.newNode(p, uint64(b.LocalHash), hw)
 		ids = append(ids, p)
 		if small {
 			// A table this small stays in cache: its stores cost newNode
 			// no wait, and binding here saves the passes below.
-			ix.bindFresh(ws, p, b.EngineHash, ix.engHash(b.EngineHash))
+			ix.bindFresh(ws, p, uint64(b.EngineHash), ix.engHash(uint64(b.EngineHash)))
 		}
 	}
 	ix.fresh = ids
@@ -717,7 +717,7 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 			par = ids[j-1]
 		}
 		if inTable(ids[j], par) {
-			setRun(ix.ctab.Load(), ix.childHash(par, blocks[j].LocalHash), ids[j], run)
+			setRun(ix.ctab.Load(), ix.childHash(par, uint64(blocks[j].LocalHash)), ids[j], run)
 			run = 0
 		}
 	}
@@ -754,14 +754,14 @@ func (ix *Index) bindAll(ws *wstate, ids []uint32, blocks []kv.StoredBlock) {
 	hs := ix.freshHash[:0]
 	var touch uint8
 	for _, b := range blocks {
-		hash := ix.engHash(b.EngineHash)
+		hash := ix.engHash(uint64(b.EngineHash))
 		hs = append(hs, hash)
 		touch += t.tags[hash&t.mask]
 	}
 	ix.touchedTag = touch
 	ix.freshHash = hs
 	for j, b := range blocks {
-		ix.bindFresh(ws, ids[j], b.EngineHash, hs[j])
+		ix.bindFresh(ws, ids[j], uint64(b.EngineHash), hs[j])
 	}
 }
 
@@ -822,21 +822,21 @@ func (ix *Index) apply(ev *kv.Event) {
 		}
 		p := uint32(0)
 		if ev.HasParent {
-			if p = ix.resolve(ws, ev.Parent); p == 0 {
+			if p = ix.resolve(ws, uint64(ev.Parent)); p == 0 {
 				ix.st.ParentNotFound++
 				return
 			}
 		}
 		bit := uint8(1) << ev.Tier
 		for k, b := range ev.Blocks {
-			c := ix.findChild(p, b.LocalHash)
+			c := ix.findChild(p, uint64(b.LocalHash))
 			if c == 0 {
 				// The rest of the event is new: its nodes have no children yet.
 				ix.storeFresh(ws, p, ev.Blocks[k:], ev.Tier)
 				break
 			}
 			ix.st.Blocks++
-			ix.bind(ws, c, b.EngineHash)
+			ix.bind(ws, c, uint64(b.EngineHash))
 			m := ix.maskOf(c, ws.slot)
 			if m&bit != 0 {
 				ix.st.DuplicateStore++
@@ -856,10 +856,11 @@ func (ix *Index) apply(ev *kv.Event) {
 		}
 		ws := ix.worker(ev.Worker, false)
 		bit := uint8(1) << ev.Tier
+		removed := kv.RawHashes(ev.Removed) // the tables key by raw uint64
 		if ws != nil {
-			ix.prefind(ev.Removed)
+			ix.prefind(removed)
 		}
-		for k, h := range ev.Removed {
+		for k, h := range removed {
 			ix.st.Blocks++
 			var id uint32
 			if ws != nil {

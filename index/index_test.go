@@ -16,16 +16,16 @@ import (
 type gen struct {
 	r       *rand.Rand
 	workers []kv.WorkerKey
-	known   map[kv.WorkerKey][]uint64 // engine hashes a worker stored
+	known   map[kv.WorkerKey][]kv.EngineHash // engine hashes a worker stored
 	alpha   []kv.LocalHash
 }
 
 func newGen(seed uint64, nWorkers int) *gen {
-	g := &gen{r: rand.New(rand.NewPCG(seed, seed^0xabc)), known: map[kv.WorkerKey][]uint64{}}
+	g := &gen{r: rand.New(rand.NewPCG(seed, seed^0xabc)), known: map[kv.WorkerKey][]kv.EngineHash{}}
 	for i := 0; i < nWorkers; i++ {
 		g.workers = append(g.workers, kv.WorkerKey{Instance: uint64(g.r.IntN(nWorkers/2 + 1)), DPRank: uint32(i)})
 	}
-	g.alpha = []kv.LocalHash{0, 1, 2, math.MaxUint64, g.r.Uint64(), g.r.Uint64()}
+	g.alpha = []kv.LocalHash{0, 1, 2, math.MaxUint64, kv.LocalHash(g.r.Uint64()), kv.LocalHash(g.r.Uint64())}
 	return g
 }
 
@@ -36,15 +36,15 @@ func (g *gen) event() kv.Event {
 	tier := kv.Tier(g.r.IntN(kv.NumTiers))
 	switch x := g.r.IntN(100); {
 	case x < 60:
-		var parent *uint64
-		var pe uint64
+		var parent *kv.EngineHash
+		var pe kv.EngineHash
 		kn := g.known[w]
 		switch y := g.r.IntN(100); {
 		case y < 70 && len(kn) > 0:
 			pe = kn[g.r.IntN(len(kn))]
 			parent = &pe
 		case y < 75:
-			pe = g.r.Uint64() // almost surely unknown
+			pe = kv.EngineHash(g.r.Uint64()) // almost surely unknown
 			parent = &pe
 		}
 		n := 1 + g.r.IntN(4)
@@ -52,12 +52,12 @@ func (g *gen) event() kv.Event {
 		prev := pe
 		for i := range blocks {
 			l := g.local()
-			e := kv.ChainHash(prev, l) // canonical: equal for equal paths
+			e := kv.EngineHash(kv.ChainHash(kv.SeqHash(prev), l)) // canonical: equal for equal paths
 			switch z := g.r.IntN(100); {
 			case z < 8:
-				e ^= w.Instance<<32 | uint64(w.DPRank) + 1 // worker-specific
+				e ^= kv.EngineHash(w.Instance<<32 | uint64(w.DPRank) + 1) // worker-specific
 			case z < 14:
-				e = uint64(g.r.IntN(4)) // collisions across nodes
+				e = kv.EngineHash(g.r.IntN(4)) // collisions across nodes
 			case z < 16:
 				e = math.MaxUint64
 			}
@@ -70,12 +70,12 @@ func (g *gen) event() kv.Event {
 		}
 		return kv.Stored(w, tier, parent, blocks)
 	case x < 92:
-		var hs []uint64
+		var hs []kv.EngineHash
 		for i := 1 + g.r.IntN(3); i > 0; i-- {
 			if kn := g.known[w]; len(kn) > 0 && g.r.IntN(10) < 8 {
 				hs = append(hs, kn[g.r.IntN(len(kn))])
 			} else {
-				hs = append(hs, uint64(g.r.IntN(6)))
+				hs = append(hs, kv.EngineHash(g.r.IntN(6)))
 			}
 		}
 		return kv.Removed(w, tier, hs)
@@ -200,7 +200,7 @@ func checkEngineHashes(t *testing.T, ix *Index, rf *ref.Index) {
 	t.Helper()
 	for _, w := range rf.Workers() {
 		hs := rf.Holdings(w)
-		eng := make(map[string]uint64, len(hs))
+		eng := make(map[string]kv.EngineHash, len(hs))
 		for _, h := range hs {
 			eng[fmt.Sprint(h.Path)] = h.Engine
 		}
@@ -211,7 +211,7 @@ func checkEngineHashes(t *testing.T, ix *Index, rf *ref.Index) {
 				if !ok {
 					break
 				}
-				want = append(want, kv.EngineHash(e))
+				want = append(want, e)
 			}
 			if got := ix.EngineHashes(w, h.Path, nil); !reflect.DeepEqual(got, want) {
 				t.Fatalf("worker %v path %v: engine hashes %v, want %v", w, h.Path, got, want)
@@ -226,7 +226,7 @@ func checkEngineHashes(t *testing.T, ix *Index, rf *ref.Index) {
 func TestDepthSemantics(t *testing.T) {
 	ix := New()
 	a, b := kv.WorkerKey{Instance: 2}, kv.WorkerKey{Instance: 1, DPRank: 3}
-	p := func(x uint64) *uint64 { return &x }
+	p := func(x kv.EngineHash) *kv.EngineHash { return &x }
 	// a: blocks 10,11,12 on device; 13 on disk. b: 10 on host, 11 on device.
 	ix.Apply(kv.Stored(a, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: 100, LocalHash: 10}, {EngineHash: 101, LocalHash: 11}, {EngineHash: 102, LocalHash: 12}}))
 	ix.Apply(kv.Stored(a, kv.TierDisk, p(102), []kv.StoredBlock{{EngineHash: 103, LocalHash: 13}}))
@@ -245,7 +245,7 @@ func TestDepthSemantics(t *testing.T) {
 		t.Fatalf("block 11 at the root matched: %v", m)
 	}
 	ix.Apply(kv.Stored(a, kv.TierDevice, p(999), []kv.StoredBlock{{EngineHash: 5, LocalHash: 5}}))
-	ix.Apply(kv.Removed(a, kv.TierDevice, []uint64{101}))
+	ix.Apply(kv.Removed(a, kv.TierDevice, []kv.EngineHash{101}))
 	if m := ix.FindMatches([]kv.LocalHash{10, 11, 12}, nil); m[1].Depth != [4]uint32{1, 1, 1, 1} {
 		t.Fatalf("after removing the middle block: %v", m)
 	}
@@ -302,12 +302,12 @@ func TestConcurrentReaders(t *testing.T) {
 func TestHostileInputNeverPanics(t *testing.T) {
 	ix := New()
 	w := kv.WorkerKey{Instance: math.MaxUint64, DPRank: math.MaxUint32}
-	for _, h := range []uint64{0, 1, math.MaxUint64, 0xFFFFFFFF} {
-		ix.Apply(kv.Stored(w, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: h, LocalHash: h}, {EngineHash: h, LocalHash: h}}))
-		ix.Apply(kv.Stored(w, kv.TierDevice, &h, []kv.StoredBlock{{EngineHash: h, LocalHash: h}}))
-		ix.Apply(kv.Removed(w, kv.TierDevice, []uint64{h, h}))
+	for _, h := range []kv.EngineHash{0, 1, math.MaxUint64, 0xFFFFFFFF} {
+		ix.Apply(kv.Stored(w, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: h, LocalHash: kv.LocalHash(h)}, {EngineHash: h, LocalHash: kv.LocalHash(h)}}))
+		ix.Apply(kv.Stored(w, kv.TierDevice, &h, []kv.StoredBlock{{EngineHash: h, LocalHash: kv.LocalHash(h)}}))
+		ix.Apply(kv.Removed(w, kv.TierDevice, []kv.EngineHash{h, h}))
 	}
-	ix.Apply(kv.Removed(kv.WorkerKey{Instance: 9}, kv.TierDevice, []uint64{1}))
+	ix.Apply(kv.Removed(kv.WorkerKey{Instance: 9}, kv.TierDevice, []kv.EngineHash{1}))
 	ix.Apply(kv.Cleared(kv.WorkerKey{Instance: 9}))
 	ix.Apply(kv.Event{Kind: kv.EventStored, Tier: 200})
 	ix.Apply(kv.Event{Kind: 0})

@@ -30,7 +30,7 @@ func newConvGen(seed uint64, nWorkers, nConvs, maxLen int) *convGen {
 	}
 	sys := make([]kv.LocalHash, 8) // a system prompt every conversation shares
 	for i := range sys {
-		sys[i] = g.r.Uint64()
+		sys[i] = kv.LocalHash(g.r.Uint64())
 	}
 	for c := 0; c < nConvs; c++ {
 		n := 1 + g.r.IntN(maxLen)
@@ -39,7 +39,7 @@ func newConvGen(seed uint64, nWorkers, nConvs, maxLen int) *convGen {
 			if i < len(sys) && c%4 != 0 {
 				conv[i] = sys[i]
 			} else {
-				conv[i] = g.r.Uint64() & 0xFFFF // small: equal blocks under different parents
+				conv[i] = kv.LocalHash(g.r.Uint64() & 0xFFFF) // small: equal blocks under different parents
 			}
 		}
 		g.convs = append(g.convs, conv)
@@ -49,12 +49,12 @@ func newConvGen(seed uint64, nWorkers, nConvs, maxLen int) *convGen {
 
 // engine hash a worker uses for conversation c's block i: canonical, so
 // workers agree, except for a few workers that name blocks their own way.
-func (g *convGen) engine(w kv.WorkerKey, c, i int) uint64 {
-	seq := kv.SeqHashes(nil, g.convs[c][:i+1])[i]
+func (g *convGen) engine(w kv.WorkerKey, c, i int) kv.EngineHash {
+	e := kv.EngineHash(kv.SeqHashes(nil, g.convs[c][:i+1])[i])
 	if w.DPRank%17 == 5 {
-		seq ^= uint64(w.DPRank) << 40
+		e ^= kv.EngineHash(w.DPRank) << 40
 	}
-	return seq
+	return e
 }
 
 func (g *convGen) event() (kv.Event, bool) {
@@ -80,7 +80,7 @@ func (g *convGen) event() (kv.Event, bool) {
 		for i := from; i < to; i++ {
 			blocks = append(blocks, kv.StoredBlock{EngineHash: g.engine(w, c, i), LocalHash: conv[i]})
 		}
-		var parent *uint64
+		var parent *kv.EngineHash
 		if from > 0 {
 			p := g.engine(w, c, from-1)
 			parent = &p
@@ -99,12 +99,12 @@ func (g *convGen) event() (kv.Event, bool) {
 				continue
 			}
 			n := 1 + g.r.IntN(d)
-			var hs []uint64
+			var hs []kv.EngineHash
 			for i := d - 1; i >= d-n; i-- {
 				hs = append(hs, g.engine(w, c, i))
 			}
 			if g.r.IntN(4) == 0 {
-				hs = []uint64{g.engine(w, c, g.r.IntN(d))}
+				hs = []kv.EngineHash{g.engine(w, c, g.r.IntN(d))}
 			} else {
 				hm[c] = d - n
 			}
@@ -287,7 +287,7 @@ func TestSharedHolderSets(t *testing.T) {
 	ix := New()
 	chain := make([]kv.StoredBlock, 100)
 	for i := range chain {
-		chain[i] = kv.StoredBlock{EngineHash: uint64(1000 + i), LocalHash: uint64(i)}
+		chain[i] = kv.StoredBlock{EngineHash: kv.EngineHash(1000 + i), LocalHash: kv.LocalHash(i)}
 	}
 	ws := []kv.WorkerKey{{Instance: 3}, {Instance: 1}, {Instance: 2}, {Instance: 5}}
 	for _, w := range ws {
@@ -301,9 +301,9 @@ func TestSharedHolderSets(t *testing.T) {
 		t.Fatalf("child table holds %d ids for one chain (the head is the root's successor)", used)
 	}
 	// Evict the last 30 blocks of one worker: the tail gets a second set.
-	var tail []uint64
+	var tail []kv.EngineHash
 	for i := 99; i >= 70; i-- {
-		tail = append(tail, uint64(1000+i))
+		tail = append(tail, kv.EngineHash(1000+i))
 	}
 	ix.Apply(kv.Removed(ws[0], kv.TierDevice, tail))
 	if s := ix.Stats(); s.HolderSets != 2 || s.Overflow != 100 {
@@ -311,7 +311,7 @@ func TestSharedHolderSets(t *testing.T) {
 	}
 	q := make([]kv.LocalHash, 100)
 	for i := range q {
-		q[i] = uint64(i)
+		q[i] = kv.LocalHash(i)
 	}
 	got := ix.FindMatches(q, nil)
 	if len(got) != 4 || got[0].Worker != ws[1] || got[2].Worker != ws[0] || got[2].Depth != [4]uint32{70, 70, 70, 70} || got[3].Depth[0] != 100 {
@@ -391,21 +391,21 @@ func TestThinHolderSets(t *testing.T) {
 	for i := 0; i < 1200; i++ { // give every worker a slot
 		w := kv.WorkerKey{Instance: uint64(i * 7 % 1200), DPRank: 1}
 		ws = append(ws, w)
-		apply(kv.Stored(w, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: uint64(1e9 + i), LocalHash: uint64(1e9 + i)}}))
+		apply(kv.Stored(w, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: kv.EngineHash(1e9 + i), LocalHash: kv.LocalHash(1e9 + i)}}))
 	}
 	chain := make([]kv.StoredBlock, 50)
 	q := make([]kv.LocalHash, 50)
 	for i := range chain {
-		chain[i] = kv.StoredBlock{EngineHash: uint64(5000 + i), LocalHash: uint64(i)}
-		q[i] = uint64(i)
+		chain[i] = kv.StoredBlock{EngineHash: kv.EngineHash(5000 + i), LocalHash: kv.LocalHash(i)}
+		q[i] = kv.LocalHash(i)
 	}
 	holders := []int{3, 400, 799, 1100, 1199}
 	for j, x := range holders {
 		apply(kv.Stored(ws[x], kv.Tier(j%kv.NumTiers), nil, chain[:50-j*5]))
 	}
-	p := uint64(5000 + 9)
+	p := kv.EngineHash(5000 + 9)
 	apply(kv.Stored(ws[1100], kv.TierDevice, &p, chain[10:30]))
-	apply(kv.Removed(ws[400], kv.Tier(1), []uint64{5000 + 20}))
+	apply(kv.Removed(ws[400], kv.Tier(1), []kv.EngineHash{5000 + 20}))
 	ix.mu.Lock()
 	thin := 0
 	for idx := uint32(1); idx < ix.ovfNext; idx++ {
@@ -434,7 +434,7 @@ func TestRunHints(t *testing.T) {
 	blocks := func(from, n int) []kv.StoredBlock {
 		var b []kv.StoredBlock
 		for i := from; i < from+n; i++ {
-			b = append(b, kv.StoredBlock{EngineHash: uint64(1000 + i), LocalHash: uint64(i)})
+			b = append(b, kv.StoredBlock{EngineHash: kv.EngineHash(1000 + i), LocalHash: kv.LocalHash(i)})
 		}
 		return b
 	}
@@ -442,7 +442,7 @@ func TestRunHints(t *testing.T) {
 	// Another chain takes the ids after the first one's end, so the next
 	// turn below is not a successor and goes into the table.
 	ix.Apply(kv.Stored(w2, kv.TierDevice, nil, blocks(100, 3)))
-	p := uint64(1009)
+	p := kv.EngineHash(1009)
 	ix.Apply(kv.Stored(w1, kv.TierDevice, &p, blocks(10, 7)))
 	d := *ix.dir.Load()
 	end := ix.findChild(0, 0) + 9
@@ -455,7 +455,7 @@ func TestRunHints(t *testing.T) {
 	}
 	q := make([]kv.LocalHash, 17)
 	for i := range q {
-		q[i] = uint64(i)
+		q[i] = kv.LocalHash(i)
 	}
 	if m := ix.FindMatches(q, nil); len(m) != 1 || m[0].Depth[0] != 17 {
 		t.Fatalf("matches %+v", m)
@@ -482,20 +482,20 @@ func TestWarmPathTurns(t *testing.T) {
 		t.Fatalf("root run hint %d, want 8 (the shared prompt)", r)
 	}
 	var ah ahead
-	ix.warmPath(ix.ctab.Load(), *ix.dir.Load(), q, 1, ix.rootRun.Load(), &ah)
+	ix.warmPath(ix.ctab.Load(), *ix.dir.Load(), kv.RawHashes(q), 1, ix.rootRun.Load(), &ah)
 	if ah.n != 16 {
 		t.Fatalf("warmPath found %d turn heads, want 16", ah.n)
 	}
 	parent := uint32(0)
 	for i, l := range q {
-		id := ix.findChild(parent, l)
+		id := ix.findChild(parent, uint64(l))
 		if i%8 == 0 && i > 0 {
 			k := i/8 - 1
 			if int(ah.pos[k]) != i || ah.id[k] != id {
 				t.Fatalf("turn %d: warmPath expects node %d at %d, the head is %d at %d", k, ah.id[k], ah.pos[k], id, i)
 			}
 			// A wrong guess falls back to the table.
-			got, _, _, ok := ix.childAt(ix.ctab.Load(), *ix.dir.Load(), parent, l, ah.id[(k+1)%16])
+			got, _, _, ok := ix.childAt(ix.ctab.Load(), *ix.dir.Load(), parent, uint64(l), ah.id[(k+1)%16])
 			if !ok || got != id {
 				t.Fatalf("childAt with a wrong guess: %d, want %d", got, id)
 			}

@@ -36,7 +36,7 @@ func (k EventKind) String() string {
 // handle later removes and children refer to) and the local hash the index
 // navigates by.
 type StoredBlock struct {
-	EngineHash uint64
+	EngineHash EngineHash
 	LocalHash  LocalHash
 }
 
@@ -51,7 +51,7 @@ type Event struct {
 	// Stored: the chain of blocks, and the engine hash of the block before
 	// the first one (HasParent false for a sequence's first block).
 	HasParent bool
-	Parent    uint64
+	Parent    EngineHash
 	Blocks    []StoredBlock
 	// Tokens of the stored blocks, len(Blocks)·block size, when the source
 	// knows them (the vLLM wire carries them so receivers can rehash), and
@@ -62,11 +62,11 @@ type Event struct {
 	Salt   string
 
 	// Removed: engine hashes of the blocks that left this tier.
-	Removed []uint64
+	Removed []EngineHash
 }
 
 // Stored builds a Stored event.
-func Stored(w WorkerKey, tier Tier, parent *uint64, blocks []StoredBlock) Event {
+func Stored(w WorkerKey, tier Tier, parent *EngineHash, blocks []StoredBlock) Event {
 	e := Event{Worker: w, Tier: tier, Kind: EventStored, Blocks: blocks}
 	if parent != nil {
 		e.HasParent, e.Parent = true, *parent
@@ -75,7 +75,7 @@ func Stored(w WorkerKey, tier Tier, parent *uint64, blocks []StoredBlock) Event 
 }
 
 // Removed builds a Removed event.
-func Removed(w WorkerKey, tier Tier, engineHashes []uint64) Event {
+func Removed(w WorkerKey, tier Tier, engineHashes []EngineHash) Event {
 	return Event{Worker: w, Tier: tier, Kind: EventRemoved, Removed: engineHashes}
 }
 

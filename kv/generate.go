@@ -14,17 +14,10 @@ import (
 // sampling only. It has no field for client routing hints, so none can
 // reach a worker.
 type GenerateRequest struct {
-	RequestID   string
-	Model       string
-	Tokens      []uint32
-	MaxTokens   int
-	StopTokens  []uint32
-	Seed        uint64
-	Temperature float64
-	TopP        float64 // 0: not set (the engine's default, 1)
-	// PresencePenalty and FrequencyPenalty: 0 applies none.
-	PresencePenalty  float64
-	FrequencyPenalty float64
+	RequestID string
+	Model     string
+	Tokens    []uint32
+	Sampling
 	// Attempt counts migrations: 0 for the first try.
 	Attempt int
 }
@@ -38,11 +31,11 @@ type TokenStream interface {
 	Close() error
 }
 
-// TokenChunk is a piece of output. The final chunk sets Finish ("stop" or
-// "length") and the usage fields.
+// TokenChunk is a piece of output. The final chunk sets Finish (stop or
+// length) and the usage fields.
 type TokenChunk struct {
 	Tokens       []uint32
-	Finish       string
+	Finish       FinishReason
 	PromptTokens int
 	CachedTokens int
 }
@@ -55,12 +48,23 @@ var ErrWorkerLost = errors.New("worker lost")
 // mistake, never migrated.
 var ErrRejected = errors.New("the worker rejected the request")
 
-// ErrNoWorkers: no worker serves the model right now.
-var ErrNoWorkers = errors.New("no worker available")
+// ErrNoWorkers means no (eligible) worker serves the request's model and
+// role right now.
+var ErrNoWorkers = errors.New("no workers")
 
-// BusyError: every worker is over its busy threshold.
-type BusyError struct{ RetryAfter time.Duration }
+// ErrAllBusy is matched (errors.Is) by a *BusyError: every candidate worker
+// is past a busy threshold.
+var ErrAllBusy = errors.New("all workers are busy")
+
+// BusyError says every candidate was busy and when to retry.
+type BusyError struct {
+	Model      string
+	Workers    int
+	RetryAfter time.Duration
+}
 
 func (e *BusyError) Error() string {
-	return fmt.Sprintf("all workers are busy; retry after %s", e.RetryAfter)
+	return fmt.Sprintf("all %d workers of model %q are busy, retry after %v", e.Workers, e.Model, e.RetryAfter)
 }
+
+func (e *BusyError) Unwrap() error { return ErrAllBusy }

@@ -7,7 +7,9 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// Token is one token id. Engines and the router agree on u32.
+// Token is one token id. Engines and the router agree on u32. It stays an
+// alias: a token id is not a hash domain, and tokenizers, traces and engines
+// all hand over plain []uint32 that must not be copied to change type.
 type Token = uint32
 
 // BaseSeed is the XXH3 seed of every block hash (Dynamo-compatible).
@@ -16,12 +18,16 @@ const BaseSeed uint64 = 1337
 // LocalHash identifies one block of tokens on its own, independent of what
 // precedes it. The index navigates by it because the router can always
 // recompute it from token ids.
-type LocalHash = uint64
+type LocalHash uint64
 
 // SeqHash identifies a block together with every block before it.
-type SeqHash = uint64
+type SeqHash uint64
 
-// EngineHash is the opaque hash an engine names a block by in its KV events.
+// EngineHash is the opaque hash an engine reports for a block in its KV
+// events (vLLM's own block hash, the sim's sequence hash). Only the engine
+// that reported it can interpret it: it resolves removes and parents, and a
+// hint names the source engine's blocks by it. It is its own type so that a
+// value of one hash domain cannot be passed where another is meant.
 type EngineHash uint64
 
 // Seed returns the local-hash seed for a request: BaseSeed plus
@@ -49,26 +55,26 @@ var littleEndian = func() bool {
 // u32 little-endian, with the given seed.
 func HashTokens(tokens []Token, seed uint64) LocalHash {
 	if len(tokens) == 0 {
-		return xxh3.HashSeed(nil, seed)
+		return LocalHash(xxh3.HashSeed(nil, seed))
 	}
 	if littleEndian {
 		b := unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), len(tokens)*4)
-		return xxh3.HashSeed(b, seed)
+		return LocalHash(xxh3.HashSeed(b, seed))
 	}
 	b := make([]byte, len(tokens)*4)
 	for i, t := range tokens {
 		binary.LittleEndian.PutUint32(b[i*4:], t)
 	}
-	return xxh3.HashSeed(b, seed)
+	return LocalHash(xxh3.HashSeed(b, seed))
 }
 
 // ChainHash is the sequence hash of a block given its parent's sequence
 // hash: XXH3-64(LE(parent) ‖ LE(local)), seed 1337.
 func ChainHash(parent SeqHash, local LocalHash) SeqHash {
 	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], parent)
-	binary.LittleEndian.PutUint64(b[8:], local)
-	return xxh3.HashSeed(b[:], BaseSeed)
+	binary.LittleEndian.PutUint64(b[:8], uint64(parent))
+	binary.LittleEndian.PutUint64(b[8:], uint64(local))
+	return SeqHash(xxh3.HashSeed(b[:], BaseSeed))
 }
 
 // NumFullBlocks is how many complete blocks of blockSize fit in n tokens;
@@ -103,7 +109,7 @@ func SeqHashes(dst []SeqHash, local []LocalHash) []SeqHash {
 	var prev SeqHash
 	for i, l := range local {
 		if i == 0 {
-			prev = l
+			prev = SeqHash(l) // the first block has no parent: its sequence hash is its local hash
 		} else {
 			prev = ChainHash(prev, l)
 		}
@@ -132,4 +138,17 @@ func (h Hasher) Local(tokens []Token) []LocalHash {
 func (h Hasher) Blocks(tokens []Token) (local []LocalHash, seq []SeqHash) {
 	local = h.Local(tokens)
 	return local, SeqHashes(make([]SeqHash, 0, len(local)), local)
+}
+
+// RawHashes views a slice of hashes of one domain as the wire's []uint64,
+// without copying: the two share memory. Use it only at a wire or table
+// edge, where the domain is known from context.
+func RawHashes[H ~uint64](hs []H) []uint64 {
+	return unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(hs))), cap(hs))[:len(hs)]
+}
+
+// AsHashes views wire uint64s as hashes of domain H, without copying: the
+// two share memory. The caller names the domain the wire carries.
+func AsHashes[H ~uint64](raw []uint64) []H {
+	return unsafe.Slice((*H)(unsafe.Pointer(unsafe.SliceData(raw))), cap(raw))[:len(raw)]
 }

@@ -93,7 +93,7 @@ func TestCrossCheckPython(t *testing.T) {
 			hx = "-"
 		}
 		fmt.Fprintf(&in, "%s %d\n", hx, seed)
-		want = append(want, HashTokens(toks, seed))
+		want = append(want, uint64(HashTokens(toks, seed)))
 	}
 	// Chain hashes too.
 	for i := 0; i < 50; i++ {
@@ -102,7 +102,7 @@ func TestCrossCheckPython(t *testing.T) {
 		binary.LittleEndian.PutUint64(b[:8], p)
 		binary.LittleEndian.PutUint64(b[8:], l)
 		fmt.Fprintf(&in, "%s %d\n", hex.EncodeToString(b[:]), BaseSeed)
-		want = append(want, ChainHash(p, l))
+		want = append(want, uint64(ChainHash(SeqHash(p), LocalHash(l))))
 	}
 	cmd := exec.Command(py, "-c", script.String())
 	cmd.Stdin = strings.NewReader(in.String())
@@ -180,5 +180,27 @@ func BenchmarkLocalHashes8k(b *testing.B) {
 	b.SetBytes(int64(len(toks) * 4))
 	for b.Loop() {
 		dst = LocalHashes(dst[:0], toks, 64, BaseSeed)
+	}
+}
+
+// The hash-domain views share memory and keep nil, length and capacity, so
+// wire and table edges convert without copying.
+func TestHashViews(t *testing.T) {
+	raw := make([]uint64, 2, 5)
+	raw[0], raw[1] = 7, 8
+	eng := AsHashes[EngineHash](raw)
+	if len(eng) != 2 || cap(eng) != 5 || eng[1] != 8 {
+		t.Fatalf("view %v len %d cap %d", eng, len(eng), cap(eng))
+	}
+	eng[0] = 9
+	if raw[0] != 9 {
+		t.Fatal("AsHashes copied")
+	}
+	back := RawHashes(eng[:0])
+	if len(back) != 0 || cap(back) != 5 || back == nil {
+		t.Fatalf("empty view lost its buffer: len %d cap %d nil %v", len(back), cap(back), back == nil)
+	}
+	if RawHashes[SeqHash](nil) != nil || AsHashes[LocalHash](nil) != nil {
+		t.Fatal("nil did not stay nil")
 	}
 }

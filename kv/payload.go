@@ -19,7 +19,7 @@ const DefaultPayloadSize = 256
 // bytes, so any tier or peer can check what it received.
 func FillPayload(dst []byte, seq SeqHash, layer int) {
 	// splitmix64 stream keyed by (seq, layer): fast and well mixed.
-	x := seq ^ (uint64(layer)+1)*mix.Golden
+	x := uint64(seq) ^ (uint64(layer)+1)*mix.Golden
 	i := 0
 	for ; i+8 <= len(dst); i += 8 {
 		binary.LittleEndian.PutUint64(dst[i:], mix.Next(&x))

@@ -20,18 +20,18 @@ func (l *eventLog) stored(t kv.Tier, m BlockMeta) {
 	if l.sink == nil {
 		return
 	}
-	b := kv.StoredBlock{EngineHash: uint64(m.Seq), LocalHash: m.Local}
+	b := kv.StoredBlock{EngineHash: kv.EngineHash(m.Seq), LocalHash: m.Local}
 	if n := len(l.batch); n > 0 {
 		e := &l.batch[n-1]
 		if e.Kind == kv.EventStored && e.Tier == t && m.HasParent &&
-			e.Blocks[len(e.Blocks)-1].EngineHash == uint64(m.Parent) {
+			e.Blocks[len(e.Blocks)-1].EngineHash == kv.EngineHash(m.Parent) {
 			e.Blocks = append(e.Blocks, b)
 			return
 		}
 	}
-	var parent *uint64
+	var parent *kv.EngineHash
 	if m.HasParent {
-		p := uint64(m.Parent)
+		p := kv.EngineHash(m.Parent)
 		parent = &p
 	}
 	l.nextID++
@@ -47,12 +47,12 @@ func (l *eventLog) removed(t kv.Tier, h kv.SeqHash) {
 	if n := len(l.batch); n > 0 {
 		e := &l.batch[n-1]
 		if e.Kind == kv.EventRemoved && e.Tier == t {
-			e.Removed = append(e.Removed, uint64(h))
+			e.Removed = append(e.Removed, kv.EngineHash(h))
 			return
 		}
 	}
 	l.nextID++
-	e := kv.Removed(l.worker, t, []uint64{uint64(h)})
+	e := kv.Removed(l.worker, t, []kv.EngineHash{kv.EngineHash(h)})
 	e.ID = l.nextID
 	l.batch = append(l.batch, e)
 }

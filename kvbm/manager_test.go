@@ -262,7 +262,7 @@ func TestRecoverDiskDropsACorruptBlock(t *testing.T) {
 	if st := m2.Stats(); st.Corrupt != 1 || st.RecoveredDisk != 3 || st.DiskBlocks != 3 {
 		t.Fatalf("stats %+v", st)
 	}
-	var announced []uint64
+	var announced []kv.EngineHash
 	for _, e := range evs {
 		if e.Kind != kv.EventStored || e.Tier != kv.TierDisk {
 			t.Fatalf("event %+v", e)

@@ -25,10 +25,10 @@ func (c *evCollector) handle(d events.Delivery) {
 	c.mu.Unlock()
 }
 
-func (c *evCollector) stored() map[uint64]kv.StoredBlock {
+func (c *evCollector) stored() map[kv.EngineHash]kv.StoredBlock {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[uint64]kv.StoredBlock)
+	out := make(map[kv.EngineHash]kv.StoredBlock)
 	for _, e := range c.evs {
 		for _, b := range e.Blocks {
 			out[b.EngineHash] = b
@@ -98,7 +98,7 @@ func TestEventsReachKvmeshSubscriber(t *testing.T) {
 				if !ok || b.LocalHash != local[i] {
 					t.Fatalf("block %d: %+v (present %v), want local %x", i, b, ok, local[i])
 				}
-				if _, wrong := got[uint64(seqs[i])]; wrong {
+				if _, wrong := got[kv.EngineHash(seqs[i])]; wrong {
 					t.Fatalf("block %d published under kvmesh's sequence hash", i)
 				}
 			}

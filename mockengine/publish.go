@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/kvmesh/kvmesh/events"
+	"github.com/kvmesh/kvmesh/internal/mix"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -16,12 +17,7 @@ import (
 // that mixes the two domains up fails against them as it would against
 // the real engine. The mix is a bijection, so distinct blocks keep
 // distinct hashes.
-func EngineHash(seq kv.SeqHash) uint64 {
-	z := uint64(seq)
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-	return z ^ (z >> 31)
-}
+func EngineHash(seq kv.SeqHash) kv.EngineHash { return kv.EngineHash(mix.Mix64(uint64(seq))) }
 
 // EventsConfig says where a mock engine publishes KV events. Rank r of a
 // data-parallel engine uses events.RankEndpoint(endpoint, r) for both
@@ -97,7 +93,7 @@ func (rp *RankPublishers) Sink(evs []kv.Event) {
 			}
 			out[i].Blocks = bl
 		case kv.EventRemoved:
-			rm := make([]uint64, len(e.Removed))
+			rm := make([]kv.EngineHash, len(e.Removed))
 			for j, h := range e.Removed {
 				rm[j] = EngineHash(kv.SeqHash(h))
 			}

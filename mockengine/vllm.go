@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/tokenizer"
@@ -333,13 +332,13 @@ func (v *VLLM) noteFinish(rank int, reason string) {
 }
 
 // finishReason is vLLM's name for a finish.
-func finishReason(f engine.FinishReason) string {
+func finishReason(f kv.FinishReason) string {
 	switch f {
-	case engine.FinishStop:
+	case kv.FinishStop:
 		return "stop"
-	case engine.FinishLength:
+	case kv.FinishLength:
 		return "length"
-	case engine.FinishCancelled:
+	case kv.FinishCancelled:
 		return "abort"
 	}
 	return "error"

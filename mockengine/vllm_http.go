@@ -245,7 +245,7 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 		if first {
 			v.afterPrefill(ctx, ps)
 		}
-		if c.Err != nil || c.Finish == engine.FinishError {
+		if c.Err != nil || c.Finish == kv.FinishError {
 			v.noteFinish(j.rank, "error")
 			if ctx.Err() != nil {
 				return
@@ -263,7 +263,7 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 			}
 			return
 		}
-		if c.Finish == engine.FinishCancelled {
+		if c.Finish == kv.FinishCancelled {
 			v.noteFinish(j.rank, "abort")
 			return // the client is gone
 		}
@@ -273,20 +273,20 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 		}
 		res.tokens = append(res.tokens, c.Tokens...)
 		var fr *string
-		if c.Finish != engine.FinishNone {
+		if c.Finish != kv.FinishNone {
 			delta += dec.Flush()
 			res.finish = finishReason(c.Finish)
 			fr = &res.finish
 			if c.Usage != nil {
 				res.usage = *c.Usage
 			}
-			if c.Finish == engine.FinishStop && len(res.tokens) > 0 && j.stopReasons[res.tokens[len(res.tokens)-1]] {
+			if c.Finish == kv.FinishStop && len(res.tokens) > 0 && j.stopReasons[res.tokens[len(res.tokens)-1]] {
 				res.stopReason = res.tokens[len(res.tokens)-1]
 			}
 			v.noteFinish(j.rank, res.finish)
 			// vLLM's connector answers a prefill that ended by length or
 			// stop; any other end frees its blocks at once.
-			if j.prefill && v.cfg.KVTransfer != nil && (c.Finish == engine.FinishLength || c.Finish == engine.FinishStop) {
+			if j.prefill && v.cfg.KVTransfer != nil && (c.Finish == kv.FinishLength || c.Finish == kv.FinishStop) {
 				res.params = v.grant(j)
 			}
 		}
@@ -319,7 +319,7 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 			}
 		}
 		first = false
-		if c.Finish != engine.FinishNone {
+		if c.Finish != kv.FinishNone {
 			break
 		}
 	}

@@ -220,7 +220,7 @@ func (v *VLLM) parse(r *http.Request, chat bool) (*job, *APIError) {
 	// Sampling. The sim samples deterministically from its context and seed:
 	// a seed (or temperature 0) gives repeatable output, else each request
 	// draws one, as a sampling engine's output varies.
-	req := &engine.Request{ID: j.internalID, Tokens: j.prompt, MaxTokens: j.maxTokens, CacheSalt: j.salt,
+	req := &engine.Request{ID: j.internalID, Tokens: j.prompt, Sampling: kv.Sampling{MaxTokens: j.maxTokens}, CacheSalt: j.salt,
 		DPRank: j.rank}
 	if q.Temperature != nil {
 		req.Temperature = *q.Temperature

@@ -91,7 +91,7 @@ func NewBenchFleet(bc BenchFleetConfig, cfg Config) (*BenchFleet, error) {
 			}
 			blocks := make([]kv.StoredBlock, len(local))
 			for i := range local {
-				blocks[i] = kv.StoredBlock{EngineHash: seq[i], LocalHash: local[i]}
+				blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(seq[i]), LocalHash: local[i]}
 			}
 			tier := kv.TierDevice
 			if x := rng.IntN(4); x == 2 {

@@ -36,7 +36,7 @@ func (s *blockSet) has(h kv.SeqHash) bool {
 	if len(s.slots) == 0 {
 		return false
 	}
-	mask := uint64(len(s.slots) - 1)
+	mask := kv.SeqHash(len(s.slots) - 1)
 	for i := h & mask; ; i = (i + 1) & mask {
 		switch s.slots[i].key {
 		case h:
@@ -59,7 +59,7 @@ func (s *blockSet) inc(h kv.SeqHash) {
 	if 2*(s.n+1) > len(s.slots) {
 		s.grow()
 	}
-	mask := uint64(len(s.slots) - 1)
+	mask := kv.SeqHash(len(s.slots) - 1)
 	for i := h & mask; ; i = (i + 1) & mask {
 		switch s.slots[i].key {
 		case h:
@@ -86,7 +86,7 @@ func (s *blockSet) dec(h kv.SeqHash) {
 	if len(s.slots) == 0 {
 		return
 	}
-	mask := uint64(len(s.slots) - 1)
+	mask := kv.SeqHash(len(s.slots) - 1)
 	i := h & mask
 	for ; s.slots[i].key != h; i = (i + 1) & mask {
 		if s.slots[i].key == 0 {
@@ -117,7 +117,7 @@ func (s *blockSet) grow() {
 	size := max(2*len(s.slots), minBlockSet)
 	old := s.slots
 	s.slots = make([]blockSlot, size)
-	mask := uint64(size - 1)
+	mask := kv.SeqHash(size - 1)
 	for _, sl := range old {
 		if sl.key == 0 {
 			continue

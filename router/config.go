@@ -21,30 +21,28 @@ const (
 	ModeKVApprox   Mode = "kv-approx"   // cost model over the router's own routing history
 )
 
-// ParseMode accepts the names above.
-func ParseMode(s string) (Mode, error) {
-	switch m := Mode(strings.ToLower(strings.TrimSpace(s))); m {
-	case ModeRoundRobin, ModeRandom, ModeKV, ModeKVApprox:
-		return m, nil
+// Modes lists every mode, in the order help texts name them.
+var Modes = []Mode{ModeRoundRobin, ModeRandom, ModeKV, ModeKVApprox}
+
+// ModeList names the modes for help and error texts:
+// "round-robin, random, kv or kv-approx".
+func ModeList() string {
+	names := make([]string, len(Modes))
+	for i, m := range Modes {
+		names[i] = string(m)
 	}
-	return "", fmt.Errorf("unknown router mode %q (want round-robin, random, kv or kv-approx)", s)
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 
-// Role is a worker's place in (dis)aggregated serving. Routing pools are
-// keyed by model and role; the empty role means aggregated.
-type Role string
-
-const (
-	RoleAggregated Role = "aggregated"
-	RolePrefill    Role = "prefill"
-	RoleDecode     Role = "decode"
-)
-
-func (r Role) norm() Role {
-	if r == "" {
-		return RoleAggregated
+// ParseMode accepts the names above, in any case.
+func ParseMode(s string) (Mode, error) {
+	m := Mode(strings.ToLower(strings.TrimSpace(s)))
+	for _, x := range Modes {
+		if m == x {
+			return m, nil
+		}
 	}
-	return r
+	return "", fmt.Errorf("unknown router mode %q (want %s)", s, ModeList())
 }
 
 // Config configures a Router. The zero value of every field picks the
@@ -66,11 +64,11 @@ type Config struct {
 	Cost *CostModel
 
 	// Busy thresholds; zero disables each. A worker is busy when any is
-	// exceeded; when every candidate is busy Route returns a *BusyError.
+	// exceeded; when every candidate is busy Route returns a *kv.BusyError.
 	MaxKVUsage       float64       // fraction of KV blocks in use (reported or estimated)
 	MaxPrefillTokens int64         // active prefill tokens
 	MaxPrefillFrac   float64       // active prefill tokens / worker's MaxBatchedTokens
-	BusyRetryAfter   time.Duration // suggestion in BusyError, default 1 s
+	BusyRetryAfter   time.Duration // suggestion in kv.BusyError, default 1 s
 	// InhibitFor is how long Inhibit (or Decision.Fail) keeps a worker out
 	// of selection and out of hint sources; default DefaultInhibitFor.
 	// Discovery removes a dead worker for good once its record lapses.

@@ -4,7 +4,7 @@
 // the cost model of DESIGN.md §5. It tracks the load its decisions create
 // (prefill tokens until the first token, unique active blocks until the
 // request ends), shares that load with other router replicas through
-// compact messages, rejects with ErrAllBusy when every worker is past its
+// compact messages, rejects with kv.ErrAllBusy when every worker is past its
 // busy thresholds, keeps a worker that failed a request out of selection
 // until a deadline (Inhibit, Decision.Fail; a request may also exclude
 // workers of its own), and plans KV hints (a peer holding a longer prefix).

@@ -74,7 +74,7 @@ func (f *fakeIndex) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 // engHash is the engine hash the fakes say worker w names block seq by:
 // its own hash domain, unlike any kvmesh hash.
 func engHash(w kv.WorkerKey, seq kv.SeqHash) kv.EngineHash {
-	return kv.EngineHash(seq ^ (w.Instance<<40 | uint64(w.DPRank)<<32 | 0xE))
+	return kv.EngineHash(uint64(seq) ^ (w.Instance<<40 | uint64(w.DPRank)<<32 | 0xE))
 }
 
 // engineHashes is w's engine hashes of seq.

@@ -20,7 +20,7 @@ type hintPlan struct {
 // (kvcr_hints.md §3.1): another worker key of the same role, model and
 // compatibility digest with a control endpoint.
 func eligibleSource(target WorkerInfo, s *WorkerInfo) bool {
-	return s.Key != target.Key && s.Role.norm() == target.Role.norm() &&
+	return s.Key != target.Key && s.Role.Norm() == target.Role.Norm() &&
 		s.Model == target.Model && s.Digest == target.Digest && s.ControlEndpoint != ""
 }
 

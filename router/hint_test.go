@@ -26,7 +26,7 @@ func TestPlanHint(t *testing.T) {
 		{"target not hint-capable", 1, func(ws []WorkerInfo) { ws[0].HintCapable = false }, []uint32{0, 0, 8, 0}, 0, 0},
 		{"source without endpoint", 1, func(ws []WorkerInfo) { ws[2].ControlEndpoint = "" }, []uint32{0, 5, 8, 0}, 2, 5},
 		{"source with another digest", 1, func(ws []WorkerInfo) { ws[2].Digest = "other" }, []uint32{0, 5, 8, 0}, 2, 5},
-		{"source with another role", 1, func(ws []WorkerInfo) { ws[2].Role = RolePrefill }, []uint32{0, 5, 8, 0}, 2, 5},
+		{"source with another role", 1, func(ws []WorkerInfo) { ws[2].Role = kv.RolePrefill }, []uint32{0, 5, 8, 0}, 2, 5},
 		{"source with another model", 1, func(ws []WorkerInfo) { ws[2].Model = "other" }, []uint32{0, 5, 8, 0}, 2, 5},
 		{"prefix capped at the request", 1, nil, []uint32{0, 50, 0, 0}, 2, nblocks},
 		{"cold target", 4, nil, []uint32{1, 0, 0, 0}, 1, 1},

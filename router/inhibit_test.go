@@ -60,8 +60,8 @@ func TestInhibitAllIsNoWorkers(t *testing.T) {
 	exclude := make([]kv.WorkerKey, 1, 8)
 	exclude[0] = key(2)
 	_, err := r.Route(context.Background(), Request{Model: "m", Tokens: prompt(1, 64), Exclude: exclude})
-	if !errors.Is(err, ErrNoWorkers) {
-		t.Fatalf("every worker excluded or inhibited: %v, want ErrNoWorkers", err)
+	if !errors.Is(err, kv.ErrNoWorkers) {
+		t.Fatalf("every worker excluded or inhibited: %v, want kv.ErrNoWorkers", err)
 	}
 	if full := exclude[:cap(exclude)]; full[1] != (kv.WorkerKey{}) {
 		t.Fatalf("Route wrote into the caller's Exclude: %v", full)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -18,7 +19,7 @@ func TestMetrics(t *testing.T) {
 	p := prompt(1, 64)
 	ix.store(key(1), 0, seqOf(p)[:2])
 	route(t, r, p)
-	if _, err := r.Route(context.Background(), Request{Model: "m", Tokens: p}); !errors.Is(err, ErrAllBusy) {
+	if _, err := r.Route(context.Background(), Request{Model: "m", Tokens: p}); !errors.Is(err, kv.ErrAllBusy) {
 		t.Fatal(err)
 	}
 	route(t, r2, p)

@@ -16,7 +16,7 @@ func storeEvent(w kv.WorkerKey, t kv.Tier, tokens []kv.Token) kv.Event {
 	local, seq := kv.NewHasher(testBS, "", "").Blocks(tokens)
 	blocks := make([]kv.StoredBlock, len(local))
 	for i := range local {
-		blocks[i] = kv.StoredBlock{EngineHash: uint64(engHash(w, seq[i])), LocalHash: local[i]}
+		blocks[i] = kv.StoredBlock{EngineHash: engHash(w, seq[i]), LocalHash: local[i]}
 	}
 	return kv.Stored(w, t, nil, blocks)
 }

@@ -142,7 +142,7 @@ func (ev *ReplicaEvent) AppendBinary(b []byte) ([]byte, error) {
 		b = binary.AppendUvarint(b, uint64(ev.PrivateBlocks))
 		b = binary.AppendUvarint(b, uint64(len(ev.Blocks)))
 		for _, h := range ev.Blocks {
-			b = binary.LittleEndian.AppendUint64(b, h)
+			b = binary.LittleEndian.AppendUint64(b, uint64(h))
 		}
 	}
 	return b, nil
@@ -182,7 +182,7 @@ func (ev *ReplicaEvent) UnmarshalBinary(b []byte) error {
 		if d.err == nil && n > 0 {
 			out.Blocks = make([]kv.SeqHash, n)
 			for i := range out.Blocks {
-				out.Blocks[i] = binary.LittleEndian.Uint64(d.b[d.off:])
+				out.Blocks[i] = kv.SeqHash(binary.LittleEndian.Uint64(d.b[d.off:]))
 				d.off += 8
 			}
 		}

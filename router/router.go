@@ -84,7 +84,7 @@ func (r *Router) ID() string { return r.cfg.RouterID }
 // Request is what the router needs to know about one request.
 type Request struct {
 	Model  string
-	Role   Role // "" means aggregated
+	Role   kv.Role // "" means aggregated
 	Tokens []kv.Token
 	LoRA   string // mixed into block hashes
 	Salt   string // cache salt, mixed into block hashes
@@ -111,23 +111,6 @@ func (req *Request) promptLen() int {
 	return len(req.Tokens)
 }
 
-// ErrAllBusy is matched (errors.Is) by the *BusyError Route returns when
-// every candidate worker is past a busy threshold.
-var ErrAllBusy = errors.New("router: all workers are busy")
-
-// BusyError says every candidate was busy and when to retry.
-type BusyError struct {
-	Model      string
-	Workers    int
-	RetryAfter time.Duration
-}
-
-func (e *BusyError) Error() string {
-	return fmt.Sprintf("router: all %d workers of model %q are busy, retry after %v", e.Workers, e.Model, e.RetryAfter)
-}
-
-func (e *BusyError) Unwrap() error { return ErrAllBusy }
-
 // scratch is per-call working memory, pooled so Route does not allocate it.
 type scratch struct {
 	matches []Match
@@ -150,7 +133,7 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	}
 	t0 := time.Now()
 	now := r.cfg.Now()
-	role := req.Role.norm()
+	role := req.Role.Norm()
 	pk := poolKey{req.Model, role}
 
 	r.mu.Lock()
@@ -161,7 +144,7 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	}
 	r.mu.Unlock()
 	if p == nil {
-		return nil, fmt.Errorf("%w for model %q role %s", ErrNoWorkers, req.Model, role)
+		return nil, fmt.Errorf("%w for model %q role %s", kv.ErrNoWorkers, req.Model, role)
 	}
 
 	// Hash outside the lock. The decision owns these slices (the hint
@@ -183,9 +166,9 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 			seq = kv.SeqHashes(make([]kv.SeqHash, 0, n), local)
 		}
 	case n > 0:
-		buf := make([]uint64, 2*n)
-		local = kv.LocalHashes(buf[:0:n], req.Tokens, bs, kv.Seed(req.LoRA, req.Salt))
-		seq = kv.SeqHashes(buf[n:n:2*n], local)
+		buf := make([]uint64, 2*n) // one allocation for both
+		local = kv.LocalHashes(kv.AsHashes[kv.LocalHash](buf[:0:n]), req.Tokens, bs, kv.Seed(req.LoRA, req.Salt))
+		seq = kv.SeqHashes(kv.AsHashes[kv.SeqHash](buf[n:n:2*n]), local)
 	}
 	t1 := time.Now()
 
@@ -218,7 +201,7 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	if p == nil || p.blockSize != bs {
 		r.mu.Unlock()
 		if p == nil {
-			return nil, fmt.Errorf("%w for model %q role %s", ErrNoWorkers, req.Model, role)
+			return nil, fmt.Errorf("%w for model %q role %s", kv.ErrNoWorkers, req.Model, role)
 		}
 		return nil, fmt.Errorf("router: model %q changed block size while routing; retry", req.Model)
 	}
@@ -226,7 +209,7 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	chosen, err := r.choose(p, req, sc, seq, now)
 	if err != nil {
 		r.mu.Unlock()
-		if errors.Is(err, ErrAllBusy) {
+		if errors.Is(err, kv.ErrAllBusy) {
 			r.met.busy.Inc()
 		}
 		return nil, err
@@ -307,9 +290,9 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 	}
 	if len(sc.cand) == 0 {
 		if excluded == nw {
-			return 0, fmt.Errorf("%w for model %q: all %d excluded", ErrNoWorkers, req.Model, nw)
+			return 0, fmt.Errorf("%w for model %q: all %d excluded", kv.ErrNoWorkers, req.Model, nw)
 		}
-		return 0, &BusyError{Model: req.Model, Workers: nw - excluded, RetryAfter: r.cfg.BusyRetryAfter}
+		return 0, &kv.BusyError{Model: req.Model, Workers: nw - excluded, RetryAfter: r.cfg.BusyRetryAfter}
 	}
 	rng := r.cfg.Rand
 	switch r.cfg.Mode {

@@ -77,6 +77,9 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := ParseMode("KV-Approx"); err != nil {
 		t.Errorf("ParseMode: %v", err)
 	}
+	if _, err := ParseMode("kv+hints"); err == nil || err.Error() != `unknown router mode "kv+hints" (want round-robin, random, kv or kv-approx)` {
+		t.Errorf("ParseMode(kv+hints): %v", err)
+	}
 }
 
 func TestAddWorkerValidation(t *testing.T) {
@@ -102,15 +105,15 @@ func TestAddWorkerValidation(t *testing.T) {
 func TestNoWorkers(t *testing.T) {
 	r := newRouter(t, Config{}, 1)
 	_, err := r.Route(context.Background(), Request{Model: "other", Tokens: prompt(1, 64)})
-	if !errors.Is(err, ErrNoWorkers) {
+	if !errors.Is(err, kv.ErrNoWorkers) {
 		t.Fatalf("unknown model: %v", err)
 	}
-	_, err = r.Route(context.Background(), Request{Model: "m", Role: RolePrefill, Tokens: prompt(1, 64)})
-	if !errors.Is(err, ErrNoWorkers) {
+	_, err = r.Route(context.Background(), Request{Model: "m", Role: kv.RolePrefill, Tokens: prompt(1, 64)})
+	if !errors.Is(err, kv.ErrNoWorkers) {
 		t.Fatalf("no prefill workers: %v", err)
 	}
 	_, err = r.Route(context.Background(), Request{Model: "m", Tokens: prompt(1, 64), Exclude: []kv.WorkerKey{key(1)}})
-	if !errors.Is(err, ErrNoWorkers) {
+	if !errors.Is(err, kv.ErrNoWorkers) {
 		t.Fatalf("all excluded: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -286,8 +289,8 @@ func TestBusyThresholds(t *testing.T) {
 	d1 := route(t, r, prompt(1, 200))
 	d2 := route(t, r, prompt(2, 200))
 	_, err := r.Route(context.Background(), Request{Model: "m", Tokens: prompt(3, 50)})
-	var be *BusyError
-	if !errors.Is(err, ErrAllBusy) || !errors.As(err, &be) || be.RetryAfter != 3*time.Second || be.Workers != 2 {
+	var be *kv.BusyError
+	if !errors.Is(err, kv.ErrAllBusy) || !errors.As(err, &be) || be.RetryAfter != 3*time.Second || be.Workers != 2 {
 		t.Fatalf("every worker over the prefill threshold: %v", err)
 	}
 	d2.FirstToken()
@@ -308,7 +311,7 @@ func TestBusyThresholds(t *testing.T) {
 		d.Done()
 	}
 	r2.UpdateLoad(key(2), 99, 100, 4, 2)
-	if _, err := r2.Route(context.Background(), Request{Model: "m", Tokens: prompt(1, 64)}); !errors.Is(err, ErrAllBusy) {
+	if _, err := r2.Route(context.Background(), Request{Model: "m", Tokens: prompt(1, 64)}); !errors.Is(err, kv.ErrAllBusy) {
 		t.Fatalf("both reporting full: %v", err)
 	}
 	clk.Advance(6 * time.Second) // reports went stale
@@ -318,7 +321,7 @@ func TestBusyThresholds(t *testing.T) {
 	// 950-block prompt pins one.
 	r3 := newRouter(t, Config{Mode: ModeRoundRobin, MaxKVUsage: 0.9, Now: clk.Now}, 1)
 	big := route(t, r3, prompt(1, 950*testBS))
-	if _, err := r3.Route(context.Background(), Request{Model: "m", Tokens: prompt(2, 64)}); !errors.Is(err, ErrAllBusy) {
+	if _, err := r3.Route(context.Background(), Request{Model: "m", Tokens: prompt(2, 64)}); !errors.Is(err, kv.ErrAllBusy) {
 		t.Fatalf("estimated usage 95%%: %v", err)
 	}
 	big.Done()
@@ -327,7 +330,7 @@ func TestBusyThresholds(t *testing.T) {
 	// Fraction of max batched tokens.
 	r4 := newRouter(t, Config{Mode: ModeRoundRobin, MaxPrefillFrac: 0.5, Now: clk.Now}, 1)
 	route(t, r4, prompt(1, 5000)) // > 0.5·8192
-	if _, err := r4.Route(context.Background(), Request{Model: "m", Tokens: prompt(2, 64)}); !errors.Is(err, ErrAllBusy) {
+	if _, err := r4.Route(context.Background(), Request{Model: "m", Tokens: prompt(2, 64)}); !errors.Is(err, kv.ErrAllBusy) {
 		t.Fatalf("prefill fraction: %v", err)
 	}
 }
@@ -436,12 +439,12 @@ func TestStaleRequestsExpire(t *testing.T) {
 func TestRolesAreSeparatePools(t *testing.T) {
 	r := newRouter(t, Config{Mode: ModeRoundRobin}, 1)
 	pf := winfo(9)
-	pf.Role = RolePrefill
+	pf.Role = kv.RolePrefill
 	if err := r.AddWorker(pf); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 5; i++ {
-		d, err := r.Route(context.Background(), Request{Model: "m", Role: RolePrefill, Tokens: prompt(i, 64)})
+		d, err := r.Route(context.Background(), Request{Model: "m", Role: kv.RolePrefill, Tokens: prompt(i, 64)})
 		if err != nil || d.Worker != key(9) {
 			t.Fatalf("prefill route: %v %v", d, err)
 		}
@@ -468,7 +471,7 @@ func TestConcurrentRoute(t *testing.T) {
 			for i := 0; i < 150; i++ {
 				d, err := r.Route(context.Background(), Request{Model: "m", Tokens: prompt((g+i)%5, 256+i)})
 				if err != nil {
-					if errors.Is(err, ErrNoWorkers) || errors.Is(err, ErrAllBusy) {
+					if errors.Is(err, kv.ErrNoWorkers) || errors.Is(err, kv.ErrAllBusy) {
 						continue
 					}
 					t.Error(err)

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -15,7 +14,7 @@ import (
 type WorkerInfo struct {
 	Key              kv.WorkerKey
 	Model            string
-	Role             Role
+	Role             kv.Role
 	BlockSize        int    // tokens per KV block; equal across a model's pool
 	KVBlocks         int    // device KV capacity in blocks (0: unknown)
 	MaxBatchedTokens int    // engine's max batched tokens (0: unknown)
@@ -27,12 +26,9 @@ type WorkerInfo struct {
 	Timing EngineTiming
 }
 
-// ErrNoWorkers means no (eligible) worker serves the request's model and role.
-var ErrNoWorkers = errors.New("router: no workers")
-
 type poolKey struct {
 	model string
-	role  Role
+	role  kv.Role
 }
 
 // pool is the live workers of one model and role, sorted by key so a merge
@@ -128,7 +124,7 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 	if err := info.Timing.validate(); err != nil {
 		return fmt.Errorf("router: worker %v: %w", info.Key, err)
 	}
-	info.Role = info.Role.norm()
+	info.Role = info.Role.Norm()
 	pk := poolKey{info.Model, info.Role}
 
 	r.mu.Lock()
@@ -203,10 +199,10 @@ func (r *Router) dropFromPool(pk poolKey, key kv.WorkerKey) {
 }
 
 // Workers returns the live workers of a model and role, in key order.
-func (r *Router) Workers(model string, role Role) []WorkerInfo {
+func (r *Router) Workers(model string, role kv.Role) []WorkerInfo {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	p := r.pools[poolKey{model, role.norm()}]
+	p := r.pools[poolKey{model, role.Norm()}]
 	if p == nil {
 		return nil
 	}

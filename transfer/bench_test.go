@@ -29,7 +29,7 @@ func newStoredSource(hs []uint64, layers, layerSize int) *storedSource {
 	for _, h := range hs {
 		b := make([]byte, layers*layerSize)
 		for l := 0; l < layers; l++ {
-			kv.FillPayload(b[l*layerSize:(l+1)*layerSize], h, l)
+			kv.FillPayload(b[l*layerSize:(l+1)*layerSize], kv.SeqHash(h), l)
 		}
 		s.blocks[h] = b
 		s.sums[h] = kv.Checksum(b)

@@ -213,7 +213,7 @@ func (c *Client) Fetch(ctx context.Context, endpoint string, req FetchRequest) (
 	if len(req.Digest) > MaxDigestLen {
 		return FetchResult{Outcome: OutcomeFailed}, fmt.Errorf("fetch: digest of %d bytes exceeds %d", len(req.Digest), MaxDigestLen)
 	}
-	ep, err := ParseEndpoint(endpoint)
+	ep, err := kv.ParseEndpoint(endpoint)
 	if err != nil {
 		return FetchResult{Outcome: OutcomeFailed}, fmt.Errorf("fetch: %w", err)
 	}

@@ -173,7 +173,7 @@ func (m *MemSource) ReadBlock(hash uint64, dst []byte) ([]byte, error) {
 	size := m.layers * m.layerSize
 	dst = slices.Grow(dst, size)[:start+size]
 	for l := 0; l < m.layers; l++ {
-		kv.FillPayload(dst[start+l*m.layerSize:start+(l+1)*m.layerSize], hash, l)
+		kv.FillPayload(dst[start+l*m.layerSize:start+(l+1)*m.layerSize], kv.SeqHash(hash), l)
 	}
 	if corrupt != nil {
 		corrupt(hash, dst[start:])
@@ -196,10 +196,10 @@ func PayloadVerifier(layers, layerSize int) func(hash uint64, payload []byte) er
 		want := *bp
 		for l := 0; l < layers; l++ {
 			got := payload[l*layerSize : (l+1)*layerSize]
-			kv.FillPayload(want, hash, l)
+			kv.FillPayload(want, kv.SeqHash(hash), l)
 			if !bytes.Equal(got, want) {
 				// kv.VerifyPayload names the first differing byte.
-				return kv.VerifyPayload(got, hash, l, kv.Checksum(got))
+				return kv.VerifyPayload(got, kv.SeqHash(hash), l, kv.Checksum(got))
 			}
 		}
 		return nil

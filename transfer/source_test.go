@@ -250,7 +250,7 @@ func (s layerSim) ReadPayload(seq uint64, layer int, dst []byte) (int, error) {
 		return 0, errors.New("layer gone")
 	}
 	p := make([]byte, testLayerSize)
-	kv.FillPayload(p, seq, layer)
+	kv.FillPayload(p, kv.SeqHash(seq), layer)
 	return copy(dst, p), nil
 }
 
@@ -270,7 +270,7 @@ func TestLayeredSource(t *testing.T) {
 		t.Fatalf("Layers: %d, %v", len(layers), err)
 	}
 	for l := range layers {
-		if err := kv.VerifyPayload(layers[l], hs[1], l, sums[l]); err != nil {
+		if err := kv.VerifyPayload(layers[l], kv.SeqHash(hs[1]), l, sums[l]); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -162,7 +162,7 @@ func TestFetchNotFoundKeepsConnection(t *testing.T) {
 }
 
 func mustAddr(t *testing.T, ep string) string {
-	e, err := ParseEndpoint(ep)
+	e, err := kv.ParseEndpoint(ep)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -510,7 +510,7 @@ func TestClientRejectsBadRequests(t *testing.T) {
 	if _, err := c.Fetch(ctx, "tcp://127.0.0.1:1", FetchRequest{Hashes: make([]uint64, MaxHashes+1)}); err == nil {
 		t.Error("too many hashes accepted")
 	}
-	if _, err := c.Fetch(ctx, "tcp://0.0.0.0:1", FetchRequest{Hashes: []uint64{1}}); !errors.Is(err, ErrWildcardHost) {
+	if _, err := c.Fetch(ctx, "tcp://0.0.0.0:1", FetchRequest{Hashes: []uint64{1}}); !errors.Is(err, kv.ErrWildcardHost) {
 		t.Errorf("wildcard endpoint: %v", err)
 	}
 	if _, err := c.Fetch(ctx, "tcp://127.0.0.1:1", FetchRequest{Hashes: []uint64{1}, Digest: strings.Repeat("x", 256)}); err == nil {

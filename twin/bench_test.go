@@ -5,6 +5,8 @@ import (
 	"os"
 	"slices"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/router"
 )
 
 // conversationTrace is $KVMESH_TRACE, else the shared traces folder next
@@ -44,7 +46,7 @@ func BenchmarkConversation8(b *testing.B) {
 			for b.Loop() {
 				w, mode := wl, m
 				if m == "kv-cold" {
-					w, mode = &Workload{TraceBlockSize: wl.TraceBlockSize, Requests: wl.Requests}, ModeKV
+					w, mode = &Workload{TraceBlockSize: wl.TraceBlockSize, Requests: wl.Requests}, string(router.ModeKV)
 				}
 				if r, err = Run(context.Background(), w, Config{Mode: mode, Seed: 1}); err != nil {
 					b.Fatal(err)

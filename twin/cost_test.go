@@ -19,8 +19,8 @@ func TestTimeCostBeatsBlockCost(t *testing.T) {
 	wl := loadSlice(t)
 	blocks := router.BlockCost()
 	for _, speedup := range []float64{1, 4} {
-		tc := run(t, wl, Config{Mode: ModeKV, ArrivalSpeedup: speedup})
-		bc := run(t, wl, Config{Mode: ModeKV, ArrivalSpeedup: speedup, Cost: &blocks})
+		tc := run(t, wl, Config{Mode: string(router.ModeKV), ArrivalSpeedup: speedup})
+		bc := run(t, wl, Config{Mode: string(router.ModeKV), ArrivalSpeedup: speedup, Cost: &blocks})
 		checkResult(t, tc)
 		checkResult(t, bc)
 		t.Logf("speedup %g: time hit %.4f TTFT mean %.1f p90 %.1f ms; blocks hit %.4f TTFT mean %.1f p90 %.1f ms",

@@ -37,27 +37,30 @@ import (
 	"github.com/kvmesh/kvmesh/trace"
 )
 
-// Routing modes: the router's four plus kv with KV hints.
-const (
-	ModeRoundRobin = "round-robin"
-	ModeRandom     = "random"
-	ModeKV         = "kv"
-	ModeKVApprox   = "kv-approx"
-	ModeKVHints    = "kv+hints"
-)
+// ModeKVHints is the one twin mode beyond the router's own (router.Modes):
+// kv routing with KV hints.
+const ModeKVHints = "kv+hints"
 
-// Modes lists every mode in a sensible comparison order.
-var Modes = []string{ModeRoundRobin, ModeRandom, ModeKV, ModeKVApprox, ModeKVHints}
-
-// ParseMode accepts a mode name (case-insensitive).
-func ParseMode(s string) (string, error) {
-	m := strings.ToLower(strings.TrimSpace(s))
-	for _, x := range Modes {
-		if m == x {
-			return x, nil
-		}
+// Modes lists every twin mode in comparison order: the router's, then
+// kv+hints.
+var Modes = func() []string {
+	var ms []string
+	for _, m := range router.Modes {
+		ms = append(ms, string(m))
 	}
-	return "", fmt.Errorf("unknown twin mode %q (want %s)", s, strings.Join(Modes, ", "))
+	return append(ms, ModeKVHints)
+}()
+
+// ParseMode parses a twin mode name (case-insensitive) into its canonical
+// name, the router mode it runs and whether hints are on.
+func ParseMode(s string) (name string, mode router.Mode, hints bool, err error) {
+	if strings.EqualFold(strings.TrimSpace(s), ModeKVHints) {
+		return ModeKVHints, router.ModeKV, true, nil
+	}
+	if mode, err = router.ParseMode(s); err != nil {
+		return "", "", false, fmt.Errorf("unknown twin mode %q (want %s)", s, strings.Join(Modes, ", "))
+	}
+	return string(mode), mode, false, nil
 }
 
 // Defaults. The modelled KV block is a Llama-3-8B-like layout: 32 layers ×
@@ -117,7 +120,7 @@ type Config struct {
 
 // Normalize fills zero fields with their defaults and checks the rest.
 func (c Config) Normalize() (Config, error) {
-	m, err := ParseMode(c.Mode)
+	m, _, _, err := ParseMode(c.Mode)
 	if err != nil {
 		return c, err
 	}
@@ -279,8 +282,11 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 	t.cachedNext = -1
 	t.ph = wl.takeHasher(cfg.BlockSize)
 	t.res = Result{Mode: cfg.Mode, Workers: cfg.Workers, Offered: len(wl.Requests)}
-	kvMode := cfg.Mode == ModeKV || cfg.Mode == ModeKVHints
-	hints := cfg.Mode == ModeKVHints
+	_, mode, hints, err := ParseMode(cfg.Mode)
+	if err != nil {
+		return nil, err
+	}
+	kvMode := mode == router.ModeKV
 	rc := router.Config{
 		RouterID:         "twin",
 		Now:              t.vc.Now,
@@ -294,16 +300,10 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 		// stale-request sweep free live load.
 		MaxRequestAge: 1000 * time.Hour,
 	}
-	switch cfg.Mode {
-	case ModeRoundRobin:
-		rc.Mode = router.ModeRoundRobin
-	case ModeRandom:
-		rc.Mode = router.ModeRandom
-	case ModeKVApprox:
-		rc.Mode = router.ModeKVApprox
-	default:
+	rc.Mode = mode
+	if kvMode {
 		t.ix = index.New()
-		rc.Mode, rc.Matcher = router.ModeKV, t.ix
+		rc.Matcher = t.ix
 	}
 	r, err := router.New(rc)
 	if err != nil {
@@ -511,7 +511,7 @@ func (t *twin) arrive(ctx context.Context, atNS int64) error {
 	t.syncClock()
 	d, err := t.r.Route(ctx, rr)
 	if err != nil {
-		var be *router.BusyError
+		var be *kv.BusyError
 		if errors.As(err, &be) {
 			t.reject(&t.res.RejectedBusy, atNS+int64(be.RetryAfter), "")
 			return nil
@@ -531,7 +531,7 @@ func (t *twin) arrive(ctx context.Context, atNS int64) error {
 	}
 	tail := t.carveTail(t.tok)
 	st := &t.reqs[i]
-	st.er = engine.Request{ID: strconv.Itoa(rq.Line), MaxTokens: max(rq.OutputLength, 1), Seed: rng64(t.cfg.Seed, i)}
+	st.er = engine.Request{ID: strconv.Itoa(rq.Line), Sampling: kv.Sampling{MaxTokens: max(rq.OutputLength, 1), Seed: rng64(t.cfg.Seed, i)}}
 	t.hint = d.Hint
 	if d.Hint != nil {
 		t.res.Hints.Hints++
@@ -621,7 +621,7 @@ func (t *twin) workerEvent(w int) error {
 func (t *twin) handle(res *sim.StepResult, now time.Time, nowNS int64) {
 	for i := range res.Outputs {
 		o := &res.Outputs[i]
-		if !o.First && o.Finish == engine.FinishNone {
+		if !o.First && o.Finish == kv.FinishNone {
 			continue
 		}
 		st, ok := o.Seq.Tag.(*request)
@@ -631,7 +631,7 @@ func (t *twin) handle(res *sim.StepResult, now time.Time, nowNS int64) {
 		if o.First {
 			st.dec.FirstToken()
 		}
-		if o.Finish != engine.FinishNone {
+		if o.Finish != kv.FinishNone {
 			st.dec.Done()
 			t.complete(st, now, nowNS)
 		}

@@ -148,8 +148,8 @@ func TestTraceSliceAllModes(t *testing.T) {
 // seed must change something.
 func TestSeedMatters(t *testing.T) {
 	wl := loadSlice(t)
-	a := run(t, wl, Config{Mode: ModeRandom, Workers: 4, Seed: 1})
-	b := run(t, wl, Config{Mode: ModeRandom, Workers: 4, Seed: 2})
+	a := run(t, wl, Config{Mode: string(router.ModeRandom), Workers: 4, Seed: 1})
+	b := run(t, wl, Config{Mode: string(router.ModeRandom), Workers: 4, Seed: 2})
 	if a.TTFT == b.TTFT && a.Hit == b.Hit {
 		t.Fatalf("seeds 1 and 2 gave identical random-mode runs: %+v", a.TTFT)
 	}
@@ -193,9 +193,9 @@ func TestKVBeatsRoundRobinOnSharedPrefixes(t *testing.T) {
 	}
 	wl := workload(t, reqs)
 	cfg := Config{Workers: 4, Blocks: 400}
-	cfg.Mode = ModeRoundRobin
+	cfg.Mode = string(router.ModeRoundRobin)
 	rr := run(t, wl, cfg)
-	cfg.Mode = ModeKV
+	cfg.Mode = string(router.ModeKV)
 	kvr := run(t, wl, cfg)
 	checkResult(t, rr)
 	checkResult(t, kvr)
@@ -233,7 +233,7 @@ func TestHintsFetchFromPeer(t *testing.T) {
 	// outweigh P's credit); the time cost would keep Z there, where its
 	// TTFT is shortest, and plan no hint.
 	blocks := router.BlockCost()
-	cfg := Config{Workers: 2, Mode: ModeKV, Cost: &blocks}
+	cfg := Config{Workers: 2, Mode: string(router.ModeKV), Cost: &blocks}
 	kvr := run(t, wl, cfg)
 	cfg.Mode = ModeKVHints
 	hr := run(t, wl, cfg)
@@ -270,13 +270,13 @@ func TestHintsFetchFromPeer(t *testing.T) {
 func TestClosedLoop(t *testing.T) {
 	wl := loadSlice(t)
 	wl.Requests = wl.Requests[:40]
-	r := run(t, wl, Config{Mode: ModeKV, Workers: 2, Concurrency: 1})
+	r := run(t, wl, Config{Mode: string(router.ModeKV), Workers: 2, Concurrency: 1})
 	checkResult(t, r)
 	sum := r.E2E.Mean * float64(r.E2E.N) / 1e3
 	if r.Requests != 40 || math.Abs(sum-r.SimSeconds) > 1e-6*sum {
 		t.Fatalf("%d requests, Σ E2E %.6f s, span %.6f s", r.Requests, sum, r.SimSeconds)
 	}
-	r8 := run(t, wl, Config{Mode: ModeKV, Workers: 2, Concurrency: 8})
+	r8 := run(t, wl, Config{Mode: string(router.ModeKV), Workers: 2, Concurrency: 8})
 	checkResult(t, r8)
 	if !(r8.SimSeconds < r.SimSeconds/2) {
 		t.Fatalf("8 clients took %.1f s, one took %.1f s", r8.SimSeconds, r.SimSeconds)
@@ -289,8 +289,8 @@ func TestArrivalSpeedup(t *testing.T) {
 		reqs = append(reqs, req(i+1, int64(i)*10_000, 2, uint64(i)))
 	}
 	wl := workload(t, reqs)
-	a := run(t, wl, Config{Mode: ModeRoundRobin, Workers: 2})
-	b := run(t, wl, Config{Mode: ModeRoundRobin, Workers: 2, ArrivalSpeedup: 4})
+	a := run(t, wl, Config{Mode: string(router.ModeRoundRobin), Workers: 2})
+	b := run(t, wl, Config{Mode: string(router.ModeRoundRobin), Workers: 2, ArrivalSpeedup: 4})
 	// 19 gaps of 10 s, then one short request.
 	if !(a.SimSeconds > 190 && a.SimSeconds < 191 && b.SimSeconds > 47.5 && b.SimSeconds < 48.5) {
 		t.Fatalf("span %.2f s at 1×, %.2f s at 4×", a.SimSeconds, b.SimSeconds)
@@ -308,7 +308,7 @@ func TestRejections(t *testing.T) {
 		reqs = append(reqs, req(10+i, 1000, 4, uint64(500+i)))
 	}
 	wl := workload(t, reqs)
-	r := run(t, wl, Config{Mode: ModeKV, Workers: 2, Blocks: 128, MaxPrefillTokens: 600})
+	r := run(t, wl, Config{Mode: string(router.ModeKV), Workers: 2, Blocks: 128, MaxPrefillTokens: 600})
 	checkResult(t, r)
 	if r.RejectedInvalid != 2 || r.RejectedBusy == 0 || r.Requests < 3 {
 		t.Fatalf("%d invalid, %d busy, %d completed; reasons %q", r.RejectedInvalid, r.RejectedBusy, r.Requests, r.RejectReasons)
@@ -334,7 +334,7 @@ func TestMalformedLines(t *testing.T) {
 	if len(wl.Requests) != 3 || len(wl.Skipped) != 2 || wl.Skipped[0].Line != 2 || wl.Skipped[1].Line != 4 {
 		t.Fatalf("%d requests, skipped %v", len(wl.Requests), wl.Skipped)
 	}
-	r := run(t, wl, Config{Mode: ModeKV, Workers: 2})
+	r := run(t, wl, Config{Mode: string(router.ModeKV), Workers: 2})
 	if r.Requests != 3 {
 		t.Fatalf("%d completed", r.Requests)
 	}
@@ -350,15 +350,15 @@ func TestMalformedLines(t *testing.T) {
 
 func TestBadConfigAndCancel(t *testing.T) {
 	wl := loadSlice(t)
-	for _, c := range []Config{{Mode: "nope"}, {Mode: ModeKV, Workers: -1}, {Mode: ModeKV, ArrivalSpeedup: -1},
-		{Mode: ModeKV, Concurrency: -2}, {Mode: ModeKV, TransferBandwidth: math.Inf(1)}, {Mode: ModeKV, KVBytesPerToken: -1}} {
+	for _, c := range []Config{{Mode: "nope"}, {Mode: string(router.ModeKV), Workers: -1}, {Mode: string(router.ModeKV), ArrivalSpeedup: -1},
+		{Mode: string(router.ModeKV), Concurrency: -2}, {Mode: string(router.ModeKV), TransferBandwidth: math.Inf(1)}, {Mode: string(router.ModeKV), KVBytesPerToken: -1}} {
 		if _, err := Run(context.Background(), wl, c); err == nil {
 			t.Fatalf("config %+v accepted", c)
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := Run(ctx, wl, Config{Mode: ModeKV}); !errors.Is(err, context.Canceled) {
+	if _, err := Run(ctx, wl, Config{Mode: string(router.ModeKV)}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled run: %v", err)
 	}
 }
@@ -469,7 +469,7 @@ func TestHasherReuse(t *testing.T) {
 	fresh := func() *Workload {
 		return &Workload{TraceBlockSize: wl.TraceBlockSize, Requests: wl.Requests}
 	}
-	cfg := Config{Mode: ModeKV, Workers: 4, Seed: 3}
+	cfg := Config{Mode: string(router.ModeKV), Workers: 4, Seed: 3}
 	want := run(t, fresh(), cfg)
 	run(t, wl, cfg)
 	if h := wl.hashers[[2]int{wl.TraceBlockSize, sim.DefaultBlockSize}]; h == nil || len(h.hs) == 0 {
@@ -493,5 +493,27 @@ func TestHasherReuse(t *testing.T) {
 		if r.Hit != want.Hit || r.TTFT != want.TTFT || r.E2E != want.E2E || r.Passes != want.Passes || r.IndexEvents != want.IndexEvents {
 			t.Fatalf("warm run %d: hit %+v TTFT %+v, fresh: hit %+v TTFT %+v", i, r.Hit, r.TTFT, want.Hit, want.TTFT)
 		}
+	}
+}
+
+// The twin's modes are the router's own plus kv+hints; names parse in any
+// case to their canonical spelling.
+func TestParseMode(t *testing.T) {
+	for in, want := range map[string]struct {
+		name  string
+		mode  router.Mode
+		hints bool
+	}{
+		"KV+Hints":     {ModeKVHints, router.ModeKV, true},
+		" round-robin": {"round-robin", router.ModeRoundRobin, false},
+		"kv-approx":    {"kv-approx", router.ModeKVApprox, false},
+	} {
+		name, mode, hints, err := ParseMode(in)
+		if err != nil || name != want.name || mode != want.mode || hints != want.hints {
+			t.Errorf("ParseMode(%q) = %q %q %v %v", in, name, mode, hints, err)
+		}
+	}
+	if _, _, _, err := ParseMode("kv+approx"); err == nil || err.Error() != `unknown twin mode "kv+approx" (want round-robin, random, kv, kv-approx, kv+hints)` {
+		t.Errorf("bad mode: %v", err)
 	}
 }

@@ -90,11 +90,11 @@ func TestWorkerDPRanks(t *testing.T) {
 	defer tc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	res, err := tc.Fetch(ctx, inst.ControlEndpoints[1], transfer.FetchRequest{Hashes: seqs, Digest: p.Digest()})
+	res, err := tc.Fetch(ctx, inst.ControlEndpoints[1], transfer.FetchRequest{Hashes: kv.RawHashes(seqs), Digest: p.Digest()})
 	if err != nil || len(res.Blocks) != len(seqs) {
 		t.Fatalf("rank 1 served %d of %d blocks: %v (%s)", len(res.Blocks), len(seqs), err, res.Outcome)
 	}
-	if res, _ := tc.Fetch(ctx, inst.ControlEndpoints[0], transfer.FetchRequest{Hashes: seqs, Digest: p.Digest()}); len(res.Blocks) != 0 || res.Outcome != transfer.OutcomeNotFound {
+	if res, _ := tc.Fetch(ctx, inst.ControlEndpoints[0], transfer.FetchRequest{Hashes: kv.RawHashes(seqs), Digest: p.Digest()}); len(res.Blocks) != 0 || res.Outcome != transfer.OutcomeNotFound {
 		t.Fatalf("rank 0 served %d blocks (%s)", len(res.Blocks), res.Outcome)
 	}
 

@@ -22,7 +22,6 @@ import (
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/transfer"
 )
 
 const peerBS = 16
@@ -98,7 +97,7 @@ func simHint(id, ep string, seq []kv.SeqHash) *kv.Hint {
 }
 
 func turnReq(id string, toks []kv.Token, hint *kv.Hint) *engine.Request {
-	return &engine.Request{ID: id, Tokens: toks, MaxTokens: 8, Seed: 42, KVHint: hint}
+	return &engine.Request{ID: id, Tokens: toks, Sampling: kv.Sampling{MaxTokens: 8, Seed: 42}, KVHint: hint}
 }
 
 // reference is what a cold engine produces for req (no hint, no cache).
@@ -158,10 +157,10 @@ func TestPeerFetchWholePrefix(t *testing.T) {
 	ba, bb := make([]byte, 40), make([]byte, 40)
 	for _, h := range hinted {
 		for l := range 3 {
-			if _, err := a.ReadPayload(h, l, ba); err != nil {
+			if _, err := a.ReadPayload(kv.SeqHash(h), l, ba); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := b.ReadPayload(h, l, bb); err != nil {
+			if _, err := b.ReadPayload(kv.SeqHash(h), l, bb); err != nil {
 				t.Fatalf("block %016x not in the target: %v", h, err)
 			}
 			if kv.Checksum(ba) != kv.Checksum(bb) || !bytes.Equal(ba, bb) {
@@ -197,7 +196,7 @@ func TestPeerFetchWholePrefix(t *testing.T) {
 }
 
 func turn1Req(toks []kv.Token) *engine.Request {
-	return &engine.Request{ID: "t1", Tokens: toks, MaxTokens: 4, Seed: 7}
+	return &engine.Request{ID: "t1", Tokens: toks, Sampling: kv.Sampling{MaxTokens: 4, Seed: 7}}
 }
 
 // The peer evicted the tail of the prefix: the target inserts the prefix the
@@ -210,7 +209,7 @@ func TestPeerFetchPartialAfterEviction(t *testing.T) {
 	hinted := seqHashes(turn1)
 	// An unrelated prompt needs more blocks than are free: the least
 	// recently freed (the conversation's tail) are evicted.
-	genEngine(t, a, &engine.Request{ID: "q", Tokens: prompt(50000, 16*peerBS), MaxTokens: 2})
+	genEngine(t, a, &engine.Request{ID: "q", Tokens: prompt(50000, 16*peerBS), Sampling: kv.Sampling{MaxTokens: 2}})
 	held := a.Lookup(hinted)
 	if held == 0 || held >= len(hinted) {
 		t.Fatalf("peer holds %d of %d blocks; want a strict prefix", held, len(hinted))
@@ -508,7 +507,7 @@ func TestControlEndpointAdvertisement(t *testing.T) {
 
 type natsConn = *nats.Conn
 
-func errWildcard() error { return transfer.ErrWildcardHost }
+func errWildcard() error { return kv.ErrWildcardHost }
 
 func itoa(n int) string { return strconv.Itoa(n) }
 

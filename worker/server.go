@@ -34,18 +34,12 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	switch {
 	case len(req.Tokens) == 0:
 		return resultRejected, status.Error(codes.InvalidArgument, "generate: empty prompt")
-	case req.MaxTokens == 0:
-		return resultRejected, status.Error(codes.InvalidArgument, "generate: max_tokens must be ≥ 1")
 	case int(req.DpRank) >= w.cfg.DPSize:
 		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: dp_rank %d but dp_size %d", req.DpRank, w.cfg.DPSize)
-	case !(req.Temperature >= 0): // also NaN
-		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: temperature %g, want ≥ 0", req.Temperature)
-	case req.TopP != nil && !(*req.TopP > 0 && *req.TopP <= 1):
-		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: top_p %g, want in (0, 1]", *req.TopP)
-	case !(req.PresencePenalty >= -2 && req.PresencePenalty <= 2):
-		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: presence_penalty %g, want in [-2, 2]", req.PresencePenalty)
-	case !(req.FrequencyPenalty >= -2 && req.FrequencyPenalty <= 2):
-		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: frequency_penalty %g, want in [-2, 2]", req.FrequencyPenalty)
+	}
+	smp, err := api.SamplingFromProto(req)
+	if err != nil {
+		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: %v", err)
 	}
 	var hint *kv.Hint
 	if req.KvFetch != nil || len(req.KvHint) > 0 {
@@ -56,11 +50,13 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	if len(req.KvTransferParams) > 0 {
 		w.transferParams.Add(1)
 	}
+	leg, err := api.LegFromProto(req.Leg)
+	if err != nil {
+		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: %v", err)
+	}
 	ereq := &engine.Request{
-		ID: req.RequestId, Tokens: req.Tokens, MaxTokens: int(req.MaxTokens), StopTokens: req.StopTokenIds,
-		Seed: req.Seed, Temperature: req.Temperature, LoRA: req.Lora, CacheSalt: req.CacheSalt,
-		KVHint: hint, DPRank: int(req.DpRank),
-		TopP: req.GetTopP(), PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty,
+		ID: req.RequestId, Tokens: req.Tokens, Sampling: smp, LoRA: req.Lora, CacheSalt: req.CacheSalt,
+		KVHint: hint, DPRank: int(req.DpRank), Leg: leg, TransferParams: req.KvTransferParams,
 	}
 	// Counted (as waiting on the engine) before the engine sees it, so an
 	// engine that hangs on admission still trips the watchdog.
@@ -100,14 +96,14 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 				return resultAborted, nil
 			}
 			wd.outputs.Add(1)
-			out := &api.GenerateChunk{Tokens: c.Tokens, FinishReason: string(c.Finish)}
+			out := &api.GenerateChunk{Tokens: c.Tokens, FinishReason: string(c.Finish), KvTransferParams: c.TransferParams}
 			if c.Usage != nil {
 				out.Usage = &api.Usage{PromptTokens: uint32(c.Usage.PromptTokens), CompletionTokens: uint32(c.Usage.CompletionTokens), CachedTokens: uint32(c.Usage.CachedTokens)}
 			}
 			if c.Err != nil {
 				out.Error = c.Err.Error()
 				if out.FinishReason == "" {
-					out.FinishReason = string(engine.FinishError)
+					out.FinishReason = string(kv.FinishError)
 				}
 			}
 			// A stream blocked on a slow caller is not waiting on the
@@ -122,7 +118,7 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 			if c.Err != nil {
 				return resultError, nil
 			}
-			if c.Finish != engine.FinishNone {
+			if c.Finish != kv.FinishNone {
 				if u := c.Usage; u != nil {
 					w.met.prompt.Add(float64(u.PromptTokens))
 					w.met.cached.Add(float64(u.CachedTokens))

@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
@@ -34,14 +35,19 @@ func NewSimSource(e *sim.Engine) *SimSource {
 }
 
 // Pin implements transfer.BlockSource.
-func (s *SimSource) Pin(hashes []uint64) (int, func()) { return s.e.Pin(hashes) }
+// The sim names its blocks by sequence hash: that is the hash transfer carries.
+func (s *SimSource) Pin(hashes []uint64) (int, func()) {
+	return s.e.Pin(kv.AsHashes[kv.SeqHash](hashes))
+}
 
 // ViewBlock implements transfer.BlockViewer: the pinned block's payload,
 // aliasing the engine's memory, valid until the pin is released.
-func (s *SimSource) ViewBlock(hash uint64) ([]byte, error) { return s.e.ViewBlock(hash) }
+func (s *SimSource) ViewBlock(hash uint64) ([]byte, error) { return s.e.ViewBlock(kv.SeqHash(hash)) }
 
 // BlockChecksum implements transfer.BlockChecksummer.
-func (s *SimSource) BlockChecksum(hash uint64) (uint64, bool) { return s.e.BlockChecksum(hash) }
+func (s *SimSource) BlockChecksum(hash uint64) (uint64, bool) {
+	return s.e.BlockChecksum(kv.SeqHash(hash))
+}
 
 // ReadBlock implements transfer.BlockSource: a copy of every layer, taken
 // under the engine's lock (it needs no pin). The server prefers ViewBlock.
@@ -50,7 +56,7 @@ func (s *SimSource) ReadBlock(hash uint64, dst []byte) ([]byte, error) {
 	dst = slices.Grow(dst, s.layers*s.psize)[:start+s.layers*s.psize]
 	for l := range s.layers {
 		off := start + l*s.psize
-		if _, err := s.e.ReadPayload(hash, l, dst[off:off+s.psize]); err != nil {
+		if _, err := s.e.ReadPayload(kv.SeqHash(hash), l, dst[off:off+s.psize]); err != nil {
 			return dst[:start], err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
@@ -60,7 +61,7 @@ func BenchmarkSimSourceVsRaw(b *testing.B) {
 	}{{"view", sim}, {"copy", copySource{sim}}, {"copysum", copySumSource{copySource{sim}, sim}}} {
 		for _, recv := range []string{"recvbuf", "release"} {
 			b.Run(fmt.Sprintf("%dx%dKiB/%s/%s", blocks, layers*layerSize>>10, src.name, recv), func(b *testing.B) {
-				benchSourceVsRaw(b, src.src, seqs, layers*layerSize, recv == "recvbuf")
+				benchSourceVsRaw(b, src.src, kv.RawHashes(seqs), layers*layerSize, recv == "recvbuf")
 			})
 		}
 	}

@@ -39,7 +39,7 @@ func serveSource(tb testing.TB, src transfer.BlockSource, digest string) string 
 
 // cachePrompt runs prompt through e (one output token) so its full blocks
 // end up cached, and returns their sequence hashes.
-func cachePrompt(tb testing.TB, ctx context.Context, e *sim.Engine, prompt []kv.Token) []uint64 {
+func cachePrompt(tb testing.TB, ctx context.Context, e *sim.Engine, prompt []kv.Token) []kv.SeqHash {
 	tb.Helper()
 	if err := runPrompt(ctx, e, prompt); err != nil {
 		tb.Fatal(err)
@@ -49,7 +49,7 @@ func cachePrompt(tb testing.TB, ctx context.Context, e *sim.Engine, prompt []kv.
 }
 
 func runPrompt(ctx context.Context, e *sim.Engine, prompt []kv.Token) error {
-	ch, err := e.Generate(ctx, &engine.Request{ID: "cache", Tokens: prompt, MaxTokens: 1, Seed: 1})
+	ch, err := e.Generate(ctx, &engine.Request{ID: "cache", Tokens: prompt, Sampling: kv.Sampling{MaxTokens: 1, Seed: 1}})
 	if err != nil {
 		return err
 	}
@@ -84,25 +84,25 @@ func TestSimSourceZeroCopyServe(t *testing.T) {
 	seqs := cachePrompt(t, ctx, e, tokens(10*peerBS+3, 1))
 	src := NewSimSource(e)
 	// A view needs a pin (checked before the server holds any).
-	if _, err := src.ViewBlock(seqs[0]); err == nil {
+	if _, err := src.ViewBlock(uint64(seqs[0])); err == nil {
 		t.Fatal("view of an unpinned block")
 	}
 	ep := serveSource(t, src, e.SimConfig().Digest)
 	c := transfer.NewClient(transfer.ClientOptions{})
 	defer c.Close()
 
-	res, err := c.Fetch(ctx, ep, transfer.FetchRequest{Hashes: append(seqs, 777), Digest: e.SimConfig().Digest,
+	res, err := c.Fetch(ctx, ep, transfer.FetchRequest{Hashes: kv.RawHashes(append(seqs, 777)), Digest: e.SimConfig().Digest,
 		Verify: transfer.PayloadVerifier(cfg.Layers, cfg.PayloadSize)})
 	if err != nil || res.Outcome != transfer.OutcomePartial || len(res.Blocks) != len(seqs) {
 		t.Fatalf("fetch: %v, outcome %s, %d blocks", err, res.Outcome, len(res.Blocks))
 	}
 	for i, b := range res.Blocks {
-		if sum, ok := src.BlockChecksum(seqs[i]); !ok || b.Checksum != sum {
+		if sum, ok := src.BlockChecksum(uint64(seqs[i])); !ok || b.Checksum != sum {
 			t.Fatalf("block %d: checksum %016x, stored %016x %v", i, b.Checksum, sum, ok)
 		}
 	}
 	// The copying path serves the same bytes.
-	buf, err := src.ReadBlock(seqs[3], []byte("x"))
+	buf, err := src.ReadBlock(uint64(seqs[3]), []byte("x"))
 	if err != nil || string(buf[1:]) != string(res.Blocks[3].Payload) {
 		t.Fatalf("ReadBlock: %v", err)
 	}
@@ -130,13 +130,13 @@ func TestSimSourceStoredChecksumCatchesRot(t *testing.T) {
 	if n != len(seqs) {
 		t.Fatalf("pinned %d of %d", n, len(seqs))
 	}
-	v, err := e.ViewBlock(seqs[5])
+	v, err := e.ViewBlock(kv.SeqHash(seqs[5]))
 	if err != nil {
 		t.Fatal(err)
 	}
 	v[17] ^= 0x08 // the source's memory goes bad
 	e.Lookup(nil) // publish the write to the server (it locks the engine to pin)
-	res, err := c.Fetch(ctx, ep, transfer.FetchRequest{Hashes: seqs})
+	res, err := c.Fetch(ctx, ep, transfer.FetchRequest{Hashes: kv.RawHashes(seqs)})
 	if res.Outcome != transfer.OutcomeCorrupt || len(res.Blocks) != 5 || err == nil {
 		t.Fatalf("fetch of a rotten block: %v, outcome %s, %d blocks", err, res.Outcome, len(res.Blocks))
 	}
@@ -181,14 +181,14 @@ func TestSimSourceServesWhileEngineRuns(t *testing.T) {
 	delivered, fetches := 0, 0
 	for round := 0; round < 400 && (delivered < 400 || e.Counters().EvictedBlocks < 200); round++ {
 		seqs := cachePrompt(t, ctx, e, prompt)
-		res, err := c.Fetch(ctx, ep, transfer.FetchRequest{Hashes: seqs, Digest: cfg.Digest, Verify: verify})
+		res, err := c.Fetch(ctx, ep, transfer.FetchRequest{Hashes: kv.RawHashes(seqs), Digest: cfg.Digest, Verify: verify})
 		switch res.Outcome {
 		case transfer.OutcomeSuccess, transfer.OutcomePartial, transfer.OutcomeNotFound:
 		default:
 			t.Fatalf("round %d: fetch %s: %v", round, res.Outcome, err)
 		}
 		for i, b := range res.Blocks {
-			if b.Hash != seqs[i] {
+			if b.Hash != uint64(seqs[i]) {
 				t.Fatalf("round %d: block %d is %016x, want %016x", round, i, b.Hash, seqs[i])
 			}
 		}
@@ -213,7 +213,7 @@ func TestServingPeerStoresChecksums(t *testing.T) {
 		t.Fatal("serving peer's engine keeps no checksums")
 	}
 	seqs := cachePrompt(t, context.Background(), eng, tokens(3*peerBS, 9))
-	if sum, ok := eng.BlockChecksum(seqs[1]); !ok || sum == 0 {
+	if sum, ok := eng.BlockChecksum(kv.SeqHash(seqs[1])); !ok || sum == 0 {
 		t.Fatalf("stored checksum %016x %v", sum, ok)
 	}
 	e2, p2, err := NewSimPeer(peerSimConfig(64), PeerConfig{})

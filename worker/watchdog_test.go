@@ -239,7 +239,7 @@ func TestLoadSampleLastEventIDs(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, rank := range []uint32{0, 0, 2} {
-			w.evlog.Append([]kv.Event{kv.Removed(kv.WorkerKey{DPRank: rank}, kv.TierDevice, []uint64{1})}, nil)
+			w.evlog.Append([]kv.Event{kv.Removed(kv.WorkerKey{DPRank: rank}, kv.TierDevice, []kv.EngineHash{1})}, nil)
 		}
 		r := w.loadSample()
 		if len(r) != 1 || r[0].LastEventID != 2 {

@@ -32,7 +32,7 @@ import (
 type Config struct {
 	// Model and Role default to the engine's.
 	Model string
-	Role  engine.Role
+	Role  kv.Role
 	// ListenAddr is where the gRPC server listens; default 127.0.0.1:0.
 	ListenAddr string
 	// AdvertiseAddr is the host:port other processes dial; default the
@@ -115,7 +115,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		cfg.Role = ec.Role
 	}
 	if cfg.Role == "" {
-		cfg.Role = engine.RoleAggregated
+		cfg.Role = kv.RoleAggregated
 	}
 	if cfg.Model == "" {
 		return nil, errors.New("worker: no model name")
@@ -170,7 +170,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	w.pub = eventplane.NewPublisher(nc, cfg.Model, evlog, w.log)
 	w.met = newMetrics(w)
 	w.inst = discovery.Instance{
-		ID: cfg.InstanceID, Model: cfg.Model, Role: string(cfg.Role), DPSize: cfg.DPSize,
+		ID: cfg.InstanceID, Model: cfg.Model, Role: cfg.Role, DPSize: cfg.DPSize,
 		BlockSize: ec.BlockSize, KVCapacity: cfg.KVCapacity, MaxBatchedTokens: ec.MaxBatchedTokens,
 		Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints,
 	}

@@ -56,7 +56,7 @@ type testEngine struct {
 }
 
 func (e *testEngine) Config() engine.Config {
-	return engine.Config{Model: "m", Role: engine.RoleAggregated, BlockSize: 4, Blocks: 100, MaxBatchedTokens: 64, Digest: "test"}
+	return engine.Config{Model: "m", Role: kv.RoleAggregated, BlockSize: 4, Blocks: 100, MaxBatchedTokens: 64, Digest: "test"}
 }
 
 func (e *testEngine) SetEventSink(s engine.EventSink) { e.mu.Lock(); e.sink = s; e.mu.Unlock() }
@@ -78,7 +78,7 @@ func (e *testEngine) Generate(ctx context.Context, req *engine.Request) (<-chan 
 	if len(local) > 0 {
 		blocks := make([]kv.StoredBlock, len(local))
 		for i := range local {
-			blocks[i] = kv.StoredBlock{EngineHash: seq[i], LocalHash: local[i]}
+			blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(seq[i]), LocalHash: local[i]}
 		}
 		e.mu.Lock()
 		if e.sink != nil {
@@ -100,7 +100,7 @@ func (e *testEngine) Generate(ctx context.Context, req *engine.Request) (<-chan 
 				c.Tokens = make([]kv.Token, per)
 			}
 			if i == req.MaxTokens-1 {
-				c.Finish = engine.FinishLength
+				c.Finish = kv.FinishLength
 				c.Usage = &engine.Usage{PromptTokens: len(req.Tokens), CompletionTokens: req.MaxTokens}
 			}
 			select {

@@ -18,10 +18,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/discovery"
-	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/fleet"
 	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
@@ -45,7 +45,7 @@ type frontendFlags struct {
 func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.StringVar(&ff.listen, "listen", ":8000", "HTTP address of the OpenAI API")
 	f.StringSliceVar(&ff.models, "model", defaultModels, "model name(s) served (built-in o200k tokenizer and ChatML template)")
-	f.StringVar(&ff.routerMode, "router-mode", "kv", "round-robin, random, kv or kv-approx")
+	f.StringVar(&ff.routerMode, "router-mode", string(router.ModeKV), router.ModeList())
 	f.StringVar(&ff.routerCost, "router-cost", string(router.DefaultCost().Kind), "router cost model: time (predicted TTFT from the workers' timing model) or blocks (DESIGN §5: prefill + decode blocks)")
 	f.Float64Var(&ff.temperature, "router-temperature", 0, "softmax temperature of worker selection (0: always the cheapest)")
 	f.IntVar(&ff.migrationLimit, "migration-limit", 3, "times a request may move to another worker when its worker dies")
@@ -267,7 +267,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	}()
 	for i := 0; i < workers; i++ {
 		cfg := sf
-		cfg.Model, cfg.Role = ff.models[0], engine.RoleAggregated
+		cfg.Model, cfg.Role = ff.models[0], kv.RoleAggregated
 		var eng *sim.Engine
 		var peer *worker.Peer
 		if ff.hints {

@@ -70,7 +70,7 @@ variable (--trace also reads KVMESH_TRACE).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&tf.trace, "trace", "", "Mooncake JSONL trace (required; or KVMESH_TRACE)")
-	f.StringVar(&tf.mode, "router", twin.ModeKV, "routing mode: "+strings.Join(twin.Modes, ", "))
+	f.StringVar(&tf.mode, "router", string(router.ModeKV), "routing mode: "+strings.Join(twin.Modes, ", "))
 	f.StringVar(&tf.compare, "compare", "", "comma-separated modes to run side by side (overrides --router)")
 	f.StringVar(&tf.out, "out", "", "directory for twin.json, twin_ttft_cdf.svg and twin_hit_ratio.svg")
 	f.BoolVar(&tf.strict, "strict", false, "fail on the first malformed trace line instead of skipping it")
@@ -105,7 +105,7 @@ func twinModes(tf twinFlags) ([]string, error) {
 	}
 	var modes []string
 	for _, s := range strings.Split(list, ",") {
-		m, err := twin.ParseMode(s)
+		m, _, _, err := twin.ParseMode(s)
 		if err != nil {
 			return nil, err
 		}

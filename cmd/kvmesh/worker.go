@@ -24,6 +24,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/eventplane"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/worker"
 )
@@ -129,9 +130,9 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	if err := checkStallTimeout(wf.stallTimeout); err != nil {
 		return err
 	}
-	role := engine.Role(wf.role)
-	if !role.Valid() {
-		return fmt.Errorf("--role %q: want aggregated, prefill or decode", wf.role)
+	role, err := kv.ParseRole(wf.role)
+	if err != nil {
+		return fmt.Errorf("--role: %w", err)
 	}
 	var id uint64
 	if wf.instanceID != "" {
@@ -148,6 +149,16 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	}
 	if wf.controlListen != "" && wf.advertiseHost == "" {
 		return errors.New("--control-listen needs --advertise-host: the host peers dial (a wildcard bind address cannot be advertised)")
+	}
+	if wf.advertiseHost != "" {
+		if _, err := kv.NewEndpoint(wf.advertiseHost, 1); err != nil {
+			return fmt.Errorf("--advertise-host: %w", err)
+		}
+	}
+	for i, ep := range wf.controlEndpoints {
+		if _, err := kv.ParseEndpoint(ep); err != nil {
+			return fmt.Errorf("--control-endpoints (rank %d): %w", i, err)
+		}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

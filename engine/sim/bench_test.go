@@ -138,7 +138,7 @@ func replay(tb testing.TB, reqs []traceReq, prompts []Prompt, workers int, sink 
 			at := start.Add(time.Duration(r.Timestamp) * time.Millisecond)
 			if cw < 0 || !at.After(busyUntil[cw]) {
 				w := next % workers
-				rq := &engine.Request{ID: "t", MaxTokens: max(r.Output, 1), Seed: uint64(next)}
+				rq := &engine.Request{ID: "t", Sampling: kv.Sampling{MaxTokens: max(r.Output, 1), Seed: uint64(next)}}
 				s, err := cores[w].AddPrompt(rq, prompts[next], at)
 				if err != nil {
 					tb.Fatal(err)

@@ -111,15 +111,15 @@ func (c *Core) Insert(ch Chain) (n int, err error) {
 			if len(b.Tokens) == c.bs {
 				toks = b.Tokens
 			}
-			c.ev.stored(prev, hasPrev, b.Seq, b.Local, toks, ch.LoRA, ch.Salt)
+			c.ev.stored(kv.EngineHash(prev), hasPrev, kv.EngineHash(b.Seq), b.Local, toks, ch.LoRA, ch.Salt)
 		}
 		prev, hasPrev, prevID = b.Seq, true, id
 	}
 	return len(ch.Blocks), nil
 }
 
-func (c *Core) checkBlock(b *BlockData, prev uint64, hasPrev bool) error {
-	want := b.Local
+func (c *Core) checkBlock(b *BlockData, prev kv.SeqHash, hasPrev bool) error {
+	want := kv.SeqHash(b.Local) // a first block's sequence hash is its local hash
 	if hasPrev {
 		want = kv.ChainHash(prev, b.Local)
 	}
@@ -211,7 +211,7 @@ func (c *Core) Inventory() []kv.Event {
 	open := make(map[kv.SeqHash]int, len(cached)) // last block of an event -> that event
 	for _, i := range order {
 		b := cached[i]
-		blk := kv.StoredBlock{EngineHash: uint64(EngineHash(b.Seq)), LocalHash: b.Local}
+		blk := kv.StoredBlock{EngineHash: EngineHash(b.Seq), LocalHash: b.Local}
 		if e, ok := open[b.Parent]; ok && b.HasParent {
 			evs[e].Blocks = append(evs[e].Blocks, blk)
 			delete(open, b.Parent)
@@ -219,7 +219,7 @@ func (c *Core) Inventory() []kv.Event {
 			continue
 		}
 		evs = append(evs, kv.Event{Worker: c.cfg.Worker, Tier: kv.TierDevice, Kind: kv.EventStored,
-			HasParent: b.HasParent, Parent: b.Parent, Blocks: []kv.StoredBlock{blk}})
+			HasParent: b.HasParent, Parent: EngineHash(b.Parent), Blocks: []kv.StoredBlock{blk}})
 		open[b.Seq] = len(evs) - 1
 	}
 	return evs

@@ -258,12 +258,12 @@ func TestEngineFetcher(t *testing.T) {
 	for i := range prompt {
 		prompt[i] = kv.Token(i * 13 % 9999)
 	}
-	ch, _ := a.Generate(context.Background(), &engine.Request{ID: "a", Tokens: prompt, MaxTokens: 3})
+	ch, _ := a.Generate(context.Background(), &engine.Request{ID: "a", Tokens: prompt, Sampling: kv.Sampling{MaxTokens: 3}})
 	ta, _ := collect(t, ch)
 	bcfg := cfg
 	bcfg.Fetcher = peerFetcher(a, cfg, -1)
 	b := mustEngine(t, bcfg)
-	ch, _ = b.Generate(context.Background(), &engine.Request{ID: "b", Tokens: prompt, MaxTokens: 3})
+	ch, _ = b.Generate(context.Background(), &engine.Request{ID: "b", Tokens: prompt, Sampling: kv.Sampling{MaxTokens: 3}})
 	tb, last := collect(t, ch)
 	if !slices.Equal(ta, tb) || last.Usage.CachedTokens != 640 {
 		t.Fatalf("b: %v vs %v, usage %+v", tb, ta, last.Usage)

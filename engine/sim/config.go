@@ -82,7 +82,7 @@ func DefaultConfig() Config {
 	return Config{
 		Config: engine.Config{
 			Model:            "kvmesh-sim",
-			Role:             engine.RoleAggregated,
+			Role:             kv.RoleAggregated,
 			BlockSize:        DefaultBlockSize,
 			Blocks:           DefaultBlocks,
 			MaxBatchedTokens: DefaultMaxBatchedTokens,
@@ -116,7 +116,7 @@ func (c Config) normalize() (Config, error) {
 		c.VocabSize = DefaultVocabSize
 	}
 	if c.Role == "" {
-		c.Role = engine.RoleAggregated
+		c.Role = kv.RoleAggregated
 	}
 	if c.Model == "" {
 		c.Model = "kvmesh-sim"

@@ -28,8 +28,8 @@ var ErrNoSpace = errors.New("no free or evictable KV block")
 type Output struct {
 	Seq    *Seq
 	Token  kv.Token
-	First  bool                // the request's first token
-	Finish engine.FinishReason // non-empty when the request finished
+	First  bool            // the request's first token
+	Finish kv.FinishReason // non-empty when the request finished
 }
 
 // StepResult describes one forward pass. It and its Outputs are reused by
@@ -341,7 +341,7 @@ func (c *Core) Abort(s *Seq, now time.Time) bool {
 	}
 	c.freeBlocks(s)
 	s.st = stFinished
-	s.m.Finish = engine.FinishCancelled
+	s.m.Finish = kv.FinishCancelled
 	s.m.Finished = now
 	c.counters.Aborted++
 	c.ev.flush()
@@ -539,7 +539,7 @@ func (c *Core) register(s *Seq, upto int) {
 			s.table[b] = other
 			continue
 		}
-		var parent uint64
+		var parent kv.SeqHash
 		if b > 0 {
 			parent = s.seqh[b-1]
 		}
@@ -549,7 +549,7 @@ func (c *Core) register(s *Seq, upto int) {
 		if c.ev.sink != nil && !c.ev.omitTokens {
 			toks = s.blockTokens(b, c.bs, c.scratch)
 		}
-		c.ev.stored(parent, b > 0, h, s.local[b], toks, s.req.LoRA, s.req.CacheSalt)
+		c.ev.stored(kv.EngineHash(parent), b > 0, kv.EngineHash(h), s.local[b], toks, s.req.LoRA, s.req.CacheSalt)
 	}
 	if full > s.nReg {
 		s.nReg = full
@@ -573,7 +573,7 @@ func (c *Core) sample(s *Seq, end time.Time) bool {
 	if t := s.total(); t%c.bs == 0 {
 		b := t/c.bs - 1
 		l := kv.HashTokens(s.blockTokens(b, c.bs, c.scratch), s.seed)
-		h := l
+		h := kv.SeqHash(l) // a first block's sequence hash is its local hash
 		if b > 0 {
 			h = kv.ChainHash(s.seqh[b-1], l)
 		}
@@ -588,21 +588,21 @@ func (c *Core) sample(s *Seq, end time.Time) bool {
 	}
 	s.m.OutputTokens = len(s.out)
 	c.counters.OutputTokens++
-	var fin engine.FinishReason
+	var fin kv.FinishReason
 	for _, st := range s.req.StopTokens {
 		if st == tok {
-			fin = engine.FinishStop
+			fin = kv.FinishStop
 			break
 		}
 	}
-	if fin == engine.FinishNone && len(s.out) >= s.req.MaxTokens {
-		fin = engine.FinishLength
+	if fin == kv.FinishNone && len(s.out) >= s.req.MaxTokens {
+		fin = kv.FinishLength
 	}
 	c.res.Outputs = append(c.res.Outputs, Output{Seq: s, Token: tok, First: first, Finish: fin})
 	if first {
 		c.res.FirstTokens++
 	}
-	if fin == engine.FinishNone {
+	if fin == kv.FinishNone {
 		return false
 	}
 	c.res.Finished++

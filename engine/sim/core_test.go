@@ -73,8 +73,7 @@ func randomLoad(t *testing.T, seed uint64) {
 			if kv.BlocksNeeded(len(toks)+max, cfg.BlockSize) > cfg.Blocks {
 				continue
 			}
-			rq := &engine.Request{ID: fmt.Sprint("r", len(all)), Tokens: toks, MaxTokens: max,
-				Seed: uint64(r.IntN(3)), LoRA: loras[r.IntN(len(loras))]}
+			rq := &engine.Request{ID: fmt.Sprint("r", len(all)), Tokens: toks, Sampling: kv.Sampling{MaxTokens: max, Seed: uint64(r.IntN(3))}, LoRA: loras[r.IntN(len(loras))]}
 			if r.IntN(3) == 0 {
 				rq.StopTokens = []kv.Token{kv.Token(r.IntN(cfg.VocabSize)), kv.Token(r.IntN(cfg.VocabSize))}
 			}
@@ -131,7 +130,7 @@ func randomLoad(t *testing.T, seed uint64) {
 			if o.First {
 				firsts++
 			}
-			if o.Finish != engine.FinishNone {
+			if o.Finish != kv.FinishNone {
 				finished++
 			}
 		}
@@ -151,7 +150,7 @@ func randomLoad(t *testing.T, seed uint64) {
 				t.Fatalf("step %d: First=%v after %d tokens", step, o.First, len(l.got))
 			}
 			l.got = append(l.got, o.Token)
-			if o.Finish != engine.FinishNone {
+			if o.Finish != kv.FinishNone {
 				l.done = true
 				m := o.Seq.Metrics()
 				if m.Finish != o.Finish || !m.Finished.Equal(res.End) || m.FirstToken.IsZero() {
@@ -167,7 +166,7 @@ func randomLoad(t *testing.T, seed uint64) {
 		// Repeat a finished prompt: with nothing evicting in between, it hits.
 		if len(all) > 0 && r.IntN(3) == 0 {
 			l := all[r.IntN(len(all))]
-			if l.done && l.s.m.Finish != engine.FinishCancelled && c.waiting.len() == 0 && len(c.running) == 0 {
+			if l.done && l.s.m.Finish != kv.FinishCancelled && c.waiting.len() == 0 && len(c.running) == 0 {
 				rq := *l.s.req
 				rq.ID += "-again"
 				want := c.Lookup(l.s.seqh[:min(len(l.s.seqh), (len(rq.Tokens)-1)/cfg.BlockSize)])
@@ -187,7 +186,7 @@ func randomLoad(t *testing.T, seed uint64) {
 				all, bySeq[s] = append(all, nl), nl
 				for _, o := range res.Outputs {
 					bySeq[o.Seq].got = append(bySeq[o.Seq].got, o.Token)
-					if o.Finish != engine.FinishNone {
+					if o.Finish != kv.FinishNone {
 						bySeq[o.Seq].done = true
 					}
 				}
@@ -221,7 +220,7 @@ func randomLoad(t *testing.T, seed uint64) {
 	// exactly the blocks the cache still holds, and the latest hits.
 	for i, k := len(all)-1, 0; i >= 0 && k < 5; i-- {
 		l := all[i]
-		if l.s.m.Finish == engine.FinishCancelled || len(l.s.prompt) <= cfg.BlockSize {
+		if l.s.m.Finish == kv.FinishCancelled || len(l.s.prompt) <= cfg.BlockSize {
 			continue
 		}
 		k++
@@ -245,7 +244,7 @@ func randomLoad(t *testing.T, seed uint64) {
 	var finished, stopped int
 	for _, l := range all {
 		s := l.s
-		if s.m.Finish == engine.FinishCancelled {
+		if s.m.Finish == kv.FinishCancelled {
 			continue
 		}
 		finished++
@@ -254,12 +253,12 @@ func randomLoad(t *testing.T, seed uint64) {
 		if !slices.Equal(l.got, want) || !slices.Equal(s.Output(), want) {
 			t.Fatalf("%s: got %v, reference %v", s.ID(), l.got, want)
 		}
-		if s.m.Finish == engine.FinishStop {
+		if s.m.Finish == kv.FinishStop {
 			stopped++
 			if !slices.Contains(rq.StopTokens, want[len(want)-1]) {
 				t.Fatalf("%s: stop without a stop token", s.ID())
 			}
-		} else if s.m.Finish != engine.FinishLength || len(l.got) != rq.MaxTokens {
+		} else if s.m.Finish != kv.FinishLength || len(l.got) != rq.MaxTokens {
 			t.Fatalf("%s: finish %q with %d of %d tokens", s.ID(), s.m.Finish, len(l.got), rq.MaxTokens)
 		}
 		if u := s.Usage(); u.CompletionTokens != len(want) || u.PromptTokens != len(rq.Tokens) {
@@ -427,9 +426,9 @@ func TestAddValidates(t *testing.T) {
 	c := mustCore(t, testConfig())
 	cases := []*engine.Request{
 		nil,
-		{ID: "empty", MaxTokens: 1},
-		{ID: "zero", Tokens: []kv.Token{1}, MaxTokens: 0},
-		{ID: "huge", Tokens: make([]kv.Token, 250), MaxTokens: 10}, // 260 tokens > 64 blocks × 4
+		{ID: "empty", Sampling: kv.Sampling{MaxTokens: 1}},
+		{ID: "zero", Tokens: []kv.Token{1}, Sampling: kv.Sampling{MaxTokens: 0}},
+		{ID: "huge", Tokens: make([]kv.Token, 250), Sampling: kv.Sampling{MaxTokens: 10}}, // 260 tokens > 64 blocks × 4
 	}
 	for _, rq := range cases {
 		if _, err := c.Add(rq, time.Time{}); err == nil {
@@ -475,7 +474,7 @@ func TestAddHashedEqualsAdd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc, err := cores[2].AddPrompt(&engine.Request{ID: "x", MaxTokens: 9, Seed: 1}, Prompt{Len: 11, Local: local, Tail: prompt[8:]}, time.Time{})
+	sc, err := cores[2].AddPrompt(&engine.Request{ID: "x", Sampling: kv.Sampling{MaxTokens: 9, Seed: 1}}, Prompt{Len: 11, Local: local, Tail: prompt[8:]}, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,7 +493,7 @@ func TestAddHashedEqualsAdd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := cores[2].AddPrompt(&engine.Request{ID: "bad", MaxTokens: 1}, Prompt{Len: 11, Local: local, Tail: prompt[7:]}, time.Time{}); err == nil {
+	if _, err := cores[2].AddPrompt(&engine.Request{ID: "bad", Sampling: kv.Sampling{MaxTokens: 1}}, Prompt{Len: 11, Local: local, Tail: prompt[7:]}, time.Time{}); err == nil {
 		t.Fatal("a tail of the wrong length was accepted")
 	}
 }

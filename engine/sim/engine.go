@@ -267,15 +267,15 @@ func (e *Engine) poke() {
 type stream struct {
 	mu     sync.Mutex
 	toks   []kv.Token
-	finish engine.FinishReason
+	finish kv.FinishReason
 	usage  engine.Usage
 	notify chan struct{}
 }
 
-func (st *stream) push(tok kv.Token, fin engine.FinishReason, u engine.Usage) {
+func (st *stream) push(tok kv.Token, fin kv.FinishReason, u engine.Usage) {
 	st.mu.Lock()
 	st.toks = append(st.toks, tok)
-	if fin != engine.FinishNone {
+	if fin != kv.FinishNone {
 		st.finish, st.usage = fin, u
 	}
 	st.mu.Unlock()
@@ -285,7 +285,7 @@ func (st *stream) push(tok kv.Token, fin engine.FinishReason, u engine.Usage) {
 	}
 }
 
-func (st *stream) take() ([]kv.Token, engine.FinishReason, engine.Usage) {
+func (st *stream) take() ([]kv.Token, kv.FinishReason, engine.Usage) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	t := st.toks
@@ -363,11 +363,11 @@ func (e *Engine) pump(ctx context.Context, s *Seq, st *stream, out chan engine.C
 	switch {
 	case e.closed:
 		e.mu.Unlock()
-		trySend(out, engine.Chunk{Finish: engine.FinishError, Err: engine.ErrClosed})
+		trySend(out, engine.Chunk{Finish: kv.FinishError, Err: engine.ErrClosed})
 		return
 	case ctx.Err() != nil:
 		e.mu.Unlock()
-		trySend(out, engine.Chunk{Finish: engine.FinishCancelled})
+		trySend(out, engine.Chunk{Finish: kv.FinishCancelled})
 		return
 	}
 	e.core.enqueue(s)
@@ -378,11 +378,11 @@ func (e *Engine) pump(ctx context.Context, s *Seq, st *stream, out chan engine.C
 		select {
 		case <-st.notify:
 			toks, fin, u := st.take()
-			if len(toks) == 0 && fin == engine.FinishNone {
+			if len(toks) == 0 && fin == kv.FinishNone {
 				continue
 			}
 			c := engine.Chunk{Tokens: toks, Finish: fin}
-			if fin != engine.FinishNone {
+			if fin != kv.FinishNone {
 				c.Usage = &u
 			}
 			select {
@@ -393,15 +393,15 @@ func (e *Engine) pump(ctx context.Context, s *Seq, st *stream, out chan engine.C
 			case <-e.ctx.Done():
 				return
 			}
-			if fin != engine.FinishNone {
+			if fin != kv.FinishNone {
 				return
 			}
 		case <-ctx.Done():
 			e.abort(s)
-			trySend(out, engine.Chunk{Finish: engine.FinishCancelled})
+			trySend(out, engine.Chunk{Finish: kv.FinishCancelled})
 			return
 		case <-e.ctx.Done():
-			trySend(out, engine.Chunk{Finish: engine.FinishError, Err: engine.ErrClosed})
+			trySend(out, engine.Chunk{Finish: kv.FinishError, Err: engine.ErrClosed})
 			return
 		}
 	}
@@ -410,7 +410,7 @@ func (e *Engine) pump(ctx context.Context, s *Seq, st *stream, out chan engine.C
 type delivery struct {
 	st    *stream
 	tok   kv.Token
-	fin   engine.FinishReason
+	fin   kv.FinishReason
 	usage engine.Usage
 }
 
@@ -434,7 +434,7 @@ func (e *Engine) loop() {
 		pending = pending[:0]
 		for _, o := range r.Outputs {
 			d := delivery{st: o.Seq.Tag.(*stream), tok: o.Token, fin: o.Finish}
-			if o.Finish != engine.FinishNone {
+			if o.Finish != kv.FinishNone {
 				d.usage = o.Seq.Usage()
 			}
 			pending = append(pending, d)

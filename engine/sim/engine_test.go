@@ -59,18 +59,18 @@ func TestDeterministicAcrossEngines(t *testing.T) {
 	}
 	ctx := context.Background()
 	run := func(e *Engine, seed uint64) ([]kv.Token, engine.Chunk) {
-		ch, err := e.Generate(ctx, &engine.Request{ID: "d", Tokens: prompt, MaxTokens: 150, Seed: seed})
+		ch, err := e.Generate(ctx, &engine.Request{ID: "d", Tokens: prompt, Sampling: kv.Sampling{MaxTokens: 150, Seed: seed}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return collect(t, ch)
 	}
 	// Load b with another request at the same time.
-	chB2, _ := b.Generate(ctx, &engine.Request{ID: "noise", Tokens: prompt[:77], MaxTokens: 90, Seed: 5})
+	chB2, _ := b.Generate(ctx, &engine.Request{ID: "noise", Tokens: prompt[:77], Sampling: kv.Sampling{MaxTokens: 90, Seed: 5}})
 	ta, last := run(a, 42)
 	tb, _ := run(b, 42)
 	collect(t, chB2)
-	if len(ta) != 150 || last.Finish != engine.FinishLength || last.Usage == nil || last.Usage.CompletionTokens != 150 || last.Usage.PromptTokens != 300 {
+	if len(ta) != 150 || last.Finish != kv.FinishLength || last.Usage == nil || last.Usage.CompletionTokens != 150 || last.Usage.PromptTokens != 300 {
 		t.Fatalf("a: %d tokens, last chunk %+v", len(ta), last)
 	}
 	if !slices.Equal(ta, tb) {
@@ -103,7 +103,7 @@ func TestCancellationFreesBlocks(t *testing.T) {
 	e := mustEngine(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	prompt := make([]kv.Token, 1000)
-	ch, err := e.Generate(ctx, &engine.Request{ID: "c", Tokens: prompt, MaxTokens: 1000})
+	ch, err := e.Generate(ctx, &engine.Request{ID: "c", Tokens: prompt, Sampling: kv.Sampling{MaxTokens: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestCancellationFreesBlocks(t *testing.T) {
 	}
 	vc.Advance(time.Second)
 	first := <-ch
-	if len(first.Tokens) != 1 || first.Finish != engine.FinishNone {
+	if len(first.Tokens) != 1 || first.Finish != kv.FinishNone {
 		t.Fatalf("first chunk %+v", first)
 	}
 	if err := vc.BlockUntil(wait, 1); err != nil {
@@ -126,7 +126,7 @@ func TestCancellationFreesBlocks(t *testing.T) {
 	}
 	cancel()
 	for c := range ch {
-		if c.Finish != engine.FinishCancelled && c.Finish != engine.FinishNone {
+		if c.Finish != kv.FinishCancelled && c.Finish != kv.FinishNone {
 			t.Fatalf("chunk after cancel: %+v", c)
 		}
 	}
@@ -147,7 +147,7 @@ func TestCloseEndsStreams(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Clock = vc
 	e := mustEngine(t, cfg)
-	ch, err := e.Generate(context.Background(), &engine.Request{ID: "x", Tokens: []kv.Token{1, 2, 3}, MaxTokens: 100})
+	ch, err := e.Generate(context.Background(), &engine.Request{ID: "x", Tokens: []kv.Token{1, 2, 3}, Sampling: kv.Sampling{MaxTokens: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,13 +158,13 @@ func TestCloseEndsStreams(t *testing.T) {
 	}
 	e.Close()
 	_, last := collect(t, ch)
-	if last.Finish != engine.FinishError || !errors.Is(last.Err, engine.ErrClosed) {
+	if last.Finish != kv.FinishError || !errors.Is(last.Err, engine.ErrClosed) {
 		t.Fatalf("last chunk after Close: %+v", last)
 	}
-	if _, err := e.Generate(context.Background(), &engine.Request{ID: "y", Tokens: []kv.Token{1}, MaxTokens: 1}); !errors.Is(err, engine.ErrClosed) {
+	if _, err := e.Generate(context.Background(), &engine.Request{ID: "y", Tokens: []kv.Token{1}, Sampling: kv.Sampling{MaxTokens: 1}}); !errors.Is(err, engine.ErrClosed) {
 		t.Fatalf("Generate after Close: %v", err)
 	}
-	if _, err := e.Generate(context.Background(), &engine.Request{ID: "z", MaxTokens: 1}); err == nil {
+	if _, err := e.Generate(context.Background(), &engine.Request{ID: "z", Sampling: kv.Sampling{MaxTokens: 1}}); err == nil {
 		t.Fatal("an empty prompt was accepted")
 	}
 }
@@ -192,7 +192,7 @@ func TestEngineManyConcurrent(t *testing.T) {
 			for j := range prompt {
 				prompt[j] = kv.Token((j * (1 + i%3)) % 500)
 			}
-			rq := &engine.Request{ID: "m", Tokens: prompt, MaxTokens: 5 + i, Seed: uint64(i), StopTokens: []kv.Token{kv.Token(i)}}
+			rq := &engine.Request{ID: "m", Tokens: prompt, Sampling: kv.Sampling{MaxTokens: 5 + i, Seed: uint64(i), StopTokens: []kv.Token{kv.Token(i)}}}
 			ch, err := e.Generate(context.Background(), rq)
 			if err != nil {
 				errs <- err.Error()
@@ -205,9 +205,9 @@ func TestEngineManyConcurrent(t *testing.T) {
 				last = c
 			}
 			want := refOutput(prompt, uint64(i), "", "", 5+i, cfg.BlockSize, uint32(cfg.VocabSize), rq.StopTokens)
-			wantFin := engine.FinishLength
+			wantFin := kv.FinishLength
 			if len(want) < 5+i {
-				wantFin = engine.FinishStop
+				wantFin = kv.FinishStop
 			}
 			if !slices.Equal(got, want) || last.Finish != wantFin {
 				errs <- "request output or finish differs from the reference"
@@ -240,7 +240,7 @@ func TestCloseCancelsFetch(t *testing.T) {
 		return ctx.Err()
 	}
 	e := mustEngine(t, cfg)
-	ch, err := e.Generate(context.Background(), &engine.Request{ID: "f", Tokens: make([]kv.Token, 200), MaxTokens: 2})
+	ch, err := e.Generate(context.Background(), &engine.Request{ID: "f", Tokens: make([]kv.Token, 200), Sampling: kv.Sampling{MaxTokens: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -147,7 +147,7 @@ func TestTransientSinkSameEventsReused(t *testing.T) {
 		out := make([]kv.Event, len(batch))
 		for i, e := range batch {
 			e.Blocks = append([]kv.StoredBlock(nil), e.Blocks...)
-			e.Removed = append([]uint64(nil), e.Removed...)
+			e.Removed = append([]kv.EngineHash(nil), e.Removed...)
 			e.Tokens = append([]kv.Token(nil), e.Tokens...)
 			out[i] = e
 		}

@@ -96,7 +96,7 @@ func refOutput(prompt []kv.Token, seed uint64, lora, salt string, n, bs int, voc
 	var out []kv.Token
 	for len(out) < n {
 		_, seqs := h.Blocks(ctx)
-		var cs uint64
+		var cs kv.SeqHash
 		if len(seqs) > 0 {
 			cs = seqs[len(seqs)-1]
 		}
@@ -125,12 +125,12 @@ type holdings struct {
 	worker kv.WorkerKey
 	bs     int
 	nextID uint64
-	held   map[uint64]uint64 // seq → local
+	held   map[kv.EngineHash]kv.LocalHash // the sim's engine hash is its sequence hash
 	events int
 }
 
 func newHoldings(t *testing.T, w kv.WorkerKey, bs int) *holdings {
-	return &holdings{t: t, worker: w, bs: bs, nextID: 1, held: map[uint64]uint64{}}
+	return &holdings{t: t, worker: w, bs: bs, nextID: 1, held: map[kv.EngineHash]kv.LocalHash{}}
 }
 
 func (h *holdings) sink(batch []kv.Event) {
@@ -165,11 +165,11 @@ func (h *holdings) sink(batch []kv.Event) {
 				if _, ok := h.held[b.EngineHash]; ok {
 					h.t.Fatalf("stored event %d: block %016x already held", e.ID, b.EngineHash)
 				}
-				want := b.LocalHash
+				want := kv.SeqHash(b.LocalHash)
 				if hasPrev {
-					want = kv.ChainHash(prev, b.LocalHash)
+					want = kv.ChainHash(kv.SeqHash(prev), b.LocalHash)
 				}
-				if b.EngineHash != want {
+				if b.EngineHash != kv.EngineHash(want) {
 					h.t.Fatalf("stored event %d block %d: engine hash does not chain", e.ID, i)
 				}
 				if e.Tokens != nil {
@@ -200,7 +200,7 @@ func (h *holdings) matches(c *Core) error {
 		return fmt.Errorf("pool holds %d blocks, events say %d", len(cached), len(h.held))
 	}
 	for _, b := range cached {
-		if l, ok := h.held[b.Seq]; !ok || l != b.Local {
+		if l, ok := h.held[kv.EngineHash(b.Seq)]; !ok || l != b.Local {
 			return fmt.Errorf("pool block %016x missing from the replay", b.Seq)
 		}
 	}
@@ -228,5 +228,5 @@ func mustCore(t testing.TB, cfg Config) *Core {
 }
 
 func req(id string, toks []kv.Token, maxTokens int) *engine.Request {
-	return &engine.Request{ID: id, Tokens: toks, MaxTokens: maxTokens, Seed: 1}
+	return &engine.Request{ID: id, Tokens: toks, Sampling: kv.Sampling{MaxTokens: maxTokens, Seed: 1}}
 }

@@ -46,7 +46,7 @@ func TestEventsReplayIntoIndex(t *testing.T) {
 			for j := r.IntN(14); j >= 0; j-- {
 				toks = append(toks, kv.Token(r.IntN(1000)))
 			}
-			rq := &engine.Request{ID: fmt.Sprint(len(reqs)), Tokens: toks, MaxTokens: 1 + r.IntN(12), LoRA: loras[r.IntN(2)]}
+			rq := &engine.Request{ID: fmt.Sprint(len(reqs)), Tokens: toks, Sampling: kv.Sampling{MaxTokens: 1 + r.IntN(12)}, LoRA: loras[r.IntN(2)]}
 			if _, err := cores[r.IntN(2)].Add(rq, now); err != nil {
 				t.Fatal(err)
 			}

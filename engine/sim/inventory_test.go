@@ -48,7 +48,7 @@ func TestInventoryIsTheHoldings(t *testing.T) {
 			for j := r.IntN(14); j >= 0; j-- {
 				toks = append(toks, kv.Token(r.IntN(1000)))
 			}
-			rq := &engine.Request{ID: fmt.Sprint(len(reqs)), Tokens: toks, MaxTokens: 1 + r.IntN(12)}
+			rq := &engine.Request{ID: fmt.Sprint(len(reqs)), Tokens: toks, Sampling: kv.Sampling{MaxTokens: 1 + r.IntN(12)}}
 			if _, err := cores[r.IntN(2)].Add(rq, now); err != nil {
 				t.Fatal(err)
 			}
@@ -81,9 +81,9 @@ func checkInventory(t *testing.T, c *Core, live *index.Index, reqs []*engine.Req
 		if e.ID != 0 || e.Worker != w || e.Tier != kv.TierDevice || e.Kind != kv.EventStored || len(e.Blocks) == 0 {
 			t.Fatalf("inventory event %+v", e)
 		}
-		parent, hasParent := e.Parent, e.HasParent
+		parent, hasParent := SeqOf(e.Parent), e.HasParent
 		for _, blk := range e.Blocks {
-			seq := SeqOf(kv.EngineHash(blk.EngineHash))
+			seq := SeqOf(blk.EngineHash)
 			b, ok := cached[seq]
 			switch {
 			case !ok:
@@ -174,11 +174,11 @@ func TestInventoryOrphans(t *testing.T) {
 	}
 	var orphans []kv.Event
 	for _, e := range b.Inventory() {
-		if e.HasParent && e.Parent == seqs[0] {
+		if e.HasParent && e.Parent == EngineHash(seqs[0]) {
 			orphans = append(orphans, e)
 		}
 	}
-	if len(orphans) != 1 || len(orphans[0].Blocks) != 2 || orphans[0].Blocks[0].EngineHash != uint64(EngineHash(seqs[1])) {
+	if len(orphans) != 1 || len(orphans[0].Blocks) != 2 || orphans[0].Blocks[0].EngineHash != EngineHash(seqs[1]) {
 		t.Fatalf("orphan events %+v", orphans)
 	}
 	rebuilt := index.New()

@@ -16,10 +16,11 @@ const (
 // referenced (ref > 0), cached and idle (registered, ref 0, on the LRU list),
 // or free (unregistered, ref 0, on the free stack).
 type block struct {
-	seq, local, parent uint64
-	ref                int32
-	prev, next         int32 // LRU links, -1 at the ends
-	flags              uint8
+	seq, parent kv.SeqHash
+	local       kv.LocalHash
+	ref         int32
+	prev, next  int32 // LRU links, -1 at the ends
+	flags       uint8
 }
 
 // pool is the paged KV pool with prefix caching. All payload bytes live in
@@ -128,7 +129,7 @@ func (p *pool) alloc() (int32, bool) {
 		p.byHash.Delete(b.seq)
 		b.flags = 0
 		p.evicted++
-		p.ev.removed(b.seq)
+		p.ev.removed(kv.EngineHash(b.seq))
 	} else {
 		return -1, false
 	}
@@ -138,7 +139,7 @@ func (p *pool) alloc() (int32, bool) {
 }
 
 // register makes a referenced, unregistered block findable under seq.
-func (p *pool) register(id int32, seq, local, parent uint64, hasParent bool, fill bool) {
+func (p *pool) register(id int32, seq kv.SeqHash, local kv.LocalHash, parent kv.SeqHash, hasParent bool, fill bool) {
 	b := &p.blocks[id]
 	b.seq, b.local, b.parent = seq, local, parent
 	b.flags = flagRegistered
@@ -204,13 +205,13 @@ type eventLog struct {
 	events  []kv.Event
 	blocks  []kv.StoredBlock
 	toks    []kv.Token
-	removes []uint64
+	removes []kv.EngineHash
 
 	run                  uint8 // 0 none, 1 stored, 2 removed
 	runTokOK             bool  // every block of the stored run had its tokens
 	runStart, runTokFrom int
 	runHasParent         bool
-	runParent, runLast   uint64
+	runParent, runLast   kv.EngineHash
 	runLoRA, runSalt     string
 	hoistEnd             int // len(removes) when the last Removed event ended
 }
@@ -221,7 +222,9 @@ const (
 	runRemoved
 )
 
-func (l *eventLog) stored(parent uint64, hasParent bool, seq, local uint64, toks []kv.Token, lora, salt string) {
+// stored and removed take the sim's engine hashes, which are its sequence
+// hashes (the sim, like vLLM, names a block by its chained hash).
+func (l *eventLog) stored(parent kv.EngineHash, hasParent bool, eng kv.EngineHash, local kv.LocalHash, toks []kv.Token, lora, salt string) {
 	if l.sink == nil {
 		return
 	}
@@ -231,29 +234,29 @@ func (l *eventLog) stored(parent uint64, hasParent bool, seq, local uint64, toks
 		l.runHasParent, l.runParent, l.runLoRA, l.runSalt = hasParent, parent, lora, salt
 		l.runTokOK = !l.omitTokens
 	}
-	l.blocks = append(l.blocks, kv.StoredBlock{EngineHash: seq, LocalHash: local})
+	l.blocks = append(l.blocks, kv.StoredBlock{EngineHash: eng, LocalHash: local})
 	if toks == nil {
 		l.runTokOK = false
 	}
 	if l.runTokOK {
 		l.toks = append(l.toks, toks...)
 	}
-	l.runLast = seq
+	l.runLast = eng
 }
 
-func (l *eventLog) removed(seq uint64) {
+func (l *eventLog) removed(eng kv.EngineHash) {
 	if l.sink == nil {
 		return
 	}
-	if l.run == runStored && l.canHoist(seq) {
+	if l.run == runStored && l.canHoist(eng) {
 		// Append to the event just before the open chain if it is a
 		// Removed event ending the removal slab, else start one there.
 		if k := len(l.events) - 1; k >= 0 && l.events[k].Kind == kv.EventRemoved && l.hoistEnd == len(l.removes) {
-			l.removes = append(l.removes, seq)
+			l.removes = append(l.removes, eng)
 			rm := l.events[k].Removed
 			l.events[k].Removed = l.removes[len(l.removes)-len(rm)-1 : len(l.removes) : len(l.removes)]
 		} else {
-			l.removes = append(l.removes, seq)
+			l.removes = append(l.removes, eng)
 			l.nextID++
 			l.events = append(l.events, kv.Event{ID: l.nextID, Worker: l.worker, Tier: kv.TierDevice,
 				Kind: kv.EventRemoved, Removed: l.removes[len(l.removes)-1 : len(l.removes) : len(l.removes)]})
@@ -265,16 +268,16 @@ func (l *eventLog) removed(seq uint64) {
 		l.close()
 		l.run, l.runStart = runRemoved, len(l.removes)
 	}
-	l.removes = append(l.removes, seq)
+	l.removes = append(l.removes, eng)
 }
 
-// canHoist reports whether evicting seq commutes with the open Stored run.
-func (l *eventLog) canHoist(seq uint64) bool {
-	if l.runHasParent && seq == l.runParent {
+// canHoist reports whether evicting eng commutes with the open Stored run.
+func (l *eventLog) canHoist(eng kv.EngineHash) bool {
+	if l.runHasParent && eng == l.runParent {
 		return false
 	}
 	for _, b := range l.blocks[l.runStart:] {
-		if b.EngineHash == seq {
+		if b.EngineHash == eng {
 			return false
 		}
 	}

@@ -29,7 +29,7 @@ type Metrics struct {
 	CachedTokens  int // prompt tokens found in the cache at first admission (fetched ones included)
 	FetchedTokens int // prompt tokens the Fetcher brought in for it
 	Preemptions   int
-	Finish        engine.FinishReason
+	Finish        kv.FinishReason
 }
 
 // Seq is one request inside a Core. Its methods are safe to call from the
@@ -56,7 +56,8 @@ type Seq struct {
 
 	// Context state of the deterministic "model": the sequence hash of the
 	// last full block and a rolling hash of the tokens after it.
-	ctxSeq, ctxTail uint64
+	ctxSeq  kv.SeqHash
+	ctxTail uint64
 
 	pendingXfer int64 // modelled transfer bytes charged to its first pass
 
@@ -118,8 +119,8 @@ func rollTail(h uint64, t kv.Token) uint64 {
 // partial tail rolled into ctxTail, for a request seed, in [0, vocab). It
 // depends only on the context, so a request migrated with its generated
 // tokens appended to the prompt continues exactly where it stopped.
-func NextToken(seed, ctxSeq, ctxTail uint64, vocab uint32) kv.Token {
-	x := mix.Mix64(ctxSeq ^ bits.RotateLeft64(ctxTail, 17) ^ (seed+1)*0xD6E8FEB86659FD93)
+func NextToken(seed uint64, ctxSeq kv.SeqHash, ctxTail uint64, vocab uint32) kv.Token {
+	x := mix.Mix64(uint64(ctxSeq) ^ bits.RotateLeft64(ctxTail, 17) ^ (seed+1)*0xD6E8FEB86659FD93)
 	hi, _ := bits.Mul64(x, uint64(vocab))
 	return kv.Token(hi)
 }

@@ -182,7 +182,7 @@ func TestEngineViewsWhileRunning(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	run := func(toks []kv.Token) error {
-		ch, err := e.Generate(ctx, &engine.Request{ID: "r", Tokens: toks, MaxTokens: 2, Seed: 1})
+		ch, err := e.Generate(ctx, &engine.Request{ID: "r", Tokens: toks, Sampling: kv.Sampling{MaxTokens: 2, Seed: 1}})
 		if err != nil {
 			return err
 		}

@@ -32,12 +32,12 @@ type node struct {
 
 type holding struct {
 	n   *node
-	eng uint64
+	eng kv.EngineHash
 }
 
 type worker struct {
-	byEng  map[uint64]*node
-	byNode map[*node]uint64 // node -> the engine hash this worker uses for it
+	byEng  map[kv.EngineHash]*node
+	byNode map[*node]kv.EngineHash // node -> the engine hash this worker uses for it
 }
 
 // Index is the reference model. Not safe for concurrent use.
@@ -58,7 +58,7 @@ func (ix *Index) Stats() Stats { return ix.st }
 func (ix *Index) worker(w kv.WorkerKey, create bool) *worker {
 	ws := ix.workers[w]
 	if ws == nil && create {
-		ws = &worker{byEng: map[uint64]*node{}, byNode: map[*node]uint64{}}
+		ws = &worker{byEng: map[kv.EngineHash]*node{}, byNode: map[*node]kv.EngineHash{}}
 		ix.workers[w] = ws
 	}
 	return ws
@@ -229,7 +229,7 @@ func Less(a, b kv.WorkerKey) bool {
 // hash the worker uses for it and its tier mask.
 type Holding struct {
 	Path   []kv.LocalHash
-	Engine uint64
+	Engine kv.EngineHash
 	Tiers  uint8
 }
 
