@@ -1,6 +1,10 @@
 // Package bench holds kvmesh's benchmarks: trace replays, load generation
 // and reports. This file is `kvmesh bench index`: a Mooncake-trace replay
 // against the KV index, after Dynamo's mooncake_bench.
+//
+// It measures from the outside: it imports kv, index, trace and plot, and
+// must not import the live fleet, worker or frontend (bench load talks to any
+// OpenAI endpoint over HTTP).
 package bench
 
 import (

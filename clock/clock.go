@@ -1,6 +1,8 @@
 // Package clock is an injectable clock. Wall is real time; Virtual is time
 // that only moves when a driver advances it, so a simulation can run
 // thousands of simulated seconds per real second without sleeping.
+//
+// It imports nothing of kvmesh.
 package clock
 
 import (

@@ -1,5 +1,8 @@
 // Package engine defines the Engine every worker drives: the simulated engine
 // in engine/sim and adapters to real engines implement it.
+//
+// It imports only kv: the sim and the real-engine adapters implement it, and
+// the worker drives it; it must not import either.
 package engine
 
 import (

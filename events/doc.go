@@ -13,4 +13,7 @@
 // accepts every shape seen in the field, repairs sequence gaps through the
 // replay socket, recomputes local hashes from token ids and hands kv events
 // to a callback. Bad input is logged, counted and skipped; it never panics.
+//
+// It imports only kv: it must not import the event plane (eventplane), the
+// worker or the router, which use it.
 package events

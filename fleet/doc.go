@@ -10,5 +10,5 @@
 // It speaks the request plane's vocabulary of package kv (GenerateRequest,
 // TokenStream), so the HTTP frontend can use it through its own Backend
 // interface; it must not import frontend (or anything HTTP), and nothing
-// below it (router, index, runtime) may import it.
+// below it (router, index, discovery, eventplane, workerclient) may import it.
 package fleet

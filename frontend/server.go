@@ -6,8 +6,8 @@
 //
 // The Backend and ContextLimiter interfaces are its own, over the request
 // vocabulary of package kv; cmd/kvmesh hands it the fleet. It must not
-// import fleet, router, index, runtime, api or NATS: it knows nothing of
-// workers.
+// import fleet, router, index, discovery, eventplane, api or NATS: it knows
+// nothing of workers.
 package frontend
 
 import (

@@ -43,4 +43,7 @@
 // leg consuming prefill-produced handoff parameters never replays it, and
 // installing connector parameters replaces kv_transfer_params wholesale with
 // any kv_hint inside stripped. The package does no I/O.
+//
+// It imports only kv: the worker and the engine adapters use it, the router
+// does not need it (its hints are typed kv.Hint values).
 package hints

@@ -35,6 +35,10 @@
 // node carries a generation next to its parent id that changes whenever it
 // is freed or reused, so a reader that raced a recycle notices and retries;
 // a holders word carries its set's generation the same way.
+//
+// It imports only kv and internal helpers: it is a pure core fed by whoever
+// holds the events (the fleet's event feed, the twin), and must not import
+// the router or any transport.
 package index
 
 import (

@@ -3,6 +3,8 @@
 // ticks, labels, a legend and a title. It has no kvmesh imports so any
 // command (bench load, twin) can use it; equal inputs give byte-identical
 // output.
+//
+// It imports nothing of kvmesh.
 package plot
 
 import (

@@ -6,6 +6,8 @@
 //
 // Token ids are uint32, as in kv. Decoding never fails: ids the vocabulary
 // does not have decode to the empty string.
+//
+// It imports nothing of kvmesh.
 package tokenizer
 
 // Tokenizer encodes text to token ids and back. Implementations are safe for

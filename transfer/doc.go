@@ -105,4 +105,7 @@
 // {operation}, kvmesh_transfer_blocks_total{operation} and
 // kvmesh_transfer_in_flight{operation}, scope/operation ∈ {fetch, serve},
 // result ∈ Outcome names. Labels never hold endpoints or hashes.
+//
+// It imports only kv: the worker and the mock engines serve and fetch
+// through it; it must not import them.
 package transfer

@@ -16,6 +16,10 @@
 // core's pass ends. At a pass end the twin hands the pass's outputs to the
 // router (Decision.FirstToken / Done) at that virtual time, reports the
 // worker's load (UpdateLoad) periodically, and starts the next pass.
+//
+// It imports router, index, engine/sim, clock, kv, trace and plot, and must
+// not import the live fleet, worker, NATS or gRPC: the twin is the same cores
+// without the transports.
 package twin
 
 import (

@@ -2,6 +2,10 @@
 // API over gRPC (Generate, Events, Dump, Health), registers the instance in
 // discovery, publishes the engine's KV events (ring + NATS) and its load,
 // and answers dumps from the engine's inventory (engine.Inventory). Several workers can run in one process (kvmesh serve).
+//
+// It imports engine (and engine/sim, whose block views it serves to peers),
+// discovery, eventplane, workerclient, transfer, hints, api and kv; it must
+// not import the router, the index, the fleet or the frontend.
 package worker
 
 import (

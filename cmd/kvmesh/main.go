@@ -1,6 +1,9 @@
 // Command kvmesh is the single binary of the kvmesh serving fabric. Each
 // subcommand lives in its own file and registers itself on rootCmd (or a
 // parent such as benchCmd) in init, so commands stay independent.
+//
+// It is flags and wiring only: it may import any room, and nothing imports
+// it.
 package main
 
 import (

@@ -8,6 +8,10 @@
 // stepping goroutine on an injectable clock.
 //
 // It samples no distribution: Temperature, TopP and the penalties are ignored.
+//
+// It imports engine, kv, clock and internal helpers only: it does no network
+// I/O (peers reach it through the worker's Fetcher and block views), so that
+// the twin runs it unchanged on virtual time.
 package sim
 
 import (

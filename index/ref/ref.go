@@ -2,6 +2,8 @@
 // tree with Go maps everywhere and per-worker engine-hash maps. It defines
 // the semantics the fast index in package index must reproduce exactly, and
 // the benchmark measures it as the baseline.
+//
+// It imports only kv, and nothing but tests and bench use it.
 package ref
 
 import (
