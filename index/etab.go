@@ -5,10 +5,10 @@ import "github.com/kvmesh/kvmesh/internal/mix"
 // engTable maps a node's shared engine hash to the node. Only the writer
 // uses it (readers never resolve engine hashes), so it is plain memory: a
 // node id per slot plus a parallel byte of hash tag, so a probe that misses
-// reads only the tag array and never a node (a miss used to cost a cache
-// miss per occupied slot it passed; and the tags, a fifth of the table,
-// stay in cache far longer than whole slots would). Linear probing,
-// power-of-two size.
+// reads only the tag array and never a node (rather than a cache miss per
+// occupied slot it passes; and the tags, a fifth of the table, stay in
+// cache far longer than whole slots would). Linear probing, power-of-two
+// size.
 type engTable struct {
 	ids        []uint32
 	tags       []uint8 // tagEmpty, tagDead, or tagOf(hash)

@@ -139,10 +139,8 @@ type CostModel struct {
 	Temperature float64
 }
 
-// DefaultCost is the router's default cost model: TimeCost. On the twin's
-// Mooncake conversation trace (8 workers, 16,384 × 64-token blocks) it
-// raises kv mode's prefix hit ratio from 0.203 to 0.261 and cuts mean TTFT
-// from 282 to 241 ms against BlockCost, and holds up at 4× the arrival rate.
+// DefaultCost is the router's default cost model: TimeCost, which beats
+// BlockCost on hit ratio and TTFT in the twin (docs/benchmarks.md §1).
 func DefaultCost() CostModel { return TimeCost() }
 
 // BlockCost is DESIGN.md §5's block model with Dynamo's defaults: credits
