@@ -29,7 +29,7 @@ import (
 	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/internal/quantile"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/natsbus/natstest"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
 	"github.com/kvmesh/kvmesh/workerclient"
@@ -71,16 +71,7 @@ func TestFrontendAddedLatency(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := slog.New(slog.DiscardHandler)
-	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: ns.URL(), Name: "latency-bench"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := natstest.Connect(t, natstest.Start(t).URL())
 	disc, err := discovery.Open(ctx, nc, discovery.Config{})
 	if err != nil {
 		t.Fatal(err)

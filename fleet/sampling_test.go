@@ -1,47 +1,29 @@
 package fleet
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/enginetest"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/worker"
 )
 
-// recordingEngine is a sim engine that keeps a copy of every request it is
-// given, to check what reaches an engine from an HTTP request.
-type recordingEngine struct {
-	*sim.Engine
-	mu   sync.Mutex
-	reqs []engine.Request
-}
-
-func (e *recordingEngine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
-	e.mu.Lock()
-	e.reqs = append(e.reqs, *req)
-	e.mu.Unlock()
-	return e.Engine.Generate(ctx, req)
-}
-
-func (e *recordingEngine) take(t *testing.T) engine.Request {
+// takeOne is the one request eng recorded since the last call.
+func takeOne(t *testing.T, eng *enginetest.Recorder) engine.Request {
 	t.Helper()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if len(e.reqs) != 1 {
-		t.Fatalf("the engine got %d requests, want 1", len(e.reqs))
+	reqs := eng.Take()
+	if len(reqs) != 1 {
+		t.Fatalf("the engine got %d requests, want 1", len(reqs))
 	}
-	r := e.reqs[0]
-	e.reqs = nil
-	return r
+	return reqs[0]
 }
 
 // The sampling parameters a client sends travel frontend → Cluster →
@@ -55,7 +37,7 @@ func TestSamplingParamsReachEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng := &recordingEngine{Engine: se}
+	eng := &enginetest.Recorder{Engine: se}
 	startWorker(t, ctx, nc, eng, worker.Config{LoadInterval: 20 * time.Millisecond})
 	reg := prometheus.NewRegistry()
 	cl, model := startCluster(t, ctx, nc, disc, reg)
@@ -100,7 +82,7 @@ func TestSamplingParamsReachEngine(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("%s: %d %s", tc.name, resp.StatusCode, out)
 		}
-		got := of(eng.take(t))
+		got := of(takeOne(t, eng))
 		if tc.anySeed {
 			got.Seed = 0
 		}

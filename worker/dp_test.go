@@ -2,42 +2,16 @@ package worker
 
 import (
 	"context"
-	"errors"
-	"io"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/api/apitest"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
-// generateUsage runs one request through the worker API and returns its usage.
-func generateUsage(t *testing.T, c api.WorkerClient, req *api.GenerateRequest) *api.Usage {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := c.Generate(ctx, req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var u *api.Usage
-	for {
-		ch, err := st.Recv()
-		if errors.Is(err, io.EOF) {
-			return u
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ch.Error != "" {
-			t.Fatal(ch.Error)
-		}
-		if ch.Usage != nil {
-			u = ch.Usage
-		}
-	}
-}
+var generateUsage = apitest.GenerateUsage
 
 // A worker with DP size 2 is two engines behind one instance: dp_rank 1
 // runs on rank 1's cache (a repeat hits there, not on rank 0), its KV events

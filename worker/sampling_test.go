@@ -6,7 +6,6 @@ import (
 	"math"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,39 +15,25 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/enginetest"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
-// recordingEngine is a testEngine that keeps a copy of every request it
-// is given, to check what the worker hands the engine.
-type recordingEngine struct {
-	*testEngine
-	mu   sync.Mutex
-	reqs []engine.Request
-}
-
-func (e *recordingEngine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
-	e.mu.Lock()
-	e.reqs = append(e.reqs, *req)
-	e.mu.Unlock()
-	return e.testEngine.Generate(ctx, req)
-}
-
-func (e *recordingEngine) last(t *testing.T) engine.Request {
+// lastRequest is the last request eng recorded.
+func lastRequest(t *testing.T, eng *enginetest.Recorder) engine.Request {
 	t.Helper()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if len(e.reqs) == 0 {
+	reqs := eng.Take()
+	if len(reqs) == 0 {
 		t.Fatal("the engine got no request")
 	}
-	return e.reqs[len(e.reqs)-1]
+	return reqs[len(reqs)-1]
 }
 
 // Every sampling parameter of a GenerateRequest reaches engine.Request
 // unchanged; an absent top_p arrives as 0 (unset), an explicit 1 as 1.
 func TestSamplingParamsReachEngine(t *testing.T) {
 	_, nc := startNATS(t)
-	eng := &recordingEngine{testEngine: &testEngine{tick: time.Millisecond}}
+	eng := &enginetest.Recorder{Engine: &testEngine{tick: time.Millisecond}}
 	_, c := startWorker(t, nc, eng)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -89,7 +74,7 @@ func TestSamplingParamsReachEngine(t *testing.T) {
 				t.Fatalf("%s: %v", tc.name, err)
 			}
 		}
-		if got := of(eng.last(t)); !reflect.DeepEqual(got, tc.want) {
+		if got := of(lastRequest(t, eng)); !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("%s: engine got %+v, want %+v", tc.name, got, tc.want)
 		}
 	}
@@ -99,7 +84,7 @@ func TestSamplingParamsReachEngine(t *testing.T) {
 // InvalidArgument (the frontend checks its own clients' before routing).
 func TestSamplingParamsOutOfRange(t *testing.T) {
 	_, nc := startNATS(t)
-	eng := &recordingEngine{testEngine: &testEngine{tick: time.Millisecond}}
+	eng := &enginetest.Recorder{Engine: &testEngine{tick: time.Millisecond}}
 	_, c := startWorker(t, nc, eng)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -123,9 +108,7 @@ func TestSamplingParamsOutOfRange(t *testing.T) {
 			t.Errorf("%s %v: got %v, want InvalidArgument naming it", tc.name, tc.req, err)
 		}
 	}
-	eng.mu.Lock()
-	defer eng.mu.Unlock()
-	if len(eng.reqs) != 0 {
-		t.Fatalf("the engine got %d invalid requests", len(eng.reqs))
+	if n := len(eng.Take()); n != 0 {
+		t.Fatalf("the engine got %d invalid requests", n)
 	}
 }

@@ -9,9 +9,6 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
-
-	"github.com/kvmesh/kvmesh/discovery"
-	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 func init() { rootCmd.AddCommand(newFrontendCmd()) }
@@ -43,15 +40,11 @@ On startup it prints one line to stdout:
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			nc, err := natsbus.Connect(nf.conn("kvmesh-frontend", log))
+			nc, disc, err := nf.controlPlane(ctx, "kvmesh-frontend", log)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			disc, err := discovery.Open(ctx, nc, discovery.Config{Logger: log})
-			if err != nil {
-				return err
-			}
 			rf, err := startFrontend(ctx, ff, nc, disc, log)
 			if err != nil {
 				return err

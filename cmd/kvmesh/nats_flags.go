@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
 
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/natsbus"
 )
 
@@ -32,4 +35,19 @@ func (n *natsFlags) registerURL(f *pflag.FlagSet, def, help string) {
 func (n *natsFlags) conn(name string, log *slog.Logger) natsbus.ConnConfig {
 	return natsbus.ConnConfig{URLs: n.url, Name: name, CredsFile: n.creds,
 		CAFile: n.ca, CertFile: n.cert, KeyFile: n.key, Logger: log}
+}
+
+// controlPlane connects to NATS as name and opens discovery on it; the
+// caller closes the connection.
+func (nf *natsFlags) controlPlane(ctx context.Context, name string, log *slog.Logger) (*nats.Conn, *discovery.Discovery, error) {
+	nc, err := natsbus.Connect(nf.conn(name, log))
+	if err != nil {
+		return nil, nil, err
+	}
+	disc, err := discovery.Open(ctx, nc, discovery.Config{Logger: log})
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, disc, nil
 }

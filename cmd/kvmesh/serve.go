@@ -239,15 +239,11 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		defer ns.Shutdown()
 		nf.url = ns.URL()
 	}
-	nc, err := natsbus.Connect(nf.conn("kvmesh-serve", log))
+	nc, disc, err := nf.controlPlane(ctx, "kvmesh-serve", log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	disc, err := discovery.Open(ctx, nc, discovery.Config{Logger: log})
-	if err != nil {
-		return err
-	}
 
 	// With hints on, every worker serves its cache on a loopback control
 	// endpoint and fetches hinted prefixes from its peers; the transfer

@@ -1,15 +1,13 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"io"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/api/apitest"
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
@@ -74,26 +72,8 @@ func TestWorkerProcessesPeerTransfer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	run := func(c api.WorkerClient, toks []uint32, hint *api.KvFetchHint) *api.Usage {
-		st, err := c.Generate(ctx, &api.GenerateRequest{Tokens: toks, MaxTokens: 3, Seed: 5, KvFetch: hint})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var u *api.Usage
-		for {
-			ch, err := st.Recv()
-			if errors.Is(err, io.EOF) {
-				return u
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if ch.Usage != nil {
-				u = ch.Usage
-			}
-		}
+		return apitest.GenerateUsage(t, c, &api.GenerateRequest{Tokens: toks, MaxTokens: 3, Seed: 5, KvFetch: hint})
 	}
 	turn1 := make([]uint32, 30*16)
 	for i := range turn1 {
