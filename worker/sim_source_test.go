@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/enginetest"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
@@ -49,16 +50,7 @@ func cachePrompt(tb testing.TB, ctx context.Context, e *sim.Engine, prompt []kv.
 }
 
 func runPrompt(ctx context.Context, e *sim.Engine, prompt []kv.Token) error {
-	ch, err := e.Generate(ctx, &engine.Request{ID: "cache", Tokens: prompt, Sampling: kv.Sampling{MaxTokens: 1, Seed: 1}})
-	if err != nil {
-		return err
-	}
-	for c := range ch {
-		if c.Err != nil {
-			return c.Err
-		}
-	}
-	return nil
+	return enginetest.Run(ctx, e, &engine.Request{ID: "cache", Tokens: prompt, Sampling: kv.Sampling{MaxTokens: 1, Seed: 1}})
 }
 
 func tokens(n int, base kv.Token) []kv.Token {

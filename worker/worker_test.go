@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/api/apitest"
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
@@ -186,19 +187,7 @@ func TestGenerateAndCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var toks []uint32
-	var last *api.GenerateChunk
-	for {
-		ch, err := st.Recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		toks = append(toks, ch.Tokens...)
-		last = ch
-	}
+	toks, last := apitest.Drain(t, st)
 	if !reflect.DeepEqual(toks, []uint32{1000, 1001, 1002, 1003, 1004}) || last.FinishReason != "length" ||
 		last.Usage.GetPromptTokens() != 10 || last.Usage.GetCompletionTokens() != 5 {
 		t.Fatalf("tokens %v, last chunk %v", toks, last)

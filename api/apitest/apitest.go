@@ -40,3 +40,20 @@ func GenerateUsage(t testing.TB, c api.WorkerClient, req *api.GenerateRequest) *
 		}
 	}
 }
+
+// Drain reads st to its end and returns every token it carried and its
+// last chunk; a stream error fails the test.
+func Drain(t testing.TB, st api.Worker_GenerateClient) (tokens []uint32, last *api.GenerateChunk) {
+	t.Helper()
+	for {
+		ch, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			return tokens, last
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens = append(tokens, ch.Tokens...)
+		last = ch
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/api/apitest"
 	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/natsbus"
@@ -76,17 +77,7 @@ func TestMigrationAcrossWorkerProcesses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var ids []uint32
-		for {
-			ch, err := st.Recv()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			ids = append(ids, ch.Tokens...)
-		}
+		ids, _ := apitest.Drain(t, st)
 		if got := decode(t, simModel, ids); got != ref.text {
 			t.Errorf("worker %s directly: %q\nthrough the frontend: %q", in.GRPCAddr, got, ref.text)
 		}

@@ -1,6 +1,6 @@
-// Package enginetest holds test doubles of engine.Engine for the packages
-// that drive engines (worker, fleet, the adapters' tests). It imports only
-// engine and kv; nothing outside tests should use it.
+// Package enginetest holds test doubles and helpers for engine.Engine, for
+// the packages that drive engines (worker, fleet, the adapters' tests). It
+// imports only engine; nothing outside tests should use it.
 package enginetest
 
 import (
@@ -35,4 +35,19 @@ func (r *Recorder) Take() []engine.Request {
 	out := r.reqs
 	r.reqs = nil
 	return out
+}
+
+// Run generates req on e to the end of its stream and returns the first
+// chunk error, if any.
+func Run(ctx context.Context, e engine.Engine, req *engine.Request) error {
+	ch, err := e.Generate(ctx, req)
+	if err != nil {
+		return err
+	}
+	for c := range ch {
+		if c.Err != nil {
+			return c.Err
+		}
+	}
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/enginetest"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -182,16 +183,7 @@ func TestEngineViewsWhileRunning(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	run := func(toks []kv.Token) error {
-		ch, err := e.Generate(ctx, &engine.Request{ID: "r", Tokens: toks, Sampling: kv.Sampling{MaxTokens: 2, Seed: 1}})
-		if err != nil {
-			return err
-		}
-		for c := range ch {
-			if c.Err != nil {
-				return c.Err
-			}
-		}
-		return nil
+		return enginetest.Run(ctx, e, &engine.Request{ID: "r", Tokens: toks, Sampling: kv.Sampling{MaxTokens: 2, Seed: 1}})
 	}
 	prompt := promptOf(6*cfg.BlockSize+1, 5)
 	seqs := seqOf(cfg, prompt)
