@@ -39,13 +39,13 @@ const DefaultHandoffTTL = 30 * time.Second
 // Handoff is the sim's connector parameters: what a prefill rank answers
 // and a decode rank pulls with.
 type Handoff struct {
-	Version   int               `json:"kvmesh_sim_handoff"`
-	Endpoint  string            `json:"endpoint"` // the prefill rank's control endpoint ("" if it serves none)
-	DPRank    int               `json:"dp_rank"`
-	RequestID string            `json:"request_id"`
-	Digest    string            `json:"digest"`
-	Hashes    []kv.EngineHash   `json:"block_hashes"` // the prompt's pinned full blocks, from the root
-	Expires   time.Time         `json:"expires_at"`
+	Version   int             `json:"kvmesh_sim_handoff"`
+	Endpoint  string          `json:"endpoint"` // the prefill rank's control endpoint ("" if it serves none)
+	DPRank    int             `json:"dp_rank"`
+	RequestID string          `json:"request_id"`
+	Digest    string          `json:"digest"`
+	Hashes    []kv.EngineHash `json:"block_hashes"` // the prompt's pinned full blocks, from the root
+	Expires   time.Time       `json:"expires_at"`
 }
 
 // ParseHandoff reads the sim's connector parameters; unknown keys are
