@@ -70,4 +70,3 @@ func TestAdmitLeg(t *testing.T) {
 		t.Fatalf("stripped params lost precision: %s", a.params)
 	}
 }
-
