@@ -116,6 +116,7 @@ type pdFleet struct {
 	decode  []*recEngine
 	agg     []*recEngine
 	keys    map[*recEngine]kv.WorkerKey
+	workers map[*recEngine]*worker.Worker
 	fails   atomic.Int32 // prefill legs to fail, on whichever workers they reach
 }
 
@@ -132,7 +133,7 @@ func startPD(t *testing.T, np, nd, na int, ttl time.Duration) *pdFleet {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	disc := discovery.Config{TTL: 3 * time.Second, Memory: true}
-	f := &pdFleet{reg: reg, keys: map[*recEngine]kv.WorkerKey{}}
+	f := &pdFleet{reg: reg, keys: map[*recEngine]kv.WorkerKey{}, workers: map[*recEngine]*worker.Worker{}}
 	add := func(role kv.Role) *recEngine {
 		cfg := sim.DefaultConfig()
 		cfg.Model, cfg.Role = pdModel, role
@@ -152,6 +153,7 @@ func startPD(t *testing.T, np, nd, na int, ttl time.Duration) *pdFleet {
 		}
 		t.Cleanup(func() { w.Close() })
 		f.keys[re] = kv.WorkerKey{Instance: w.InstanceID()}
+		f.workers[re] = w
 		return re
 	}
 	for range np {
@@ -431,5 +433,55 @@ func TestDisaggPools(t *testing.T) {
 	}
 	if v := m.metric(t, `kvmesh_fleet_requests_by_path_total{path="aggregated",reason=""}`); v != 4 {
 		t.Errorf("aggregated %v of 4 sequential requests (an idle aggregated pool is preferred)", v)
+	}
+}
+
+// A decode worker lost mid-stream is a lost worker like an aggregated one:
+// the stream fails with kv.ErrWorkerLost, and the attempt the frontend then
+// makes (prompt + what was generated) is planned again and continues the
+// answer exactly.
+func TestDisaggDecodeLostMidStream(t *testing.T) {
+	f := startPD(t, 1, 2, 0, time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p := prompt(40, 3000)
+	const n = 400
+	want := reference(t, p, n)
+	st, err := f.c.Generate(ctx, &kv.GenerateRequest{RequestID: "mig", Model: pdModel, Tokens: p, Sampling: kv.Sampling{MaxTokens: n, Seed: 99}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint32
+	for len(got) < 5 {
+		ch, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ch.Tokens...)
+	}
+	dec := slices.IndexFunc(f.decode, func(e *recEngine) bool { return len(e.requests("mig")) == 1 })
+	f.workers[f.decode[dec]].Close()
+	var lost error
+	for {
+		ch, err := st.Recv()
+		if err != nil {
+			lost = err
+			break
+		}
+		got = append(got, ch.Tokens...)
+		if ch.Finish != "" {
+			t.Fatalf("the stream finished (%d tokens) before its worker was closed", len(got))
+		}
+	}
+	st.Close()
+	if !errors.Is(lost, kv.ErrWorkerLost) {
+		t.Fatalf("decode worker closed mid-stream: %v, want kv.ErrWorkerLost", lost)
+	}
+	rest := pdTurn(ctx, f.c, "mig", concat(p, got), n-len(got))
+	if rest.err != nil || !slices.Equal(append(got, rest.toks...), want) {
+		t.Fatalf("migrated answer differs (%d + %d tokens): %v", len(got), len(rest.toks), rest.err)
+	}
+	if legs := legsOf(f.decode[1-dec:2-dec], "mig", kv.LegDecode); len(legs) != 1 {
+		t.Fatalf("the continuation ran %d decode legs on the other decode worker", len(legs))
 	}
 }
