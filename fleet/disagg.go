@@ -94,11 +94,26 @@ func (p pools) unservable(model string) string {
 	case p.agg > 0 || p.disagg():
 		return ""
 	case p.prefill > 0:
-		return fmt.Sprintf("model %s has %d prefill workers but no decode workers (and no aggregated ones)", model, p.prefill)
+		return fmt.Sprintf("model %s has %d prefill workers but no decode workers", model, p.prefill)
 	case p.decode > 0:
-		return fmt.Sprintf("model %s has %d decode workers but no prefill workers (and no aggregated ones)", model, p.decode)
+		return fmt.Sprintf("model %s has %d decode workers but no prefill workers", model, p.decode)
 	}
 	return fmt.Sprintf("no worker serves %s yet", model)
+}
+
+// Warnings names the models served by their aggregated workers while a
+// disaggregated pool lacks its other half.
+func (c *Cluster) Warnings() []string {
+	var out []string
+	for _, m := range c.cfg.Models {
+		p := c.pools(m)
+		if p.agg > 0 && !p.disagg() && (p.prefill > 0 || p.decode > 0) {
+			q := p
+			q.agg = 0
+			out = append(out, q.unservable(m)+"; the aggregated workers serve it")
+		}
+	}
+	return out
 }
 
 // generate chooses the path of one attempt and starts it.

@@ -421,9 +421,25 @@ func TestDisaggPools(t *testing.T) {
 		t.Fatalf("generate without a decode pool: %v", r.err)
 	}
 
-	m := startPD(t, 1, 1, 1, time.Minute)
-	if err := m.c.Ready(); err != nil {
+	if w := f.c.Warnings(); w != nil {
+		t.Fatalf("warnings %v without an aggregated pool (Ready says it)", w)
+	}
+	// Aggregated workers serve a model whose P/D pool is half there, and
+	// /health warns.
+	h := startPD(t, 0, 1, 1, time.Minute)
+	if err := h.c.Ready(); err != nil {
 		t.Fatal(err)
+	}
+	if w := h.c.Warnings(); len(w) != 1 || !strings.Contains(w[0], "1 decode workers but no prefill workers; the aggregated workers serve it") {
+		t.Fatalf("warnings %v", w)
+	}
+	if r := pdTurn(ctx, h.c, "half", prompt(2, 3000), 4); r.err != nil || legsOf(h.agg, "half", kv.LegWhole) == nil {
+		t.Fatalf("half P/D fleet: %+v", r)
+	}
+
+	m := startPD(t, 1, 1, 1, time.Minute)
+	if err := m.c.Ready(); err != nil || m.c.Warnings() != nil {
+		t.Fatal(err, m.c.Warnings())
 	}
 	for i := range 4 {
 		p := prompt(uint64(30+i), 3000)
