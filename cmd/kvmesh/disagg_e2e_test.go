@@ -126,9 +126,14 @@ func TestServeDisaggregated(t *testing.T) {
 		waitLegs(id)
 		hinted = checkLegs(t, legLogs(p.Stderr()), id) || hinted
 	}
+	// A fresh prefix: its first request computes it on one prefill worker;
+	// once the router's index has that worker's events, a turn the random
+	// pick sends to the other prefill worker is hinted. (Sent too soon, the
+	// other worker would compute the prefix too, and no hint would follow.)
+	prefix := strings.Repeat("A second conversation about hints. ", 120)
 	for i := 0; i < 12 && !hinted; i++ {
-		time.Sleep(50 * time.Millisecond) // the index learns the last turn's blocks
-		r, err := chatNew(ctx, client, chatParams(long+fmt.Sprintf(" Turn %d: %s", i, strings.Repeat("more words here ", 200)), 6, 4))
+		time.Sleep(300 * time.Millisecond) // the index learns the last turn's blocks
+		r, err := chatNew(ctx, client, chatParams(prefix+fmt.Sprintf(" Turn %d: %s", i, strings.Repeat("more words here ", 200)), 6, 4))
 		if err != nil {
 			t.Fatal(err)
 		}
