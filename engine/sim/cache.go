@@ -222,6 +222,9 @@ func (c *Core) Inventory() []kv.Event {
 			HasParent: b.HasParent, Parent: EngineHash(b.Parent), Blocks: []kv.StoredBlock{blk}})
 		open[b.Seq] = len(evs) - 1
 	}
+	if c.kb != nil {
+		evs = append(evs, c.kb.mgr.Inventory(c.cfg.Worker)...)
+	}
 	return evs
 }
 

@@ -28,6 +28,10 @@ type Metrics struct {
 	OutputTokens  int
 	CachedTokens  int // prompt tokens found in the cache at first admission (fetched ones included)
 	FetchedTokens int // prompt tokens the Fetcher brought in for it
+	// With a block manager (Config.KVBM): prompt tokens matched in its
+	// tiers at first admission, and of those onboarded from host and disk
+	// (all three included in CachedTokens once loaded).
+	ExternalTokens, HostTokens, DiskTokens int
 	Preemptions   int
 	Finish        kv.FinishReason
 }
@@ -60,6 +64,8 @@ type Seq struct {
 	ctxTail uint64
 
 	pendingXfer int64 // modelled transfer bytes charged to its first pass
+
+	kb *kbReq // connector state (Config.KVBM)
 
 	m Metrics
 
