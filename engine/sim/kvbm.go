@@ -98,11 +98,11 @@ type kbCore struct {
 
 // kbReq is one request's connector state in the Core.
 type kbReq struct {
-	id          string
-	isNew       bool // admitted since the last pass: the next output lists it as new
-	told        int  // table entries the connector knows
-	counted     bool // first admission's onboarding counted
-	host, disk  int  // tokens onboarded so far (cumulative, as the slot counts)
+	id         string
+	isNew      bool // admitted since the last pass: the next output lists it as new
+	told       int  // table entries the connector knows
+	counted    bool // first admission's onboarding counted
+	host, disk int  // tokens onboarded so far (cumulative, as the slot counts)
 }
 
 func (cfg *KVBMConfig) check(c Config) error {

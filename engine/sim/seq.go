@@ -32,8 +32,8 @@ type Metrics struct {
 	// tiers at first admission, and of those onboarded from host and disk
 	// (all three included in CachedTokens once loaded).
 	ExternalTokens, HostTokens, DiskTokens int
-	Preemptions   int
-	Finish        kv.FinishReason
+	Preemptions                            int
+	Finish                                 kv.FinishReason
 }
 
 // Seq is one request inside a Core. Its methods are safe to call from the
