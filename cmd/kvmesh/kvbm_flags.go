@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"math"
 
@@ -84,4 +86,12 @@ func (k *kvbmFlags) twin() *twin.KVBM {
 	}
 	return &twin.KVBM{HostBlocks: k.host, DiskBlocks: k.disk, DiskDir: k.dir,
 		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilterOff: k.filterOff}
+}
+
+// randomInstanceID is a worker instance id chosen before the engine starts
+// (the disk tier's file is named by it): non-zero, positive as int64.
+func randomInstanceID() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:])>>1 | 1
 }

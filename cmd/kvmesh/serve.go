@@ -171,6 +171,7 @@ func newServeCmd() *cobra.Command {
 	var stallTimeout time.Duration
 	var nf natsFlags
 	var dataDir string
+	var kf kvbmFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a whole kvmesh cluster in one process: embedded NATS, OpenAI frontend, router and simulated workers",
@@ -183,6 +184,11 @@ On startup it prints one line to stdout:
   kvmesh serve: model <name> on <n> simulated workers (router <mode>); OpenAI API at http://<host:port>/v1 (NATS <url>)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			sf.KVBM = nil
+			if err := kf.check(kv.RoleAggregated); err != nil {
+				return err
+			}
+			sf.KVBM = kf.sim()
 			return runServe(cmd, ff, sf, workers, stallTimeout, nf, dataDir)
 		},
 	}
@@ -198,6 +204,7 @@ On startup it prints one line to stdout:
 	f.IntVar(&sf.MaxSeqs, "max-seqs", sf.MaxSeqs, "sim: running sequences per step")
 	f.IntVar(&sf.DPSize, "dp-size", 1, "sim: data-parallel ranks per worker (each its own engine, cache, load and KV events; routed per rank)")
 	f.Float64Var(&sf.SpeedupRatio, "speedup-ratio", sf.SpeedupRatio, "sim: divide modelled time by this (0: no waiting)")
+	addKVBMFlags(f, &kf)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
 	return withEnv(cmd, "")
 }
@@ -268,6 +275,12 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	for i := 0; i < workers; i++ {
 		cfg := sf
 		cfg.Model, cfg.Role = ff.models[0], kv.RoleAggregated
+		var instance uint64
+		if sf.KVBM != nil {
+			// The disk tier's file is named by the instance.
+			instance = randomInstanceID()
+			cfg.Worker.Instance = instance
+		}
 		var eng *sim.Engine
 		var peer *worker.Peer
 		if ff.hints {
@@ -279,8 +292,14 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		if err != nil {
 			return fmt.Errorf("sim engine: %w", err)
 		}
-		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer,
-			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}, eng, nc)
+		wc := worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer,
+			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}
+		if sf.KVBM != nil {
+			// Per-tier hits on the frontend's /metrics.
+			wc.Registerer = reg
+			wc.InstanceID = instance
+		}
+		w, err := worker.New(wc, eng, nc)
 		if err != nil {
 			eng.Close()
 			return err

@@ -42,6 +42,7 @@ type workerFlags struct {
 	ringSize, dpSize              int
 	logLevel                      string
 	sim                           sim.Config
+	kvbm                          kvbmFlags
 }
 
 func newWorkerCmd() *cobra.Command {
@@ -91,6 +92,7 @@ On startup it prints one line to stdout:
 	f.Float64Var(&s.DecodeSpeedupRatio, "decode-speedup-ratio", s.DecodeSpeedupRatio, "sim: extra divisor for decode time")
 	f.IntVar(&s.Layers, "layers", s.Layers, "sim: payload layers per block")
 	f.IntVar(&s.PayloadSize, "payload-size", s.PayloadSize, "sim: payload bytes per block and layer")
+	addKVBMFlags(f, &wf.kvbm)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
 	return withEnv(cmd, "")
 }
@@ -134,12 +136,19 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	if err != nil {
 		return fmt.Errorf("--role: %w", err)
 	}
+	if err := wf.kvbm.check(role); err != nil {
+		return err
+	}
 	var id uint64
 	if wf.instanceID != "" {
 		id, err = strconv.ParseUint(strings.TrimPrefix(wf.instanceID, "0x"), 16, 64)
 		if err != nil || id == 0 {
 			return fmt.Errorf("--instance-id %q: want a non-zero hex number", wf.instanceID)
 		}
+	}
+	if id == 0 && wf.kvbm.disk > 0 {
+		// The disk tier's file is named by the instance: pick it here.
+		id = randomInstanceID()
 	}
 	if wf.controlListen != "" && len(wf.controlEndpoints) > 0 {
 		return errors.New("--control-listen and --control-endpoints: set one (served here, or elsewhere)")
@@ -168,6 +177,8 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	case "sim":
 		cfg := wf.sim
 		cfg.Model, cfg.Role, cfg.DPSize = wf.model, role, wf.dpSize
+		cfg.Worker.Instance = id
+		cfg.KVBM = wf.kvbm.sim()
 		if wf.controlListen != "" {
 			pm, err := worker.NewPeerMetrics(reg)
 			if err != nil {
