@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/frontend"
-	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // tierTokens sums a /metrics page's per-tier cached-token series.
