@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/kvbm"
+	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/twin"
 )
 
@@ -94,4 +96,42 @@ func randomInstanceID() uint64 {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return binary.LittleEndian.Uint64(b[:])>>1 | 1
+}
+
+// registerKVBMMetrics exposes a sim engine's block-manager totals on reg,
+// labelled like the worker's own series.
+func registerKVBMMetrics(reg prometheus.Registerer, eng *sim.Engine, model string, instance uint64) error {
+	cl := prometheus.Labels{"model": model, "instance": natsbus.InstanceToken(instance)}
+	type series struct {
+		name, help string
+		gauge      bool
+		v          func(sim.KVBMStats) uint64
+	}
+	var cs []prometheus.Collector
+	for _, s := range []series{
+		{"kvmesh_kvbm_host_blocks", "Blocks the host tier (G2) holds.", true, func(s sim.KVBMStats) uint64 { return uint64(s.HostBlocks) }},
+		{"kvmesh_kvbm_disk_blocks", "Blocks the disk tier (G3) holds.", true, func(s sim.KVBMStats) uint64 { return uint64(s.DiskBlocks) }},
+		{"kvmesh_kvbm_offloaded_host_blocks_total", "Blocks written to the host tier.", false, func(s sim.KVBMStats) uint64 { return s.OffloadedHost }},
+		{"kvmesh_kvbm_offloaded_disk_blocks_total", "Blocks written to the disk tier.", false, func(s sim.KVBMStats) uint64 { return s.OffloadedDisk }},
+		{"kvmesh_kvbm_onboarded_host_blocks_total", "Blocks loaded from the host tier onto the device, verified.", false, func(s sim.KVBMStats) uint64 { return s.OnboardedHost }},
+		{"kvmesh_kvbm_onboarded_disk_blocks_total", "Blocks loaded from the disk tier onto the device, verified.", false, func(s sim.KVBMStats) uint64 { return s.OnboardedDisk }},
+		{"kvmesh_kvbm_evicted_host_blocks_total", "Blocks evicted from the host tier.", false, func(s sim.KVBMStats) uint64 { return s.EvictedHost }},
+		{"kvmesh_kvbm_evicted_disk_blocks_total", "Blocks evicted from the disk tier.", false, func(s sim.KVBMStats) uint64 { return s.EvictedDisk }},
+		{"kvmesh_kvbm_recovered_disk_blocks_total", "Disk blocks found intact at start (same instance and disk directory).", false, func(s sim.KVBMStats) uint64 { return s.RecoveredDisk }},
+		{"kvmesh_kvbm_corrupt_blocks_total", "Blocks whose bytes failed their checksum (at onboarding or recovery), dropped.", false, func(s sim.KVBMStats) uint64 { return s.Corrupt }},
+		{"kvmesh_kvbm_errors_total", "Block-manager storage, device or connector errors.", false, func(s sim.KVBMStats) uint64 { return s.Errors + s.ConnectorErrors }},
+	} {
+		f := func() float64 { return float64(s.v(eng.KVBMStats())) }
+		if s.gauge {
+			cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: s.name, Help: s.help, ConstLabels: cl}, f))
+		} else {
+			cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: s.name, Help: s.help, ConstLabels: cl}, f))
+		}
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }

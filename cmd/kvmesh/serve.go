@@ -298,6 +298,10 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 			// Per-tier hits on the frontend's /metrics.
 			wc.Registerer = reg
 			wc.InstanceID = instance
+			if err := registerKVBMMetrics(reg, eng, cfg.Model, instance); err != nil {
+				eng.Close()
+				return err
+			}
 		}
 		w, err := worker.New(wc, eng, nc)
 		if err != nil {

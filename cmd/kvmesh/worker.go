@@ -146,7 +146,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 			return fmt.Errorf("--instance-id %q: want a non-zero hex number", wf.instanceID)
 		}
 	}
-	if id == 0 && wf.kvbm.disk > 0 {
+	if id == 0 && wf.kvbm.connector != "" {
 		// The disk tier's file is named by the instance: pick it here.
 		id = randomInstanceID()
 	}
@@ -199,6 +199,15 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		}
 	default:
 		return fmt.Errorf("--engine %q: only sim is available", wf.engine)
+	}
+	if s, ok := eng.(*sim.Engine); ok && wf.kvbm.connector != "" {
+		if err := registerKVBMMetrics(reg, s, wf.model, id); err != nil {
+			eng.Close()
+			return err
+		}
+		if st := s.KVBMStats(); st.RecoveredDisk > 0 || st.RecoveredCorrupt > 0 {
+			log.Info("kvbm disk tier recovered", "blocks", st.RecoveredDisk, "corrupt_dropped", st.RecoveredCorrupt, "dir", wf.kvbm.dir)
+		}
 	}
 
 	nc, err := natsbus.Connect(wf.nats.conn("kvmesh-worker "+wf.model, log))
