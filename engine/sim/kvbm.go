@@ -501,3 +501,35 @@ func (t *KVBMStats) add(s KVBMStats) {
 }
 
 var _ engine.Inventory = (*Engine)(nil)
+
+// pinTiers extends a pin of seqs' first n blocks on the device with the
+// host tier's blocks from there on, so a peer is served from G2 what the
+// device no longer holds.
+func (c *Core) pinTiers(seqs []kv.SeqHash, n int, release func()) (int, func()) {
+	if c.kb == nil || n == len(seqs) {
+		return n, release
+	}
+	staged := c.kb.mgr.PinHost(nil, seqs[n:])
+	if len(staged) == 0 {
+		return n, release
+	}
+	released := false
+	return n + len(staged), func() {
+		if released {
+			return
+		}
+		released = true
+		release()
+		c.kb.mgr.Release(staged)
+	}
+}
+
+// hostView is a host-tier block's pinned bytes and checksum, if the host
+// tier holds seq under a pin.
+func (c *Core) hostView(seq kv.SeqHash) ([]byte, uint64, bool) {
+	if c.kb == nil {
+		return nil, 0, false
+	}
+	v, sum, err := c.kb.mgr.HostView(seq)
+	return v, sum, err == nil
+}

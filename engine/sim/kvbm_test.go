@@ -217,3 +217,48 @@ func equalTokens(a, b []kv.Token) bool {
 	}
 	return true
 }
+
+// TestKVBMPinServesHostTier: a pin continues past the device prefix into
+// the host tier, whose pinned blocks a peer reads (view, copy, checksum)
+// with the bytes the device computed.
+func TestKVBMPinServesHostTier(t *testing.T) {
+	c := mustCore(t, kvbmConfig(64, 0, ""))
+	now := clock.Epoch
+	a := prompt(1, 40)
+	run(t, c, "a", a, 2, &now)
+	run(t, c, "b", prompt(2, 40), 2, &now)
+	run(t, c, "c", prompt(3, 40), 2, &now)
+	seqs := hashes(t, a, 4)
+	if _, err := c.ViewBlock(seqs[0]); err == nil {
+		t.Fatal("view of an unpinned block")
+	}
+	n, release := c.Pin(seqs)
+	if n != len(seqs) || c.Lookup(seqs) != 0 {
+		t.Fatalf("pinned %d of %d blocks (device holds %d)", n, len(seqs), c.Lookup(seqs))
+	}
+	want := make([]byte, c.cfg.PayloadSize)
+	for i, h := range seqs {
+		v, err := c.ViewBlock(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for l := range c.cfg.Layers {
+			kv.FillPayload(want, h, l)
+			if string(v[l*c.cfg.PayloadSize:(l+1)*c.cfg.PayloadSize]) != string(want) {
+				t.Fatalf("block %d layer %d: host bytes differ from the derivation", i, l)
+			}
+			got := make([]byte, c.cfg.PayloadSize)
+			if _, err := c.ReadPayload(h, l, got); err != nil || string(got) != string(want) {
+				t.Fatalf("ReadPayload block %d layer %d: %v", i, l, err)
+			}
+		}
+		if sum, ok := c.BlockChecksum(h); !ok || sum != kv.Checksum(v) {
+			t.Fatalf("block %d: checksum %016x %v, bytes %016x", i, sum, ok, kv.Checksum(v))
+		}
+	}
+	release()
+	release()
+	if _, err := c.ViewBlock(seqs[0]); err == nil {
+		t.Fatal("view after the pin was released")
+	}
+}
