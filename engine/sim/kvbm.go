@@ -103,6 +103,10 @@ type kbReq struct {
 	told       int  // table entries the connector knows
 	counted    bool // first admission's onboarding counted
 	host, disk int  // tokens onboarded so far (cumulative, as the slot counts)
+	// A match not yet allocated (the request waits for blocks): at device
+	// hit matchedAt, matched tokens, still pinned in the tiers.
+	matchedAt, matched int
+	staged             bool
 }
 
 func (cfg *KVBMConfig) check(c Config) error {
@@ -239,18 +243,25 @@ func (k *kbCore) match(s *Seq, computed int) int {
 		k.next++
 		s.kb = &kbReq{id: strconv.FormatUint(k.next, 36)}
 	}
+	q := s.kb
+	if q.staged && q.matchedAt == computed {
+		// Still waiting for blocks with the same device hit: the match
+		// is still pinned, no need to walk the tiers again.
+		return q.matched
+	}
 	n, _, err := k.lead.GetNumNewMatchedTokens(k.request(s), computed)
 	if err != nil {
 		k.fail(err)
 		return 0
 	}
+	q.staged, q.matchedAt, q.matched = true, computed, n
 	return n
 }
 
 // allocated is UpdateStateAfterAlloc once s's table holds the device hit,
 // the matched blocks and its first chunk's.
 func (k *kbCore) allocated(s *Seq, contextPos, ext int) {
-	s.kb.isNew, s.kb.told = true, len(s.table)
+	s.kb.isNew, s.kb.told, s.kb.staged = true, len(s.table), false
 	if err := k.lead.UpdateStateAfterAlloc(s.kb.id, k.blockIDs(s.table), contextPos); err != nil {
 		k.fail(err)
 	}
