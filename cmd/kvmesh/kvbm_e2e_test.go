@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
@@ -83,7 +84,9 @@ func TestKVBMFlagsChecked(t *testing.T) {
 		want string
 	}{
 		{"decode", kvbmFlags{connector: "kvbm", host: 8, hostBW: 1, diskBW: 1}, "decode worker runs no connector"},
-		{"aggregated", kvbmFlags{host: 8}, "need --connector kvbm"},
+		{"aggregated", kvbmFlags{host: 8}, "--kvbm-* flags need --connector kvbm"},
+		{"aggregated", kvbmFlags{hostBW: 1, diskBW: sim.DefaultDiskBandwidth}, "--kvbm-* flags need --connector kvbm"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, hostBW: 0, diskBW: 1}, "--kvbm-host-bandwidth 0"},
 		{"aggregated", kvbmFlags{connector: "lmcache", host: 8}, `--connector "lmcache"`},
 		{"aggregated", kvbmFlags{connector: "kvbm", hostBW: 1, diskBW: 1}, "give --kvbm-host-blocks or --kvbm-disk-blocks"},
 		{"prefill", kvbmFlags{connector: "kvbm", disk: 8, hostBW: 1, diskBW: 1}, "--kvbm-disk-blocks 8: give --kvbm-disk-dir"},

@@ -41,8 +41,9 @@ func addKVBMFlags(f *pflag.FlagSet, k *kvbmFlags) {
 func (k *kvbmFlags) check(role kv.Role) error {
 	switch k.connector {
 	case "":
-		if k.host != 0 || k.disk != 0 || k.dir != "" {
-			return fmt.Errorf("--kvbm-host-blocks, --kvbm-disk-blocks and --kvbm-disk-dir need --connector kvbm")
+		if k.host != 0 || k.disk != 0 || k.dir != "" || k.filterOff ||
+			k.hostBW != sim.DefaultHostBandwidth || k.diskBW != sim.DefaultDiskBandwidth {
+			return fmt.Errorf("--kvbm-* flags need --connector kvbm")
 		}
 		return nil
 	case twin.ConnectorKVBM:
