@@ -262,3 +262,47 @@ func TestKVBMPinServesHostTier(t *testing.T) {
 		t.Fatal("view after the pin was released")
 	}
 }
+
+// TestKVBMCorruptHostBlockIsRecomputed: a host block whose bytes rotted
+// fails verification on the device; it is dropped and counted, the engine
+// recomputes from it in the same pass, the answer is unchanged and only
+// the blocks before it count as cached.
+func TestKVBMCorruptHostBlockIsRecomputed(t *testing.T) {
+	c := mustCore(t, kvbmConfig(64, 0, ""))
+	now := clock.Epoch
+	a := prompt(1, 40)
+	run(t, c, "a", a, 2, &now)
+	run(t, c, "b", prompt(2, 40), 2, &now)
+	run(t, c, "c", prompt(3, 40), 2, &now)
+	seqs := hashes(t, a, 4)
+	staged := c.kb.mgr.PinHost(nil, seqs[4:5])
+	v, _, err := c.kb.mgr.HostView(seqs[4])
+	if err != nil {
+		t.Fatal(err)
+	}
+	v[7] ^= 0xff
+	c.kb.mgr.Release(staged)
+	again := run(t, c, "a2", a, 2, &now)
+	m := again.Metrics()
+	if m.HostTokens != 16 || m.CachedTokens != 16 {
+		t.Fatalf("host %d cached %d tokens, want the 16 before the corrupt block", m.HostTokens, m.CachedTokens)
+	}
+	if got, want := again.Output(), refOutput(a, 1, "", "", 2, 4, 1000, nil); !equalTokens(got, want) {
+		t.Fatalf("output %v, want %v", got, want)
+	}
+	st := c.KVBMStats()
+	if st.Corrupt != 1 || st.LoadFailures == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	// The recomputed blocks are on the device with the right bytes.
+	n, release := c.Pin(seqs)
+	defer release()
+	if n != len(seqs) {
+		t.Fatalf("pinned %d of %d after recompute", n, len(seqs))
+	}
+	want := make([]byte, c.cfg.PayloadSize)
+	kv.FillPayload(want, seqs[4], 0)
+	if v, err := c.ViewBlock(seqs[4]); err != nil || string(v[:c.cfg.PayloadSize]) != string(want) {
+		t.Fatalf("block 4 after recompute: %v", err)
+	}
+}
