@@ -86,7 +86,7 @@ func (c *Connector) Slot(id string) (SlotInfo, bool) {
 	if !ok {
 		return SlotInfo{}, false
 	}
-	return SlotInfo{Phase: s.phase, Tokens: len(s.tokens), DeviceBlocks: append([]DeviceBlockID(nil), s.blocks...),
+	return SlotInfo{Phase: s.phase, Tokens: s.n, DeviceBlocks: append([]DeviceBlockID(nil), s.blocks...),
 		Current: s.current, Evaluated: s.evaluated, Pending: s.pending,
 		LoadedHost: s.loadedHost * c.bs, LoadedDisk: s.loadedDisk * c.bs}, true
 }
@@ -118,15 +118,18 @@ func (c *Connector) match(r *Request, numComputed int) (int, bool, error) {
 	case s.phase == PhaseFinishing:
 		return 0, false, fmt.Errorf("kvbm: request %q: matched after it finished", r.ID)
 	}
-	s.setTokens(r.Tokens, c.bs)
-	if s.genOnly || numComputed%c.bs != 0 || len(s.tokens)-numComputed < c.bs {
+	if s.hashed != (r.Len > 0) {
+		return 0, false, fmt.Errorf("kvbm: request %q: given by tokens and by hashes", r.ID)
+	}
+	s.setRequest(r, c.bs)
+	if s.genOnly || numComputed%c.bs != 0 || s.n-numComputed < c.bs {
 		// Decode side, a device hit that is not block aligned (partial
 		// reuse), or under one full block left to find.
 		return 0, false, nil
 	}
 	skip := numComputed / c.bs
 	staged := c.m.Match(nil, s.seq[skip:])
-	if n := len(staged); n > 0 && (skip+n)*c.bs == len(s.tokens) {
+	if n := len(staged); n > 0 && (skip+n)*c.bs == s.n {
 		// The match covers the whole prompt: leave the last block (disk's
 		// if any, else host's) to compute, so the engine gets logits.
 		c.m.Release(staged[n-1:])
@@ -213,6 +216,8 @@ type sched struct {
 	req         *Request // isNew: the request, for one the connector has not seen
 	resumed     bool     // cached, back from preemption: blocks are a complete list
 	tokens      []kv.Token
+	hlen        int            // > 0: a hashed request's tokens known (tokens unused) ...
+	local       []kv.LocalHash // ... and the local hashes of their full blocks
 	blocks      []DeviceBlockID
 	numComputed int
 }
@@ -260,9 +265,16 @@ func (c *Connector) apply(st sched, numScheduled int) error {
 	if s.phase == PhaseFinishing {
 		return nil
 	}
-	if st.isNew {
+	if s.hashed != (st.hlen > 0) && (st.hlen > 0 || len(st.tokens) > 0) {
+		return fmt.Errorf("kvbm: request %q: given by tokens and by hashes", st.id)
+	}
+	known := s.n
+	switch {
+	case s.hashed:
+		s.setHashed(st.hlen, st.local)
+	case st.isNew:
 		s.setTokens(st.tokens, c.bs)
-	} else {
+	default:
 		s.appendTokens(st.tokens, c.bs)
 	}
 	if st.isNew || st.resumed {
@@ -273,7 +285,7 @@ func (c *Connector) apply(st sched, numScheduled int) error {
 		s.blocks = append(s.blocks, st.blocks...)
 	}
 	switch {
-	case len(st.tokens) > 0 && !st.isNew:
+	case s.n > known && !st.isNew:
 		s.phase = PhaseDecoding
 	case s.phase != PhaseDecoding:
 		s.phase = PhasePrefilling
@@ -285,7 +297,7 @@ func (c *Connector) apply(st sched, numScheduled int) error {
 		return fmt.Errorf("kvbm: request %q: %d computed + %d scheduled tokens need %d device blocks, the connector knows %d",
 			st.id, s.current, numScheduled, (end+c.bs-1)/c.bs, len(s.blocks))
 	}
-	if end > len(s.tokens) {
+	if end > s.n {
 		// The engine schedules tokens it has not given us yet: offload
 		// nothing beyond what is known (Dynamo does the same).
 		return nil

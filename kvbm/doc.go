@@ -15,7 +15,9 @@
 //
 // A block's identity is its kv.SeqHash (the LoRA and cache salt are already
 // mixed into the local-hash seed, so different adapters or tenants never
-// share a block). Only full blocks are offloaded or matched. Every block
+// share a block). An engine without a request's tokens (the sim replaying
+// a trace) gives it by its full blocks' local hashes instead (Request.Len,
+// Local). Only full blocks are offloaded or matched. Every block
 // moved carries the kv.Checksum of its bytes, computed once when it leaves
 // the device and verified each time it is onboarded; a block that fails is
 // dropped from its tier, counted, and the load stops at it (the engine
@@ -42,7 +44,8 @@
 // to disk, unfiltered. Onboarding matches a contiguous prefix in host, then
 // continues on disk from where host stopped; when the match would cover the
 // whole prompt its last block is dropped so the engine computes at least
-// one token.
+// one token. A peer may read host blocks too: PinHost pins a prefix and
+// HostView hands out the arena's bytes while the pin lasts.
 //
 // # Disk layout and fsync policy
 //

@@ -8,7 +8,10 @@ type EventSink func(batch []kv.Event)
 
 // eventLog batches the events of one public call: consecutive stores of one
 // chain on one tier become one Stored event, consecutive removals on one
-// tier one Removed event.
+// tier one Removed event. An eviction while a chain is being stored (a full
+// tier evicts a block per block it stores) goes ahead of that chain's open
+// Stored event when it names none of the chain's blocks nor its parent,
+// where it commutes; so the chain stays one event. Ids are given at flush.
 type eventLog struct {
 	sink   EventSink
 	worker kv.WorkerKey
@@ -34,27 +37,46 @@ func (l *eventLog) stored(t kv.Tier, m BlockMeta) {
 		p := kv.EngineHash(m.Parent)
 		parent = &p
 	}
-	l.nextID++
-	e := kv.Stored(l.worker, t, parent, []kv.StoredBlock{b})
-	e.ID = l.nextID
-	l.batch = append(l.batch, e)
+	l.batch = append(l.batch, kv.Stored(l.worker, t, parent, []kv.StoredBlock{b}))
 }
 
 func (l *eventLog) removed(t kv.Tier, h kv.SeqHash) {
 	if l.sink == nil {
 		return
 	}
-	if n := len(l.batch); n > 0 {
+	eng := kv.EngineHash(h)
+	n := len(l.batch)
+	if n > 0 {
 		e := &l.batch[n-1]
 		if e.Kind == kv.EventRemoved && e.Tier == t {
-			e.Removed = append(e.Removed, kv.EngineHash(h))
+			e.Removed = append(e.Removed, eng)
+			return
+		}
+		if e.Kind == kv.EventStored && e.Tier == t && commutes(e, eng) {
+			if n > 1 && l.batch[n-2].Kind == kv.EventRemoved && l.batch[n-2].Tier == t {
+				l.batch[n-2].Removed = append(l.batch[n-2].Removed, eng)
+				return
+			}
+			l.batch = append(l.batch, kv.Event{})
+			copy(l.batch[n:], l.batch[n-1:n])
+			l.batch[n-1] = kv.Removed(l.worker, t, []kv.EngineHash{eng})
 			return
 		}
 	}
-	l.nextID++
-	e := kv.Removed(l.worker, t, []kv.EngineHash{kv.EngineHash(h)})
-	e.ID = l.nextID
-	l.batch = append(l.batch, e)
+	l.batch = append(l.batch, kv.Removed(l.worker, t, []kv.EngineHash{eng}))
+}
+
+// commutes reports whether removing eng may move ahead of Stored event e.
+func commutes(e *kv.Event, eng kv.EngineHash) bool {
+	if e.HasParent && e.Parent == eng {
+		return false
+	}
+	for _, b := range e.Blocks {
+		if b.EngineHash == eng {
+			return false
+		}
+	}
+	return true
 }
 
 func (l *eventLog) flush() {
@@ -63,5 +85,9 @@ func (l *eventLog) flush() {
 	}
 	b := l.batch
 	l.batch = nil
+	for i := range b {
+		l.nextID++
+		b[i].ID = l.nextID
+	}
 	l.sink(b)
 }

@@ -17,6 +17,12 @@ type Request struct {
 	// prompt KV arrives from the prefill worker, so the connector matches
 	// nothing for it.
 	GenerationOnly bool
+	// Len > 0 gives the request by hashes instead of Tokens (an engine
+	// that, like the sim replaying a trace, has no tokens for its prompt):
+	// Len tokens are known and Local holds the local hashes of all their
+	// full blocks. Such a request is given by hashes for its whole life.
+	Len   int
+	Local []kv.LocalHash
 }
 
 // Phase is where a request's slot stands.
@@ -50,7 +56,9 @@ type slot struct {
 	seed     uint64
 	priority uint32
 	genOnly  bool
-	tokens   []kv.Token
+	tokens   []kv.Token // nil when given by hashes
+	n        int        // tokens known
+	hashed   bool       // given by hashes (Request.Len)
 	local    []kv.LocalHash
 	seq      []kv.SeqHash
 	blocks   []DeviceBlockID
@@ -68,22 +76,49 @@ type slot struct {
 }
 
 func newSlot(r *Request, bs int) *slot {
-	s := &slot{id: r.ID, seed: kv.Seed(r.LoRA, r.Salt), priority: r.Priority, genOnly: r.GenerationOnly}
-	s.setTokens(r.Tokens, bs)
+	s := &slot{id: r.ID, seed: kv.Seed(r.LoRA, r.Salt), priority: r.Priority, genOnly: r.GenerationOnly, hashed: r.Len > 0}
+	s.setRequest(r, bs)
 	return s
+}
+
+// setRequest brings the slot up to what r knows.
+func (s *slot) setRequest(r *Request, bs int) {
+	if s.hashed {
+		s.setHashed(r.Len, r.Local)
+	} else {
+		s.setTokens(r.Tokens, bs)
+	}
+}
+
+// setHashed makes the slot know n tokens whose full blocks have the local
+// hashes local (a longer list extends the slot's).
+func (s *slot) setHashed(n int, local []kv.LocalHash) {
+	if n <= s.n {
+		return
+	}
+	s.n = n
+	for b := len(s.local); b < len(local); b++ {
+		h := kv.SeqHash(local[b])
+		if b > 0 {
+			h = kv.ChainHash(s.seq[b-1], local[b])
+		}
+		s.local = append(s.local, local[b])
+		s.seq = append(s.seq, h)
+	}
 }
 
 // setTokens makes toks the request's tokens (a longer list extends them).
 func (s *slot) setTokens(toks []kv.Token, bs int) {
-	if len(toks) <= len(s.tokens) {
+	if len(toks) <= s.n {
 		return
 	}
-	s.appendTokens(toks[len(s.tokens):], bs)
+	s.appendTokens(toks[s.n:], bs)
 }
 
 // appendTokens adds tokens and hashes the blocks they complete.
 func (s *slot) appendTokens(toks []kv.Token, bs int) {
 	s.tokens = append(s.tokens, toks...)
+	s.n = len(s.tokens)
 	for b := len(s.local); (b+1)*bs <= len(s.tokens); b++ {
 		l := kv.HashTokens(s.tokens[b*bs:(b+1)*bs], s.seed)
 		h := kv.SeqHash(l)

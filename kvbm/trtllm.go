@@ -37,6 +37,11 @@ type TRTLLMRequestData struct {
 	NewBlockIDs      []DeviceBlockID
 	ComputedPosition int      // tokens whose KV is on the device before this step
 	Req              *Request // new requests: the request, if never matched
+	// A request given by hashes (Request.Len) gives, instead of NewTokens,
+	// every token it knows by count and the local hashes of their full
+	// blocks.
+	Len   int
+	Local []kv.LocalHash
 }
 
 // TRTLLMSchedulerOutput is a TensorRT-LLM scheduler step; every scheduled
@@ -52,11 +57,12 @@ type TRTLLMSchedulerOutput struct {
 func (l *TRTLLMLeader) BuildConnectorMeta(out *TRTLLMSchedulerOutput) (*Metadata, error) {
 	steps := make([]sched, 0, len(out.NewRequests)+len(out.CachedRequests))
 	for _, r := range out.NewRequests {
-		steps = append(steps, sched{id: r.ID, isNew: true, req: r.Req, tokens: r.NewTokens,
+		steps = append(steps, sched{id: r.ID, isNew: true, req: r.Req, tokens: r.NewTokens, hlen: r.Len, local: r.Local,
 			blocks: r.NewBlockIDs, numComputed: r.ComputedPosition})
 	}
 	for _, r := range out.CachedRequests {
-		steps = append(steps, sched{id: r.ID, tokens: r.NewTokens, blocks: r.NewBlockIDs, numComputed: r.ComputedPosition})
+		steps = append(steps, sched{id: r.ID, tokens: r.NewTokens, hlen: r.Len, local: r.Local,
+			blocks: r.NewBlockIDs, numComputed: r.ComputedPosition})
 	}
 	return l.c.build(steps, out.NumScheduledTokens)
 }

@@ -47,6 +47,8 @@ type Result struct {
 	PredictedHit float64 `json:"predicted_hit"`
 
 	Hints HintStats `json:"hints"`
+	// KVBM is the block managers' totals (Config.KVBM).
+	KVBM *KVBMResult `json:"kvbm,omitempty"`
 
 	Passes        int64  `json:"passes"`
 	Preemptions   int64  `json:"preemptions"`
@@ -139,8 +141,13 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	fmt.Fprintf(&b, "  throughput  %.1f output tok/s, %.3f req/s\n", r.OutputTokPerS, r.ReqPerS)
 	fmt.Fprintf(&b, "  host        %.3f s wall, %.3f s CPU; %d KV events indexed, %d blocks evicted\n", r.Wall.Seconds(), r.CPU.Seconds(), r.IndexEvents, r.EvictedBlocks)
 	h := r.Hit
-	fmt.Fprintf(&b, "  prefix hit  %.4f = device %.4f + peers %.4f + host %.4f + disk %.4f (host/disk: no KVBM tiers yet); router predicted %.4f\n",
-		h.Total, h.Device, h.Peers, h.Host, h.Disk, r.PredictedHit)
+	note := " (host/disk: no KVBM tiers yet)"
+	if r.KVBM != nil {
+		note = ""
+	}
+	fmt.Fprintf(&b, "  prefix hit  %.4f = device %.4f + peers %.4f + host %.4f + disk %.4f%s; router predicted %.4f\n",
+		h.Total, h.Device, h.Peers, h.Host, h.Disk, note, r.PredictedHit)
+	b.WriteString(r.kvbmLine())
 	if r.Mode == ModeKVHints {
 		hs := r.Hints
 		fmt.Fprintf(&b, "  hints       %d hints, %d blocks planned, %d fetched (%.2f GiB modelled, %d payload bytes verified), %d misses, %d errors\n",

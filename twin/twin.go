@@ -120,6 +120,9 @@ type Config struct {
 	ApproxTTL time.Duration `json:"approx_ttl_ns,omitempty"`
 	// Cost overrides the router's cost model (nil: router.DefaultCost).
 	Cost *router.CostModel `json:"cost,omitempty"`
+	// KVBM, when set, runs the kvbm connector on every worker (host and
+	// disk tiers behind the device pool).
+	KVBM *KVBM `json:"kvbm,omitempty"`
 }
 
 // Normalize fills zero fields with their defaults and checks the rest.
@@ -172,6 +175,10 @@ func (c Config) Normalize() (Config, error) {
 		return c, errors.New("twin: transfer bandwidth must be finite and KV sizes not negative")
 	case c.LoadInterval < 0 || c.ApproxTTL < 0:
 		return c, errors.New("twin: load interval and approx TTL must not be negative")
+	case c.KVBM != nil:
+		if err := c.KVBM.check(); err != nil {
+			return c, err
+		}
 	case c.MaxKVUsage < 0 || c.MaxPrefillTokens < 0:
 		return c, errors.New("twin: busy thresholds must not be negative")
 	}
@@ -260,6 +267,10 @@ func Run(ctx context.Context, wl *Workload, cfg Config) (*Result, error) {
 	}
 	defer wl.putHasher(t.ph)
 	if err := t.loop(ctx); err != nil {
+		t.kvbmResult()
+		return nil, err
+	}
+	if err := t.kvbmResult(); err != nil {
 		return nil, err
 	}
 	// Every decision was closed at its request's end, so the router must
@@ -325,9 +336,13 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 		sc.SpeedupRatio = 0
 		sc.TransferBandwidth = cfg.TransferBandwidth
 		sc.TransferBytesPerBlock = cfg.TransferBytesPerBlock
+		if cfg.KVBM != nil {
+			// Real bytes move through the tiers.
+			sc.KVBM = cfg.KVBM.sim(t.vc)
+		}
 		if hints {
 			sc.Fetcher = t.fetch
-		} else {
+		} else if cfg.KVBM == nil {
 			// Payload bytes are only ever read by a peer fetch; without
 			// hints, skip filling them for every stored block.
 			sc.Layers = 0
@@ -654,8 +669,10 @@ func (t *twin) complete(st *request, now time.Time, nowNS int64) {
 	peers := min(m.FetchedTokens, m.CachedTokens)
 	h := &t.res.Hit
 	h.PromptTokens += int64(m.PromptTokens)
-	h.DeviceTokens += int64(m.CachedTokens - peers)
+	h.DeviceTokens += int64(m.CachedTokens - peers - m.HostTokens - m.DiskTokens)
 	h.PeerTokens += int64(peers)
+	h.HostTokens += int64(m.HostTokens)
+	h.DiskTokens += int64(m.DiskTokens)
 	t.res.OutputTokens += int64(m.OutputTokens)
 	t.res.Requests++
 	t.res.Preemptions += int64(m.Preemptions)
@@ -763,7 +780,7 @@ func (t *twin) finishResult() {
 		p := float64(h.PromptTokens)
 		h.Device = float64(h.DeviceTokens) / p
 		h.Peers = float64(h.PeerTokens) / p
-		h.Host, h.Disk = 0, 0 // no KVBM tiers in the twin yet
+		h.Host, h.Disk = float64(h.HostTokens)/p, float64(h.DiskTokens)/p
 		h.Total = float64(h.DeviceTokens+h.PeerTokens+h.HostTokens+h.DiskTokens) / p
 		r.PredictedHit = float64(t.predicted) / p
 	}

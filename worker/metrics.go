@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/natsbus"
 )
 
@@ -25,6 +26,7 @@ type metrics struct {
 	inflight prometheus.Gauge
 	prompt   prometheus.Counter
 	cached   prometheus.Counter
+	byTier   *prometheus.CounterVec
 	output   prometheus.Counter
 	stalls   prometheus.Counter
 	healthy  prometheus.Gauge
@@ -47,6 +49,9 @@ func newMetrics(w *Worker) *metrics {
 			Help: "Generate streams being served.", ConstLabels: cl}),
 		prompt: counter("kvmesh_worker_prompt_tokens_total", "Prompt tokens of finished requests."),
 		cached: counter("kvmesh_worker_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache; divided by kvmesh_worker_prompt_tokens_total it is the KV hit rate."),
+		byTier: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_worker_cached_prompt_tokens_by_tier_total",
+			Help:        "Cached prompt tokens by where they were found: device (peer fetches included), or a KV block manager's host or disk tier.",
+			ConstLabels: cl}, []string{"tier"}),
 		output: counter("kvmesh_worker_output_tokens_total", "Tokens streamed to callers."),
 		stalls: counter("kvmesh_worker_engine_stalls_total", "Times the watchdog found the engine stalled (streams in flight, no output for the stall timeout)."),
 		healthy: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvmesh_worker_healthy",
@@ -62,7 +67,10 @@ func newMetrics(w *Worker) *metrics {
 			return float64([3]int64{b, e, f}[i])
 		}
 	}
-	m.all = []prometheus.Collector{m.requests, m.inflight, m.prompt, m.cached, m.output, m.stalls, m.healthy,
+	for _, t := range []string{"device", "host", "disk"} {
+		m.byTier.WithLabelValues(t)
+	}
+	m.all = []prometheus.Collector{m.requests, m.inflight, m.prompt, m.cached, m.byTier, m.output, m.stalls, m.healthy,
 		counterFunc("kvmesh_worker_kv_hints_total", "Requests that carried a KV hint.", func() float64 { return float64(w.hints.Load()) }),
 		counterFunc("kvmesh_worker_kv_transfer_params_total", "Requests that carried KV transfer parameters (disaggregated serving).", func() float64 { return float64(w.transferParams.Load()) }),
 		counterFunc("kvmesh_worker_decode_hints_dropped_total", "KV hints dropped because the request was a decode handoff (a hint is applied on the prefill leg only).", func() float64 { return float64(w.decodeHints.Load()) }),
@@ -94,4 +102,12 @@ func (m *metrics) unregister(reg prometheus.Registerer) {
 	for _, c := range m.all {
 		reg.Unregister(c)
 	}
+}
+
+// addTiers splits a finished request's cached tokens by tier.
+func (m *metrics) addTiers(u *engine.Usage) {
+	dev := u.CachedTokens - u.HostCachedTokens - u.DiskCachedTokens
+	m.byTier.WithLabelValues("device").Add(float64(max(dev, 0)))
+	m.byTier.WithLabelValues("host").Add(float64(u.HostCachedTokens))
+	m.byTier.WithLabelValues("disk").Add(float64(u.DiskCachedTokens))
 }

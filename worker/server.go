@@ -137,6 +137,7 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 				if u := c.Usage; u != nil {
 					w.met.prompt.Add(float64(u.PromptTokens))
 					w.met.cached.Add(float64(u.CachedTokens))
+					w.met.addTiers(u)
 				}
 				return resultFinished, nil
 			}

@@ -54,6 +54,8 @@ func TestBadFlagsExitEarly(t *testing.T) {
 		{[]string{"worker", "--nats", "nats://127.0.0.1:1", "--advertise-host", "127.0.0.1"}, "kvmesh: --advertise-host names the host peers dial for --control-listen; without it nothing is advertised\n"},
 		{[]string{"worker", "--nats", "nats://127.0.0.1:1", "--control-listen", "127.0.0.1:0", "--advertise-host", "my_host"}, "kvmesh: --advertise-host: hostname \"my_host\": invalid character '_'\n"},
 		{[]string{"worker", "--nats", "nats://127.0.0.1:1", "--control-endpoints", "tcp://my_host:9000"}, "kvmesh: --control-endpoints (rank 0): endpoint \"tcp://my_host:9000\": hostname \"my_host\": invalid character '_'\n"},
+		{append(serve, "--connector", "kvbm", "--kvbm-disk-blocks", "8"), "kvmesh: --kvbm-disk-blocks 8: give --kvbm-disk-dir\n"},
+		{[]string{"worker", "--nats", "nats://127.0.0.1:1", "--role", "decode", "--connector", "kvbm", "--kvbm-host-blocks", "8"}, "kvmesh: --connector kvbm: a decode worker runs no connector (its prompt KV comes from its prefill peer); run kvbm on the prefill workers\n"},
 		{append(serve, "--data-dir", "/nonexistent"), "kvmesh: --data-dir is the embedded NATS server's store; with --nats there is none\n"},
 		{[]string{"events", "listen", "--endpoint", "tcp://127.0.0.1:1", "--count", "-1"}, "kvmesh: --count -1: want ≥ 0 (0: until the timeout or Ctrl-C)\n"},
 		{[]string{"events", "listen", "--endpoint", "tcp://127.0.0.1:1", "--timeout", "-1s"}, "kvmesh: --timeout -1s: want ≥ 0 (0: wait forever)\n"},

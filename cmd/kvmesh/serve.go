@@ -187,6 +187,7 @@ func newServeCmd() *cobra.Command {
 	var stallTimeout time.Duration
 	var nf natsFlags
 	var dataDir string
+	var kf kvbmFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a whole kvmesh cluster in one process: embedded NATS, OpenAI frontend, router and simulated workers",
@@ -202,6 +203,11 @@ On startup it prints one line to stdout:
 			if (pd.prefill > 0 || pd.decode > 0) && !cmd.Flags().Changed("workers") {
 				workers = 0 // a P/D fleet unless aggregated workers are asked for too
 			}
+			sf.KVBM = nil
+			if err := kf.check(kv.RoleAggregated); err != nil {
+				return err
+			}
+			sf.KVBM = kf.sim()
 			return runServe(cmd, ff, sf, workers, pd, stallTimeout, nf, dataDir)
 		},
 	}
@@ -220,6 +226,7 @@ On startup it prints one line to stdout:
 	f.IntVar(&sf.MaxSeqs, "max-seqs", sf.MaxSeqs, "sim: running sequences per step")
 	f.IntVar(&sf.DPSize, "dp-size", 1, "sim: data-parallel ranks per worker (each its own engine, cache, load and KV events; routed per rank)")
 	f.Float64Var(&sf.SpeedupRatio, "speedup-ratio", sf.SpeedupRatio, "sim: divide modelled time by this (0: no waiting)")
+	addKVBMFlags(f, &kf)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
 	return withEnv(cmd, "")
 }
@@ -318,6 +325,15 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	for i, role := range roles {
 		cfg := sf
 		cfg.Model, cfg.Role = ff.models[0], role
+		if role == kv.RoleDecode {
+			cfg.KVBM = nil // KVBM runs on the prefill side only
+		}
+		var instance uint64
+		if cfg.KVBM != nil {
+			// The disk tier's file is named by the instance.
+			instance = randomInstanceID()
+			cfg.Worker.Instance = instance
+		}
 		var eng *sim.Engine
 		var peer *worker.Peer
 		if ff.hints || role != kv.RoleAggregated {
@@ -329,8 +345,16 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		if err != nil {
 			return fmt.Errorf("sim engine: %w", err)
 		}
-		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer, Registerer: reg,
-			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}, eng, nc)
+		wc := worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer, Registerer: reg,
+			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}
+		if cfg.KVBM != nil {
+			wc.InstanceID = instance
+			if err := registerKVBMMetrics(reg, eng, cfg.Model, instance); err != nil {
+				eng.Close()
+				return err
+			}
+		}
+		w, err := worker.New(wc, eng, nc)
 		if err != nil {
 			eng.Close()
 			return err

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/twin"
 )
@@ -31,6 +32,7 @@ type twinFlags struct {
 	prefillScale   float64
 	workWeight     float64
 	temperature    float64
+	kvbm           kvbmFlags
 }
 
 func init() { rootCmd.AddCommand(newTwinCmd()) }
@@ -94,6 +96,7 @@ variable (--trace also reads KVMESH_TRACE).`,
 	f.Float64Var(&tf.prefillScale, "prefill-scale", 1, "router cost: weight of prefill blocks against decode blocks (Dynamo's overlap weight)")
 	f.Float64Var(&tf.workWeight, "work-weight", router.TimeCost().WorkWeight, "router time cost: weight of the request's own prefill time on top of its predicted TTFT")
 	f.Float64Var(&tf.temperature, "temperature", 0, "router cost: softmax temperature (0: arg-min)")
+	addKVBMFlags(f, &tf.kvbm)
 	return withEnv(cmd, "TWIN_")
 }
 
@@ -174,6 +177,10 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 	if tf.cfg.MaxKVUsage < 0 || tf.cfg.MaxKVUsage > 1 || math.IsNaN(tf.cfg.MaxKVUsage) {
 		return fmt.Errorf("twin: --busy-kv-usage %g, want a fraction in [0, 1]", tf.cfg.MaxKVUsage)
 	}
+	if err := tf.kvbm.check(kv.RoleAggregated); err != nil {
+		return fmt.Errorf("twin: %w", err)
+	}
+	tf.cfg.KVBM = tf.kvbm.twin()
 	if tf.out != "" {
 		// Fail before the replay, not after it.
 		if err := os.MkdirAll(tf.out, 0o755); err != nil {

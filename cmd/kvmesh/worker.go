@@ -42,6 +42,7 @@ type workerFlags struct {
 	ringSize, dpSize              int
 	logLevel                      string
 	sim                           sim.Config
+	kvbm                          kvbmFlags
 }
 
 func newWorkerCmd() *cobra.Command {
@@ -92,6 +93,7 @@ On startup it prints one line to stdout:
 	f.Float64Var(&s.DecodeSpeedupRatio, "decode-speedup-ratio", s.DecodeSpeedupRatio, "sim: extra divisor for decode time")
 	f.IntVar(&s.Layers, "layers", s.Layers, "sim: payload layers per block")
 	f.IntVar(&s.PayloadSize, "payload-size", s.PayloadSize, "sim: payload bytes per block and layer")
+	addKVBMFlags(f, &wf.kvbm)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
 	return withEnv(cmd, "")
 }
@@ -135,6 +137,9 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	if err != nil {
 		return fmt.Errorf("--role: %w", err)
 	}
+	if err := wf.kvbm.check(role); err != nil {
+		return err
+	}
 	var id uint64
 	if wf.instanceID != "" {
 		id, err = strconv.ParseUint(strings.TrimPrefix(wf.instanceID, "0x"), 16, 64)
@@ -147,6 +152,10 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	}
 	if wf.sim.Disagg.TTL <= 0 {
 		return fmt.Errorf("--disagg-handoff-ttl %v: want > 0", wf.sim.Disagg.TTL)
+	}
+	if id == 0 && wf.kvbm.connector != "" {
+		// The disk tier's file is named by the instance: pick it here.
+		id = randomInstanceID()
 	}
 	if wf.controlListen != "" && len(wf.controlEndpoints) > 0 {
 		return errors.New("--control-listen and --control-endpoints: set one (served here, or elsewhere)")
@@ -175,6 +184,8 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	case "sim":
 		cfg := wf.sim
 		cfg.Model, cfg.Role, cfg.DPSize = wf.model, role, wf.dpSize
+		cfg.Worker.Instance = id
+		cfg.KVBM = wf.kvbm.sim()
 		// A decode worker pulls its prompts' KV over the transfer client
 		// even when it serves none.
 		if wf.controlListen != "" || role == kv.RoleDecode {
@@ -197,6 +208,15 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		}
 	default:
 		return fmt.Errorf("--engine %q: only sim is available", wf.engine)
+	}
+	if s, ok := eng.(*sim.Engine); ok && wf.kvbm.connector != "" {
+		if err := registerKVBMMetrics(reg, s, wf.model, id); err != nil {
+			eng.Close()
+			return err
+		}
+		if st := s.KVBMStats(); st.RecoveredDisk > 0 || st.RecoveredCorrupt > 0 {
+			log.Info("kvbm disk tier recovered", "blocks", st.RecoveredDisk, "corrupt_dropped", st.RecoveredCorrupt, "dir", wf.kvbm.dir)
+		}
 	}
 
 	nc, err := natsbus.Connect(wf.nats.conn("kvmesh-worker "+wf.model, log))

@@ -18,7 +18,7 @@ func (c *Core) Lookup(seqs []kv.SeqHash) int {
 // which is safe to call more than once.
 func (c *Core) Pin(seqs []kv.SeqHash) (int, func()) {
 	ids, release := c.pinBlocks(seqs)
-	return len(ids), release
+	return c.pinTiers(seqs, len(ids), release)
 }
 
 // PinBlocks is Pin that also returns the pinned blocks' ids in the pool:
@@ -52,7 +52,8 @@ func (c *Core) pinBlocks(seqs []kv.SeqHash) ([]int32, func()) {
 // returns the byte count.
 func (c *Core) ReadPayload(seq kv.SeqHash, layer int, dst []byte) (int, error) {
 	id, ok := c.pool.byHash.Get(seq)
-	if !ok {
+	hv, _, inHost := c.hostView(seq)
+	if !ok && !inHost {
 		return 0, fmt.Errorf("sim: block %016x is not cached", seq)
 	}
 	if layer < 0 || layer >= c.cfg.Layers {
@@ -60,6 +61,10 @@ func (c *Core) ReadPayload(seq kv.SeqHash, layer int, dst []byte) (int, error) {
 	}
 	if len(dst) < c.cfg.PayloadSize {
 		return 0, fmt.Errorf("sim: payload buffer of %d bytes, need %d", len(dst), c.cfg.PayloadSize)
+	}
+	if inHost {
+		// A pinned host-tier block (Pin serves G2 past the device prefix).
+		return copy(dst, hv[layer*c.cfg.PayloadSize:(layer+1)*c.cfg.PayloadSize]), nil
 	}
 	c.pool.fill(id)
 	return copy(dst, c.pool.payload(id, layer)), nil
@@ -221,6 +226,9 @@ func (c *Core) Inventory() []kv.Event {
 		evs = append(evs, kv.Event{Worker: c.cfg.Worker, Tier: kv.TierDevice, Kind: kv.EventStored,
 			HasParent: b.HasParent, Parent: EngineHash(b.Parent), Blocks: []kv.StoredBlock{blk}})
 		open[b.Seq] = len(evs) - 1
+	}
+	if c.kb != nil {
+		evs = append(evs, c.kb.mgr.Inventory(c.cfg.Worker)...)
 	}
 	return evs
 }

@@ -74,6 +74,9 @@ type Config struct {
 	// OmitEventTokens leaves kv.Event.Tokens empty (saves copying when the
 	// consumer only needs hashes, as in the twin).
 	OmitEventTokens bool
+	// KVBM, when set, puts a KV block manager (host and disk tiers) behind
+	// the device pool, driven through its connector (kvbm.go).
+	KVBM *KVBMConfig
 	// Clock drives the Engine wrapper (nil means wall time). Core ignores it:
 	// its driver passes the time in.
 	Clock clock.Clock
@@ -160,6 +163,11 @@ func (c Config) normalize() (Config, error) {
 		return c, fmt.Errorf("sim config: dp size %d, want 1 to 1024", c.DPSize)
 	case c.TransferBytesPerBlock < 0:
 		return c, fmt.Errorf("sim config: transfer bytes per block %d, want ≥ 0", c.TransferBytesPerBlock)
+	}
+	if c.KVBM != nil {
+		if err := c.KVBM.check(c); err != nil {
+			return c, err
+		}
 	}
 	return c, nil
 }

@@ -97,6 +97,7 @@ type Core struct {
 	scratch  []kv.Token
 	res      StepResult
 	counters Counters
+	kb       *kbCore // block manager and connector (Config.KVBM), or nil
 }
 
 // NewCore builds a Core; zero sizes in cfg take the defaults.
@@ -117,6 +118,11 @@ func NewCore(cfg Config) (*Core, error) {
 	if cfg.StoreChecksums {
 		c.pool.sums = make([]uint64, cfg.Blocks)
 	}
+	if cfg.KVBM != nil {
+		if c.kb, err = newKB(c); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -125,7 +131,12 @@ func (c *Core) Config() Config { return c.cfg }
 
 // SetEventSink installs where KV events go (nil drops them). Events are
 // numbered per sink from where the last one stopped.
-func (c *Core) SetEventSink(sink engine.EventSink) { c.ev.sink, c.ev.transient = sink, false }
+func (c *Core) SetEventSink(sink engine.EventSink) {
+	c.ev.sink, c.ev.transient = sink, false
+	if c.kb != nil {
+		c.kb.sinkInstalled()
+	}
+}
 
 // SetTransientEventSink is SetEventSink for a sink that keeps neither the
 // batch nor any slice in its events after it returns (it copies what it
@@ -133,6 +144,9 @@ func (c *Core) SetEventSink(sink engine.EventSink) { c.ev.sink, c.ev.transient =
 // its next events instead of allocating new ones per flush.
 func (c *Core) SetTransientEventSink(sink engine.EventSink) {
 	c.ev.sink, c.ev.transient = sink, sink != nil
+	if c.kb != nil {
+		c.kb.sinkInstalled()
+	}
 }
 
 // Counters returns the running totals.
@@ -344,6 +358,9 @@ func (c *Core) Abort(s *Seq, now time.Time) bool {
 		c.waiting.remove(s)
 	}
 	c.freeBlocks(s)
+	if c.kb != nil {
+		c.kb.finished(s)
+	}
 	s.st = stFinished
 	s.m.Finish = kv.FinishCancelled
 	s.m.Finished = now
@@ -433,12 +450,22 @@ func (c *Core) Step(now time.Time) *StepResult {
 		s.pendingXfer = 0
 	}
 	r.Seqs = len(c.sched)
-	ms := c.cfg.Timing.PrefillMS(r.PrefillTokens) + TransferMS(r.TransferBytes, c.cfg.TransferBandwidth)
+	var onboardMS float64
+	if c.kb != nil {
+		// Loads run before the forward pass; a failed one is recomputed in it.
+		var recompute int
+		onboardMS, recompute = c.kb.bind(c.sched)
+		r.PrefillTokens += recompute
+	}
+	ms := c.cfg.Timing.PrefillMS(r.PrefillTokens) + TransferMS(r.TransferBytes, c.cfg.TransferBandwidth) + onboardMS
 	if r.DecodeSeqs > 0 {
 		ms += c.cfg.Timing.DecodeMS(r.ActiveKV, c.totalKV) / c.cfg.DecodeSpeedupRatio
 	}
 	r.Duration = msToDuration(ms)
 	r.End = now.Add(r.Duration)
+	if c.kb != nil {
+		c.kb.saved() // the pass's completed blocks go to the tiers
+	}
 
 	// Apply it: advance computed tokens and sample.
 	finished := 0
@@ -498,8 +525,12 @@ func (c *Core) admit(s *Seq, budget int) (int, bool) {
 	var hits int
 	hits, c.hitIDs = c.pool.match(s.seqh[:maxHit], c.hitIDs[:0])
 	computed := hits * c.bs
-	n := min(total-computed, budget)
-	need := kv.BlocksNeeded(computed+n, c.bs) - hits
+	ext := 0
+	if c.kb != nil {
+		ext = c.kb.match(s, computed)
+	}
+	n := min(total-computed-ext, budget)
+	need := kv.BlocksNeeded(computed+ext+n, c.bs) - hits
 	avail := c.pool.available()
 	for _, id := range c.hitIDs {
 		if c.pool.blocks[id].ref == 0 {
@@ -516,15 +547,18 @@ func (c *Core) admit(s *Seq, budget int) (int, bool) {
 		c.pool.acquire(id)
 	}
 	s.table = append(s.table, c.hitIDs...)
-	s.nReg, s.computed, s.prefillEnd = hits, computed, total
+	s.nReg, s.computed, s.prefillEnd = hits, computed+ext, total
 	if !s.admitted {
 		s.admitted = true
-		s.m.CachedTokens = computed
+		s.m.CachedTokens, s.m.ExternalTokens = computed+ext, ext
 		c.counters.PromptTokens += uint64(s.promptLen)
-		c.counters.CachedTokens += uint64(computed)
+		c.counters.CachedTokens += uint64(computed + ext)
 	}
 	c.allocN(s, need)
-	c.register(s, computed+n)
+	c.register(s, computed+ext+n)
+	if c.kb != nil {
+		c.kb.allocated(s, computed+ext, ext)
+	}
 	return n, true
 }
 
@@ -538,6 +572,12 @@ func (c *Core) register(s *Seq, upto int) {
 		h := s.seqh[b]
 		id := s.table[b]
 		if other, ok := c.pool.byHash.Get(h); ok {
+			if c.kb != nil {
+				// The connector holds this block's id: keep computing
+				// into it, unfindable (as vLLM keeps a duplicate).
+				c.pool.shadow(id, h)
+				continue
+			}
 			c.pool.acquire(other)
 			c.pool.release(id)
 			s.table[b] = other
@@ -611,6 +651,9 @@ func (c *Core) sample(s *Seq, end time.Time) bool {
 	}
 	c.res.Finished++
 	c.freeBlocks(s)
+	if c.kb != nil {
+		c.kb.finished(s)
+	}
 	s.st = stFinished
 	s.m.Finish = fin
 	s.m.Finished = end

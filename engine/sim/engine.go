@@ -256,6 +256,9 @@ func (e *Engine) closeRank() {
 	e.mu.Unlock()
 	e.cancel()
 	e.wg.Wait()
+	e.mu.Lock()
+	_ = e.core.Close() // a disk tier not synced costs only recomputes
+	e.mu.Unlock()
 }
 
 func (e *Engine) poke() {

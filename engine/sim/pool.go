@@ -111,6 +111,7 @@ func (p *pool) release(id int32) {
 	if b.flags&flagRegistered != 0 {
 		p.lruPush(id)
 	} else {
+		b.flags = 0 // a shadow block's pending fill
 		p.free = append(p.free, id)
 	}
 }
@@ -150,6 +151,16 @@ func (p *pool) register(id int32, seq kv.SeqHash, local kv.LocalHash, parent kv.
 	if fill && p.layers*p.psize > 0 {
 		// Most computed blocks are never read (only peers fetch them), so
 		// their derived bytes are written on the first read instead.
+		b.flags |= flagUnfilled
+	}
+}
+
+// shadow gives a referenced, unregistered block seq's bytes (derived on
+// first read) without making it findable: a duplicate of a cached block.
+func (p *pool) shadow(id int32, seq kv.SeqHash) {
+	b := &p.blocks[id]
+	b.seq = seq
+	if p.layers*p.psize > 0 {
 		b.flags |= flagUnfilled
 	}
 }

@@ -28,8 +28,12 @@ type Metrics struct {
 	OutputTokens  int
 	CachedTokens  int // prompt tokens found in the cache at first admission (fetched ones included)
 	FetchedTokens int // prompt tokens the Fetcher brought in for it
-	Preemptions   int
-	Finish        kv.FinishReason
+	// With a block manager (Config.KVBM): prompt tokens matched in its
+	// tiers at first admission, and of those onboarded from host and disk
+	// (all three included in CachedTokens once loaded).
+	ExternalTokens, HostTokens, DiskTokens int
+	Preemptions                            int
+	Finish                                 kv.FinishReason
 }
 
 // Seq is one request inside a Core. Its methods are safe to call from the
@@ -61,6 +65,8 @@ type Seq struct {
 
 	pendingXfer int64 // modelled transfer bytes charged to its first pass
 
+	kb *kbReq // connector state (Config.KVBM)
+
 	m Metrics
 
 	// Tag is free for the driver (the Engine keeps its stream here).
@@ -84,7 +90,8 @@ func (s *Seq) Done() bool { return s.st == stFinished }
 
 // Usage is the request's token accounting.
 func (s *Seq) Usage() engine.Usage {
-	return engine.Usage{PromptTokens: s.promptLen, CompletionTokens: len(s.out), CachedTokens: s.m.CachedTokens}
+	return engine.Usage{PromptTokens: s.promptLen, CompletionTokens: len(s.out), CachedTokens: s.m.CachedTokens,
+		HostCachedTokens: s.m.HostTokens, DiskCachedTokens: s.m.DiskTokens}
 }
 
 func (s *Seq) total() int { return s.promptLen + len(s.out) }

@@ -43,6 +43,9 @@ func (p *pool) storeSum(id int32) {
 // released, and must not be modified. A block that is not cached, or is
 // cached but referenced by nothing (so not pinned), is an error.
 func (c *Core) ViewBlock(seq kv.SeqHash) ([]byte, error) {
+	if v, _, ok := c.hostView(seq); ok {
+		return v, nil // pinned in the host tier: a pin held past the device prefix
+	}
 	id, ok := c.pool.byHash.Get(seq)
 	if !ok {
 		return nil, fmt.Errorf("sim: block %016x is not cached", seq)
@@ -59,6 +62,9 @@ func (c *Core) ViewBlock(seq kv.SeqHash) ([]byte, error) {
 // bytes that changed since then no longer match it. ok is false when the
 // block is not cached or Config.StoreChecksums is off.
 func (c *Core) BlockChecksum(seq kv.SeqHash) (sum uint64, ok bool) {
+	if _, sum, ok := c.hostView(seq); ok {
+		return sum, true
+	}
 	id, ok := c.pool.byHash.Get(seq)
 	if !ok || c.pool.sums == nil {
 		return 0, false

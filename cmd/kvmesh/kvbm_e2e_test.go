@@ -1,0 +1,107 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// tierTokens sums a /metrics page's per-tier cached-token series.
+func tierTokens(t *testing.T, base string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for k, v := range testutil.Scrape(t, strings.TrimSuffix(base, "/v1")+"/metrics") {
+		if !strings.HasPrefix(k, "kvmesh_worker_cached_prompt_tokens_by_tier_total{") {
+			continue
+		}
+		for _, tier := range []string{"device", "host", "disk"} {
+			if strings.Contains(k, `tier="`+tier+`"`) {
+				out[tier] += v
+			}
+		}
+	}
+	return out
+}
+
+// longPrompt is a distinct prompt of a few thousand tokens.
+func longPrompt(i int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Document %d.", i)
+	for w := range 1500 {
+		fmt.Fprintf(&b, " w%d-%d", i, w)
+	}
+	return b.String()
+}
+
+// TestServeKVBMHostTier overflows a small device pool with distinct long
+// prompts, then repeats the first: its prefix comes back from the host
+// tier, usage counts it as cached, the answer is the same, and the
+// worker metrics split the hit by tier.
+func TestServeKVBMHostTier(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs kvmesh serve")
+	}
+	s := startServe(t, "--workers", "1", "--speedup-ratio", "0", "--connector", "kvbm",
+		"--blocks", "256", "--kvbm-host-blocks", "4096")
+	defer s.stop(t)
+	client := newClient(s.base)
+	first := longPrompt(0)
+	plen := len(chatPromptTokens(t, simModel, frontend.Message{Role: "user", Content: first}))
+	if plen*3 < 256*64 {
+		t.Fatalf("prompt of %d tokens: too short to overflow the device tier in a few requests", plen)
+	}
+	r0 := chatOnce(t, client, chatParams(first, 5, 8))
+	// Enough distinct prompts to evict the first from 256 device blocks.
+	for i := 1; i <= 1+256*64/plen; i++ {
+		chatOnce(t, client, chatParams(longPrompt(i), 5, 8))
+	}
+	r1 := chatOnce(t, client, chatParams(first, 5, 8))
+	if r1.Choices[0].Message.Content != r0.Choices[0].Message.Content {
+		t.Fatalf("repeat answered %q, first %q", r1.Choices[0].Message.Content, r0.Choices[0].Message.Content)
+	}
+	cached := int(r1.Usage.PromptTokensDetails.CachedTokens)
+	if full := plen / 64 * 64; cached < full-64 {
+		t.Fatalf("repeat of a %d-token prompt: %d cached tokens, want ≥ %d", plen, cached, full-64)
+	}
+	tiers := tierTokens(t, s.base)
+	t.Logf("repeat of a %d-token prompt: %d cached; cached tokens by tier %v", plen, cached, tiers)
+	if tiers["host"] < float64(cached)*0.9 || tiers["disk"] != 0 {
+		t.Fatalf("cached tokens by tier %v; the repeat's %d should be the host's", tiers, cached)
+	}
+}
+
+// TestKVBMFlagsChecked: a decode worker refuses the connector, and the
+// tier flags need it.
+func TestKVBMFlagsChecked(t *testing.T) {
+	for _, c := range []struct {
+		role string
+		k    kvbmFlags
+		want string
+	}{
+		{"decode", kvbmFlags{connector: "kvbm", host: 8, hostBW: 1, diskBW: 1}, "decode worker runs no connector"},
+		{"aggregated", kvbmFlags{host: 8}, "--kvbm-* flags need --connector kvbm"},
+		{"aggregated", kvbmFlags{hostBW: 1, diskBW: sim.DefaultDiskBandwidth}, "--kvbm-* flags need --connector kvbm"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, hostBW: 0, diskBW: 1}, "--kvbm-host-bandwidth 0"},
+		{"aggregated", kvbmFlags{connector: "lmcache", host: 8}, `--connector "lmcache"`},
+		{"aggregated", kvbmFlags{connector: "kvbm", hostBW: 1, diskBW: 1}, "give --kvbm-host-blocks or --kvbm-disk-blocks"},
+		{"prefill", kvbmFlags{connector: "kvbm", disk: 8, hostBW: 1, diskBW: 1}, "--kvbm-disk-blocks 8: give --kvbm-disk-dir"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: -1, hostBW: 1, diskBW: 1}, "--kvbm-host-blocks -1"},
+	} {
+		role, err := kv.ParseRole(c.role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.k.check(role); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s %+v: %v, want %q", c.role, c.k, err, c.want)
+		}
+	}
+	ok := kvbmFlags{connector: "kvbm", host: 8, hostBW: 1, diskBW: 1}
+	if err := ok.check(kv.RolePrefill); err != nil {
+		t.Errorf("prefill worker with a host tier: %v", err)
+	}
+}

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/kvbm"
+	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/twin"
+)
+
+// kvbmFlags are the KV block manager's flags, shared by worker, serve and
+// twin (--connector kvbm turns it on).
+type kvbmFlags struct {
+	connector      string
+	host, disk     int
+	dir            string
+	hostBW, diskBW float64
+	filterOff      bool
+}
+
+func addKVBMFlags(f *pflag.FlagSet, k *kvbmFlags) {
+	f.StringVar(&k.connector, "connector", "", "KV connector: kvbm (host and disk tiers behind the device pool; prefill and aggregated workers only); empty: none")
+	f.IntVar(&k.host, "kvbm-host-blocks", 0, "kvbm: host tier (G2) blocks per engine rank")
+	f.IntVar(&k.disk, "kvbm-disk-blocks", 0, "kvbm: disk tier (G3) blocks per engine rank (without host blocks: straight from the device)")
+	f.StringVar(&k.dir, "kvbm-disk-dir", "", "kvbm: directory of the disk tier's pool files; a restart with the same --instance-id recovers them")
+	f.Float64Var(&k.hostBW, "kvbm-host-bandwidth", sim.DefaultHostBandwidth, "kvbm: host→device onboarding bandwidth, bytes/s (negative: free)")
+	f.Float64Var(&k.diskBW, "kvbm-disk-bandwidth", sim.DefaultDiskBandwidth, "kvbm: disk→device onboarding bandwidth, bytes/s (negative: free)")
+	f.BoolVar(&k.filterOff, "kvbm-disk-filter-off", false, "kvbm: offload every host block to disk, not only those seen twice within the filter's decay window")
+}
+
+// check validates the flags; role is the worker's (decode workers run no
+// connector).
+func (k *kvbmFlags) check(role kv.Role) error {
+	switch k.connector {
+	case "":
+		if k.host != 0 || k.disk != 0 || k.dir != "" || k.filterOff ||
+			k.hostBW != sim.DefaultHostBandwidth || k.diskBW != sim.DefaultDiskBandwidth {
+			return fmt.Errorf("--kvbm-* flags need --connector kvbm")
+		}
+		return nil
+	case twin.ConnectorKVBM:
+	default:
+		return fmt.Errorf("--connector %q: want kvbm (or empty for none)", k.connector)
+	}
+	if role == kv.RoleDecode {
+		return fmt.Errorf("--connector kvbm: a decode worker runs no connector (its prompt KV comes from its prefill peer); run kvbm on the prefill workers")
+	}
+	if err := checkInts(intFlag{"kvbm-host-blocks", int64(k.host), 0}, intFlag{"kvbm-disk-blocks", int64(k.disk), 0}); err != nil {
+		return err
+	}
+	if k.host == 0 && k.disk == 0 {
+		return fmt.Errorf("--connector kvbm: give --kvbm-host-blocks or --kvbm-disk-blocks")
+	}
+	if k.disk > 0 && k.dir == "" {
+		return fmt.Errorf("--kvbm-disk-blocks %d: give --kvbm-disk-dir", k.disk)
+	}
+	for _, v := range []struct {
+		name string
+		v    float64
+	}{{"kvbm-host-bandwidth", k.hostBW}, {"kvbm-disk-bandwidth", k.diskBW}} {
+		if v.v == 0 || math.IsNaN(v.v) || math.IsInf(v.v, 0) {
+			return fmt.Errorf("--%s %g: want a finite non-zero number (negative: free)", v.name, v.v)
+		}
+	}
+	return nil
+}
+
+// sim is the sim engine's block-manager config, nil without the connector.
+func (k *kvbmFlags) sim() *sim.KVBMConfig {
+	if k.connector == "" {
+		return nil
+	}
+	return &sim.KVBMConfig{HostBlocks: k.host, DiskBlocks: k.disk, DiskDir: k.dir,
+		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilter: kvbm.FilterConfig{Disabled: k.filterOff}}
+}
+
+// twin is the twin's block-manager config, nil without the connector.
+func (k *kvbmFlags) twin() *twin.KVBM {
+	if k.connector == "" {
+		return nil
+	}
+	return &twin.KVBM{HostBlocks: k.host, DiskBlocks: k.disk, DiskDir: k.dir,
+		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilterOff: k.filterOff}
+}
+
+// randomInstanceID is a worker instance id chosen before the engine starts
+// (the disk tier's file is named by it): non-zero, positive as int64.
+func randomInstanceID() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:])>>1 | 1
+}
+
+// registerKVBMMetrics exposes a sim engine's block-manager totals on reg,
+// labelled like the worker's own series.
+func registerKVBMMetrics(reg prometheus.Registerer, eng *sim.Engine, model string, instance uint64) error {
+	cl := prometheus.Labels{"model": model, "instance": natsbus.InstanceToken(instance)}
+	type series struct {
+		name, help string
+		gauge      bool
+		v          func(sim.KVBMStats) uint64
+	}
+	var cs []prometheus.Collector
+	for _, s := range []series{
+		{"kvmesh_kvbm_host_blocks", "Blocks the host tier (G2) holds.", true, func(s sim.KVBMStats) uint64 { return uint64(s.HostBlocks) }},
+		{"kvmesh_kvbm_disk_blocks", "Blocks the disk tier (G3) holds.", true, func(s sim.KVBMStats) uint64 { return uint64(s.DiskBlocks) }},
+		{"kvmesh_kvbm_offloaded_host_blocks_total", "Blocks written to the host tier.", false, func(s sim.KVBMStats) uint64 { return s.OffloadedHost }},
+		{"kvmesh_kvbm_offloaded_disk_blocks_total", "Blocks written to the disk tier.", false, func(s sim.KVBMStats) uint64 { return s.OffloadedDisk }},
+		{"kvmesh_kvbm_onboarded_host_blocks_total", "Blocks loaded from the host tier onto the device, verified.", false, func(s sim.KVBMStats) uint64 { return s.OnboardedHost }},
+		{"kvmesh_kvbm_onboarded_disk_blocks_total", "Blocks loaded from the disk tier onto the device, verified.", false, func(s sim.KVBMStats) uint64 { return s.OnboardedDisk }},
+		{"kvmesh_kvbm_evicted_host_blocks_total", "Blocks evicted from the host tier.", false, func(s sim.KVBMStats) uint64 { return s.EvictedHost }},
+		{"kvmesh_kvbm_evicted_disk_blocks_total", "Blocks evicted from the disk tier.", false, func(s sim.KVBMStats) uint64 { return s.EvictedDisk }},
+		{"kvmesh_kvbm_recovered_disk_blocks_total", "Disk blocks found intact at start (same instance and disk directory).", false, func(s sim.KVBMStats) uint64 { return s.RecoveredDisk }},
+		{"kvmesh_kvbm_corrupt_blocks_total", "Blocks whose bytes failed their checksum (at onboarding or recovery), dropped.", false, func(s sim.KVBMStats) uint64 { return s.Corrupt }},
+		{"kvmesh_kvbm_errors_total", "Block-manager storage, device or connector errors.", false, func(s sim.KVBMStats) uint64 { return s.Errors + s.ConnectorErrors }},
+	} {
+		f := func() float64 { return float64(s.v(eng.KVBMStats())) }
+		if s.gauge {
+			cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: s.name, Help: s.help, ConstLabels: cl}, f))
+		} else {
+			cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: s.name, Help: s.help, ConstLabels: cl}, f))
+		}
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

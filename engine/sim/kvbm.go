@@ -1,0 +1,546 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/kvmesh/kvmesh/clock"
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/kvbm"
+)
+
+// The sim behind a KV block manager (Config.KVBM): host and disk tiers
+// (package kvbm) behind the device pool, driven the way TensorRT-LLM's
+// executor drives its KV cache connector. Per pass:
+//
+//   - admitting a request asks the leader for external matches
+//     (GetNumNewMatchedTokens with the device hit), allocates blocks for
+//     the device hit, the matched tokens and the first chunk, and reports
+//     the allocation (UpdateStateAfterAlloc);
+//   - the pass's scheduler output (new and cached requests with their new
+//     block ids, computed position and num_scheduled_tokens) builds the
+//     connector metadata, which the worker binds before the forward pass:
+//     loads run then, writing real bytes into the device blocks, verified;
+//   - the pass is priced with the onboarded bytes at the host→device and
+//     disk→device bandwidths; a block whose load failed is recomputed in
+//     the same pass (its tokens priced as prefill);
+//   - after the forward pass the stores run (WaitForSave, GetFinished):
+//     every block the pass completed is written through to host (and to
+//     disk through the frequency filter);
+//   - a finished or aborted request is reported (RequestFinished).
+//
+// Loads are synchronous here, so a request computes in the pass its load
+// runs in; TensorRT-LLM would schedule it one iteration later.
+//
+// The tiers' KV events join the core's own stream (one numbering per
+// worker key), after the device events of the same call.
+
+// Onboarding bandwidth defaults, bytes/s: PCIe 5.0 ×16 pinned host copies
+// and one PCIe 4.0 NVMe drive's sequential reads.
+const (
+	DefaultHostBandwidth = 50e9
+	DefaultDiskBandwidth = 7e9
+)
+
+// KVBMConfig shapes the block manager behind a Core.
+type KVBMConfig struct {
+	HostBlocks int // host tier (G2) blocks; 0: none
+	DiskBlocks int // disk tier (G3) blocks; 0: none (with no host tier: bypass host)
+	// DiskDir holds the disk tier's pool file, one per worker key
+	// (kvbm-<instance>-<rank>.g3). A file left there by a worker with the
+	// same key and geometry is recovered: blocks verified, corrupt ones
+	// dropped, the rest announced.
+	DiskDir string
+	// HostBandwidth and DiskBandwidth (bytes/s) price onboarding; 0 takes
+	// the defaults, < 0 makes it free.
+	HostBandwidth, DiskBandwidth float64
+	// DiskFilter is the host→disk frequency filter.
+	DiskFilter kvbm.FilterConfig
+	// Clock drives the disk filter's decay (nil: wall time).
+	Clock clock.Clock
+}
+
+// KVBMStats are a Core's block-manager totals.
+type KVBMStats struct {
+	kvbm.Stats
+	HostTokens, DiskTokens uint64 // prompt tokens onboarded from each tier at first admission
+	OnboardBytes           uint64 // modelled bytes onboarded (every admission)
+	LoadFailures           uint64 // blocks recomputed because their load failed
+	RecoveredCorrupt       int    // disk blocks dropped by recovery
+	ConnectorErrors        uint64 // connector calls that failed (a bug or I/O error; the block is recomputed or left uncached)
+}
+
+// kbCore is a Core's block manager and connector.
+type kbCore struct {
+	c      *Core
+	mgr    *kvbm.Manager
+	conn   *kvbm.Connector
+	lead   *kvbm.TRTLLMLeader
+	wk     *kvbm.Worker
+	disk   *kvbm.DiskFile
+	bpb    float64 // modelled bytes per block
+	hostBW float64
+	diskBW float64
+	next   uint64
+
+	out     kvbm.TRTLLMSchedulerOutput
+	ids     []kvbm.DeviceBlockID
+	loading []*Seq
+	held    []kv.Event // tier events emitted before any sink (recovery)
+	holding bool
+	st      KVBMStats
+	lastErr error
+}
+
+// kbReq is one request's connector state in the Core.
+type kbReq struct {
+	id         string
+	isNew      bool // admitted since the last pass: the next output lists it as new
+	told       int  // table entries the connector knows
+	counted    bool // first admission's onboarding counted
+	host, disk int  // tokens onboarded so far (cumulative, as the slot counts)
+	// A match not yet allocated (the request waits for blocks): at device
+	// hit matchedAt, matched tokens, still pinned in the tiers.
+	matchedAt, matched int
+	staged             bool
+}
+
+func (cfg *KVBMConfig) check(c Config) error {
+	k := cfg
+	switch {
+	case k.HostBlocks < 0 || k.DiskBlocks < 0:
+		return fmt.Errorf("sim config: kvbm %d host and %d disk blocks, want ≥ 0", k.HostBlocks, k.DiskBlocks)
+	case k.HostBlocks == 0 && k.DiskBlocks == 0:
+		return errors.New("sim config: kvbm needs host or disk blocks")
+	case k.DiskBlocks > 0 && k.DiskDir == "":
+		return errors.New("sim config: kvbm disk blocks need a disk directory")
+	case c.Role == kv.RoleDecode:
+		return errors.New("sim config: kvbm runs on prefill and aggregated workers only: a decode worker's prompt KV comes from its prefill peer")
+	case c.Layers*c.PayloadSize == 0:
+		return errors.New("sim config: kvbm needs payload bytes (layers × payload size > 0) to move")
+	}
+	return nil
+}
+
+func newKB(c *Core) (*kbCore, error) {
+	cfg := *c.cfg.KVBM
+	bb := c.cfg.Layers * c.cfg.PayloadSize
+	k := &kbCore{c: c, hostBW: cfg.HostBandwidth, diskBW: cfg.DiskBandwidth}
+	if k.hostBW == 0 {
+		k.hostBW = DefaultHostBandwidth
+	}
+	if k.diskBW == 0 {
+		k.diskBW = DefaultDiskBandwidth
+	}
+	k.bpb = float64(c.xferPer)
+	mc := kvbm.Config{BlockSize: c.bs, BlockBytes: bb, Clock: cfg.Clock, DiskFilter: cfg.DiskFilter,
+		Worker: c.cfg.Worker, Events: k.events}
+	if cfg.HostBlocks > 0 {
+		h, err := kvbm.NewHostArena(cfg.HostBlocks, bb)
+		if err != nil {
+			return nil, err
+		}
+		mc.Host = h
+	}
+	if cfg.DiskBlocks > 0 {
+		if err := os.MkdirAll(cfg.DiskDir, 0o755); err != nil {
+			return nil, fmt.Errorf("sim: kvbm disk dir: %w", err)
+		}
+		name := fmt.Sprintf("kvbm-%016x-%d.g3", c.cfg.Worker.Instance, c.cfg.Worker.DPRank)
+		d, err := kvbm.OpenDiskFile(filepath.Join(cfg.DiskDir, name), cfg.DiskBlocks, bb)
+		if err != nil {
+			return nil, err
+		}
+		k.disk, mc.Disk = d, d
+	}
+	m, err := kvbm.NewManager(mc)
+	if err != nil {
+		k.close()
+		return nil, err
+	}
+	k.mgr = m
+	if k.disk != nil && k.disk.Reopened {
+		k.holding = true
+		_, corrupt, err := m.RecoverDisk()
+		k.holding = false
+		k.st.RecoveredCorrupt = corrupt
+		if err != nil {
+			k.close()
+			return nil, fmt.Errorf("sim: kvbm recover %s: %w", k.disk.Path(), err)
+		}
+	}
+	k.conn = kvbm.NewConnector(m)
+	k.lead = k.conn.TRTLLMLeader()
+	k.wk = k.conn.Worker(simDevice{c})
+	k.out.NumScheduledTokens = map[string]int{}
+	return k, nil
+}
+
+func (k *kbCore) close() error {
+	if k.disk == nil {
+		return nil
+	}
+	d := k.disk
+	k.disk = nil
+	return d.Close()
+}
+
+// events puts the tiers' events into the core's stream, renumbered; before
+// a sink is installed, recovery's are held for it.
+func (k *kbCore) events(batch []kv.Event) {
+	if k.holding {
+		k.held = append(k.held, batch...)
+		return
+	}
+	k.c.ev.external(batch)
+}
+
+// external appends events made elsewhere (the block manager's tiers) to
+// the pending batch, numbered in this log's sequence.
+func (l *eventLog) external(evs []kv.Event) {
+	if l.sink == nil {
+		return
+	}
+	l.close()
+	for _, e := range evs {
+		l.nextID++
+		e.ID, e.Worker = l.nextID, l.worker
+		l.events = append(l.events, e)
+	}
+}
+
+// sinkInstalled delivers the held recovery events to a new sink.
+func (k *kbCore) sinkInstalled() {
+	if len(k.held) == 0 || k.c.ev.sink == nil {
+		return
+	}
+	held := k.held
+	k.held = nil
+	k.c.ev.external(held)
+	k.c.ev.flush()
+}
+
+func (k *kbCore) fail(err error) {
+	if err != nil {
+		k.st.ConnectorErrors++
+		k.lastErr = err
+	}
+}
+
+// request is the connector's view of s: given by hashes, every known token.
+func (k *kbCore) request(s *Seq) *kvbm.Request {
+	return &kvbm.Request{ID: s.kb.id, LoRA: s.req.LoRA, Salt: s.req.CacheSalt, Len: s.total(), Local: s.local}
+}
+
+// match is GetNumNewMatchedTokens at admission: the tokens the tiers can
+// supply beyond the device's computed ones (whole blocks).
+func (k *kbCore) match(s *Seq, computed int) int {
+	if s.kb == nil {
+		k.next++
+		s.kb = &kbReq{id: strconv.FormatUint(k.next, 36)}
+	}
+	q := s.kb
+	if q.staged && q.matchedAt == computed {
+		// Still waiting for blocks with the same device hit: the match
+		// is still pinned, no need to walk the tiers again.
+		return q.matched
+	}
+	n, _, err := k.lead.GetNumNewMatchedTokens(k.request(s), computed)
+	if err != nil {
+		k.fail(err)
+		return 0
+	}
+	q.staged, q.matchedAt, q.matched = true, computed, n
+	return n
+}
+
+// allocated is UpdateStateAfterAlloc once s's table holds the device hit,
+// the matched blocks and its first chunk's.
+func (k *kbCore) allocated(s *Seq, contextPos, ext int) {
+	s.kb.isNew, s.kb.told, s.kb.staged = true, len(s.table), false
+	if err := k.lead.UpdateStateAfterAlloc(s.kb.id, k.blockIDs(s.table), contextPos); err != nil {
+		k.fail(err)
+	}
+	if ext > 0 {
+		k.loading = append(k.loading, s)
+	}
+}
+
+func (k *kbCore) blockIDs(t []int32) []kvbm.DeviceBlockID {
+	k.ids = k.ids[:0]
+	for _, id := range t {
+		k.ids = append(k.ids, kvbm.DeviceBlockID(id))
+	}
+	return k.ids
+}
+
+// bind builds the pass's scheduler output and binds its metadata: loads
+// run now. It returns the onboarding time (ms) and the tokens to recompute
+// because their load failed.
+func (k *kbCore) bind(sched []schedEntry) (ms float64, recompute int) {
+	out := &k.out
+	out.NewRequests, out.CachedRequests = out.NewRequests[:0], out.CachedRequests[:0]
+	clear(out.NumScheduledTokens)
+	// One slab for every request's new block ids (the connector copies them).
+	var need int
+	for _, e := range sched {
+		need += len(e.s.table) - e.s.kb.told
+		if e.s.kb.isNew {
+			need += e.s.kb.told
+		}
+	}
+	slab := make([]kvbm.DeviceBlockID, 0, need)
+	for _, e := range sched {
+		s, q := e.s, e.s.kb
+		from := q.told
+		if q.isNew {
+			from = 0
+		}
+		lo := len(slab)
+		for _, id := range s.table[from:] {
+			slab = append(slab, kvbm.DeviceBlockID(id))
+		}
+		d := kvbm.TRTLLMRequestData{ID: q.id, NewBlockIDs: slab[lo:len(slab):len(slab)], ComputedPosition: s.computed,
+			Len: s.total(), Local: s.local}
+		if q.isNew {
+			out.NewRequests = append(out.NewRequests, d)
+		} else {
+			out.CachedRequests = append(out.CachedRequests, d)
+		}
+		q.isNew, q.told = false, len(s.table)
+		out.NumScheduledTokens[q.id] = e.n
+	}
+	md, err := k.lead.BuildConnectorMeta(out)
+	k.fail(err)
+	if md == nil {
+		return 0, 0
+	}
+	k.fail(k.wk.BindConnectorMetadata(md))
+	failed := k.wk.BlockIDsWithLoadErrors()
+	for _, op := range md.Ops {
+		if op.Kind != kvbm.OpLoad {
+			continue
+		}
+		for _, id := range op.Into {
+			if !containsID(failed, id) {
+				k.c.pool.storeSum(int32(id))
+			}
+		}
+	}
+	for _, id := range failed {
+		// Recompute: the block's bytes are derived again on first read.
+		k.c.pool.blocks[id].flags |= flagUnfilled
+		recompute += k.c.bs
+	}
+	k.st.LoadFailures += uint64(len(failed))
+	for _, s := range k.loading {
+		info, ok := k.conn.Slot(s.kb.id)
+		if !ok {
+			continue
+		}
+		dh, dd := info.LoadedHost-s.kb.host, info.LoadedDisk-s.kb.disk
+		s.kb.host, s.kb.disk = info.LoadedHost, info.LoadedDisk
+		blocks := float64(dh+dd) / float64(k.c.bs)
+		k.st.OnboardBytes += uint64(blocks * k.bpb)
+		if k.hostBW > 0 {
+			ms += float64(dh) / float64(k.c.bs) * k.bpb / k.hostBW * 1e3
+		}
+		if k.diskBW > 0 {
+			ms += float64(dd) / float64(k.c.bs) * k.bpb / k.diskBW * 1e3
+		}
+		if !s.kb.counted {
+			s.kb.counted = true
+			s.m.HostTokens, s.m.DiskTokens = dh, dd
+			k.st.HostTokens += uint64(dh)
+			k.st.DiskTokens += uint64(dd)
+			// What the tiers staged but could not load was recomputed.
+			lost := s.m.ExternalTokens - dh - dd
+			s.m.CachedTokens -= lost
+			k.c.counters.CachedTokens -= uint64(lost)
+		}
+	}
+	clear(k.loading)
+	k.loading = k.loading[:0]
+	return ms, recompute
+}
+
+func containsID(ids []kvbm.DeviceBlockID, id kvbm.DeviceBlockID) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+// saved runs the pass's stores once its forward pass is done.
+func (k *kbCore) saved() {
+	k.wk.WaitForSave()
+	_, _, err := k.wk.GetFinished()
+	k.fail(err)
+}
+
+// finished reports s done to the connector.
+func (k *kbCore) finished(s *Seq) {
+	if s.kb == nil {
+		return
+	}
+	// Stores run within the pass, so none is in flight here and the
+	// blocks may be freed at once.
+	k.lead.RequestFinished(s.kb.id, nil)
+}
+
+// simDevice is the sim's pool as kvbm's Device (and Checksummer): a block's
+// payload, every layer concatenated.
+type simDevice struct{ c *Core }
+
+func (d simDevice) block(id kvbm.DeviceBlockID) (int32, error) {
+	if id < 0 || int(id) >= len(d.c.pool.blocks) {
+		return 0, fmt.Errorf("sim: device block %d out of range [0, %d)", id, len(d.c.pool.blocks))
+	}
+	return int32(id), nil
+}
+
+// ReadView is a computed block's bytes (derived on first read).
+func (d simDevice) ReadView(id kvbm.DeviceBlockID) ([]byte, error) {
+	b, err := d.block(id)
+	if err != nil {
+		return nil, err
+	}
+	d.c.pool.fill(b)
+	return d.c.pool.blockPayload(b), nil
+}
+
+// WriteView is the block's bytes for a load to write: they are no longer
+// derived on first read.
+func (d simDevice) WriteView(id kvbm.DeviceBlockID) ([]byte, error) {
+	b, err := d.block(id)
+	if err != nil {
+		return nil, err
+	}
+	d.c.pool.blocks[b].flags &^= flagUnfilled
+	return d.c.pool.blockPayload(b), nil
+}
+
+// BlockChecksum is the checksum the pool keeps (Config.StoreChecksums).
+func (d simDevice) BlockChecksum(id kvbm.DeviceBlockID) (uint64, bool) {
+	b, err := d.block(id)
+	if err != nil || d.c.pool.sums == nil {
+		return 0, false
+	}
+	d.c.pool.fill(b)
+	return d.c.pool.sums[b], true
+}
+
+// KVBMStats returns the block manager's totals (zero without one).
+func (c *Core) KVBMStats() KVBMStats {
+	if c.kb == nil {
+		return KVBMStats{}
+	}
+	st := c.kb.st
+	st.Stats = c.kb.mgr.Stats()
+	return st
+}
+
+// KVBMErr is the last connector error, if any (for tests and logs).
+func (c *Core) KVBMErr() error {
+	if c.kb == nil {
+		return nil
+	}
+	return c.kb.lastErr
+}
+
+// HoldsTier reports which of the block manager's tiers hold seq.
+func (c *Core) HoldsTier(seq kv.SeqHash) (host, disk bool) {
+	if c.kb == nil {
+		return false, false
+	}
+	return c.kb.mgr.Holds(seq)
+}
+
+// Close releases what the core holds outside memory: the disk tier's file
+// is synced and closed, so every stored block is recoverable.
+func (c *Core) Close() error {
+	if c.kb == nil {
+		return nil
+	}
+	return c.kb.close()
+}
+
+// KVBMStats sums the block managers' totals over the ranks.
+func (e *Engine) KVBMStats() KVBMStats {
+	var t KVBMStats
+	for _, r := range e.ranks() {
+		r.mu.Lock()
+		s := r.core.KVBMStats()
+		r.mu.Unlock()
+		t.add(s)
+	}
+	return t
+}
+
+func (t *KVBMStats) add(s KVBMStats) {
+	a, b := &t.Stats, s.Stats
+	a.HostBlocks += b.HostBlocks
+	a.DiskBlocks += b.DiskBlocks
+	a.OffloadedHost += b.OffloadedHost
+	a.OffloadedDisk += b.OffloadedDisk
+	a.DedupHost += b.DedupHost
+	a.DedupDisk += b.DedupDisk
+	a.FilteredDisk += b.FilteredDisk
+	a.FullHost += b.FullHost
+	a.FullDisk += b.FullDisk
+	a.EvictedHost += b.EvictedHost
+	a.EvictedDisk += b.EvictedDisk
+	a.MatchedHost += b.MatchedHost
+	a.MatchedDisk += b.MatchedDisk
+	a.OnboardedHost += b.OnboardedHost
+	a.OnboardedDisk += b.OnboardedDisk
+	a.Corrupt += b.Corrupt
+	a.RecoveredDisk += b.RecoveredDisk
+	a.Errors += b.Errors
+	t.HostTokens += s.HostTokens
+	t.DiskTokens += s.DiskTokens
+	t.OnboardBytes += s.OnboardBytes
+	t.LoadFailures += s.LoadFailures
+	t.RecoveredCorrupt += s.RecoveredCorrupt
+	t.ConnectorErrors += s.ConnectorErrors
+}
+
+var _ engine.Inventory = (*Engine)(nil)
+
+// pinTiers extends a pin of seqs' first n blocks on the device with the
+// host tier's blocks from there on, so a peer is served from G2 what the
+// device no longer holds.
+func (c *Core) pinTiers(seqs []kv.SeqHash, n int, release func()) (int, func()) {
+	if c.kb == nil || n == len(seqs) {
+		return n, release
+	}
+	staged := c.kb.mgr.PinHost(nil, seqs[n:])
+	if len(staged) == 0 {
+		return n, release
+	}
+	released := false
+	return n + len(staged), func() {
+		if released {
+			return
+		}
+		released = true
+		release()
+		c.kb.mgr.Release(staged)
+	}
+}
+
+// hostView is a host-tier block's pinned bytes and checksum, if the host
+// tier holds seq under a pin.
+func (c *Core) hostView(seq kv.SeqHash) ([]byte, uint64, bool) {
+	if c.kb == nil {
+		return nil, 0, false
+	}
+	v, sum, err := c.kb.mgr.HostView(seq)
+	return v, sum, err == nil
+}

@@ -1,0 +1,308 @@
+package sim
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/clock"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/kvbm"
+)
+
+// tierLog replays a core's event stream per tier, checking one gap-free
+// numbering across tiers.
+type tierLog struct {
+	t      *testing.T
+	nextID uint64
+	held   [kv.NumTiers]map[kv.EngineHash]bool
+}
+
+func newTierLog(t *testing.T) *tierLog {
+	l := &tierLog{t: t, nextID: 1}
+	for i := range l.held {
+		l.held[i] = map[kv.EngineHash]bool{}
+	}
+	return l
+}
+
+func (l *tierLog) sink(batch []kv.Event) {
+	l.t.Helper()
+	for _, e := range batch {
+		if e.ID != l.nextID {
+			l.t.Fatalf("event id %d (tier %v), want %d", e.ID, e.Tier, l.nextID)
+		}
+		l.nextID++
+		switch e.Kind {
+		case kv.EventStored:
+			for _, b := range e.Blocks {
+				l.held[e.Tier][b.EngineHash] = true
+			}
+		case kv.EventRemoved:
+			for _, h := range e.Removed {
+				if !l.held[e.Tier][h] {
+					l.t.Fatalf("removed %016x from %v, not held there", h, e.Tier)
+				}
+				delete(l.held[e.Tier], h)
+			}
+		}
+	}
+}
+
+func kvbmConfig(host, disk int, dir string) Config {
+	cfg := testConfig()
+	cfg.Blocks = 16
+	cfg.StoreChecksums = true
+	cfg.KVBM = &KVBMConfig{HostBlocks: host, DiskBlocks: disk, DiskDir: dir,
+		DiskFilter: kvbm.FilterConfig{Disabled: true}}
+	return cfg
+}
+
+func prompt(base, n int) []kv.Token {
+	toks := make([]kv.Token, n)
+	for i := range toks {
+		toks[i] = kv.Token(base*1000 + i)
+	}
+	return toks
+}
+
+// run adds req and steps the core until it finishes.
+func run(t *testing.T, c *Core, id string, toks []kv.Token, maxTok int, now *time.Time) *Seq {
+	t.Helper()
+	s, err := c.Add(req(id, toks, maxTok), *now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; !s.Done(); i++ {
+		if i > 1000 {
+			t.Fatal("request never finished")
+		}
+		r := c.Step(*now)
+		*now = r.End
+	}
+	if err := c.KVBMErr(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestKVBMHostTierServesEvictedPrefix(t *testing.T) {
+	c := mustCore(t, kvbmConfig(64, 0, ""))
+	log := newTierLog(t)
+	c.SetEventSink(log.sink)
+	now := clock.Epoch
+	a := prompt(1, 40) // 10 full blocks of 4
+	run(t, c, "a", a, 2, &now)
+	// Two other prompts evict a's blocks from the 16-block device pool.
+	run(t, c, "b", prompt(2, 40), 2, &now)
+	run(t, c, "c", prompt(3, 40), 2, &now)
+	if n := c.Lookup(hashes(t, a, 4)); n != 0 {
+		t.Fatalf("device still holds %d of a's blocks", n)
+	}
+	again := run(t, c, "a2", a, 2, &now)
+	m := again.Metrics()
+	// 10 blocks, the last one is computed so the engine gets logits.
+	if m.HostTokens != 36 || m.CachedTokens != 36 || m.DiskTokens != 0 {
+		t.Fatalf("host %d disk %d cached %d tokens, want 36, 0, 36", m.HostTokens, m.DiskTokens, m.CachedTokens)
+	}
+	if u := again.Usage(); u.CachedTokens != 36 {
+		t.Fatalf("usage cached %d", u.CachedTokens)
+	}
+	// Same output as computed from scratch.
+	if got, want := again.Output(), refOutput(a, 1, "", "", 2, 4, 1000, nil); !equalTokens(got, want) {
+		t.Fatalf("output %v, want %v", got, want)
+	}
+	st := c.KVBMStats()
+	if st.OnboardedHost != 9 || st.HostTokens != 36 || st.Corrupt != 0 || st.ConnectorErrors != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	// The event stream (one numbering) says what each tier holds.
+	for _, h := range hashes(t, a, 4) {
+		if host, _ := c.HoldsTier(h); !host || !log.held[kv.TierHost][kv.EngineHash(h)] {
+			t.Fatalf("block %016x: host holds %v, events say %v", h, host, log.held[kv.TierHost][kv.EngineHash(h)])
+		}
+	}
+	if len(log.held[kv.TierHost]) != st.HostBlocks {
+		t.Fatalf("events say host holds %d blocks, it holds %d", len(log.held[kv.TierHost]), st.HostBlocks)
+	}
+	// Inventory lists the host tier too.
+	var inv int
+	for _, e := range c.Inventory() {
+		if e.Tier == kv.TierHost {
+			inv += len(e.Blocks)
+		}
+	}
+	if inv != st.HostBlocks {
+		t.Fatalf("inventory lists %d host blocks, want %d", inv, st.HostBlocks)
+	}
+}
+
+func TestKVBMDiskRecoveryDropsCorruptBlock(t *testing.T) {
+	dir := t.TempDir()
+	cfg := kvbmConfig(0, 64, dir) // bypass host: device → disk
+	c := mustCore(t, cfg)
+	now := clock.Epoch
+	a := prompt(1, 40)
+	run(t, c, "a", a, 2, &now)
+	if st := c.KVBMStats(); st.DiskBlocks != 10 {
+		t.Fatalf("disk holds %d blocks, want 10", st.DiskBlocks)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Corrupt the block in slot 5 (blocks were stored in order).
+	files, _ := filepath.Glob(filepath.Join(dir, "*.g3"))
+	if len(files) != 1 {
+		t.Fatalf("disk files %v", files)
+	}
+	df, err := kvbm.OpenDiskFile(files[0], 64, cfg.Layers*cfg.PayloadSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := df.PayloadOffset(5)
+	df.Close()
+	f, err := os.OpenFile(files[0], os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0xde, 0xad}, off+3); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	c2 := mustCore(t, cfg)
+	defer c2.Close()
+	st := c2.KVBMStats()
+	if st.RecoveredDisk != 9 || st.RecoveredCorrupt != 1 || st.DiskBlocks != 9 {
+		t.Fatalf("recovered %d, corrupt %d, holds %d; want 9, 1, 9", st.RecoveredDisk, st.RecoveredCorrupt, st.DiskBlocks)
+	}
+	// The recovered blocks are announced once a sink is installed.
+	log := newTierLog(t)
+	c2.SetEventSink(log.sink)
+	if len(log.held[kv.TierDisk]) != 9 {
+		t.Fatalf("announced %d disk blocks, want 9", len(log.held[kv.TierDisk]))
+	}
+	again := run(t, c2, "a2", a, 2, &now)
+	// The prefix up to the corrupt block loads from disk.
+	if m := again.Metrics(); m.DiskTokens != 20 || m.CachedTokens != 20 {
+		t.Fatalf("disk %d cached %d tokens, want 20, 20", m.DiskTokens, m.CachedTokens)
+	}
+	if got, want := again.Output(), refOutput(a, 1, "", "", 2, 4, 1000, nil); !equalTokens(got, want) {
+		t.Fatalf("output %v, want %v", got, want)
+	}
+}
+
+func TestKVBMRefusedOnDecodeWorkers(t *testing.T) {
+	cfg := kvbmConfig(8, 0, "")
+	cfg.Role = kv.RoleDecode
+	if _, err := NewCore(cfg); err == nil {
+		t.Fatal("a decode worker accepted a block manager")
+	}
+}
+
+func hashes(t *testing.T, toks []kv.Token, bs int) []kv.SeqHash {
+	t.Helper()
+	return kv.SeqHashes(nil, kv.LocalHashes(nil, toks, bs, kv.Seed("", "")))
+}
+
+func equalTokens(a, b []kv.Token) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestKVBMPinServesHostTier: a pin continues past the device prefix into
+// the host tier, whose pinned blocks a peer reads (view, copy, checksum)
+// with the bytes the device computed.
+func TestKVBMPinServesHostTier(t *testing.T) {
+	c := mustCore(t, kvbmConfig(64, 0, ""))
+	now := clock.Epoch
+	a := prompt(1, 40)
+	run(t, c, "a", a, 2, &now)
+	run(t, c, "b", prompt(2, 40), 2, &now)
+	run(t, c, "c", prompt(3, 40), 2, &now)
+	seqs := hashes(t, a, 4)
+	if _, err := c.ViewBlock(seqs[0]); err == nil {
+		t.Fatal("view of an unpinned block")
+	}
+	n, release := c.Pin(seqs)
+	if n != len(seqs) || c.Lookup(seqs) != 0 {
+		t.Fatalf("pinned %d of %d blocks (device holds %d)", n, len(seqs), c.Lookup(seqs))
+	}
+	want := make([]byte, c.cfg.PayloadSize)
+	for i, h := range seqs {
+		v, err := c.ViewBlock(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for l := range c.cfg.Layers {
+			kv.FillPayload(want, h, l)
+			if string(v[l*c.cfg.PayloadSize:(l+1)*c.cfg.PayloadSize]) != string(want) {
+				t.Fatalf("block %d layer %d: host bytes differ from the derivation", i, l)
+			}
+			got := make([]byte, c.cfg.PayloadSize)
+			if _, err := c.ReadPayload(h, l, got); err != nil || string(got) != string(want) {
+				t.Fatalf("ReadPayload block %d layer %d: %v", i, l, err)
+			}
+		}
+		if sum, ok := c.BlockChecksum(h); !ok || sum != kv.Checksum(v) {
+			t.Fatalf("block %d: checksum %016x %v, bytes %016x", i, sum, ok, kv.Checksum(v))
+		}
+	}
+	release()
+	release()
+	if _, err := c.ViewBlock(seqs[0]); err == nil {
+		t.Fatal("view after the pin was released")
+	}
+}
+
+// TestKVBMCorruptHostBlockIsRecomputed: a host block whose bytes rotted
+// fails verification on the device; it is dropped and counted, the engine
+// recomputes from it in the same pass, the answer is unchanged and only
+// the blocks before it count as cached.
+func TestKVBMCorruptHostBlockIsRecomputed(t *testing.T) {
+	c := mustCore(t, kvbmConfig(64, 0, ""))
+	now := clock.Epoch
+	a := prompt(1, 40)
+	run(t, c, "a", a, 2, &now)
+	run(t, c, "b", prompt(2, 40), 2, &now)
+	run(t, c, "c", prompt(3, 40), 2, &now)
+	seqs := hashes(t, a, 4)
+	staged := c.kb.mgr.PinHost(nil, seqs[4:5])
+	v, _, err := c.kb.mgr.HostView(seqs[4])
+	if err != nil {
+		t.Fatal(err)
+	}
+	v[7] ^= 0xff
+	c.kb.mgr.Release(staged)
+	again := run(t, c, "a2", a, 2, &now)
+	m := again.Metrics()
+	if m.HostTokens != 16 || m.CachedTokens != 16 {
+		t.Fatalf("host %d cached %d tokens, want the 16 before the corrupt block", m.HostTokens, m.CachedTokens)
+	}
+	if got, want := again.Output(), refOutput(a, 1, "", "", 2, 4, 1000, nil); !equalTokens(got, want) {
+		t.Fatalf("output %v, want %v", got, want)
+	}
+	st := c.KVBMStats()
+	if st.Corrupt != 1 || st.LoadFailures == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	// The recomputed blocks are on the device with the right bytes.
+	n, release := c.Pin(seqs)
+	defer release()
+	if n != len(seqs) {
+		t.Fatalf("pinned %d of %d after recompute", n, len(seqs))
+	}
+	want := make([]byte, c.cfg.PayloadSize)
+	kv.FillPayload(want, seqs[4], 0)
+	if v, err := c.ViewBlock(seqs[4]); err != nil || string(v[:c.cfg.PayloadSize]) != string(want) {
+		t.Fatalf("block 4 after recompute: %v", err)
+	}
+}
