@@ -21,7 +21,10 @@ import (
 // first arrival to the last completion.
 type Result struct {
 	Mode     string `json:"mode"`
-	Workers  int    `json:"workers"`
+	Workers  int    `json:"workers"` // aggregated
+	// PrefillWorkers and DecodeWorkers are the P/D pools (0 without P/D).
+	PrefillWorkers int `json:"prefill_workers,omitempty"`
+	DecodeWorkers  int `json:"decode_workers,omitempty"`
 	Offered  int    `json:"offered"`  // trace requests issued
 	Requests int    `json:"requests"` // completed
 	Rejected int    `json:"rejected"`
@@ -47,6 +50,8 @@ type Result struct {
 	PredictedHit float64 `json:"predicted_hit"`
 
 	Hints HintStats `json:"hints"`
+	// Paths counts requests by path and measures handoffs (P/D runs only).
+	Paths *PathStats `json:"paths,omitempty"`
 
 	Passes        int64  `json:"passes"`
 	Preemptions   int64  `json:"preemptions"`
