@@ -52,7 +52,7 @@ const (
 
 // Reasons a request prefills locally on its decode worker.
 const (
-	LocalShort       = "short_prompt"  // net new prompt under both thresholds
+	LocalShort       = "short_prompt" // net new prompt under both thresholds
 	LocalPrefillBusy = "prefill_busy" // every prefill worker past its busy threshold
 )
 
@@ -73,16 +73,16 @@ type PathStats struct {
 	// PrefillOnly are disagg requests whose prefill token ended them.
 	PrefillOnly int `json:"prefill_only"`
 
-	Handoffs       int     `json:"handoffs"`        // decode legs that pulled from a prefill worker
-	HandoffBlocks  int64   `json:"handoff_blocks"`  // blocks pulled
-	HandoffBytes   int64   `json:"handoff_bytes"`   // HandoffBlocks × modelled block size
-	PayloadBytes   int64   `json:"payload_bytes"`   // sim payload bytes copied and verified
-	HandoffP50MS   float64 `json:"handoff_p50_ms"`  // modelled transfer time
-	HandoffP99MS   float64 `json:"handoff_p99_ms"`  //
-	HeldBlocks     int64   `json:"held_blocks"`     // prompt blocks the decode worker already held
-	PullFailures   int     `json:"pull_failures"`   // pulls that errored or fell short
+	Handoffs       int     `json:"handoffs"`          // decode legs that pulled from a prefill worker
+	HandoffBlocks  int64   `json:"handoff_blocks"`    // blocks pulled
+	HandoffBytes   int64   `json:"handoff_bytes"`     // HandoffBlocks × modelled block size
+	PayloadBytes   int64   `json:"payload_bytes"`     // sim payload bytes copied and verified
+	HandoffP50MS   float64 `json:"handoff_p50_ms"`    // modelled transfer time
+	HandoffP99MS   float64 `json:"handoff_p99_ms"`    //
+	HeldBlocks     int64   `json:"held_blocks"`       // prompt blocks the decode worker already held
+	PullFailures   int     `json:"pull_failures"`     // pulls that errored or fell short
 	RecomputedToks int64   `json:"recomputed_tokens"` // full-block prompt tokens a decode leg recomputed after a short pull
-	PinnedPeak     int64   `json:"pinned_peak"`     // most prefill blocks pinned for handoffs at once
+	PinnedPeak     int64   `json:"pinned_peak"`       // most prefill blocks pinned for handoffs at once
 }
 
 // pdReq is a disaggregated request's state between its legs.

@@ -20,14 +20,14 @@ import (
 // = (E2E − TTFT)/(output tokens − 1); throughput is over the span from the
 // first arrival to the last completion.
 type Result struct {
-	Mode     string `json:"mode"`
-	Workers  int    `json:"workers"` // aggregated
+	Mode    string `json:"mode"`
+	Workers int    `json:"workers"` // aggregated
 	// PrefillWorkers and DecodeWorkers are the P/D pools (0 without P/D).
 	PrefillWorkers int `json:"prefill_workers,omitempty"`
 	DecodeWorkers  int `json:"decode_workers,omitempty"`
-	Offered  int    `json:"offered"`  // trace requests issued
-	Requests int    `json:"requests"` // completed
-	Rejected int    `json:"rejected"`
+	Offered        int `json:"offered"`  // trace requests issued
+	Requests       int `json:"requests"` // completed
+	Rejected       int `json:"rejected"`
 	// RejectedBusy: every worker past a router busy threshold (a 503);
 	// RejectedInvalid: the engine refused the request (empty, too long).
 	RejectedBusy    int      `json:"rejected_busy"`
