@@ -41,34 +41,14 @@ import (
 // A prefill leg whose token ends the request (max_tokens 1, or EOS) is the
 // whole answer: no decode leg.
 
-// Path is the way one request was served.
-type Path string
-
-const (
-	PathAggregated   Path = "aggregated"
-	PathDisagg       Path = "disagg"
-	PathLocalPrefill Path = "local_prefill"
-)
-
-// Reasons a request prefills locally on its decode worker.
-const (
-	LocalShort       = "short_prompt" // net new prompt under both thresholds
-	LocalPrefillBusy = "prefill_busy" // every prefill worker past its busy threshold
-)
-
-// Conditional-disaggregation defaults (Dynamo's IslBounding policy).
-const (
-	DefaultLocalPrefillTokens = 2048
-	DefaultLocalPrefillRatio  = 0.7
-)
-
 // PathStats counts the requests of a P/D run by path (a fleet without
 // P/D serves every request aggregated) and measures the handoffs.
 type PathStats struct {
 	Disagg       int `json:"disagg"`
 	LocalPrefill int `json:"local_prefill"`
-	// LocalReasons splits LocalPrefill by reason.
-	LocalShort       int `json:"local_short_prompt"`
+	// LocalISL and LocalPrefillBusy split LocalPrefill by reason
+	// (router.ReasonISL, router.ReasonPrefillBusy).
+	LocalISL         int `json:"local_isl"`
 	LocalPrefillBusy int `json:"local_prefill_busy"`
 	// PrefillOnly are disagg requests whose prefill token ended them.
 	PrefillOnly int `json:"prefill_only"`
@@ -109,7 +89,7 @@ type pdState struct {
 	cur           *pdReq // the handoff being added (read by the decode Fetcher)
 	pinned        int64
 	xferMS        []float64
-	decodeCost    router.CostModel
+	policy        router.DisaggConfig
 }
 
 type handoffHeap []*pdReq
@@ -141,11 +121,8 @@ func newPD(cfg Config) *pdState {
 	if cfg.PrefillWorkers == 0 && cfg.DecodeWorkers == 0 {
 		return nil
 	}
-	// Decode legs are placed by load alone: no overlap credit, no weight on
-	// the prompt as prefill (the blocks come by handoff).
-	c := router.BlockCost()
-	c.Device, c.Host, c.Disk, c.PrefillScale = 0, 0, 0, 0
-	return &pdState{agg: cfg.Workers, pre: cfg.PrefillWorkers, dec: cfg.DecodeWorkers, decodeCost: c}
+	return &pdState{agg: cfg.Workers, pre: cfg.PrefillWorkers, dec: cfg.DecodeWorkers,
+		policy: router.DisaggConfig{LocalPrefillTokens: cfg.LocalPrefillTokens, LocalPrefillRatio: cfg.LocalPrefillRatio}}
 }
 
 // role is worker i's role.
@@ -193,26 +170,25 @@ func (t *twin) arrivePD(ctx context.Context, i int, atNS int64, plen int, rr rou
 	prompt := sim.Prompt{Len: plen, Local: rr.Local, Tail: tail}
 	ps := t.res.Paths
 
-	local, reason := t.conditionalLocal(rr, plen)
+	choice, err := t.r.PlanDisagg(ctx, rr, t.pd.policy)
+	if err != nil {
+		return t.routeFailed(err, atNS, rq.Line)
+	}
 	var pre *router.Decision
-	if !local {
-		prr := rr
-		prr.Role = kv.RolePrefill
-		d, err := t.r.Route(ctx, prr)
+	if choice.Path == router.PathDisagg {
+		d, err := t.r.Route(ctx, router.PrefillLegRequest(rr))
 		var be *kv.BusyError
 		switch {
 		case errors.As(err, &be):
-			local, reason = true, LocalPrefillBusy
+			choice.Path, choice.Reason = router.PathLocalPrefill, router.ReasonPrefillBusy
 		case err != nil:
 			return fmt.Errorf("twin: route prefill leg of trace line %d: %w", rq.Line, err)
 		default:
 			pre = d
 		}
 	}
-	if local {
-		drr := rr
-		drr.Role = kv.RoleDecode
-		d, err := t.r.Route(ctx, drr)
+	if choice.Path == router.PathLocalPrefill {
+		d, err := t.r.Route(ctx, router.LocalPrefillRequest(rr))
 		if err != nil {
 			return t.routeFailed(err, atNS, rq.Line)
 		}
@@ -221,10 +197,10 @@ func (t *twin) arrivePD(ctx context.Context, i int, atNS int64, plen int, rr rou
 		}
 		t.predicted += int64(d.CachedTokens)
 		ps.LocalPrefill++
-		if reason == LocalShort {
-			ps.LocalShort++
-		} else {
+		if choice.Reason == router.ReasonPrefillBusy {
 			ps.LocalPrefillBusy++
+		} else {
+			ps.LocalISL++
 		}
 		return nil
 	}
@@ -243,35 +219,6 @@ func (t *twin) arrivePD(ctx context.Context, i int, atNS int64, plen int, rr rou
 	st.pd = p
 	ps.Disagg++
 	return nil
-}
-
-// conditionalLocal is the conditional-disaggregation decision on the
-// prompt's net new tokens: prefill locally when they are under both the
-// token and the ratio threshold.
-func (t *twin) conditionalLocal(rr router.Request, plen int) (bool, string) {
-	cached := t.decodeHeld(rr.Local) * t.cfg.BlockSize
-	netNew := max(plen-min(cached, plen), 0)
-	if netNew < t.cfg.LocalPrefillTokens && float64(netNew) < t.cfg.LocalPrefillRatio*float64(plen) {
-		return true, LocalShort
-	}
-	return false, ""
-}
-
-// decodeHeld is the longest prefix (blocks) any decode worker holds by the
-// router's index (0 outside kv mode).
-func (t *twin) decodeHeld(local []kv.LocalHash) int {
-	if t.ix == nil || len(local) == 0 {
-		return 0
-	}
-	t.matches = t.ix.FindMatches(local, t.matches[:0])
-	best := 0
-	lo := t.pd.agg + t.pd.pre
-	for _, m := range t.matches {
-		if w := int(m.Worker.Instance) - 1; w >= lo && w < len(t.ws) {
-			best = max(best, int(m.Depth[kv.TierDevice]))
-		}
-	}
-	return best
 }
 
 // routeFailed counts a request the router could not place (all busy: a
@@ -347,7 +294,7 @@ func (t *twin) prefillDone(p *pdReq, o *sim.Output, now time.Time, nowNS int64) 
 	t.pd.pinned += int64(p.pinned)
 	t.res.Paths.PinnedPeak = max(t.res.Paths.PinnedPeak, t.pd.pinned)
 
-	drr := router.Request{Model: model, Role: kv.RoleDecode, Local: p.prompt.Local, PromptLen: p.plen, Cost: &t.pd.decodeCost}
+	drr := router.DecodeLegRequest(router.Request{Model: model, Local: p.prompt.Local, PromptLen: p.plen})
 	t.syncClock()
 	d, err := t.r.Route(context.Background(), drr)
 	if err != nil {

@@ -120,7 +120,8 @@ type Config struct {
 	// Disaggregated prefill/decode (disagg.go): prefill and decode pools
 	// beside Workers aggregated ones (Workers defaults to 0 then), and the
 	// conditional-disaggregation thresholds on the net new prompt tokens
-	// (defaults 2048 and 0.7).
+	// (router.DisaggConfig: defaults 2048 and 0.7; negative tokens: never
+	// local for length).
 	PrefillWorkers     int     `json:"prefill_workers,omitempty"`
 	DecodeWorkers      int     `json:"decode_workers,omitempty"`
 	LocalPrefillTokens int     `json:"local_prefill_tokens,omitempty"`
@@ -138,11 +139,12 @@ func (c Config) Normalize() (Config, error) {
 	if c.Workers == 0 && !pd {
 		c.Workers = DefaultWorkers
 	}
-	if pd && c.LocalPrefillTokens == 0 {
-		c.LocalPrefillTokens = DefaultLocalPrefillTokens
-	}
-	if pd && c.LocalPrefillRatio == 0 {
-		c.LocalPrefillRatio = DefaultLocalPrefillRatio
+	if pd {
+		dc := router.DisaggConfig{LocalPrefillTokens: c.LocalPrefillTokens, LocalPrefillRatio: c.LocalPrefillRatio}.WithDefaults()
+		if err := dc.Validate(); err != nil {
+			return c, fmt.Errorf("twin: %w", err)
+		}
+		c.LocalPrefillTokens, c.LocalPrefillRatio = dc.LocalPrefillTokens, dc.LocalPrefillRatio
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = sim.DefaultBlockSize
@@ -176,8 +178,6 @@ func (c Config) Normalize() (Config, error) {
 		return c, fmt.Errorf("twin: %d workers, want 1 to 65536", c.Workers)
 	case pd && (c.PrefillWorkers < 1 || c.DecodeWorkers < 1 || c.Workers != 0 || c.PrefillWorkers+c.DecodeWorkers > 1<<16):
 		return c, fmt.Errorf("twin: %d prefill + %d decode + %d aggregated workers, want at least one prefill and one decode worker, no aggregated ones (a mixed fleet is not modelled), 65536 in all", c.PrefillWorkers, c.DecodeWorkers, c.Workers)
-	case c.LocalPrefillTokens < 0 || !(c.LocalPrefillRatio >= 0) || c.LocalPrefillRatio > 1:
-		return c, fmt.Errorf("twin: local prefill threshold %d tokens and ratio %g, want ≥ 0 and a ratio in [0, 1]", c.LocalPrefillTokens, c.LocalPrefillRatio)
 	case c.BlockSize < 1 || c.Blocks < 1 || c.MaxBatchedTokens < 1 || c.MaxSeqs < 1:
 		return c, errors.New("twin: block size, blocks, max batched tokens and max seqs must be positive")
 	case !(c.ArrivalSpeedup > 0) || c.ArrivalSpeedup > 1e9:
@@ -254,8 +254,7 @@ type twin struct {
 	lay  [][]byte
 	blks []sim.BlockData
 
-	pd      *pdState // nil without P/D
-	matches []router.Match
+	pd *pdState // nil without P/D
 
 	res              Result
 	ttft, itl, e2e   []float64
