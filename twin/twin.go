@@ -145,6 +145,8 @@ func (c Config) Normalize() (Config, error) {
 			return c, fmt.Errorf("twin: %w", err)
 		}
 		c.LocalPrefillTokens, c.LocalPrefillRatio = dc.LocalPrefillTokens, dc.LocalPrefillRatio
+	} else {
+		c.LocalPrefillTokens, c.LocalPrefillRatio = 0, 0 // meaningless without P/D
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = sim.DefaultBlockSize
@@ -831,7 +833,7 @@ func (t *twin) copyBlocks(src int, m sim.Missing, nb int, into sim.Inserter) (in
 func (t *twin) finishResult() {
 	r := &t.res
 	r.TTFT, r.ITL, r.E2E = newDist(t.ttft), newDist(t.itl), newDist(t.e2e)
-	r.TTFTSamples = t.ttft
+	r.TTFTSamples, r.ITLSamples = t.ttft, t.itl
 	r.Rejected = r.RejectedBusy + r.RejectedInvalid
 	if !t.lastFin.IsZero() {
 		r.SimSeconds = t.lastFin.Sub(t.firstAt).Seconds()
