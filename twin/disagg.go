@@ -53,16 +53,20 @@ type PathStats struct {
 	// PrefillOnly are disagg requests whose prefill token ended them.
 	PrefillOnly int `json:"prefill_only"`
 
-	Handoffs       int     `json:"handoffs"`          // decode legs that pulled from a prefill worker
-	HandoffBlocks  int64   `json:"handoff_blocks"`    // blocks pulled
-	HandoffBytes   int64   `json:"handoff_bytes"`     // HandoffBlocks × modelled block size
-	PayloadBytes   int64   `json:"payload_bytes"`     // sim payload bytes copied and verified
-	HandoffP50MS   float64 `json:"handoff_p50_ms"`    // modelled transfer time
-	HandoffP99MS   float64 `json:"handoff_p99_ms"`    //
-	HeldBlocks     int64   `json:"held_blocks"`       // prompt blocks the decode worker already held
-	PullFailures   int     `json:"pull_failures"`     // pulls that errored or fell short
-	RecomputedToks int64   `json:"recomputed_tokens"` // full-block prompt tokens a decode leg recomputed after a short pull
-	PinnedPeak     int64   `json:"pinned_peak"`       // most prefill blocks pinned for handoffs at once
+	Handoffs      int     `json:"handoffs"`       // decode legs that pulled from a prefill worker
+	HandoffBlocks int64   `json:"handoff_blocks"` // blocks pulled
+	HandoffBytes  int64   `json:"handoff_bytes"`  // HandoffBlocks × modelled block size
+	PayloadBytes  int64   `json:"payload_bytes"`  // sim payload bytes copied and verified
+	HandoffP50MS  float64 `json:"handoff_p50_ms"` // modelled transfer time
+	HandoffP99MS  float64 `json:"handoff_p99_ms"` //
+	HeldBlocks    int64   `json:"held_blocks"`    // prompt blocks the decode worker already held
+	PullFailures  int     `json:"pull_failures"`  // pulls that errored or inserted fewer blocks than asked
+	// Recomputes are decode legs that computed some of the prompt's full
+	// blocks themselves (a short pull, or pulled blocks evicted before the
+	// leg was scheduled); RecomputedToks are those tokens.
+	Recomputes     int   `json:"recomputes"`
+	RecomputedToks int64 `json:"recomputed_tokens"`
+	PinnedPeak     int64 `json:"pinned_peak"` // most prefill blocks pinned for handoffs at once
 }
 
 // pdReq is a disaggregated request's state between its legs.
@@ -374,9 +378,8 @@ func (t *twin) decodeFetch(ctx context.Context, req *engine.Request, m sim.Missi
 	ps.HandoffBlocks += int64(n)
 	ps.HandoffBytes += int64(n) * t.cfg.TransferBytesPerBlock
 	ps.PayloadBytes += int64(payload)
-	if short := len(m.Seq) - n; err != nil || short > 0 {
+	if err != nil || n < end-m.Start {
 		ps.PullFailures++
-		ps.RecomputedToks += int64(short * t.cfg.BlockSize)
 	}
 	return err
 }
@@ -389,4 +392,17 @@ func (t *twin) finishPD() {
 	}
 	d := newDist(t.pd.xferMS)
 	ps.HandoffP50MS, ps.HandoffP99MS = d.P50, d.P99
+}
+
+// decodeDone accounts a finished decode leg (m: its metrics): the prompt's
+// full-block tokens it did not find cached when first scheduled were
+// recomputed.
+func (t *twin) decodeDone(p *pdReq, m sim.Metrics) {
+	// The sim computes at least the prompt's last token, so at most the
+	// full blocks before it can be cached.
+	full := (p.plen - 1) / t.cfg.BlockSize * t.cfg.BlockSize
+	if miss := full - m.CachedTokens; miss > 0 {
+		t.res.Paths.Recomputes++
+		t.res.Paths.RecomputedToks += int64(miss)
+	}
 }

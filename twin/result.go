@@ -193,8 +193,8 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	if p := r.Paths; p != nil {
 		fmt.Fprintf(&b, "  paths       %d disagg (%d ended on the prefill token), %d local prefill (%d %s, %d %s)\n",
 			p.Disagg, p.PrefillOnly, p.LocalPrefill, p.LocalISL, router.ReasonISL, p.LocalPrefillBusy, router.ReasonPrefillBusy)
-		fmt.Fprintf(&b, "  handoffs    %d: %d blocks pulled (%.2f GiB modelled, %d payload bytes verified), %d already held; transfer p50 %.1f ms p99 %.1f ms; %d short pulls (%d tokens recomputed); peak %d prefill blocks pinned\n",
-			p.Handoffs, p.HandoffBlocks, float64(p.HandoffBytes)/(1<<30), p.PayloadBytes, p.HeldBlocks, p.HandoffP50MS, p.HandoffP99MS, p.PullFailures, p.RecomputedToks, p.PinnedPeak)
+		fmt.Fprintf(&b, "  handoffs    %d: %d blocks pulled (%.2f GiB modelled, %d payload bytes verified), %d already held; transfer p50 %.1f ms p99 %.1f ms; %d short pulls, %d decode legs recomputed %d prompt tokens; peak %d prefill blocks pinned\n",
+			p.Handoffs, p.HandoffBlocks, float64(p.HandoffBytes)/(1<<30), p.PayloadBytes, p.HeldBlocks, p.HandoffP50MS, p.HandoffP99MS, p.PullFailures, p.Recomputes, p.RecomputedToks, p.PinnedPeak)
 	}
 	b.WriteString(r.LastLine())
 	b.WriteByte('\n')

@@ -720,6 +720,7 @@ func (t *twin) complete(st *request, now time.Time, nowNS int64) {
 	hm := m // the leg that computed the prompt
 	if st.pd != nil {
 		if st.pd.preSeq != st.seq {
+			t.decodeDone(st.pd, m)
 			hm = st.pd.preSeq.Metrics()
 			t.res.Preemptions += int64(hm.Preemptions)
 		}
