@@ -151,6 +151,7 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 	if pd && !fs.Changed("workers") {
 		tf.cfg.Workers = 0 // P/D replaces the aggregated default
 	}
+	// Parsed here to fail early, again below once tf.cfg is complete.
 	fleets, err := twinFleets(tf)
 	if err != nil {
 		return fmt.Errorf("twin: --fleets: %w", err)
@@ -243,6 +244,9 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 			c.Temperature = tf.temperature
 		}
 		tf.cfg.Cost = &c
+	}
+	if fleets, err = twinFleets(tf); err != nil {
+		return fmt.Errorf("twin: --fleets: %w", err)
 	}
 	wl, err := twin.LoadWorkload(tf.trace, twin.LoadOptions{TraceBlockSize: tf.traceBlockSize, Strict: tf.strict, MaxRequests: tf.maxRequests})
 	if err != nil {
