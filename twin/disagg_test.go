@@ -189,3 +189,23 @@ func TestPDShortPullRecomputes(t *testing.T) {
 		t.Fatalf("%d requests, paths %+v", r.Requests, p)
 	}
 }
+
+// A closed loop issues the next request when one ends on either leg, and
+// engine blocks that straddle trace blocks (no prompt hasher) hash the
+// prompt for both legs.
+func TestPDClosedLoopAndUnalignedBlocks(t *testing.T) {
+	wl, err := NewWorkload(loadSlice(t).Requests[:100], nil, 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []Config{
+		{Mode: string(router.ModeKV), PrefillWorkers: 1, DecodeWorkers: 2, Concurrency: 4},
+		{Mode: ModeKVHints, PrefillWorkers: 2, DecodeWorkers: 1, BlockSize: 48},
+	} {
+		r := run(t, wl, c)
+		checkResult(t, r)
+		if r.Requests != 100 || r.Paths.Handoffs == 0 || r.Paths.PullFailures != 0 {
+			t.Fatalf("%+v: %d requests, paths %+v", c, r.Requests, r.Paths)
+		}
+	}
+}

@@ -9,7 +9,10 @@
 // copies the hinted blocks from the source core (Pin + ReadPayload →
 // Insert, payload bytes verified) through the sim's Fetcher hook, and the
 // sim charges the modelled transfer time to the pass that first schedules
-// the request.
+// the request. With prefill and decode pools (Config.PrefillWorkers,
+// DecodeWorkers) every request takes the router's disaggregation policy's
+// path, the legs on their pools' cores and the KV handoff between them in
+// virtual time (disagg.go).
 //
 // The loop is a discrete-event simulation on one goroutine: the events are
 // arrivals (trace timestamps, or a closed loop of C clients) and each
