@@ -44,6 +44,9 @@ import (
 // PathStats counts the requests of a P/D run by path (a fleet without
 // P/D serves every request aggregated) and measures the handoffs.
 type PathStats struct {
+	// Aggregated: a mixed fleet's requests sent whole to its aggregated
+	// pool (router.PreferAggregated).
+	Aggregated   int `json:"aggregated"`
 	Disagg       int `json:"disagg"`
 	LocalPrefill int `json:"local_prefill"`
 	// LocalISL and LocalPrefillBusy split LocalPrefill by reason
@@ -174,9 +177,26 @@ func (t *twin) arrivePD(ctx context.Context, i int, atNS int64, plen int, rr rou
 	prompt := sim.Prompt{Len: plen, Local: rr.Local, Tail: tail}
 	ps := t.res.Paths
 
-	choice, err := t.r.PlanDisagg(ctx, rr, t.pd.policy)
-	if err != nil {
-		return t.routeFailed(err, atNS, rq.Line)
+	// A mixed fleet serves the request whole on its aggregated pool while
+	// that pool is the less loaded, as the fleet does.
+	choice, err := router.DisaggChoice{}, error(nil)
+	if t.pd.agg == 0 || !t.r.PreferAggregated(model) {
+		choice, err = t.r.PlanDisagg(ctx, rr, t.pd.policy)
+		if err != nil && t.pd.agg == 0 {
+			return t.routeFailed(err, atNS, rq.Line)
+		}
+	}
+	if choice.Path == "" || err != nil {
+		d, err := t.r.Route(ctx, rr)
+		if err != nil {
+			return t.routeFailed(err, atNS, rq.Line)
+		}
+		if err := t.addLeg(d, st, &st.er, prompt, atNS); err != nil {
+			return nil
+		}
+		t.predicted += int64(d.CachedTokens)
+		ps.Aggregated++
+		return nil
 	}
 	var pre *router.Decision
 	if choice.Path == router.PathDisagg {

@@ -75,8 +75,11 @@ type Result struct {
 
 // Fleet names the run's fleet: "8 agg", or "4P+4D" with P/D.
 func (r *Result) Fleet() string {
-	if r.Paths == nil {
+	switch {
+	case r.Paths == nil:
 		return fmt.Sprintf("%d agg", r.Workers)
+	case r.Workers > 0:
+		return fmt.Sprintf("%dA+%dP+%dD", r.Workers, r.PrefillWorkers, r.DecodeWorkers)
 	}
 	return fmt.Sprintf("%dP+%dD", r.PrefillWorkers, r.DecodeWorkers)
 }
@@ -168,6 +171,9 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	fleet := fmt.Sprintf("%d workers", r.Workers)
 	if r.Paths != nil {
 		fleet = fmt.Sprintf("%d prefill + %d decode workers", r.PrefillWorkers, r.DecodeWorkers)
+		if r.Workers > 0 {
+			fleet = fmt.Sprintf("%d aggregated + ", r.Workers) + fleet
+		}
 	}
 	fmt.Fprintf(&b, "mode %s: %s, %d/%d requests completed, %d rejected (%d busy, %d invalid), %.1f s simulated, %d passes, %d preemptions\n",
 		r.Mode, fleet, r.Requests, r.Offered, r.Rejected, r.RejectedBusy, r.RejectedInvalid, r.SimSeconds, r.Passes, r.Preemptions)
@@ -191,8 +197,8 @@ func (r *Result) WriteSummary(w io.Writer) error {
 			hs.Hints, hs.PlannedBlocks, hs.FetchedBlocks, float64(hs.ModelledBytes)/(1<<30), hs.PayloadBytes, hs.Misses, hs.Errors)
 	}
 	if p := r.Paths; p != nil {
-		fmt.Fprintf(&b, "  paths       %d disagg (%d ended on the prefill token), %d local prefill (%d %s, %d %s)\n",
-			p.Disagg, p.PrefillOnly, p.LocalPrefill, p.LocalISL, router.ReasonISL, p.LocalPrefillBusy, router.ReasonPrefillBusy)
+		fmt.Fprintf(&b, "  paths       %d aggregated, %d disagg (%d ended on the prefill token), %d local prefill (%d %s, %d %s)\n",
+			p.Aggregated, p.Disagg, p.PrefillOnly, p.LocalPrefill, p.LocalISL, router.ReasonISL, p.LocalPrefillBusy, router.ReasonPrefillBusy)
 		fmt.Fprintf(&b, "  handoffs    %d: %d blocks pulled (%.2f GiB modelled, %d payload bytes verified), %d already held; transfer p50 %.1f ms p99 %.1f ms; %d short pulls, %d decode legs recomputed %d prompt tokens; peak %d prefill blocks pinned\n",
 			p.Handoffs, p.HandoffBlocks, float64(p.HandoffBytes)/(1<<30), p.PayloadBytes, p.HeldBlocks, p.HandoffP50MS, p.HandoffP99MS, p.PullFailures, p.Recomputes, p.RecomputedToks, p.PinnedPeak)
 	}
@@ -209,14 +215,13 @@ func WriteComparison(w io.Writer, rs []*Result) error {
 	if anyPD(rs) {
 		fmt.Fprintln(tw, "fleet\tmode\trequests\trejected\thit\tttft p50\tttft p99\titl p50\titl p99\te2e mean\ttok/s\taggregated\tdisagg\tlocal isl\tlocal busy\thandoff GiB\thandoff p50\thandoff p99\twall s\t")
 		for _, r := range rs {
-			var agg int
 			p := r.Paths
 			if p == nil {
-				agg, p = r.Requests, &PathStats{}
+				p = &PathStats{Aggregated: r.Requests}
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.4f\t%.1f\t%.1f\t%.2f\t%.2f\t%.1f\t%.1f\t%d\t%d\t%d\t%d\t%.2f\t%.1f\t%.1f\t%.3f\t\n",
 				r.Fleet(), r.Mode, r.Requests, r.Rejected, r.Hit.Total, r.TTFT.P50, r.TTFT.P99, r.ITL.P50, r.ITL.P99, r.E2E.Mean,
-				r.OutputTokPerS, agg, p.Disagg, p.LocalISL, p.LocalPrefillBusy, float64(p.HandoffBytes)/(1<<30), p.HandoffP50MS, p.HandoffP99MS, r.Wall.Seconds())
+				r.OutputTokPerS, p.Aggregated, p.Disagg, p.LocalISL, p.LocalPrefillBusy, float64(p.HandoffBytes)/(1<<30), p.HandoffP50MS, p.HandoffP99MS, r.Wall.Seconds())
 		}
 		return tw.Flush()
 	}

@@ -121,7 +121,8 @@ type Config struct {
 	Cost *router.CostModel `json:"cost,omitempty"`
 
 	// Disaggregated prefill/decode (disagg.go): prefill and decode pools
-	// beside Workers aggregated ones (Workers defaults to 0 then), and the
+	// beside Workers aggregated ones (Workers defaults to 0 then; more make
+	// a mixed fleet), and the
 	// conditional-disaggregation thresholds on the net new prompt tokens
 	// (router.DisaggConfig: defaults 2048 and 0.7; negative tokens: never
 	// local for length).
@@ -181,8 +182,8 @@ func (c Config) Normalize() (Config, error) {
 	switch {
 	case !pd && (c.Workers < 1 || c.Workers > 1<<16):
 		return c, fmt.Errorf("twin: %d workers, want 1 to 65536", c.Workers)
-	case pd && (c.PrefillWorkers < 1 || c.DecodeWorkers < 1 || c.Workers != 0 || c.PrefillWorkers+c.DecodeWorkers > 1<<16):
-		return c, fmt.Errorf("twin: %d prefill + %d decode + %d aggregated workers, want at least one prefill and one decode worker, no aggregated ones (a mixed fleet is not modelled), 65536 in all", c.PrefillWorkers, c.DecodeWorkers, c.Workers)
+	case pd && (c.PrefillWorkers < 1 || c.DecodeWorkers < 1 || c.Workers < 0 || c.Workers+c.PrefillWorkers+c.DecodeWorkers > 1<<16):
+		return c, fmt.Errorf("twin: %d prefill + %d decode + %d aggregated workers, want at least one prefill and one decode worker, 65536 in all", c.PrefillWorkers, c.DecodeWorkers, c.Workers)
 	case c.BlockSize < 1 || c.Blocks < 1 || c.MaxBatchedTokens < 1 || c.MaxSeqs < 1:
 		return c, errors.New("twin: block size, blocks, max batched tokens and max seqs must be positive")
 	case !(c.ArrivalSpeedup > 0) || c.ArrivalSpeedup > 1e9:

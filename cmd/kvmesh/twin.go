@@ -59,8 +59,10 @@ a prefill leg routed by the mode over the prefill pool (carrying the hint in
 kv+hints), a decode leg routed by load over the decode pool that pulls the
 prompt's blocks from the prefill worker (modelled at --bandwidth, beside the
 decode passes); it reports requests per path (disagg, local_prefill by
-reason) and the handoffs. --fleets "8,4+4,2+6" runs several fleets (N
-aggregated, or P+D) side by side, each in every mode.
+reason) and the handoffs. An explicit --workers beside them makes a mixed
+fleet (a request goes whole to the aggregated pool while it is the less
+loaded). --fleets "8,4+4,2+6" runs several fleets (N aggregated, P+D, or
+A+P+D mixed) side by side, each in every mode.
 
 Open loop by default (trace timestamps divided by --arrival-speedup);
 --concurrency C runs a closed loop of C clients instead. --compare runs
@@ -107,11 +109,11 @@ variable (--trace also reads KVMESH_TRACE).`,
 	f.Float64Var(&tf.prefillScale, "prefill-scale", 1, "router cost: weight of prefill blocks against decode blocks (Dynamo's overlap weight)")
 	f.Float64Var(&tf.workWeight, "work-weight", router.TimeCost().WorkWeight, "router time cost: weight of the request's own prefill time on top of its predicted TTFT")
 	f.Float64Var(&tf.temperature, "temperature", 0, "router cost: softmax temperature (0: arg-min)")
-	f.IntVar(&tf.cfg.PrefillWorkers, "prefill-workers", 0, "disaggregated prefill workers (with --decode-workers; replaces --workers)")
+	f.IntVar(&tf.cfg.PrefillWorkers, "prefill-workers", 0, "disaggregated prefill workers (with --decode-workers; replaces the --workers default, or joins an explicit --workers in a mixed fleet)")
 	f.IntVar(&tf.cfg.DecodeWorkers, "decode-workers", 0, "disaggregated decode workers (with --prefill-workers)")
 	f.IntVar(&tf.cfg.LocalPrefillTokens, "disagg-local-prefill-tokens", router.DefaultLocalPrefillTokens, "P/D: prefill on the decode worker when the net new prompt is under this many tokens (and under the ratio); negative: never for length")
 	f.Float64Var(&tf.cfg.LocalPrefillRatio, "disagg-local-prefill-ratio", router.DefaultLocalPrefillRatio, "P/D: … and under this fraction of the prompt, in (0, 1]")
-	f.StringVar(&tf.fleets, "fleets", "", `comma-separated fleets to compare, each N (aggregated) or P+D (prefill+decode), e.g. "8,4+4,2+6"; overrides --workers and --prefill/decode-workers`)
+	f.StringVar(&tf.fleets, "fleets", "", `comma-separated fleets to compare, each N (aggregated), P+D (prefill+decode) or A+P+D (mixed), e.g. "8,4+4,2+6"; overrides --workers and --prefill/decode-workers`)
 	return withEnv(cmd, "TWIN_")
 }
 
@@ -173,8 +175,6 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 			return fmt.Errorf("twin: --workers %d, want ≥ 1", fl.Workers)
 		case fl.PrefillWorkers < 0 || fl.DecodeWorkers < 0 || (fl.PrefillWorkers+fl.DecodeWorkers > 0 && (fl.PrefillWorkers == 0 || fl.DecodeWorkers == 0)):
 			return fmt.Errorf("twin: --prefill-workers %d and --decode-workers %d, want both ≥ 1", fl.PrefillWorkers, fl.DecodeWorkers)
-		case fl.PrefillWorkers > 0 && fl.Workers != 0:
-			return fmt.Errorf("twin: --workers %d with --prefill-workers/--decode-workers: a mixed aggregated and P/D fleet is not modelled", fl.Workers)
 		}
 	}
 	if !(tf.cfg.LocalPrefillRatio > 0 && tf.cfg.LocalPrefillRatio <= 1) {
@@ -332,20 +332,30 @@ func twinFleets(tf twinFlags) ([]twin.Config, error) {
 		f = strings.TrimSpace(f)
 		c := tf.cfg
 		c.Workers, c.PrefillWorkers, c.DecodeWorkers = 0, 0, 0
+		parts := strings.Split(f, "+")
+		ns := make([]int, len(parts))
 		var err error
-		if p, d, ok := strings.Cut(f, "+"); ok {
-			c.PrefillWorkers, err = strconv.Atoi(strings.TrimSpace(p))
-			if err == nil {
-				c.DecodeWorkers, err = strconv.Atoi(strings.TrimSpace(d))
+		for i, p := range parts {
+			if ns[i], err = strconv.Atoi(strings.TrimSpace(p)); err == nil && ns[i] < 1 {
+				err = errors.New("every count must be ≥ 1")
 			}
-			if err == nil && (c.PrefillWorkers < 1 || c.DecodeWorkers < 1) {
-				err = errors.New("want both ≥ 1")
+			if err != nil {
+				break
 			}
-		} else if c.Workers, err = strconv.Atoi(f); err == nil && c.Workers < 1 {
-			err = errors.New("want ≥ 1")
+		}
+		switch {
+		case err != nil:
+		case len(ns) == 1:
+			c.Workers = ns[0]
+		case len(ns) == 2:
+			c.PrefillWorkers, c.DecodeWorkers = ns[0], ns[1]
+		case len(ns) == 3:
+			c.Workers, c.PrefillWorkers, c.DecodeWorkers = ns[0], ns[1], ns[2]
+		default:
+			err = errors.New("too many counts")
 		}
 		if err != nil {
-			return nil, fmt.Errorf("fleet %q: want N aggregated workers or P+D prefill+decode workers: %v", f, err)
+			return nil, fmt.Errorf("fleet %q: want N aggregated workers, P+D prefill+decode workers or A+P+D (a mixed fleet): %v", f, err)
 		}
 		out = append(out, c)
 	}

@@ -127,7 +127,7 @@ var twinPDLastLine = regexp.MustCompile(`^twin: mode=(\S+) fleet=(\S+) requests=
 func TestTwinFleets(t *testing.T) {
 	outDir := t.TempDir()
 	out, errOut, err := runTwinCmd(t, "--trace", "../../twin/testdata/conversation_300.jsonl", "--requests", "60",
-		"--fleets", "4, 2+2,1+3", "--router", "kv", "--out", outDir)
+		"--fleets", "4, 2+2,1+3,2+1+1", "--router", "kv", "--out", outDir)
 	if err != nil {
 		t.Fatalf("%v\n%s%s", err, out, errOut)
 	}
@@ -144,7 +144,7 @@ func TestTwinFleets(t *testing.T) {
 			t.Fatalf("malformed summary line %q", l)
 		}
 	}
-	if strings.Join(fleets, ",") != "agg,2P+2D,1P+3D" || !strings.Contains(out, "fleets 4, 2+2,1+3") ||
+	if strings.Join(fleets, ",") != "agg,2P+2D,1P+3D,2A+1P+1D" || !strings.Contains(out, "fleets 4, 2+2,1+3,2+1+1") ||
 		!strings.Contains(out, "local isl") || !strings.Contains(out, "4 agg") {
 		t.Fatalf("fleets %v; output:\n%s", fleets, out)
 	}
@@ -154,7 +154,7 @@ func TestTwinFleets(t *testing.T) {
 		}
 	}
 	js, _ := os.ReadFile(filepath.Join(outDir, "twin.json"))
-	if !strings.Contains(string(js), `"local_isl"`) || !strings.Contains(string(js), `"fleets": "4, 2+2,1+3"`) {
+	if !strings.Contains(string(js), `"local_isl"`) || !strings.Contains(string(js), `"fleets": "4, 2+2,1+3,2+1+1"`) {
 		t.Fatalf("report lacks the paths or the fleets:\n%.2000s", js)
 	}
 
@@ -172,13 +172,13 @@ func TestTwinRejectsBadPDFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--prefill-workers", "2"},
 		{"--decode-workers", "2"},
-		{"--prefill-workers", "1", "--decode-workers", "1", "--workers", "2"},
 		{"--prefill-workers", "1", "--decode-workers", "1", "--disagg-local-prefill-ratio", "0"},
 		{"--prefill-workers", "1", "--decode-workers", "1", "--disagg-local-prefill-tokens", "0"},
 		{"--fleets", "4,2+"},
 		{"--fleets", "0"},
 		{"--fleets", "1+0"},
 		{"--fleets", "x"},
+		{"--fleets", "1+1+1+1"},
 	} {
 		args = append([]string{"--trace", tr, "--requests", "5"}, args...)
 		if _, _, err := runTwinCmd(t, args...); err == nil {
