@@ -60,3 +60,35 @@ func BenchmarkConversation8(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkConversationPD replays the whole conversation trace in kv mode
+// on 8 workers as 8 aggregated, 4 prefill + 4 decode and 2 + 6, reporting
+// CPU and wall seconds per replay: the P/D runs' cost against the
+// aggregated one's, measured in the same run.
+func BenchmarkConversationPD(b *testing.B) {
+	path := conversationTrace()
+	if _, err := os.Stat(path); err != nil {
+		b.Skipf("conversation trace not available (set KVMESH_TRACE): %v", err)
+	}
+	wl, err := LoadWorkload(path, LoadOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, f := range []struct {
+		name      string
+		agg, p, d int
+	}{{"8agg", 8, 0, 0}, {"4P+4D", 0, 4, 4}, {"2P+6D", 0, 2, 6}} {
+		b.Run(f.name, func(b *testing.B) {
+			var r *Result
+			cpu0 := cpuTime()
+			for b.Loop() {
+				if r, err = Run(context.Background(), wl, Config{Mode: string(router.ModeKV), Workers: f.agg, PrefillWorkers: f.p, DecodeWorkers: f.d, Seed: 1}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric((cpuTime()-cpu0).Seconds()/float64(b.N), "cpu-s/trace")
+			b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "s/trace")
+			b.ReportMetric(r.ITL.P99, "itl-p99-ms")
+		})
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/internal/quantile"
 	"github.com/kvmesh/kvmesh/plot"
+	"github.com/kvmesh/kvmesh/router"
 )
 
 // Result is one mode's measurements. Latencies follow aiperf's definitions:
@@ -20,11 +21,14 @@ import (
 // = (E2E − TTFT)/(output tokens − 1); throughput is over the span from the
 // first arrival to the last completion.
 type Result struct {
-	Mode     string `json:"mode"`
-	Workers  int    `json:"workers"`
-	Offered  int    `json:"offered"`  // trace requests issued
-	Requests int    `json:"requests"` // completed
-	Rejected int    `json:"rejected"`
+	Mode    string `json:"mode"`
+	Workers int    `json:"workers"` // aggregated
+	// PrefillWorkers and DecodeWorkers are the P/D pools (0 without P/D).
+	PrefillWorkers int `json:"prefill_workers,omitempty"`
+	DecodeWorkers  int `json:"decode_workers,omitempty"`
+	Offered        int `json:"offered"`  // trace requests issued
+	Requests       int `json:"requests"` // completed
+	Rejected       int `json:"rejected"`
 	// RejectedBusy: every worker past a router busy threshold (a 503);
 	// RejectedInvalid: the engine refused the request (empty, too long).
 	RejectedBusy    int      `json:"rejected_busy"`
@@ -49,6 +53,8 @@ type Result struct {
 	Hints HintStats `json:"hints"`
 	// KVBM is the block managers' totals (Config.KVBM).
 	KVBM *KVBMResult `json:"kvbm,omitempty"`
+	// Paths counts requests by path and measures handoffs (P/D runs only).
+	Paths *PathStats `json:"paths,omitempty"`
 
 	Passes        int64  `json:"passes"`
 	Preemptions   int64  `json:"preemptions"`
@@ -64,6 +70,39 @@ type Result struct {
 	CPU time.Duration `json:"-"`
 	// TTFTSamples are the completed requests' TTFTs (ms) in completion order.
 	TTFTSamples []float64 `json:"-"`
+	// ITLSamples are their ITLs (ms, requests of two or more tokens), for
+	// the ITL chart of reports with P/D.
+	ITLSamples []float64 `json:"-"`
+}
+
+// Fleet names the run's fleet: "8 agg", or "4P+4D" with P/D.
+func (r *Result) Fleet() string {
+	switch {
+	case r.Paths == nil:
+		return fmt.Sprintf("%d agg", r.Workers)
+	case r.Workers > 0:
+		return fmt.Sprintf("%dA+%dP+%dD", r.Workers, r.PrefillWorkers, r.DecodeWorkers)
+	}
+	return fmt.Sprintf("%dP+%dD", r.PrefillWorkers, r.DecodeWorkers)
+}
+
+// label names a result in charts: its mode, prefixed by its fleet when the
+// report compares P/D fleets.
+func (r *Result) label(pd bool) string {
+	if !pd {
+		return r.Mode
+	}
+	return r.Fleet() + " " + r.Mode
+}
+
+// anyPD reports whether some result ran P/D.
+func anyPD(rs []*Result) bool {
+	for _, r := range rs {
+		if r.Paths != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // Dist summarises samples (ms).
@@ -120,6 +159,10 @@ type HintStats struct {
 
 // LastLine is the one-line summary every mode's output ends with.
 func (r *Result) LastLine() string {
+	if r.Paths != nil {
+		return fmt.Sprintf("twin: mode=%s fleet=%s requests=%d disagg=%d local_prefill=%d hit=%.4f ttft_p50_ms=%.1f ttft_mean_ms=%.1f itl_p99_ms=%.2f wall_s=%.3f",
+			r.Mode, r.Fleet(), r.Requests, r.Paths.Disagg, r.Paths.LocalPrefill, r.Hit.Total, r.TTFT.P50, r.TTFT.Mean, r.ITL.P99, r.Wall.Seconds())
+	}
 	return fmt.Sprintf("twin: mode=%s requests=%d hit=%.4f ttft_p50_ms=%.1f ttft_mean_ms=%.1f wall_s=%.3f",
 		r.Mode, r.Requests, r.Hit.Total, r.TTFT.P50, r.TTFT.Mean, r.Wall.Seconds())
 }
@@ -127,8 +170,15 @@ func (r *Result) LastLine() string {
 // WriteSummary prints a mode's measurements, ending with LastLine.
 func (r *Result) WriteSummary(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "mode %s: %d workers, %d/%d requests completed, %d rejected (%d busy, %d invalid), %.1f s simulated, %d passes, %d preemptions\n",
-		r.Mode, r.Workers, r.Requests, r.Offered, r.Rejected, r.RejectedBusy, r.RejectedInvalid, r.SimSeconds, r.Passes, r.Preemptions)
+	fleet := fmt.Sprintf("%d workers", r.Workers)
+	if r.Paths != nil {
+		fleet = fmt.Sprintf("%d prefill + %d decode workers", r.PrefillWorkers, r.DecodeWorkers)
+		if r.Workers > 0 {
+			fleet = fmt.Sprintf("%d aggregated + ", r.Workers) + fleet
+		}
+	}
+	fmt.Fprintf(&b, "mode %s: %s, %d/%d requests completed, %d rejected (%d busy, %d invalid), %.1f s simulated, %d passes, %d preemptions\n",
+		r.Mode, fleet, r.Requests, r.Offered, r.Rejected, r.RejectedBusy, r.RejectedInvalid, r.SimSeconds, r.Passes, r.Preemptions)
 	for _, why := range r.RejectReasons {
 		fmt.Fprintf(&b, "  rejected: %s\n", why)
 	}
@@ -153,15 +203,35 @@ func (r *Result) WriteSummary(w io.Writer) error {
 		fmt.Fprintf(&b, "  hints       %d hints, %d blocks planned, %d fetched (%.2f GiB modelled, %d payload bytes verified), %d misses, %d errors\n",
 			hs.Hints, hs.PlannedBlocks, hs.FetchedBlocks, float64(hs.ModelledBytes)/(1<<30), hs.PayloadBytes, hs.Misses, hs.Errors)
 	}
+	if p := r.Paths; p != nil {
+		fmt.Fprintf(&b, "  paths       %d aggregated, %d disagg (%d ended on the prefill token), %d local prefill (%d %s, %d %s)\n",
+			p.Aggregated, p.Disagg, p.PrefillOnly, p.LocalPrefill, p.LocalISL, router.ReasonISL, p.LocalPrefillBusy, router.ReasonPrefillBusy)
+		fmt.Fprintf(&b, "  handoffs    %d: %d blocks pulled (%.2f GiB modelled, %d payload bytes verified), %d already held; transfer p50 %.1f ms p99 %.1f ms; %d short pulls, %d decode legs recomputed %d prompt tokens; peak %d prefill blocks pinned\n",
+			p.Handoffs, p.HandoffBlocks, float64(p.HandoffBytes)/(1<<30), p.PayloadBytes, p.HeldBlocks, p.HandoffP50MS, p.HandoffP99MS, p.PullFailures, p.Recomputes, p.RecomputedToks, p.PinnedPeak)
+	}
 	b.WriteString(r.LastLine())
 	b.WriteByte('\n')
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
-// WriteComparison prints the modes side by side.
+// WriteComparison prints the modes side by side (with fleets and paths
+// when some result ran P/D).
 func WriteComparison(w io.Writer, rs []*Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	if anyPD(rs) {
+		fmt.Fprintln(tw, "fleet\tmode\trequests\trejected\thit\tttft p50\tttft p99\titl p50\titl p99\te2e mean\ttok/s\taggregated\tdisagg\tlocal isl\tlocal busy\thandoff GiB\thandoff p50\thandoff p99\twall s\t")
+		for _, r := range rs {
+			p := r.Paths
+			if p == nil {
+				p = &PathStats{Aggregated: r.Requests}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.4f\t%.1f\t%.1f\t%.2f\t%.2f\t%.1f\t%.1f\t%d\t%d\t%d\t%d\t%.2f\t%.1f\t%.1f\t%.3f\t\n",
+				r.Fleet(), r.Mode, r.Requests, r.Rejected, r.Hit.Total, r.TTFT.P50, r.TTFT.P99, r.ITL.P50, r.ITL.P99, r.E2E.Mean,
+				r.OutputTokPerS, p.Aggregated, p.Disagg, p.LocalISL, p.LocalPrefillBusy, float64(p.HandoffBytes)/(1<<30), p.HandoffP50MS, p.HandoffP99MS, r.Wall.Seconds())
+		}
+		return tw.Flush()
+	}
 	fmt.Fprintln(tw, "mode\trequests\trejected\thit\tdevice\tpeers\tttft p50\tttft p90\tttft p99\tttft mean\titl mean\te2e mean\ttok/s\treq/s\thints\tfetched GiB\twall s\t")
 	for _, r := range rs {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.4f\t%.4f\t%.4f\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.3f\t%d\t%.2f\t%.3f\t\n",
@@ -174,11 +244,14 @@ func WriteComparison(w io.Writer, rs []*Result) error {
 
 // Report is the JSON document WriteReport writes.
 type Report struct {
-	Trace        string    `json:"trace,omitempty"`
-	TraceLines   int       `json:"trace_requests"`
-	SkippedLines int       `json:"skipped_lines"`
-	Config       Config    `json:"config"`
-	Results      []*Result `json:"results"`
+	Trace        string `json:"trace,omitempty"`
+	TraceLines   int    `json:"trace_requests"`
+	SkippedLines int    `json:"skipped_lines"`
+	Config       Config `json:"config"`
+	// Fleets is --fleets when several fleets were compared (Config then
+	// holds the last one's; each result names its own).
+	Fleets  string    `json:"fleets,omitempty"`
+	Results []*Result `json:"results"`
 }
 
 // Report file names inside the output directory.
@@ -186,11 +259,13 @@ const (
 	ReportJSON = "twin.json"
 	TTFTSVG    = "twin_ttft_cdf.svg"
 	HitSVG     = "twin_hit_ratio.svg"
+	ITLSVG     = "twin_itl_cdf.svg" // P/D reports only
 )
 
 // WriteReport writes rep as JSON plus two SVG charts (the TTFT CDF of every
 // mode and the hit ratio split per mode) into dir, creating it, and returns
-// the paths written.
+// the paths written. A report with a P/D run labels each result by fleet
+// and mode and adds the ITL CDF.
 func WriteReport(dir string, rep Report) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("twin: %w", err)
@@ -203,12 +278,14 @@ func WriteReport(dir string, rep Report) ([]string, error) {
 	if err := writeFileAtomic(jpath, append(js, '\n')); err != nil {
 		return nil, err
 	}
-	var series []plot.Series
+	var series, itl []plot.Series
+	pd := anyPD(rep.Results)
 	cats := make([]string, 0, len(rep.Results))
 	dev, peers, total := plot.Bars{Name: "device"}, plot.Bars{Name: "fetched from peers"}, plot.Bars{Name: "total"}
 	for _, r := range rep.Results {
-		series = append(series, cdfSeries(r.Mode, r.TTFTSamples, cdfPoints))
-		cats = append(cats, r.Mode)
+		series = append(series, cdfSeries(r.label(pd), r.TTFTSamples, cdfPoints))
+		itl = append(itl, cdfSeries(r.label(pd), r.ITLSamples, cdfPoints))
+		cats = append(cats, r.label(pd))
 		dev.Values = append(dev.Values, r.Hit.Device)
 		peers.Values = append(peers.Values, r.Hit.Peers)
 		total.Values = append(total.Values, r.Hit.Total)
@@ -225,7 +302,16 @@ func WriteReport(dir string, rep Report) ([]string, error) {
 	if err := plot.WriteFile(hpath, bars); err != nil {
 		return nil, fmt.Errorf("twin: %w", err)
 	}
-	return []string{jpath, tpath, hpath}, nil
+	if !pd {
+		return []string{jpath, tpath, hpath}, nil
+	}
+	ic := plot.CDFChart("ITL by fleet and mode", "mean inter-token latency per request (ms, log scale)", itl...)
+	ic.LogX = true
+	ipath := filepath.Join(dir, ITLSVG)
+	if err := plot.WriteFile(ipath, ic); err != nil {
+		return nil, fmt.Errorf("twin: %w", err)
+	}
+	return []string{jpath, tpath, hpath, ipath}, nil
 }
 
 // cdfPoints bounds the points per CDF series, so a 12k-request run's chart

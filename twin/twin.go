@@ -9,7 +9,10 @@
 // copies the hinted blocks from the source core (Pin + ReadPayload →
 // Insert, payload bytes verified) through the sim's Fetcher hook, and the
 // sim charges the modelled transfer time to the pass that first schedules
-// the request.
+// the request. With prefill and decode pools (Config.PrefillWorkers,
+// DecodeWorkers) every request takes the router's disaggregation policy's
+// path, the legs on their pools' cores and the KV handoff between them in
+// virtual time (disagg.go).
 //
 // The loop is a discrete-event simulation on one goroutine: the events are
 // arrivals (trace timestamps, or a closed loop of C clients) and each
@@ -123,6 +126,17 @@ type Config struct {
 	// KVBM, when set, runs the kvbm connector on every worker (host and
 	// disk tiers behind the device pool).
 	KVBM *KVBM `json:"kvbm,omitempty"`
+
+	// Disaggregated prefill/decode (disagg.go): prefill and decode pools
+	// beside Workers aggregated ones (Workers defaults to 0 then; more make
+	// a mixed fleet), and the
+	// conditional-disaggregation thresholds on the net new prompt tokens
+	// (router.DisaggConfig: defaults 2048 and 0.7; negative tokens: never
+	// local for length).
+	PrefillWorkers     int     `json:"prefill_workers,omitempty"`
+	DecodeWorkers      int     `json:"decode_workers,omitempty"`
+	LocalPrefillTokens int     `json:"local_prefill_tokens,omitempty"`
+	LocalPrefillRatio  float64 `json:"local_prefill_ratio,omitempty"`
 }
 
 // Normalize fills zero fields with their defaults and checks the rest.
@@ -132,8 +146,18 @@ func (c Config) Normalize() (Config, error) {
 		return c, err
 	}
 	c.Mode = m
-	if c.Workers == 0 {
+	pd := c.PrefillWorkers != 0 || c.DecodeWorkers != 0
+	if c.Workers == 0 && !pd {
 		c.Workers = DefaultWorkers
+	}
+	if pd {
+		dc := router.DisaggConfig{LocalPrefillTokens: c.LocalPrefillTokens, LocalPrefillRatio: c.LocalPrefillRatio}.WithDefaults()
+		if err := dc.Validate(); err != nil {
+			return c, fmt.Errorf("twin: %w", err)
+		}
+		c.LocalPrefillTokens, c.LocalPrefillRatio = dc.LocalPrefillTokens, dc.LocalPrefillRatio
+	} else {
+		c.LocalPrefillTokens, c.LocalPrefillRatio = 0, 0 // meaningless without P/D
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = sim.DefaultBlockSize
@@ -163,8 +187,10 @@ func (c Config) Normalize() (Config, error) {
 		c.LoadInterval = DefaultLoadInterval
 	}
 	switch {
-	case c.Workers < 1 || c.Workers > 1<<16:
+	case !pd && (c.Workers < 1 || c.Workers > 1<<16):
 		return c, fmt.Errorf("twin: %d workers, want 1 to 65536", c.Workers)
+	case pd && (c.PrefillWorkers < 1 || c.DecodeWorkers < 1 || c.Workers < 0 || c.Workers+c.PrefillWorkers+c.DecodeWorkers > 1<<16):
+		return c, fmt.Errorf("twin: %d prefill + %d decode + %d aggregated workers, want at least one prefill and one decode worker, 65536 in all", c.PrefillWorkers, c.DecodeWorkers, c.Workers)
 	case c.BlockSize < 1 || c.Blocks < 1 || c.MaxBatchedTokens < 1 || c.MaxSeqs < 1:
 		return c, errors.New("twin: block size, blocks, max batched tokens and max seqs must be positive")
 	case !(c.ArrivalSpeedup > 0) || c.ArrivalSpeedup > 1e9:
@@ -206,6 +232,7 @@ type request struct {
 	seq     *sim.Seq
 	arrival time.Time
 	er      engine.Request
+	pd      *pdReq // disaggregated: the prefill leg
 }
 
 // twin is one run's state.
@@ -243,6 +270,8 @@ type twin struct {
 	sums []uint64
 	lay  [][]byte
 	blks []sim.BlockData
+
+	pd *pdState // nil without P/D
 
 	res              Result
 	ttft, itl, e2e   []float64
@@ -297,6 +326,11 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 	t.cachedNext = -1
 	t.ph = wl.takeHasher(cfg.BlockSize)
 	t.res = Result{Mode: cfg.Mode, Workers: cfg.Workers, Offered: len(wl.Requests)}
+	t.pd = newPD(cfg)
+	if t.pd != nil {
+		t.res.PrefillWorkers, t.res.DecodeWorkers = cfg.PrefillWorkers, cfg.DecodeWorkers
+		t.res.Paths = &PathStats{}
+	}
 	_, mode, hints, err := ParseMode(cfg.Mode)
 	if err != nil {
 		return nil, err
@@ -325,7 +359,7 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 		return nil, fmt.Errorf("twin: %w", err)
 	}
 	t.r = r
-	t.ws = make([]worker, cfg.Workers)
+	t.ws = make([]worker, cfg.Workers+cfg.PrefillWorkers+cfg.DecodeWorkers)
 	for i := range t.ws {
 		sc := sim.DefaultConfig()
 		sc.Model = model
@@ -347,6 +381,14 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 			// hints, skip filling them for every stored block.
 			sc.Layers = 0
 		}
+		info := router.WorkerInfo{Key: sc.Worker, Model: model, BlockSize: cfg.BlockSize,
+			KVBlocks: cfg.Blocks, MaxBatchedTokens: cfg.MaxBatchedTokens}
+		if t.pd != nil {
+			t.setupCore(i, &sc, &info, hints)
+			if sc.Role == kv.RoleDecode {
+				sc.KVBM = nil // KVBM runs on the prefill side only
+			}
+		}
 		core, err := sim.NewCore(sc)
 		if err != nil {
 			return nil, fmt.Errorf("twin: worker %d: %w", i+1, err)
@@ -362,8 +404,7 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 			})
 		}
 		t.ws[i] = worker{core: core, key: sc.Worker}
-		info := router.WorkerInfo{Key: sc.Worker, Model: model, BlockSize: cfg.BlockSize,
-			KVBlocks: cfg.Blocks, MaxBatchedTokens: cfg.MaxBatchedTokens, Digest: core.Config().Digest}
+		info.Digest = core.Config().Digest
 		if hints {
 			info.ControlEndpoint = "tcp://twin-worker-" + strconv.Itoa(i+1) + ":1"
 			info.HintCapable = true
@@ -423,10 +464,23 @@ func (t *twin) loop(ctx context.Context) error {
 				cw, cat = i, w.atNS
 			}
 		}
+		// P/D handoffs (decode legs reaching their cores) come after
+		// arrivals and before worker events on ties.
+		var hat int64
+		var hok bool
+		if t.pd != nil {
+			hat, hok = t.pd.nextHandoff()
+		}
 		// Arrivals first on ties, so a burst lands in one pass.
 		arr, ok := t.nextArrival()
-		if ok && (cw < 0 || arr <= cat) {
+		if ok && (cw < 0 || arr <= cat) && (!hok || arr <= hat) {
 			if err := t.arrive(ctx, arr); err != nil {
+				return err
+			}
+			continue
+		}
+		if hok && (cw < 0 || hat <= cat) {
+			if err := t.handoffEvent(); err != nil {
 				return err
 			}
 			continue
@@ -441,6 +495,9 @@ func (t *twin) loop(ctx context.Context) error {
 		limit := int64(math.MaxInt64)
 		if ok {
 			limit = arr
+		}
+		if hok {
+			limit = min(limit, hat)
 		}
 		for i := range t.ws {
 			if w := &t.ws[i]; w.active && i != cw {
@@ -461,6 +518,12 @@ func (t *twin) loop(ctx context.Context) error {
 			}
 			if t.cfg.Concurrency > 0 {
 				if arr, ok := t.nextArrival(); ok && arr <= wk.atNS {
+					break
+				}
+			}
+			if t.pd != nil {
+				// A prefill's end may have scheduled an earlier handoff.
+				if hat, ok := t.pd.nextHandoff(); ok && hat <= wk.atNS {
 					break
 				}
 			}
@@ -528,6 +591,17 @@ func (t *twin) arrive(ctx context.Context, atNS int64) error {
 		rr.Tokens = t.tok
 	}
 	t.syncClock()
+	if t.pd != nil {
+		from := kv.NumFullBlocks(plen, t.cfg.BlockSize) * t.cfg.BlockSize
+		if t.ph != nil {
+			t.tok = t.ph.appendTail(t.tok[:0], rq, from, plen)
+		} else {
+			rr.Local = kv.LocalHashes(nil, t.tok, t.cfg.BlockSize, kv.Seed("", ""))
+			rr.Tokens, rr.PromptLen = nil, plen
+			t.tok = t.tok[from:]
+		}
+		return t.arrivePD(ctx, i, atNS, plen, rr, t.carveTail(t.tok))
+	}
 	d, err := t.r.Route(ctx, rr)
 	if err != nil {
 		var be *kv.BusyError
@@ -645,6 +719,9 @@ func (t *twin) handle(res *sim.StepResult, now time.Time, nowNS int64) {
 		}
 		st, ok := o.Seq.Tag.(*request)
 		if !ok {
+			if p, ok := o.Seq.Tag.(*pdReq); ok && o.Finish != kv.FinishNone {
+				t.prefillDone(p, o, now, nowNS)
+			}
 			continue
 		}
 		if o.First {
@@ -659,20 +736,29 @@ func (t *twin) handle(res *sim.StepResult, now time.Time, nowNS int64) {
 
 func (t *twin) complete(st *request, now time.Time, nowNS int64) {
 	m := st.seq.Metrics()
-	ttft := m.FirstToken.Sub(m.Arrival)
-	e2e := m.Finished.Sub(m.Arrival)
+	ttft := m.FirstToken.Sub(st.arrival)
+	e2e := m.Finished.Sub(st.arrival)
 	t.ttft = append(t.ttft, ms(ttft))
 	t.e2e = append(t.e2e, ms(e2e))
 	if m.OutputTokens > 1 {
 		t.itl = append(t.itl, ms(e2e-ttft)/float64(m.OutputTokens-1))
 	}
-	peers := min(m.FetchedTokens, m.CachedTokens)
+	hm := m // the leg that computed the prompt
+	if st.pd != nil {
+		if st.pd.preSeq != st.seq {
+			t.decodeDone(st.pd, m)
+			hm = st.pd.preSeq.Metrics()
+			t.res.Preemptions += int64(hm.Preemptions)
+		}
+		st.pd = nil
+	}
+	peers := min(hm.FetchedTokens, hm.CachedTokens)
 	h := &t.res.Hit
-	h.PromptTokens += int64(m.PromptTokens)
-	h.DeviceTokens += int64(m.CachedTokens - peers - m.HostTokens - m.DiskTokens)
+	h.PromptTokens += int64(hm.PromptTokens)
+	h.DeviceTokens += int64(hm.CachedTokens - peers - hm.HostTokens - hm.DiskTokens)
 	h.PeerTokens += int64(peers)
-	h.HostTokens += int64(m.HostTokens)
-	h.DiskTokens += int64(m.DiskTokens)
+	h.HostTokens += int64(hm.HostTokens)
+	h.DiskTokens += int64(hm.DiskTokens)
 	t.res.OutputTokens += int64(m.OutputTokens)
 	t.res.Requests++
 	t.res.Preemptions += int64(m.Preemptions)
@@ -725,7 +811,22 @@ func (t *twin) fetch(_ context.Context, _ *engine.Request, m sim.Missing, into s
 		hs.Misses++ // the source evicted them since it reported them
 		return nil
 	}
-	nb := end - m.Start
+	n, payload, err := t.copyBlocks(src, m, end-m.Start, into)
+	hs.FetchedBlocks += int64(n)
+	hs.ModelledBytes += int64(n) * t.cfg.TransferBytesPerBlock
+	hs.PayloadBytes += int64(payload)
+	if err != nil {
+		hs.Errors++
+	}
+	return err
+}
+
+// copyBlocks copies the first nb blocks of m from worker src's core into
+// into: each layer's payload read, checksummed as a transfer would send it
+// and verified byte for byte by Insert. It returns the blocks inserted and
+// the payload bytes they carried.
+func (t *twin) copyBlocks(src int, m sim.Missing, nb int, into sim.Inserter) (int, int, error) {
+	core := t.ws[src].core
 	sc := core.Config()
 	layers, psize := sc.Layers, sc.PayloadSize
 	if need := nb * layers * psize; cap(t.pbuf) < need {
@@ -742,8 +843,7 @@ func (t *twin) fetch(_ context.Context, _ *engine.Request, m sim.Missing, into s
 			k := b*layers + l
 			buf := t.pbuf[k*psize : (k+1)*psize]
 			if _, err := core.ReadPayload(seq, l, buf); err != nil {
-				hs.Errors++
-				return fmt.Errorf("twin: read hinted block from worker %d: %w", src+1, err)
+				return 0, 0, fmt.Errorf("twin: read block from worker %d: %w", src+1, err)
 			}
 			t.sums[k] = kv.Checksum(buf)
 			t.lay[k] = buf
@@ -752,21 +852,17 @@ func (t *twin) fetch(_ context.Context, _ *engine.Request, m sim.Missing, into s
 			Layers: t.lay[b*layers : (b+1)*layers], Sums: t.sums[b*layers : (b+1)*layers]})
 	}
 	n, err := into.Insert(sim.Chain{HasParent: m.HasParent, Parent: m.Parent, Blocks: t.blks})
-	hs.FetchedBlocks += int64(n)
-	hs.ModelledBytes += int64(n) * t.cfg.TransferBytesPerBlock
-	hs.PayloadBytes += int64(n * layers * psize)
 	if err != nil {
-		hs.Errors++
-		return fmt.Errorf("twin: insert hinted blocks: %w", err)
+		err = fmt.Errorf("twin: insert blocks from worker %d: %w", src+1, err)
 	}
-	return nil
+	return n, n * layers * psize, err
 }
 
 // finishResult turns the collected samples into the Result.
 func (t *twin) finishResult() {
 	r := &t.res
 	r.TTFT, r.ITL, r.E2E = newDist(t.ttft), newDist(t.itl), newDist(t.e2e)
-	r.TTFTSamples = t.ttft
+	r.TTFTSamples, r.ITLSamples = t.ttft, t.itl
 	r.Rejected = r.RejectedBusy + r.RejectedInvalid
 	if !t.lastFin.IsZero() {
 		r.SimSeconds = t.lastFin.Sub(t.firstAt).Seconds()
@@ -784,6 +880,7 @@ func (t *twin) finishResult() {
 		h.Total = float64(h.DeviceTokens+h.PeerTokens+h.HostTokens+h.DiskTokens) / p
 		r.PredictedHit = float64(t.predicted) / p
 	}
+	t.finishPD()
 	for i := range t.ws {
 		c := t.ws[i].core.Counters()
 		r.EvictedBlocks += int64(c.EvictedBlocks)

@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +35,7 @@ type twinFlags struct {
 	workWeight     float64
 	temperature    float64
 	kvbm           kvbmFlags
+	fleets         string
 }
 
 func init() { rootCmd.AddCommand(newTwinCmd()) }
@@ -50,6 +53,18 @@ exist). Modes: round-robin, random, kv (index fed by the engines' KV
 events), kv-approx (router's own routing history) and kv+hints (kv with KV
 hints: the chosen engine copies the hinted blocks from a peer, paying the
 modelled transfer time).
+
+--prefill-workers P --decode-workers M runs disaggregated prefill/decode
+instead of --workers aggregated ones, with the fleet's policy (package
+router): conditional disaggregation (--disagg-local-prefill-tokens/-ratio),
+a prefill leg routed by the mode over the prefill pool (carrying the hint in
+kv+hints), a decode leg routed by load over the decode pool that pulls the
+prompt's blocks from the prefill worker (modelled at --bandwidth, beside the
+decode passes); it reports requests per path (disagg, local_prefill by
+reason) and the handoffs. An explicit --workers beside them makes a mixed
+fleet (a request goes whole to the aggregated pool while it is the less
+loaded). --fleets "8,4+4,2+6" runs several fleets (N aggregated, P+D, or
+A+P+D mixed) side by side, each in every mode.
 
 Open loop by default (trace timestamps divided by --arrival-speedup);
 --concurrency C runs a closed loop of C clients instead. --compare runs
@@ -97,6 +112,11 @@ variable (--trace also reads KVMESH_TRACE).`,
 	f.Float64Var(&tf.workWeight, "work-weight", router.TimeCost().WorkWeight, "router time cost: weight of the request's own prefill time on top of its predicted TTFT")
 	f.Float64Var(&tf.temperature, "temperature", 0, "router cost: softmax temperature (0: arg-min)")
 	addKVBMFlags(f, &tf.kvbm)
+	f.IntVar(&tf.cfg.PrefillWorkers, "prefill-workers", 0, "disaggregated prefill workers (with --decode-workers; replaces the --workers default, or joins an explicit --workers in a mixed fleet)")
+	f.IntVar(&tf.cfg.DecodeWorkers, "decode-workers", 0, "disaggregated decode workers (with --prefill-workers)")
+	f.IntVar(&tf.cfg.LocalPrefillTokens, "disagg-local-prefill-tokens", router.DefaultLocalPrefillTokens, "P/D: prefill on the decode worker when the net new prompt is under this many tokens (and under the ratio); negative: never for length")
+	f.Float64Var(&tf.cfg.LocalPrefillRatio, "disagg-local-prefill-ratio", router.DefaultLocalPrefillRatio, "P/D: … and under this fraction of the prompt, in (0, 1]")
+	f.StringVar(&tf.fleets, "fleets", "", `comma-separated fleets to compare, each N (aggregated), P+D (prefill+decode) or A+P+D (mixed), e.g. "8,4+4,2+6"; overrides --workers and --prefill/decode-workers`)
 	return withEnv(cmd, "TWIN_")
 }
 
@@ -132,16 +152,39 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 	if err != nil {
 		return fmt.Errorf("twin: %w", err)
 	}
+	pd := tf.cfg.PrefillWorkers != 0 || tf.cfg.DecodeWorkers != 0
+	if pd && !fs.Changed("workers") {
+		tf.cfg.Workers = 0 // P/D replaces the aggregated default
+	}
+	// Parsed here to fail early, again below once tf.cfg is complete.
+	fleets, err := twinFleets(tf)
+	if err != nil {
+		return fmt.Errorf("twin: --fleets: %w", err)
+	}
 	// Zero means "default" inside the twin package; on the command line it
 	// is a mistake.
 	for _, v := range []struct {
 		name string
 		v    int
-	}{{"trace-block-size", tf.traceBlockSize}, {"workers", tf.cfg.Workers}, {"block-size", tf.cfg.BlockSize},
+	}{{"trace-block-size", tf.traceBlockSize}, {"block-size", tf.cfg.BlockSize},
 		{"blocks", tf.cfg.Blocks}, {"max-batched-tokens", tf.cfg.MaxBatchedTokens}, {"max-seqs", tf.cfg.MaxSeqs}} {
 		if v.v <= 0 {
 			return fmt.Errorf("twin: --%s %d, want ≥ 1", v.name, v.v)
 		}
+	}
+	for _, fl := range fleets {
+		switch {
+		case fl.PrefillWorkers == 0 && fl.DecodeWorkers == 0 && fl.Workers <= 0:
+			return fmt.Errorf("twin: --workers %d, want ≥ 1", fl.Workers)
+		case fl.PrefillWorkers < 0 || fl.DecodeWorkers < 0 || (fl.PrefillWorkers+fl.DecodeWorkers > 0 && (fl.PrefillWorkers == 0 || fl.DecodeWorkers == 0)):
+			return fmt.Errorf("twin: --prefill-workers %d and --decode-workers %d, want both ≥ 1", fl.PrefillWorkers, fl.DecodeWorkers)
+		}
+	}
+	if !(tf.cfg.LocalPrefillRatio > 0 && tf.cfg.LocalPrefillRatio <= 1) {
+		return fmt.Errorf("twin: --disagg-local-prefill-ratio %g, want in (0, 1]", tf.cfg.LocalPrefillRatio)
+	}
+	if tf.cfg.LocalPrefillTokens == 0 {
+		return fmt.Errorf("twin: --disagg-local-prefill-tokens 0, want > 0 (or negative: never for length)")
 	}
 	if !(tf.cfg.ArrivalSpeedup > 0) || math.IsInf(tf.cfg.ArrivalSpeedup, 0) {
 		return fmt.Errorf("twin: --arrival-speedup %g, want a finite number > 0", tf.cfg.ArrivalSpeedup)
@@ -209,6 +252,9 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 		}
 		tf.cfg.Cost = &c
 	}
+	if fleets, err = twinFleets(tf); err != nil {
+		return fmt.Errorf("twin: --fleets: %w", err)
+	}
 	wl, err := twin.LoadWorkload(tf.trace, twin.LoadOptions{TraceBlockSize: tf.traceBlockSize, Strict: tf.strict, MaxRequests: tf.maxRequests})
 	if err != nil {
 		return err
@@ -223,25 +269,34 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 	if len(wl.Requests) == 0 {
 		return fmt.Errorf("twin: %s holds no valid requests (%d malformed lines skipped)", tf.trace, len(wl.Skipped))
 	}
-	fmt.Fprintf(out, "trace %s: %d requests (%d malformed lines skipped); %d workers × %d blocks × %d tokens\n",
-		tf.trace, len(wl.Requests), len(wl.Skipped), tf.cfg.Workers, tf.cfg.Blocks, tf.cfg.BlockSize)
+	shape := fmt.Sprintf("%d workers", tf.cfg.Workers)
+	switch {
+	case len(fleets) > 1:
+		shape = "fleets " + tf.fleets
+	case pd:
+		shape = fmt.Sprintf("%d prefill + %d decode workers", tf.cfg.PrefillWorkers, tf.cfg.DecodeWorkers)
+	}
+	fmt.Fprintf(out, "trace %s: %d requests (%d malformed lines skipped); %s × %d blocks × %d tokens\n",
+		tf.trace, len(wl.Requests), len(wl.Skipped), shape, tf.cfg.Blocks, tf.cfg.BlockSize)
 	var results []*twin.Result
 	var cfg twin.Config
-	for _, m := range modes {
-		c := tf.cfg
-		c.Mode = m
-		res, err := twin.Run(ctx, wl, c)
-		if err != nil && ctx.Err() != nil {
-			return fmt.Errorf("twin: interrupted during mode %s", m)
+	for _, fl := range fleets {
+		for _, m := range modes {
+			c := fl
+			c.Mode = m
+			res, err := twin.Run(ctx, wl, c)
+			if err != nil && ctx.Err() != nil {
+				return fmt.Errorf("twin: interrupted during mode %s", m)
+			}
+			if err != nil {
+				return fmt.Errorf("twin: mode %s: %w", m, err)
+			}
+			if err := res.WriteSummary(out); err != nil {
+				return err
+			}
+			results = append(results, res)
+			cfg = c
 		}
-		if err != nil {
-			return fmt.Errorf("twin: mode %s: %w", m, err)
-		}
-		if err := res.WriteSummary(out); err != nil {
-			return err
-		}
-		results = append(results, res)
-		cfg = c
 	}
 	if len(results) > 1 {
 		fmt.Fprintln(out)
@@ -255,7 +310,7 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 		}
 		cfg.Mode = strings.Join(modes, ",")
 		paths, err := twin.WriteReport(tf.out, twin.Report{Trace: tf.trace, TraceLines: len(wl.Requests),
-			SkippedLines: len(wl.Skipped), Config: cfg, Results: results})
+			SkippedLines: len(wl.Skipped), Config: cfg, Fleets: fleetsLabel(tf, fleets), Results: results})
 		if err != nil {
 			return err
 		}
@@ -271,4 +326,52 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 		}
 	}
 	return nil
+}
+
+// twinFleets is the list of fleets to run: --fleets, else the one the
+// worker flags give.
+func twinFleets(tf twinFlags) ([]twin.Config, error) {
+	if strings.TrimSpace(tf.fleets) == "" {
+		return []twin.Config{tf.cfg}, nil
+	}
+	var out []twin.Config
+	for _, f := range strings.Split(tf.fleets, ",") {
+		f = strings.TrimSpace(f)
+		c := tf.cfg
+		c.Workers, c.PrefillWorkers, c.DecodeWorkers = 0, 0, 0
+		parts := strings.Split(f, "+")
+		ns := make([]int, len(parts))
+		var err error
+		for i, p := range parts {
+			if ns[i], err = strconv.Atoi(strings.TrimSpace(p)); err == nil && ns[i] < 1 {
+				err = errors.New("every count must be ≥ 1")
+			}
+			if err != nil {
+				break
+			}
+		}
+		switch {
+		case err != nil:
+		case len(ns) == 1:
+			c.Workers = ns[0]
+		case len(ns) == 2:
+			c.PrefillWorkers, c.DecodeWorkers = ns[0], ns[1]
+		case len(ns) == 3:
+			c.Workers, c.PrefillWorkers, c.DecodeWorkers = ns[0], ns[1], ns[2]
+		default:
+			err = errors.New("too many counts")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("fleet %q: want N aggregated workers, P+D prefill+decode workers or A+P+D (a mixed fleet): %v", f, err)
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func fleetsLabel(tf twinFlags, fleets []twin.Config) string {
+	if len(fleets) < 2 {
+		return ""
+	}
+	return tf.fleets
 }

@@ -118,3 +118,71 @@ func TestTwinInterrupted(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+var twinPDLastLine = regexp.MustCompile(`^twin: mode=(\S+) fleet=(\S+) requests=(\d+) disagg=(\d+) local_prefill=(\d+) hit=\d+\.\d{4} ttft_p50_ms=\d+\.\d ttft_mean_ms=\d+\.\d itl_p99_ms=\d+\.\d\d wall_s=\d+\.\d{3}$`)
+
+// --fleets compares an aggregated fleet with P/D fleets: each block ends
+// with its summary line (P/D ones naming the fleet and the paths), the
+// table has a row per fleet, and the report adds the ITL chart.
+func TestTwinFleets(t *testing.T) {
+	outDir := t.TempDir()
+	out, errOut, err := runTwinCmd(t, "--trace", "../../twin/testdata/conversation_300.jsonl", "--requests", "60",
+		"--fleets", "4, 2+2,1+3,2+1+1", "--router", "kv", "--out", outDir)
+	if err != nil {
+		t.Fatalf("%v\n%s%s", err, out, errOut)
+	}
+	var fleets []string
+	for _, l := range strings.Split(out, "\n") {
+		if m := twinPDLastLine.FindStringSubmatch(l); m != nil {
+			fleets = append(fleets, m[2])
+			if m[3] != "60" || m[4] == "0" {
+				t.Fatalf("summary %q", l)
+			}
+		} else if m := twinLastLine.FindStringSubmatch(l); m != nil {
+			fleets = append(fleets, "agg")
+		} else if strings.HasPrefix(l, "twin: mode=") {
+			t.Fatalf("malformed summary line %q", l)
+		}
+	}
+	if strings.Join(fleets, ",") != "agg,2P+2D,1P+3D,2A+1P+1D" || !strings.Contains(out, "fleets 4, 2+2,1+3,2+1+1") ||
+		!strings.Contains(out, "local isl") || !strings.Contains(out, "4 agg") {
+		t.Fatalf("fleets %v; output:\n%s", fleets, out)
+	}
+	for _, f := range []string{"twin.json", "twin_ttft_cdf.svg", "twin_hit_ratio.svg", "twin_itl_cdf.svg"} {
+		if st, err := os.Stat(filepath.Join(outDir, f)); err != nil || st.Size() == 0 {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	js, _ := os.ReadFile(filepath.Join(outDir, "twin.json"))
+	if !strings.Contains(string(js), `"local_isl"`) || !strings.Contains(string(js), `"fleets": "4, 2+2,1+3,2+1+1"`) {
+		t.Fatalf("report lacks the paths or the fleets:\n%.2000s", js)
+	}
+
+	// --prefill-workers/--decode-workers replace the aggregated default.
+	out, _, err = runTwinCmd(t, "--trace", "../../twin/testdata/conversation_300.jsonl", "--requests", "20",
+		"--prefill-workers", "1", "--decode-workers", "2", "--router", "kv+hints")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if m := twinPDLastLine.FindStringSubmatch(lines[len(lines)-1]); err != nil || m == nil || m[1] != "kv+hints" || m[2] != "1P+2D" {
+		t.Fatalf("%v: last line %q", err, lines[len(lines)-1])
+	}
+}
+
+func TestTwinRejectsBadPDFlags(t *testing.T) {
+	tr := "../../twin/testdata/conversation_300.jsonl"
+	for _, args := range [][]string{
+		{"--prefill-workers", "2"},
+		{"--decode-workers", "2"},
+		{"--prefill-workers", "1", "--decode-workers", "1", "--disagg-local-prefill-ratio", "0"},
+		{"--prefill-workers", "1", "--decode-workers", "1", "--disagg-local-prefill-tokens", "0"},
+		{"--fleets", "4,2+"},
+		{"--fleets", "0"},
+		{"--fleets", "1+0"},
+		{"--fleets", "x"},
+		{"--fleets", "1+1+1+1"},
+	} {
+		args = append([]string{"--trace", tr, "--requests", "5"}, args...)
+		if _, _, err := runTwinCmd(t, args...); err == nil {
+			t.Fatalf("%q accepted", args)
+		}
+	}
+}
