@@ -171,6 +171,7 @@ func newServeCmd() *cobra.Command {
 	var stallTimeout time.Duration
 	var nf natsFlags
 	var dataDir string
+	ef := &serveEngineFlags{}
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a whole kvmesh cluster in one process: embedded NATS, OpenAI frontend, router and simulated workers",
@@ -183,7 +184,7 @@ On startup it prints one line to stdout:
   kvmesh serve: model <name> on <n> simulated workers (router <mode>); OpenAI API at http://<host:port>/v1 (NATS <url>)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runServe(cmd, ff, sf, workers, stallTimeout, nf, dataDir)
+			return runServe(cmd, ff, sf, workers, stallTimeout, nf, dataDir, ef)
 		},
 	}
 	f := cmd.Flags()
@@ -198,11 +199,12 @@ On startup it prints one line to stdout:
 	f.IntVar(&sf.MaxSeqs, "max-seqs", sf.MaxSeqs, "sim: running sequences per step")
 	f.IntVar(&sf.DPSize, "dp-size", 1, "sim: data-parallel ranks per worker (each its own engine, cache, load and KV events; routed per rank)")
 	f.Float64Var(&sf.SpeedupRatio, "speedup-ratio", sf.SpeedupRatio, "sim: divide modelled time by this (0: no waiting)")
+	ef.register(f)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
 	return withEnv(cmd, "")
 }
 
-func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, stallTimeout time.Duration, nf natsFlags, dataDir string) error {
+func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, stallTimeout time.Duration, nf natsFlags, dataDir string, ef *serveEngineFlags) error {
 	log, err := workerLogger(ff.logLevel, os.Stderr)
 	if err != nil {
 		return err
@@ -227,6 +229,9 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	}
 	if len(ff.models) != 1 {
 		return fmt.Errorf("--model: serve runs one model, got %d", len(ff.models))
+	}
+	if _, err := ef.engines(); err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -265,6 +270,14 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 			_ = w.Close()
 		}
 	}()
+	fleetDesc := fmt.Sprintf("%d simulated workers", workers)
+	if ef.engine != "sim" {
+		// Real engines: one worker each, no simulated ones.
+		if ws, err = startEngineWorkers(ctx, cmd, ef, ff, nc, stallTimeout, log); err != nil {
+			return err
+		}
+		workers, fleetDesc = 0, fmt.Sprintf("%d %s engines", len(ws), ef.engine)
+	}
 	for i := 0; i < workers; i++ {
 		cfg := sf
 		cfg.Model, cfg.Role = ff.models[0], kv.RoleAggregated
@@ -300,12 +313,11 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if err := waitReady(ctx, rf.cluster, 10*time.Second); err != nil {
 		return err
 	}
-	fleet := fmt.Sprintf("%d simulated workers", workers)
-	if sf.DPSize > 1 {
-		fleet += fmt.Sprintf(" of %d DP ranks", sf.DPSize)
+	if sf.DPSize > 1 && ef.engine == "sim" {
+		fleetDesc += fmt.Sprintf(" of %d DP ranks", sf.DPSize)
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh serve: model %s on %s (router %s); OpenAI API at %s (NATS %s)\n",
-		ff.models[0], fleet, ff.routerMode, rf.url(), nf.url)
+		ff.models[0], fleetDesc, ff.routerMode, rf.url(), nf.url)
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")

@@ -42,6 +42,8 @@ type workerFlags struct {
 	ringSize, dpSize              int
 	logLevel                      string
 	sim                           sim.Config
+	real                          realEngineFlags // --engine vllm
+	realOpts                      engineOpts
 }
 
 func newWorkerCmd() *cobra.Command {
@@ -62,7 +64,7 @@ On startup it prints one line to stdout:
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&wf.engine, "engine", "sim", "engine to drive: sim")
+	f.StringVar(&wf.engine, "engine", "sim", "engine to drive: sim, or vllm (a running vLLM server: --engine-url, --kv-events)")
 	f.StringVar(&wf.model, "model", "kvmesh-sim", "model name served and registered")
 	f.StringVar(&wf.role, "role", "aggregated", "aggregated, prefill or decode")
 	wf.nats.register(f)
@@ -91,6 +93,7 @@ On startup it prints one line to stdout:
 	f.Float64Var(&s.DecodeSpeedupRatio, "decode-speedup-ratio", s.DecodeSpeedupRatio, "sim: extra divisor for decode time")
 	f.IntVar(&s.Layers, "layers", s.Layers, "sim: payload layers per block")
 	f.IntVar(&s.PayloadSize, "payload-size", s.PayloadSize, "sim: payload bytes per block and layer")
+	registerWorkerEngineFlags(f, &wf.real, &wf.realOpts)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
 	return withEnv(cmd, "")
 }
@@ -164,6 +167,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var eng engine.Engine
 	var peer *worker.Peer
+	var acceptsHints *bool
 	switch wf.engine {
 	case "sim":
 		cfg := wf.sim
@@ -186,8 +190,17 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 			}
 			eng = s
 		}
+	case "vllm":
+		model := wf.model
+		if !cmd.Flags().Changed("model") {
+			model = "" // the engine's
+		}
+		if eng, err = startVLLMWorkerEngine(cmd, wf, model, role, log); err != nil {
+			return err
+		}
+		wf.model, wf.controlEndpoints, acceptsHints = eng.Config().Model, wf.real.peers, wf.realOpts.acceptsHints()
 	default:
-		return fmt.Errorf("--engine %q: only sim is available", wf.engine)
+		return fmt.Errorf("--engine %q: want sim or vllm", wf.engine)
 	}
 
 	nc, err := natsbus.Connect(wf.nats.conn("kvmesh-worker "+wf.model, log))
@@ -199,7 +212,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
-		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, Peer: peer, Registerer: reg,
+		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, AcceptsHints: acceptsHints, Peer: peer, Registerer: reg,
 		Discovery: discovery.Config{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)
 	if err != nil {
