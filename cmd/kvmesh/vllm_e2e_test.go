@@ -329,3 +329,62 @@ func TestVLLMAdapterE2E(t *testing.T) {
 		t.Fatalf("migrations %v", n)
 	}
 }
+
+// `kvmesh serve --engine vllm` in front of two mocks: the model name and
+// block size come from the engines, requests flow, and bad engine flags
+// fail at start naming the flag.
+func TestServeVLLMEngines(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	a := startMockVLLM(t, "mock A", "--speedup-ratio", "0")
+	b := startMockVLLM(t, "mock B", "--speedup-ratio", "0")
+	s := startServe(t, "--engine", "vllm", "--engine-url", a.url+","+b.url, "--kv-events", a.events+","+b.events,
+		"--kv-events-replay", a.replay+","+b.replay)
+	defer s.stop(t)
+	st, c := completeOnce(t, s.base, map[string]any{"model": "mock-model", "prompt": tokenPrompt(40, 5), "max_tokens": 4})
+	if st != 200 || c.Usage.CompletionTokens != 4 {
+		t.Fatalf("serve --engine vllm: %d %+v", st, c)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--engine", "vllm"}, "--engine vllm needs --engine-url"},
+		{[]string{"--engine", "vllm", "--engine-url", "ftp://x"}, "--engine-url (entry 1)"},
+		{[]string{"--engine", "vllm", "--engine-url", a.url + "," + b.url, "--kv-events", a.events}, "--kv-events: 1 entries for 2 engines"},
+		{[]string{"--engine", "vllm", "--engine-url", a.url, "--hint-form", "loud"}, "--hint-form"},
+		{[]string{"--engine", "vllm", "--engine-url", a.url, "--peer-endpoint", "tcp://0.0.0.0:1"}, "--peer-endpoint (entry 1)"},
+		{[]string{"--engine-url", a.url}, "need --engine vllm"},
+		{[]string{"--engine", "vllm", "--prefill-engine-url", a.url}, "come together"},
+	} {
+		p := startProc(t, "bad serve", append([]string{"serve", "--listen", "127.0.0.1:0"}, tc.args...)...)
+		select {
+		case <-p.Done():
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%v: serve kept running", tc.args)
+		}
+		if p.Err() == nil || !strings.Contains(p.Stderr(), tc.want) {
+			t.Errorf("%v: exit %v, stderr %q, want %q", tc.args, p.Err(), p.Stderr(), tc.want)
+		}
+	}
+	// A worker whose peer endpoint does not answer never registers.
+	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := "tcp://" + ln.Addr().String()
+	ln.Close()
+	p := startProc(t, "worker", "worker", "--engine", "vllm", "--engine-url", a.url, "--peer-endpoint", dead, "--nats", ns.URL())
+	<-p.Done()
+	if !strings.Contains(p.Stderr(), "--peer-endpoint "+dead+" (rank 0) is not dialable") {
+		t.Fatalf("dead peer endpoint: %s", p.Stderr())
+	}
+	p = startProc(t, "worker", "worker", "--engine", "vllm", "--engine-url", a.url, "--block-size", "32", "--nats", ns.URL())
+	<-p.Done()
+	if !strings.Contains(p.Stderr(), "--block-size 32 but the vLLM engine") {
+		t.Fatalf("pinned block size: %s", p.Stderr())
+	}
+}
