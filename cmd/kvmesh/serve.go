@@ -40,6 +40,7 @@ type frontendFlags struct {
 	busyKVUsage    float64
 	hints          bool
 	logLevel       string
+	tokenizer      string
 }
 
 func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
@@ -54,6 +55,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.Float64Var(&ff.busyKVUsage, "busy-kv-usage", 0, "a worker is busy above this fraction of its KV blocks in use; 503 when all are (0: off)")
 	f.BoolVar(&ff.hints, "hints", true, "plan KV hints: send a request's worker to a peer that holds a longer prefix (only workers that advertise control endpoints take part)")
 	f.StringVar(&ff.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&ff.tokenizer, "tokenizer", "", "a Hugging Face tokenizer: tokenizer.json, or its directory (chat template from tokenizer_config.json beside it), so the frontend tokenizes as the engine does (default: built-in o200k and ChatML)")
 }
 
 // runningFrontend is an HTTP frontend bound and serving.
@@ -87,7 +89,7 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	}
 	var models frontend.StaticModels
 	for _, name := range ff.models {
-		m, err := frontend.BuiltinModel(name)
+		m, err := loadModel(name, ff.tokenizer)
 		if err != nil {
 			return nil, err
 		}

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
+
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/mockengine"
@@ -345,6 +347,14 @@ func TestServeVLLMEngines(t *testing.T) {
 	st, c := completeOnce(t, s.base, map[string]any{"model": "mock-model", "prompt": tokenPrompt(40, 5), "max_tokens": 4})
 	if st != 200 || c.Usage.CompletionTokens != 4 {
 		t.Fatalf("serve --engine vllm: %d %+v", st, c)
+	}
+	// Chat: the frontend's template writes special tokens (ChatML
+	// markers) the engine must take as ids.
+	client := newClient(s.base)
+	chat, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "mock-model",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello there")}, MaxTokens: openai.Int(6)})
+	if err != nil || chat.Usage.CompletionTokens == 0 {
+		t.Fatalf("chat through serve --engine vllm: %v %+v", err, chat)
 	}
 	for _, tc := range []struct {
 		args []string
