@@ -9,9 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/engine/vllm"
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -248,4 +250,30 @@ func startVLLMWorkerEngine(cmd *cobra.Command, wf *workerFlags, model string, ro
 		return nil, fmt.Errorf("--engine-url %s: %w", wf.real.url, err)
 	}
 	return eng, nil
+}
+
+// registerRelayMetrics exports the KV-event relay's counters on the
+// worker's /metrics.
+func registerRelayMetrics(reg prometheus.Registerer, r *remote.Relay) error {
+	if r == nil {
+		return nil
+	}
+	for _, c := range []struct {
+		name, help string
+		v          func(remote.RelayStats) uint64
+	}{
+		{"batches", "KV event batches relayed from the engine (live and replayed)", func(s remote.RelayStats) uint64 { return s.Batches }},
+		{"replayed", "KV event batches fetched through the engine's replay socket", func(s remote.RelayStats) uint64 { return s.Replayed }},
+		{"gaps", "sequence gaps seen in the engine's KV event stream", func(s remote.RelayStats) uint64 { return s.Gaps }},
+		{"lost", "KV event batches neither live nor replay could supply", func(s remote.RelayStats) uint64 { return s.Lost }},
+		{"cleared", "times the worker's holdings were cleared after lost batches", func(s remote.RelayStats) uint64 { return s.Cleared }},
+		{"malformed", "KV event batches that failed to decode", func(s remote.RelayStats) uint64 { return s.Malformed }},
+		{"block_size_mismatches", "stores whose block_size is not the worker's (dropped)", func(s remote.RelayStats) uint64 { return s.BlockSizeMismatches }},
+	} {
+		if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvmesh_kv_event_relay_" + c.name + "_total", Help: c.help},
+			func() float64 { return float64(c.v(r.Stats())) })); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -195,9 +195,15 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		if !cmd.Flags().Changed("model") {
 			model = "" // the engine's
 		}
-		if eng, err = startVLLMWorkerEngine(cmd, wf, model, role, log); err != nil {
+		ve, err := startVLLMWorkerEngine(cmd, wf, model, role, log)
+		if err != nil {
 			return err
 		}
+		if err := registerRelayMetrics(reg, ve.Relay()); err != nil {
+			ve.Close()
+			return err
+		}
+		eng = ve
 		wf.model, wf.controlEndpoints, acceptsHints = eng.Config().Model, wf.real.peers, wf.realOpts.acceptsHints()
 	default:
 		return fmt.Errorf("--engine %q: want sim or vllm", wf.engine)
