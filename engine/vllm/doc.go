@@ -5,6 +5,6 @@
 // /health gating, and KV events relayed from vLLM's ZMQ publisher
 // (engine/remote.Relay).
 //
-// It imports engine, engine/remote, events, hints and kv; it must not
+// It imports engine, engine/remote, hints and kv; it must not
 // import worker, fleet, router, mockengine or cmd.
 package vllm
