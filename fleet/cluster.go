@@ -34,6 +34,9 @@ type Config struct {
 	// a request stays out of it (InhibitFor). Matcher is set by the cluster
 	// (its event-fed index) unless the mode needs none.
 	Router router.Config
+	// Disagg configures conditional disaggregation for models with prefill
+	// and decode workers (disagg.go).
+	Disagg router.DisaggConfig
 	// ReplicaSync shares load bookings with other frontend replicas.
 	ReplicaSync bool
 	Registerer  prometheus.Registerer
@@ -54,6 +57,7 @@ type Cluster struct {
 	router    *router.Router
 	clients   *workerclient.Pool
 	instances *instances
+	dmet      *disaggMetrics
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -69,8 +73,11 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if err := cfg.Disagg.Validate(); err != nil {
+		return nil, err
+	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: workerclient.NewPool(),
-		feeds: map[string]*eventplane.Feed{}}
+		feeds: map[string]*eventplane.Feed{}, dmet: newDisaggMetrics()}
 	rc := cfg.Router
 	if rc.Mode == router.ModeKV || rc.Mode == "" {
 		rc.Matcher = c.index
@@ -88,6 +95,15 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	c.router = r
+	if reg := cfg.Registerer; reg != nil {
+		for _, col := range c.dmet.collectors() {
+			if err := reg.Register(col); err != nil {
+				c.Close()
+				return nil, fmt.Errorf("disaggregation metrics: %w", err)
+			}
+			c.metrics = append(c.metrics, col)
+		}
+	}
 	c.instances = newInstances(r, c.clients, c.log)
 	if cfg.ReplicaSync {
 		// Replica events name workers, not models: one subject serves all.
@@ -155,11 +171,13 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 	return nil
 }
 
-// Ready reports whether every served model has a worker.
+// Ready reports whether every served model can be served: by aggregated
+// workers, or by prefill and decode workers together. The error says why
+// not (e.g. prefill workers but no decode workers).
 func (c *Cluster) Ready() error {
 	for _, m := range c.cfg.Models {
-		if len(c.router.Workers(m, kv.RoleAggregated)) == 0 {
-			return fmt.Errorf("no worker serves %s yet", m)
+		if why := c.pools(m).unservable(m); why != "" {
+			return errors.New(why)
 		}
 	}
 	return nil
@@ -170,18 +188,54 @@ func (c *Cluster) Ready() error {
 // passes fits wherever it is routed (0: no worker reports its capacity).
 func (c *Cluster) MaxContext(model string) int { return c.instances.maxContext(model) }
 
-// Generate routes the request and streams it from the chosen worker.
+// Generate routes the request and streams it from the chosen worker: the
+// aggregated pool, or prefill then decode legs when the model has both
+// (disagg.go).
 func (c *Cluster) Generate(ctx context.Context, req *kv.GenerateRequest) (kv.TokenStream, error) {
-	d, err := c.router.Route(ctx, router.Request{Model: req.Model, Tokens: req.Tokens})
+	return c.generate(ctx, req)
+}
+
+// routeErr maps a routing error to what the frontend reports.
+func routeErr(err error) error {
 	var busy *kv.BusyError
 	switch {
 	case errors.As(err, &busy):
-		return nil, &kv.BusyError{RetryAfter: busy.RetryAfter}
+		return &kv.BusyError{RetryAfter: busy.RetryAfter}
 	case errors.Is(err, kv.ErrNoWorkers):
-		return nil, kv.ErrNoWorkers
-	case err != nil:
+		return kv.ErrNoWorkers
+	}
+	return err
+}
+
+// whole routes rreq and streams the request from the chosen worker as one
+// leg (aggregated, or a decode worker prefilling locally).
+func (c *Cluster) whole(ctx context.Context, req *kv.GenerateRequest, rreq router.Request) (kv.TokenStream, error) {
+	d, err := c.router.Route(ctx, rreq)
+	if err != nil {
+		return nil, routeErr(err)
+	}
+	greq := c.protoRequest(req, d)
+	greq.KvFetch = api.HintToProto(d.Hint)
+	st, err := c.open(ctx, d, greq)
+	if err != nil {
 		return nil, err
 	}
+	return st, nil
+}
+
+// protoRequest is req for the worker d chose.
+func (c *Cluster) protoRequest(req *kv.GenerateRequest, d *router.Decision) *api.GenerateRequest {
+	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, MaxTokens: uint32(req.MaxTokens),
+		StopTokenIds: req.StopTokens, Seed: req.Seed, Temperature: req.Temperature, DpRank: d.Worker.DPRank,
+		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty}
+	if tp := req.TopP; tp != 0 { // absent on the wire when the client set none
+		greq.TopP = &tp
+	}
+	return greq
+}
+
+// open sends greq to d's worker and returns its stream, which owns d.
+func (c *Cluster) open(ctx context.Context, d *router.Decision, greq *api.GenerateRequest) (*workerStream, error) {
 	in, ok := c.instances.get(d.Worker.Instance)
 	if !ok {
 		d.Done()
@@ -192,13 +246,6 @@ func (c *Cluster) Generate(ctx context.Context, req *kv.GenerateRequest) (kv.Tok
 		d.Fail()
 		return nil, fmt.Errorf("%v: %w", err, kv.ErrWorkerLost)
 	}
-	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, MaxTokens: uint32(req.MaxTokens),
-		StopTokenIds: req.StopTokens, Seed: req.Seed, Temperature: req.Temperature, DpRank: d.Worker.DPRank,
-		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty}
-	if tp := req.TopP; tp != 0 { // absent on the wire when the client set none
-		greq.TopP = &tp
-	}
-	greq.KvFetch = api.HintToProto(d.Hint)
 	sctx, cancel := context.WithCancel(ctx)
 	st, err := client.Generate(sctx, greq)
 	if err != nil {

@@ -366,6 +366,9 @@ func (s *Server) backendError(ctx context.Context, err error) *apiError {
 		}
 		return unavailable(secs, "every worker is busy; retry after %d s", secs)
 	case errors.Is(err, kv.ErrNoWorkers):
+		if err != kv.ErrNoWorkers { // the backend said why (e.g. a missing decode pool)
+			return unavailable(1, "no worker is available for this model right now: %v", err)
+		}
 		return unavailable(1, "no worker is available for this model right now")
 	case errors.Is(err, kv.ErrWorkerLost):
 		return unavailable(1, "the worker failed and the request could not be migrated: %v", err)

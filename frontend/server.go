@@ -37,6 +37,10 @@ type Config struct {
 	MigrationLimit int
 	// Ready reports whether the frontend can serve (GET /health); nil: always.
 	Ready func() error
+	// Warnings, when set, are shown by a healthy /health: what is wrong
+	// but does not stop serving (e.g. prefill workers without decode
+	// workers, while aggregated ones serve the model).
+	Warnings func() []string
 }
 
 // DefaultConfig returns the defaults: 16 MiB bodies, 3 migrations.
@@ -296,6 +300,12 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(); err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "reason": err.Error()})
+			return
+		}
+	}
+	if s.cfg.Warnings != nil {
+		if ws := s.cfg.Warnings(); len(ws) > 0 {
+			writeJSON(w, http.StatusOK, map[string]any{"status": "healthy", "warnings": ws})
 			return
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -680,5 +681,34 @@ func TestTooLargeBodyAnsweredBeforeReading(t *testing.T) {
 	}
 	if len(b.requests) != 0 {
 		t.Fatal("an over-limit request reached the backend")
+	}
+}
+
+// /health: unhealthy with the backend's reason; healthy with warnings when
+// something is wrong that does not stop serving.
+func TestHealthReasonAndWarnings(t *testing.T) {
+	var ready error
+	var warnings []string
+	ts := newTestServer(t, &fakeBackend{}, Config{MaxBodyBytes: 1 << 20,
+		Ready: func() error { return ready }, Warnings: func() []string { return warnings }})
+	get := func() (int, string) {
+		r, err := http.Get(ts.URL + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		return r.StatusCode, strings.TrimSpace(string(b))
+	}
+	if code, body := get(); code != 200 || body != `{"status":"healthy"}` {
+		t.Fatalf("%d %s", code, body)
+	}
+	warnings = []string{"model m has 1 decode workers but no prefill workers; the aggregated workers serve it"}
+	if code, body := get(); code != 200 || body != `{"status":"healthy","warnings":["model m has 1 decode workers but no prefill workers; the aggregated workers serve it"]}` {
+		t.Fatalf("%d %s", code, body)
+	}
+	ready = errors.New("model m has 2 prefill workers but no decode workers")
+	if code, body := get(); code != 503 || !strings.Contains(body, `"reason":"model m has 2 prefill workers but no decode workers"`) {
+		t.Fatalf("%d %s", code, body)
 	}
 }

@@ -40,7 +40,7 @@ func TestCostModelTable(t *testing.T) {
 		for _, h := range tc.active {
 			l.refs.inc(h)
 		}
-		got := tc.model.cost(tc.depth, l, seq, 64, 16)
+		got := tc.model.cost(tc.depth, l, seq, 64, 64, 16)
 		if math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("%s: cost %v, want %v", tc.name, got, tc.want)
 		}

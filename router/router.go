@@ -101,6 +101,15 @@ type Request struct {
 	// be nil, with PromptLen giving the prompt's length in tokens.
 	Local     []kv.LocalHash
 	PromptLen int
+
+	// NoOverlapCredit scores the request by load alone: cached prefixes
+	// earn no credit, the decision reports no overlap and plans no hint.
+	// NoPrefillCharge neither counts the prompt in the cost's prefill term
+	// nor books it as prefill load (its blocks still count as decode
+	// blocks). Both together are a disaggregated decode leg, whose KV
+	// arrives from the prefill worker (see DecodeLeg).
+	NoOverlapCredit bool
+	NoPrefillCharge bool
 }
 
 // promptLen is the prompt's length in tokens.
@@ -123,6 +132,21 @@ type scratch struct {
 // caller must call Done on the returned decision when the request ends for
 // any reason, and FirstToken when its first token arrives.
 func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
+	return r.route(ctx, req, true)
+}
+
+// Peek runs Route's selection for req without booking anything: no load,
+// no hint, no replica event, no metrics, and the returned decision has no
+// handle (its FirstToken, Done and Fail do nothing). It answers "which
+// worker would Route pick now, and what does it hold": an ErrAllBusy
+// error (*kv.BusyError) means every candidate is over a busy threshold.
+// With a random pick or a softmax temperature, a later Route may pick
+// differently.
+func (r *Router) Peek(ctx context.Context, req Request) (*Decision, error) {
+	return r.route(ctx, req, false)
+}
+
+func (r *Router) route(ctx context.Context, req Request, book bool) (*Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
@@ -206,10 +230,14 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 		return nil, fmt.Errorf("router: model %q changed block size while routing; retry", req.Model)
 	}
 	req.Exclude = r.exclusions(req.Exclude, now)
+	rr := p.rr
 	chosen, err := r.choose(p, req, sc, seq, now)
+	if !book {
+		p.rr = rr // a peek does not advance round-robin
+	}
 	if err != nil {
 		r.mu.Unlock()
-		if errors.Is(err, kv.ErrAllBusy) {
+		if book && errors.Is(err, kv.ErrAllBusy) {
 			r.met.busy.Inc()
 		}
 		return nil, err
@@ -220,6 +248,15 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	cachedBlocks := int(d.Overlap[kv.NumTiers-1])
 	d.CachedTokens = min(cachedBlocks*bs, d.ISL)
 	d.PrefillTokens = d.ISL - d.CachedTokens
+	if req.NoPrefillCharge {
+		d.PrefillTokens = 0
+	}
+	if !book {
+		r.mu.Unlock()
+		d.r = nil
+		d.Timing = Timing{Hash: t1.Sub(t0), Match: t2.Sub(t1), Score: time.Since(t2), Total: time.Since(t0)}
+		return d, nil
+	}
 	d.ID = r.cfg.RouterID + "-" + strconv.FormatUint(r.seq.Add(1), 36)
 	a := &active{id: d.ID, load: w.load, prefill: int64(d.PrefillTokens), start: now}
 	if !r.cfg.NoBlockTracking {
@@ -230,7 +267,7 @@ func (r *Router) Route(ctx context.Context, req Request) (*Decision, error) {
 	d.a = a
 	var hint hintPlan
 	hinted := false
-	if r.engHashes != nil {
+	if r.engHashes != nil && !req.NoOverlapCredit {
 		hint, hinted = planHint(p, chosen, sc.depth, len(seq), req.Exclude, r.cfg.HintPolicy)
 	}
 	if r.cfg.OnReplicaEvent != nil {
@@ -268,7 +305,7 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 		for mi < len(sc.matches) && cmpKey(sc.matches[mi].Worker, w.info.Key) < 0 {
 			mi++
 		}
-		if mi < len(sc.matches) && sc.matches[mi].Worker == w.info.Key {
+		if mi < len(sc.matches) && sc.matches[mi].Worker == w.info.Key && !req.NoOverlapCredit {
 			// Clamp to the request and force the cumulative order, so a
 			// misbehaving index cannot credit blocks the request lacks.
 			var prev uint32
@@ -317,6 +354,10 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 		cm = req.Cost
 	}
 	isl := float64(req.promptLen())
+	charge := isl // prompt tokens charged as prefill
+	if req.NoPrefillCharge {
+		charge = 0
+	}
 	sc.cost = slices.Grow(sc.cost[:0], len(sc.cand))[:len(sc.cand)]
 	cmin, cmax := math.Inf(1), math.Inf(-1)
 	timed := cm.Kind == CostTime
@@ -326,13 +367,13 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 		if timed {
 			in := costInput{depth: sc.depth[i], load: w.load, timing: w.info.Timing.orDefault(),
 				budget: w.info.MaxBatchedTokens, kvCap: w.info.KVBlocks, blockSz: p.blockSize,
-				usage: r.reportedUsage(w.load, now)}
+				usage: r.reportedUsage(w.load, now), noCharge: req.NoPrefillCharge}
 			if in.budget <= 0 {
 				in.budget = defaultPassBudget
 			}
 			c = cm.timeCost(&in, seq, isl)
 		} else {
-			c = cm.cost(sc.depth[i], w.load, seq, isl, p.blockSize)
+			c = cm.cost(sc.depth[i], w.load, seq, isl, charge, p.blockSize)
 		}
 		sc.cost[j] = c
 		cmin, cmax = min(cmin, c), max(cmax, c)
@@ -371,9 +412,11 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 }
 
 // cost is the DESIGN.md §5 cost of routing a request with isl tokens and
-// prompt blocks seq to a worker with cumulative overlap depth and load l.
-func (m *CostModel) cost(depth [kv.NumTiers]uint32, l *load, seq []kv.SeqHash, isl float64, blockSize int) float64 {
-	prefill := max((float64(l.prefillTokens)+isl)/float64(blockSize)-m.credit(depth), 0)
+// prompt blocks seq to a worker with cumulative overlap depth and load l;
+// charge is how many of the prompt's tokens count as prefill (isl, or 0
+// for a decode leg whose KV arrives from elsewhere).
+func (m *CostModel) cost(depth [kv.NumTiers]uint32, l *load, seq []kv.SeqHash, isl, charge float64, blockSize int) float64 {
+	prefill := max((float64(l.prefillTokens)+charge)/float64(blockSize)-m.credit(depth), 0)
 	// Decode blocks: what is active now plus what this request would add
 	// (its blocks already active on the worker are shared, not new).
 	reqBlocks := math.Ceil(isl / float64(blockSize))

@@ -132,6 +132,9 @@ type costInput struct {
 	kvCap   int          // device KV blocks (0: unknown)
 	usage   float64      // reported KV usage fraction, 0 when none is fresh
 	blockSz int
+	// noCharge: the prompt is not computed here (a decode leg), so it adds
+	// no prefill time; its blocks still count toward KV usage.
+	noCharge bool
 }
 
 // credit is the cache credit in blocks (both models): prefix blocks held
@@ -165,8 +168,12 @@ func (m *CostModel) credit(depth [kv.NumTiers]uint32) float64 {
 // queued behind it waits for.
 func (m *CostModel) timeCost(in *costInput, seq []kv.SeqHash, isl float64) float64 {
 	l := in.load
-	cached := min(m.credit(in.depth)*float64(in.blockSz), isl)
-	queued := float64(l.prefillTokens) + isl - cached
+	charge := isl
+	if in.noCharge {
+		charge = 0
+	}
+	cached := min(m.credit(in.depth)*float64(in.blockSz), charge)
+	queued := float64(l.prefillTokens) + charge - cached
 	prefill, passes := in.timing.PrefillWork(queued, in.budget)
 	if passes == 0 {
 		passes = 1 // the first token is still sampled in a pass
@@ -177,6 +184,6 @@ func (m *CostModel) timeCost(in *costInput, seq []kv.SeqHash, isl float64) float
 		active := float64(l.uniqueBlocks()) + reqBlocks - float64(l.activePrefix(seq))
 		u = max(u, active/float64(in.kvCap))
 	}
-	own, _ := in.timing.PrefillWork(isl-cached, in.budget)
+	own, _ := in.timing.PrefillWork(charge-cached, in.budget)
 	return m.PrefillScale*prefill + m.WorkWeight*own + float64(passes)*in.timing.DecodeMS(u)
 }

@@ -154,6 +154,10 @@ func NewSimPeer(cfg sim.Config, pc PeerConfig) (*sim.Engine, *Peer, error) {
 	}
 	p := newPeer(pc)
 	cfg.Fetcher = p.Fetch
+	cfg.Disagg.Puller = p.PullHandoff
+	if cfg.Disagg.Endpoint == nil {
+		cfg.Disagg.Endpoint = p.endpoint
+	}
 	if pc.Listen != "" {
 		// Served blocks carry the checksums taken when they were stored.
 		cfg.StoreChecksums = true

@@ -41,22 +41,34 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	if err != nil {
 		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: %v", err)
 	}
-	var hint *kv.Hint
-	if req.KvFetch != nil || len(req.KvHint) > 0 {
-		w.hints.Add(1)
-		// A bad hint only costs the fetch, never the request.
-		hint = w.admitHint(req)
-	}
 	if len(req.KvTransferParams) > 0 {
 		w.transferParams.Add(1)
 	}
-	leg, err := api.LegFromProto(req.Leg)
+	la, err := admitLeg(req)
 	if err != nil {
 		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: %v", err)
 	}
+	if la.paramsDrop {
+		w.foreignParams.Add(1)
+	}
+	var hint *kv.Hint
+	if req.KvFetch != nil || len(req.KvHint) > 0 {
+		w.hints.Add(1)
+		if la.dropHint {
+			// Applied once, on the leg that computed the prompt.
+			w.decodeHints.Add(1)
+		} else {
+			// A bad hint only costs the fetch, never the request.
+			hint = w.admitHint(req)
+		}
+	}
+	if la.leg != kv.LegWhole {
+		w.log.Debug("disagg leg", "request", req.RequestId, "leg", la.leg.String(), "hint", hint != nil,
+			"params", paramsDigest(la.params), "params_stripped", la.paramsStrip)
+	}
 	ereq := &engine.Request{
 		ID: req.RequestId, Tokens: req.Tokens, Sampling: smp, LoRA: req.Lora, CacheSalt: req.CacheSalt,
-		KVHint: hint, DPRank: int(req.DpRank), Leg: leg, TransferParams: req.KvTransferParams,
+		KVHint: hint, DPRank: int(req.DpRank), Leg: la.leg, TransferParams: la.params,
 	}
 	// Counted (as waiting on the engine) before the engine sees it, so an
 	// engine that hangs on admission still trips the watchdog.
@@ -100,6 +112,9 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 			}
 			wd.outputs.Add(1)
 			out := &api.GenerateChunk{Tokens: c.Tokens, FinishReason: string(c.Finish), KvTransferParams: c.TransferParams}
+			if len(c.TransferParams) > 0 {
+				w.log.Debug("disagg prefill answered", "request", req.RequestId, "params", paramsDigest(c.TransferParams))
+			}
 			if c.Usage != nil {
 				out.Usage = &api.Usage{PromptTokens: uint32(c.Usage.PromptTokens), CompletionTokens: uint32(c.Usage.CompletionTokens), CachedTokens: uint32(c.Usage.CachedTokens)}
 			}

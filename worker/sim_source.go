@@ -36,8 +36,18 @@ func NewSimSource(e *sim.Engine) *SimSource {
 
 // Pin implements transfer.BlockSource.
 // The sim names its blocks by sequence hash: that is the hash transfer carries.
+// A read that ends with a pinned prefill handoff's last block releases
+// that handoff (sim.Engine.HandoffServed).
 func (s *SimSource) Pin(hashes []uint64) (int, func()) {
-	return s.e.Pin(kv.AsHashes[kv.SeqHash](hashes))
+	seq := kv.AsHashes[kv.SeqHash](hashes)
+	n, release := s.e.Pin(seq)
+	if n == 0 {
+		return n, release
+	}
+	return n, func() {
+		release()
+		s.e.HandoffServed(seq[:n])
+	}
 }
 
 // ViewBlock implements transfer.BlockViewer: the pinned block's payload,

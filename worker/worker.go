@@ -95,7 +95,9 @@ type Worker struct {
 	wg      sync.WaitGroup
 
 	hints, transferParams atomic.Int64
-	hintWarned            atomic.Bool // a malformed hint was logged
+	decodeHints           atomic.Int64 // hints dropped on decode handoffs
+	foreignParams         atomic.Int64 // connector parameters dropped on legs that take none
+	hintWarned            atomic.Bool  // a malformed hint was logged
 	blockSize             int
 	met                   *metrics
 	registered            bool

@@ -71,6 +71,12 @@ func (ff *frontendFlags) validate() error {
 	if ff.busyKVUsage < 0 || ff.busyKVUsage > 1 || math.IsNaN(ff.busyKVUsage) {
 		return fmt.Errorf("--busy-kv-usage %g: want a fraction in [0, 1]", ff.busyKVUsage)
 	}
+	if ff.localPrefillTokens < 0 {
+		return fmt.Errorf("--disagg-local-prefill-tokens %d: want ≥ 0 (0: never for length)", ff.localPrefillTokens)
+	}
+	if !(ff.localPrefillRatio > 0 && ff.localPrefillRatio <= 1) {
+		return fmt.Errorf("--disagg-local-prefill-ratio %g: want a fraction in (0, 1]", ff.localPrefillRatio)
+	}
 	if _, err := router.ParseMode(ff.routerMode); err != nil {
 		return fmt.Errorf("--router-mode: %w", err)
 	}

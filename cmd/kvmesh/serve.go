@@ -41,6 +41,9 @@ type frontendFlags struct {
 	hints          bool
 	logLevel       string
 	tokenizer      string
+	// Conditional disaggregation (models with prefill and decode workers).
+	localPrefillTokens int
+	localPrefillRatio  float64
 }
 
 func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
@@ -56,6 +59,17 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.BoolVar(&ff.hints, "hints", true, "plan KV hints: send a request's worker to a peer that holds a longer prefix (only workers that advertise control endpoints take part)")
 	f.StringVar(&ff.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&ff.tokenizer, "tokenizer", "", "a Hugging Face tokenizer: tokenizer.json, or its directory (chat template from tokenizer_config.json beside it), so the frontend tokenizes as the engine does (default: built-in o200k and ChatML)")
+	f.IntVar(&ff.localPrefillTokens, "disagg-local-prefill-tokens", router.DefaultLocalPrefillTokens, "P/D: a request prefills on its decode worker when its net new prompt (prompt − what that worker holds) is under this many tokens and under --disagg-local-prefill-ratio of the prompt (0: never for length)")
+	f.Float64Var(&ff.localPrefillRatio, "disagg-local-prefill-ratio", router.DefaultLocalPrefillRatio, "P/D: the second bound of local prefill, net new / prompt, in (0, 1]")
+}
+
+// disagg is the cluster's conditional-disaggregation config.
+func (ff *frontendFlags) disagg() router.DisaggConfig {
+	c := router.DisaggConfig{LocalPrefillTokens: ff.localPrefillTokens, LocalPrefillRatio: ff.localPrefillRatio}
+	if c.LocalPrefillTokens == 0 {
+		c.LocalPrefillTokens = -1 // the flag's 0 is "never", the config's is "default"
+	}
+	return c
 }
 
 // runningFrontend is an HTTP frontend bound and serving.
@@ -110,7 +124,7 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	}
 	cost.Temperature = ff.temperature
 	cl, err := fleet.New(ctx, fleet.Config{
-		NC: nc, Discovery: disc, Models: ff.models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log,
+		NC: nc, Discovery: disc, Models: ff.models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log, Disagg: ff.disagg(),
 		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage, Hints: ff.hints},
 	})
 	if err != nil {
@@ -118,6 +132,7 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	}
 	cfg := frontend.DefaultConfig()
 	cfg.MigrationLimit, cfg.MaxBodyBytes, cfg.Ready = ff.migrationLimit, ff.maxBodyBytes, cl.Ready
+	cfg.Warnings = cl.Warnings
 	srv := &http.Server{Handler: frontend.New(cfg, cl, &models, reg, reg), ReadHeaderTimeout: 10 * time.Second}
 	ln, err := net.Listen("tcp", ff.listen)
 	if err != nil {
@@ -170,6 +185,7 @@ func newServeCmd() *cobra.Command {
 	ff := &frontendFlags{}
 	sf := sim.DefaultConfig()
 	var workers int
+	var pd pdFlags
 	var stallTimeout time.Duration
 	var nf natsFlags
 	var dataDir string
@@ -186,12 +202,18 @@ On startup it prints one line to stdout:
   kvmesh serve: model <name> on <n> simulated workers (router <mode>); OpenAI API at http://<host:port>/v1 (NATS <url>)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runServe(cmd, ff, sf, workers, stallTimeout, nf, dataDir, ef)
+			if (pd.prefill > 0 || pd.decode > 0) && !cmd.Flags().Changed("workers") {
+				workers = 0 // a P/D fleet unless aggregated workers are asked for too
+			}
+			return runServe(cmd, ff, sf, workers, pd, stallTimeout, nf, dataDir, ef)
 		},
 	}
 	f := cmd.Flags()
 	ff.register(f, []string{"kvmesh-sim"})
-	f.IntVar(&workers, "workers", 4, "simulated workers to start")
+	f.IntVar(&workers, "workers", 4, "simulated aggregated workers to start (0 when only --prefill-workers/--decode-workers are given)")
+	f.IntVar(&pd.prefill, "prefill-workers", 0, "simulated prefill workers (disaggregated serving; needs --decode-workers too)")
+	f.IntVar(&pd.decode, "decode-workers", 0, "simulated decode workers (disaggregated serving; needs --prefill-workers too)")
+	f.DurationVar(&sf.Disagg.TTL, "disagg-handoff-ttl", sim.DefaultHandoffTTL, "sim: how long a prefill answer's blocks stay pinned when no decode worker reads them")
 	registerStallTimeout(f, &stallTimeout)
 	nf.registerURL(f, "", "external NATS URL(s), comma-separated; empty starts an embedded server")
 	f.StringVar(&dataDir, "data-dir", "", "embedded NATS JetStream directory (default: a temporary one)")
@@ -206,13 +228,28 @@ On startup it prints one line to stdout:
 	return withEnv(cmd, "")
 }
 
-func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, stallTimeout time.Duration, nf natsFlags, dataDir string, ef *serveEngineFlags) error {
+// pdFlags are serve's disaggregated pools.
+type pdFlags struct{ prefill, decode int }
+
+func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, pd pdFlags, stallTimeout time.Duration, nf natsFlags, dataDir string, ef *serveEngineFlags) error {
 	log, err := workerLogger(ff.logLevel, os.Stderr)
 	if err != nil {
 		return err
 	}
-	if workers < 1 {
+	if err := checkInts(intFlag{"prefill-workers", int64(pd.prefill), 0}, intFlag{"decode-workers", int64(pd.decode), 0}); err != nil {
+		return err
+	}
+	if (pd.prefill > 0) != (pd.decode > 0) {
+		return fmt.Errorf("--prefill-workers %d --decode-workers %d: disaggregated serving needs both", pd.prefill, pd.decode)
+	}
+	if pd.prefill == 0 && workers < 1 {
 		return fmt.Errorf("--workers %d: want at least 1", workers)
+	}
+	if workers < 0 {
+		return fmt.Errorf("--workers %d: want at least 0", workers)
+	}
+	if sf.Disagg.TTL <= 0 {
+		return fmt.Errorf("--disagg-handoff-ttl %v: want > 0", sf.Disagg.TTL)
 	}
 	if err := ff.validate(); err != nil {
 		return err
@@ -272,20 +309,37 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 			_ = w.Close()
 		}
 	}()
-	fleetDesc := fmt.Sprintf("%d simulated workers", workers)
+	var engineDesc string
 	if ef.engine != "sim" {
 		// Real engines: one worker each, no simulated ones.
 		if ws, err = startEngineWorkers(ctx, cmd, ef, ff, nc, stallTimeout, log); err != nil {
 			return err
 		}
-		workers, fleetDesc = 0, fmt.Sprintf("%d %s engines", len(ws), ef.engine)
+		workers, pd, engineDesc = 0, pdFlags{}, fmt.Sprintf("%d %s engines", len(ws), ef.engine)
 	}
-	for i := 0; i < workers; i++ {
+	roles := make([]kv.Role, 0, workers+pd.prefill+pd.decode)
+	for range workers {
+		roles = append(roles, kv.RoleAggregated)
+	}
+	for range pd.prefill {
+		roles = append(roles, kv.RolePrefill)
+	}
+	for range pd.decode {
+		roles = append(roles, kv.RoleDecode)
+	}
+	if pd.prefill > 0 && pm == nil {
+		// Decode workers pull their prompts' KV from prefill workers over
+		// the same transfer protocol, hints or not.
+		if pm, err = worker.NewPeerMetrics(reg); err != nil {
+			return err
+		}
+	}
+	for i, role := range roles {
 		cfg := sf
-		cfg.Model, cfg.Role = ff.models[0], kv.RoleAggregated
+		cfg.Model, cfg.Role = ff.models[0], role
 		var eng *sim.Engine
 		var peer *worker.Peer
-		if ff.hints {
+		if ff.hints || role != kv.RoleAggregated {
 			eng, peer, err = worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1",
 				Metrics: pm, Logger: log.With("worker", i)})
 		} else {
@@ -294,7 +348,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		if err != nil {
 			return fmt.Errorf("sim engine: %w", err)
 		}
-		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer,
+		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer, Registerer: reg,
 			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}, eng, nc)
 		if err != nil {
 			eng.Close()
@@ -315,11 +369,21 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if err := waitReady(ctx, rf.cluster, 10*time.Second); err != nil {
 		return err
 	}
-	if sf.DPSize > 1 && ef.engine == "sim" {
-		fleetDesc += fmt.Sprintf(" of %d DP ranks", sf.DPSize)
+	fleet := fmt.Sprintf("%d simulated workers", workers)
+	if pd.prefill > 0 {
+		fleet = fmt.Sprintf("%d prefill + %d decode simulated workers", pd.prefill, pd.decode)
+		if workers > 0 {
+			fleet += fmt.Sprintf(" + %d aggregated", workers)
+		}
+	}
+	if sf.DPSize > 1 {
+		fleet += fmt.Sprintf(" of %d DP ranks", sf.DPSize)
+	}
+	if engineDesc != "" {
+		fleet = engineDesc
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh serve: model %s on %s (router %s); OpenAI API at %s (NATS %s)\n",
-		ff.models[0], fleetDesc, ff.routerMode, rf.url(), nf.url)
+		ff.models[0], fleet, ff.routerMode, rf.url(), nf.url)
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -14,10 +13,6 @@ import (
 	"github.com/kvmesh/kvmesh/worker"
 )
 
-// fleetRunsLegs says whether this build's fleet routes prefill and decode
-// legs; until it does, serve attaches aggregated engines only.
-const fleetRunsLegs = false
-
 // startEngineWorkers attaches one worker to each real engine named by
 // serve's flags and registers it. The model name comes from the engines
 // (they must agree) unless --model names it; ff.models is set to it.
@@ -26,9 +21,6 @@ func startEngineWorkers(ctx context.Context, cmd *cobra.Command, ef *serveEngine
 	list, err := ef.engines()
 	if err != nil {
 		return nil, err
-	}
-	if !fleetRunsLegs && len(ef.prefillURLs) > 0 {
-		return nil, errors.New("--prefill-engine-url/--decode-engine-url: this build's fleet does not route prefill and decode legs yet; run the engines aggregated (--engine-url), or as `kvmesh worker --role prefill|decode` behind a frontend that does")
 	}
 	model := ""
 	if cmd.Flags().Changed("model") {

@@ -90,6 +90,7 @@ On startup it prints one line to stdout:
 	f.IntVar(&s.MaxSeqs, "max-seqs", s.MaxSeqs, "sim: running sequences per step")
 	f.Float64Var(&s.Watermark, "watermark", s.Watermark, "sim: fraction of blocks kept free when admitting")
 	f.Float64Var(&s.SpeedupRatio, "speedup-ratio", s.SpeedupRatio, "sim: divide modelled time by this (0: no waiting)")
+	f.DurationVar(&s.Disagg.TTL, "disagg-handoff-ttl", sim.DefaultHandoffTTL, "sim, --role prefill: how long a prefill answer's blocks stay pinned when no decode worker reads them")
 	f.Float64Var(&s.DecodeSpeedupRatio, "decode-speedup-ratio", s.DecodeSpeedupRatio, "sim: extra divisor for decode time")
 	f.IntVar(&s.Layers, "layers", s.Layers, "sim: payload layers per block")
 	f.IntVar(&s.PayloadSize, "payload-size", s.PayloadSize, "sim: payload bytes per block and layer")
@@ -144,6 +145,12 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 			return fmt.Errorf("--instance-id %q: want a non-zero hex number", wf.instanceID)
 		}
 	}
+	if role == kv.RolePrefill && wf.engine == "sim" && wf.controlListen == "" {
+		return errors.New("--role prefill needs --control-listen (and --advertise-host): decode workers pull the prompt's KV from it")
+	}
+	if wf.sim.Disagg.TTL <= 0 {
+		return fmt.Errorf("--disagg-handoff-ttl %v: want > 0", wf.sim.Disagg.TTL)
+	}
 	if wf.controlListen != "" && len(wf.controlEndpoints) > 0 {
 		return errors.New("--control-listen and --control-endpoints: set one (served here, or elsewhere)")
 	}
@@ -172,7 +179,9 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	case "sim":
 		cfg := wf.sim
 		cfg.Model, cfg.Role, cfg.DPSize = wf.model, role, wf.dpSize
-		if wf.controlListen != "" {
+		// A decode worker pulls its prompts' KV over the transfer client
+		// even when it serves none.
+		if wf.controlListen != "" || role == kv.RoleDecode {
 			pm, err := worker.NewPeerMetrics(reg)
 			if err != nil {
 				return err

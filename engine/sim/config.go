@@ -62,6 +62,8 @@ type Config struct {
 	// prefill, with the full prompt blocks the local cache lacks. Whatever
 	// it inserts is reused instead of recomputed.
 	Fetcher Fetcher
+	// Disagg configures prefill and decode legs (disagg.go).
+	Disagg DisaggConfig
 	// StoreChecksums keeps kv.Checksum of each block's payload (all layers),
 	// of a computed block's derived bytes or an inserted block's bytes, for
 	// BlockChecksum: a worker serving peers sends it instead of hashing

@@ -37,6 +37,8 @@ type Engine struct {
 	mu     sync.Mutex // guards core and closed
 	core   *Core
 	closed bool
+
+	ho handoffs // prefill/decode legs (disagg.go)
 }
 
 var _ engine.Engine = (*Engine)(nil)
@@ -305,6 +307,9 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engi
 		}
 		e = r
 	}
+	if req.Leg == kv.LegPrefill {
+		return e.generatePrefill(ctx, req)
+	}
 	s, err := e.core.newSeq(req, req.Tokens, nil, Prompt{}, e.clk.Now()) // reads only the immutable config
 	if err != nil {
 		return nil, err
@@ -343,7 +348,7 @@ func (e *Engine) abort(s *Seq) {
 func (e *Engine) pump(ctx context.Context, s *Seq, st *stream, out chan engine.Chunk) {
 	defer e.wg.Done()
 	defer close(out)
-	if f := e.cfg.Fetcher; f != nil {
+	if f := e.fetcherFor(s.req); f != nil {
 		e.mu.Lock()
 		m := e.core.missing(s)
 		e.mu.Unlock()

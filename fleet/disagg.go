@@ -1,0 +1,316 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/router"
+)
+
+// Disaggregated prefill/decode, prefill first (research kvbm_disagg.md §3,
+// Dynamo's PrefillRouter). When a model has prefill and decode workers, a
+// request is first checked by conditional disaggregation (router.PlanDisagg:
+// it may prefill locally on the decode worker); otherwise it gets a prefill
+// leg, KV-routed over the prefill pool with the router's hint, whose engine
+// samples one token and answers with its connector parameters; then a decode
+// leg, routed over the decode pool by load alone, carrying those parameters
+// whole as kv_transfer_params and never a hint. The decode leg's stream is
+// the client's: its engine pulls the prompt's KV (or recomputes it) and
+// generates from the first token on, so the prefill's token only tells
+// whether the answer already ended (a stop token, or one token wanted).
+//
+// Failures: a prefill worker lost before answering is inhibited and the leg
+// retried on another (prefill legs are retried, never migrated mid-flight);
+// with none left the decode worker prefills locally. A decode leg lost
+// mid-stream is a lost worker like any (kv.ErrWorkerLost): the frontend
+// migrates the request, which plans again. A prefill worker lost after
+// answering costs the decode leg its pull: it recomputes.
+
+// Local-prefill reasons the fleet adds to router.LocalReason.
+const (
+	reasonPrefillFailed = "prefill_failed" // every prefill worker tried failed
+	reasonNoReason      = ""
+)
+
+// maxPrefillTries bounds the prefill workers one request tries.
+const maxPrefillTries = 3
+
+type disaggMetrics struct {
+	paths   *prometheus.CounterVec
+	handoff prometheus.Histogram
+	retries prometheus.Counter
+}
+
+func newDisaggMetrics() *disaggMetrics {
+	m := &disaggMetrics{
+		paths: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_fleet_requests_by_path_total",
+			Help: "Requests (attempts) by serving path: aggregated, disagg, or local_prefill with its reason (isl, prefill_busy, prefill_failed)."},
+			[]string{"path", "reason"}),
+		handoff: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvmesh_fleet_disagg_handoff_seconds",
+			Help:    "From the prefill leg's answer to the decode leg's first token: routing the decode leg, the KV pull (or recompute) and the first decode step.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_fleet_prefill_retries_total",
+			Help: "Prefill legs retried on another prefill worker after theirs was lost."}),
+	}
+	m.paths.WithLabelValues(string(router.PathAggregated), "")
+	m.paths.WithLabelValues(string(router.PathDisagg), "")
+	for _, r := range []string{string(router.ReasonISL), string(router.ReasonPrefillBusy), reasonPrefillFailed} {
+		m.paths.WithLabelValues(string(router.PathLocalPrefill), r)
+	}
+	return m
+}
+
+func (m *disaggMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.paths, m.handoff, m.retries}
+}
+
+func (m *disaggMetrics) path(p router.DisaggPath, reason string) {
+	m.paths.WithLabelValues(string(p), reason).Inc()
+}
+
+// pools counts a model's workers per role.
+type pools struct{ agg, prefill, decode int }
+
+func (c *Cluster) pools(model string) pools {
+	return pools{agg: len(c.router.Workers(model, kv.RoleAggregated)),
+		prefill: len(c.router.Workers(model, kv.RolePrefill)), decode: len(c.router.Workers(model, kv.RoleDecode))}
+}
+
+// disagg: both pools are there.
+func (p pools) disagg() bool { return p.prefill > 0 && p.decode > 0 }
+
+// unservable says why a model without aggregated workers cannot be served
+// ("" when it can).
+func (p pools) unservable(model string) string {
+	switch {
+	case p.agg > 0 || p.disagg():
+		return ""
+	case p.prefill > 0:
+		return fmt.Sprintf("model %s has %d prefill workers but no decode workers", model, p.prefill)
+	case p.decode > 0:
+		return fmt.Sprintf("model %s has %d decode workers but no prefill workers", model, p.decode)
+	}
+	return fmt.Sprintf("no worker serves %s yet", model)
+}
+
+// Warnings names the models served by their aggregated workers while a
+// disaggregated pool lacks its other half.
+func (c *Cluster) Warnings() []string {
+	var out []string
+	for _, m := range c.cfg.Models {
+		p := c.pools(m)
+		if p.agg > 0 && !p.disagg() && (p.prefill > 0 || p.decode > 0) {
+			q := p
+			q.agg = 0
+			out = append(out, q.unservable(m)+"; the aggregated workers serve it")
+		}
+	}
+	return out
+}
+
+// generate chooses the path of one attempt and starts it.
+func (c *Cluster) generate(ctx context.Context, req *kv.GenerateRequest) (kv.TokenStream, error) {
+	base := router.Request{Model: req.Model, Tokens: req.Tokens}
+	p := c.pools(req.Model)
+	if !p.disagg() {
+		if p.agg == 0 && (p.prefill > 0 || p.decode > 0) {
+			return nil, fmt.Errorf("%w: %s", kv.ErrNoWorkers, p.unservable(req.Model))
+		}
+		c.dmet.path(router.PathAggregated, reasonNoReason)
+		return c.whole(ctx, req, base)
+	}
+	if p.agg > 0 && c.preferAggregated(req.Model) {
+		c.dmet.path(router.PathAggregated, reasonNoReason)
+		return c.whole(ctx, req, base)
+	}
+	choice, err := c.router.PlanDisagg(ctx, base, c.cfg.Disagg)
+	if err != nil {
+		if p.agg > 0 {
+			c.dmet.path(router.PathAggregated, reasonNoReason)
+			return c.whole(ctx, req, base)
+		}
+		return nil, routeErr(err)
+	}
+	if choice.Path == router.PathLocalPrefill {
+		c.dmet.path(router.PathLocalPrefill, string(choice.Reason))
+		return c.whole(ctx, req, router.LocalPrefillRequest(base))
+	}
+	return c.disagg(ctx, req, base)
+}
+
+// preferAggregated: in a mixed fleet, a request goes to the aggregated pool
+// when its workers carry no more requests each than the decode workers
+// (where a disaggregated request spends its life).
+func (c *Cluster) preferAggregated(model string) bool {
+	per := func(role kv.Role) float64 {
+		ws := c.router.Workers(model, role)
+		var n int64
+		for _, w := range ws {
+			n += c.router.Load(w.Key).ActiveRequests
+		}
+		return float64(n) / float64(max(len(ws), 1))
+	}
+	return per(kv.RoleAggregated) <= per(kv.RoleDecode)
+}
+
+// disagg runs the prefill leg, then starts the decode leg.
+func (c *Cluster) disagg(ctx context.Context, req *kv.GenerateRequest, base router.Request) (kv.TokenStream, error) {
+	ans, err := c.prefill(ctx, req, base)
+	switch {
+	case errors.Is(err, errPrefillExhausted):
+		c.dmet.path(router.PathLocalPrefill, reasonPrefillFailed)
+		return c.whole(ctx, req, router.LocalPrefillRequest(base))
+	case errors.Is(err, errPrefillBusy):
+		c.dmet.path(router.PathLocalPrefill, string(router.ReasonPrefillBusy))
+		return c.whole(ctx, req, router.LocalPrefillRequest(base))
+	case err != nil:
+		return nil, err
+	}
+	c.dmet.path(router.PathDisagg, reasonNoReason)
+	if ans.params == nil {
+		// The one token was the whole answer: no decode leg.
+		return &doneStream{chunk: ans.chunk}, nil
+	}
+	if err := ctx.Err(); err != nil {
+		// The client left between the legs: no decode leg; the prefill
+		// worker releases its pinned blocks at the handoff's expiry.
+		return nil, err
+	}
+	d, err := c.router.Route(ctx, router.DecodeLegRequest(base))
+	if err != nil {
+		return nil, routeErr(err)
+	}
+	greq := c.protoRequest(req, d)
+	greq.Leg = api.Leg_LEG_DECODE
+	greq.KvTransferParams = ans.params // whole: never merged, never a hint
+	st, err := c.open(ctx, d, greq)
+	if err != nil {
+		return nil, err
+	}
+	return &decodeStream{workerStream: st, cached: ans.chunk.CachedTokens, answered: ans.at, met: c.dmet}, nil
+}
+
+var (
+	errPrefillExhausted = errors.New("no prefill worker answered")
+	errPrefillBusy      = errors.New("every prefill worker is busy")
+)
+
+// prefillAnswer is a prefill leg's outcome.
+type prefillAnswer struct {
+	chunk  kv.TokenChunk // its token, finish reason and usage
+	params []byte        // connector parameters; nil when the answer is final
+	at     time.Time
+}
+
+// prefill runs the prefill leg, retrying another prefill worker when one is
+// lost before it answers.
+func (c *Cluster) prefill(ctx context.Context, req *kv.GenerateRequest, base router.Request) (prefillAnswer, error) {
+	rreq := router.PrefillLegRequest(base)
+	tries := 0
+	for {
+		d, err := c.router.Route(ctx, rreq)
+		if err != nil {
+			switch {
+			case errors.Is(err, kv.ErrAllBusy):
+				return prefillAnswer{}, errPrefillBusy
+			case errors.Is(err, kv.ErrNoWorkers) && tries > 0:
+				return prefillAnswer{}, errPrefillExhausted
+			}
+			return prefillAnswer{}, routeErr(err)
+		}
+		tries++
+		worker := d.Worker
+		greq := c.protoRequest(req, d)
+		greq.Leg = api.Leg_LEG_PREFILL
+		greq.KvFetch = api.HintToProto(d.Hint) // the hint is applied here, once
+		ans, err := c.prefillOn(ctx, d, greq)
+		if err == nil || !errors.Is(err, kv.ErrWorkerLost) || ctx.Err() != nil {
+			return ans, err
+		}
+		c.log.Warn("prefill worker lost before answering; retrying on another", "request", req.RequestID, "worker", worker, "err", err)
+		if tries >= maxPrefillTries {
+			return prefillAnswer{}, errPrefillExhausted
+		}
+		c.dmet.retries.Inc()
+		rreq.Exclude = append(slices.Clip(rreq.Exclude), worker)
+	}
+}
+
+// prefillOn sends the prefill leg to d's worker and reads its answer.
+func (c *Cluster) prefillOn(ctx context.Context, d *router.Decision, greq *api.GenerateRequest) (prefillAnswer, error) {
+	st, err := c.open(ctx, d, greq)
+	if err != nil {
+		return prefillAnswer{}, err
+	}
+	defer st.Close()
+	var ans prefillAnswer
+	for {
+		ch, err := st.Recv()
+		if err != nil {
+			if err == io.EOF {
+				err = fmt.Errorf("prefill worker %v ended without an answer: %w", d.Worker, kv.ErrWorkerLost)
+			}
+			return prefillAnswer{}, err
+		}
+		ans.chunk.Tokens = append(ans.chunk.Tokens, ch.Tokens...)
+		if ch.Finish == kv.FinishNone {
+			continue
+		}
+		ans.chunk.Finish, ans.chunk.PromptTokens, ans.chunk.CachedTokens = ch.Finish, ch.PromptTokens, ch.CachedTokens
+		if p := st.msg.KvTransferParams; len(p) > 0 {
+			ans.params = slices.Clone(p) // the codec reuses the message
+		}
+		ans.at = time.Now()
+		return ans, nil
+	}
+}
+
+// doneStream is a prefill answer that was final.
+type doneStream struct {
+	chunk kv.TokenChunk
+	sent  bool
+}
+
+func (s *doneStream) Recv() (kv.TokenChunk, error) {
+	if s.sent {
+		return kv.TokenChunk{}, io.EOF
+	}
+	s.sent = true
+	return s.chunk, nil
+}
+
+func (s *doneStream) Close() error { return nil }
+
+// decodeStream is the decode leg's stream. Its usage reports the prefill
+// leg's cache hits as cached_tokens: the blocks the decode pulled were
+// computed for this request, not found in a cache.
+type decodeStream struct {
+	*workerStream
+	cached   int
+	answered time.Time
+	first    bool
+	met      *disaggMetrics
+}
+
+func (s *decodeStream) Recv() (kv.TokenChunk, error) {
+	ch, err := s.workerStream.Recv()
+	if err != nil {
+		return ch, err
+	}
+	if !s.first && len(ch.Tokens) > 0 {
+		s.first = true
+		s.met.handoff.Observe(time.Since(s.answered).Seconds())
+	}
+	if ch.Finish != kv.FinishNone {
+		ch.CachedTokens = s.cached
+	}
+	return ch, nil
+}
