@@ -40,6 +40,17 @@ func (o *engineOpts) register(f *pflag.FlagSet) {
 	f.DurationVar(&o.timeout, "engine-timeout", 10*time.Minute, "vllm: how long to wait for the engine's /health at start (model loading takes minutes)")
 }
 
+// check validates the shared options.
+func (o *engineOpts) check() error {
+	if _, err := vllm.ParseHintForm(o.hintForm); err != nil {
+		return fmt.Errorf("--hint-form %w", err)
+	}
+	if o.timeout <= 0 {
+		return fmt.Errorf("--engine-timeout %v: want > 0", o.timeout)
+	}
+	return nil
+}
+
 // registerWorkerEngineFlags defines the worker's --engine-url, --kv-events,
 // --kv-events-replay and --peer-endpoint.
 func registerWorkerEngineFlags(f *pflag.FlagSet, e *realEngineFlags, o *engineOpts) {
@@ -199,8 +210,8 @@ func (s *serveEngineFlags) engines() ([]servedEngine, error) {
 	default:
 		return nil, fmt.Errorf("--engine %q: want sim or vllm", s.engine)
 	}
-	if _, err := vllm.ParseHintForm(s.opts.hintForm); err != nil {
-		return nil, fmt.Errorf("--hint-form %w", err)
+	if err := s.opts.check(); err != nil {
+		return nil, err
 	}
 	agg, err := zipEngines("", kv.RoleAggregated, s.urls, s.events, s.replays, s.peers)
 	if err != nil {
@@ -235,8 +246,8 @@ func startVLLMWorkerEngine(cmd *cobra.Command, wf *workerFlags, model string, ro
 	if err := wf.real.check("", -1, wf.dpSize); err != nil {
 		return nil, err
 	}
-	if _, err := vllm.ParseHintForm(wf.realOpts.hintForm); err != nil {
-		return nil, fmt.Errorf("--hint-form %w", err)
+	if err := wf.realOpts.check(); err != nil {
+		return nil, err
 	}
 	if err := wf.real.dialPeers(cmd.Context(), ""); err != nil {
 		return nil, err

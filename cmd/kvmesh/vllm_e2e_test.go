@@ -366,6 +366,7 @@ func TestServeVLLMEngines(t *testing.T) {
 		{[]string{"--engine", "vllm", "--engine-url", a.url, "--hint-form", "loud"}, "--hint-form"},
 		{[]string{"--engine", "vllm", "--engine-url", a.url, "--peer-endpoint", "tcp://0.0.0.0:1"}, "--peer-endpoint (entry 1)"},
 		{[]string{"--engine-url", a.url}, "need --engine vllm"},
+		{[]string{"--engine", "vllm", "--engine-url", a.url, "--engine-timeout", "0s"}, "--engine-timeout 0s: want > 0"},
 		{[]string{"--engine", "vllm", "--prefill-engine-url", a.url}, "come together"},
 	} {
 		p := startProc(t, "bad serve", append([]string{"serve", "--listen", "127.0.0.1:0"}, tc.args...)...)
