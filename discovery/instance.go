@@ -30,6 +30,19 @@ type Instance struct {
 	// ControlEndpoints is tcp://host:port per DP rank for peer KV transfer:
 	// all ranks or none.
 	ControlEndpoints []string `json:"control_endpoints,omitempty"`
+	// AcceptsHints says whether the worker consumes KV hints as a target;
+	// absent (older records, sim workers) it does exactly when it has
+	// control endpoints. A real engine's worker may take hints without
+	// serving its own blocks, or serve them and take none.
+	AcceptsHints *bool `json:"accepts_hints,omitempty"`
+}
+
+// HintTarget reports whether routers may send the worker KV hints.
+func (in *Instance) HintTarget() bool {
+	if in.AcceptsHints != nil {
+		return *in.AcceptsHints
+	}
+	return len(in.ControlEndpoints) > 0
 }
 
 // Workers returns the worker keys (one per DP rank) of the instance.

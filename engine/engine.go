@@ -128,3 +128,10 @@ type Inventory interface {
 
 // ErrClosed is returned by Generate after Close.
 var ErrClosed = errors.New("engine closed")
+
+// ErrUnavailable marks (errors.Is) a failure of the engine itself rather
+// than of the request: a refused connection, a 5xx, a stream cut short. A
+// Generate error or a Chunk.Err wrapping it makes the worker answer
+// Unavailable, so the request migrates to another worker; any other error
+// is the request's own and reaches the client as a 4xx.
+var ErrUnavailable = errors.New("engine unavailable")

@@ -69,8 +69,9 @@ func (t *instances) update(ev discovery.Event) {
 		info := router.WorkerInfo{Key: k, Model: in.Model, Role: in.Role, BlockSize: in.BlockSize,
 			KVBlocks: in.KVCapacity[kv.TierDevice.String()], MaxBatchedTokens: in.MaxBatchedTokens, Digest: in.Digest}
 		if r < len(in.ControlEndpoints) {
-			info.ControlEndpoint, info.HintCapable = in.ControlEndpoints[r], true
+			info.ControlEndpoint = in.ControlEndpoints[r]
 		}
+		info.HintCapable = in.HintTarget()
 		if err := t.router.AddWorker(info); err != nil {
 			t.log.Warn("worker not routable", "instance", fmt.Sprintf("%x", in.ID), "err", err)
 		}

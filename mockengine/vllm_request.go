@@ -305,7 +305,9 @@ func (v *VLLM) checkIDs(ids []int64) ([]kv.Token, error) {
 	if len(ids) == 0 {
 		return nil, badRequest("The prompt cannot be empty.", "prompt")
 	}
-	vocab := int64(v.cfg.Sim.VocabSize)
+	// The tokenizer's ids (chat markers and other special tokens
+	// included) are the model's; the sim only bounds what it generates.
+	vocab := int64(max(v.cfg.Sim.VocabSize, v.tok.VocabSize()))
 	out := make([]kv.Token, len(ids))
 	for i, id := range ids {
 		if id < 0 || id >= vocab {

@@ -24,6 +24,9 @@ type JinjaTemplate struct {
 
 var _ ChatTemplate = (*JinjaTemplate)(nil)
 
+// EOSToken is the tokenizer config's eos_token ("" if none).
+func (j *JinjaTemplate) EOSToken() string { return j.eosToken }
+
 // ErrTemplate marks errors the template raised itself (raise_exception),
 // e.g. "Conversation roles must alternate": the request was invalid.
 var ErrTemplate = errors.New("chat template rejected the conversation")

@@ -92,6 +92,9 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	if errors.Is(err, engine.ErrClosed) {
 		return resultUnavailable, status.Error(codes.Unavailable, "generate: worker shutting down")
 	}
+	if errors.Is(err, engine.ErrUnavailable) {
+		return resultUnavailable, status.Errorf(codes.Unavailable, "generate: %v", err)
+	}
 	if err != nil {
 		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: %v", err)
 	}
@@ -114,6 +117,11 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 			}
 			if c.Usage != nil {
 				out.Usage = &api.Usage{PromptTokens: uint32(c.Usage.PromptTokens), CompletionTokens: uint32(c.Usage.CompletionTokens), CachedTokens: uint32(c.Usage.CachedTokens)}
+			}
+			if errors.Is(c.Err, engine.ErrUnavailable) {
+				// The engine failed under the request: the stream ends
+				// Unavailable so the caller migrates what it has.
+				return resultUnavailable, status.Errorf(codes.Unavailable, "generate: %v", c.Err)
 			}
 			if c.Err != nil {
 				out.Error = c.Err.Error()

@@ -62,6 +62,11 @@ type Config struct {
 	// ControlEndpoints are the peer-transfer endpoints per DP rank, if any,
 	// when something else serves them (with Peer, leave it empty).
 	ControlEndpoints []string
+	// AcceptsHints, when set, is registered as discovery's accepts_hints
+	// (an engine adapter that lowers hints, or one configured not to);
+	// nil leaves the routers' default: hint targets exactly when control
+	// endpoints are advertised.
+	AcceptsHints *bool
 	// Peer, when set, is the engine's peer-transfer side (NewSimPeer): the
 	// worker serves its blocks on one control endpoint per DP rank and
 	// advertises them (see startControl).
@@ -178,7 +183,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	w.inst = discovery.Instance{
 		ID: cfg.InstanceID, Model: cfg.Model, Role: cfg.Role, DPSize: cfg.DPSize,
 		BlockSize: ec.BlockSize, KVCapacity: cfg.KVCapacity, MaxBatchedTokens: ec.MaxBatchedTokens,
-		Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints,
+		Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints, AcceptsHints: cfg.AcceptsHints,
 	}
 	return w, nil
 }

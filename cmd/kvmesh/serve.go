@@ -40,6 +40,7 @@ type frontendFlags struct {
 	busyKVUsage    float64
 	hints          bool
 	logLevel       string
+	tokenizer      string
 	// Conditional disaggregation (models with prefill and decode workers).
 	localPrefillTokens int
 	localPrefillRatio  float64
@@ -57,6 +58,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.Float64Var(&ff.busyKVUsage, "busy-kv-usage", 0, "a worker is busy above this fraction of its KV blocks in use; 503 when all are (0: off)")
 	f.BoolVar(&ff.hints, "hints", true, "plan KV hints: send a request's worker to a peer that holds a longer prefix (only workers that advertise control endpoints take part)")
 	f.StringVar(&ff.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&ff.tokenizer, "tokenizer", "", "a Hugging Face tokenizer: tokenizer.json, or its directory (chat template from tokenizer_config.json beside it), so the frontend tokenizes as the engine does (default: built-in o200k and ChatML)")
 	f.IntVar(&ff.localPrefillTokens, "disagg-local-prefill-tokens", router.DefaultLocalPrefillTokens, "P/D: a request prefills on its decode worker when its net new prompt (prompt − what that worker holds) is under this many tokens and under --disagg-local-prefill-ratio of the prompt (0: never for length)")
 	f.Float64Var(&ff.localPrefillRatio, "disagg-local-prefill-ratio", router.DefaultLocalPrefillRatio, "P/D: the second bound of local prefill, net new / prompt, in (0, 1]")
 }
@@ -101,7 +103,7 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	}
 	var models frontend.StaticModels
 	for _, name := range ff.models {
-		m, err := frontend.BuiltinModel(name)
+		m, err := loadModel(name, ff.tokenizer)
 		if err != nil {
 			return nil, err
 		}
@@ -188,6 +190,7 @@ func newServeCmd() *cobra.Command {
 	var nf natsFlags
 	var dataDir string
 	var kf kvbmFlags
+	ef := &serveEngineFlags{}
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a whole kvmesh cluster in one process: embedded NATS, OpenAI frontend, router and simulated workers",
@@ -208,7 +211,7 @@ On startup it prints one line to stdout:
 				return err
 			}
 			sf.KVBM = kf.sim()
-			return runServe(cmd, ff, sf, workers, pd, stallTimeout, nf, dataDir)
+			return runServe(cmd, ff, sf, workers, pd, stallTimeout, nf, dataDir, ef)
 		},
 	}
 	f := cmd.Flags()
@@ -227,6 +230,7 @@ On startup it prints one line to stdout:
 	f.IntVar(&sf.DPSize, "dp-size", 1, "sim: data-parallel ranks per worker (each its own engine, cache, load and KV events; routed per rank)")
 	f.Float64Var(&sf.SpeedupRatio, "speedup-ratio", sf.SpeedupRatio, "sim: divide modelled time by this (0: no waiting)")
 	addKVBMFlags(f, &kf)
+	ef.register(f)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
 	return withEnv(cmd, "")
 }
@@ -234,7 +238,7 @@ On startup it prints one line to stdout:
 // pdFlags are serve's disaggregated pools.
 type pdFlags struct{ prefill, decode int }
 
-func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, pd pdFlags, stallTimeout time.Duration, nf natsFlags, dataDir string) error {
+func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, pd pdFlags, stallTimeout time.Duration, nf natsFlags, dataDir string, ef *serveEngineFlags) error {
 	log, err := workerLogger(ff.logLevel, os.Stderr)
 	if err != nil {
 		return err
@@ -272,6 +276,9 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if len(ff.models) != 1 {
 		return fmt.Errorf("--model: serve runs one model, got %d", len(ff.models))
 	}
+	if _, err := ef.engines(); err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -305,6 +312,14 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 			_ = w.Close()
 		}
 	}()
+	var engineDesc string
+	if ef.engine != "sim" {
+		// Real engines: one worker each, no simulated ones.
+		if ws, err = startEngineWorkers(ctx, cmd, ef, ff, nc, stallTimeout, log); err != nil {
+			return err
+		}
+		workers, pd, engineDesc = 0, pdFlags{}, fmt.Sprintf("%d %s engines", len(ws), ef.engine)
+	}
 	roles := make([]kv.Role, 0, workers+pd.prefill+pd.decode)
 	for range workers {
 		roles = append(roles, kv.RoleAggregated)
@@ -383,6 +398,9 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	}
 	if sf.DPSize > 1 {
 		fleet += fmt.Sprintf(" of %d DP ranks", sf.DPSize)
+	}
+	if engineDesc != "" {
+		fleet = engineDesc
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh serve: model %s on %s (router %s); OpenAI API at %s (NATS %s)\n",
 		ff.models[0], fleet, ff.routerMode, rf.url(), nf.url)

@@ -43,6 +43,8 @@ type workerFlags struct {
 	logLevel                      string
 	sim                           sim.Config
 	kvbm                          kvbmFlags
+	real                          realEngineFlags // --engine vllm
+	realOpts                      engineOpts
 }
 
 func newWorkerCmd() *cobra.Command {
@@ -63,7 +65,7 @@ On startup it prints one line to stdout:
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&wf.engine, "engine", "sim", "engine to drive: sim")
+	f.StringVar(&wf.engine, "engine", "sim", "engine to drive: sim, or vllm (a running vLLM server: --engine-url, --kv-events)")
 	f.StringVar(&wf.model, "model", "kvmesh-sim", "model name served and registered")
 	f.StringVar(&wf.role, "role", "aggregated", "aggregated, prefill or decode")
 	wf.nats.register(f)
@@ -94,6 +96,7 @@ On startup it prints one line to stdout:
 	f.IntVar(&s.Layers, "layers", s.Layers, "sim: payload layers per block")
 	f.IntVar(&s.PayloadSize, "payload-size", s.PayloadSize, "sim: payload bytes per block and layer")
 	addKVBMFlags(f, &wf.kvbm)
+	registerWorkerEngineFlags(f, &wf.real, &wf.realOpts)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
 	return withEnv(cmd, "")
 }
@@ -180,6 +183,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var eng engine.Engine
 	var peer *worker.Peer
+	var acceptsHints *bool
 	switch wf.engine {
 	case "sim":
 		cfg := wf.sim
@@ -206,8 +210,23 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 			}
 			eng = s
 		}
+	case "vllm":
+		model := wf.model
+		if !cmd.Flags().Changed("model") {
+			model = "" // the engine's
+		}
+		ve, err := startVLLMWorkerEngine(cmd, wf, model, role, log)
+		if err != nil {
+			return err
+		}
+		if err := registerRelayMetrics(reg, ve.Relay()); err != nil {
+			ve.Close()
+			return err
+		}
+		eng = ve
+		wf.model, wf.controlEndpoints, acceptsHints = eng.Config().Model, wf.real.peers, wf.realOpts.acceptsHints()
 	default:
-		return fmt.Errorf("--engine %q: only sim is available", wf.engine)
+		return fmt.Errorf("--engine %q: want sim or vllm", wf.engine)
 	}
 	if s, ok := eng.(*sim.Engine); ok && wf.kvbm.connector != "" {
 		if err := registerKVBMMetrics(reg, s, wf.model, id); err != nil {
@@ -228,7 +247,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
-		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, Peer: peer, Registerer: reg,
+		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, AcceptsHints: acceptsHints, Peer: peer, Registerer: reg,
 		Discovery: discovery.Config{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)
 	if err != nil {

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/worker"
+)
+
+// startEngineWorkers attaches one worker to each real engine named by
+// serve's flags and registers it. The model name comes from the engines
+// (they must agree) unless --model names it; ff.models is set to it.
+func startEngineWorkers(ctx context.Context, cmd *cobra.Command, ef *serveEngineFlags, ff *frontendFlags, nc *nats.Conn,
+	stallTimeout time.Duration, log *slog.Logger) ([]*worker.Worker, error) {
+	list, err := ef.engines()
+	if err != nil {
+		return nil, err
+	}
+	model := ""
+	if cmd.Flags().Changed("model") {
+		model = ff.models[0]
+	}
+	var ws []*worker.Worker
+	closeAll := func() {
+		for _, w := range ws {
+			_ = w.Close()
+		}
+	}
+	for i, se := range list {
+		if err := se.flags.dialPeers(ctx, se.prefix); err != nil {
+			closeAll()
+			return nil, err
+		}
+		wlog := log.With("engine", se.flags.url)
+		eng, err := openVLLM(ctx, &se.flags, &ef.opts, model, se.role, 1, 0, wlog)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("--%sengine-url %s: %w", se.prefix, se.flags.url, err)
+		}
+		if m := eng.Config().Model; model == "" {
+			model = m
+		} else if m != model {
+			eng.Close()
+			closeAll()
+			return nil, fmt.Errorf("--%sengine-url %s serves %q, the engines before it %q: serve runs one model", se.prefix, se.flags.url, m, model)
+		}
+		w, err := worker.New(worker.Config{Model: model, Role: se.role, Logger: wlog, ControlEndpoints: se.flags.peers,
+			AcceptsHints: ef.opts.acceptsHints(), StallTimeout: stallTimeoutConfig(stallTimeout),
+			Discovery: discovery.Config{Logger: log}}, eng, nc)
+		if err != nil {
+			eng.Close()
+			closeAll()
+			return nil, err
+		}
+		if err := w.Start(ctx); err != nil {
+			_ = w.Close()
+			closeAll()
+			return nil, fmt.Errorf("engine %d (%s): %w", i+1, se.flags.url, err)
+		}
+		ws = append(ws, w)
+	}
+	ff.models = []string{model}
+	return ws, nil
+}

@@ -1,0 +1,11 @@
+// Package remote is the plumbing every adapter to a real engine shares
+// (engine/vllm now; SGLang and TensorRT-LLM next): the KV-event relay from
+// an engine's ZMQ publisher into the worker's event sink (Relay), health
+// gating, Prometheus /metrics scraping, server-sent-event reading and the
+// classification of HTTP failures into the request's fault (a 4xx, which
+// reaches the client) or the engine's (engine.ErrUnavailable, which
+// migrates the request).
+//
+// It imports engine, events and kv; it must not import worker, fleet,
+// router or cmd: an adapter is a plain engine.Engine the worker drives.
+package remote

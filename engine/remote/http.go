@@ -1,0 +1,238 @@
+package remote
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/kvmesh/kvmesh/engine"
+)
+
+// maxErrorBody bounds how much of an error response is read.
+const maxErrorBody = 64 << 10
+
+// WaitHealthy polls base+path until it answers 200 or ctx ends: a worker
+// registers its engine only once the engine is serving.
+func WaitHealthy(ctx context.Context, c *http.Client, url string) error {
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := c.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("%s", resp.Status)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("engine not healthy at %s: %v (last: %v)", url, ctx.Err(), last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// GetJSON fetches url and decodes its JSON body into v.
+func GetJSON(ctx context.Context, c *http.Client, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// Scrape fetches a Prometheus text exposition.
+func Scrape(ctx context.Context, c *http.Client, url string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "text/plain")
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return p.TextToMetricFamilies(resp.Body)
+}
+
+// Sample is one series' value and labels.
+type Sample struct {
+	Labels map[string]string
+	Value  float64
+}
+
+// Samples lists a family's series (gauges, counters, untyped).
+func Samples(fams map[string]*dto.MetricFamily, name string) []Sample {
+	f := fams[name]
+	if f == nil {
+		return nil
+	}
+	out := make([]Sample, 0, len(f.Metric))
+	for _, m := range f.Metric {
+		s := Sample{Labels: make(map[string]string, len(m.Label))}
+		for _, l := range m.Label {
+			s.Labels[l.GetName()] = l.GetValue()
+		}
+		switch {
+		case m.Gauge != nil:
+			s.Value = m.Gauge.GetValue()
+		case m.Counter != nil:
+			s.Value = m.Counter.GetValue()
+		case m.Untyped != nil:
+			s.Value = m.Untyped.GetValue()
+		default:
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// RejectedError is an engine's 4xx: the request's fault. Its message is
+// the engine's own, so the client reads what the engine said.
+type RejectedError struct {
+	Status  int
+	Message string
+}
+
+func (e *RejectedError) Error() string { return e.Message }
+
+// ResponseError classifies a non-2xx response (its body is read and
+// closed): a 4xx is a *RejectedError, anything else wraps
+// engine.ErrUnavailable.
+func ResponseError(resp *http.Response) error {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	resp.Body.Close()
+	msg := ErrorMessage(body)
+	if msg == "" {
+		msg = resp.Status
+	}
+	if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusTooManyRequests {
+		return &RejectedError{Status: resp.StatusCode, Message: msg}
+	}
+	return fmt.Errorf("%w: %s: %s", engine.ErrUnavailable, resp.Status, msg)
+}
+
+// ErrorMessage reads the message of an OpenAI-shaped error body
+// ({"error":{"message":…}}) or of vLLM's older flat one
+// ({"object":"error","message":…}); "" when it is neither.
+func ErrorMessage(body []byte) string {
+	var e struct {
+		Error   json.RawMessage `json:"error"`
+		Message string          `json:"message"`
+	}
+	if json.Unmarshal(body, &e) != nil {
+		return strings.TrimSpace(string(bytes.ToValidUTF8(body[:min(len(body), 512)], nil)))
+	}
+	if len(e.Error) > 0 {
+		var inner struct {
+			Message string `json:"message"`
+		}
+		if json.Unmarshal(e.Error, &inner) == nil && inner.Message != "" {
+			return inner.Message
+		}
+		var s string
+		if json.Unmarshal(e.Error, &s) == nil {
+			return s
+		}
+	}
+	return e.Message
+}
+
+// Lost wraps a transport failure (refused connection, reset, a stream cut
+// short) as engine.ErrUnavailable.
+func Lost(err error) error {
+	if err == nil || errors.Is(err, engine.ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %v", engine.ErrUnavailable, err)
+}
+
+// SSE reads server-sent events: Next returns each event's data ("[DONE]"
+// included) and io.EOF at the end of the stream.
+type SSE struct {
+	r    *bufio.Reader
+	data []byte
+}
+
+// NewSSE reads events from r.
+func NewSSE(r io.Reader) *SSE { return &SSE{r: bufio.NewReaderSize(r, 64<<10)} }
+
+// Next returns the next event's data; the slice is valid until the next
+// call.
+func (s *SSE) Next() ([]byte, error) {
+	s.data = s.data[:0]
+	have := false
+	for {
+		line, err := s.r.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			// A long line: gather it whole.
+			buf := append([]byte(nil), line...)
+			for err == bufio.ErrBufferFull {
+				line, err = s.r.ReadSlice('\n')
+				buf = append(buf, line...)
+			}
+			line = buf
+		}
+		if err != nil && len(line) == 0 {
+			if err == io.EOF && have {
+				return s.data, nil
+			}
+			return nil, err
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		switch {
+		case len(line) == 0:
+			if have {
+				return s.data, nil
+			}
+		case line[0] == ':':
+		default:
+			field, value, _ := bytes.Cut(line, []byte(":"))
+			if string(field) == "data" {
+				value = bytes.TrimPrefix(value, []byte(" "))
+				if have {
+					s.data = append(s.data, '\n')
+				}
+				s.data = append(s.data, value...)
+				have = true
+			}
+		}
+		if err != nil {
+			if have {
+				return s.data, nil
+			}
+			return nil, err
+		}
+	}
+}

@@ -1,0 +1,266 @@
+package vllm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/remote"
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Engine drives one vLLM server.
+type Engine struct {
+	cfg         Config
+	ecfg        engine.Config
+	log         *slog.Logger
+	client      *http.Client
+	maxModelLen int
+	relay       *remote.Relay
+
+	stats   atomic.Pointer[[]engine.Stats] // per rank, from /metrics
+	scrapes atomic.Uint64
+	closed  atomic.Bool
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+var (
+	_ engine.Engine = (*Engine)(nil)
+	_ engine.Ranked = (*Engine)(nil)
+)
+
+// New waits until the server is healthy (bounded by ctx), reads its model
+// and context length from /v1/models and its block size and KV capacity
+// from /metrics, and starts reading its load. The KV-event relay starts
+// when the worker installs its event sink.
+func New(ctx context.Context, cfg Config) (*Engine, error) {
+	base, err := CheckURL(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("vllm engine url: %w", err)
+	}
+	cfg.URL = base
+	if cfg.DPSize <= 0 {
+		cfg.DPSize = 1
+	}
+	if cfg.HintForm == "" {
+		cfg.HintForm = HintNative
+	}
+	if _, err := ParseHintForm(string(cfg.HintForm)); err != nil {
+		return nil, fmt.Errorf("vllm hint form %w", err)
+	}
+	if cfg.Role == "" {
+		cfg.Role = kv.RoleAggregated
+	}
+	if cfg.StatsInterval <= 0 {
+		cfg.StatsInterval = 500 * time.Millisecond
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	e := &Engine{cfg: cfg, client: cfg.Client, log: cfg.Logger.With("engine", base)}
+	if err := remote.WaitHealthy(ctx, e.client, base+"/health"); err != nil {
+		return nil, err
+	}
+	if err := e.readModels(ctx); err != nil {
+		return nil, err
+	}
+	blockSize, blocks, err := e.readCacheConfig(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg = e.cfg
+	e.ecfg = engine.Config{Model: cfg.Model, Role: cfg.Role, BlockSize: blockSize, Blocks: blocks,
+		// Hints and handoffs only make sense between engines serving the
+		// same model with the same block layout.
+		Digest: fmt.Sprintf("vllm/%s/bs%d", cfg.Model, blockSize)}
+	if cfg.Events != "" {
+		e.relay, err = remote.NewRelay(remote.RelayConfig{Endpoint: cfg.Events, ReplayEndpoint: cfg.ReplayEvents, Topic: cfg.Topic,
+			DPSize: cfg.DPSize, BlockSize: blockSize, Logger: e.log})
+		if err != nil {
+			return nil, err
+		}
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	e.scrape(ctx)
+	e.wg.Go(func() {
+		t := time.NewTicker(cfg.StatsInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+				e.scrape(sctx)
+			}
+		}
+	})
+	e.log.Info("vllm engine attached", "model", cfg.Model, "max_model_len", e.maxModelLen, "block_size", blockSize,
+		"blocks", blocks, "dp_size", cfg.DPSize, "hint_form", cfg.HintForm, "kv_events", cfg.Events)
+	return e, nil
+}
+
+// readModels checks (or takes) the served model name and its context
+// length.
+func (e *Engine) readModels(ctx context.Context) error {
+	var list struct {
+		Data []struct {
+			ID          string `json:"id"`
+			MaxModelLen int    `json:"max_model_len"`
+		} `json:"data"`
+	}
+	if err := remote.GetJSON(ctx, e.client, e.cfg.URL+"/v1/models", &list); err != nil {
+		return fmt.Errorf("vllm engine models: %w", err)
+	}
+	if len(list.Data) == 0 {
+		return fmt.Errorf("vllm engine %s serves no model", e.cfg.URL)
+	}
+	var names []string
+	for _, m := range list.Data {
+		if e.cfg.Model == "" || m.ID == e.cfg.Model {
+			e.cfg.Model, e.maxModelLen = m.ID, m.MaxModelLen
+			return nil
+		}
+		names = append(names, m.ID)
+	}
+	return fmt.Errorf("vllm engine %s does not serve model %q (it serves %q)", e.cfg.URL, e.cfg.Model, names)
+}
+
+// readCacheConfig reads block size and KV blocks per rank from
+// vllm:cache_config_info; a pinned block size must agree.
+func (e *Engine) readCacheConfig(ctx context.Context) (blockSize, blocks int, err error) {
+	fams, err := remote.Scrape(ctx, e.client, e.cfg.URL+"/metrics")
+	if err != nil {
+		e.log.Warn("vllm engine metrics unreadable; block size and capacity unknown", "err", err)
+	}
+	for _, s := range remote.Samples(fams, "vllm:cache_config_info") {
+		blockSize, _ = strconv.Atoi(s.Labels["block_size"])
+		blocks, _ = strconv.Atoi(s.Labels["num_gpu_blocks"])
+		break
+	}
+	switch pinned := e.cfg.BlockSize; {
+	case blockSize == 0 && pinned == 0:
+		blockSize = DefaultBlockSize
+		e.log.Warn("vllm engine reports no block size (vllm:cache_config_info); assuming vLLM's default", "block_size", blockSize)
+	case blockSize == 0:
+		blockSize = pinned
+	case pinned != 0 && pinned != blockSize:
+		return 0, 0, fmt.Errorf("--block-size %d but the vLLM engine at %s uses blocks of %d tokens", pinned, e.cfg.URL, blockSize)
+	}
+	return blockSize, blocks, nil
+}
+
+// scrape reads the per-rank load from /metrics (label engine = DP rank).
+func (e *Engine) scrape(ctx context.Context) {
+	fams, err := remote.Scrape(ctx, e.client, e.cfg.URL+"/metrics")
+	if err != nil {
+		if ctx.Err() == nil {
+			e.log.Debug("vllm metrics", "err", err)
+		}
+		return
+	}
+	st := make([]engine.Stats, e.cfg.DPSize)
+	rankOf := func(s remote.Sample) (int, bool) {
+		if e.cfg.Model != "" && s.Labels["model_name"] != "" && s.Labels["model_name"] != e.cfg.Model {
+			return 0, false
+		}
+		r, err := strconv.Atoi(s.Labels["engine"])
+		if err != nil {
+			r = 0
+		}
+		return r, r >= 0 && r < len(st)
+	}
+	for _, s := range remote.Samples(fams, "vllm:num_requests_running") {
+		if r, ok := rankOf(s); ok {
+			st[r].Running += int(s.Value)
+		}
+	}
+	for _, s := range remote.Samples(fams, "vllm:num_requests_waiting") {
+		if r, ok := rankOf(s); ok {
+			st[r].Waiting += int(s.Value)
+		}
+	}
+	usage := "vllm:kv_cache_usage_perc"
+	if fams[usage] == nil {
+		usage = "vllm:gpu_cache_usage_perc" // vLLM before 0.10
+	}
+	for _, s := range remote.Samples(fams, usage) {
+		if r, ok := rankOf(s); ok {
+			st[r].TotalBlocks = e.ecfg.Blocks
+			st[r].UsedBlocks = int(s.Value*float64(e.ecfg.Blocks) + 0.5)
+		}
+	}
+	e.stats.Store(&st)
+	e.scrapes.Add(1)
+}
+
+// Config is the engine's description (model and block size from the
+// server).
+func (e *Engine) Config() engine.Config { return e.ecfg }
+
+// MaxModelLen is the server's context length (/v1/models).
+func (e *Engine) MaxModelLen() int { return e.maxModelLen }
+
+// DPSize is the number of data-parallel ranks behind the server.
+func (e *Engine) DPSize() int { return e.cfg.DPSize }
+
+// RankStats is one rank's load as last read from /metrics.
+func (e *Engine) RankStats(rank int) engine.Stats {
+	if p := e.stats.Load(); p != nil && rank < len(*p) {
+		return (*p)[rank]
+	}
+	return engine.Stats{TotalBlocks: e.ecfg.Blocks}
+}
+
+// Stats sums the ranks' load.
+func (e *Engine) Stats() engine.Stats {
+	var out engine.Stats
+	if p := e.stats.Load(); p != nil {
+		for _, s := range *p {
+			out.Running += s.Running
+			out.Waiting += s.Waiting
+			out.UsedBlocks += s.UsedBlocks
+			out.TotalBlocks += s.TotalBlocks
+		}
+	}
+	return out
+}
+
+// SetEventSink installs the worker's sink; the first one starts the
+// KV-event relay.
+func (e *Engine) SetEventSink(s engine.EventSink) {
+	if e.relay != nil {
+		e.relay.SetSink(s)
+	}
+}
+
+// Relay is the KV-event relay, or nil without --kv-events.
+func (e *Engine) Relay() *remote.Relay { return e.relay }
+
+// Close stops the load reader and the relay; the server keeps running.
+func (e *Engine) Close() error {
+	if !e.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	e.cancel()
+	e.wg.Wait()
+	var err error
+	if e.relay != nil {
+		err = e.relay.Close()
+	}
+	e.client.CloseIdleConnections()
+	return err
+}
+
+var errNoChoice = errors.New("vllm response without a choice")

@@ -1,0 +1,335 @@
+package vllm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/remote"
+	"github.com/kvmesh/kvmesh/hints"
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// completionRequest is the body of POST /v1/completions. Fields left at
+// their zero value are omitted, so vLLM applies its own defaults.
+type completionRequest struct {
+	Model            string          `json:"model"`
+	Prompt           []kv.Token      `json:"prompt"`
+	MaxTokens        int             `json:"max_tokens"`
+	Stream           bool            `json:"stream"`
+	StreamOptions    *streamOptions  `json:"stream_options,omitempty"`
+	ReturnTokenIDs   bool            `json:"return_token_ids"`
+	Temperature      float64         `json:"temperature"`
+	TopP             float64         `json:"top_p,omitempty"`
+	Seed             *int64          `json:"seed,omitempty"`
+	PresencePenalty  float64         `json:"presence_penalty,omitempty"`
+	FrequencyPenalty float64         `json:"frequency_penalty,omitempty"`
+	StopTokenIDs     []kv.Token      `json:"stop_token_ids,omitempty"`
+	CacheSalt        string          `json:"cache_salt,omitempty"`
+	KVHints          json.RawMessage `json:"kv_hints,omitempty"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func (u *usage) engine() *engine.Usage {
+	out := &engine.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}
+	if d := u.PromptTokensDetails; d != nil {
+		out.CachedTokens = d.CachedTokens
+	}
+	return out
+}
+
+type choice struct {
+	TokenIDs     []kv.Token `json:"token_ids"`
+	Text         string     `json:"text"`
+	FinishReason *string    `json:"finish_reason"`
+}
+
+// response is a streamed chunk or a whole response.
+type response struct {
+	Choices          []choice        `json:"choices"`
+	Usage            *usage          `json:"usage"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	Error            json.RawMessage `json:"error"`
+}
+
+// prefillParams opens a NixlConnector prefill: keep the blocks for a remote
+// decode. The remote_* keys are spelled out as null, as vLLM's own P/D
+// proxies send them.
+const prefillParams = `"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null`
+
+// body builds the request for req's leg.
+func (e *Engine) body(req *engine.Request) (*completionRequest, error) {
+	b := &completionRequest{Model: e.cfg.Model, Prompt: req.Tokens, MaxTokens: req.MaxTokens, Stream: true,
+		StreamOptions: &streamOptions{IncludeUsage: true}, ReturnTokenIDs: true, Temperature: req.Temperature,
+		TopP: req.TopP, PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty,
+		StopTokenIDs: req.StopTokens, CacheSalt: req.CacheSalt}
+	if req.LoRA != "" {
+		b.Model = req.LoRA // vLLM serves a LoRA adapter under its own model name
+	}
+	seed := int64(req.Seed) // vLLM's seed is a signed 64-bit integer
+	b.Seed = &seed
+	var hint json.RawMessage
+	if req.KVHint != nil && req.Leg != kv.LegDecode && e.cfg.HintForm != HintOff {
+		hint = hints.FromHint(req.KVHint).Marshal()
+	}
+	if hint != nil && e.cfg.HintForm == HintNative {
+		b.KVHints = hint
+	}
+	bridge := func(params string) json.RawMessage {
+		if hint != nil && e.cfg.HintForm == HintBridge {
+			if params != "" {
+				params += ","
+			}
+			params += `"` + hints.KeyKVHint + `":` + string(hint)
+		}
+		if params == "" {
+			return nil
+		}
+		return json.RawMessage("{" + params + "}")
+	}
+	switch req.Leg {
+	case kv.LegWhole:
+		b.KVTransferParams = bridge("")
+	case kv.LegPrefill:
+		// One token, whole: the answer carries the connector's parameters.
+		// min_tokens is never sent (kv.Sampling has none), so nothing holds
+		// the prefill past its one token.
+		b.Stream, b.StreamOptions, b.MaxTokens = false, nil, 1
+		b.KVTransferParams = bridge(prefillParams)
+	case kv.LegDecode:
+		if len(req.TransferParams) > 0 {
+			p := bytes.TrimSpace(req.TransferParams)
+			if len(p) == 0 || p[0] != '{' || !json.Valid(p) {
+				return nil, errors.New("kv_transfer_params of a decode leg must be a JSON object")
+			}
+			b.KVTransferParams = req.TransferParams // whole and unchanged
+		}
+	default:
+		return nil, fmt.Errorf("unknown leg %v", req.Leg)
+	}
+	return b, nil
+}
+
+// Generate posts the request and streams its tokens. A 4xx is returned
+// as the request's error (*remote.RejectedError); a refused connection, a
+// 5xx or a stream cut short wraps engine.ErrUnavailable, so the request
+// migrates.
+func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
+	if e.closed.Load() {
+		return nil, engine.ErrClosed
+	}
+	if req.DPRank < 0 || req.DPRank >= e.cfg.DPSize {
+		return nil, fmt.Errorf("dp rank %d but the engine runs %d", req.DPRank, e.cfg.DPSize)
+	}
+	if req.MaxTokens < 1 {
+		return nil, errors.New("max_tokens must be at least 1")
+	}
+	b, err := e.body(req)
+	if err != nil {
+		return nil, err
+	}
+	payload, err := json.Marshal(b)
+	if err != nil {
+		return nil, err
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, e.cfg.URL+"/v1/completions", bytes.NewReader(payload))
+	if err != nil {
+		return nil, err
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	if req.ID != "" {
+		hr.Header.Set("X-Request-Id", req.ID)
+	}
+	if e.cfg.DPSize > 1 {
+		hr.Header.Set("X-data-parallel-rank", strconv.Itoa(req.DPRank))
+	}
+	resp, err := e.client.Do(hr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, remote.Lost(err)
+	}
+	if resp.StatusCode/100 != 2 {
+		return nil, remote.ResponseError(resp)
+	}
+	ch := make(chan engine.Chunk, 16)
+	go func() {
+		defer close(ch)
+		defer resp.Body.Close()
+		if b.Stream {
+			e.readStream(ctx, resp.Body, len(req.Tokens), ch)
+		} else {
+			e.readWhole(ctx, resp.Body, req.Leg, ch)
+		}
+	}()
+	return ch, nil
+}
+
+func send(ctx context.Context, ch chan<- engine.Chunk, c engine.Chunk) bool {
+	select {
+	case ch <- c:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// finish maps vLLM's finish_reason; ok is false for "abort" (the engine
+// dropped the request: another worker may finish it).
+func finish(s string) (kv.FinishReason, bool) {
+	switch s {
+	case "length":
+		return kv.FinishLength, true
+	case "abort":
+		return kv.FinishError, false
+	}
+	return kv.FinishStop, true
+}
+
+// streamError reads an error object sent inside a stream: a 4xx code is
+// the request's fault, anything else the engine's.
+func streamError(raw json.RawMessage) error {
+	var inner struct {
+		Message string `json:"message"`
+		Code    any    `json:"code"`
+	}
+	_ = json.Unmarshal(raw, &inner)
+	msg := inner.Message
+	if msg == "" {
+		msg = remote.ErrorMessage(raw)
+	}
+	code := 0
+	switch c := inner.Code.(type) {
+	case float64:
+		code = int(c)
+	case string:
+		code, _ = strconv.Atoi(c)
+	}
+	if code >= 400 && code < 500 {
+		return &remote.RejectedError{Status: code, Message: msg}
+	}
+	return remote.Lost(fmt.Errorf("engine error: %s", msg))
+}
+
+func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, ch chan<- engine.Chunk) {
+	sse := remote.NewSSE(body)
+	var (
+		fin     kv.FinishReason
+		pending []kv.Token // the finishing chunk's tokens, sent with the usage
+		u       *engine.Usage
+		n       int
+	)
+	fail := func(err error) { send(ctx, ch, engine.Chunk{Err: err, Finish: kv.FinishError}) }
+	for {
+		data, err := sse.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if fin != kv.FinishNone {
+				break // [DONE] missing, but the generation ended
+			}
+			fail(remote.Lost(fmt.Errorf("stream ended early: %v", err)))
+			return
+		}
+		if string(data) == "[DONE]" {
+			break
+		}
+		var r response
+		if err := json.Unmarshal(data, &r); err != nil {
+			fail(remote.Lost(fmt.Errorf("bad stream chunk: %v", err)))
+			return
+		}
+		if len(r.Error) > 0 && string(r.Error) != "null" {
+			fail(streamError(r.Error))
+			return
+		}
+		if r.Usage != nil {
+			u = r.Usage.engine()
+		}
+		if len(r.Choices) == 0 {
+			continue
+		}
+		c := r.Choices[0]
+		if c.TokenIDs == nil && c.Text != "" {
+			fail(errors.New("vLLM returned text without token_ids: it needs return_token_ids support (vLLM 0.10.2 or later)"))
+			return
+		}
+		n += len(c.TokenIDs)
+		if c.FinishReason != nil {
+			f, ok := finish(*c.FinishReason)
+			if !ok {
+				fail(remote.Lost(fmt.Errorf("engine aborted the request (finish_reason %q)", *c.FinishReason)))
+				return
+			}
+			fin, pending = f, c.TokenIDs
+			continue
+		}
+		if len(c.TokenIDs) > 0 && !send(ctx, ch, engine.Chunk{Tokens: c.TokenIDs}) {
+			return
+		}
+	}
+	if fin == kv.FinishNone {
+		fail(remote.Lost(errors.New("stream ended without a finish reason")))
+		return
+	}
+	if u == nil {
+		u = &engine.Usage{PromptTokens: promptLen, CompletionTokens: n}
+	}
+	send(ctx, ch, engine.Chunk{Tokens: pending, Finish: fin, Usage: u})
+}
+
+// readWhole reads a non-streamed answer (a prefill leg).
+func (e *Engine) readWhole(ctx context.Context, body io.Reader, leg kv.Leg, ch chan<- engine.Chunk) {
+	var r response
+	if err := json.NewDecoder(body).Decode(&r); err != nil {
+		if ctx.Err() == nil {
+			send(ctx, ch, engine.Chunk{Err: remote.Lost(fmt.Errorf("bad response: %v", err)), Finish: kv.FinishError})
+		}
+		return
+	}
+	if len(r.Choices) == 0 || r.Choices[0].FinishReason == nil {
+		send(ctx, ch, engine.Chunk{Err: remote.Lost(errNoChoice), Finish: kv.FinishError})
+		return
+	}
+	c := r.Choices[0]
+	f, ok := finish(*c.FinishReason)
+	if !ok {
+		send(ctx, ch, engine.Chunk{Err: remote.Lost(fmt.Errorf("engine aborted the request (finish_reason %q)", *c.FinishReason)), Finish: kv.FinishError})
+		return
+	}
+	out := engine.Chunk{Tokens: c.TokenIDs, Finish: f}
+	if r.Usage != nil {
+		out.Usage = r.Usage.engine()
+	} else {
+		out.Usage = &engine.Usage{CompletionTokens: len(c.TokenIDs)}
+	}
+	// Only a prefill cut by its one-token budget continues on a decode
+	// engine; one that stopped (EOS, a stop token) is final, and so is one
+	// the connector gave no parameters for.
+	if leg == kv.LegPrefill && f == kv.FinishLength {
+		if p := bytes.TrimSpace(r.KVTransferParams); len(p) > 0 && string(p) != "null" {
+			out.TransferParams = append([]byte(nil), r.KVTransferParams...)
+		}
+	}
+	send(ctx, ch, out)
+}
