@@ -216,22 +216,33 @@ func TestExternalNATSExample(t *testing.T) {
 }
 
 // TestChartRefusesBadValues: values that would deploy something broken or
-// misleading stop helm template with a message naming the value.
+// misleading stop helm template with a message naming the value. The
+// templates' own guards are checked with the schema skipped as well, since
+// helm install --skip-schema-validation exists.
 func TestChartRefusesBadValues(t *testing.T) {
-	cases := []struct{ set, want string }{
-		{"image.tag=latest", "image.tag"},
-		{"kvbm.enabled=true", "kvbm.enabled"},
-		{"workers[0].name=sim,workers[0].role=verifier", "want aggregated, prefill or decode"},
-		{"workers[0].name=sim,workers[0].engine=vllm", "only sim is available"},
-		{"nats.enabled=false", "nats.external.url"},
-		{"workers[0].name=Bad_Name", "DNS label"},
-		{"workers[0].name=sim,workers[1].name=sim", "used twice"},
+	const noSchema = "--skip-schema-validation"
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--set", "image.tag=latest"}, "image.tag"},
+		{[]string{"--set", "kvbm.enabled=true"}, "kvbm.enabled"},
+		{[]string{"--set", "nats.enabled=false"}, "nats.external.url"},
+		{[]string{"--set", "workers[0].name=sim,workers[1].name=sim"}, "used twice"},
+		{[]string{"--set", "frontend.replica=2"}, "'replica' not allowed"},
+		{[]string{"--set", "workers[0].name=sim,workers[0].sim.blockSize=0"}, "/workers/0/sim/blockSize"},
+		{[]string{"--set", "workers[0].name=sim,workers[0].role=verifier"}, "/workers/0/role"},
+		{[]string{noSchema, "--set", "workers[0].name=sim,workers[0].role=verifier"}, "want aggregated, prefill or decode"},
+		{[]string{"--set", "workers[0].name=sim,workers[0].engine=vllm"}, "/workers/0/engine"},
+		{[]string{noSchema, "--set", "workers[0].name=sim,workers[0].engine=vllm"}, "only sim is available"},
+		{[]string{"--set", "workers[0].name=Bad_Name"}, "/workers/0/name"},
+		{[]string{noSchema, "--set", "workers[0].name=Bad_Name"}, "DNS label"},
 	}
 	for _, c := range cases {
-		t.Run(c.set, func(t *testing.T) {
-			_, err := render(t, "--set", c.set)
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			_, err := render(t, c.args...)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("helm template --set %s: err %v, want one naming %q", c.set, err, c.want)
+				t.Fatalf("helm template %v: err %v, want one naming %q", c.args, err, c.want)
 			}
 		})
 	}
