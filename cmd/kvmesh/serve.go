@@ -46,7 +46,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.StringVar(&ff.listen, "listen", ":8000", "HTTP address of the OpenAI API")
 	f.StringSliceVar(&ff.models, "model", defaultModels, "model name(s) served (built-in o200k tokenizer and ChatML template)")
 	f.StringVar(&ff.routerMode, "router-mode", string(router.ModeKV), router.ModeList())
-	f.StringVar(&ff.routerCost, "router-cost", string(router.DefaultCost().Kind), "router cost model: time (predicted TTFT from the workers' timing model) or blocks (prefill blocks not cached on the worker plus its decode blocks, weighted)")
+	f.StringVar(&ff.routerCost, "router-cost", string(router.DefaultCost().Kind), "router cost model: time (predicted TTFT from the workers' timing model) or blocks (the blocks the worker must prefill, its queue plus this prompt less what it caches, plus the blocks it is decoding)")
 	f.Float64Var(&ff.temperature, "router-temperature", 0, "softmax temperature of worker selection (0: always the cheapest)")
 	f.IntVar(&ff.migrationLimit, "migration-limit", 3, "times a request may move to another worker when its worker dies")
 	f.Int64Var(&ff.maxBodyBytes, "max-body-bytes", 16<<20, "largest request body accepted (413 above)")
