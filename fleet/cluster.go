@@ -192,12 +192,8 @@ func (c *Cluster) Generate(ctx context.Context, req *kv.GenerateRequest) (kv.Tok
 		d.Fail()
 		return nil, fmt.Errorf("%v: %w", err, kv.ErrWorkerLost)
 	}
-	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, MaxTokens: uint32(req.MaxTokens),
-		StopTokenIds: req.StopTokens, Seed: req.Seed, Temperature: req.Temperature, DpRank: d.Worker.DPRank,
-		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty}
-	if tp := req.TopP; tp != 0 { // absent on the wire when the client set none
-		greq.TopP = &tp
-	}
+	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, DpRank: d.Worker.DPRank}
+	api.SamplingToProto(greq, &req.Sampling)
 	greq.KvFetch = api.HintToProto(d.Hint)
 	sctx, cancel := context.WithCancel(ctx)
 	st, err := client.Generate(sctx, greq)

@@ -37,6 +37,10 @@ type Config struct {
 	MigrationLimit int
 	// Ready reports whether the frontend can serve (GET /health); nil: always.
 	Ready func() error
+	// MaxTokensLimit is the most tokens one request may ask to generate
+	// (400 above it), so no request holds a worker for minutes; 0: the
+	// context length is the only limit.
+	MaxTokensLimit int
 }
 
 // DefaultConfig returns the defaults: 16 MiB bodies, 3 migrations.

@@ -36,6 +36,7 @@ type frontendFlags struct {
 	temperature    float64
 	migrationLimit int
 	maxBodyBytes   int64
+	maxTokensLimit int
 	replicaSync    bool
 	busyKVUsage    float64
 	hints          bool
@@ -50,6 +51,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.Float64Var(&ff.temperature, "router-temperature", 0, "softmax temperature of worker selection (0: always the cheapest)")
 	f.IntVar(&ff.migrationLimit, "migration-limit", 3, "times a request may move to another worker when its worker dies")
 	f.Int64Var(&ff.maxBodyBytes, "max-body-bytes", 16<<20, "largest request body accepted (413 above)")
+	f.IntVar(&ff.maxTokensLimit, "max-tokens-limit", 0, "most tokens one request may ask to generate, 400 above (0: the context length); a request without max_tokens gets 256")
 	f.BoolVar(&ff.replicaSync, "router-replica-sync", false, "share load bookings with other frontend replicas over NATS")
 	f.Float64Var(&ff.busyKVUsage, "busy-kv-usage", 0, "a worker is busy above this fraction of its KV blocks in use; 503 when all are (0: off)")
 	f.BoolVar(&ff.hints, "hints", true, "plan KV hints: send a request's worker to a peer that holds a longer prefix (only workers that advertise control endpoints take part)")
@@ -116,6 +118,7 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	}
 	cfg := frontend.DefaultConfig()
 	cfg.MigrationLimit, cfg.MaxBodyBytes, cfg.Ready = ff.migrationLimit, ff.maxBodyBytes, cl.Ready
+	cfg.MaxTokensLimit = ff.maxTokensLimit
 	srv := &http.Server{Handler: frontend.New(cfg, cl, &models, reg, reg), ReadHeaderTimeout: 10 * time.Second}
 	ln, err := net.Listen("tcp", ff.listen)
 	if err != nil {

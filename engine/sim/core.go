@@ -589,10 +589,12 @@ func (c *Core) sample(s *Seq, end time.Time) bool {
 	s.m.OutputTokens = len(s.out)
 	c.counters.OutputTokens++
 	var fin kv.FinishReason
-	for _, st := range s.req.StopTokens {
-		if st == tok {
-			fin = kv.FinishStop
-			break
+	if !s.req.IgnoreEOS && len(s.out) >= s.req.MinTokens {
+		for _, st := range s.req.StopTokens {
+			if st == tok {
+				fin = kv.FinishStop
+				break
+			}
 		}
 	}
 	if fin == kv.FinishNone && len(s.out) >= s.req.MaxTokens {
