@@ -107,7 +107,12 @@ func newID(prefix string) string {
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	// abandoned: the client left mid-stream, after a 200 went out; counted
+	// as 499 like a client that left before any answer.
+	abandoned bool
 }
+
+func (w *statusWriter) abandon() { w.abandoned = true }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 {
@@ -152,7 +157,11 @@ func (s *Server) instrument(endpoint string, h func(http.ResponseWriter, *http.R
 		if model == "" {
 			model = "unknown" // bounded label: never the client's unvalidated string
 		}
-		s.metrics.requests.WithLabelValues(model, endpoint, statusLabel(sw.status)).Inc()
+		status := sw.status
+		if sw.abandoned {
+			status = 499
+		}
+		s.metrics.requests.WithLabelValues(model, endpoint, statusLabel(status)).Inc()
 		s.metrics.duration.WithLabelValues(model, endpoint).Observe(time.Since(start).Seconds())
 	}
 }
