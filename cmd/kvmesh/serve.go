@@ -41,6 +41,9 @@ type frontendFlags struct {
 	busyKVUsage    float64
 	hints          bool
 	logLevel       string
+	// ln is --listen bound early (serve checks the port before starting
+	// anything else); nil: startFrontendOn binds it.
+	ln net.Listener
 }
 
 func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
@@ -120,10 +123,12 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	cfg.MigrationLimit, cfg.MaxBodyBytes, cfg.Ready = ff.migrationLimit, ff.maxBodyBytes, cl.Ready
 	cfg.MaxTokensLimit = ff.maxTokensLimit
 	srv := &http.Server{Handler: frontend.New(cfg, cl, &models, reg, reg), ReadHeaderTimeout: 10 * time.Second}
-	ln, err := net.Listen("tcp", ff.listen)
-	if err != nil {
-		cl.Close()
-		return nil, fmt.Errorf("--listen %s: %w", ff.listen, err)
+	ln := ff.ln
+	if ln == nil {
+		if ln, err = listenHTTP(ff.listen); err != nil {
+			cl.Close()
+			return nil, err
+		}
 	}
 	reqCtx, cancelRequests := context.WithCancelCause(context.Background())
 	srv.BaseContext = func(net.Listener) context.Context { return reqCtx }
@@ -173,7 +178,7 @@ func newServeCmd() *cobra.Command {
 	var workers int
 	var stallTimeout time.Duration
 	var nf natsFlags
-	var dataDir string
+	var dataDir, natsListen string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a whole kvmesh cluster in one process: embedded NATS, OpenAI frontend, router and simulated workers",
@@ -186,7 +191,7 @@ On startup it prints one line to stdout:
   kvmesh serve: model <name> on <n> simulated workers (router <mode>); OpenAI API at http://<host:port>/v1 (NATS <url>)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runServe(cmd, ff, sf, workers, stallTimeout, nf, dataDir)
+			return runServe(cmd, ff, sf, workers, stallTimeout, nf, dataDir, natsListen)
 		},
 	}
 	f := cmd.Flags()
@@ -195,6 +200,7 @@ On startup it prints one line to stdout:
 	registerStallTimeout(f, &stallTimeout)
 	nf.registerURL(f, "", "external NATS URL(s), comma-separated; empty starts an embedded server")
 	f.StringVar(&dataDir, "data-dir", "", "embedded NATS JetStream directory (default: a temporary one)")
+	f.StringVar(&natsListen, "nats-listen", "127.0.0.1:0", "embedded NATS client address (port 0: a free one; 127.0.0.1:4222 lets worker and frontend join with their default --nats)")
 	f.IntVar(&sf.BlockSize, "block-size", sf.BlockSize, "sim: tokens per KV block")
 	f.IntVar(&sf.Blocks, "blocks", sf.Blocks, "sim: device KV capacity in blocks per worker")
 	f.IntVar(&sf.MaxBatchedTokens, "max-batched-tokens", sf.MaxBatchedTokens, "sim: token budget per scheduler step")
@@ -205,7 +211,7 @@ On startup it prints one line to stdout:
 	return withEnv(cmd, "")
 }
 
-func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, stallTimeout time.Duration, nf natsFlags, dataDir string) error {
+func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, stallTimeout time.Duration, nf natsFlags, dataDir, natsListen string) error {
 	log, err := workerLogger(ff.logLevel, os.Stderr)
 	if err != nil {
 		return err
@@ -231,11 +237,27 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if len(ff.models) != 1 {
 		return fmt.Errorf("--model: serve runs one model, got %d", len(ff.models))
 	}
+	natsHost, natsPort, err := parseNATSListen(natsListen)
+	if err != nil {
+		return err
+	}
+	if nf.url != "" && cmd.Flags().Changed("nats-listen") {
+		return fmt.Errorf("--nats-listen is the embedded NATS server's address; with --nats there is none")
+	}
+	// A busy port is reported before NATS and the workers start.
+	if ff.ln, err = listenHTTP(ff.listen); err != nil {
+		return err
+	}
+	defer func() {
+		if ff.ln != nil {
+			ff.ln.Close() // closed by the server once it serves; this covers an early return
+		}
+	}()
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
 	if nf.url == "" {
-		ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: dataDir, Logger: log})
+		ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{Host: natsHost, Port: natsPort, DataDir: dataDir, Logger: log})
 		if err != nil {
 			return err
 		}
@@ -299,6 +321,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if err != nil {
 		return err
 	}
+	ff.ln = nil // the server owns it now
 	defer rf.shutdown()
 	if err := waitReady(ctx, rf.cluster, 10*time.Second); err != nil {
 		return err
