@@ -293,6 +293,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	for i := 0; i < workers; i++ {
 		cfg := sf
 		cfg.Model, cfg.Role = ff.models[0], kv.RoleAggregated
+		cfg.OutputTokens = simOutputTokens()
 		var eng *sim.Engine
 		var peer *worker.Peer
 		if ff.hints {

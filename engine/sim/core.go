@@ -567,7 +567,12 @@ func (c *Core) preempt(s *Seq) {
 // sample appends s's next token, hashing a block it completes, and reports
 // whether s finished.
 func (c *Core) sample(s *Seq, end time.Time) bool {
-	tok := NextToken(s.req.Seed, s.ctxSeq, s.ctxTail, uint32(c.cfg.VocabSize))
+	var tok kv.Token
+	if out := c.cfg.OutputTokens; len(out) > 0 {
+		tok = out[NextToken(s.req.Seed, s.ctxSeq, s.ctxTail, uint32(len(out)))]
+	} else {
+		tok = NextToken(s.req.Seed, s.ctxSeq, s.ctxTail, uint32(c.cfg.VocabSize))
+	}
 	s.out = append(s.out, tok)
 	s.ctxTail = rollTail(s.ctxTail, tok)
 	if t := s.total(); t%c.bs == 0 {

@@ -38,3 +38,30 @@ func TestMinTokensAndIgnoreEOS(t *testing.T) {
 		}
 	}
 }
+
+// With OutputTokens set, every generated token is one of them.
+func TestOutputTokensVocabulary(t *testing.T) {
+	cfg := testConfig()
+	cfg.SpeedupRatio = 0
+	cfg.OutputTokens = []kv.Token{5, 77, 901}
+	e := mustEngine(t, cfg)
+	ch, err := e.Generate(context.Background(), &engine.Request{ID: "v", Tokens: []kv.Token{1, 2, 3}, Sampling: kv.Sampling{MaxTokens: 60, Seed: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, _ := collect(t, ch)
+	seen := map[kv.Token]bool{}
+	for _, tk := range toks {
+		if tk != 5 && tk != 77 && tk != 901 {
+			t.Fatalf("token %d outside the output vocabulary", tk)
+		}
+		seen[tk] = true
+	}
+	if len(toks) != 60 || len(seen) != 3 {
+		t.Fatalf("%d tokens, %d distinct", len(toks), len(seen))
+	}
+	cfg.OutputTokens = []kv.Token{1000}
+	if _, err := New(cfg); err == nil {
+		t.Fatal("an output token outside the vocabulary was accepted")
+	}
+}
