@@ -54,6 +54,7 @@ type Cluster struct {
 	router    *router.Router
 	clients   *workerclient.Pool
 	instances *instances
+	stats     *workerStats
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -89,6 +90,13 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	c.router = r
 	c.instances = newInstances(r, c.clients, c.log)
+	c.stats = newWorkerStats(c.instances)
+	if reg := cfg.Registerer; reg != nil {
+		if err := reg.Register(c.stats); err != nil {
+			return nil, fmt.Errorf("per-worker metrics: %w", err)
+		}
+		c.metrics = append(c.metrics, c.stats)
+	}
 	if cfg.ReplicaSync {
 		// Replica events name workers, not models: one subject serves all.
 		c.bcast, err = natsbus.NewBroadcast(cfg.NC, natsbus.SyncSubject(replicaSyncScope, "router"), r.ID(), func(_ string, data []byte) {
@@ -146,6 +154,7 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 		// A DP worker reports each rank on its own; its load is that key's.
 		k := kv.WorkerKey{Instance: r.Instance, DPRank: r.DPRank}
 		c.router.UpdateLoad(k, r.UsedBlocks, r.TotalBlocks, r.Running, r.Waiting)
+		c.stats.onLoad(r)
 		feed.OnLoadReport(r) // finds events lost at a stream's end: this rank's, or every rank LastEventIDs lists
 	}, func(err error) { c.log.Debug("bad load report", "err", err) })
 	if err != nil {
@@ -202,7 +211,7 @@ func (c *Cluster) Generate(ctx context.Context, req *kv.GenerateRequest) (kv.Tok
 		d.Fail()
 		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, kv.ErrWorkerLost)
 	}
-	return &workerStream{d: d, st: st, ctx: ctx, cancel: cancel}, nil
+	return &workerStream{d: d, st: st, ctx: ctx, cancel: cancel, counts: c.stats.routed(d.Worker, d.Hint != nil)}, nil
 }
 
 type workerStream struct {
@@ -213,6 +222,7 @@ type workerStream struct {
 	first  bool
 	done   bool
 	msg    api.GenerateChunk // reused by every Recv: the codec resets it, and a chunk keeps only its own Tokens slice
+	counts *workerCounts     // the worker's, for the per-worker series
 }
 
 func (s *workerStream) Recv() (kv.TokenChunk, error) {
@@ -255,6 +265,7 @@ func (s *workerStream) Recv() (kv.TokenChunk, error) {
 	if u := m.Usage; u != nil {
 		ch.PromptTokens, ch.CachedTokens = int(u.PromptTokens), int(u.CachedTokens)
 	}
+	s.counts.chunk(len(m.Tokens), ch.PromptTokens, ch.CachedTokens)
 	if ch.Finish != "" {
 		s.finish()
 	}

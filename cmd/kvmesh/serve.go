@@ -305,7 +305,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		if err != nil {
 			return fmt.Errorf("sim engine: %w", err)
 		}
-		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer,
+		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer, Registerer: reg,
 			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}, eng, nc)
 		if err != nil {
 			eng.Close()
