@@ -81,6 +81,7 @@ func New(cfg Config, backend Backend, models ModelSource, reg prometheus.Registe
 	if gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	}
+	s.routeDashboard(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
 			Message: "unknown route " + r.Method + " " + r.URL.Path})
