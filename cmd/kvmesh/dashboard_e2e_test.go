@@ -108,7 +108,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	var loadOut bytes.Buffer
 	load.SetOut(&loadOut)
 	load.SetErr(&bytes.Buffer{})
-	load.SetArgs([]string{"--url", s.base, "--synthetic", "--groups", "4", "--prompts-per-group", "30", "--system-len", "1024",
+	load.SetArgs([]string{"--url", s.base, "--synthetic", "--groups", "4", "--prompts-per-group", "60", "--system-len", "1024",
 		"--question-len", "64", "--output-len", "64", "--concurrency", "8"})
 	loadDone := make(chan error, 1)
 	go func() { loadDone <- load.ExecuteContext(context.Background()) }()
@@ -139,8 +139,8 @@ func TestDashboardInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if workerReqs < 120 {
-		t.Errorf("the workers table shows %d requests after a load of 120", workerReqs)
+	if workerReqs < 240 {
+		t.Errorf("the workers table shows %d requests after a load of 240", workerReqs)
 	}
 	mu.Lock()
 	defer mu.Unlock()
