@@ -185,7 +185,8 @@ func newServeCmd() *cobra.Command {
 		Long: `serve starts an embedded NATS server (or joins --nats), N simulated workers and the
 OpenAI-compatible frontend with the KV-aware router, all in one process. Ctrl-C or
 SIGTERM stops accepting requests, gives those in flight 1 s, then cuts them and exits 0.
-Every flag has a KVMESH_* environment variable.
+A live dashboard of the fleet is at http://<host:port>/dashboard, Prometheus series at
+/metrics (docs/metrics.md). Every flag has a KVMESH_* environment variable.
 
 On startup it prints one line to stdout:
   kvmesh serve: model <name> on <n> simulated workers (router <mode>); OpenAI API at http://<host:port>/v1 (NATS <url>)`,
