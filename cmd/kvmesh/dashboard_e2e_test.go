@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
@@ -141,6 +142,24 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	if workerReqs < 240 {
 		t.Errorf("the workers table shows %d requests after a load of 240", workerReqs)
+	}
+	// Readable in a dark room: under prefers-color-scheme dark the page
+	// turns dark, with light text.
+	colors := `[getComputedStyle(document.body).backgroundColor, getComputedStyle(document.body).color].join(" ")`
+	light, err := chromedp.Run(ctx, chromedp.Evaluate[string](colors))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(ctx, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+		Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}}); err != nil {
+		t.Fatal(err)
+	}
+	dark, err := chromedp.Run(ctx, chromedp.Evaluate[string](colors))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if light != "rgb(247, 247, 245) rgb(27, 29, 33)" || dark != "rgb(15, 17, 21) rgb(230, 232, 235)" {
+		t.Errorf("colours (background, text): light %q, dark %q", light, dark)
 	}
 	mu.Lock()
 	defer mu.Unlock()
