@@ -166,6 +166,8 @@ func HintFromProto(p *KvFetchHint) *kv.Hint {
 // stays absent on the wire, so the engine's default applies.
 func SamplingToProto(req *GenerateRequest, s *kv.Sampling) {
 	req.MaxTokens = uint32(s.MaxTokens)
+	req.MinTokens = uint32(s.MinTokens)
+	req.IgnoreEos = s.IgnoreEOS
 	req.StopTokenIds = s.StopTokens
 	req.Seed = s.Seed
 	req.Temperature = s.Temperature
@@ -182,13 +184,16 @@ func SamplingToProto(req *GenerateRequest, s *kv.Sampling) {
 // the error names the field as the wire does. StopTokens shares req's slice.
 func SamplingFromProto(req *GenerateRequest) (kv.Sampling, error) {
 	s := kv.Sampling{
-		MaxTokens: int(req.MaxTokens), StopTokens: req.StopTokenIds, Seed: req.Seed,
+		MaxTokens: int(req.MaxTokens), MinTokens: int(req.MinTokens), IgnoreEOS: req.IgnoreEos,
+		StopTokens: req.StopTokenIds, Seed: req.Seed,
 		Temperature: req.Temperature, TopP: req.GetTopP(),
 		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty,
 	}
 	switch {
 	case req.MaxTokens == 0:
 		return s, errors.New("max_tokens must be ≥ 1")
+	case req.MinTokens > req.MaxTokens:
+		return s, fmt.Errorf("min_tokens %d exceeds max_tokens %d", req.MinTokens, req.MaxTokens)
 	case !(req.Temperature >= 0): // also NaN
 		return s, fmt.Errorf("temperature %g, want ≥ 0", req.Temperature)
 	case req.TopP != nil && !(*req.TopP > 0 && *req.TopP <= 1):

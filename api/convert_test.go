@@ -87,6 +87,8 @@ func TestSamplingRoundTrip(t *testing.T) {
 			f.SetUint(9)
 		case reflect.Float64:
 			f.SetFloat(0.5) // inside every sampling range: temperature, top_p, penalties
+		case reflect.Bool:
+			f.SetBool(true)
 		case reflect.Slice:
 			if f.Type().Elem().Kind() != reflect.Uint32 {
 				t.Fatalf("field %s: cannot fill a %s", v.Type().Field(i).Name, f.Type())
@@ -130,6 +132,7 @@ func TestSamplingFromProtoRejects(t *testing.T) {
 		"top_p 1.5, want in (0, 1]":               {MaxTokens: 1, TopP: f(1.5)},
 		"presence_penalty 3, want in [-2, 2]":     {MaxTokens: 1, PresencePenalty: 3},
 		"frequency_penalty -2.5, want in [-2, 2]": {MaxTokens: 1, FrequencyPenalty: -2.5},
+		"min_tokens 3 exceeds max_tokens 2":       {MaxTokens: 2, MinTokens: 3},
 	} {
 		if _, err := SamplingFromProto(req); err == nil || err.Error() != want {
 			t.Errorf("%+v: %v, want %q", req, err, want)

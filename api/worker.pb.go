@@ -161,7 +161,14 @@ type GenerateRequest struct {
 	// The router's KV hint; absent: none.
 	KvFetch *KvFetchHint `protobuf:"bytes,15,opt,name=kv_fetch,json=kvFetch,proto3" json:"kv_fetch,omitempty"`
 	// Which part of a disaggregated request this is; LEG_WHOLE otherwise.
-	Leg           Leg `protobuf:"varint,16,opt,name=leg,proto3,enum=kvmesh.api.v1.Leg" json:"leg,omitempty"`
+	Leg Leg `protobuf:"varint,16,opt,name=leg,proto3,enum=kvmesh.api.v1.Leg" json:"leg,omitempty"`
+	// The engine ends no generation before this many tokens: the stop
+	// tokens are not honoured until then (vLLM's min_tokens); ≤ max_tokens.
+	MinTokens uint32 `protobuf:"varint,17,opt,name=min_tokens,json=minTokens,proto3" json:"min_tokens,omitempty"`
+	// Generation does not end at the model's end-of-sequence tokens, only at
+	// max_tokens (vLLM's ignore_eos). Every stop_token_ids entry the
+	// frontend sends is an end-of-sequence token.
+	IgnoreEos     bool `protobuf:"varint,18,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -306,6 +313,20 @@ func (x *GenerateRequest) GetLeg() Leg {
 		return x.Leg
 	}
 	return Leg_LEG_WHOLE
+}
+
+func (x *GenerateRequest) GetMinTokens() uint32 {
+	if x != nil {
+		return x.MinTokens
+	}
+	return 0
+}
+
+func (x *GenerateRequest) GetIgnoreEos() bool {
+	if x != nil {
+		return x.IgnoreEos
+	}
+	return false
 }
 
 // KvFetchHint mirrors kv.Hint: the source worker holds a longer prefix of
@@ -1165,7 +1186,7 @@ var File_worker_proto protoreflect.FileDescriptor
 
 const file_worker_proto_rawDesc = "" +
 	"\n" +
-	"\fworker.proto\x12\rkvmesh.api.v1\"\xaf\x04\n" +
+	"\fworker.proto\x12\rkvmesh.api.v1\"\xed\x04\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -1186,7 +1207,11 @@ const file_worker_proto_rawDesc = "" +
 	"\x10presence_penalty\x18\r \x01(\x01R\x0fpresencePenalty\x12+\n" +
 	"\x11frequency_penalty\x18\x0e \x01(\x01R\x10frequencyPenalty\x125\n" +
 	"\bkv_fetch\x18\x0f \x01(\v2\x1a.kvmesh.api.v1.KvFetchHintR\akvFetch\x12$\n" +
-	"\x03leg\x18\x10 \x01(\x0e2\x12.kvmesh.api.v1.LegR\x03legB\b\n" +
+	"\x03leg\x18\x10 \x01(\x0e2\x12.kvmesh.api.v1.LegR\x03leg\x12\x1d\n" +
+	"\n" +
+	"min_tokens\x18\x11 \x01(\rR\tminTokens\x12\x1d\n" +
+	"\n" +
+	"ignore_eos\x18\x12 \x01(\bR\tignoreEosB\b\n" +
 	"\x06_top_p\"\xb9\x01\n" +
 	"\vKvFetchHint\x12\x1d\n" +
 	"\n" +

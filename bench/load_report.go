@@ -162,20 +162,23 @@ type GoodputReport struct {
 // LoadReport is the result of RunLoad. Rates divide by the benchmark
 // duration: from the first request sent to the last response or failure.
 type LoadReport struct {
-	URL         string         `json:"url"`
-	Model       string         `json:"model"`
-	Endpoint    string         `json:"endpoint"`
-	Workload    string         `json:"workload"`
-	Schedule    string         `json:"schedule"`
-	Planned     int            `json:"planned"`
-	Requests    int            `json:"requests"` // sent
-	OK          int            `json:"ok"`
-	Failed      int            `json:"failed"`
-	NotSent     int            `json:"not_sent"`
-	Rejected    int            `json:"rejected"` // HTTP 429 and 503
-	Errors      map[string]int `json:"errors"`   // by kind: http_<status>, timeout, ...
-	TraceErrors int            `json:"trace_errors"`
-	Interrupted string         `json:"interrupted,omitempty"`
+	URL      string         `json:"url"`
+	Model    string         `json:"model"`
+	Endpoint string         `json:"endpoint"`
+	Workload string         `json:"workload"`
+	Schedule string         `json:"schedule"`
+	Planned  int            `json:"planned"`
+	Requests int            `json:"requests"` // sent
+	OK       int            `json:"ok"`
+	Failed   int            `json:"failed"`
+	NotSent  int            `json:"not_sent"`
+	Rejected int            `json:"rejected"` // HTTP 429 and 503
+	Errors   map[string]int `json:"errors"`   // by kind: http_<status>, timeout, ...
+	// FirstError is the first failed request's detail per error kind, so a
+	// report of http_400=20 also says what the server objected to.
+	FirstError  map[string]string `json:"first_error,omitempty"`
+	TraceErrors int               `json:"trace_errors"`
+	Interrupted string            `json:"interrupted,omitempty"`
 
 	DurationS    float64 `json:"duration_s"`
 	RequestsPerS float64 `json:"requests_per_s"`
@@ -201,7 +204,7 @@ type LoadReport struct {
 
 func buildReport(c *LoadConfig, recs []RequestRecord, planned int) *LoadReport {
 	rep := &LoadReport{URL: c.URL, Model: c.Model, Endpoint: c.Endpoint, Schedule: c.schedule(),
-		Planned: planned, Requests: len(recs), NotSent: planned - len(recs), Errors: map[string]int{}, records: recs}
+		Planned: planned, Requests: len(recs), NotSent: planned - len(recs), Errors: map[string]int{}, FirstError: map[string]string{}, records: recs}
 	if c.Synthetic != nil {
 		s := c.Synthetic
 		rep.Workload = fmt.Sprintf("synthetic: %d groups × %d prompts, system %d + question %d tokens, output %d", s.Groups, s.PromptsPerGroup, s.SystemLen, s.QuestionLen, s.OutputLen)
@@ -219,6 +222,9 @@ func buildReport(c *LoadConfig, recs []RequestRecord, planned int) *LoadReport {
 		if !r.OK {
 			rep.Failed++
 			rep.Errors[r.Error]++
+			if _, seen := rep.FirstError[r.Error]; !seen && r.Detail != "" {
+				rep.FirstError[r.Error] = r.Detail
+			}
 			if r.Status == 429 || r.Status == 503 {
 				rep.Rejected++
 			}
@@ -302,6 +308,18 @@ func (rep *LoadReport) errorList() string {
 	return strings.Join(parts, " ")
 }
 
+// printFirstErrors prints, per error kind, the first request's message.
+func (rep *LoadReport) printFirstErrors(w io.Writer) {
+	keys := make([]string, 0, len(rep.FirstError))
+	for k := range rep.FirstError {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "  first %s: %s\n", k, rep.FirstError[k])
+	}
+}
+
 func (rep *LoadReport) metricRows() []struct {
 	name string
 	s    Stats
@@ -332,6 +350,7 @@ func (rep *LoadReport) printSummary(w io.Writer) {
 	fmt.Fprintf(w, "requests: planned %d, sent %d, ok %d, failed %d (rejected %d), not sent %d; trace lines skipped %d\n",
 		rep.Planned, rep.Requests, rep.OK, rep.Failed, rep.Rejected, rep.NotSent, rep.TraceErrors)
 	fmt.Fprintf(w, "errors: %s\n", rep.errorList())
+	rep.printFirstErrors(w)
 	fmt.Fprintf(w, "duration %.2f s: %.3f req/s, %.1f output tok/s, %.1f input tok/s, max schedule lag %.1f ms\n",
 		rep.DurationS, rep.RequestsPerS, rep.OutputTokS, rep.InputTokS, rep.MaxLagMS)
 	fmt.Fprintf(w, "goodput: %s\n", rep.goodputText())

@@ -58,6 +58,7 @@ type Cluster struct {
 	clients   *workerclient.Pool
 	instances *instances
 	dmet      *disaggMetrics
+	stats     *workerStats
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -105,6 +106,13 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 		}
 	}
 	c.instances = newInstances(r, c.clients, c.log)
+	c.stats = newWorkerStats(c.instances)
+	if reg := cfg.Registerer; reg != nil {
+		if err := reg.Register(c.stats); err != nil {
+			return nil, fmt.Errorf("per-worker metrics: %w", err)
+		}
+		c.metrics = append(c.metrics, c.stats)
+	}
 	if cfg.ReplicaSync {
 		// Replica events name workers, not models: one subject serves all.
 		c.bcast, err = natsbus.NewBroadcast(cfg.NC, natsbus.SyncSubject(replicaSyncScope, "router"), r.ID(), func(_ string, data []byte) {
@@ -162,6 +170,7 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 		// A DP worker reports each rank on its own; its load is that key's.
 		k := kv.WorkerKey{Instance: r.Instance, DPRank: r.DPRank}
 		c.router.UpdateLoad(k, r.UsedBlocks, r.TotalBlocks, r.Running, r.Waiting)
+		c.stats.onLoad(r)
 		feed.OnLoadReport(r) // finds events lost at a stream's end: this rank's, or every rank LastEventIDs lists
 	}, func(err error) { c.log.Debug("bad load report", "err", err) })
 	if err != nil {
@@ -225,12 +234,8 @@ func (c *Cluster) whole(ctx context.Context, req *kv.GenerateRequest, rreq route
 
 // protoRequest is req for the worker d chose.
 func (c *Cluster) protoRequest(req *kv.GenerateRequest, d *router.Decision) *api.GenerateRequest {
-	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, MaxTokens: uint32(req.MaxTokens),
-		StopTokenIds: req.StopTokens, Seed: req.Seed, Temperature: req.Temperature, DpRank: d.Worker.DPRank,
-		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty}
-	if tp := req.TopP; tp != 0 { // absent on the wire when the client set none
-		greq.TopP = &tp
-	}
+	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, DpRank: d.Worker.DPRank}
+	api.SamplingToProto(greq, &req.Sampling)
 	return greq
 }
 
@@ -253,7 +258,7 @@ func (c *Cluster) open(ctx context.Context, d *router.Decision, greq *api.Genera
 		d.Fail()
 		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, kv.ErrWorkerLost)
 	}
-	return &workerStream{d: d, st: st, ctx: ctx, cancel: cancel}, nil
+	return &workerStream{d: d, st: st, ctx: ctx, cancel: cancel, counts: c.stats.routed(d.Worker, d.Hint != nil)}, nil
 }
 
 type workerStream struct {
@@ -264,6 +269,7 @@ type workerStream struct {
 	first  bool
 	done   bool
 	msg    api.GenerateChunk // reused by every Recv: the codec resets it, and a chunk keeps only its own Tokens slice
+	counts *workerCounts     // the worker's, for the per-worker series
 }
 
 func (s *workerStream) Recv() (kv.TokenChunk, error) {
@@ -306,6 +312,7 @@ func (s *workerStream) Recv() (kv.TokenChunk, error) {
 	if u := m.Usage; u != nil {
 		ch.PromptTokens, ch.CachedTokens = int(u.PromptTokens), int(u.CachedTokens)
 	}
+	s.counts.chunk(len(m.Tokens), ch.PromptTokens, ch.CachedTokens)
 	if ch.Finish != "" {
 		s.finish()
 	}

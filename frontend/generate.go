@@ -35,9 +35,9 @@ type genOutcome struct {
 // emitted pieces until then: one write per burst, not per token, when the
 // frontend falls behind.
 func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []uint32, p genParams, emit func(text string) error, flush func() error) (genOutcome, *apiError) {
-	maxTokens := p.MaxTokens
-	if maxTokens == 0 {
-		maxTokens = m.DefaultMaxTokens
+	maxTokens, aerr := s.maxTokens(m, p)
+	if aerr != nil {
+		return genOutcome{}, aerr
 	}
 	if limit := s.maxContext(m); limit > 0 {
 		if len(prompt) >= limit {
@@ -50,6 +50,10 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 					limit, len(prompt)+p.MaxTokens, len(prompt), p.promptParam, p.MaxTokens, p.promptParam)
 			}
 			maxTokens = room
+			if p.MinTokens > room {
+				return genOutcome{}, contextExceeded("min_tokens", "This model's maximum context length is %d tokens. However, you requested at least %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or 'min_tokens'.",
+					limit, len(prompt)+p.MinTokens, len(prompt), p.promptParam, p.MinTokens, p.promptParam)
+			}
 		}
 	}
 	seed := p.Seed
@@ -86,6 +90,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 		}
 		smp := p.Sampling
 		smp.MaxTokens, smp.StopTokens, smp.Seed = maxTokens-len(generated), m.EOS, seed
+		smp.MinTokens = max(p.MinTokens-len(generated), 0)
 		req := &kv.GenerateRequest{RequestID: reqID, Model: m.Name, Tokens: tokens, Sampling: smp, Attempt: attempt}
 		// Each attempt has its own context: cancelling it ends a pump's
 		// pending Recv before the stream is closed.

@@ -276,6 +276,9 @@ func (s *sseWriter) flush() error {
 // else as an in-stream error event (OpenAI's shape) before [DONE].
 func (s *sseWriter) fail(e *apiError) {
 	if e.Status == 499 {
+		if a, ok := s.w.(interface{ abandon() }); ok {
+			a.abandon() // for requests_total: not the 200 already sent
+		}
 		return // the client is gone
 	}
 	if !s.started {

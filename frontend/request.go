@@ -215,7 +215,11 @@ func (f fields) genParams(chat bool) (genParams, *apiError) {
 		if p.MaxTokens > 0 && int(mt) > p.MaxTokens {
 			return p, invalid("min_tokens", "'min_tokens' (%d) must not exceed '%s' (%d)", mt, p.maxTokensParam, p.MaxTokens)
 		}
-		return p, unsupported("min_tokens", "'min_tokens' is not supported: a generation may end at any token")
+		p.MinTokens = int(mt)
+	}
+	// vLLM's extension, which load generators send to fix output lengths.
+	if p.IgnoreEOS, e = f.boolean("ignore_eos"); e != nil {
+		return p, e
 	}
 	p.Temperature = 1
 	if t, ok, err := f.number("temperature", 0, 2); err != nil {

@@ -41,6 +41,10 @@ type Config struct {
 	// but does not stop serving (e.g. prefill workers without decode
 	// workers, while aggregated ones serve the model).
 	Warnings func() []string
+	// MaxTokensLimit is the most tokens one request may ask to generate
+	// (400 above it), so no request holds a worker for minutes; 0: the
+	// context length is the only limit.
+	MaxTokensLimit int
 }
 
 // DefaultConfig returns the defaults: 16 MiB bodies, 3 migrations.
@@ -81,6 +85,7 @@ func New(cfg Config, backend Backend, models ModelSource, reg prometheus.Registe
 	if gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	}
+	s.routeDashboard(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
 			Message: "unknown route " + r.Method + " " + r.URL.Path})
@@ -107,7 +112,12 @@ func newID(prefix string) string {
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	// abandoned: the client left mid-stream, after a 200 went out; counted
+	// as 499 like a client that left before any answer.
+	abandoned bool
 }
+
+func (w *statusWriter) abandon() { w.abandoned = true }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 {
@@ -152,7 +162,11 @@ func (s *Server) instrument(endpoint string, h func(http.ResponseWriter, *http.R
 		if model == "" {
 			model = "unknown" // bounded label: never the client's unvalidated string
 		}
-		s.metrics.requests.WithLabelValues(model, endpoint, statusLabel(sw.status)).Inc()
+		status := sw.status
+		if sw.abandoned {
+			status = 499
+		}
+		s.metrics.requests.WithLabelValues(model, endpoint, statusLabel(status)).Inc()
 		s.metrics.duration.WithLabelValues(model, endpoint).Observe(time.Since(start).Seconds())
 	}
 }

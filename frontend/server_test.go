@@ -270,7 +270,7 @@ func TestBadRequests(t *testing.T) {
 		{"chat/completions", `{"model":"test-model",` + msgs + `,"store":"yes"}`, 400, "store", "expected a boolean"},
 		{"chat/completions", `{"model":"test-model",` + msgs + `,"metadata":[]}`, 400, "metadata", "expected an object"},
 		{"chat/completions", `{"model":"test-model",` + msgs + `,"max_tokens":4,"min_tokens":8}`, 400, "min_tokens", "'min_tokens' (8) must not exceed 'max_tokens' (4)"},
-		{"chat/completions", `{"model":"test-model",` + msgs + `,"min_tokens":2}`, 400, "min_tokens", "not supported"},
+		{"chat/completions", `{"model":"test-model",` + msgs + `,"ignore_eos":1}`, 400, "ignore_eos", "expected a boolean"},
 		{"completions", `{"model":"test-model","prompt":"a","best_of":2}`, 400, "best_of", "'best_of' 2 is not supported"},
 		{"completions", `{"model":"test-model","prompt":"a","best_of":0}`, 400, "best_of", "between 1 and 20"},
 		{"completions", `{"model":"test-model","prompt":"a","logprobs":2}`, 400, "logprobs", "not supported"},

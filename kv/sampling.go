@@ -6,7 +6,14 @@ package kv
 // parameter touches this struct, that conversion and the engines that
 // honour it.
 type Sampling struct {
-	MaxTokens   int     // tokens to generate (≥ 1 at the engine)
+	MaxTokens int // tokens to generate (≥ 1 at the engine)
+	// MinTokens is the fewest tokens generated: StopTokens are not honoured
+	// before it (vLLM's min_tokens); 0 ≤ MinTokens ≤ MaxTokens.
+	MinTokens int
+	// IgnoreEOS generates up to MaxTokens whatever the model emits (vLLM's
+	// ignore_eos): StopTokens, the model's end-of-sequence ids, are not
+	// honoured at all.
+	IgnoreEOS   bool
 	StopTokens  []Token // generation ends after emitting one of these
 	Seed        uint64
 	Temperature float64 // ≥ 0; 0 is greedy

@@ -83,6 +83,17 @@ var Palette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#
 
 func color(i int) string { return Palette[i%len(Palette)] }
 
+// Dashes are the stroke patterns line series take in order (the first
+// solid), so lines that coincide stay distinguishable, in grey print too.
+var Dashes = []string{"", "7 4", "2 3", "10 3 2 3", "4 4", "1 5"}
+
+func dash(i int) string {
+	if d := Dashes[i%len(Dashes)]; d != "" {
+		return " stroke-dasharray=\"" + d + "\""
+	}
+	return ""
+}
+
 // CDF returns the empirical cumulative distribution of values as a series:
 // the sorted finite values against i/n. Use it with Style Steps.
 func CDF(name string, values []float64) Series {
@@ -253,14 +264,18 @@ func (s *svgWriter) labels(l layout, xLabel, yLabel string) {
 	}
 }
 
-func (s *svgWriter) legend(l layout) {
+func (s *svgWriter) legend(l layout, lines bool) {
 	if len(l.legend) == 0 {
 		return
 	}
 	s.printf("<g class=\"legend\">\n")
 	for i, name := range l.legend {
 		y := l.legendY + float64(i)*18
-		s.printf("<rect x=\"%s\" y=\"%s\" width=\"14\" height=\"10\" fill=\"%s\"/>", f(l.legendX), f(y), color(i))
+		if lines { // a stroke sample, with the series' dash pattern
+			s.printf("<line x1=\"%s\" y1=\"%s\" x2=\"%s\" y2=\"%s\" stroke=\"%s\" stroke-width=\"2\"%s/>", f(l.legendX-6), f(y+5), f(l.legendX+16), f(y+5), color(i), dash(i))
+		} else {
+			s.printf("<rect x=\"%s\" y=\"%s\" width=\"14\" height=\"10\" fill=\"%s\"/>", f(l.legendX), f(y), color(i))
+		}
 		s.printf("<text x=\"%s\" y=\"%s\">%s</text>\n", f(l.legendX+20), f(y+9.5), esc(name))
 	}
 	s.printf("</g>\n")
@@ -530,7 +545,7 @@ func (c *LineChart) WriteSVG(w io.Writer) error {
 			pts = append(pts, px+","+py)
 		}
 		if c.Style != Points && len(pts) > 0 {
-			s.printf("<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\" points=\"%s\"/>\n", color(i), strings.Join(pts, " "))
+			s.printf("<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\"%s points=\"%s\"/>\n", color(i), dash(i), strings.Join(pts, " "))
 		}
 		if c.Style == Points || c.Style == LinesPoints {
 			for j := range sr.X {
@@ -547,7 +562,7 @@ func (c *LineChart) WriteSVG(w io.Writer) error {
 	}
 	s.frame(l)
 	s.labels(l, c.XLabel, c.YLabel)
-	s.legend(l)
+	s.legend(l, c.Style != Points)
 	s.printf("</svg>\n")
 	return s.flush()
 }
@@ -610,6 +625,24 @@ func (c *BarChart) WriteSVG(w io.Writer) error {
 		}
 		s.printf("</g>\n")
 	}
+	// Each bar's value above it (below, for a negative one), outside the
+	// clip so a bar reaching the top still shows its number.
+	s.printf("<g class=\"values\" text-anchor=\"middle\" font-size=\"10\">\n")
+	for i, b := range c.Series {
+		for k, v := range b.Values {
+			if !usable(v, false) {
+				continue
+			}
+			x := l.left + groupW*float64(k) + groupW*0.1 + barW*float64(i) + barW/2
+			y := ys.px(v)
+			ty := math.Min(y, base) - 3
+			if y > base {
+				ty = y + 11
+			}
+			s.printf("<text class=\"value\" x=\"%s\" y=\"%s\">%s</text>\n", f(x), f(ty), esc(strconv.FormatFloat(v, 'g', 3, 64)))
+		}
+	}
+	s.printf("</g>\n")
 	if base > l.top && base < l.bot {
 		s.printf("<line class=\"zero\" x1=\"%s\" y1=\"%s\" x2=\"%s\" y2=\"%s\" stroke=\"#333333\"/>\n", f(l.left), f(base), f(l.right), f(base))
 	}
@@ -618,7 +651,7 @@ func (c *BarChart) WriteSVG(w io.Writer) error {
 	}
 	s.frame(l)
 	s.labels(l, c.XLabel, c.YLabel)
-	s.legend(l)
+	s.legend(l, false)
 	s.printf("</svg>\n")
 	return s.flush()
 }

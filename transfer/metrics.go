@@ -47,6 +47,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Peer KV transfers in progress.",
 		}, []string{"operation"}),
 	}
+	// Both operations' counters exist from the start, so dashboards and
+	// rate() see zeros before the first transfer rather than no series.
+	for _, op := range []string{"fetch", "serve"} {
+		m.bytes.WithLabelValues(op)
+		m.blocks.WithLabelValues(op)
+		m.inFlight.WithLabelValues(op)
+	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.duration, m.bytes, m.blocks, m.inFlight} {
 			if err := reg.Register(c); err != nil {

@@ -53,6 +53,14 @@ output_tok_s=... goodput=...". It exits 1 when no request succeeded.`,
 			if synthetic {
 				c.Synthetic = &syn
 			}
+			// The library reads a zero speedup as its default; from the
+			// command line it is a mistake, like every zero value.
+			if !(c.Speedup > 0) {
+				return fmt.Errorf("--speedup %v: want > 0", c.Speedup)
+			}
+			if c.TracePath == "" && !synthetic {
+				c.TracePath = traceFromEnv()
+			}
 			slos, err := bench.ParseSLOs(goodput)
 			if err != nil {
 				return err
@@ -90,7 +98,7 @@ output_tok_s=... goodput=...". It exits 1 when no request succeeded.`,
 	f.StringVar(&c.Model, "model", "", "model name (default: the first of GET /models)")
 	f.StringVar(&c.Endpoint, "endpoint", "chat", "chat or completions")
 	f.StringVar(&c.APIKey, "api-key", os.Getenv("KVMESH_API_KEY"), "bearer token (env KVMESH_API_KEY)")
-	f.StringVar(&c.TracePath, "trace", "", "Mooncake JSONL trace to replay")
+	f.StringVar(&c.TracePath, "trace", "", "Mooncake JSONL trace to replay (env KVMESH_TRACE unless --synthetic)")
 	f.Float64Var(&c.Speedup, "speedup", 1, "divide trace timestamps by this")
 	f.BoolVar(&c.Strict, "strict", false, "fail on the first malformed trace line instead of skipping it")
 	f.IntVar(&c.TraceBlockSize, "trace-block-size", 512, "tokens per trace hash id")

@@ -66,6 +66,8 @@ func TestBenchLoadRejectsBadFlags(t *testing.T) {
 		{"--url", "http://127.0.0.1:1/v1", "--synthetic"},
 		{"--synthetic", "--concurrency", "1"},
 		{"--url", "http://127.0.0.1:1/v1", "--synthetic", "--trace", "x.jsonl", "--concurrency", "1"},
+		{"--url", "http://127.0.0.1:1/v1", "--trace", "x.jsonl", "--speedup", "0"},
+		{"--url", "http://127.0.0.1:1/v1", "--trace", "x.jsonl", "--speedup", "-2"},
 	} {
 		cmd := newBenchLoadCmd()
 		cmd.SetOut(&bytes.Buffer{})
@@ -93,5 +95,23 @@ func TestBenchLoadFailsWhenNothingSucceeds(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "load: requests=3 ok=0 ") {
 		t.Errorf("no report:\n%s", out.String())
+	}
+	// The server's message, not only the status count.
+	if !strings.Contains(out.String(), "  first http_404: ") {
+		t.Errorf("no first error message:\n%s", out.String())
+	}
+}
+
+// Without --trace or --synthetic, bench load replays KVMESH_TRACE like twin
+// and bench index.
+func TestBenchLoadReadsKVMESHTrace(t *testing.T) {
+	t.Setenv("KVMESH_TRACE", filepath.Join(t.TempDir(), "missing.jsonl"))
+	cmd := newBenchLoadCmd()
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetErr(&bytes.Buffer{})
+	cmd.SetArgs([]string{"--url", "http://127.0.0.1:1/v1"})
+	err := cmd.ExecuteContext(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "missing.jsonl") {
+		t.Fatalf("err %v: want the KVMESH_TRACE file opened", err)
 	}
 }

@@ -48,7 +48,7 @@ metrics. The last line is "route: p50 <x> µs, p99 <y> µs".`,
 	f.IntVar(&c.fleet.Workers, "workers", 64, "worker keys in the fleet")
 	f.IntVar(&c.fleet.PromptTokens, "prompt-tokens", 8192, "tokens per prompt")
 	f.IntVar(&c.fleet.Prompts, "prompts", 32, "distinct prompts")
-	f.IntVar(&c.fleet.BlockSize, "block-size", 16, "KV block size in tokens")
+	f.IntVar(&c.fleet.BlockSize, "block-size", 64, "KV block size in tokens (64, as serve, twin and bench index)")
 	f.IntVar(&c.fleet.HeldPerWorker, "held", 8, "prompt prefixes each worker holds")
 	f.Uint64Var(&c.fleet.Seed, "seed", 1, "seed of the fleet and the tie-breaks")
 	f.IntVar(&c.iterations, "iterations", 20000, "timed routing decisions")

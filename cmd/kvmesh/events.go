@@ -35,7 +35,9 @@ prints one JSON line per decoded event:
 A store that names a cache salt (vLLM sends it in the first block's extra_keys) adds
 "cache_salt":S at the end; a continuation of a salted chain names none on the wire.
 
-It exits 0 after --count events; if --timeout hits first it exits non-zero.`,
+With --count N it exits 0 after N events, and non-zero if --timeout hits first.
+Without --count, --timeout is how long to listen: it then exits 0 and prints the
+number of events seen to stderr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.Endpoint == "" {
@@ -69,7 +71,7 @@ It exits 0 after --count events; if --timeout hits first it exits non-zero.`,
 	f.StringVar(&cfg.Topic, "topic", os.Getenv("KVMESH_EVENTS_TOPIC"), "topic prefix to subscribe to; empty receives all [KVMESH_EVENTS_TOPIC]")
 	f.IntVar(&cfg.BlockSize, "block-size", 0, "worker block size for conversion checks; 0 trusts the wire")
 	f.IntVar(&cfg.Count, "count", 0, "exit after this many events; 0 runs until the timeout or Ctrl-C")
-	f.DurationVar(&cfg.Timeout, "timeout", 0*time.Second, "give up after this long; 0 waits forever")
+	f.DurationVar(&cfg.Timeout, "timeout", 0*time.Second, "with --count: give up (exit 1) after this long; without: listen this long, then exit 0; 0 waits forever")
 	return cmd
 }
 

@@ -62,6 +62,7 @@ func (ff *frontendFlags) validate() error {
 	if err := checkInts(
 		intFlag{"max-body-bytes", ff.maxBodyBytes, 1},
 		intFlag{"migration-limit", int64(ff.migrationLimit), 0},
+		intFlag{"max-tokens-limit", int64(ff.maxTokensLimit), 0},
 	); err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ func newFrontendCmd() *cobra.Command {
 		Use:   "frontend",
 		Short: "Run the OpenAI frontend and KV router against workers registered on NATS",
 		Long: `frontend serves the OpenAI-compatible API (/v1/chat/completions, /v1/completions,
-/v1/models, /health, /live, /metrics) and routes each request with the KV-aware
+/v1/models, /health, /live, /metrics, and a live dashboard at /dashboard) and routes each request with the KV-aware
 router to the workers of its model found in the NATS discovery bucket (start
 them with kvmesh worker, or join a kvmesh serve through the NATS URL it prints).
 /health answers 503 until every --model has a worker. SIGINT or SIGTERM stops

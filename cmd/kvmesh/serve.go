@@ -36,6 +36,7 @@ type frontendFlags struct {
 	temperature    float64
 	migrationLimit int
 	maxBodyBytes   int64
+	maxTokensLimit int
 	replicaSync    bool
 	busyKVUsage    float64
 	hints          bool
@@ -44,16 +45,20 @@ type frontendFlags struct {
 	// Conditional disaggregation (models with prefill and decode workers).
 	localPrefillTokens int
 	localPrefillRatio  float64
+	// ln is --listen bound early (serve checks the port before starting
+	// anything else); nil: startFrontendOn binds it.
+	ln net.Listener
 }
 
 func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.StringVar(&ff.listen, "listen", ":8000", "HTTP address of the OpenAI API")
 	f.StringSliceVar(&ff.models, "model", defaultModels, "model name(s) served (built-in o200k tokenizer and ChatML template)")
 	f.StringVar(&ff.routerMode, "router-mode", string(router.ModeKV), router.ModeList())
-	f.StringVar(&ff.routerCost, "router-cost", string(router.DefaultCost().Kind), "router cost model: time (predicted TTFT from the workers' timing model) or blocks (DESIGN §5: prefill + decode blocks)")
+	f.StringVar(&ff.routerCost, "router-cost", string(router.DefaultCost().Kind), "router cost model: time (predicted TTFT from the workers' timing model) or blocks (the blocks the worker must prefill, its queue plus this prompt less what it caches, plus the blocks it is decoding)")
 	f.Float64Var(&ff.temperature, "router-temperature", 0, "softmax temperature of worker selection (0: always the cheapest)")
 	f.IntVar(&ff.migrationLimit, "migration-limit", 3, "times a request may move to another worker when its worker dies")
 	f.Int64Var(&ff.maxBodyBytes, "max-body-bytes", 16<<20, "largest request body accepted (413 above)")
+	f.IntVar(&ff.maxTokensLimit, "max-tokens-limit", 0, "most tokens one request may ask to generate, 400 above (0: the context length); a request without max_tokens gets 256")
 	f.BoolVar(&ff.replicaSync, "router-replica-sync", false, "share load bookings with other frontend replicas over NATS")
 	f.Float64Var(&ff.busyKVUsage, "busy-kv-usage", 0, "a worker is busy above this fraction of its KV blocks in use; 503 when all are (0: off)")
 	f.BoolVar(&ff.hints, "hints", true, "plan KV hints: send a request's worker to a peer that holds a longer prefix (only workers that advertise control endpoints take part)")
@@ -133,11 +138,14 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	cfg := frontend.DefaultConfig()
 	cfg.MigrationLimit, cfg.MaxBodyBytes, cfg.Ready = ff.migrationLimit, ff.maxBodyBytes, cl.Ready
 	cfg.Warnings = cl.Warnings
+	cfg.MaxTokensLimit = ff.maxTokensLimit
 	srv := &http.Server{Handler: frontend.New(cfg, cl, &models, reg, reg), ReadHeaderTimeout: 10 * time.Second}
-	ln, err := net.Listen("tcp", ff.listen)
-	if err != nil {
-		cl.Close()
-		return nil, fmt.Errorf("--listen %s: %w", ff.listen, err)
+	ln := ff.ln
+	if ln == nil {
+		if ln, err = listenHTTP(ff.listen); err != nil {
+			cl.Close()
+			return nil, err
+		}
 	}
 	reqCtx, cancelRequests := context.WithCancelCause(context.Background())
 	srv.BaseContext = func(net.Listener) context.Context { return reqCtx }
@@ -188,7 +196,7 @@ func newServeCmd() *cobra.Command {
 	var pd pdFlags
 	var stallTimeout time.Duration
 	var nf natsFlags
-	var dataDir string
+	var dataDir, natsListen string
 	var kf kvbmFlags
 	ef := &serveEngineFlags{}
 	cmd := &cobra.Command{
@@ -197,7 +205,8 @@ func newServeCmd() *cobra.Command {
 		Long: `serve starts an embedded NATS server (or joins --nats), N simulated workers and the
 OpenAI-compatible frontend with the KV-aware router, all in one process. Ctrl-C or
 SIGTERM stops accepting requests, gives those in flight 1 s, then cuts them and exits 0.
-Every flag has a KVMESH_* environment variable.
+A live dashboard of the fleet is at http://<host:port>/dashboard, Prometheus series at
+/metrics (docs/metrics.md). Every flag has a KVMESH_* environment variable.
 
 On startup it prints one line to stdout:
   kvmesh serve: model <name> on <n> simulated workers (router <mode>); OpenAI API at http://<host:port>/v1 (NATS <url>)`,
@@ -211,7 +220,7 @@ On startup it prints one line to stdout:
 				return err
 			}
 			sf.KVBM = kf.sim()
-			return runServe(cmd, ff, sf, workers, pd, stallTimeout, nf, dataDir, ef)
+			return runServe(cmd, ff, sf, workers, pd, stallTimeout, nf, dataDir, natsListen, ef)
 		},
 	}
 	f := cmd.Flags()
@@ -223,6 +232,7 @@ On startup it prints one line to stdout:
 	registerStallTimeout(f, &stallTimeout)
 	nf.registerURL(f, "", "external NATS URL(s), comma-separated; empty starts an embedded server")
 	f.StringVar(&dataDir, "data-dir", "", "embedded NATS JetStream directory (default: a temporary one)")
+	f.StringVar(&natsListen, "nats-listen", "127.0.0.1:0", "embedded NATS client address (port 0: a free one; 127.0.0.1:4222 lets worker and frontend join with their default --nats)")
 	f.IntVar(&sf.BlockSize, "block-size", sf.BlockSize, "sim: tokens per KV block")
 	f.IntVar(&sf.Blocks, "blocks", sf.Blocks, "sim: device KV capacity in blocks per worker")
 	f.IntVar(&sf.MaxBatchedTokens, "max-batched-tokens", sf.MaxBatchedTokens, "sim: token budget per scheduler step")
@@ -238,7 +248,7 @@ On startup it prints one line to stdout:
 // pdFlags are serve's disaggregated pools.
 type pdFlags struct{ prefill, decode int }
 
-func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, pd pdFlags, stallTimeout time.Duration, nf natsFlags, dataDir string, ef *serveEngineFlags) error {
+func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, pd pdFlags, stallTimeout time.Duration, nf natsFlags, dataDir, natsListen string, ef *serveEngineFlags) error {
 	log, err := workerLogger(ff.logLevel, os.Stderr)
 	if err != nil {
 		return err
@@ -279,11 +289,27 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if _, err := ef.engines(); err != nil {
 		return err
 	}
+	natsHost, natsPort, err := parseNATSListen(natsListen)
+	if err != nil {
+		return err
+	}
+	if nf.url != "" && cmd.Flags().Changed("nats-listen") {
+		return fmt.Errorf("--nats-listen is the embedded NATS server's address; with --nats there is none")
+	}
+	// A busy port is reported before NATS and the workers start.
+	if ff.ln, err = listenHTTP(ff.listen); err != nil {
+		return err
+	}
+	defer func() {
+		if ff.ln != nil {
+			ff.ln.Close() // closed by the server once it serves; this covers an early return
+		}
+	}()
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
 	if nf.url == "" {
-		ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: dataDir, Logger: log})
+		ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{Host: natsHost, Port: natsPort, DataDir: dataDir, Logger: log})
 		if err != nil {
 			return err
 		}
@@ -340,6 +366,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	for i, role := range roles {
 		cfg := sf
 		cfg.Model, cfg.Role = ff.models[0], role
+		cfg.OutputTokens = simOutputTokens()
 		if role == kv.RoleDecode {
 			cfg.KVBM = nil // KVBM runs on the prefill side only
 		}
@@ -385,6 +412,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if err != nil {
 		return err
 	}
+	ff.ln = nil // the server owns it now
 	defer rf.shutdown()
 	if err := waitReady(ctx, rf.cluster, 10*time.Second); err != nil {
 		return err

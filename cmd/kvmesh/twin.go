@@ -107,7 +107,7 @@ variable (--trace also reads KVMESH_TRACE).`,
 	f.Float64Var(&tf.cfg.MaxKVUsage, "busy-kv-usage", 0, "router busy threshold: KV usage fraction (0: off); busy requests are rejected")
 	f.Int64Var(&tf.cfg.MaxPrefillTokens, "busy-prefill-tokens", 0, "router busy threshold: active prefill tokens (0: off)")
 	f.DurationVar(&tf.cfg.ApproxTTL, "approx-ttl", 120*time.Second, "kv-approx: how long a routed prefix is assumed cached")
-	f.StringVar(&tf.costKind, "router-cost", "", "router cost model: blocks (DESIGN §5: prefill + decode blocks) or time (predicted TTFT ms); empty: the router's default")
+	f.StringVar(&tf.costKind, "router-cost", "", "router cost model: blocks (the blocks the worker must prefill, its queue plus this prompt less what it caches, plus the blocks it is decoding) or time (predicted TTFT ms); empty: the router's default")
 	f.Float64Var(&tf.prefillScale, "prefill-scale", 1, "router cost: weight of prefill blocks against decode blocks (Dynamo's overlap weight)")
 	f.Float64Var(&tf.workWeight, "work-weight", router.TimeCost().WorkWeight, "router time cost: weight of the request's own prefill time on top of its predicted TTFT")
 	f.Float64Var(&tf.temperature, "temperature", 0, "router cost: softmax temperature (0: arg-min)")

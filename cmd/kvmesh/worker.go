@@ -187,6 +187,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	switch wf.engine {
 	case "sim":
 		cfg := wf.sim
+		cfg.OutputTokens = simOutputTokens()
 		cfg.Model, cfg.Role, cfg.DPSize = wf.model, role, wf.dpSize
 		cfg.Worker.Instance = id
 		cfg.KVBM = wf.kvbm.sim()

@@ -44,6 +44,10 @@ type Config struct {
 	PayloadSize int
 	// VocabSize bounds generated token ids to [0, VocabSize).
 	VocabSize int
+	// OutputTokens, when set, are the ids generated tokens are drawn from
+	// (a readable vocabulary, e.g. tokenizer.PlainWordTokens) instead of
+	// [0, VocabSize); each must be below VocabSize.
+	OutputTokens []kv.Token
 	// SpeedupRatio divides the modelled time the Engine wrapper waits per
 	// pass; 0 means it does not wait at all. DecodeSpeedupRatio further
 	// divides the decode part (≤ 0 means 1). Core.Step always reports the
@@ -157,6 +161,8 @@ func (c Config) normalize() (Config, error) {
 		return c, fmt.Errorf("sim config: payload slab of %d blocks × %d layers × %d bytes exceeds 16 GiB", c.Blocks, c.Layers, c.PayloadSize)
 	case c.VocabSize < 1 || c.VocabSize > 1<<32-1:
 		return c, fmt.Errorf("sim config: vocabulary size %d, want 1 to 2^32-1", c.VocabSize)
+	case !tokensBelow(c.OutputTokens, c.VocabSize):
+		return c, fmt.Errorf("sim config: an output token is outside the vocabulary of %d", c.VocabSize)
 	case c.SpeedupRatio < 0:
 		return c, fmt.Errorf("sim config: speedup ratio %g, want ≥ 0 (0 = no waiting)", c.SpeedupRatio)
 	case c.DPSize < 1 || c.DPSize > 1024:
@@ -221,4 +227,13 @@ type BlockData struct {
 	Tokens []kv.Token // the block's tokens, or nil; carried in the Stored event
 	Layers [][]byte   // Layers payload slices of PayloadSize bytes
 	Sums   []uint64   // kv.Checksum of each layer as sent
+}
+
+func tokensBelow(toks []kv.Token, n int) bool {
+	for _, t := range toks {
+		if int64(t) >= int64(n) {
+			return false
+		}
+	}
+	return true
 }

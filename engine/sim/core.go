@@ -611,7 +611,12 @@ func (c *Core) preempt(s *Seq) {
 // sample appends s's next token, hashing a block it completes, and reports
 // whether s finished.
 func (c *Core) sample(s *Seq, end time.Time) bool {
-	tok := NextToken(s.req.Seed, s.ctxSeq, s.ctxTail, uint32(c.cfg.VocabSize))
+	var tok kv.Token
+	if out := c.cfg.OutputTokens; len(out) > 0 {
+		tok = out[NextToken(s.req.Seed, s.ctxSeq, s.ctxTail, uint32(len(out)))]
+	} else {
+		tok = NextToken(s.req.Seed, s.ctxSeq, s.ctxTail, uint32(c.cfg.VocabSize))
+	}
 	s.out = append(s.out, tok)
 	s.ctxTail = rollTail(s.ctxTail, tok)
 	if t := s.total(); t%c.bs == 0 {
@@ -633,10 +638,12 @@ func (c *Core) sample(s *Seq, end time.Time) bool {
 	s.m.OutputTokens = len(s.out)
 	c.counters.OutputTokens++
 	var fin kv.FinishReason
-	for _, st := range s.req.StopTokens {
-		if st == tok {
-			fin = kv.FinishStop
-			break
+	if !s.req.IgnoreEOS && len(s.out) >= s.req.MinTokens {
+		for _, st := range s.req.StopTokens {
+			if st == tok {
+				fin = kv.FinishStop
+				break
+			}
 		}
 	}
 	if fin == kv.FinishNone && len(s.out) >= s.req.MaxTokens {

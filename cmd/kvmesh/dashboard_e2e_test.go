@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+// browserPath finds a Chromium-family browser for chromedp; without one the
+// test skips, unless KVMESH_REQUIRE_TOOLS=1 (CI, which installs chromium).
+func browserPath(t *testing.T) string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	msg := "no headless browser (chromium) on PATH: the dashboard's browser test needs one (Debian: apt-get install chromium)"
+	if os.Getenv("KVMESH_REQUIRE_TOOLS") == "1" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// The dashboard in a real headless browser: it loads with no console
+// error, lists every worker of a running serve, and its numbers move while
+// bench load drives traffic. The screenshot (taken during the load) is
+// saved to $KVMESH_DASHBOARD_SCREENSHOT or the temp dir, path logged.
+func TestDashboardInBrowser(t *testing.T) {
+	browser := browserPath(t)
+	const workers = 3
+	s := startServe(t, "--workers", fmt.Sprint(workers), "--speedup-ratio", "20")
+	defer s.stop(t)
+	root := strings.TrimSuffix(s.base, "/v1")
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.WindowSize(1400, 900), chromedp.Flag("disable-gpu", true))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	ctx, cancelT := context.WithTimeout(ctx, 60*time.Second)
+	defer cancelT()
+
+	var mu sync.Mutex
+	var consoleErrs []string
+	listen := func(ev any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch e := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			if e.Type == runtime.ConsoleAPICalledTypeError || e.Type == runtime.ConsoleAPICalledTypeWarning {
+				var args []string
+				for _, a := range e.Args {
+					args = append(args, string(a.Value))
+				}
+				consoleErrs = append(consoleErrs, fmt.Sprintf("console.%s %s", e.Type, strings.Join(args, " ")))
+			}
+		case *runtime.EventExceptionThrown:
+			consoleErrs = append(consoleErrs, fmt.Sprintf("exception: %s %+v", e.ExceptionDetails.Text, e.ExceptionDetails.Exception))
+		case *log.EventEntryAdded:
+			if e.Entry.Level == log.EntryLevelError || e.Entry.Level == log.EntryLevelWarning {
+				consoleErrs = append(consoleErrs, fmt.Sprintf("log %s: %s %s", e.Entry.Level, e.Entry.Text, e.Entry.URL))
+			}
+		}
+	}
+	if err := chromedp.Listen(ctx, listen); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(ctx, log.Enable, cdp.Empty{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(ctx, runtime.Enable, cdp.Empty{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx, chromedp.Navigate(root+"/dashboard")); err != nil {
+		t.Fatal(err)
+	}
+	text := func(sel string) string {
+		s, err := chromedp.Run(ctx, chromedp.Text(sel))
+		if err != nil {
+			t.Fatalf("%s: %v", sel, err)
+		}
+		return s
+	}
+	testutil.WaitFor(t, 20*time.Second, "every worker in the table", func() bool {
+		rows, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#workers tbody tr td.ready").length`))
+		return err == nil && rows == workers
+	})
+	before := text("#req-total")
+
+	// Traffic: a short shared-prefix bench load, in-process.
+	load := newBenchLoadCmd()
+	var loadOut bytes.Buffer
+	load.SetOut(&loadOut)
+	load.SetErr(&bytes.Buffer{})
+	load.SetArgs([]string{"--url", s.base, "--synthetic", "--groups", "4", "--prompts-per-group", "60", "--system-len", "1024",
+		"--question-len", "64", "--output-len", "64", "--concurrency", "8"})
+	loadDone := make(chan error, 1)
+	go func() { loadDone <- load.ExecuteContext(context.Background()) }()
+
+	testutil.WaitFor(t, 30*time.Second, "the dashboard's numbers to move under load", func() bool {
+		hit := text("#hit")
+		return text("#req-total") != before && hit != "–" && hit != "0.0 %"
+	})
+	// A second of polls for the rates and percentiles of a busy interval.
+	time.Sleep(1500 * time.Millisecond)
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := os.Getenv("KVMESH_DASHBOARD_SCREENSHOT")
+	if path == "" {
+		path = filepath.Join(os.TempDir(), "kvmesh-dashboard.png")
+	}
+	if err := os.WriteFile(path, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("dashboard screenshot: %s (%d bytes)", path, len(shot))
+	if err := <-loadDone; err != nil {
+		t.Fatalf("bench load: %v\n%s", err, loadOut.String())
+	}
+	time.Sleep(1500 * time.Millisecond) // a poll after the load's last request
+	workerReqs, err := chromedp.Run(ctx, chromedp.Evaluate[int](`[...document.querySelectorAll("#workers tbody tr")].reduce((n, tr) => n + Number(tr.children[9].textContent.replace(/,/g, "")), 0)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if workerReqs < 240 {
+		t.Errorf("the workers table shows %d requests after a load of 240", workerReqs)
+	}
+	// Readable in a dark room: under prefers-color-scheme dark the page
+	// turns dark, with light text.
+	colors := `[getComputedStyle(document.body).backgroundColor, getComputedStyle(document.body).color].join(" ")`
+	light, err := chromedp.Run(ctx, chromedp.Evaluate[string](colors))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(ctx, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+		Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}}); err != nil {
+		t.Fatal(err)
+	}
+	dark, err := chromedp.Run(ctx, chromedp.Evaluate[string](colors))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if light != "rgb(247, 247, 245) rgb(27, 29, 33)" || dark != "rgb(15, 17, 21) rgb(230, 232, 235)" {
+		t.Errorf("colours (background, text): light %q, dark %q", light, dark)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(consoleErrs) > 0 {
+		t.Fatalf("console errors:\n%s", strings.Join(consoleErrs, "\n"))
+	}
+}
