@@ -172,7 +172,7 @@ func (c *Cluster) MaxContext(model string) int { return c.instances.maxContext(m
 
 // Generate routes the request and streams it from the chosen worker.
 func (c *Cluster) Generate(ctx context.Context, req *kv.GenerateRequest) (kv.TokenStream, error) {
-	d, err := c.router.Route(ctx, router.Request{Model: req.Model, Tokens: req.Tokens})
+	d, err := c.router.Route(ctx, router.Request{Model: req.Model, Tokens: req.Tokens, LoRA: req.LoRA, Salt: req.CacheSalt})
 	var busy *kv.BusyError
 	switch {
 	case errors.As(err, &busy):
@@ -194,7 +194,8 @@ func (c *Cluster) Generate(ctx context.Context, req *kv.GenerateRequest) (kv.Tok
 	}
 	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, MaxTokens: uint32(req.MaxTokens),
 		StopTokenIds: req.StopTokens, Seed: req.Seed, Temperature: req.Temperature, DpRank: d.Worker.DPRank,
-		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty}
+		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty,
+		Lora: req.LoRA, CacheSalt: req.CacheSalt}
 	if tp := req.TopP; tp != 0 { // absent on the wire when the client set none
 		greq.TopP = &tp
 	}

@@ -69,6 +69,10 @@ type FetchRequest struct {
 	Hashes []uint64
 	// Digest, when set, must equal the source's compatibility digest.
 	Digest string
+	// Domain is the salt domain of the request the blocks are for (kv.Seed
+	// of its LoRA and cache salt; 0 means kv.BaseSeed): a source that knows
+	// its blocks' domains serves only those stored in this one.
+	Domain uint64
 	// Timeout overrides the client's operation timeout.
 	Timeout time.Duration
 	// Verify, when set, checks each block's bytes after its checksum (e.g.
@@ -416,7 +420,7 @@ func (c *Client) exchangeOnce(ctx context.Context, pc *conn, req FetchRequest, d
 	}
 	ms := (remaining + time.Millisecond - 1) / time.Millisecond
 	op := c.seq.Add(1)
-	pc.wbuf = appendFetch(pc.wbuf[:0], op, fetchReq{timeoutMs: uint32(min(ms, 1<<31)), digest: req.Digest, hashes: req.Hashes})
+	pc.wbuf = appendFetch(pc.wbuf[:0], op, fetchReq{timeoutMs: uint32(min(ms, 1<<31)), digest: req.Digest, hashes: req.Hashes, domain: req.Domain})
 
 	var blocks []Block
 	gotAny := false

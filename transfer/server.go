@@ -250,6 +250,22 @@ func (s *Server) putBuf(b []byte) {
 	}
 }
 
+// inDomain is how many of the pinned hashes, from the first, were stored
+// in salt domain d (all of them when the source cannot tell domains).
+func (s *Server) inDomain(pinned []uint64, d uint64) int {
+	dom, ok := s.Source.(BlockDomainer)
+	if !ok {
+		return len(pinned)
+	}
+	for i, h := range pinned {
+		if got, ok := dom.BlockDomain(h); !ok || got != d {
+			s.Metrics.refuse(refusedSaltDomain)
+			return i
+		}
+	}
+	return len(pinned)
+}
+
 // serveFetch answers one fetch; it reports whether the connection can carry
 // another request.
 func (s *Server) serveFetch(ctx context.Context, c net.Conn, op uint32, r fetchReq) (keep bool) {
@@ -300,6 +316,9 @@ func (s *Server) serveFetch(ctx context.Context, c net.Conn, op uint32, r fetchR
 		s.writeStatus(c, op, status{code: CodeSourceError, msg: fmt.Sprintf("source pinned %d of %d blocks", n, len(r.hashes))}, deadline)
 		return false
 	}
+	// A block of another salt domain is not this request's to read: the
+	// prefix ends before it, as if the source did not hold it.
+	n = s.inDomain(r.hashes[:n], r.domain)
 	if n == 0 {
 		outcome = OutcomeNotFound
 		return s.writeStatus(c, op, status{code: CodeNotFound,

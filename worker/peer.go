@@ -266,7 +266,8 @@ func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 	for i := range ask {
 		ask[i] = uint64(sim.EngineHash(m.Seq[i]))
 	}
-	res, ferr := p.client.Fetch(ctx, h.Endpoint, transfer.FetchRequest{Hashes: ask, Digest: p.digest, Verify: p.verify})
+	res, ferr := p.client.Fetch(ctx, h.Endpoint, transfer.FetchRequest{Hashes: ask, Digest: p.digest, Verify: p.verify,
+		Domain: kv.Seed(req.LoRA, req.CacheSalt)})
 	inserted, ierr := 0, error(nil)
 	if len(res.Blocks) > 0 {
 		inserted, ierr = into.Insert(p.chain(req, m, res.Blocks))
