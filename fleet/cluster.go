@@ -62,6 +62,8 @@ type Cluster struct {
 	metrics  []prometheus.Collector // registered on cfg.Registerer; removed at Close
 	subs     []*nats.Subscription
 	bcast    *natsbus.Broadcast
+	// hintDrops counts planned hints that never reached a worker (hints.go).
+	hintDrops *prometheus.CounterVec
 }
 
 // New starts following the workers of every configured model.
@@ -70,7 +72,7 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 		cfg.Logger = slog.Default()
 	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: workerclient.NewPool(),
-		feeds: map[string]*eventplane.Feed{}}
+		feeds: map[string]*eventplane.Feed{}, hintDrops: newHintDrops()}
 	rc := cfg.Router
 	if rc.Mode == router.ModeKV || rc.Mode == "" {
 		rc.Matcher = c.index
@@ -104,6 +106,13 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 		if err != nil {
 			return nil, fmt.Errorf("replica sync: %w", err)
 		}
+	}
+	if reg := cfg.Registerer; reg != nil {
+		if err := reg.Register(c.hintDrops); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("hint metrics: %w", err)
+		}
+		c.metrics = append(c.metrics, c.hintDrops)
 	}
 	ctx, c.cancel = context.WithCancel(ctx)
 	for _, m := range cfg.Models {
@@ -184,11 +193,13 @@ func (c *Cluster) Generate(ctx context.Context, req *kv.GenerateRequest) (kv.Tok
 	}
 	in, ok := c.instances.get(d.Worker.Instance)
 	if !ok {
+		c.dropHint(d, hintDropWorkerLeft)
 		d.Done()
 		return nil, fmt.Errorf("worker %v left before the request reached it: %w", d.Worker, kv.ErrWorkerLost)
 	}
 	client, err := c.clients.Get(in)
 	if err != nil {
+		c.dropHint(d, hintDropUnreachable)
 		d.Fail()
 		return nil, fmt.Errorf("%v: %w", err, kv.ErrWorkerLost)
 	}
@@ -200,14 +211,23 @@ func (c *Cluster) Generate(ctx context.Context, req *kv.GenerateRequest) (kv.Tok
 		greq.TopP = &tp
 	}
 	greq.KvFetch = api.HintToProto(d.Hint)
-	sctx, cancel := context.WithCancel(ctx)
+	sctx, cancel := streamContext(ctx, d.Hint != nil)
 	st, err := client.Generate(sctx, greq)
 	if err != nil {
 		cancel()
+		if ctx.Err() != nil {
+			c.dropHint(d, hintDropCancelled)
+		} else {
+			c.dropHint(d, hintDropUnreachable)
+		}
 		d.Fail()
 		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, kv.ErrWorkerLost)
 	}
-	return &workerStream{d: d, st: st, ctx: ctx, cancel: cancel}, nil
+	ws := &workerStream{d: d, st: st, ctx: ctx, cancel: cancel}
+	if d.Hint != nil {
+		ws.cancel = holdCancel(ctx, st, cancel)
+	}
+	return ws, nil
 }
 
 type workerStream struct {

@@ -23,7 +23,9 @@ import (
 )
 
 // Hint results, the label of kvmesh_kv_hint_results_total. Every hint that
-// reaches a Peer's fetcher ends in exactly one of them.
+// reaches a worker with a Peer ends in exactly one of them (a hint ticket,
+// hint.go, settles it where it ended); the fleet counts those that never
+// reached a worker (kvmesh_fleet_kv_hints_dropped_total).
 const (
 	HintFetched   = "fetched"   // every hinted block the engine lacked was fetched and inserted
 	HintPartial   = "partial"   // a shorter verified prefix was inserted; the rest is recomputed
@@ -31,9 +33,10 @@ const (
 	HintUnused    = "unused"    // valid, but nothing to do (no kv.fetch, no source, self, nothing missing)
 	HintMalformed = "malformed" // rejected by validation; the request proceeds locally
 	HintIgnored   = "ignored"   // unknown protocol_version; ignored
+	HintDropped   = "dropped"   // the request ended (cancelled, engine error, stall, shutdown) before the engine consulted the hint
 )
 
-var hintResults = []string{HintFetched, HintPartial, HintFallback, HintUnused, HintMalformed, HintIgnored}
+var hintResults = []string{HintFetched, HintPartial, HintFallback, HintUnused, HintMalformed, HintIgnored, HintDropped}
 
 // PeerMetrics are the peer-transfer series: the transfer package's
 // kvmesh_transfer_* (fetch and serve scopes) and the hint outcomes. One
@@ -90,7 +93,7 @@ type PeerConfig struct {
 
 // PeerStats counts hint results since the Peer was made.
 type PeerStats struct {
-	Fetched, Partial, Fallback, Unused, Malformed, Ignored uint64
+	Fetched, Partial, Fallback, Unused, Malformed, Ignored, Dropped uint64
 	// Blocks and Bytes are what fetches inserted into the engine.
 	Blocks, Bytes uint64
 }
@@ -134,9 +137,9 @@ type Peer struct {
 	verify             func(hash uint64, payload []byte) error
 	self               atomic.Pointer[[]string] // own advertised endpoints
 	closeOnce          sync.Once
-	n                  [6]atomic.Uint64 // by hintResults index
+	n                  [7]atomic.Uint64 // by hintResults index
 	nBlocks, nBytes    atomic.Uint64
-	metricsByResult    [6]prometheus.Counter
+	metricsByResult    [7]prometheus.Counter
 	metricsInitialised bool
 }
 
@@ -223,7 +226,7 @@ func (p *Peer) Endpoints() []string {
 // Stats returns the hint counters.
 func (p *Peer) Stats() PeerStats {
 	return PeerStats{Fetched: p.n[0].Load(), Partial: p.n[1].Load(), Fallback: p.n[2].Load(), Unused: p.n[3].Load(),
-		Malformed: p.n[4].Load(), Ignored: p.n[5].Load(), Blocks: p.nBlocks.Load(), Bytes: p.nBytes.Load()}
+		Malformed: p.n[4].Load(), Ignored: p.n[5].Load(), Dropped: p.n[6].Load(), Blocks: p.nBlocks.Load(), Bytes: p.nBytes.Load()}
 }
 
 // Close closes the transfer client's pooled connections.
@@ -254,12 +257,12 @@ func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 		return nil
 	}
 	if p.isSelf(h.Endpoint, req.DPRank) {
-		p.count(HintUnused)
+		p.ended(ctx, HintUnused)
 		return nil
 	}
 	want := hintedRun(m.Seq, h.Hashes)
 	if want == 0 {
-		p.count(HintUnused)
+		p.ended(ctx, HintUnused)
 		return nil
 	}
 	ask := make([]uint64, want)
@@ -274,11 +277,11 @@ func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 	}
 	switch {
 	case inserted == want:
-		p.count(HintFetched)
+		p.ended(ctx, HintFetched)
 	case inserted > 0:
-		p.count(HintPartial)
+		p.ended(ctx, HintPartial)
 	default:
-		p.count(HintFallback)
+		p.ended(ctx, HintFallback)
 	}
 	p.nBlocks.Add(uint64(inserted))
 	p.nBytes.Add(uint64(inserted * p.layers * p.psize))
