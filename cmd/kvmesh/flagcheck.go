@@ -79,5 +79,8 @@ func (ff *frontendFlags) validate() error {
 			return fmt.Errorf("--router-cost: %w", err)
 		}
 	}
+	if _, err := ff.auth.apiKeys(); err != nil {
+		return err
+	}
 	return nil
 }

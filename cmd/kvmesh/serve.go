@@ -40,6 +40,7 @@ type frontendFlags struct {
 	busyKVUsage    float64
 	hints          bool
 	logLevel       string
+	auth           authFlags
 }
 
 func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
@@ -54,6 +55,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.Float64Var(&ff.busyKVUsage, "busy-kv-usage", 0, "a worker is busy above this fraction of its KV blocks in use; 503 when all are (0: off)")
 	f.BoolVar(&ff.hints, "hints", true, "plan KV hints: send a request's worker to a peer that holds a longer prefix (only workers that advertise control endpoints take part)")
 	f.StringVar(&ff.logLevel, "log-level", "info", "debug, info, warn or error")
+	ff.auth.register(f)
 }
 
 // runningFrontend is an HTTP frontend bound and serving.
@@ -116,6 +118,11 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	}
 	cfg := frontend.DefaultConfig()
 	cfg.MigrationLimit, cfg.MaxBodyBytes, cfg.Ready = ff.migrationLimit, ff.maxBodyBytes, cl.Ready
+	if cfg.APIKeys, err = ff.auth.apiKeys(); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	cfg.OpenMetrics = ff.auth.openMetrics
 	srv := &http.Server{Handler: frontend.New(cfg, cl, &models, reg, reg), ReadHeaderTimeout: 10 * time.Second}
 	ln, err := net.Listen("tcp", ff.listen)
 	if err != nil {
@@ -228,6 +235,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if len(ff.models) != 1 {
 		return fmt.Errorf("--model: serve runs one model, got %d", len(ff.models))
 	}
+	warnOpenListen(log, ff)
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
