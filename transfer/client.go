@@ -123,6 +123,9 @@ type ClientOptions struct {
 	// (default 4); negative disables pooling (one connection per fetch).
 	MaxIdlePerEndpoint int
 	Metrics            *Metrics
+	// Token, when set, is the fleet token proven to every source on each
+	// new connection (auth.go).
+	Token []byte
 }
 
 // Client fetches blocks from control endpoints. It is safe for concurrent
@@ -295,6 +298,12 @@ func (c *Client) dial(ctx context.Context, addr string, deadline time.Time) (*co
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
+	if len(c.opts.Token) > 0 {
+		if err := clientHandshake(nc, c.opts.Token, deadline); err != nil {
+			nc.Close()
+			return nil, err
+		}
+	}
 	return &conn{Conn: nc}, nil
 }
 
@@ -304,6 +313,9 @@ func (c *Client) dialFailure(ctx context.Context, err error, deadline time.Time)
 		return FetchResult{Outcome: OutcomeCancelled}, fmt.Errorf("dial: %w", ctx.Err())
 	case ctx.Err() != nil || !c.now().Before(deadline) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
 		return FetchResult{Outcome: OutcomeTimeout}, fmt.Errorf("%w: dial: %v", ErrTimeout, err)
+	}
+	if errors.Is(err, ErrUnauthenticated) {
+		return FetchResult{Outcome: OutcomeRefused}, err
 	}
 	return FetchResult{Outcome: OutcomeUnreachable}, fmt.Errorf("%w: %v", ErrUnreachable, err)
 }

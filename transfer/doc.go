@@ -55,7 +55,8 @@
 //	u32 completed    blocks sent (done) / 0 (refuse)
 //	u8  success      1 if every pinned block was sent
 //	u8  code         ok, not_found, digest_mismatch, bad_request,
-//	                 unsupported_version, busy, timeout, source_error, shutdown
+//	                 unsupported_version, busy, timeout, source_error, shutdown,
+//	                 unauthenticated
 //	u16 msg_len      ≤ 1024, then a human-readable reason
 //
 // Exchanges: fetch → block* done, or fetch → refuse. A fetch whose digest is
@@ -69,6 +70,31 @@
 // MaxBlockBytes) are refused before anything is allocated for them. A peer
 // that does not send the magic is disconnected silently. Connections past
 // Server.MaxConns get refuse{busy} and are closed.
+//
+// # Authentication
+//
+// A source configured with a fleet token (Server.Token, `--fleet-token-file`)
+// reads nothing from a new connection but this handshake; a client with the
+// same token (ClientOptions.Token) runs it right after connecting. The
+// frames use the common header (op 0) and three more types:
+//
+//	hello     (5, target → source) length 16: u8[16] client nonce cn
+//	challenge (6, source → target) length 48: u8[16] source nonce sn,
+//	          u8[32] HMAC-SHA256(token, "kvmesh transfer v1 source" ‖ cn ‖ sn)
+//	auth      (7, target → source) length 32:
+//	          u8[32] HMAC-SHA256(token, "kvmesh transfer v1 target" ‖ cn ‖ sn)
+//
+// Nonces are fresh random bytes per connection, so a recorded handshake
+// cannot be replayed, and each side proves it holds the token without
+// sending it. The target checks the source's proof before it sends its own
+// (a target never shows block hashes to a source without the token). A
+// first frame other than a hello, a wrong proof, or no auth within 5 s gets
+// refuse{unauthenticated (9)} and the connection is closed before any fetch
+// is read; the refusal is counted in kvmesh_transfer_refused_total
+// {reason="unauthenticated"} and logged once per peer host. A source
+// without a token refuses a hello like any unexpected frame (bad_request).
+// The token authenticates; it does not encrypt: block bytes still cross
+// the network in the clear.
 //
 // # Sources
 //

@@ -57,7 +57,11 @@ type Server struct {
 	MaxBlockBytes int
 	Metrics       *Metrics
 	Logger        *slog.Logger
+	// Token, when set, is the fleet token: a connection must pass the
+	// HMAC handshake (auth.go) before its first fetch is read.
+	Token []byte
 
+	warnedPeers
 	bufs   sync.Pool
 	once   sync.Once
 	active chan struct{}
@@ -186,6 +190,9 @@ func isTemporary(err error) bool {
 // out, misbehaves, or the server shuts down.
 func (s *Server) handle(ctx context.Context, c net.Conn) {
 	br := bufio.NewReaderSize(c, 4096)
+	if len(s.Token) > 0 && !s.authenticate(br, c) {
+		return
+	}
 	var hb [headerLen]byte
 	var req []byte
 	for ctx.Err() == nil {

@@ -52,6 +52,12 @@ func (t frameType) String() string {
 		return "done"
 	case typeRefuse:
 		return "refuse"
+	case typeHello:
+		return "hello"
+	case typeChallenge:
+		return "challenge"
+	case typeAuth:
+		return "auth"
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
@@ -91,6 +97,8 @@ func (c Code) String() string {
 		return "source_error"
 	case CodeShutdown:
 		return "shutdown"
+	case CodeUnauthenticated:
+		return "unauthenticated"
 	}
 	return fmt.Sprintf("code(%d)", uint8(c))
 }

@@ -1,0 +1,94 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
+func (l *logBuf) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+// A source with a fleet token serves only clients that prove the same
+// token; any other peer is refused before it can name a block, counted,
+// and logged once per host. A client with a token refuses a source that
+// cannot prove it either.
+func TestFleetTokenHandshake(t *testing.T) {
+	src := NewMemSource(2, 64)
+	src.Add(1, 2, 3)
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs logBuf
+	token := []byte("fleet-secret")
+	ep := startServer(t, &Server{Source: src, Metrics: m, Token: token, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	fetch := func(tok []byte) (FetchResult, error) {
+		c := NewClient(ClientOptions{Token: tok, Timeout: 2 * time.Second})
+		defer c.Close()
+		res, err := c.Fetch(context.Background(), ep, FetchRequest{Hashes: []uint64{1, 2, 3}})
+		defer res.Release()
+		return res, err
+	}
+	if res, err := fetch(token); err != nil || res.Completed != 3 {
+		t.Fatalf("with the token: %d blocks, %v", res.Completed, err)
+	}
+	for _, tok := range [][]byte{nil, []byte("wrong"), []byte("fleet-secreT")} {
+		res, err := fetch(tok)
+		if res.Completed != 0 || err == nil {
+			t.Fatalf("token %q: %d blocks, %v", tok, res.Completed, err)
+		}
+		if tok != nil && (!errors.Is(err, ErrUnauthenticated) || res.Outcome != OutcomeRefused) {
+			t.Errorf("token %q: %v %v, want refused unauthenticated", tok, res.Outcome, err)
+		}
+	}
+	// The source counts a refusal when it sees the client hang up.
+	testutil.WaitFor(t, 2*time.Second, "3 unauthenticated refusals counted", func() bool {
+		return testutil.Value(t, reg, "kvmesh_transfer_refused_total", "reason", "unauthenticated") == 3
+	})
+	if n := strings.Count(logs.String(), "without the fleet token"); n != 1 {
+		t.Errorf("logged %d times, want once per host:\n%s", n, logs.String())
+	}
+	if v := testutil.Value(t, reg, "kvmesh_transfer_blocks_total", "operation", "serve"); v != 3 {
+		t.Errorf("%v blocks served, want only the authenticated fetch's 3", v)
+	}
+
+	// A raw peer that names blocks at once is refused unread.
+	addr := strings.TrimPrefix(ep, "tcp://")
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.Write(appendFetch(nil, 1, fetchReq{timeoutMs: 1000, hashes: []uint64{1}}))
+	nc.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := readFrame(nc, typeChallenge, challengeLen); err == nil || !strings.Contains(err.Error(), "unauthenticated") {
+		t.Fatalf("a raw fetch got %v, want an unauthenticated refusal", err)
+	}
+
+	// A client with a token refuses a source without one.
+	open := startServer(t, &Server{Source: src})
+	c := NewClient(ClientOptions{Token: token, Timeout: 2 * time.Second})
+	defer c.Close()
+	res, err := c.Fetch(context.Background(), open, FetchRequest{Hashes: []uint64{1}})
+	if res.Completed != 0 || !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("a tokenless source: %d blocks, %v", res.Completed, err)
+	}
+	testutil.WaitFor(t, time.Second, "pins released", func() bool { return src.Pins() == 0 })
+}
