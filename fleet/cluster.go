@@ -38,6 +38,8 @@ type Config struct {
 	ReplicaSync bool
 	Registerer  prometheus.Registerer
 	Logger      *slog.Logger
+	// FleetToken, when set, is sent on every worker API call.
+	FleetToken string
 }
 
 // replicaSyncScope names the replica-sync subject every frontend shares.
@@ -71,7 +73,7 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: workerclient.NewPool(),
+	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: workerclient.NewPool(fleetDialOptions(cfg)...),
 		feeds: map[string]*eventplane.Feed{}, hintDrops: newHintDrops()}
 	rc := cfg.Router
 	if rc.Mode == router.ModeKV || rc.Mode == "" {

@@ -64,6 +64,7 @@ func newMetrics(w *Worker) *metrics {
 	}
 	m.all = []prometheus.Collector{m.requests, m.inflight, m.prompt, m.cached, m.output, m.stalls, m.healthy,
 		counterFunc("kvmesh_worker_kv_hints_total", "Requests that carried a KV hint.", func() float64 { return float64(w.hints.Load()) }),
+		counterFunc("kvmesh_worker_unauthenticated_total", "Worker API calls refused for want of the fleet token.", func() float64 { return float64(w.unauthenticated.Load()) }),
 		counterFunc("kvmesh_worker_kv_transfer_params_total", "Requests that carried KV transfer parameters (disaggregated serving).", func() float64 { return float64(w.transferParams.Load()) }),
 		counterFunc("kvmesh_worker_event_batches_published_total", "KV event batches published on NATS.", pub(0)),
 		counterFunc("kvmesh_worker_events_published_total", "KV events published on NATS.", pub(1)),

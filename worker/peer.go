@@ -88,7 +88,10 @@ type PeerConfig struct {
 	ProbeTimeout time.Duration
 	// Metrics, when set, receives transfer and hint series.
 	Metrics *PeerMetrics
-	Logger  *slog.Logger
+	// Token, when set, is the fleet token: the control endpoints serve only
+	// peers that prove it, and fetches prove it to their sources.
+	Token  string
+	Logger *slog.Logger
 }
 
 // PeerStats counts hint results since the Peer was made.
@@ -183,7 +186,7 @@ func newPeer(pc PeerConfig) *Peer {
 	if pc.Metrics != nil {
 		tm = pc.Metrics.Transfer
 	}
-	p := &Peer{cfg: pc, log: pc.Logger, client: transfer.NewClient(transfer.ClientOptions{Timeout: pc.Timeout, Metrics: tm})}
+	p := &Peer{cfg: pc, log: pc.Logger, client: transfer.NewClient(transfer.ClientOptions{Timeout: pc.Timeout, Metrics: tm, Token: []byte(pc.Token)})}
 	if pc.Metrics != nil {
 		for i, r := range hintResults {
 			p.metricsByResult[i] = pc.Metrics.hints.WithLabelValues(r)
@@ -405,7 +408,7 @@ func (w *Worker) startControl(ctx context.Context) error {
 	}
 	for r, ln := range lns {
 		// Rank r's endpoint serves rank r's cache.
-		srv := &transfer.Server{Source: p.RankSource(r), Digest: p.digest, Metrics: tm, Logger: w.log}
+		srv := &transfer.Server{Source: p.RankSource(r), Digest: p.digest, Metrics: tm, Logger: w.log, Token: []byte(p.cfg.Token)}
 		w.wg.Go(func() {
 			if err := srv.Serve(ctx, ln); err != nil {
 				w.log.Error("control endpoint stopped", "addr", ln.Addr().String(), "err", err)
@@ -443,7 +446,7 @@ func (w *Worker) startControl(ctx context.Context) error {
 func (p *Peer) probe(ctx context.Context, ep string) error {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	c := transfer.NewClient(transfer.ClientOptions{Timeout: p.cfg.ProbeTimeout, MaxIdlePerEndpoint: -1})
+	c := transfer.NewClient(transfer.ClientOptions{Timeout: p.cfg.ProbeTimeout, MaxIdlePerEndpoint: -1, Token: []byte(p.cfg.Token)})
 	defer c.Close()
 	res, err := c.Fetch(ctx, ep, transfer.FetchRequest{Hashes: []uint64{binary.LittleEndian.Uint64(b[:])}, Digest: p.digest})
 	switch res.Outcome {

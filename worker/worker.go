@@ -67,6 +67,9 @@ type Config struct {
 	// instance) from Start until Close; nil keeps them unregistered.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+	// FleetToken, when set, is required on every worker API call (auth.go);
+	// give the Peer the same token for its control endpoints.
+	FleetToken string
 }
 
 // Worker is one running engine instance.
@@ -90,7 +93,8 @@ type Worker struct {
 	wg      sync.WaitGroup
 
 	hints, transferParams atomic.Int64
-	hintWarned            atomic.Bool // a malformed hint was logged
+	hintWarned            atomic.Bool  // a malformed hint was logged
+	unauthenticated       atomic.Int64 // worker API calls refused for want of the fleet token
 	blockSize             int
 	met                   *metrics
 	registered            bool
@@ -213,7 +217,8 @@ func (w *Worker) Start(ctx context.Context) error {
 		ln.Close()
 		return fmt.Errorf("worker: %w (set an advertise address)", err)
 	}
-	w.srv = grpc.NewServer(grpc.MaxRecvMsgSize(workerclient.MaxMessageBytes), grpc.MaxSendMsgSize(workerclient.MaxMessageBytes))
+	w.srv = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(workerclient.MaxMessageBytes), grpc.MaxSendMsgSize(workerclient.MaxMessageBytes)},
+		w.authOptions()...)...)
 	api.RegisterWorkerServer(w.srv, &server{w: w})
 	w.wg.Go(func() {
 		if err := w.srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {

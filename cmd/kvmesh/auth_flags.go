@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 
 	"github.com/spf13/pflag"
 
@@ -70,4 +71,30 @@ func warnOpenListen(log *slog.Logger, ff *frontendFlags) {
 		return
 	}
 	log.Warn("the API listens beyond loopback without API keys: anyone who can reach it can use it (set --api-key-file or "+apiKeysEnv+", or --listen 127.0.0.1:PORT)", "listen", ff.listen)
+}
+
+// fleetFlags are the credentials between kvmesh processes.
+type fleetFlags struct{ tokenFile string }
+
+func (fl *fleetFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&fl.tokenFile, "fleet-token-file", "", "file holding the shared fleet token: the worker API and the control endpoints then serve only peers that present it (frontends, serve and workers must share it)")
+}
+
+// token reads the fleet token ("" when none is configured).
+func (fl *fleetFlags) token() (string, error) {
+	if fl.tokenFile == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(fl.tokenFile)
+	if err != nil {
+		return "", fmt.Errorf("--fleet-token-file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	switch {
+	case len(tok) < 16:
+		return "", fmt.Errorf("--fleet-token-file %s: the token has %d characters, want at least 16", fl.tokenFile, len(tok))
+	case strings.IndexFunc(tok, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0:
+		return "", fmt.Errorf("--fleet-token-file %s: the token must be printable ASCII without spaces", fl.tokenFile)
+	}
+	return tok, nil
 }

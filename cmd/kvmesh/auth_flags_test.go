@@ -43,3 +43,25 @@ func TestAPIKeyFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestFleetTokenFlag(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if tok, err := (&fleetFlags{}).token(); tok != "" || err != nil {
+		t.Fatalf("none: %q %v", tok, err)
+	}
+	if tok, err := (&fleetFlags{write("good", "  0123456789abcdef-xyz\n")}).token(); tok != "0123456789abcdef-xyz" || err != nil {
+		t.Fatalf("good: %q %v", tok, err)
+	}
+	for _, bad := range []string{write("short", "abc\n"), write("space", "0123456789 abcdef\n"), filepath.Join(dir, "missing")} {
+		if _, err := (&fleetFlags{bad}).token(); err == nil || !strings.Contains(err.Error(), "--fleet-token-file") {
+			t.Errorf("%s: %v, want an error naming --fleet-token-file", bad, err)
+		}
+	}
+}

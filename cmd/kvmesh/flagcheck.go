@@ -82,5 +82,8 @@ func (ff *frontendFlags) validate() error {
 	if _, err := ff.auth.apiKeys(); err != nil {
 		return err
 	}
+	if _, err := ff.fleet.token(); err != nil {
+		return err
+	}
 	return nil
 }

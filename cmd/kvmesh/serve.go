@@ -41,6 +41,7 @@ type frontendFlags struct {
 	hints          bool
 	logLevel       string
 	auth           authFlags
+	fleet          fleetFlags
 }
 
 func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
@@ -56,6 +57,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.BoolVar(&ff.hints, "hints", true, "plan KV hints: send a request's worker to a peer that holds a longer prefix (only workers that advertise control endpoints take part)")
 	f.StringVar(&ff.logLevel, "log-level", "info", "debug, info, warn or error")
 	ff.auth.register(f)
+	ff.fleet.register(f)
 }
 
 // runningFrontend is an HTTP frontend bound and serving.
@@ -109,8 +111,12 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 		return nil, fmt.Errorf("--router-cost: %w", err)
 	}
 	cost.Temperature = ff.temperature
+	token, err := ff.fleet.token()
+	if err != nil {
+		return nil, err
+	}
 	cl, err := fleet.New(ctx, fleet.Config{
-		NC: nc, Discovery: disc, Models: ff.models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log,
+		NC: nc, Discovery: disc, Models: ff.models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log, FleetToken: token,
 		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage, Hints: ff.hints},
 	})
 	if err != nil {
@@ -236,6 +242,10 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		return fmt.Errorf("--model: serve runs one model, got %d", len(ff.models))
 	}
 	warnOpenListen(log, ff)
+	fleetToken, err := ff.fleet.token()
+	if err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -280,14 +290,14 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		var peer *worker.Peer
 		if ff.hints {
 			eng, peer, err = worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1",
-				Metrics: pm, Logger: log.With("worker", i)})
+				Metrics: pm, Logger: log.With("worker", i), Token: fleetToken})
 		} else {
 			eng, err = sim.New(cfg)
 		}
 		if err != nil {
 			return fmt.Errorf("sim engine: %w", err)
 		}
-		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer,
+		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer, FleetToken: fleetToken,
 			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}, eng, nc)
 		if err != nil {
 			eng.Close()
