@@ -2,9 +2,11 @@ package transfer
 
 import (
 	"bufio"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -130,11 +132,43 @@ func (s *Server) authenticate(br *bufio.Reader, c net.Conn) bool {
 	return true
 }
 
+// serverTLS runs the TLS handshake (mutual, when the config requires client
+// certificates) before anything is read; nil when the peer failed it.
+func (s *Server) serverTLS(ctx context.Context, c net.Conn) net.Conn {
+	tc := tls.Server(c, s.TLS)
+	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
+		s.refusedPeer(c, "that failed the TLS handshake", err)
+		return nil
+	}
+	return tc
+}
+
+// clientTLS wraps a fresh connection to host in TLS.
+func clientTLS(ctx context.Context, nc net.Conn, cfg *tls.Config, host string) (net.Conn, error) {
+	cfg = cfg.Clone()
+	if cfg.ServerName == "" {
+		cfg.ServerName = host
+	}
+	tc := tls.Client(nc, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return nil, fmt.Errorf("%w: TLS: %v", ErrUnauthenticated, err)
+	}
+	return tc, nil
+}
+
 // maxWarnedPeers bounds the hosts remembered for logging once.
 const maxWarnedPeers = 1024
 
 func (s *Server) unauthenticated(c net.Conn, err error) {
 	s.refuse(c, 0, CodeUnauthenticated, "this source requires the fleet token")
+	s.refusedPeer(c, "without the fleet token", err)
+}
+
+// refusedPeer counts a peer refused for want of credentials and logs it
+// once per host.
+func (s *Server) refusedPeer(c net.Conn, what string, err error) {
 	s.Metrics.refuse(refusedUnauthenticated)
 	host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
 	s.warnMu.Lock()
@@ -147,7 +181,7 @@ func (s *Server) unauthenticated(c net.Conn, err error) {
 	}
 	s.warnMu.Unlock()
 	if first && s.Logger != nil {
-		s.Logger.Warn("transfer: refused a peer without the fleet token (logged once per host)", "peer", host, "err", err)
+		s.Logger.Warn("transfer: refused a peer "+what+" (logged once per host)", "peer", host, "err", err)
 	}
 }
 

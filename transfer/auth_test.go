@@ -3,6 +3,7 @@ package transfer
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
@@ -91,4 +92,41 @@ func TestFleetTokenHandshake(t *testing.T) {
 		t.Fatalf("a tokenless source: %d blocks, %v", res.Completed, err)
 	}
 	testutil.WaitFor(t, time.Second, "pins released", func() bool { return src.Pins() == 0 })
+}
+
+// With mutual TLS a source serves only clients whose certificate its CA
+// signed; a plaintext peer or one of another CA gets nothing and is counted.
+func TestMutualTLS(t *testing.T) {
+	pki := testutil.NewFleetPKI(t, "fleet")
+	other := testutil.NewFleetPKI(t, "intruder")
+	src := NewMemSource(2, 64)
+	src.Add(1, 2)
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := startServer(t, &Server{Source: src, Metrics: m, TLS: pki.Server, Logger: slog.New(slog.DiscardHandler)})
+	for _, c := range []struct {
+		name string
+		opts ClientOptions
+		want int
+	}{
+		{"fleet certificate", ClientOptions{TLS: pki.Client}, 2},
+		{"plaintext", ClientOptions{}, 0},
+		{"another CA's certificate", ClientOptions{TLS: other.Client}, 0},
+		{"no client certificate", ClientOptions{TLS: &tls.Config{RootCAs: pki.Client.RootCAs, MinVersion: tls.VersionTLS13}}, 0},
+	} {
+		c.opts.Timeout = 2 * time.Second
+		cl := NewClient(c.opts)
+		res, err := cl.Fetch(context.Background(), ep, FetchRequest{Hashes: []uint64{1, 2}})
+		if res.Completed != c.want || (c.want == 0) != (err != nil) {
+			t.Errorf("%s: %d blocks, %v; want %d", c.name, res.Completed, err, c.want)
+		}
+		res.Release()
+		cl.Close()
+	}
+	testutil.WaitFor(t, 2*time.Second, "3 refused peers counted", func() bool {
+		return testutil.Value(t, reg, "kvmesh_transfer_refused_total", "reason", "unauthenticated") == 3
+	})
 }

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -126,6 +127,9 @@ type ClientOptions struct {
 	// Token, when set, is the fleet token proven to every source on each
 	// new connection (auth.go).
 	Token []byte
+	// TLS, when set, wraps every connection in TLS (with a client
+	// certificate for mutual TLS); ServerName defaults to the endpoint's host.
+	TLS *tls.Config
 }
 
 // Client fetches blocks from control endpoints. It is safe for concurrent
@@ -297,6 +301,15 @@ func (c *Client) dial(ctx context.Context, addr string, deadline time.Time) (*co
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
+	}
+	if c.opts.TLS != nil {
+		host, _, _ := net.SplitHostPort(addr)
+		tc, err := clientTLS(dctx, nc, c.opts.TLS, host)
+		if err != nil {
+			nc.Close()
+			return nil, err
+		}
+		nc = tc
 	}
 	if len(c.opts.Token) > 0 {
 		if err := clientHandshake(nc, c.opts.Token, deadline); err != nil {

@@ -3,6 +3,7 @@ package transfer
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -60,6 +61,9 @@ type Server struct {
 	// Token, when set, is the fleet token: a connection must pass the
 	// HMAC handshake (auth.go) before its first fetch is read.
 	Token []byte
+	// TLS, when set, wraps every connection in TLS before anything is read
+	// (set ClientAuth to RequireAndVerifyClientCert for mutual TLS).
+	TLS *tls.Config
 
 	warnedPeers
 	bufs   sync.Pool
@@ -189,6 +193,11 @@ func isTemporary(err error) bool {
 // handle serves fetches on one connection until the peer closes it, idles
 // out, misbehaves, or the server shuts down.
 func (s *Server) handle(ctx context.Context, c net.Conn) {
+	if s.TLS != nil {
+		if c = s.serverTLS(ctx, c); c == nil {
+			return
+		}
+	}
 	br := bufio.NewReaderSize(c, 4096)
 	if len(s.Token) > 0 && !s.authenticate(br, c) {
 		return
