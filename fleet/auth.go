@@ -2,14 +2,20 @@ package fleet
 
 import (
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 // fleetDialOptions are the worker clients' credentials.
 func fleetDialOptions(cfg Config) []grpc.DialOption {
-	if cfg.FleetToken == "" {
-		return nil
+	var opts []grpc.DialOption
+	if cfg.TLS != nil {
+		// Appended after the pool's plaintext default, so it replaces it.
+		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLS)))
 	}
-	return []grpc.DialOption{workerclient.WithFleetToken(cfg.FleetToken)}
+	if cfg.FleetToken != "" {
+		opts = append(opts, workerclient.WithFleetToken(cfg.FleetToken))
+	}
+	return opts
 }

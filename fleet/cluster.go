@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -40,6 +41,9 @@ type Config struct {
 	Logger      *slog.Logger
 	// FleetToken, when set, is sent on every worker API call.
 	FleetToken string
+	// TLS, when set, is the worker clients' TLS (with a client certificate
+	// for workers that require mutual TLS).
+	TLS *tls.Config
 }
 
 // replicaSyncScope names the replica-sync subject every frontend shares.

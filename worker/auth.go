@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -59,13 +60,18 @@ func (g *tokenGuard) check(ctx context.Context) error {
 	return errUnauthenticated
 }
 
-// authOptions are the gRPC server options that enforce Config.FleetToken.
+// authOptions are the gRPC server options that enforce Config.TLS and
+// Config.FleetToken.
 func (w *Worker) authOptions() []grpc.ServerOption {
+	var opts []grpc.ServerOption
+	if w.cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(w.cfg.TLS)))
+	}
 	if w.cfg.FleetToken == "" {
-		return nil
+		return opts
 	}
 	g := &tokenGuard{w: w, want: sha256.Sum256([]byte("Bearer " + w.cfg.FleetToken)), warned: map[string]bool{}}
-	return []grpc.ServerOption{
+	return append(opts,
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			if err := g.check(ctx); err != nil {
 				return nil, err
@@ -78,5 +84,5 @@ func (w *Worker) authOptions() []grpc.ServerOption {
 			}
 			return h(srv, ss)
 		}),
-	}
+	)
 }

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -90,8 +91,11 @@ type PeerConfig struct {
 	Metrics *PeerMetrics
 	// Token, when set, is the fleet token: the control endpoints serve only
 	// peers that prove it, and fetches prove it to their sources.
-	Token  string
-	Logger *slog.Logger
+	Token string
+	// ServerTLS and ClientTLS, when set, wrap the control endpoints' and
+	// the fetches' connections in (mutual) TLS.
+	ServerTLS, ClientTLS *tls.Config
+	Logger               *slog.Logger
 }
 
 // PeerStats counts hint results since the Peer was made.
@@ -186,7 +190,7 @@ func newPeer(pc PeerConfig) *Peer {
 	if pc.Metrics != nil {
 		tm = pc.Metrics.Transfer
 	}
-	p := &Peer{cfg: pc, log: pc.Logger, client: transfer.NewClient(transfer.ClientOptions{Timeout: pc.Timeout, Metrics: tm, Token: []byte(pc.Token)})}
+	p := &Peer{cfg: pc, log: pc.Logger, client: transfer.NewClient(transfer.ClientOptions{Timeout: pc.Timeout, Metrics: tm, Token: []byte(pc.Token), TLS: pc.ClientTLS})}
 	if pc.Metrics != nil {
 		for i, r := range hintResults {
 			p.metricsByResult[i] = pc.Metrics.hints.WithLabelValues(r)
@@ -408,7 +412,7 @@ func (w *Worker) startControl(ctx context.Context) error {
 	}
 	for r, ln := range lns {
 		// Rank r's endpoint serves rank r's cache.
-		srv := &transfer.Server{Source: p.RankSource(r), Digest: p.digest, Metrics: tm, Logger: w.log, Token: []byte(p.cfg.Token)}
+		srv := &transfer.Server{Source: p.RankSource(r), Digest: p.digest, Metrics: tm, Logger: w.log, Token: []byte(p.cfg.Token), TLS: p.cfg.ServerTLS}
 		w.wg.Go(func() {
 			if err := srv.Serve(ctx, ln); err != nil {
 				w.log.Error("control endpoint stopped", "addr", ln.Addr().String(), "err", err)
@@ -446,7 +450,7 @@ func (w *Worker) startControl(ctx context.Context) error {
 func (p *Peer) probe(ctx context.Context, ep string) error {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	c := transfer.NewClient(transfer.ClientOptions{Timeout: p.cfg.ProbeTimeout, MaxIdlePerEndpoint: -1, Token: []byte(p.cfg.Token)})
+	c := transfer.NewClient(transfer.ClientOptions{Timeout: p.cfg.ProbeTimeout, MaxIdlePerEndpoint: -1, Token: []byte(p.cfg.Token), TLS: p.cfg.ClientTLS})
 	defer c.Close()
 	res, err := c.Fetch(ctx, ep, transfer.FetchRequest{Hashes: []uint64{binary.LittleEndian.Uint64(b[:])}, Digest: p.digest})
 	switch res.Outcome {

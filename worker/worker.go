@@ -7,6 +7,7 @@ package worker
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -70,6 +71,10 @@ type Config struct {
 	// FleetToken, when set, is required on every worker API call (auth.go);
 	// give the Peer the same token for its control endpoints.
 	FleetToken string
+	// TLS, when set, serves the worker API over TLS (mutual when it
+	// requires client certificates); give the Peer the same for its
+	// control endpoints.
+	TLS *tls.Config
 }
 
 // Worker is one running engine instance.

@@ -67,7 +67,7 @@ func isLoopbackListen(addr string) bool {
 // warnOpenListen prints one warning line when serve's API is reachable
 // beyond this host with no API keys.
 func warnOpenListen(log *slog.Logger, ff *frontendFlags) {
-	if isLoopbackListen(ff.listen) || ff.auth.apiKeyFile != "" || os.Getenv(apiKeysEnv) != "" {
+	if isLoopbackListen(ff.listen) || ff.auth.apiKeyFile != "" || os.Getenv(apiKeysEnv) != "" || ff.fleet.tokenFile != "" || ff.tls.cert != "" {
 		return
 	}
 	log.Warn("the API listens beyond loopback without API keys: anyone who can reach it can use it (set --api-key-file or "+apiKeysEnv+", or --listen 127.0.0.1:PORT)", "listen", ff.listen)

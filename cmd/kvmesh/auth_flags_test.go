@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 func TestAPIKeyFlags(t *testing.T) {
@@ -62,6 +64,30 @@ func TestFleetTokenFlag(t *testing.T) {
 	for _, bad := range []string{write("short", "abc\n"), write("space", "0123456789 abcdef\n"), filepath.Join(dir, "missing")} {
 		if _, err := (&fleetFlags{bad}).token(); err == nil || !strings.Contains(err.Error(), "--fleet-token-file") {
 			t.Errorf("%s: %v, want an error naming --fleet-token-file", bad, err)
+		}
+	}
+}
+
+func TestTLSFlags(t *testing.T) {
+	pki := testutil.NewFleetPKI(t, "fleet")
+	srv, cl, err := (&tlsFlags{cert: pki.CertFile, key: pki.KeyFile, ca: pki.CAFile}).configs()
+	if err != nil || srv == nil || cl == nil || len(srv.Certificates) != 1 || srv.ClientCAs == nil || cl.RootCAs == nil {
+		t.Fatalf("%v %v %v", srv, cl, err)
+	}
+	if srv, cl, err := (&tlsFlags{}).configs(); srv != nil || cl != nil || err != nil {
+		t.Fatalf("none: %v %v %v", srv, cl, err)
+	}
+	for _, c := range []struct {
+		f    tlsFlags
+		flag string
+	}{
+		{tlsFlags{cert: pki.CertFile, key: pki.KeyFile}, "--tls-ca"},
+		{tlsFlags{cert: pki.CertFile, ca: pki.CAFile}, "--tls-key"},
+		{tlsFlags{cert: pki.CAFile + ".missing", key: pki.KeyFile, ca: pki.CAFile}, "--tls-cert"},
+		{tlsFlags{cert: pki.CertFile, key: pki.KeyFile, ca: pki.KeyFile}, "--tls-ca"},
+	} {
+		if _, _, err := c.f.configs(); err == nil || !strings.Contains(err.Error(), c.flag) {
+			t.Errorf("%+v: %v, want an error naming %s", c.f, err, c.flag)
 		}
 	}
 }

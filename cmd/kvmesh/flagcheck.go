@@ -85,5 +85,8 @@ func (ff *frontendFlags) validate() error {
 	if _, err := ff.fleet.token(); err != nil {
 		return err
 	}
+	if _, _, err := ff.tls.configs(); err != nil {
+		return err
+	}
 	return nil
 }

@@ -42,6 +42,7 @@ type frontendFlags struct {
 	logLevel       string
 	auth           authFlags
 	fleet          fleetFlags
+	tls            tlsFlags
 }
 
 func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
@@ -58,6 +59,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.StringVar(&ff.logLevel, "log-level", "info", "debug, info, warn or error")
 	ff.auth.register(f)
 	ff.fleet.register(f)
+	ff.tls.register(f)
 }
 
 // runningFrontend is an HTTP frontend bound and serving.
@@ -115,8 +117,12 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	if err != nil {
 		return nil, err
 	}
+	_, clientTLS, err := ff.tls.configs()
+	if err != nil {
+		return nil, err
+	}
 	cl, err := fleet.New(ctx, fleet.Config{
-		NC: nc, Discovery: disc, Models: ff.models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log, FleetToken: token,
+		NC: nc, Discovery: disc, Models: ff.models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log, FleetToken: token, TLS: clientTLS,
 		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage, Hints: ff.hints},
 	})
 	if err != nil {
@@ -246,6 +252,10 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if err != nil {
 		return err
 	}
+	serverTLS, clientTLS, err := ff.tls.configs()
+	if err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -290,14 +300,14 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		var peer *worker.Peer
 		if ff.hints {
 			eng, peer, err = worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1",
-				Metrics: pm, Logger: log.With("worker", i), Token: fleetToken})
+				Metrics: pm, Logger: log.With("worker", i), Token: fleetToken, ServerTLS: serverTLS, ClientTLS: clientTLS})
 		} else {
 			eng, err = sim.New(cfg)
 		}
 		if err != nil {
 			return fmt.Errorf("sim engine: %w", err)
 		}
-		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer, FleetToken: fleetToken,
+		w, err := worker.New(worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer, FleetToken: fleetToken, TLS: serverTLS,
 			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}, eng, nc)
 		if err != nil {
 			eng.Close()

@@ -43,6 +43,7 @@ type workerFlags struct {
 	logLevel                      string
 	sim                           sim.Config
 	fleet                         fleetFlags
+	tls                           tlsFlags
 }
 
 func newWorkerCmd() *cobra.Command {
@@ -82,6 +83,7 @@ On startup it prints one line to stdout:
 	f.IntVar(&wf.dpSize, "dp-size", 1, "data-parallel ranks the engine serves (sim: one engine per rank, each with --blocks blocks, its own load and KV events)")
 	f.StringVar(&wf.logLevel, "log-level", "info", "debug, info, warn or error")
 	wf.fleet.register(f)
+	wf.tls.register(f)
 	// Simulated engine.
 	s := &wf.sim
 	f.IntVar(&s.BlockSize, "block-size", s.BlockSize, "sim: tokens per KV block")
@@ -127,6 +129,10 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		return err
 	}
 	fleetToken, err := wf.fleet.token()
+	if err != nil {
+		return err
+	}
+	serverTLS, clientTLS, err := wf.tls.configs()
 	if err != nil {
 		return err
 	}
@@ -180,7 +186,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 				return err
 			}
 			s, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: wf.controlListen, AdvertiseHost: wf.advertiseHost,
-				Timeout: wf.transferTimeout, Metrics: pm, Logger: log, Token: fleetToken})
+				Timeout: wf.transferTimeout, Metrics: pm, Logger: log, Token: fleetToken, ServerTLS: serverTLS, ClientTLS: clientTLS})
 			if err != nil {
 				return fmt.Errorf("sim engine: %w", err)
 			}
@@ -206,8 +212,8 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
 		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, Peer: peer, Registerer: reg,
-		FleetToken: fleetToken,
-		Discovery:  discovery.Config{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
+		FleetToken: fleetToken, TLS: serverTLS,
+		Discovery: discovery.Config{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)
 	if err != nil {
 		eng.Close()
