@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
@@ -130,3 +131,46 @@ func TestMutualTLS(t *testing.T) {
 		return testutil.Value(t, reg, "kvmesh_transfer_refused_total", "reason", "unauthenticated") == 3
 	})
 }
+
+// FuzzTokenServerHandle: whatever bytes a peer without the token sends, a
+// source with a fleet token never pins a block and always hangs up.
+func FuzzTokenServerHandle(f *testing.F) {
+	cn := make([]byte, nonceLen)
+	f.Add(appendFrame(nil, typeHello, cn))
+	f.Add(append(appendFrame(nil, typeHello, cn), appendFrame(nil, typeAuth, make([]byte, proofLen))...))
+	f.Add(appendFetch(nil, 1, fetchReq{timeoutMs: 1000, hashes: []uint64{11}}))
+	f.Add(appendFrame(nil, typeAuth, make([]byte, proofLen)))
+	src := NewMemSource(1, 64)
+	src.Add(11)
+	pinned := 0
+	s := &Server{Source: pinCounter{src, &pinned}, IdleTimeout: time.Second, Token: []byte("fleet-secret")}
+	s.once.Do(s.defaults)
+	f.Fuzz(func(t *testing.T, in []byte) {
+		cli, srv := net.Pipe()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.handle(context.Background(), srv)
+			srv.Close()
+		}()
+		go io.Copy(io.Discard, cli)
+		cli.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		cli.Write(in)
+		cli.Close()
+		select {
+		case <-done:
+		case <-time.After(7 * time.Second):
+			t.Fatal("handler did not return after the peer closed")
+		}
+		if pinned != 0 {
+			t.Fatalf("an unauthenticated peer pinned blocks %d times", pinned)
+		}
+	})
+}
+
+type pinCounter struct {
+	*MemSource
+	n *int
+}
+
+func (p pinCounter) Pin(h []uint64) (int, func()) { *p.n++; return p.MemSource.Pin(h) }
