@@ -99,6 +99,29 @@ func RunLoadPublisher(ctx context.Context, nc *nats.Conn, model string, interval
 	}
 }
 
+// maxLoadRanks bounds the per-rank ids one report may announce (discovery
+// bounds dp_size at 1024).
+const maxLoadRanks = 1024
+
+// ParseLoadReport decodes a report as it arrives from the network and
+// rejects values no worker sends: negative counts, more blocks used than
+// held, a rank or a rank list past maxLoadRanks.
+func ParseLoadReport(b []byte) (LoadReport, error) {
+	var r LoadReport
+	if err := json.Unmarshal(b, &r); err != nil {
+		return LoadReport{}, fmt.Errorf("load report: %w", err)
+	}
+	switch {
+	case r.UsedBlocks < 0 || r.TotalBlocks < 0 || r.Running < 0 || r.Waiting < 0 || r.PendingPrefillTokens < 0:
+		return LoadReport{}, fmt.Errorf("load report of %x: negative count", r.Instance)
+	case r.UsedBlocks > r.TotalBlocks:
+		return LoadReport{}, fmt.Errorf("load report of %x: %d blocks used of %d", r.Instance, r.UsedBlocks, r.TotalBlocks)
+	case r.DPRank >= maxLoadRanks || len(r.LastEventIDs) > maxLoadRanks:
+		return LoadReport{}, fmt.Errorf("load report of %x: rank %d or %d rank ids past %d", r.Instance, r.DPRank, len(r.LastEventIDs), maxLoadRanks)
+	}
+	return r, nil
+}
+
 // SubscribeLoad calls fn for every load report of model. Reports that do
 // not parse or do not match their subject are dropped and counted in bad
 // (if non-nil).
@@ -107,7 +130,7 @@ func SubscribeLoad(nc *nats.Conn, model string, fn func(LoadReport), bad func(er
 		id, err := natsbus.ParseInstanceToken(m.Subject)
 		var r LoadReport
 		if err == nil {
-			err = json.Unmarshal(m.Data, &r)
+			r, err = ParseLoadReport(m.Data)
 		}
 		if err == nil && r.Instance != id {
 			err = fmt.Errorf("load report of instance %x on %s", r.Instance, m.Subject)

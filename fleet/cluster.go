@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -41,6 +42,11 @@ type Config struct {
 	ReplicaSync bool
 	Registerer  prometheus.Registerer
 	Logger      *slog.Logger
+	// FleetToken, when set, is sent on every worker API call.
+	FleetToken string
+	// TLS, when set, is the worker clients' TLS (with a client certificate
+	// for workers that require mutual TLS).
+	TLS *tls.Config
 }
 
 // replicaSyncScope names the replica-sync subject every frontend shares.
@@ -67,6 +73,8 @@ type Cluster struct {
 	metrics  []prometheus.Collector // registered on cfg.Registerer; removed at Close
 	subs     []*nats.Subscription
 	bcast    *natsbus.Broadcast
+	// hintDrops counts planned hints that never reached a worker (hints.go).
+	hintDrops *prometheus.CounterVec
 }
 
 // New starts following the workers of every configured model.
@@ -77,8 +85,8 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 	if err := cfg.Disagg.Validate(); err != nil {
 		return nil, err
 	}
-	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: workerclient.NewPool(),
-		feeds: map[string]*eventplane.Feed{}, dmet: newDisaggMetrics()}
+	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: workerclient.NewPool(fleetDialOptions(cfg)...),
+		feeds: map[string]*eventplane.Feed{}, dmet: newDisaggMetrics(), hintDrops: newHintDrops()}
 	rc := cfg.Router
 	if rc.Mode == router.ModeKV || rc.Mode == "" {
 		rc.Matcher = c.index
@@ -128,6 +136,13 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 		if err != nil {
 			return nil, fmt.Errorf("replica sync: %w", err)
 		}
+	}
+	if reg := cfg.Registerer; reg != nil {
+		if err := reg.Register(c.hintDrops); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("hint metrics: %w", err)
+		}
+		c.metrics = append(c.metrics, c.hintDrops)
 	}
 	ctx, c.cancel = context.WithCancel(ctx)
 	for _, m := range cfg.Models {
@@ -234,7 +249,8 @@ func (c *Cluster) whole(ctx context.Context, req *kv.GenerateRequest, rreq route
 
 // protoRequest is req for the worker d chose.
 func (c *Cluster) protoRequest(req *kv.GenerateRequest, d *router.Decision) *api.GenerateRequest {
-	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, DpRank: d.Worker.DPRank}
+	greq := &api.GenerateRequest{RequestId: req.RequestID, Tokens: req.Tokens, DpRank: d.Worker.DPRank,
+		Lora: req.LoRA, CacheSalt: req.CacheSalt}
 	api.SamplingToProto(greq, &req.Sampling)
 	return greq
 }
@@ -243,22 +259,33 @@ func (c *Cluster) protoRequest(req *kv.GenerateRequest, d *router.Decision) *api
 func (c *Cluster) open(ctx context.Context, d *router.Decision, greq *api.GenerateRequest) (*workerStream, error) {
 	in, ok := c.instances.get(d.Worker.Instance)
 	if !ok {
+		c.dropHint(d, hintDropWorkerLeft)
 		d.Done()
 		return nil, fmt.Errorf("worker %v left before the request reached it: %w", d.Worker, kv.ErrWorkerLost)
 	}
 	client, err := c.clients.Get(in)
 	if err != nil {
+		c.dropHint(d, hintDropUnreachable)
 		d.Fail()
 		return nil, fmt.Errorf("%v: %w", err, kv.ErrWorkerLost)
 	}
-	sctx, cancel := context.WithCancel(ctx)
+	sctx, cancel := streamContext(ctx, d.Hint != nil)
 	st, err := client.Generate(sctx, greq)
 	if err != nil {
 		cancel()
+		if ctx.Err() != nil {
+			c.dropHint(d, hintDropCancelled)
+		} else {
+			c.dropHint(d, hintDropUnreachable)
+		}
 		d.Fail()
 		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, kv.ErrWorkerLost)
 	}
-	return &workerStream{d: d, st: st, ctx: ctx, cancel: cancel, counts: c.stats.routed(d.Worker, d.Hint != nil)}, nil
+	ws := &workerStream{d: d, st: st, ctx: ctx, cancel: cancel, counts: c.stats.routed(d.Worker, d.Hint != nil)}
+	if d.Hint != nil {
+		ws.cancel = holdCancel(ctx, st, cancel)
+	}
+	return ws, nil
 }
 
 type workerStream struct {

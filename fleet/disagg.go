@@ -118,7 +118,7 @@ func (c *Cluster) Warnings() []string {
 
 // generate chooses the path of one attempt and starts it.
 func (c *Cluster) generate(ctx context.Context, req *kv.GenerateRequest) (kv.TokenStream, error) {
-	base := router.Request{Model: req.Model, Tokens: req.Tokens}
+	base := router.Request{Model: req.Model, Tokens: req.Tokens, LoRA: req.LoRA, Salt: req.CacheSalt}
 	p := c.pools(req.Model)
 	if !p.disagg() {
 		if p.agg == 0 && (p.prefill > 0 || p.decode > 0) {

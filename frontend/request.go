@@ -29,6 +29,9 @@ type genParams struct {
 	Stream       bool
 	IncludeUsage bool
 	User         string
+	// CacheSalt is vLLM's cache_salt: requests share cached KV blocks only
+	// with requests of the same salt (it seeds their block hashes).
+	CacheSalt string
 	// maxTokensParam names the parameter that set MaxTokens ("" if none)
 	// and promptParam the prompt ("messages" or "prompt"), for errors.
 	maxTokensParam string
@@ -283,6 +286,9 @@ func (f fields) genParams(chat bool) (genParams, *apiError) {
 	if p.User, e = f.str("user"); e != nil {
 		return p, e
 	}
+	if p.CacheSalt, e = f.cacheSalt(); e != nil {
+		return p, e
+	}
 	if chat {
 		return p, f.chatOnly()
 	}
@@ -489,6 +495,27 @@ func (f fields) stops() ([]string, *apiError) {
 		}
 	}
 	return out, nil
+}
+
+// maxCacheSalt bounds a cache salt: it names a tenant, not a payload.
+const maxCacheSalt = 1024
+
+// cacheSalt reads cache_salt as vLLM accepts it: absent or null for none,
+// else a non-empty string.
+func (f fields) cacheSalt() (string, *apiError) {
+	if !f.has("cache_salt") {
+		return "", nil
+	}
+	s, e := f.str("cache_salt")
+	switch {
+	case e != nil:
+		return "", e
+	case s == "":
+		return "", invalid("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.")
+	case len(s) > maxCacheSalt:
+		return "", invalid("cache_salt", "'cache_salt' is %d bytes long, limit %d", len(s), maxCacheSalt)
+	}
+	return s, nil
 }
 
 func (f fields) model() (string, *apiError) {

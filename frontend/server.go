@@ -45,6 +45,10 @@ type Config struct {
 	// (400 above it), so no request holds a worker for minutes; 0: the
 	// context length is the only limit.
 	MaxTokensLimit int
+	// APIKeys, when set, are required as Authorization: Bearer on every
+	// route but /health, /live and (with OpenMetrics) /metrics (auth.go).
+	APIKeys     *APIKeys
+	OpenMetrics bool
 }
 
 // DefaultConfig returns the defaults: 16 MiB bodies, 3 migrations.
@@ -62,6 +66,8 @@ type Server struct {
 	mux      *http.ServeMux
 	rng      func() uint64
 	limiter  ContextLimiter // the backend's, if it knows its workers' context
+
+	unauthorized prometheus.Counter
 }
 
 // New builds a frontend. Its metrics go to reg (and GET /metrics serves
@@ -72,6 +78,7 @@ func New(cfg Config, backend Backend, models ModelSource, reg prometheus.Registe
 	}
 	s := &Server{cfg: cfg, backend: backend, models: models, metrics: newMetrics(reg), gatherer: gatherer, rng: randomU64}
 	s.limiter, _ = backend.(ContextLimiter)
+	s.unauthorized = newUnauthorized(reg)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.instrument("chat", s.handleChat))
 	mux.HandleFunc("POST /v1/completions", s.instrument("completions", s.handleCompletions))
@@ -94,7 +101,11 @@ func New(cfg Config, backend Backend, models ModelSource, reg prometheus.Registe
 	return s
 }
 
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.authorize(w, r) {
+		s.mux.ServeHTTP(w, r)
+	}
+}
 
 func randomU64() uint64 {
 	var b [8]byte

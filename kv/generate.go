@@ -10,12 +10,18 @@ import (
 // backend (fleet) and what comes back. Both speak it; neither imports the
 // other.
 
-// GenerateRequest is a preprocessed (tokenized) request: tokens and
-// sampling only. It has no field for client routing hints, so none can
-// reach a worker.
+// GenerateRequest is a preprocessed (tokenized) request: its identity,
+// tokens and sampling. It has no field for client routing hints, so none
+// can reach a worker.
 type GenerateRequest struct {
 	RequestID string
 	Model     string
+	// LoRA (adapter name) and CacheSalt are the request's cache identity:
+	// both seed its block hashes (Seed), so a request shares cached blocks
+	// only with requests of the same adapter and salt — on every worker, in
+	// the router's index, in hints and in peer transfers. "" is none.
+	LoRA      string
+	CacheSalt string
 	Tokens    []uint32
 	Sampling
 	// Attempt counts migrations: 0 for the first try.

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -69,6 +70,10 @@ type FetchRequest struct {
 	Hashes []uint64
 	// Digest, when set, must equal the source's compatibility digest.
 	Digest string
+	// Domain is the salt domain of the request the blocks are for (kv.Seed
+	// of its LoRA and cache salt; 0 means kv.BaseSeed): a source that knows
+	// its blocks' domains serves only those stored in this one.
+	Domain uint64
 	// Timeout overrides the client's operation timeout.
 	Timeout time.Duration
 	// Verify, when set, checks each block's bytes after its checksum (e.g.
@@ -119,6 +124,12 @@ type ClientOptions struct {
 	// (default 4); negative disables pooling (one connection per fetch).
 	MaxIdlePerEndpoint int
 	Metrics            *Metrics
+	// Token, when set, is the fleet token proven to every source on each
+	// new connection (auth.go).
+	Token []byte
+	// TLS, when set, wraps every connection in TLS (with a client
+	// certificate for mutual TLS); ServerName defaults to the endpoint's host.
+	TLS *tls.Config
 }
 
 // Client fetches blocks from control endpoints. It is safe for concurrent
@@ -291,6 +302,21 @@ func (c *Client) dial(ctx context.Context, addr string, deadline time.Time) (*co
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
+	if c.opts.TLS != nil {
+		host, _, _ := net.SplitHostPort(addr)
+		tc, err := clientTLS(dctx, nc, c.opts.TLS, host)
+		if err != nil {
+			nc.Close()
+			return nil, err
+		}
+		nc = tc
+	}
+	if len(c.opts.Token) > 0 {
+		if err := clientHandshake(nc, c.opts.Token, deadline); err != nil {
+			nc.Close()
+			return nil, err
+		}
+	}
 	return &conn{Conn: nc}, nil
 }
 
@@ -300,6 +326,9 @@ func (c *Client) dialFailure(ctx context.Context, err error, deadline time.Time)
 		return FetchResult{Outcome: OutcomeCancelled}, fmt.Errorf("dial: %w", ctx.Err())
 	case ctx.Err() != nil || !c.now().Before(deadline) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
 		return FetchResult{Outcome: OutcomeTimeout}, fmt.Errorf("%w: dial: %v", ErrTimeout, err)
+	}
+	if errors.Is(err, ErrUnauthenticated) {
+		return FetchResult{Outcome: OutcomeRefused}, err
 	}
 	return FetchResult{Outcome: OutcomeUnreachable}, fmt.Errorf("%w: %v", ErrUnreachable, err)
 }
@@ -416,7 +445,7 @@ func (c *Client) exchangeOnce(ctx context.Context, pc *conn, req FetchRequest, d
 	}
 	ms := (remaining + time.Millisecond - 1) / time.Millisecond
 	op := c.seq.Add(1)
-	pc.wbuf = appendFetch(pc.wbuf[:0], op, fetchReq{timeoutMs: uint32(min(ms, 1<<31)), digest: req.Digest, hashes: req.Hashes})
+	pc.wbuf = appendFetch(pc.wbuf[:0], op, fetchReq{timeoutMs: uint32(min(ms, 1<<31)), digest: req.Digest, hashes: req.Hashes, domain: req.Domain})
 
 	var blocks []Block
 	gotAny := false

@@ -22,12 +22,25 @@
 //	4   4    op: operation id chosen by the client, echoed by the source
 //	8   4    length: payload bytes that follow
 //
-// fetch (target → source), length = 14 + digest_len + 8·count:
+// fetch (target → source), length = 14 + digest_len + 8·count (+ 8 with
+// the domain flag):
 //
 //	u32 timeout_ms   remaining operation time, > 0
-//	u32 flags        0 in version 1 (anything else is refused)
+//	u32 flags        bit 0: a salt domain follows the hashes; any other bit
+//	                 is refused
 //	u16 digest_len   ≤ 255, then digest_len bytes of compatibility digest
 //	u32 count        1..65536, then count × u64 sequence hashes
+//	u64 domain       only with flag bit 0: the salt domain (kv.Seed of the
+//	                 request's LoRA and cache salt); without it the domain
+//	                 is kv.BaseSeed (no LoRA, no salt)
+//
+// A source that knows each block's domain (BlockDomainer) serves only the
+// prefix of blocks stored in the fetch's domain; a block of another domain
+// ends the prefix as if the source did not hold it (counted in
+// kvmesh_transfer_refused_total{reason="salt_domain"}). So a target never
+// reads blocks of another tenant's salt, even naming their exact hashes. A
+// source that cannot tell domains serves by hash alone. Old sources refuse
+// the flag (bad_request): the target then recomputes, it never crosses.
 //
 // block (source → target), one per delivered block, in request order from
 // index 0 with no gaps; length = 20 + payload size (same for every block):
@@ -42,7 +55,8 @@
 //	u32 completed    blocks sent (done) / 0 (refuse)
 //	u8  success      1 if every pinned block was sent
 //	u8  code         ok, not_found, digest_mismatch, bad_request,
-//	                 unsupported_version, busy, timeout, source_error, shutdown
+//	                 unsupported_version, busy, timeout, source_error, shutdown,
+//	                 unauthenticated
 //	u16 msg_len      ≤ 1024, then a human-readable reason
 //
 // Exchanges: fetch → block* done, or fetch → refuse. A fetch whose digest is
@@ -52,10 +66,35 @@
 // that fails to read block j answers done{j, false, source_error} after
 // blocks 0..j-1. A version mismatch, a malformed frame or a frame of any
 // type but fetch is refused and the connection closed; frames larger than
-// the limits (request 512 KiB + 269 bytes, status 1032 bytes, block
+// the limits (request 512 KiB + 277 bytes, status 1032 bytes, block
 // MaxBlockBytes) are refused before anything is allocated for them. A peer
 // that does not send the magic is disconnected silently. Connections past
 // Server.MaxConns get refuse{busy} and are closed.
+//
+// # Authentication
+//
+// A source configured with a fleet token (Server.Token, `--fleet-token-file`)
+// reads nothing from a new connection but this handshake; a client with the
+// same token (ClientOptions.Token) runs it right after connecting. The
+// frames use the common header (op 0) and three more types:
+//
+//	hello     (5, target → source) length 16: u8[16] client nonce cn
+//	challenge (6, source → target) length 48: u8[16] source nonce sn,
+//	          u8[32] HMAC-SHA256(token, "kvmesh transfer v1 source" ‖ cn ‖ sn)
+//	auth      (7, target → source) length 32:
+//	          u8[32] HMAC-SHA256(token, "kvmesh transfer v1 target" ‖ cn ‖ sn)
+//
+// Nonces are fresh random bytes per connection, so a recorded handshake
+// cannot be replayed, and each side proves it holds the token without
+// sending it. The target checks the source's proof before it sends its own
+// (a target never shows block hashes to a source without the token). A
+// first frame other than a hello, a wrong proof, or no auth within 5 s gets
+// refuse{unauthenticated (9)} and the connection is closed before any fetch
+// is read; the refusal is counted in kvmesh_transfer_refused_total
+// {reason="unauthenticated"} and logged once per peer host. A source
+// without a token refuses a hello like any unexpected frame (bad_request).
+// The token authenticates; it does not encrypt: block bytes still cross
+// the network in the clear.
 //
 // # Sources
 //

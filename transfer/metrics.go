@@ -23,7 +23,15 @@ type Metrics struct {
 	bytes    *prometheus.CounterVec
 	blocks   *prometheus.CounterVec
 	inFlight *prometheus.GaugeVec
+	refused  *prometheus.CounterVec
 }
+
+// Reasons a source refused part or all of a fetch (kvmesh_transfer_refused_total).
+const (
+	// refusedSaltDomain: a requested block was stored under another salt
+	// domain; the served prefix ended before it.
+	refusedSaltDomain = "salt_domain"
+)
 
 // NewMetrics creates the series and registers them on reg (never on the
 // global registry unless the caller passes it).
@@ -46,6 +54,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "kvmesh_transfer_in_flight",
 			Help: "Peer KV transfers in progress.",
 		}, []string{"operation"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_transfer_refused_total",
+			Help: "Fetches a source cut short or refused for a trust reason (salt_domain: a block of another tenant's salt).",
+		}, []string{"reason"}),
 	}
 	// Both operations' counters exist from the start, so dashboards and
 	// rate() see zeros before the first transfer rather than no series.
@@ -55,13 +67,19 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		m.inFlight.WithLabelValues(op)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.duration, m.bytes, m.blocks, m.inFlight} {
+		for _, c := range []prometheus.Collector{m.duration, m.bytes, m.blocks, m.inFlight, m.refused} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register transfer metrics: %w", err)
 			}
 		}
 	}
 	return m, nil
+}
+
+func (m *Metrics) refuse(reason string) {
+	if m != nil {
+		m.refused.WithLabelValues(reason).Inc()
+	}
 }
 
 func (m *Metrics) begin(scope string) {

@@ -3,6 +3,7 @@ package transfer
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -57,7 +58,14 @@ type Server struct {
 	MaxBlockBytes int
 	Metrics       *Metrics
 	Logger        *slog.Logger
+	// Token, when set, is the fleet token: a connection must pass the
+	// HMAC handshake (auth.go) before its first fetch is read.
+	Token []byte
+	// TLS, when set, wraps every connection in TLS before anything is read
+	// (set ClientAuth to RequireAndVerifyClientCert for mutual TLS).
+	TLS *tls.Config
 
+	warnedPeers
 	bufs   sync.Pool
 	once   sync.Once
 	active chan struct{}
@@ -185,7 +193,15 @@ func isTemporary(err error) bool {
 // handle serves fetches on one connection until the peer closes it, idles
 // out, misbehaves, or the server shuts down.
 func (s *Server) handle(ctx context.Context, c net.Conn) {
+	if s.TLS != nil {
+		if c = s.serverTLS(ctx, c); c == nil {
+			return
+		}
+	}
 	br := bufio.NewReaderSize(c, 4096)
+	if len(s.Token) > 0 && !s.authenticate(br, c) {
+		return
+	}
 	var hb [headerLen]byte
 	var req []byte
 	for ctx.Err() == nil {
@@ -250,6 +266,22 @@ func (s *Server) putBuf(b []byte) {
 	}
 }
 
+// inDomain is how many of the pinned hashes, from the first, were stored
+// in salt domain d (all of them when the source cannot tell domains).
+func (s *Server) inDomain(pinned []uint64, d uint64) int {
+	dom, ok := s.Source.(BlockDomainer)
+	if !ok {
+		return len(pinned)
+	}
+	for i, h := range pinned {
+		if got, ok := dom.BlockDomain(h); !ok || got != d {
+			s.Metrics.refuse(refusedSaltDomain)
+			return i
+		}
+	}
+	return len(pinned)
+}
+
 // serveFetch answers one fetch; it reports whether the connection can carry
 // another request.
 func (s *Server) serveFetch(ctx context.Context, c net.Conn, op uint32, r fetchReq) (keep bool) {
@@ -300,6 +332,9 @@ func (s *Server) serveFetch(ctx context.Context, c net.Conn, op uint32, r fetchR
 		s.writeStatus(c, op, status{code: CodeSourceError, msg: fmt.Sprintf("source pinned %d of %d blocks", n, len(r.hashes))}, deadline)
 		return false
 	}
+	// A block of another salt domain is not this request's to read: the
+	// prefix ends before it, as if the source did not hold it.
+	n = s.inDomain(r.hashes[:n], r.domain)
 	if n == 0 {
 		outcome = OutcomeNotFound
 		return s.writeStatus(c, op, status{code: CodeNotFound,

@@ -41,6 +41,16 @@ type BlockChecksummer interface {
 	BlockChecksum(hash uint64) (sum uint64, ok bool)
 }
 
+// BlockDomainer is an optional BlockSource extension for sources that know
+// the salt domain each block was stored under (kv.Seed of the request's LoRA
+// and cache salt). The server then serves a fetch only the prefix of blocks
+// in the fetch's own domain, so no request reads blocks of another tenant's
+// salt even if it learned their hashes. A source without it cannot tell
+// domains apart and serves by hash alone.
+type BlockDomainer interface {
+	BlockDomain(hash uint64) (domain uint64, ok bool)
+}
+
 // MemSource is an in-memory BlockSource whose payloads are the
 // deterministic kv.FillPayload bytes of each (hash, layer). It honours pins:
 // a block removed while pinned stays readable until its last pin is
@@ -50,7 +60,8 @@ type MemSource struct {
 
 	mu      sync.Mutex
 	blocks  map[uint64]*memBlock
-	pinned  int // outstanding pins, for tests and leak checks
+	domains map[uint64]uint64 // hash → salt domain, for blocks not in kv.BaseSeed's
+	pinned  int               // outstanding pins, for tests and leak checks
 	corrupt func(hash uint64, payload []byte)
 }
 
@@ -86,6 +97,34 @@ func (m *MemSource) Add(hashes ...uint64) {
 	}
 }
 
+// AddInDomain makes the source hold hashes stored under salt domain d
+// (kv.Seed of their LoRA and cache salt).
+func (m *MemSource) AddInDomain(d uint64, hashes ...uint64) {
+	m.Add(hashes...)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.domains == nil {
+		m.domains = map[uint64]uint64{}
+	}
+	for _, h := range hashes {
+		m.domains[h] = d
+	}
+}
+
+// BlockDomain implements BlockDomainer: blocks added by Add are in
+// kv.BaseSeed's domain.
+func (m *MemSource) BlockDomain(hash uint64) (uint64, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.blocks[hash]; !ok {
+		return 0, false
+	}
+	if d, ok := m.domains[hash]; ok {
+		return d, true
+	}
+	return kv.BaseSeed, true
+}
+
 // Remove evicts hashes; pinned blocks go when their last pin is released.
 func (m *MemSource) Remove(hashes ...uint64) {
 	m.mu.Lock()
@@ -100,6 +139,7 @@ func (m *MemSource) Remove(hashes ...uint64) {
 			continue
 		}
 		delete(m.blocks, h)
+		delete(m.domains, h)
 	}
 }
 
@@ -154,6 +194,7 @@ func (m *MemSource) Pin(hashes []uint64) (int, func()) {
 				b.pins--
 				if b.pins == 0 && b.removed {
 					delete(m.blocks, h)
+					delete(m.domains, h)
 				}
 			}
 		})

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // Wire constants; doc.go describes the protocol.
@@ -26,7 +28,7 @@ const (
 	// maxMessage bounds the reason text of done/refuse frames.
 	maxMessage = 1024
 	// maxRequestFrame bounds a fetch frame's payload (hashes + digest).
-	maxRequestFrame = fetchFixed + MaxDigestLen + 8*MaxHashes
+	maxRequestFrame = fetchFixed + MaxDigestLen + 8*MaxHashes + 8
 	// maxStatusFrame bounds a done/refuse frame's payload.
 	maxStatusFrame = 8 + maxMessage
 )
@@ -50,6 +52,12 @@ func (t frameType) String() string {
 		return "done"
 	case typeRefuse:
 		return "refuse"
+	case typeHello:
+		return "hello"
+	case typeChallenge:
+		return "challenge"
+	case typeAuth:
+		return "auth"
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
@@ -89,6 +97,8 @@ func (c Code) String() string {
 		return "source_error"
 	case CodeShutdown:
 		return "shutdown"
+	case CodeUnauthenticated:
+		return "unauthenticated"
 	}
 	return fmt.Sprintf("code(%d)", uint8(c))
 }
@@ -130,16 +140,27 @@ func readHeader(r io.Reader, b *[headerLen]byte) (header, error) {
 	return parseHeader(b[:])
 }
 
+// flagDomain marks a fetch that names its salt domain: a u64 after the
+// hashes. Without it the domain is kv.BaseSeed (no LoRA, no salt).
+const flagDomain uint32 = 1
+
 // fetchReq is the decoded payload of a fetch frame.
 type fetchReq struct {
 	timeoutMs uint32
 	flags     uint32
 	digest    string
 	hashes    []uint64
+	domain    uint64 // the salt domain (kv.Seed), kv.BaseSeed when flags lacks flagDomain
 }
 
 func appendFetch(dst []byte, op uint32, r fetchReq) []byte {
+	if r.domain != 0 && r.domain != kv.BaseSeed { // 0: unset, the base domain
+		r.flags |= flagDomain
+	}
 	n := fetchFixed + len(r.digest) + 8*len(r.hashes)
+	if r.flags&flagDomain != 0 {
+		n += 8
+	}
 	start := len(dst)
 	dst = append(dst, make([]byte, headerLen+n)...)
 	b := dst[start:]
@@ -154,6 +175,9 @@ func appendFetch(dst []byte, op uint32, r fetchReq) []byte {
 	q = q[4:]
 	for i, h := range r.hashes {
 		binary.LittleEndian.PutUint64(q[8*i:], h)
+	}
+	if r.flags&flagDomain != 0 {
+		binary.LittleEndian.PutUint64(q[8*len(r.hashes):], r.domain)
 	}
 	return dst
 }
@@ -185,11 +209,19 @@ func decodeFetch(p []byte) (fetchReq, error) {
 	if count > MaxHashes {
 		return fetchReq{}, fmt.Errorf("fetch asks for %d blocks, limit %d", count, MaxHashes)
 	}
+	if r.flags&^flagDomain != 0 {
+		return fetchReq{}, fmt.Errorf("fetch flags %#x unknown in version %d", r.flags, Version)
+	}
+	r.domain = kv.BaseSeed
+	if r.flags&flagDomain != 0 {
+		if len(q) < 8 {
+			return fetchReq{}, errors.New("fetch flags a salt domain but carries none")
+		}
+		r.domain = binary.LittleEndian.Uint64(q[len(q)-8:])
+		q = q[:len(q)-8]
+	}
 	if uint64(len(q)) != 8*uint64(count) {
 		return fetchReq{}, fmt.Errorf("fetch declares %d hashes but carries %d bytes of them", count, len(q))
-	}
-	if r.flags != 0 {
-		return fetchReq{}, fmt.Errorf("fetch flags %#x unknown in version %d", r.flags, Version)
 	}
 	if r.timeoutMs == 0 {
 		return fetchReq{}, errors.New("fetch timeout is zero")

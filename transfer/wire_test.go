@@ -7,18 +7,29 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 func TestFetchRoundTrip(t *testing.T) {
-	in := fetchReq{timeoutMs: 1234, digest: "layers=32,kvh=8,hd=128,bf16,bs=16,tp=1", hashes: []uint64{0, 1, 1<<64 - 1, 42}}
-	b := appendFetch([]byte("prefix"), 99, in)
-	h, err := parseHeader(b[6:])
-	if err != nil || h.typ != typeFetch || h.op != 99 || h.version != Version || int(h.length) != len(b)-6-headerLen {
-		t.Fatalf("header %+v %v", h, err)
-	}
-	out, err := decodeFetch(b[6+headerLen:])
-	if err != nil || !reflect.DeepEqual(in, out) {
-		t.Fatalf("decoded %+v %v, want %+v", out, err, in)
+	digest := "layers=32,kvh=8,hd=128,bf16,bs=16,tp=1"
+	for _, in := range []fetchReq{
+		{timeoutMs: 1234, digest: digest, hashes: []uint64{0, 1, 1<<64 - 1, 42}, domain: kv.BaseSeed},
+		// A salted request names its domain after the hashes.
+		{timeoutMs: 1234, flags: flagDomain, digest: digest, hashes: []uint64{7}, domain: kv.Seed("", "tenant")},
+	} {
+		b := appendFetch([]byte("prefix"), 99, in)
+		h, err := parseHeader(b[6:])
+		if err != nil || h.typ != typeFetch || h.op != 99 || h.version != Version || int(h.length) != len(b)-6-headerLen {
+			t.Fatalf("header %+v %v", h, err)
+		}
+		if want := fetchFixed + len(digest) + 8*len(in.hashes) + 8*int(in.flags&flagDomain); int(h.length) != want {
+			t.Fatalf("fetch frame of %d bytes, want %d", h.length, want)
+		}
+		out, err := decodeFetch(b[6+headerLen:])
+		if err != nil || !reflect.DeepEqual(in, out) {
+			t.Fatalf("decoded %+v %v, want %+v", out, err, in)
+		}
 	}
 }
 
@@ -44,6 +55,7 @@ func TestStatusRoundTrip(t *testing.T) {
 // than the frame carries, and re-encodes what it accepts to the same bytes.
 func FuzzDecodeFetch(f *testing.F) {
 	f.Add(appendFetch(nil, 1, fetchReq{timeoutMs: 5, digest: "x", hashes: []uint64{1, 2}})[headerLen:])
+	f.Add(appendFetch(nil, 1, fetchReq{timeoutMs: 5, hashes: []uint64{3}, domain: 99})[headerLen:])
 	f.Add([]byte{})
 	f.Add(make([]byte, fetchFixed))
 	f.Fuzz(func(t *testing.T, p []byte) {

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -23,7 +24,9 @@ import (
 )
 
 // Hint results, the label of kvmesh_kv_hint_results_total. Every hint that
-// reaches a Peer's fetcher ends in exactly one of them.
+// reaches a worker with a Peer ends in exactly one of them (a hint ticket,
+// hint.go, settles it where it ended); the fleet counts those that never
+// reached a worker (kvmesh_fleet_kv_hints_dropped_total).
 const (
 	HintFetched   = "fetched"   // every hinted block the engine lacked was fetched and inserted
 	HintPartial   = "partial"   // a shorter verified prefix was inserted; the rest is recomputed
@@ -31,9 +34,10 @@ const (
 	HintUnused    = "unused"    // valid, but nothing to do (no kv.fetch, no source, self, nothing missing)
 	HintMalformed = "malformed" // rejected by validation; the request proceeds locally
 	HintIgnored   = "ignored"   // unknown protocol_version; ignored
+	HintDropped   = "dropped"   // the request ended (cancelled, engine error, stall, shutdown) before the engine consulted the hint
 )
 
-var hintResults = []string{HintFetched, HintPartial, HintFallback, HintUnused, HintMalformed, HintIgnored}
+var hintResults = []string{HintFetched, HintPartial, HintFallback, HintUnused, HintMalformed, HintIgnored, HintDropped}
 
 // PeerMetrics are the peer-transfer series: the transfer package's
 // kvmesh_transfer_* (fetch and serve scopes) and the hint outcomes. One
@@ -85,12 +89,18 @@ type PeerConfig struct {
 	ProbeTimeout time.Duration
 	// Metrics, when set, receives transfer and hint series.
 	Metrics *PeerMetrics
-	Logger  *slog.Logger
+	// Token, when set, is the fleet token: the control endpoints serve only
+	// peers that prove it, and fetches prove it to their sources.
+	Token string
+	// ServerTLS and ClientTLS, when set, wrap the control endpoints' and
+	// the fetches' connections in (mutual) TLS.
+	ServerTLS, ClientTLS *tls.Config
+	Logger               *slog.Logger
 }
 
 // PeerStats counts hint results since the Peer was made.
 type PeerStats struct {
-	Fetched, Partial, Fallback, Unused, Malformed, Ignored uint64
+	Fetched, Partial, Fallback, Unused, Malformed, Ignored, Dropped uint64
 	// Blocks and Bytes are what fetches inserted into the engine.
 	Blocks, Bytes uint64
 }
@@ -134,9 +144,9 @@ type Peer struct {
 	verify             func(hash uint64, payload []byte) error
 	self               atomic.Pointer[[]string] // own advertised endpoints
 	closeOnce          sync.Once
-	n                  [6]atomic.Uint64 // by hintResults index
+	n                  [7]atomic.Uint64 // by hintResults index
 	nBlocks, nBytes    atomic.Uint64
-	metricsByResult    [6]prometheus.Counter
+	metricsByResult    [7]prometheus.Counter
 	metricsInitialised bool
 }
 
@@ -184,7 +194,7 @@ func newPeer(pc PeerConfig) *Peer {
 	if pc.Metrics != nil {
 		tm = pc.Metrics.Transfer
 	}
-	p := &Peer{cfg: pc, log: pc.Logger, client: transfer.NewClient(transfer.ClientOptions{Timeout: pc.Timeout, Metrics: tm})}
+	p := &Peer{cfg: pc, log: pc.Logger, client: transfer.NewClient(transfer.ClientOptions{Timeout: pc.Timeout, Metrics: tm, Token: []byte(pc.Token), TLS: pc.ClientTLS})}
 	if pc.Metrics != nil {
 		for i, r := range hintResults {
 			p.metricsByResult[i] = pc.Metrics.hints.WithLabelValues(r)
@@ -227,7 +237,7 @@ func (p *Peer) Endpoints() []string {
 // Stats returns the hint counters.
 func (p *Peer) Stats() PeerStats {
 	return PeerStats{Fetched: p.n[0].Load(), Partial: p.n[1].Load(), Fallback: p.n[2].Load(), Unused: p.n[3].Load(),
-		Malformed: p.n[4].Load(), Ignored: p.n[5].Load(), Blocks: p.nBlocks.Load(), Bytes: p.nBytes.Load()}
+		Malformed: p.n[4].Load(), Ignored: p.n[5].Load(), Dropped: p.n[6].Load(), Blocks: p.nBlocks.Load(), Bytes: p.nBytes.Load()}
 }
 
 // Close closes the transfer client's pooled connections.
@@ -258,30 +268,31 @@ func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 		return nil
 	}
 	if p.isSelf(h.Endpoint, req.DPRank) {
-		p.count(HintUnused)
+		p.ended(ctx, HintUnused)
 		return nil
 	}
 	want := hintedRun(m.Seq, h.Hashes)
 	if want == 0 {
-		p.count(HintUnused)
+		p.ended(ctx, HintUnused)
 		return nil
 	}
 	ask := make([]uint64, want)
 	for i := range ask {
 		ask[i] = uint64(sim.EngineHash(m.Seq[i]))
 	}
-	res, ferr := p.client.Fetch(ctx, h.Endpoint, transfer.FetchRequest{Hashes: ask, Digest: p.digest, Verify: p.verify})
+	res, ferr := p.client.Fetch(ctx, h.Endpoint, transfer.FetchRequest{Hashes: ask, Digest: p.digest, Verify: p.verify,
+		Domain: kv.Seed(req.LoRA, req.CacheSalt)})
 	inserted, ierr := 0, error(nil)
 	if len(res.Blocks) > 0 {
 		inserted, ierr = into.Insert(p.chain(req, m, res.Blocks))
 	}
 	switch {
 	case inserted == want:
-		p.count(HintFetched)
+		p.ended(ctx, HintFetched)
 	case inserted > 0:
-		p.count(HintPartial)
+		p.ended(ctx, HintPartial)
 	default:
-		p.count(HintFallback)
+		p.ended(ctx, HintFallback)
 	}
 	p.nBlocks.Add(uint64(inserted))
 	p.nBytes.Add(uint64(inserted * p.layers * p.psize))
@@ -405,7 +416,7 @@ func (w *Worker) startControl(ctx context.Context) error {
 	}
 	for r, ln := range lns {
 		// Rank r's endpoint serves rank r's cache.
-		srv := &transfer.Server{Source: p.RankSource(r), Digest: p.digest, Metrics: tm, Logger: w.log}
+		srv := &transfer.Server{Source: p.RankSource(r), Digest: p.digest, Metrics: tm, Logger: w.log, Token: []byte(p.cfg.Token), TLS: p.cfg.ServerTLS}
 		w.wg.Go(func() {
 			if err := srv.Serve(ctx, ln); err != nil {
 				w.log.Error("control endpoint stopped", "addr", ln.Addr().String(), "err", err)
@@ -443,7 +454,7 @@ func (w *Worker) startControl(ctx context.Context) error {
 func (p *Peer) probe(ctx context.Context, ep string) error {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	c := transfer.NewClient(transfer.ClientOptions{Timeout: p.cfg.ProbeTimeout, MaxIdlePerEndpoint: -1})
+	c := transfer.NewClient(transfer.ClientOptions{Timeout: p.cfg.ProbeTimeout, MaxIdlePerEndpoint: -1, Token: []byte(p.cfg.Token), TLS: p.cfg.ClientTLS})
 	defer c.Close()
 	res, err := c.Fetch(ctx, ep, transfer.FetchRequest{Hashes: []uint64{binary.LittleEndian.Uint64(b[:])}, Digest: p.digest})
 	switch res.Outcome {

@@ -29,8 +29,20 @@ func (s *server) Generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 }
 
 // generate serves one stream and says how it ended (the metrics' result).
-func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateServer) (string, error) {
+func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateServer) (result string, err error) {
 	w := s.w
+	var t *hintTicket
+	if req.KvFetch != nil || len(req.KvHint) > 0 {
+		w.hints.Add(1)
+		if p := w.cfg.Peer; p != nil {
+			t = new(hintTicket)
+			defer func() { p.settle(t, result) }()
+		}
+		// Acknowledged at once: the fleet holds back a hinted stream's
+		// cancellation until the worker has it (or a timeout), so the
+		// hint is counted here rather than lost in flight.
+		_ = stream.SendHeader(nil)
+	}
 	switch {
 	case len(req.Tokens) == 0:
 		return resultRejected, status.Error(codes.InvalidArgument, "generate: empty prompt")
@@ -53,13 +65,13 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	}
 	var hint *kv.Hint
 	if req.KvFetch != nil || len(req.KvHint) > 0 {
-		w.hints.Add(1)
 		if la.dropHint {
-			// Applied once, on the leg that computed the prompt.
+			// Applied once, on the leg that computed the prompt; its
+			// ticket settles as unused when the stream ends.
 			w.decodeHints.Add(1)
 		} else {
 			// A bad hint only costs the fetch, never the request.
-			hint = w.admitHint(req)
+			hint = w.admitHint(req, t)
 		}
 	}
 	if la.leg != kv.LegWhole {
@@ -82,6 +94,9 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	// the engine stops working on the request with it.
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
+	if t != nil {
+		ctx = withHintTicket(ctx, t)
+	}
 	ch, err := startGenerate(ctx, w.eng, ereq, wd.stallCh)
 	switch {
 	case err == errStalled:

@@ -26,7 +26,14 @@ var (
 	_ transfer.BlockSource      = (*SimSource)(nil)
 	_ transfer.BlockViewer      = (*SimSource)(nil)
 	_ transfer.BlockChecksummer = (*SimSource)(nil)
+	_ transfer.BlockDomainer    = (*SimSource)(nil)
 )
+
+// BlockDomain implements transfer.BlockDomainer: the sim keeps the salt
+// domain each block was computed or inserted under.
+func (s *SimSource) BlockDomain(hash uint64) (uint64, bool) {
+	return s.e.BlockDomain(kv.SeqHash(hash))
+}
 
 // NewSimSource wraps e.
 func NewSimSource(e *sim.Engine) *SimSource {

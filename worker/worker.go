@@ -11,6 +11,7 @@ package worker
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -76,6 +77,13 @@ type Config struct {
 	// instance) from Start until Close; nil keeps them unregistered.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+	// FleetToken, when set, is required on every worker API call (auth.go);
+	// give the Peer the same token for its control endpoints.
+	FleetToken string
+	// TLS, when set, serves the worker API over TLS (mutual when it
+	// requires client certificates); give the Peer the same for its
+	// control endpoints.
+	TLS *tls.Config
 }
 
 // Worker is one running engine instance.
@@ -102,6 +110,7 @@ type Worker struct {
 	decodeHints           atomic.Int64 // hints dropped on decode handoffs
 	foreignParams         atomic.Int64 // connector parameters dropped on legs that take none
 	hintWarned            atomic.Bool  // a malformed hint was logged
+	unauthenticated       atomic.Int64 // worker API calls refused for want of the fleet token
 	blockSize             int
 	met                   *metrics
 	registered            bool
@@ -224,7 +233,8 @@ func (w *Worker) Start(ctx context.Context) error {
 		ln.Close()
 		return fmt.Errorf("worker: %w (set an advertise address)", err)
 	}
-	w.srv = grpc.NewServer(grpc.MaxRecvMsgSize(workerclient.MaxMessageBytes), grpc.MaxSendMsgSize(workerclient.MaxMessageBytes))
+	w.srv = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(workerclient.MaxMessageBytes), grpc.MaxSendMsgSize(workerclient.MaxMessageBytes)},
+		w.authOptions()...)...)
 	api.RegisterWorkerServer(w.srv, &server{w: w})
 	w.wg.Go(func() {
 		if err := w.srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {

@@ -86,5 +86,14 @@ func (ff *frontendFlags) validate() error {
 			return fmt.Errorf("--router-cost: %w", err)
 		}
 	}
+	if _, err := ff.auth.apiKeys(); err != nil {
+		return err
+	}
+	if _, err := ff.fleet.token(); err != nil {
+		return err
+	}
+	if _, _, err := ff.tls.configs(); err != nil {
+		return err
+	}
 	return nil
 }

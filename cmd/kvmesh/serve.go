@@ -48,6 +48,9 @@ type frontendFlags struct {
 	// ln is --listen bound early (serve checks the port before starting
 	// anything else); nil: startFrontendOn binds it.
 	ln net.Listener
+	auth           authFlags
+	fleet          fleetFlags
+	tls            tlsFlags
 }
 
 func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
@@ -66,6 +69,9 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.StringVar(&ff.tokenizer, "tokenizer", "", "a Hugging Face tokenizer: tokenizer.json, or its directory (chat template from tokenizer_config.json beside it), so the frontend tokenizes as the engine does (default: built-in o200k and ChatML)")
 	f.IntVar(&ff.localPrefillTokens, "disagg-local-prefill-tokens", router.DefaultLocalPrefillTokens, "P/D: a request prefills on its decode worker when its net new prompt (prompt − what that worker holds) is under this many tokens and under --disagg-local-prefill-ratio of the prompt (0: never for length)")
 	f.Float64Var(&ff.localPrefillRatio, "disagg-local-prefill-ratio", router.DefaultLocalPrefillRatio, "P/D: the second bound of local prefill, net new / prompt, in (0, 1]")
+	ff.auth.register(f)
+	ff.fleet.register(f)
+	ff.tls.register(f)
 }
 
 // disagg is the cluster's conditional-disaggregation config.
@@ -128,8 +134,17 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 		return nil, fmt.Errorf("--router-cost: %w", err)
 	}
 	cost.Temperature = ff.temperature
+	token, err := ff.fleet.token()
+	if err != nil {
+		return nil, err
+	}
+	_, clientTLS, err := ff.tls.configs()
+	if err != nil {
+		return nil, err
+	}
 	cl, err := fleet.New(ctx, fleet.Config{
 		NC: nc, Discovery: disc, Models: ff.models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log, Disagg: ff.disagg(),
+		FleetToken: token, TLS: clientTLS,
 		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage, Hints: ff.hints},
 	})
 	if err != nil {
@@ -139,6 +154,11 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	cfg.MigrationLimit, cfg.MaxBodyBytes, cfg.Ready = ff.migrationLimit, ff.maxBodyBytes, cl.Ready
 	cfg.Warnings = cl.Warnings
 	cfg.MaxTokensLimit = ff.maxTokensLimit
+	if cfg.APIKeys, err = ff.auth.apiKeys(); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	cfg.OpenMetrics = ff.auth.openMetrics
 	srv := &http.Server{Handler: frontend.New(cfg, cl, &models, reg, reg), ReadHeaderTimeout: 10 * time.Second}
 	ln := ff.ln
 	if ln == nil {
@@ -305,6 +325,15 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 			ff.ln.Close() // closed by the server once it serves; this covers an early return
 		}
 	}()
+	warnOpenListen(log, ff)
+	fleetToken, err := ff.fleet.token()
+	if err != nil {
+		return err
+	}
+	serverTLS, clientTLS, err := ff.tls.configs()
+	if err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -380,7 +409,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		var peer *worker.Peer
 		if ff.hints || role != kv.RoleAggregated {
 			eng, peer, err = worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1",
-				Metrics: pm, Logger: log.With("worker", i)})
+				Metrics: pm, Logger: log.With("worker", i), Token: fleetToken, ServerTLS: serverTLS, ClientTLS: clientTLS})
 		} else {
 			eng, err = sim.New(cfg)
 		}
@@ -388,6 +417,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 			return fmt.Errorf("sim engine: %w", err)
 		}
 		wc := worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer, Registerer: reg,
+			FleetToken: fleetToken, TLS: serverTLS,
 			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}
 		if cfg.KVBM != nil {
 			wc.InstanceID = instance

@@ -45,6 +45,8 @@ type workerFlags struct {
 	kvbm                          kvbmFlags
 	real                          realEngineFlags // --engine vllm
 	realOpts                      engineOpts
+	fleet                         fleetFlags
+	tls                           tlsFlags
 }
 
 func newWorkerCmd() *cobra.Command {
@@ -83,6 +85,8 @@ On startup it prints one line to stdout:
 	f.IntVar(&wf.ringSize, "event-ring", eventplane.DefaultRingSize, "recent KV events kept per DP rank for gap repair")
 	f.IntVar(&wf.dpSize, "dp-size", 1, "data-parallel ranks the engine serves (sim: one engine per rank, each with --blocks blocks, its own load and KV events)")
 	f.StringVar(&wf.logLevel, "log-level", "info", "debug, info, warn or error")
+	wf.fleet.register(f)
+	wf.tls.register(f)
 	// Simulated engine.
 	s := &wf.sim
 	f.IntVar(&s.BlockSize, "block-size", s.BlockSize, "sim: tokens per KV block")
@@ -128,6 +132,14 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		return err
 	}
 	if err := checkSimFlags(wf.sim); err != nil {
+		return err
+	}
+	fleetToken, err := wf.fleet.token()
+	if err != nil {
+		return err
+	}
+	serverTLS, clientTLS, err := wf.tls.configs()
+	if err != nil {
 		return err
 	}
 	if err := checkInts(intFlag{"dp-size", int64(wf.dpSize), 1}); err != nil {
@@ -199,7 +211,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 				return err
 			}
 			s, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: wf.controlListen, AdvertiseHost: wf.advertiseHost,
-				Timeout: wf.transferTimeout, Metrics: pm, Logger: log})
+				Timeout: wf.transferTimeout, Metrics: pm, Logger: log, Token: fleetToken, ServerTLS: serverTLS, ClientTLS: clientTLS})
 			if err != nil {
 				return fmt.Errorf("sim engine: %w", err)
 			}
@@ -249,6 +261,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
 		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, AcceptsHints: acceptsHints, Peer: peer, Registerer: reg,
+		FleetToken: fleetToken, TLS: serverTLS,
 		Discovery: discovery.Config{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)
 	if err != nil {

@@ -87,6 +87,7 @@ func (c *Core) Insert(ch Chain) (n int, err error) {
 		prevID = id
 	}
 	prev, hasPrev := ch.Parent, ch.HasParent
+	domain := kv.Seed(ch.LoRA, ch.Salt)
 	for i := range ch.Blocks {
 		b := &ch.Blocks[i]
 		if err := c.checkBlock(b, prev, hasPrev); err != nil {
@@ -106,6 +107,7 @@ func (c *Core) Insert(ch Chain) (n int, err error) {
 				return i, fmt.Errorf("sim insert: block %d of %d: %w", i, len(ch.Blocks), ErrNoSpace)
 			}
 			c.pool.register(id, b.Seq, b.Local, prev, hasPrev, false)
+			c.pool.domains[id] = domain
 			for l := 0; l < c.cfg.Layers; l++ {
 				copy(c.pool.payload(id, l), b.Layers[l])
 			}

@@ -588,6 +588,7 @@ func (c *Core) register(s *Seq, upto int) {
 			parent = s.seqh[b-1]
 		}
 		c.pool.register(id, h, s.local[b], parent, b > 0, true)
+		c.pool.domains[id] = s.seed
 		c.counters.StoredBlocks++
 		var toks []kv.Token
 		if c.ev.sink != nil && !c.ev.omitTokens {

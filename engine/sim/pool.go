@@ -36,6 +36,7 @@ type pool struct {
 	layers, psize    int
 	slab             []byte
 	sums             []uint64 // kv.Checksum of each block's payload as stored, when kept (view.go)
+	domains          []uint64 // each registered block's salt domain: kv.Seed of its request's LoRA and salt
 	ev               *eventLog
 }
 
@@ -46,8 +47,9 @@ func newPool(n, layers, psize int, ev *eventLog) pool {
 		lruHead: -1, lruTail: -1,
 		byHash: u64map.New[kv.SeqHash, int32](n),
 		layers: layers, psize: psize,
-		slab: make([]byte, n*layers*psize),
-		ev:   ev,
+		slab:    make([]byte, n*layers*psize),
+		domains: make([]uint64, n),
+		ev:      ev,
 	}
 	for i := range p.free {
 		p.free[i] = int32(n - 1 - i) // block 0 is allocated first

@@ -73,6 +73,23 @@ func (c *Core) BlockChecksum(seq kv.SeqHash) (sum uint64, ok bool) {
 	return c.pool.sums[id], true
 }
 
+// BlockDomain returns the salt domain (kv.Seed of the LoRA and cache salt)
+// the cached block seq was computed or inserted under.
+func (c *Core) BlockDomain(seq kv.SeqHash) (uint64, bool) {
+	id, ok := c.pool.byHash.Get(seq)
+	if !ok {
+		return 0, false
+	}
+	return c.pool.domains[id], true
+}
+
+// BlockDomain is Core.BlockDomain under the engine's lock.
+func (e *Engine) BlockDomain(seq kv.SeqHash) (uint64, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.core.BlockDomain(seq)
+}
+
 // ViewBlock is Core.ViewBlock under the engine's lock. The returned slice
 // may be read after the call without the lock for as long as the caller's
 // Pin on seq is held (see the note on pinned views above).

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kvmesh/kvmesh/frontend"
+)
+
+// apiKeysEnv holds API keys themselves (comma or newline separated), for
+// deployments that inject secrets as environment variables; it adds to
+// --api-key-file.
+const apiKeysEnv = "KVMESH_API_KEYS"
+
+// authFlags are the frontend's client authentication flags.
+type authFlags struct {
+	apiKeyFile  string
+	openMetrics bool
+}
+
+func (af *authFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&af.apiKeyFile, "api-key-file", "", "file of API keys, one per line: every API route then needs Authorization: Bearer <key> (/health and /live stay open); "+apiKeysEnv+" may hold more keys")
+	f.BoolVar(&af.openMetrics, "open-metrics", false, "with API keys, serve /metrics without one (for a scraper on a trusted network)")
+}
+
+// apiKeys reads the configured keys; nil when none are configured.
+func (af *authFlags) apiKeys() (*frontend.APIKeys, error) {
+	var texts []string
+	if af.apiKeyFile != "" {
+		b, err := os.ReadFile(af.apiKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--api-key-file: %w", err)
+		}
+		texts = append(texts, string(b))
+	}
+	if v := os.Getenv(apiKeysEnv); v != "" {
+		texts = append(texts, v)
+	}
+	if len(texts) == 0 {
+		return nil, nil
+	}
+	keys, err := frontend.ParseAPIKeys(texts...)
+	if err != nil {
+		return nil, fmt.Errorf("--api-key-file %s / %s: %w", af.apiKeyFile, apiKeysEnv, err)
+	}
+	return keys, nil
+}
+
+// isLoopbackListen reports whether a listen address binds only loopback.
+func isLoopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// warnOpenListen prints one warning line when serve's API is reachable
+// beyond this host with no API keys.
+func warnOpenListen(log *slog.Logger, ff *frontendFlags) {
+	if isLoopbackListen(ff.listen) || ff.auth.apiKeyFile != "" || os.Getenv(apiKeysEnv) != "" || ff.fleet.tokenFile != "" || ff.tls.cert != "" {
+		return
+	}
+	log.Warn("the API listens beyond loopback without API keys: anyone who can reach it can use it (set --api-key-file or "+apiKeysEnv+", or --listen 127.0.0.1:PORT)", "listen", ff.listen)
+}
+
+// fleetFlags are the credentials between kvmesh processes.
+type fleetFlags struct{ tokenFile string }
+
+func (fl *fleetFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&fl.tokenFile, "fleet-token-file", "", "file holding the shared fleet token: the worker API and the control endpoints then serve only peers that present it (frontends, serve and workers must share it)")
+}
+
+// token reads the fleet token ("" when none is configured).
+func (fl *fleetFlags) token() (string, error) {
+	if fl.tokenFile == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(fl.tokenFile)
+	if err != nil {
+		return "", fmt.Errorf("--fleet-token-file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	switch {
+	case len(tok) < 16:
+		return "", fmt.Errorf("--fleet-token-file %s: the token has %d characters, want at least 16", fl.tokenFile, len(tok))
+	case strings.IndexFunc(tok, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0:
+		return "", fmt.Errorf("--fleet-token-file %s: the token must be printable ASCII without spaces", fl.tokenFile)
+	}
+	return tok, nil
+}

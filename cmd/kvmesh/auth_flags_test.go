@@ -1,0 +1,93 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+func TestAPIKeyFlags(t *testing.T) {
+	t.Setenv(apiKeysEnv, "")
+	dir := t.TempDir()
+	file := filepath.Join(dir, "keys")
+	if err := os.WriteFile(file, []byte("# keys\nsk-a\nsk-b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	af := authFlags{apiKeyFile: file}
+	k, err := af.apiKeys()
+	if err != nil || k.Len() != 2 {
+		t.Fatalf("%v %v", k, err)
+	}
+	t.Setenv(apiKeysEnv, "sk-c,sk-d")
+	if k, err = af.apiKeys(); err != nil || k.Len() != 4 {
+		t.Fatalf("file and env: %v %v", k, err)
+	}
+	if k, err = (&authFlags{}).apiKeys(); err != nil || k.Len() != 2 {
+		t.Fatalf("env only: %v %v", k, err)
+	}
+	t.Setenv(apiKeysEnv, "")
+	if k, err = (&authFlags{}).apiKeys(); err != nil || k != nil {
+		t.Fatalf("none configured: %v %v", k, err)
+	}
+	for _, bad := range []string{filepath.Join(dir, "missing"), filepath.Join(dir, "empty")} {
+		os.WriteFile(filepath.Join(dir, "empty"), []byte("# nothing\n"), 0o600)
+		if _, err := (&authFlags{apiKeyFile: bad}).apiKeys(); err == nil || !strings.Contains(err.Error(), "--api-key-file") {
+			t.Errorf("%s: %v, want an error naming --api-key-file", bad, err)
+		}
+	}
+	for addr, want := range map[string]bool{"127.0.0.1:8000": true, "[::1]:80": true, "localhost:1": true,
+		":8000": false, "0.0.0.0:8000": false, "10.0.0.5:8000": false, "bad": false} {
+		if got := isLoopbackListen(addr); got != want {
+			t.Errorf("isLoopbackListen(%q) = %v", addr, got)
+		}
+	}
+}
+
+func TestFleetTokenFlag(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if tok, err := (&fleetFlags{}).token(); tok != "" || err != nil {
+		t.Fatalf("none: %q %v", tok, err)
+	}
+	if tok, err := (&fleetFlags{write("good", "  0123456789abcdef-xyz\n")}).token(); tok != "0123456789abcdef-xyz" || err != nil {
+		t.Fatalf("good: %q %v", tok, err)
+	}
+	for _, bad := range []string{write("short", "abc\n"), write("space", "0123456789 abcdef\n"), filepath.Join(dir, "missing")} {
+		if _, err := (&fleetFlags{bad}).token(); err == nil || !strings.Contains(err.Error(), "--fleet-token-file") {
+			t.Errorf("%s: %v, want an error naming --fleet-token-file", bad, err)
+		}
+	}
+}
+
+func TestTLSFlags(t *testing.T) {
+	pki := testutil.NewFleetPKI(t, "fleet")
+	srv, cl, err := (&tlsFlags{cert: pki.CertFile, key: pki.KeyFile, ca: pki.CAFile}).configs()
+	if err != nil || srv == nil || cl == nil || len(srv.Certificates) != 1 || srv.ClientCAs == nil || cl.RootCAs == nil {
+		t.Fatalf("%v %v %v", srv, cl, err)
+	}
+	if srv, cl, err := (&tlsFlags{}).configs(); srv != nil || cl != nil || err != nil {
+		t.Fatalf("none: %v %v %v", srv, cl, err)
+	}
+	for _, c := range []struct {
+		f    tlsFlags
+		flag string
+	}{
+		{tlsFlags{cert: pki.CertFile, key: pki.KeyFile}, "--tls-ca"},
+		{tlsFlags{cert: pki.CertFile, ca: pki.CAFile}, "--tls-key"},
+		{tlsFlags{cert: pki.CAFile + ".missing", key: pki.KeyFile, ca: pki.CAFile}, "--tls-cert"},
+		{tlsFlags{cert: pki.CertFile, key: pki.KeyFile, ca: pki.KeyFile}, "--tls-ca"},
+	} {
+		if _, _, err := c.f.configs(); err == nil || !strings.Contains(err.Error(), c.flag) {
+			t.Errorf("%+v: %v, want an error naming %s", c.f, err, c.flag)
+		}
+	}
+}

@@ -1,0 +1,155 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/worker"
+)
+
+// Under a burst against an in-process fleet like `kvmesh serve` (three sim
+// workers serving their caches to each other, hint planning on), with
+// requests cancelled mid-stream and a worker leaving mid-burst, every hint
+// the router planned ends in exactly one counted outcome: dropped before a
+// worker (by the fleet, with a reason) or a worker's result.
+func TestEveryPlannedHintIsCountedOnce(t *testing.T) {
+	_, nc, _ := controlPlane(t, 3*time.Second)
+	reg := prometheus.NewRegistry()
+	pm, err := worker.NewPeerMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	disc := discovery.Config{TTL: 3 * time.Second, Memory: true}
+	var ws []*worker.Worker
+	for range 3 {
+		cfg := sim.DefaultConfig()
+		cfg.Model = hintedModel
+		cfg.SpeedupRatio = 1
+		eng, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Metrics: pm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := worker.New(worker.Config{Peer: p, Discovery: disc, LoadInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}, eng, nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { w.Close() })
+		ws = append(ws, w)
+	}
+	d, err := discovery.Open(ctx, nc, disc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A high temperature spreads requests away from the workers holding
+	// their prefix, so the router plans many hints.
+	cost := router.BlockCost()
+	cost.Temperature = 50
+	c, err := New(ctx, Config{NC: nc, Discovery: d, Models: []string{hintedModel}, Registerer: reg,
+		Router: router.Config{Mode: router.ModeKV, Hints: true, Cost: &cost}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	waitFor(t, 10*time.Second, "cluster sees 3 hint-capable workers", func() bool {
+		infos := c.router.Workers(hintedModel, kv.RoleAggregated)
+		return len(infos) == 3 && !slices.ContainsFunc(infos, func(i router.WorkerInfo) bool { return !i.HintCapable })
+	})
+
+	// Conversations over a few shared system prompts: later turns find
+	// their prefix on a worker the router may not pick.
+	systems := [][]uint32{prompt(1, 2048), prompt(2, 2048)}
+	const requests, parallel = 90, 12
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, parallel)
+	var mu sync.Mutex
+	outcomes := map[string]int{}
+	for i := range requests {
+		if i == requests/2 {
+			ws[2].Close() // a worker leaves mid-burst: its hints end where they were
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			toks := concat(systems[i%len(systems)], prompt(uint64(100+i%7), 64*(1+i%5)))
+			rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+			defer rcancel()
+			st, err := c.Generate(rctx, &kv.GenerateRequest{RequestID: fmt.Sprint("burst-", i), Model: hintedModel,
+				Tokens: toks, Sampling: kv.Sampling{MaxTokens: 16}})
+			out := "ok"
+			defer func() { mu.Lock(); outcomes[out]++; mu.Unlock() }()
+			if err != nil {
+				out = "error"
+				return
+			}
+			defer st.Close()
+			if i%6 == 5 { // the client leaves as soon as its request is sent
+				out = "cancelled early"
+				rcancel()
+				return
+			}
+			for {
+				ch, err := st.Recv()
+				if errors.Is(err, io.EOF) || ch.Finish != "" {
+					return
+				}
+				if err != nil {
+					out = "lost"
+					return
+				}
+				if i%4 == 3 && len(ch.Tokens) > 0 { // the client leaves after its first token
+					out = "cancelled"
+					rcancel()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+
+	results := []string{worker.HintFetched, worker.HintPartial, worker.HintFallback, worker.HintUnused,
+		worker.HintMalformed, worker.HintIgnored, worker.HintDropped}
+	var planned, dropped, ended float64
+	account := func() string {
+		m := gatherMetrics(t, reg)
+		planned = m["kvmesh_router_hints_planned_total"]
+		dropped = testutil.Value(t, reg, "kvmesh_fleet_kv_hints_dropped_total")
+		ended = 0
+		s := ""
+		for _, r := range results {
+			v := m[`kvmesh_kv_hint_results_total{result="`+r+`"}`]
+			ended += v
+			s += fmt.Sprintf(" %s=%v", r, v)
+		}
+		return fmt.Sprintf("planned %v, dropped before a worker %v, worker results %v (%s); requests %v", planned, dropped, ended, s, outcomes)
+	}
+	// A cancelled stream's worker settles its hint when its handler returns.
+	waitFor(t, 10*time.Second, "every planned hint counted once", func() bool {
+		account()
+		return planned == dropped+ended
+	}, account)
+	t.Log(account())
+	if planned < 5 {
+		t.Fatalf("the burst planned only %v hints: %s", planned, account())
+	}
+}
