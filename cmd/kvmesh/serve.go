@@ -47,10 +47,10 @@ type frontendFlags struct {
 	localPrefillRatio  float64
 	// ln is --listen bound early (serve checks the port before starting
 	// anything else); nil: startFrontendOn binds it.
-	ln net.Listener
-	auth           authFlags
-	fleet          fleetFlags
-	tls            tlsFlags
+	ln    net.Listener
+	auth  authFlags
+	fleet fleetFlags
+	tls   tlsFlags
 }
 
 func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
