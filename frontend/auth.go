@@ -59,8 +59,9 @@ func (k *APIKeys) valid(key string) bool {
 }
 
 // authorize checks r's Authorization: Bearer key when keys are configured.
-// /health and /live are always open (probes carry no keys); /metrics is
-// open when Config.OpenMetrics says so. A refusal is OpenAI's 401.
+// /health and /live are always open (probes carry no keys); /metrics and
+// the dashboard (a browser sends no key) are open when Config.OpenMetrics
+// says so. A refusal is OpenAI's 401.
 func (s *Server) authorize(w http.ResponseWriter, r *http.Request) bool {
 	keys := s.cfg.APIKeys
 	if keys == nil {
@@ -71,6 +72,10 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	case "/metrics":
 		if s.cfg.OpenMetrics {
+			return true
+		}
+	default:
+		if s.cfg.OpenMetrics && strings.HasPrefix(r.URL.Path, "/dashboard") {
 			return true
 		}
 	}

@@ -25,7 +25,7 @@ type authFlags struct {
 
 func (af *authFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&af.apiKeyFile, "api-key-file", "", "file of API keys, one per line: every API route then needs Authorization: Bearer <key> (/health and /live stay open); "+apiKeysEnv+" may hold more keys")
-	f.BoolVar(&af.openMetrics, "open-metrics", false, "with API keys, serve /metrics without one (for a scraper on a trusted network)")
+	f.BoolVar(&af.openMetrics, "open-metrics", false, "with API keys, serve /metrics and /dashboard without one (for a scraper or a browser on a trusted network)")
 }
 
 // apiKeys reads the configured keys; nil when none are configured.
