@@ -49,11 +49,28 @@ func TestDashboardInBrowser(t *testing.T) {
 	root := strings.TrimSuffix(s.base, "/v1")
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
-		chromedp.WindowSize(1400, 900), chromedp.Flag("disable-gpu", true))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
+		chromedp.WindowSize(1400, 900), chromedp.Flag("disable-gpu", true), chromedp.Flag("disable-dev-shm-usage", true))
+	// Chromium now and then dies while starting on a loaded machine
+	// (before it prints its DevTools address): start it again, a few times.
+	var ctx context.Context
+	for attempt := 1; ; attempt++ {
+		actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+		bctx, cancel := chromedp.NewContext(actx)
+		err := chromedp.Do(bctx)
+		if err == nil {
+			defer cancelAlloc()
+			defer cancel()
+			ctx = bctx
+			break
+		}
+		cancel()
+		cancelAlloc()
+		if attempt == 3 {
+			t.Fatalf("starting chromium, %d tries: %v", attempt, err)
+		}
+		t.Logf("chromium did not start (try %d): %v", attempt, err)
+		time.Sleep(time.Second)
+	}
 	ctx, cancelT := context.WithTimeout(ctx, 60*time.Second)
 	defer cancelT()
 
