@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/clock"
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/internal/u64map"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/kvbm"
 )
@@ -92,6 +93,11 @@ type kbCore struct {
 	loading []*Seq
 	held    []kv.Event // tier events emitted before any sink (recovery)
 	holding bool
+	// domains is the salt domain of every block a tier holds, taken from
+	// the device pool when the block was stored there, so the tiers'
+	// blocks are served to peers only within their domain (BlockDomain).
+	// Blocks recovered from disk have none: they are not served to peers.
+	domains u64map.Map[kv.SeqHash, uint64]
 	st      KVBMStats
 	lastErr error
 }
@@ -129,7 +135,7 @@ func (cfg *KVBMConfig) check(c Config) error {
 func newKB(c *Core) (*kbCore, error) {
 	cfg := *c.cfg.KVBM
 	bb := c.cfg.Layers * c.cfg.PayloadSize
-	k := &kbCore{c: c, hostBW: cfg.HostBandwidth, diskBW: cfg.DiskBandwidth}
+	k := &kbCore{c: c, hostBW: cfg.HostBandwidth, diskBW: cfg.DiskBandwidth, domains: u64map.New[kv.SeqHash, uint64](1024)}
 	if k.hostBW == 0 {
 		k.hostBW = DefaultHostBandwidth
 	}
@@ -192,6 +198,7 @@ func (k *kbCore) close() error {
 // events puts the tiers' events into the core's stream, renumbered; before
 // a sink is installed, recovery's are held for it.
 func (k *kbCore) events(batch []kv.Event) {
+	k.trackDomains(batch)
 	if k.holding {
 		k.held = append(k.held, batch...)
 		return
@@ -210,6 +217,31 @@ func (l *eventLog) external(evs []kv.Event) {
 		l.nextID++
 		e.ID, e.Worker = l.nextID, l.worker
 		l.events = append(l.events, e)
+	}
+}
+
+// trackDomains records the salt domain of blocks the tiers store and
+// forgets those no tier holds any more.
+func (k *kbCore) trackDomains(batch []kv.Event) {
+	for _, e := range batch {
+		switch e.Kind {
+		case kv.EventStored:
+			for _, b := range e.Blocks {
+				seq := SeqOf(b.EngineHash)
+				if id, ok := k.c.pool.byHash.Get(seq); ok {
+					k.domains.Set(seq, k.c.pool.domains[id])
+				}
+			}
+		case kv.EventRemoved:
+			for _, h := range e.Removed {
+				seq := SeqOf(h)
+				if k.mgr == nil {
+					k.domains.Delete(seq)
+				} else if host, disk := k.mgr.Holds(seq); !host && !disk {
+					k.domains.Delete(seq)
+				}
+			}
+		}
 	}
 }
 

@@ -78,6 +78,9 @@ func (c *Core) BlockChecksum(seq kv.SeqHash) (sum uint64, ok bool) {
 func (c *Core) BlockDomain(seq kv.SeqHash) (uint64, bool) {
 	id, ok := c.pool.byHash.Get(seq)
 	if !ok {
+		if c.kb != nil {
+			return c.kb.domains.Get(seq) // a block the tiers hold
+		}
 		return 0, false
 	}
 	return c.pool.domains[id], true
