@@ -36,25 +36,8 @@ func TestEveryPlannedHintIsCountedOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	disc := discovery.Config{TTL: 3 * time.Second, Memory: true}
-	var ws []*worker.Worker
-	for range 3 {
-		cfg := sim.DefaultConfig()
-		cfg.Model = hintedModel
-		cfg.SpeedupRatio = 1
-		eng, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Metrics: pm})
-		if err != nil {
-			t.Fatal(err)
-		}
-		w, err := worker.New(worker.Config{Peer: p, Discovery: disc, LoadInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}, eng, nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { w.Close() })
-		ws = append(ws, w)
-	}
+	ws := startHintedWorkers(t, ctx, nc, disc, pm, 3, func(cfg *sim.Config) { cfg.SpeedupRatio = 1 },
+		worker.Config{LoadInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	d, err := discovery.Open(ctx, nc, disc)
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +67,7 @@ func TestEveryPlannedHintIsCountedOnce(t *testing.T) {
 	outcomes := map[string]int{}
 	for i := range requests {
 		if i == requests/2 {
-			ws[2].Close() // a worker leaves mid-burst: its hints end where they were
+			ws[2].w.Close() // a worker leaves mid-burst: its hints end where they were
 		}
 		sem <- struct{}{}
 		wg.Add(1)

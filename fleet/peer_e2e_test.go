@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/discovery"
@@ -39,11 +40,18 @@ type turnResult struct {
 
 func clusterTurn(t *testing.T, c *Cluster, toks []uint32) turnResult {
 	t.Helper()
+	return runTurn(t, c, &kv.GenerateRequest{RequestID: fmt.Sprint("r", time.Now().UnixNano()), Model: hintedModel,
+		Tokens: toks, Sampling: kv.Sampling{MaxTokens: 6, Seed: 1234}})
+}
+
+// runTurn streams req through c: its tokens, time to first token and
+// cached prompt tokens.
+func runTurn(t *testing.T, c *Cluster, req *kv.GenerateRequest) turnResult {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	st, err := c.Generate(ctx, &kv.GenerateRequest{RequestID: fmt.Sprint("r", start.UnixNano()), Model: hintedModel,
-		Tokens: toks, Sampling: kv.Sampling{MaxTokens: 6, Seed: 1234}})
+	st, err := c.Generate(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,6 +77,48 @@ func clusterTurn(t *testing.T, c *Cluster, toks []uint32) turnResult {
 	return r
 }
 
+// startHintedWorkers starts n sim workers of hintedModel that serve their
+// caches to each other on loopback control endpoints; tune adjusts each
+// one's sim config and wc is the worker config (Peer and Discovery are set
+// here).
+func startHintedWorkers(t *testing.T, ctx context.Context, nc *nats.Conn, disc discovery.Config, pm *worker.PeerMetrics,
+	n int, tune func(*sim.Config), wc worker.Config) []hintedWorker {
+	t.Helper()
+	var ws []hintedWorker
+	for range n {
+		cfg := sim.DefaultConfig()
+		cfg.Model = hintedModel
+		if tune != nil {
+			tune(&cfg)
+		}
+		eng, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Metrics: pm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := wc
+		c.Peer, c.Discovery = p, disc
+		w, err := worker.New(c, eng, nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { w.Close() })
+		ws = append(ws, hintedWorker{w, eng, p})
+	}
+	return ws
+}
+
+// waitHintCapable waits until c sees n hint-capable workers of hintedModel.
+func waitHintCapable(t *testing.T, c *Cluster, n int) {
+	t.Helper()
+	waitFor(t, 10*time.Second, fmt.Sprintf("cluster sees %d hint-capable workers", n), func() bool {
+		infos := c.router.Workers(hintedModel, kv.RoleAggregated)
+		return len(infos) == n && !slices.ContainsFunc(infos, func(i router.WorkerInfo) bool { return !i.HintCapable })
+	})
+}
+
 // The serve path end to end, in one process: embedded NATS, four sim
 // workers that serve their caches on loopback control endpoints, and the
 // frontend's Cluster with hint planning on. A conversation's first turn is
@@ -89,29 +139,13 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 	defer cancel()
 	disc := discovery.Config{TTL: 3 * time.Second, Memory: true}
 
-	var ws []hintedWorker
-	for range 4 {
-		cfg := sim.DefaultConfig()
-		cfg.Model = hintedModel
+	ws := startHintedWorkers(t, ctx, nc, disc, pm, 4, func(cfg *sim.Config) {
 		// Prefill dominates: modelled time runs at half speed, and a fetched
 		// block is priced as a real 8B model's (64 tokens × 128 KiB) at the
 		// default 64 GB/s, on top of the real loopback transfer time.
 		cfg.SpeedupRatio = 0.5
 		cfg.TransferBytesPerBlock = 64 * 128 << 10
-		eng, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Metrics: pm})
-		if err != nil {
-			t.Fatal(err)
-		}
-		w, err := worker.New(worker.Config{Peer: p, Discovery: disc, LoadInterval: time.Hour}, eng, nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { w.Close() })
-		ws = append(ws, hintedWorker{w, eng, p})
-	}
+	}, worker.Config{LoadInterval: time.Hour})
 	d, err := discovery.Open(ctx, nc, disc)
 	if err != nil {
 		t.Fatal(err)
@@ -123,10 +157,7 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(c.Close)
-		waitFor(t, 10*time.Second, "cluster sees 4 hint-capable workers", func() bool {
-			infos := c.router.Workers(hintedModel, kv.RoleAggregated)
-			return len(infos) == 4 && !slices.ContainsFunc(infos, func(i router.WorkerInfo) bool { return !i.HintCapable })
-		})
+		waitHintCapable(t, c, 4)
 		return c
 	}
 	hinted := newCluster(true)

@@ -2,9 +2,7 @@ package fleet
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"testing"
@@ -23,30 +21,8 @@ import (
 // saltedTurn is clusterTurn for a request with a cache salt.
 func saltedTurn(t *testing.T, c *Cluster, salt string, toks []uint32) turnResult {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	st, err := c.Generate(ctx, &kv.GenerateRequest{RequestID: fmt.Sprint("r", time.Now().UnixNano()), Model: hintedModel,
+	return runTurn(t, c, &kv.GenerateRequest{RequestID: fmt.Sprint("r", time.Now().UnixNano()), Model: hintedModel,
 		CacheSalt: salt, Tokens: toks, Sampling: kv.Sampling{MaxTokens: 4, Seed: 1234}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	var r turnResult
-	for {
-		ch, err := st.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.toks = append(r.toks, ch.Tokens...)
-		r.cached = max(r.cached, ch.CachedTokens)
-		if ch.Finish != "" {
-			break
-		}
-	}
-	return r
 }
 
 // Two tenants send the same prompt with different cache salts through the
@@ -65,24 +41,8 @@ func TestCacheSaltIsolatesTenants(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	disc := discovery.Config{TTL: 3 * time.Second, Memory: true}
-	var ws []hintedWorker
-	for range 2 {
-		cfg := sim.DefaultConfig()
-		cfg.Model = hintedModel
-		eng, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Metrics: pm})
-		if err != nil {
-			t.Fatal(err)
-		}
-		w, err := worker.New(worker.Config{Peer: p, Discovery: disc, LoadInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)}, eng, nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { w.Close() })
-		ws = append(ws, hintedWorker{w, eng, p})
-	}
+	ws := startHintedWorkers(t, ctx, nc, disc, pm, 2, nil,
+		worker.Config{LoadInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
 	d, err := discovery.Open(ctx, nc, disc)
 	if err != nil {
 		t.Fatal(err)
@@ -93,10 +53,7 @@ func TestCacheSaltIsolatesTenants(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	waitFor(t, 10*time.Second, "cluster sees 2 hint-capable workers", func() bool {
-		infos := c.router.Workers(hintedModel, kv.RoleAggregated)
-		return len(infos) == 2 && !slices.ContainsFunc(infos, func(i router.WorkerInfo) bool { return !i.HintCapable })
-	})
+	waitHintCapable(t, c, 2)
 	indexDepth := func(local []kv.LocalHash, w kv.WorkerKey) int {
 		for _, m := range c.index.FindMatches(local, nil) {
 			if m.Worker == w {
