@@ -246,22 +246,21 @@ func (v *VLLM) parse(r *http.Request, chat bool) (*job, *APIError) {
 			}
 		}
 	}
-	// Stop tokens; min_tokens holds them all back (the sim has no minimum,
-	// so a request that asks for one never stops early).
-	if q.MinTokens == 0 {
-		if !q.IgnoreEOS {
-			req.StopTokens = append(req.StopTokens, v.eos...)
+	// Stop tokens, held back until min_tokens by the sim itself. vLLM's
+	// ignore_eos drops only the EOS token; stop_token_ids still stop.
+	req.MinTokens = q.MinTokens
+	if !q.IgnoreEOS {
+		req.StopTokens = append(req.StopTokens, v.eos...)
+	}
+	for _, t := range q.StopTokenIDs {
+		if t < 0 || t > math.MaxUint32 {
+			return nil, badRequest(fmt.Sprintf("stop_token_ids: %d is not a token id", t), "stop_token_ids")
 		}
-		for _, t := range q.StopTokenIDs {
-			if t < 0 || t > math.MaxUint32 {
-				return nil, badRequest(fmt.Sprintf("stop_token_ids: %d is not a token id", t), "stop_token_ids")
-			}
-			if j.stopReasons == nil {
-				j.stopReasons = make(map[kv.Token]bool)
-			}
-			j.stopReasons[kv.Token(t)] = true
-			req.StopTokens = append(req.StopTokens, kv.Token(t))
+		if j.stopReasons == nil {
+			j.stopReasons = make(map[kv.Token]bool)
 		}
+		j.stopReasons[kv.Token(t)] = true
+		req.StopTokens = append(req.StopTokens, kv.Token(t))
 	}
 	j.req = req
 	return j, nil

@@ -195,7 +195,7 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 	for _, form := range []HintForm{HintNative, HintBridge} {
 		e := newEngine(t, Config{URL: url, HintForm: form})
 		ch, err := e.Generate(context.Background(), &engine.Request{Tokens: []kv.Token{1, 2, 3}, Leg: kv.LegPrefill, KVHint: hint,
-			Sampling: kv.Sampling{MaxTokens: 50}})
+			Sampling: kv.Sampling{MaxTokens: 50, MinTokens: 5}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -232,12 +232,15 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 	// Decode: the parameters whole, byte for byte, and never a hint.
 	r.answer = streamOK
 	ch, err := e.Generate(context.Background(), &engine.Request{Tokens: []kv.Token{1, 2, 3}, Leg: kv.LegDecode, KVHint: hint,
-		TransferParams: []byte(params), Sampling: kv.Sampling{MaxTokens: 2}})
+		TransferParams: []byte(params), Sampling: kv.Sampling{MaxTokens: 8, MinTokens: 5, IgnoreEOS: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	collect(t, ch)
 	b, _ := r.last()
+	if string(b["min_tokens"]) != "5" || string(b["ignore_eos"]) != "true" {
+		t.Fatalf("decode body min_tokens %s ignore_eos %s", b["min_tokens"], b["ignore_eos"])
+	}
 	if string(b["kv_transfer_params"]) != params || b["kv_hints"] != nil || string(b["stream"]) != "true" {
 		t.Fatalf("decode body kv_transfer_params %s kv_hints %s", b["kv_transfer_params"], b["kv_hints"])
 	}

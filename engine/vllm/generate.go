@@ -31,6 +31,8 @@ type completionRequest struct {
 	PresencePenalty  float64         `json:"presence_penalty,omitempty"`
 	FrequencyPenalty float64         `json:"frequency_penalty,omitempty"`
 	StopTokenIDs     []kv.Token      `json:"stop_token_ids,omitempty"`
+	MinTokens        int             `json:"min_tokens,omitempty"`
+	IgnoreEOS        bool            `json:"ignore_eos,omitempty"`
 	CacheSalt        string          `json:"cache_salt,omitempty"`
 	KVHints          json.RawMessage `json:"kv_hints,omitempty"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
@@ -80,7 +82,7 @@ func (e *Engine) body(req *engine.Request) (*completionRequest, error) {
 	b := &completionRequest{Model: e.cfg.Model, Prompt: req.Tokens, MaxTokens: req.MaxTokens, Stream: true,
 		StreamOptions: &streamOptions{IncludeUsage: true}, ReturnTokenIDs: true, Temperature: req.Temperature,
 		TopP: req.TopP, PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty,
-		StopTokenIDs: req.StopTokens, CacheSalt: req.CacheSalt}
+		StopTokenIDs: req.StopTokens, MinTokens: req.MinTokens, IgnoreEOS: req.IgnoreEOS, CacheSalt: req.CacheSalt}
 	if req.LoRA != "" {
 		b.Model = req.LoRA // vLLM serves a LoRA adapter under its own model name
 	}
@@ -110,9 +112,9 @@ func (e *Engine) body(req *engine.Request) (*completionRequest, error) {
 		b.KVTransferParams = bridge("")
 	case kv.LegPrefill:
 		// One token, whole: the answer carries the connector's parameters.
-		// min_tokens is never sent (kv.Sampling has none), so nothing holds
-		// the prefill past its one token.
-		b.Stream, b.StreamOptions, b.MaxTokens = false, nil, 1
+		// min_tokens is held back for the decode leg, so nothing holds the
+		// prefill past its one token.
+		b.Stream, b.StreamOptions, b.MaxTokens, b.MinTokens = false, nil, 1, 0
 		b.KVTransferParams = bridge(prefillParams)
 	case kv.LegDecode:
 		if len(req.TransferParams) > 0 {
