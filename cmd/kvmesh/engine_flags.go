@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sort"
 	"strings"
 	"time"
 
@@ -13,14 +14,73 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/remote"
-	"github.com/kvmesh/kvmesh/engine/vllm"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
-// Flags of the real-engine adapters (--engine vllm; SGLang and
-// TensorRT-LLM follow with the same names). The worker takes one engine,
-// serve a list aligned by position.
+// Flags of the real-engine adapters (--engine vllm and the kinds beside it
+// in engineAdapters): every kind takes the same names. The worker takes one
+// engine, serve a list aligned by position.
+
+// engineAdapter opens one kind of real engine. Each kind registers itself
+// in engineAdapters from its own file (engine_vllm.go).
+type engineAdapter struct {
+	// open attaches to one engine server; ctx bounds the wait for it to
+	// become healthy.
+	open func(ctx context.Context, a engineAttach) (attachedEngine, error)
+}
+
+// engineAttach is what an adapter is opened with.
+type engineAttach struct {
+	flags *realEngineFlags
+	opts  *engineOpts
+	// model is the name to serve; "" takes the engine's.
+	model string
+	role  kv.Role
+	// dpSize is the engine's data-parallel ranks; blockSize, when non-zero,
+	// pins the block size (the engine's own must agree).
+	dpSize, blockSize int
+	log               *slog.Logger
+}
+
+// attachedEngine is what serve and worker need of an adapter.
+type attachedEngine interface {
+	engine.Engine
+	// Relay is the engine's KV-event relay; nil when it relays none.
+	Relay() *remote.Relay
+}
+
+// engineAdapters are the real-engine kinds --engine accepts besides sim.
+var engineAdapters = map[string]engineAdapter{}
+
+// engineKinds lists --engine's values for help and errors.
+func engineKinds() string {
+	kinds := []string{"sim"}
+	for k := range engineAdapters {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds[1:])
+	return strings.Join(kinds, ", ")
+}
+
+// lookupEngine returns the adapter for --engine, or an error naming the
+// kinds there are.
+func lookupEngine(kind string) (engineAdapter, error) {
+	a, ok := engineAdapters[kind]
+	if !ok {
+		return engineAdapter{}, fmt.Errorf("--engine %q: want one of %s", kind, engineKinds())
+	}
+	return a, nil
+}
+
+// hintForms are --hint-form's values; each adapter says what they mean
+// for its engine.
+const (
+	hintNative = "native"
+	hintBridge = "bridge"
+	hintOff    = "off"
+)
 
 // realEngineFlags are one engine's endpoints.
 type realEngineFlags struct {
@@ -35,15 +95,17 @@ type engineOpts struct {
 }
 
 func (o *engineOpts) register(f *pflag.FlagSet) {
-	f.StringVar(&o.topic, "kv-events-topic", "", "vllm: ZMQ topic of the engine's KV events (vLLM's kv-events-config topic)")
-	f.StringVar(&o.hintForm, "hint-form", string(vllm.HintNative), "vllm: how KV hints reach the engine: native (the request's kv_hints), bridge (kv_transfer_params.kv_hint) or off (take no hints)")
-	f.DurationVar(&o.timeout, "engine-timeout", 10*time.Minute, "vllm: how long to wait for the engine's /health at start (model loading takes minutes)")
+	f.StringVar(&o.topic, "kv-events-topic", "", "real engine: ZMQ topic of the engine's KV events (its kv-events-config topic)")
+	f.StringVar(&o.hintForm, "hint-form", hintNative, "real engine: how KV hints reach the engine: native (its own hint field, vLLM's kv_hints), bridge (the older form, vLLM's kv_transfer_params.kv_hint) or off (take no hints)")
+	f.DurationVar(&o.timeout, "engine-timeout", 10*time.Minute, "real engine: how long to wait for the engine's /health at start (model loading takes minutes)")
 }
 
 // check validates the shared options.
 func (o *engineOpts) check() error {
-	if _, err := vllm.ParseHintForm(o.hintForm); err != nil {
-		return fmt.Errorf("--hint-form %w", err)
+	switch o.hintForm {
+	case hintNative, hintBridge, hintOff:
+	default:
+		return fmt.Errorf("--hint-form %q: want native, bridge or off", o.hintForm)
 	}
 	if o.timeout <= 0 {
 		return fmt.Errorf("--engine-timeout %v: want > 0", o.timeout)
@@ -54,16 +116,16 @@ func (o *engineOpts) check() error {
 // registerWorkerEngineFlags defines the worker's --engine-url, --kv-events,
 // --kv-events-replay and --peer-endpoint.
 func registerWorkerEngineFlags(f *pflag.FlagSet, e *realEngineFlags, o *engineOpts) {
-	f.StringVar(&e.url, "engine-url", "", "vllm: the engine's base URL, http://HOST:PORT")
-	f.StringVar(&e.events, "kv-events", "", "vllm: the engine's KV-event publisher, tcp://HOST:PORT (DP rank r on port+r)")
-	f.StringVar(&e.replay, "kv-events-replay", "", "vllm: the engine's KV-event replay endpoint, tcp://HOST:PORT (rank r on port+r); repairs gaps")
-	f.StringSliceVar(&e.peers, "peer-endpoint", nil, "vllm: the engine's KV peer service, tcp://HOST:PORT per DP rank; makes this worker a KV hint source")
+	f.StringVar(&e.url, "engine-url", "", "real engine: the engine's base URL, http://HOST:PORT")
+	f.StringVar(&e.events, "kv-events", "", "real engine: the engine's KV-event publisher, tcp://HOST:PORT (DP rank r on port+r)")
+	f.StringVar(&e.replay, "kv-events-replay", "", "real engine: the engine's KV-event replay endpoint, tcp://HOST:PORT (rank r on port+r); repairs gaps")
+	f.StringSliceVar(&e.peers, "peer-endpoint", nil, "real engine: the engine's KV peer service, tcp://HOST:PORT per DP rank; makes this worker a KV hint source")
 	o.register(f)
 }
 
 // check validates one engine's flags; prefix names the flag family
 // ("" or "prefill-"/"decode-") and i the position in a list (-1: none).
-func (e *realEngineFlags) check(prefix string, i, dpSize int) error {
+func (e *realEngineFlags) check(kind, prefix string, i, dpSize int) error {
 	at := func(flag string) string {
 		if i < 0 {
 			return "--" + prefix + flag
@@ -71,9 +133,9 @@ func (e *realEngineFlags) check(prefix string, i, dpSize int) error {
 		return fmt.Sprintf("--%s%s (entry %d)", prefix, flag, i+1)
 	}
 	if e.url == "" {
-		return fmt.Errorf("%s is required with --engine vllm", at("engine-url"))
+		return fmt.Errorf("%s is required with --engine %s", at("engine-url"), kind)
 	}
-	if _, err := vllm.CheckURL(e.url); err != nil {
+	if _, err := remote.CheckURL(e.url); err != nil {
 		return fmt.Errorf("%s: %w", at("engine-url"), err)
 	}
 	for _, ep := range []struct{ flag, v string }{{"kv-events", e.events}, {"kv-events-replay", e.replay}} {
@@ -115,22 +177,10 @@ func (e *realEngineFlags) dialPeers(ctx context.Context, prefix string) error {
 	return nil
 }
 
-// openVLLM attaches to one vLLM server.
-func openVLLM(ctx context.Context, e *realEngineFlags, o *engineOpts, model string, role kv.Role, dpSize, blockSize int, log *slog.Logger) (*vllm.Engine, error) {
-	form, err := vllm.ParseHintForm(o.hintForm)
-	if err != nil {
-		return nil, fmt.Errorf("--hint-form %w", err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
-	return vllm.New(wctx, vllm.Config{URL: e.url, Model: model, Role: role, DPSize: dpSize, BlockSize: blockSize, HintForm: form,
-		Events: e.events, ReplayEvents: e.replay, Topic: o.topic, Logger: log})
-}
-
-// acceptsHints is what a vLLM worker registers: hints are lowered unless
-// --hint-form off.
+// acceptsHints is what a real-engine worker registers: hints are lowered
+// unless --hint-form off.
 func (o *engineOpts) acceptsHints() *bool {
-	on := o.hintForm != string(vllm.HintOff)
+	on := o.hintForm != hintOff
 	return &on
 }
 
@@ -144,18 +194,18 @@ type serveEngineFlags struct {
 }
 
 func (s *serveEngineFlags) register(f *pflag.FlagSet) {
-	f.StringVar(&s.engine, "engine", "sim", "engine behind the workers: sim (started here) or vllm (running vLLM servers, one worker each)")
-	f.StringSliceVar(&s.urls, "engine-url", nil, "vllm: aggregated engines' base URLs, http://HOST:PORT,…")
-	f.StringSliceVar(&s.events, "kv-events", nil, "vllm: their KV-event publishers, tcp://HOST:PORT,… (aligned with --engine-url)")
-	f.StringSliceVar(&s.replays, "kv-events-replay", nil, "vllm: their KV-event replay endpoints (aligned)")
-	f.StringSliceVar(&s.peers, "peer-endpoint", nil, "vllm: their KV peer services (aligned); makes them KV hint sources")
-	f.StringSliceVar(&s.prefillURLs, "prefill-engine-url", nil, "vllm P/D: prefill engines' base URLs")
-	f.StringSliceVar(&s.prefillEvents, "prefill-kv-events", nil, "vllm P/D: prefill engines' KV-event publishers (aligned)")
-	f.StringSliceVar(&s.prefillReplays, "prefill-kv-events-replay", nil, "vllm P/D: prefill engines' replay endpoints (aligned)")
-	f.StringSliceVar(&s.prPeer, "prefill-peer-endpoint", nil, "vllm P/D: prefill engines' KV peer services (aligned)")
-	f.StringSliceVar(&s.decodeURLs, "decode-engine-url", nil, "vllm P/D: decode engines' base URLs")
-	f.StringSliceVar(&s.decodeEvents, "decode-kv-events", nil, "vllm P/D: decode engines' KV-event publishers (aligned)")
-	f.StringSliceVar(&s.decodeReplays, "decode-kv-events-replay", nil, "vllm P/D: decode engines' replay endpoints (aligned)")
+	f.StringVar(&s.engine, "engine", "sim", "engine behind the workers: sim (started here) or a real engine's kind, "+engineKinds()[len("sim, "):]+" (running servers, one worker each)")
+	f.StringSliceVar(&s.urls, "engine-url", nil, "real engine: aggregated engines' base URLs, http://HOST:PORT,…")
+	f.StringSliceVar(&s.events, "kv-events", nil, "real engine: their KV-event publishers, tcp://HOST:PORT,… (aligned with --engine-url)")
+	f.StringSliceVar(&s.replays, "kv-events-replay", nil, "real engine: their KV-event replay endpoints (aligned)")
+	f.StringSliceVar(&s.peers, "peer-endpoint", nil, "real engine: their KV peer services (aligned); makes them KV hint sources")
+	f.StringSliceVar(&s.prefillURLs, "prefill-engine-url", nil, "real engine P/D: prefill engines' base URLs")
+	f.StringSliceVar(&s.prefillEvents, "prefill-kv-events", nil, "real engine P/D: prefill engines' KV-event publishers (aligned)")
+	f.StringSliceVar(&s.prefillReplays, "prefill-kv-events-replay", nil, "real engine P/D: prefill engines' replay endpoints (aligned)")
+	f.StringSliceVar(&s.prPeer, "prefill-peer-endpoint", nil, "real engine P/D: prefill engines' KV peer services (aligned)")
+	f.StringSliceVar(&s.decodeURLs, "decode-engine-url", nil, "real engine P/D: decode engines' base URLs")
+	f.StringSliceVar(&s.decodeEvents, "decode-kv-events", nil, "real engine P/D: decode engines' KV-event publishers (aligned)")
+	f.StringSliceVar(&s.decodeReplays, "decode-kv-events-replay", nil, "real engine P/D: decode engines' replay endpoints (aligned)")
 	s.opts.register(f)
 }
 
@@ -167,7 +217,7 @@ type servedEngine struct {
 }
 
 // list zips the aligned lists of one role.
-func zipEngines(prefix string, role kv.Role, urls, evs, reps, peers []string) ([]servedEngine, error) {
+func zipEngines(kind, prefix string, role kv.Role, urls, evs, reps, peers []string) ([]servedEngine, error) {
 	for _, l := range []struct {
 		flag string
 		n    int
@@ -188,7 +238,7 @@ func zipEngines(prefix string, role kv.Role, urls, evs, reps, peers []string) ([
 		if len(peers) > 0 {
 			se.flags.peers = []string{peers[i]}
 		}
-		if err := se.flags.check(prefix, i, 1); err != nil {
+		if err := se.flags.check(kind, prefix, i, 1); err != nil {
 			return nil, err
 		}
 		out[i] = se
@@ -198,30 +248,29 @@ func zipEngines(prefix string, role kv.Role, urls, evs, reps, peers []string) ([
 
 // engines validates the lists and returns the engines to attach.
 func (s *serveEngineFlags) engines() ([]servedEngine, error) {
-	switch s.engine {
-	case "sim":
+	if s.engine == "sim" {
 		for _, l := range [][]string{s.urls, s.prefillURLs, s.decodeURLs} {
 			if len(l) > 0 {
-				return nil, errors.New("--engine-url, --prefill-engine-url and --decode-engine-url need --engine vllm")
+				return nil, errors.New("--engine-url, --prefill-engine-url and --decode-engine-url need a real engine's --engine (" + engineKinds()[len("sim, "):] + ")")
 			}
 		}
 		return nil, nil
-	case "vllm":
-	default:
-		return nil, fmt.Errorf("--engine %q: want sim or vllm", s.engine)
+	}
+	if _, err := lookupEngine(s.engine); err != nil {
+		return nil, err
 	}
 	if err := s.opts.check(); err != nil {
 		return nil, err
 	}
-	agg, err := zipEngines("", kv.RoleAggregated, s.urls, s.events, s.replays, s.peers)
+	agg, err := zipEngines(s.engine, "", kv.RoleAggregated, s.urls, s.events, s.replays, s.peers)
 	if err != nil {
 		return nil, err
 	}
-	pre, err := zipEngines("prefill-", kv.RolePrefill, s.prefillURLs, s.prefillEvents, s.prefillReplays, s.prPeer)
+	pre, err := zipEngines(s.engine, "prefill-", kv.RolePrefill, s.prefillURLs, s.prefillEvents, s.prefillReplays, s.prPeer)
 	if err != nil {
 		return nil, err
 	}
-	dec, err := zipEngines("decode-", kv.RoleDecode, s.decodeURLs, s.decodeEvents, s.decodeReplays, nil)
+	dec, err := zipEngines(s.engine, "decode-", kv.RoleDecode, s.decodeURLs, s.decodeEvents, s.decodeReplays, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -229,21 +278,26 @@ func (s *serveEngineFlags) engines() ([]servedEngine, error) {
 	case len(pre) > 0 != (len(dec) > 0):
 		return nil, errors.New("--prefill-engine-url and --decode-engine-url come together (a P/D fleet needs both)")
 	case len(agg)+len(pre) == 0:
-		return nil, errors.New("--engine vllm needs --engine-url (aggregated) or --prefill-engine-url and --decode-engine-url (P/D)")
+		return nil, fmt.Errorf("--engine %s needs --engine-url (aggregated) or --prefill-engine-url and --decode-engine-url (P/D)", s.engine)
 	}
 	return append(append(agg, pre...), dec...), nil
 }
 
-// startVLLMWorkerEngine checks the worker's vLLM flags, checks its peer
-// endpoints dial, and attaches to the engine (waiting for its /health).
-func startVLLMWorkerEngine(cmd *cobra.Command, wf *workerFlags, model string, role kv.Role, log *slog.Logger) (*vllm.Engine, error) {
+// startRealWorkerEngine checks the worker's real-engine flags, checks its
+// peer endpoints dial, and attaches to the engine (waiting for it to be
+// healthy).
+func startRealWorkerEngine(cmd *cobra.Command, wf *workerFlags, model string, role kv.Role, log *slog.Logger) (attachedEngine, error) {
+	adapter, err := lookupEngine(wf.engine)
+	if err != nil {
+		return nil, err
+	}
 	switch {
 	case wf.controlListen != "":
-		return nil, errors.New("--control-listen serves the sim's blocks; a vLLM engine's peer service is its own: name it with --peer-endpoint")
+		return nil, errors.New("--control-listen serves the sim's blocks; a real engine's peer service is its own: name it with --peer-endpoint")
 	case len(wf.controlEndpoints) > 0:
-		return nil, errors.New("--control-endpoints: with --engine vllm, use --peer-endpoint")
+		return nil, fmt.Errorf("--control-endpoints: with --engine %s, use --peer-endpoint", wf.engine)
 	}
-	if err := wf.real.check("", -1, wf.dpSize); err != nil {
+	if err := wf.real.check(wf.engine, "", -1, wf.dpSize); err != nil {
 		return nil, err
 	}
 	if err := wf.realOpts.check(); err != nil {
@@ -256,7 +310,10 @@ func startVLLMWorkerEngine(cmd *cobra.Command, wf *workerFlags, model string, ro
 	if cmd.Flags().Changed("block-size") {
 		pinned = wf.sim.BlockSize
 	}
-	eng, err := openVLLM(cmd.Context(), &wf.real, &wf.realOpts, model, role, wf.dpSize, pinned, log)
+	ctx, cancel := context.WithTimeout(cmd.Context(), wf.realOpts.timeout)
+	defer cancel()
+	eng, err := adapter.open(ctx, engineAttach{flags: &wf.real, opts: &wf.realOpts, model: model, role: role,
+		dpSize: wf.dpSize, blockSize: pinned, log: log})
 	if err != nil {
 		return nil, fmt.Errorf("--engine-url %s: %w", wf.real.url, err)
 	}

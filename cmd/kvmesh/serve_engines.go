@@ -22,6 +22,10 @@ func startEngineWorkers(ctx context.Context, cmd *cobra.Command, ef *serveEngine
 	if err != nil {
 		return nil, err
 	}
+	adapter, err := lookupEngine(ef.engine)
+	if err != nil {
+		return nil, err
+	}
 	model := ""
 	if cmd.Flags().Changed("model") {
 		model = ff.models[0]
@@ -38,7 +42,9 @@ func startEngineWorkers(ctx context.Context, cmd *cobra.Command, ef *serveEngine
 			return nil, err
 		}
 		wlog := log.With("engine", se.flags.url)
-		eng, err := openVLLM(ctx, &se.flags, &ef.opts, model, se.role, 1, 0, wlog)
+		octx, cancel := context.WithTimeout(ctx, ef.opts.timeout)
+		eng, err := adapter.open(octx, engineAttach{flags: &se.flags, opts: &ef.opts, model: model, role: se.role, dpSize: 1, log: wlog})
+		cancel()
 		if err != nil {
 			closeAll()
 			return nil, fmt.Errorf("--%sengine-url %s: %w", se.prefix, se.flags.url, err)

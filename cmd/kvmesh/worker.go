@@ -43,7 +43,7 @@ type workerFlags struct {
 	logLevel                      string
 	sim                           sim.Config
 	kvbm                          kvbmFlags
-	real                          realEngineFlags // --engine vllm
+	real                          realEngineFlags // --engine vllm etc.
 	realOpts                      engineOpts
 	fleet                         fleetFlags
 	tls                           tlsFlags
@@ -67,7 +67,7 @@ On startup it prints one line to stdout:
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&wf.engine, "engine", "sim", "engine to drive: sim, or vllm (a running vLLM server: --engine-url, --kv-events)")
+	f.StringVar(&wf.engine, "engine", "sim", "engine to drive: sim, or a running real engine's kind (--engine-url, --kv-events): "+engineKinds()[len("sim, "):])
 	f.StringVar(&wf.model, "model", "kvmesh-sim", "model name served and registered")
 	f.StringVar(&wf.role, "role", "aggregated", "aggregated, prefill or decode")
 	wf.nats.register(f)
@@ -223,12 +223,12 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 			}
 			eng = s
 		}
-	case "vllm":
+	default:
 		model := wf.model
 		if !cmd.Flags().Changed("model") {
 			model = "" // the engine's
 		}
-		ve, err := startVLLMWorkerEngine(cmd, wf, model, role, log)
+		ve, err := startRealWorkerEngine(cmd, wf, model, role, log)
 		if err != nil {
 			return err
 		}
@@ -238,8 +238,6 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		}
 		eng = ve
 		wf.model, wf.controlEndpoints, acceptsHints = eng.Config().Model, wf.real.peers, wf.realOpts.acceptsHints()
-	default:
-		return fmt.Errorf("--engine %q: want sim or vllm", wf.engine)
 	}
 	if s, ok := eng.(*sim.Engine); ok && wf.kvbm.connector != "" {
 		if err := registerKVBMMetrics(reg, s, wf.model, id); err != nil {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -235,4 +236,23 @@ func (s *SSE) Next() ([]byte, error) {
 			return nil, err
 		}
 	}
+}
+
+// CheckURL validates an engine base URL and returns it without a trailing
+// slash.
+func CheckURL(s string) (string, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", fmt.Errorf("%q: want http://host:port", s)
+	}
+	if u.Host == "" {
+		return "", fmt.Errorf("%q: no host", s)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return "", fmt.Errorf("%q: a base URL takes no query or fragment", s)
+	}
+	return strings.TrimRight(u.String(), "/"), nil
 }

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/kvmesh/kvmesh/kv"
@@ -65,22 +63,4 @@ type Config struct {
 	// last as long as generations).
 	Client *http.Client
 	Logger *slog.Logger
-}
-
-// CheckURL validates an engine base URL.
-func CheckURL(s string) (string, error) {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "", err
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return "", fmt.Errorf("%q: want http://host:port", s)
-	}
-	if u.Host == "" {
-		return "", fmt.Errorf("%q: no host", s)
-	}
-	if u.RawQuery != "" || u.Fragment != "" {
-		return "", fmt.Errorf("%q: a base URL takes no query or fragment", s)
-	}
-	return strings.TrimRight(u.String(), "/"), nil
 }

@@ -42,7 +42,7 @@ var (
 // from /metrics, and starts reading its load. The KV-event relay starts
 // when the worker installs its event sink.
 func New(ctx context.Context, cfg Config) (*Engine, error) {
-	base, err := CheckURL(cfg.URL)
+	base, err := remote.CheckURL(cfg.URL)
 	if err != nil {
 		return nil, fmt.Errorf("vllm engine url: %w", err)
 	}
