@@ -168,6 +168,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}()
 	defer wg.Wait()
 	defer cancel()
+	s.catchUp(ctx)
 	for {
 		select {
 		case <-ctx.Done():
@@ -176,6 +177,27 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			s.handleLive(ctx, m)
 		}
 	}
+}
+
+// catchUp asks the replay socket, before any live batch, for everything
+// the publisher still buffers (vLLM answers from its oldest buffered seq),
+// so a subscriber that joins a warm, idle engine learns its cache at once
+// rather than at the engine's next event. Live batches that arrive
+// meanwhile wait and are deduplicated against it. When the socket gives
+// nothing (unreachable, empty ring), the first live batch starts the
+// stream as before.
+func (s *Subscriber) catchUp(ctx context.Context) {
+	if s.cfg.ReplayEndpoint == "" || s.started {
+		return
+	}
+	s.started, s.joining, s.next = true, true, 0
+	s.replay(ctx)
+	s.joining = false
+	if s.next == 0 {
+		s.started = false
+		return
+	}
+	s.log.Info("kv event stream caught up at start", "next_seq", s.next)
 }
 
 func (s *Subscriber) handleLive(ctx context.Context, m zmq4.Msg) {

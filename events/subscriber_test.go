@@ -110,6 +110,38 @@ func TestLateJoinReplaysWhatTheRingHolds(t *testing.T) {
 	}
 }
 
+// TestIdleWarmPublisherReplayedAtStart: a subscriber that joins a
+// publisher which already published and then went quiet gets the ring's
+// batches at once, without waiting for a live one.
+func TestIdleWarmPublisherReplayedAtStart(t *testing.T) {
+	defer goleak.VerifyNone(t, leakOpts...)
+	p := newTestPublisher(t, true)
+	defer p.Close()
+	in := simEvents(4)
+	for i := range in {
+		if err := p.Publish(in[i : i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub, c, stop := runSub(t, Config{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), Instance: 42, BlockSize: 4})
+	deadline := time.Now().Add(5 * time.Second)
+	for evs, _ := c.snapshot(); len(evs) < len(in); evs, _ = c.snapshot() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d events without a live batch", len(evs), len(in))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	got, dels := c.snapshot()
+	checkContiguous(t, dels)
+	if !reflect.DeepEqual(got, in) {
+		t.Fatalf("events differ:\n got %+v\nwant %+v", got, in)
+	}
+	if st := sub.Stats(); st.Replayed != uint64(len(dels)) || st.Gaps != 0 || st.Lost != 0 || st.ReplayRequests != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
 func TestBadInputSkippedAndCounted(t *testing.T) {
 	defer goleak.VerifyNone(t, leakOpts...)
 	p := newTestPublisher(t, true)

@@ -73,6 +73,28 @@ func TestEventsRelayedWithCatchUp(t *testing.T) {
 	}
 }
 
+// TestWarmEngineIndexedAtStart: an adapter attached to an engine that
+// already holds blocks and then goes idle relays them at once, through the
+// replay socket, with no further request to the engine.
+func TestWarmEngineIndexedAtStart(t *testing.T) {
+	v, srv := startMock(t, mockOpts{events: true})
+	warm := prompt(64, 3000)
+	pre := newEngine(t, Config{URL: srv.URL})
+	ch, err := pre.Generate(context.Background(), &engine.Request{Tokens: warm, Sampling: kv.Sampling{MaxTokens: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	collect(t, ch)
+	e := newEngine(t, Config{URL: srv.URL, Events: v.EventsEndpoint(0), ReplayEvents: v.ReplayEndpoint(0)})
+	s := &sink{stored: map[kv.LocalHash]kv.EngineHash{}}
+	e.SetEventSink(s.fn)
+	want := kv.LocalHashes(nil, warm, 16, kv.Seed("", ""))
+	testutil.WaitFor(t, 5*time.Second, "the warm engine's blocks", func() bool { return s.has(want) })
+	if st := e.Relay().Stats(); st.Replayed == 0 || st.Lost != 0 || st.Gaps != 0 {
+		t.Fatalf("relay stats %+v", st)
+	}
+}
+
 // TestPrefillThenDecodeAcrossMocks: the prefill leg's answer, carried
 // whole to a second mock's decode leg, makes it pull the blocks over the
 // side channel and notify the producer, which frees them.
