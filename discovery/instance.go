@@ -25,6 +25,10 @@ type Instance struct {
 	// KVCapacity is blocks per tier, keyed by tier name (device, host, …).
 	KVCapacity       map[string]int `json:"kv_capacity,omitempty"`
 	MaxBatchedTokens int            `json:"max_batched_tokens,omitempty"`
+	// MaxModelLen is the engine's own context length, prompt plus
+	// completion (vLLM's max_model_len); 0: the engine sets none beyond
+	// its KV capacity.
+	MaxModelLen int `json:"max_model_len,omitempty"`
 	// Digest names the KV layout; only equal digests share blocks.
 	Digest string `json:"compat_digest,omitempty"`
 	// ControlEndpoints is tcp://host:port per DP rank for peer KV transfer:
@@ -74,6 +78,9 @@ func (in *Instance) Validate() error {
 	}
 	if in.BlockSize < 1 {
 		return fmt.Errorf("instance %x: block_size %d < 1", in.ID, in.BlockSize)
+	}
+	if in.MaxModelLen < 0 {
+		return fmt.Errorf("instance %x: max_model_len %d < 0", in.ID, in.MaxModelLen)
 	}
 	for name, n := range in.KVCapacity {
 		if _, err := kv.ParseTier(name); err != nil {

@@ -20,6 +20,9 @@ type Config struct {
 	Blocks           int // device KV capacity in blocks
 	MaxBatchedTokens int // token budget per scheduler step
 	MaxSeqs          int // running sequences per step
+	// MaxModelLen is the longest prompt plus completion the engine accepts
+	// (a real engine's context length); 0: only its KV capacity bounds it.
+	MaxModelLen int
 	// Digest names the KV layout (block size, layers, KV heads, head dim,
 	// dtype, TP); only workers with equal digests can share blocks.
 	Digest string

@@ -88,8 +88,9 @@ func (t *instances) get(id uint64) (discovery.Instance, bool) {
 }
 
 // maxContext is the context every worker of model can hold: the smallest
-// device KV capacity (blocks × block size) among them, so a request that
-// passes fits wherever it is routed (0: no worker reports its capacity).
+// device KV capacity (blocks × block size) or engine context length
+// (max_model_len) among them, so a request that passes fits wherever it is
+// routed (0: no worker reports either).
 func (t *instances) maxContext(model string) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -98,8 +99,10 @@ func (t *instances) maxContext(model string) int {
 		if in.Model != model {
 			continue
 		}
-		if n := in.KVCapacity[kv.TierDevice.String()] * in.BlockSize; n > 0 && (limit == 0 || n < limit) {
-			limit = n
+		for _, n := range []int{in.KVCapacity[kv.TierDevice.String()] * in.BlockSize, in.MaxModelLen} {
+			if n > 0 && (limit == 0 || n < limit) {
+				limit = n
+			}
 		}
 	}
 	return limit

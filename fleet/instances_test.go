@@ -81,6 +81,7 @@ func TestInstanceTableMaxContext(t *testing.T) {
 		{ID: 1, Model: "m", BlockSize: 16, KVCapacity: map[string]int{"device": 100, "host": 5000}},
 		{ID: 2, Model: "m", BlockSize: 16, KVCapacity: map[string]int{"device": 80}},
 		{ID: 3, Model: "m", BlockSize: 16}, // no capacity reported: no bound
+		{ID: 5, Model: "m", BlockSize: 16, KVCapacity: map[string]int{"device": 1000}, MaxModelLen: 2000}, // its context bounds it, above the others
 		{ID: 4, Model: "other", BlockSize: 16, KVCapacity: map[string]int{"device": 1}},
 	} {
 		tab.apply(discovery.Event{Kind: discovery.InstanceAdded, Instance: in}, nil)
@@ -94,5 +95,11 @@ func TestInstanceTableMaxContext(t *testing.T) {
 	tab.apply(discovery.Event{Kind: discovery.InstanceRemoved, Instance: discovery.Instance{ID: 2, Model: "m"}}, nil)
 	if got := tab.maxContext("m"); got != 100*16 {
 		t.Fatalf("maxContext(m) after the smallest left = %d, want %d", got, 100*16)
+	}
+	// An engine's own context length bounds it below its KV capacity.
+	tab.apply(discovery.Event{Kind: discovery.InstanceAdded, Instance: discovery.Instance{ID: 6, Model: "m", BlockSize: 16,
+		KVCapacity: map[string]int{"device": 1000}, MaxModelLen: 700}}, nil)
+	if got := tab.maxContext("m"); got != 700 {
+		t.Fatalf("maxContext(m) with a 700-token engine = %d, want 700", got)
 	}
 }

@@ -192,7 +192,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	w.inst = discovery.Instance{
 		ID: cfg.InstanceID, Model: cfg.Model, Role: cfg.Role, DPSize: cfg.DPSize,
 		BlockSize: ec.BlockSize, KVCapacity: cfg.KVCapacity, MaxBatchedTokens: ec.MaxBatchedTokens,
-		Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints, AcceptsHints: cfg.AcceptsHints,
+		MaxModelLen: ec.MaxModelLen, Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints, AcceptsHints: cfg.AcceptsHints,
 	}
 	return w, nil
 }

@@ -253,11 +253,11 @@ On startup it prints one line to stdout:
 	nf.registerURL(f, "", "external NATS URL(s), comma-separated; empty starts an embedded server")
 	f.StringVar(&dataDir, "data-dir", "", "embedded NATS JetStream directory (default: a temporary one)")
 	f.StringVar(&natsListen, "nats-listen", "127.0.0.1:0", "embedded NATS client address (port 0: a free one; 127.0.0.1:4222 lets worker and frontend join with their default --nats)")
-	f.IntVar(&sf.BlockSize, "block-size", sf.BlockSize, "sim: tokens per KV block")
+	f.IntVar(&sf.BlockSize, "block-size", sf.BlockSize, "tokens per KV block (real engine: when set, every engine's must agree)")
 	f.IntVar(&sf.Blocks, "blocks", sf.Blocks, "sim: device KV capacity in blocks per worker")
 	f.IntVar(&sf.MaxBatchedTokens, "max-batched-tokens", sf.MaxBatchedTokens, "sim: token budget per scheduler step")
 	f.IntVar(&sf.MaxSeqs, "max-seqs", sf.MaxSeqs, "sim: running sequences per step")
-	f.IntVar(&sf.DPSize, "dp-size", 1, "sim: data-parallel ranks per worker (each its own engine, cache, load and KV events; routed per rank)")
+	f.IntVar(&sf.DPSize, "dp-size", 1, "data-parallel ranks per worker (sim: each its own engine, cache, load and KV events; real engine: the ranks behind every server, rank r's KV events on --kv-events' port + r); routed per rank")
 	f.Float64Var(&sf.SpeedupRatio, "speedup-ratio", sf.SpeedupRatio, "sim: divide modelled time by this (0: no waiting)")
 	addKVBMFlags(f, &kf)
 	ef.register(f)
@@ -370,7 +370,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	var engineDesc string
 	if ef.engine != "sim" {
 		// Real engines: one worker each, no simulated ones.
-		if ws, err = startEngineWorkers(ctx, cmd, ef, ff, nc, stallTimeout, log); err != nil {
+		if ws, err = startEngineWorkers(ctx, cmd, ef, ff, nc, sf.DPSize, sf.BlockSize, stallTimeout, log); err != nil {
 			return err
 		}
 		workers, pd, engineDesc = 0, pdFlags{}, fmt.Sprintf("%d %s engines", len(ws), ef.engine)

@@ -15,9 +15,11 @@ import (
 
 // startEngineWorkers attaches one worker to each real engine named by
 // serve's flags and registers it. The model name comes from the engines
-// (they must agree) unless --model names it; ff.models is set to it.
+// (they must agree) unless --model names it; ff.models is set to it. Every
+// engine runs dpSize DP ranks (rank r's events on the --kv-events port +
+// r, as for worker); blockSize, when --block-size is set, pins theirs.
 func startEngineWorkers(ctx context.Context, cmd *cobra.Command, ef *serveEngineFlags, ff *frontendFlags, nc *nats.Conn,
-	stallTimeout time.Duration, log *slog.Logger) ([]*worker.Worker, error) {
+	dpSize, blockSize int, stallTimeout time.Duration, log *slog.Logger) ([]*worker.Worker, error) {
 	list, err := ef.engines()
 	if err != nil {
 		return nil, err
@@ -25,6 +27,9 @@ func startEngineWorkers(ctx context.Context, cmd *cobra.Command, ef *serveEngine
 	adapter, err := lookupEngine(ef.engine)
 	if err != nil {
 		return nil, err
+	}
+	if !cmd.Flags().Changed("block-size") {
+		blockSize = 0
 	}
 	model := ""
 	if cmd.Flags().Changed("model") {
@@ -37,13 +42,18 @@ func startEngineWorkers(ctx context.Context, cmd *cobra.Command, ef *serveEngine
 		}
 	}
 	for i, se := range list {
+		if len(se.flags.peers) > 0 && dpSize > 1 {
+			closeAll()
+			return nil, fmt.Errorf("--%speer-endpoint takes one endpoint per engine, so it needs --dp-size 1 (--dp-size is %d); run a worker per engine for peer endpoints per rank", se.prefix, dpSize)
+		}
 		if err := se.flags.dialPeers(ctx, se.prefix); err != nil {
 			closeAll()
 			return nil, err
 		}
 		wlog := log.With("engine", se.flags.url)
 		octx, cancel := context.WithTimeout(ctx, ef.opts.timeout)
-		eng, err := adapter.open(octx, engineAttach{flags: &se.flags, opts: &ef.opts, model: model, role: se.role, dpSize: 1, log: wlog})
+		eng, err := adapter.open(octx, engineAttach{flags: &se.flags, opts: &ef.opts, model: model, role: se.role, dpSize: dpSize,
+			blockSize: blockSize, log: wlog})
 		cancel()
 		if err != nil {
 			closeAll()

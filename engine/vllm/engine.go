@@ -80,7 +80,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	cfg = e.cfg
-	e.ecfg = engine.Config{Model: cfg.Model, Role: cfg.Role, BlockSize: blockSize, Blocks: blocks,
+	e.ecfg = engine.Config{Model: cfg.Model, Role: cfg.Role, BlockSize: blockSize, Blocks: blocks, MaxModelLen: e.maxModelLen,
 		// Hints and handoffs only make sense between engines serving the
 		// same model with the same block layout.
 		Digest: fmt.Sprintf("vllm/%s/bs%d", cfg.Model, blockSize)}
