@@ -80,7 +80,7 @@ func TestInstanceTableMaxContext(t *testing.T) {
 	for _, in := range []discovery.Instance{
 		{ID: 1, Model: "m", BlockSize: 16, KVCapacity: map[string]int{"device": 100, "host": 5000}},
 		{ID: 2, Model: "m", BlockSize: 16, KVCapacity: map[string]int{"device": 80}},
-		{ID: 3, Model: "m", BlockSize: 16}, // no capacity reported: no bound
+		{ID: 3, Model: "m", BlockSize: 16},                                                                // no capacity reported: no bound
 		{ID: 5, Model: "m", BlockSize: 16, KVCapacity: map[string]int{"device": 1000}, MaxModelLen: 2000}, // its context bounds it, above the others
 		{ID: 4, Model: "other", BlockSize: 16, KVCapacity: map[string]int{"device": 1}},
 	} {
