@@ -114,6 +114,17 @@ type Ranked interface {
 	RankStats(rank int) Stats
 }
 
+// Health is implemented by an engine whose server can stop answering while
+// the worker lives (a real engine behind HTTP, polled on its /health). The
+// worker takes itself out of service while it is unhealthy (it leaves
+// discovery and fails its streams Unavailable, so callers migrate them)
+// and returns when it is healthy again.
+type Health interface {
+	// Health is the latest verdict and a channel closed at the next change
+	// of it (and at Close).
+	Health() (healthy bool, changed <-chan struct{})
+}
+
 // Inventory is implemented by an engine that can list the KV blocks it
 // holds, as the sim does from its block table; the worker answers dump
 // queries (the event plane's gap repair) from it. Without it a worker has

@@ -14,7 +14,7 @@ const (
 	resultFinished    = "finished"    // the engine ended it (stop or length)
 	resultError       = "error"       // the engine failed it
 	resultRejected    = "rejected"    // invalid request
-	resultUnavailable = "unavailable" // the worker is shutting down or its engine stalled
+	resultUnavailable = "unavailable" // the worker is shutting down, or its engine stalled or is unhealthy
 	resultCanceled    = "canceled"    // the caller left
 	resultAborted     = "aborted"     // the engine closed the stream without a finish
 )
@@ -29,8 +29,10 @@ type metrics struct {
 	byTier   *prometheus.CounterVec
 	output   prometheus.Counter
 	stalls   prometheus.Counter
-	healthy  prometheus.Gauge
-	all      []prometheus.Collector
+	// engineDowns counts an engine's transitions to unhealthy (engine.Health).
+	engineDowns prometheus.Counter
+	healthy     prometheus.Gauge
+	all         []prometheus.Collector
 }
 
 func newMetrics(w *Worker) *metrics {
@@ -52,10 +54,11 @@ func newMetrics(w *Worker) *metrics {
 		byTier: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_worker_cached_prompt_tokens_by_tier_total",
 			Help:        "Cached prompt tokens by where they were found: device (peer fetches included), or a KV block manager's host or disk tier.",
 			ConstLabels: cl}, []string{"tier"}),
-		output: counter("kvmesh_worker_output_tokens_total", "Tokens streamed to callers."),
-		stalls: counter("kvmesh_worker_engine_stalls_total", "Times the watchdog found the engine stalled (streams in flight, no output for the stall timeout)."),
+		output:      counter("kvmesh_worker_output_tokens_total", "Tokens streamed to callers."),
+		stalls:      counter("kvmesh_worker_engine_stalls_total", "Times the watchdog found the engine stalled (streams in flight, no output for the stall timeout)."),
+		engineDowns: counter("kvmesh_worker_engine_unhealthy_total", "Times the engine's health check started failing (a real engine's /health); the worker leaves discovery until it passes again."),
 		healthy: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvmesh_worker_healthy",
-			Help: "1 while the worker serves; 0 once its engine stalled and it left service.", ConstLabels: cl}),
+			Help: "1 while the worker serves; 0 once its engine stalled and it left service, or while its engine fails its health check.", ConstLabels: cl}),
 	}
 	m.healthy.Set(1)
 	for _, r := range []string{resultFinished, resultError, resultRejected, resultUnavailable, resultCanceled, resultAborted} {
@@ -70,7 +73,7 @@ func newMetrics(w *Worker) *metrics {
 	for _, t := range []string{"device", "host", "disk"} {
 		m.byTier.WithLabelValues(t)
 	}
-	m.all = []prometheus.Collector{m.requests, m.inflight, m.prompt, m.cached, m.byTier, m.output, m.stalls, m.healthy,
+	m.all = []prometheus.Collector{m.requests, m.inflight, m.prompt, m.cached, m.byTier, m.output, m.stalls, m.engineDowns, m.healthy,
 		counterFunc("kvmesh_worker_kv_hints_total", "Requests that carried a KV hint.", func() float64 { return float64(w.hints.Load()) }),
 		counterFunc("kvmesh_worker_unauthenticated_total", "Worker API calls refused for want of the fleet token.", func() float64 { return float64(w.unauthenticated.Load()) }),
 		counterFunc("kvmesh_worker_kv_transfer_params_total", "Requests that carried KV transfer parameters (disaggregated serving).", func() float64 { return float64(w.transferParams.Load()) }),

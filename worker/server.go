@@ -13,6 +13,10 @@ import (
 
 // errStalled ends streams on a worker whose engine stalled; Unavailable
 // makes the frontend migrate the request to another worker.
+// errEngineDown ends streams on a worker whose engine fails its health
+// check; Unavailable makes the frontend migrate them.
+var errEngineDown = status.Error(codes.Unavailable, "generate: engine unhealthy (its health check fails); retry on another worker")
+
 var errStalled = status.Error(codes.Unavailable, "generate: engine stalled (no output within the stall timeout); worker out of service, retry on another worker")
 
 // server implements api.WorkerServer for one Worker.
@@ -90,6 +94,10 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	if wd.stalled.Load() {
 		return resultUnavailable, errStalled
 	}
+	healthy, down := w.engineHealth()
+	if !healthy {
+		return resultUnavailable, errEngineDown
+	}
 	// The stream's context ends when the client cancels or disconnects;
 	// the engine stops working on the request with it.
 	ctx, cancel := context.WithCancel(stream.Context())
@@ -121,6 +129,8 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 			return resultCanceled, status.FromContextError(ctx.Err()).Err()
 		case <-wd.stallCh:
 			return resultUnavailable, errStalled
+		case <-down:
+			return resultUnavailable, errEngineDown
 		case c, ok := <-ch:
 			if !ok {
 				return resultAborted, nil
@@ -187,7 +197,7 @@ func (s *server) Dump(_ context.Context, req *api.DumpRequest) (*api.DumpRespons
 
 func (s *server) Health(context.Context, *api.HealthRequest) (*api.HealthResponse, error) {
 	st := s.w.eng.Stats()
-	return &api.HealthResponse{Ok: !s.w.wd.stalled.Load(), Instance: s.w.cfg.InstanceID, Model: s.w.cfg.Model,
+	return &api.HealthResponse{Ok: !s.w.wd.stalled.Load() && !s.w.engineDown.Load(), Instance: s.w.cfg.InstanceID, Model: s.w.cfg.Model,
 		Running: uint32(st.Running), Waiting: uint32(st.Waiting)}, nil
 }
 

@@ -102,7 +102,6 @@ type Worker struct {
 	closed  bool
 	ln      net.Listener
 	srv     *grpc.Server
-	reg     *discovery.Registration
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 
@@ -115,9 +114,16 @@ type Worker struct {
 	met                   *metrics
 	registered            bool
 
-	wd        *watchdog
-	deregOnce sync.Once
-	deregErr  error
+	wd *watchdog
+
+	// regMu guards reg, which comes and goes with the engine's health
+	// (health.go); retired is set once Close or the watchdog took the
+	// worker out for good.
+	regMu      sync.Mutex
+	disc       *discovery.Discovery
+	reg        *discovery.Registration
+	retired    bool
+	engineDown atomic.Bool
 }
 
 // New prepares a worker around eng (which it then owns: Close closes it).
@@ -252,7 +258,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.nc != nil {
 		d, err := discovery.Open(ctx, w.nc, w.cfg.Discovery)
 		if err == nil {
+			w.regMu.Lock()
+			w.disc = d
 			w.reg, err = d.Register(ctx, w.inst)
+			w.regMu.Unlock()
 		}
 		if err != nil {
 			w.stopLocked()
@@ -264,6 +273,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	if w.cfg.StallTimeout > 0 {
 		w.wg.Go(func() { w.runWatchdog(lctx) })
+	}
+	if h, ok := w.eng.(engine.Health); ok {
+		w.wg.Go(func() { w.watchHealth(lctx, h) })
 	}
 	w.log.Info("worker started", "grpc", adv, "role", w.cfg.Role, "dp_size", w.cfg.DPSize)
 	return nil
@@ -349,15 +361,39 @@ func (w *Worker) Close() error {
 	return errors.Join(errs...)
 }
 
-// deregister deletes the discovery record once, for Close or the
-// watchdog, whichever comes first. w.reg is set before either can run.
+// deregister deletes the discovery record for good, for Close or the
+// watchdog, whichever comes first.
 func (w *Worker) deregister(ctx context.Context) error {
-	w.deregOnce.Do(func() {
-		if w.reg != nil {
-			w.deregErr = w.reg.Close(ctx)
-		}
-	})
-	return w.deregErr
+	w.regMu.Lock()
+	defer w.regMu.Unlock()
+	w.retired = true
+	if w.reg == nil {
+		return nil
+	}
+	err := w.reg.Close(ctx)
+	w.reg = nil
+	return err
+}
+
+// setListed registers the worker in discovery (up) or deletes its record,
+// unless it was retired; a worker without NATS has nothing to do.
+func (w *Worker) setListed(ctx context.Context, up bool) error {
+	w.regMu.Lock()
+	defer w.regMu.Unlock()
+	if w.retired || w.disc == nil || up == (w.reg != nil) {
+		return nil
+	}
+	if !up {
+		err := w.reg.Close(ctx)
+		w.reg = nil
+		return err
+	}
+	reg, err := w.disc.Register(ctx, w.inst)
+	if err != nil {
+		return err
+	}
+	w.reg = reg
+	return nil
 }
 
 func (w *Worker) stopLocked() {

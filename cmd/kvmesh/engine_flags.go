@@ -92,12 +92,14 @@ type realEngineFlags struct {
 type engineOpts struct {
 	topic, hintForm string
 	timeout         time.Duration
+	healthInterval  time.Duration
 }
 
 func (o *engineOpts) register(f *pflag.FlagSet) {
 	f.StringVar(&o.topic, "kv-events-topic", "", "real engine: ZMQ topic of the engine's KV events (its kv-events-config topic)")
 	f.StringVar(&o.hintForm, "hint-form", hintNative, "real engine: how KV hints reach the engine: native (its own hint field, vLLM's kv_hints), bridge (the older form, vLLM's kv_transfer_params.kv_hint) or off (take no hints)")
 	f.DurationVar(&o.timeout, "engine-timeout", 10*time.Minute, "real engine: how long to wait for the engine's /health at start (model loading takes minutes)")
+	f.DurationVar(&o.healthInterval, "engine-health-interval", remote.DefaultHealthInterval, "real engine: how often the engine's /health is polled once attached; two failed checks in a row take its worker out of discovery (streams migrate) until one passes")
 }
 
 // check validates the shared options.
@@ -109,6 +111,9 @@ func (o *engineOpts) check() error {
 	}
 	if o.timeout <= 0 {
 		return fmt.Errorf("--engine-timeout %v: want > 0", o.timeout)
+	}
+	if o.healthInterval <= 0 {
+		return fmt.Errorf("--engine-health-interval %v: want > 0", o.healthInterval)
 	}
 	return nil
 }

@@ -15,5 +15,6 @@ func openVLLM(ctx context.Context, a engineAttach) (attachedEngine, error) {
 		return nil, err
 	}
 	return vllm.New(ctx, vllm.Config{URL: a.flags.url, Model: a.model, Role: a.role, DPSize: a.dpSize, BlockSize: a.blockSize,
-		HintForm: form, Events: a.flags.events, ReplayEvents: a.flags.replay, Topic: a.opts.topic, Logger: a.log})
+		HintForm: form, Events: a.flags.events, ReplayEvents: a.flags.replay, Topic: a.opts.topic,
+		HealthInterval: a.opts.healthInterval, Logger: a.log})
 }

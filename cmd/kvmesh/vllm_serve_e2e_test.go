@@ -9,10 +9,12 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 // freePortPair finds a loopback port p with p+1 free too: a DP-2 engine's
@@ -155,5 +157,100 @@ func TestServeVLLMDPBlockSizeAndContext(t *testing.T) {
 	}
 	if !strings.Contains(bad.Stderr(), "--block-size 32 but the vLLM engine") {
 		t.Fatalf("serve --block-size 32: %s", bad.Stderr())
+	}
+}
+
+// An engine that stops answering (SIGSTOP: the process lives, its sockets
+// stay open, nothing answers) takes its worker out of discovery within a
+// few health intervals; the stream it was serving migrates to the other
+// engine and completes; the transition is counted and logged once; when
+// the engine answers again (SIGCONT) the worker registers again.
+func TestVLLMEngineHealthE2E(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	mocks := []*mockProc{
+		startMockVLLM(t, "mock A", "--speedup-ratio", "4"),
+		startMockVLLM(t, "mock B", "--speedup-ratio", "4"),
+	}
+	metricsAt := make([]string, len(mocks))
+	workers := make([]*testutil.Proc, len(mocks))
+	for i, m := range mocks {
+		metricsAt[i] = freeAddr(t)
+		workers[i] = startProc(t, fmt.Sprintf("worker %c", 'A'+i), "worker", "--engine", "vllm", "--engine-url", m.url, "--kv-events", m.events,
+			"--kv-events-replay", m.replay, "--nats", ns.URL(), "--log-level", "info", "--engine-health-interval", "200ms",
+			"--metrics-listen", metricsAt[i])
+		workers[i].Expect(workerLine, 30*time.Second)
+	}
+	fe := startProc(t, "frontend", "frontend", "--nats", ns.URL(), "--model", "mock-model", "--listen", "127.0.0.1:0", "--log-level", "warn")
+	base := fe.Expect(frontendLine, 30*time.Second)[1]
+	ws := watchWorkers(t, ns.URL(), "mock-model", 2)
+	testutil.WaitFor(t, 20*time.Second, "the frontend ready", func() bool {
+		resp, err := http.Get(strings.TrimSuffix(base, "/v1") + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+
+	resp := postCompletion(t, t.Context(), base, map[string]any{"model": "mock-model", "prompt": tokenPrompt(64, 777),
+		"max_tokens": 200, "stream": true, "ignore_eos": true})
+	defer resp.Body.Close()
+	stopped := -1
+	var stoppedAt time.Time
+	chunks, done, msg := streamTokens(t, resp.Body, func(n int) {
+		if n != 5 || stopped >= 0 {
+			return
+		}
+		for i, m := range mocks {
+			if m.metric(t, "vllm:num_requests_running") > 0 {
+				m.Signal(syscall.SIGSTOP)
+				stopped, stoppedAt = i, time.Now()
+				t.Cleanup(func() { m.Signal(syscall.SIGCONT) })
+				return
+			}
+		}
+	})
+	if stopped < 0 || !done || msg != "" || chunks < 150 {
+		t.Fatalf("stream over a stopped engine: stopped %d, chunks %d, done %v, error %q", stopped, chunks, done, msg)
+	}
+	// Well within the worker's 30 s stall timeout: the health poll did it.
+	if d := time.Since(stoppedAt); d > 15*time.Second {
+		t.Fatalf("the stream took %v to finish after its engine stopped", d)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the stopped engine's worker out of discovery", func() bool { return len(ws.watcher.Instances()) == 1 })
+	wm := func(name string) float64 {
+		var sum float64
+		for k, v := range testutil.Scrape(t, "http://"+metricsAt[stopped]+"/metrics") {
+			if strings.HasPrefix(k, name+"{") {
+				sum += v
+			}
+		}
+		return sum
+	}
+	if wm("kvmesh_worker_engine_unhealthy_total") != 1 || wm("kvmesh_worker_healthy") != 0 {
+		t.Fatalf("worker metrics: unhealthy_total %v, healthy %v", wm("kvmesh_worker_engine_unhealthy_total"), wm("kvmesh_worker_healthy"))
+	}
+	// The other worker serves meanwhile.
+	if st, c := completeOnce(t, base, map[string]any{"model": "mock-model", "prompt": tokenPrompt(20, 5), "max_tokens": 2}); st != 200 {
+		t.Fatalf("with one engine stopped: %d %+v", st, c)
+	}
+	mocks[stopped].Signal(syscall.SIGCONT)
+	testutil.WaitFor(t, 10*time.Second, "the worker back in discovery", func() bool { return len(ws.watcher.Instances()) == 2 })
+	if wm("kvmesh_worker_healthy") != 1 {
+		t.Fatal("worker not healthy after its engine answers again")
+	}
+	log := workers[stopped].Stderr()
+	if n := strings.Count(log, "engine unhealthy: worker leaves discovery"); n != 1 {
+		t.Fatalf("%d unhealthy lines in the worker's log, want 1:\n%s", n, log)
+	}
+	if n := strings.Count(log, "engine healthy again: worker back in discovery"); n != 1 {
+		t.Fatalf("%d healthy-again lines in the worker's log, want 1:\n%s", n, log)
 	}
 }

@@ -24,6 +24,7 @@ type Engine struct {
 	client      *http.Client
 	maxModelLen int
 	relay       *remote.Relay
+	health      *remote.HealthMonitor
 
 	stats   atomic.Pointer[[]engine.Stats] // per rank, from /metrics
 	scrapes atomic.Uint64
@@ -35,6 +36,7 @@ type Engine struct {
 var (
 	_ engine.Engine = (*Engine)(nil)
 	_ engine.Ranked = (*Engine)(nil)
+	_ engine.Health = (*Engine)(nil)
 )
 
 // New waits until the server is healthy (bounded by ctx), reads its model
@@ -93,6 +95,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	}
 	sctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
+	e.health = remote.NewHealthMonitor(remote.HealthConfig{URL: base + "/health", Interval: cfg.HealthInterval, Client: e.client, Logger: e.log})
 	e.scrape(ctx)
 	e.wg.Go(func() {
 		t := time.NewTicker(cfg.StatsInterval)
@@ -237,6 +240,9 @@ func (e *Engine) Stats() engine.Stats {
 	return out
 }
 
+// Health is the verdict of the /health poll (engine.Health).
+func (e *Engine) Health() (bool, <-chan struct{}) { return e.health.Health() }
+
 // SetEventSink installs the worker's sink; the first one starts the
 // KV-event relay.
 func (e *Engine) SetEventSink(s engine.EventSink) {
@@ -255,6 +261,7 @@ func (e *Engine) Close() error {
 	}
 	e.cancel()
 	e.wg.Wait()
+	e.health.Close()
 	var err error
 	if e.relay != nil {
 		err = e.relay.Close()
