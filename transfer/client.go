@@ -677,3 +677,93 @@ func (v *verifier) finish(x exchanged, now func() time.Time, deadline time.Time)
 	}
 	return x
 }
+
+// Release tells the source at endpoint that this side is done with the
+// handoff id (a prefill answer's pinned blocks): it read them, or found it
+// needs none. It reports whether the source released a pin by that id; a
+// source that held none answers false without an error. The source's own
+// expiry stays the fallback, so a failed release costs only the pinned
+// blocks' time: callers may ignore the error. A source older than the
+// release frame refuses it (bad_request, an error here).
+func (c *Client) Release(ctx context.Context, endpoint, id string) (bool, error) {
+	if id == "" || len(id) > MaxHandoffIDLen {
+		return false, fmt.Errorf("release: handoff id of %d bytes (want 1..%d)", len(id), MaxHandoffIDLen)
+	}
+	ep, err := kv.ParseEndpoint(endpoint)
+	if err != nil {
+		return false, fmt.Errorf("release: %w", err)
+	}
+	deadline := c.now().Add(c.opts.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	addr := ep.Addr()
+	for attempt := 0; ; attempt++ {
+		pc := c.get(addr)
+		reused := pc != nil
+		if pc == nil {
+			if pc, err = c.dial(ctx, addr, deadline); err != nil {
+				return false, fmt.Errorf("release %s: %w", endpoint, err)
+			}
+		}
+		released, keep, stale, err := c.releaseOnce(ctx, pc, id, deadline)
+		if stale && reused && attempt == 0 {
+			pc.Close()
+			continue
+		}
+		if keep {
+			c.put(addr, pc)
+		} else {
+			pc.Close()
+		}
+		if err != nil {
+			err = fmt.Errorf("release %s: %w", endpoint, err)
+		}
+		return released, err
+	}
+}
+
+// releaseOnce runs one release exchange on pc: release → done or refuse.
+func (c *Client) releaseOnce(ctx context.Context, pc *conn, id string, deadline time.Time) (released, keep, stale bool, err error) {
+	pc.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { pc.SetDeadline(aLongTimeAgo) })
+	defer stop()
+	op := c.seq.Add(1)
+	pc.wbuf = appendRelease(pc.wbuf[:0], op, id)
+	if _, err := pc.Write(pc.wbuf); err != nil {
+		return false, false, false, fmt.Errorf("send: %w", err)
+	}
+	var hb [headerLen]byte
+	h, err := readHeader(pc, &hb)
+	if err != nil {
+		stale = errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return false, false, stale, err
+	}
+	switch {
+	case h.version != Version:
+		return false, false, false, fmt.Errorf("%w: answer of version %d", ErrProtocol, h.version)
+	case h.typ != typeDone && h.typ != typeRefuse:
+		return false, false, false, fmt.Errorf("%w: %s frame answers a release", ErrProtocol, h.typ)
+	case h.op != op:
+		return false, false, false, fmt.Errorf("%w: answer for op %d, sent %d", ErrProtocol, h.op, op)
+	case h.length > maxStatusFrame:
+		return false, false, false, fmt.Errorf("%w: status frame of %d bytes", ErrProtocol, h.length)
+	}
+	p := make([]byte, h.length)
+	if _, err := io.ReadFull(pc, p); err != nil {
+		return false, false, false, err
+	}
+	st, err := decodeStatus(p)
+	if err != nil {
+		return false, false, false, fmt.Errorf("%w: %v", ErrProtocol, err)
+	}
+	if h.typ == typeRefuse {
+		// An older source closes the connection after refusing a frame
+		// it does not know; a current one keeps it.
+		return false, false, false, &RemoteError{Code: st.code, Message: st.msg}
+	}
+	return st.success, true, false, nil
+}

@@ -18,7 +18,8 @@
 //	off size field
 //	0   2    magic "KT"
 //	2   1    version (1)
-//	3   1    type: 1 fetch, 2 block, 3 done, 4 refuse
+//	3   1    type: 1 fetch, 2 block, 3 done, 4 refuse, 8 release
+//	         (5-7: authentication, below)
 //	4   4    op: operation id chosen by the client, echoed by the source
 //	8   4    length: payload bytes that follow
 //
@@ -70,6 +71,24 @@
 // MaxBlockBytes) are refused before anything is allocated for them. A peer
 // that does not send the magic is disconnected silently. Connections past
 // Server.MaxConns get refuse{busy} and are closed.
+//
+// # Release
+//
+// release (target → source), length = 2 + id_len: u16 id_len (1..255), then
+// the handoff id (a disaggregated prefill answer's request id). The decode
+// side sends it when it is done with a prefill answer's pinned blocks: it
+// read them, failed to, or already held them and needed none. A source
+// that pins handoffs (HandoffReleaser) unpins at once and answers
+// done{0, true, ok}, or done{0, false, not_found} when it pins nothing by
+// that id (already read, released or expired); the connection stays
+// usable. A source that pins no handoffs answers refuse{bad_request} and
+// keeps the connection. A source older than this frame refuses it as an
+// unexpected frame (bad_request) and closes the connection: the release is
+// advisory, so the target only counts the failure and the source's own
+// expiry (the handoff TTL) frees the pin as before. A release frame longer
+// than 257 bytes, or whose id does not fill it exactly, is refused and the
+// connection closed. Any peer that may fetch may release (the fleet token
+// authenticates both); it can only free a pin early, never read a block.
 //
 // # Authentication
 //

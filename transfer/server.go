@@ -218,8 +218,14 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 				fmt.Sprintf("protocol version %d unsupported; this source speaks version %d", h.version, Version))
 			return
 		}
+		if h.typ == typeRelease {
+			if !s.serveRelease(c, br, h) {
+				return
+			}
+			continue
+		}
 		if h.typ != typeFetch {
-			s.refuse(c, h.op, CodeBadRequest, fmt.Sprintf("unexpected %s frame; sources accept only fetch", h.typ))
+			s.refuse(c, h.op, CodeBadRequest, fmt.Sprintf("unexpected %s frame; sources accept only fetch and release", h.typ))
 			return
 		}
 		if h.length > maxRequestFrame {
@@ -246,6 +252,43 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 			return
 		}
 	}
+}
+
+// serveRelease answers one release frame: done{0, true, ok} when the
+// source released a pin by that id, done{0, false, not_found} when it held
+// none, refuse{bad_request} when the source pins no handoffs (it does not
+// implement HandoffReleaser). It reports whether the connection can carry
+// another request.
+func (s *Server) serveRelease(c net.Conn, br io.Reader, h header) bool {
+	if h.length > maxReleaseFrame {
+		s.refuse(c, h.op, CodeBadRequest, fmt.Sprintf("release frame of %d bytes exceeds the %d-byte limit", h.length, maxReleaseFrame))
+		return false
+	}
+	var buf [maxReleaseFrame]byte
+	p := buf[:h.length]
+	c.SetReadDeadline(time.Now().Add(s.IdleTimeout))
+	if _, err := io.ReadFull(br, p); err != nil {
+		return false
+	}
+	c.SetReadDeadline(time.Time{})
+	id, err := decodeRelease(p)
+	if err != nil {
+		s.refuse(c, h.op, CodeBadRequest, err.Error())
+		return false
+	}
+	rel, ok := s.Source.(HandoffReleaser)
+	if !ok {
+		s.refuse(c, h.op, CodeBadRequest, "this source pins no handoffs to release")
+		return true
+	}
+	st := status{success: true, code: CodeOK}
+	if !rel.ReleaseHandoff(id) {
+		st = status{code: CodeNotFound, msg: "no pinned handoff by that id (read, released or expired)"}
+	}
+	c.SetWriteDeadline(time.Now().Add(time.Second))
+	_, err = c.Write(appendStatus(nil, typeDone, h.op, st))
+	c.SetWriteDeadline(time.Time{})
+	return err == nil
 }
 
 func (s *Server) refuse(c net.Conn, op uint32, code Code, msg string) {

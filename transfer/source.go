@@ -51,6 +51,15 @@ type BlockDomainer interface {
 	BlockDomain(hash uint64) (domain uint64, ok bool)
 }
 
+// HandoffReleaser is an optional BlockSource extension for sources that
+// pin blocks for a disaggregated decode side (a prefill answer's handoff):
+// a release frame naming the handoff's id unpins them at once, instead of
+// at the source's own expiry. It reports whether a pin was released (false:
+// none by that id, e.g. already read, released or expired).
+type HandoffReleaser interface {
+	ReleaseHandoff(id string) bool
+}
+
 // MemSource is an in-memory BlockSource whose payloads are the
 // deterministic kv.FillPayload bytes of each (hash, layer). It honours pins:
 // a block removed while pinned stays readable until its last pin is

@@ -40,7 +40,15 @@ const (
 	typeBlock  frameType = 2
 	typeDone   frameType = 3
 	typeRefuse frameType = 4
+	// typeRelease (8) follows the auth frames (5-7, auth.go).
+	typeRelease frameType = 8
 )
+
+// MaxHandoffIDLen bounds the handoff id of a release frame.
+const MaxHandoffIDLen = 255
+
+// maxReleaseFrame bounds a release frame's payload.
+const maxReleaseFrame = 2 + MaxHandoffIDLen
 
 func (t frameType) String() string {
 	switch t {
@@ -58,6 +66,8 @@ func (t frameType) String() string {
 		return "challenge"
 	case typeAuth:
 		return "auth"
+	case typeRelease:
+		return "release"
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
@@ -288,4 +298,34 @@ func putBlockMeta(b []byte, op uint32, index uint32, hash, sum uint64, payloadLe
 	binary.LittleEndian.PutUint32(b[headerLen:], index)
 	binary.LittleEndian.PutUint64(b[headerLen+4:], hash)
 	binary.LittleEndian.PutUint64(b[headerLen+12:], sum)
+}
+
+// appendRelease encodes a release frame: u16 id_len, then the id.
+func appendRelease(dst []byte, op uint32, id string) []byte {
+	n := 2 + len(id)
+	start := len(dst)
+	dst = append(dst, make([]byte, headerLen+n)...)
+	b := dst[start:]
+	putHeader(b, header{version: Version, typ: typeRelease, op: op, length: uint32(n)})
+	binary.LittleEndian.PutUint16(b[headerLen:], uint16(len(id)))
+	copy(b[headerLen+2:], id)
+	return dst
+}
+
+// decodeRelease parses a release payload: a non-empty id of at most
+// MaxHandoffIDLen bytes that fills the frame exactly.
+func decodeRelease(p []byte) (string, error) {
+	if len(p) < 2 {
+		return "", fmt.Errorf("release frame of %d bytes is shorter than 2", len(p))
+	}
+	n := int(binary.LittleEndian.Uint16(p))
+	switch {
+	case n == 0:
+		return "", errors.New("release names no handoff")
+	case n > MaxHandoffIDLen:
+		return "", fmt.Errorf("release handoff id of %d bytes exceeds %d", n, MaxHandoffIDLen)
+	case 2+n != len(p):
+		return "", fmt.Errorf("release handoff id length %d does not fit the %d-byte frame", n, len(p))
+	}
+	return string(p[2:]), nil
 }

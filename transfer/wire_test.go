@@ -97,6 +97,8 @@ func FuzzServerHandle(f *testing.F) {
 	f.Add(good[:len(good)-3])
 	f.Add([]byte("KT\x01\x01\x00\x00\x00\x00\xff\xff\xff\xff"))
 	f.Add([]byte("KT\x02\x01\x00\x00\x00\x00\x00\x00\x00\x00"))
+	f.Add(append(appendRelease(nil, 2, "req-1"), good...))
+	f.Add([]byte("KT\x01\x08\x00\x00\x00\x00\xff\xff\x00\x00"))
 	src := NewMemSource(2, 64)
 	src.Add(hs...)
 	s := &Server{Source: src, IdleTimeout: time.Second}

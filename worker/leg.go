@@ -106,7 +106,19 @@ func handoffMetrics(cl prometheus.Labels, e handoffStatser) []prometheus.Collect
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: cl},
 			func() float64 { return v(e.HandoffStats()) })
 	}
+	by := func(how string, v func(sim.HandoffStats) uint64) prometheus.Collector {
+		l := prometheus.Labels{"by": how}
+		for k, v := range cl {
+			l[k] = v
+		}
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvmesh_disagg_handoffs_released_total",
+			Help:        "Pinned handoffs released before their expiry, by the decode side's release message (by=release) or by a peer's read of their last block (by=read).",
+			ConstLabels: l}, func() float64 { return float64(v(e.HandoffStats())) })
+	}
 	return []prometheus.Collector{
+		by("release", func(s sim.HandoffStats) uint64 { return s.Released }),
+		by("read", func(s sim.HandoffStats) uint64 { return s.Read }),
+		f("kvmesh_disagg_release_failures_total", "Release messages a decode leg could not deliver (the prefill side's handoff TTL frees those pins).", func(s sim.HandoffStats) float64 { return float64(s.ReleaseErrors) }),
 		f("kvmesh_disagg_prefill_handoffs_total", "Prefill legs answered with connector parameters.", func(s sim.HandoffStats) float64 { return float64(s.Prefills) }),
 		g("kvmesh_disagg_pinned_blocks", "Prefill blocks pinned until a decode worker reads them or the handoff expires.", func(s sim.HandoffStats) float64 { return float64(s.PinnedBlocks) }),
 		f("kvmesh_disagg_handoffs_expired_total", "Pinned handoffs released at their expiry, unread.", func(s sim.HandoffStats) float64 { return float64(s.Expired) }),

@@ -165,6 +165,7 @@ func NewSimPeer(cfg sim.Config, pc PeerConfig) (*sim.Engine, *Peer, error) {
 	p := newPeer(pc)
 	cfg.Fetcher = p.Fetch
 	cfg.Disagg.Puller = p.PullHandoff
+	cfg.Disagg.Release = p.ReleaseHandoff
 	if cfg.Disagg.Endpoint == nil {
 		cfg.Disagg.Endpoint = p.endpoint
 	}

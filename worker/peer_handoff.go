@@ -56,6 +56,16 @@ func (p *Peer) PullHandoff(ctx context.Context, req *engine.Request, h *sim.Hand
 	return inserted, bytes, nil
 }
 
+// ReleaseHandoff is the engine's DisaggConfig.Release: it tells the
+// prefill rank that pinned h that this decode leg is done with it, over
+// the transfer protocol's release frame. An older source refuses the frame
+// and keeps its pin until the handoff's expiry.
+func (p *Peer) ReleaseHandoff(ctx context.Context, h *sim.Handoff) error {
+	released, err := p.client.Release(ctx, h.Endpoint, h.RequestID)
+	p.log.Debug("disagg handoff release", "request", h.RequestID, "source", h.Endpoint, "released", released, "err", err)
+	return err
+}
+
 func errShort(got, want int) error {
 	if got < want {
 		return fmt.Errorf("source sent %d of %d blocks", got, want)

@@ -27,7 +27,12 @@ var (
 	_ transfer.BlockViewer      = (*SimSource)(nil)
 	_ transfer.BlockChecksummer = (*SimSource)(nil)
 	_ transfer.BlockDomainer    = (*SimSource)(nil)
+	_ transfer.HandoffReleaser  = (*SimSource)(nil)
 )
+
+// ReleaseHandoff implements transfer.HandoffReleaser: a decode peer is done
+// with a prefill answer's pinned blocks (sim.Engine.ReleaseHandoff).
+func (s *SimSource) ReleaseHandoff(id string) bool { return s.e.ReleaseHandoff(id) }
 
 // BlockDomain implements transfer.BlockDomainer: the sim keeps the salt
 // domain each block was computed or inserted under.

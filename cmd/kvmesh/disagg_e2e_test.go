@@ -88,11 +88,7 @@ func TestServeDisaggregated(t *testing.T) {
 	}
 	p := startProc(t, "kvmesh serve", "serve", "--listen", "127.0.0.1:0", "--log-level", "debug",
 		"--prefill-workers", "2", "--decode-workers", "2", "--disagg-local-prefill-tokens", "0",
-		"--router-temperature", "20", "--speedup-ratio", "20",
-		// A decode worker that already holds the prompt's last block never
-		// reads it, and such a handoff is freed at its expiry: short here,
-		// so the test sees every pin released.
-		"--disagg-handoff-ttl", "3s")
+		"--router-temperature", "20", "--speedup-ratio", "20")
 	base := p.Expect(serveLine, 30*time.Second)[1]
 	client := newClient(base)
 	ctx := context.Background()
@@ -163,11 +159,21 @@ func TestServeDisaggregated(t *testing.T) {
 	if pulled := sum(m, "kvmesh_disagg_handoff_bytes_total{"); pulled == 0 {
 		t.Errorf("no handoff bytes pulled")
 	}
+	// Every pin goes at once, long before the default 30 s TTL: a decode
+	// worker that read the prompt's last block released it by the read,
+	// one that held it already (or failed its pull) by a release message.
 	pinned := func() float64 {
 		return sum(testutil.Scrape(t, strings.TrimSuffix(base, "/v1")+"/metrics"), "kvmesh_disagg_pinned_blocks{")
 	}
-	testutil.WaitFor(t, 15*time.Second, "every handoff pin released (read or expired)", func() bool { return pinned() == 0 },
+	testutil.WaitFor(t, 3*time.Second, "every handoff pin released (read or release message)", func() bool { return pinned() == 0 },
 		func() string { return fmt.Sprintf("%v blocks pinned", pinned()) })
+	m = testutil.Scrape(t, strings.TrimSuffix(base, "/v1")+"/metrics")
+	read, released := sum(m, `kvmesh_disagg_handoffs_released_total{by="read"`), sum(m, `kvmesh_disagg_handoffs_released_total{by="release"`)
+	if handoffs := sum(m, "kvmesh_disagg_prefill_handoffs_total{"); read+released != handoffs || released == 0 ||
+		sum(m, "kvmesh_disagg_handoffs_expired_total{") != 0 || sum(m, "kvmesh_disagg_release_failures_total{") != 0 {
+		t.Errorf("%v handoffs: %v released by a read, %v by a release message, %v expired, %v release failures", handoffs, read, released,
+			sum(m, "kvmesh_disagg_handoffs_expired_total{"), sum(m, "kvmesh_disagg_release_failures_total{"))
+	}
 }
 
 // TestWorkerRolesJoinFleet: separate processes over external NATS. With a

@@ -20,14 +20,19 @@ import (
 // like any request. Otherwise its last chunk carries the sim's connector
 // parameters (Handoff, JSON): the rank's control endpoint, the request id,
 // the prompt's full blocks by engine hash and an expiry; the rank keeps
-// those blocks pinned until a peer has read the last of them over the
-// transfer protocol (HandoffServed) or the expiry passes.
+// those blocks pinned until the decode side releases them (ReleaseHandoff,
+// the transfer protocol's release frame), a peer has read the last of them
+// (HandoffServed), or the expiry passes.
 //
 // A LegDecode request carries those parameters whole. Before it is queued,
 // the configured HandoffPuller pulls the named blocks it lacks from the
 // prefill rank (checksummed, as a peer fetch is) and inserts them; whatever
 // did not arrive — bad parameters, an unreachable or restarted source, an
-// expired pin — is recomputed, so the request still succeeds.
+// expired pin — is recomputed, so the request still succeeds. Unless its
+// pull read the handoff's last block (which released the pin already), the
+// decode leg then tells the prefill rank it is done (DisaggConfig.Release),
+// whether it pulled, failed, or held every block already: the pin goes at
+// once instead of at the expiry.
 
 // HandoffVersion tags the sim's connector parameters.
 const HandoffVersion = 1
@@ -80,8 +85,13 @@ type DisaggConfig struct {
 	// or "": none, and decode legs recompute).
 	Endpoint func(rank int) string
 	// TTL is how long an unread handoff stays pinned; default
-	// DefaultHandoffTTL.
+	// DefaultHandoffTTL. It is the fallback when no release comes.
 	TTL time.Duration
+	// Release tells the prefill rank named in h that the decode leg is done
+	// with it (worker.Peer.ReleaseHandoff); it runs on its own goroutine
+	// and its error is only counted. nil: pins go at a read of their last
+	// block or at the TTL.
+	Release func(ctx context.Context, h *Handoff) error
 }
 
 // HandoffStats counts the legs a sim served. Pinned* are gauges.
@@ -91,6 +101,7 @@ type HandoffStats struct {
 	PinnedHandoffs int64
 	PinnedBlocks   int64
 	Read, Expired  uint64 // pins released by a peer's read, by the expiry
+	Released       uint64 // pins released by the decode side's release message
 
 	Decodes    uint64 // decode legs
 	Pulls      uint64 // decode legs that pulled (something was missing)
@@ -99,6 +110,10 @@ type HandoffStats struct {
 	PullNanos  uint64
 	Failures   uint64 // pulls that failed (fewer blocks than the handoff named arrived)
 	Recomputes uint64 // decode legs that recomputed some of the prompt (failures and bad or missing parameters)
+	// ReleasesSent and ReleaseErrors count the decode side's release
+	// messages and those that failed (the prefill side's TTL then frees
+	// the pin).
+	ReleasesSent, ReleaseErrors uint64
 }
 
 // handoffs is one rank's pinned prefill answers and its leg counters.
@@ -107,9 +122,9 @@ type handoffs struct {
 	byLast map[kv.SeqHash][]*pinned // by the handoff's last block
 	byID   map[string]*pinned       // by request id
 
-	prefills, final, read, expired                           atomic.Uint64
-	pinnedN, pinnedBlocks                                    atomic.Int64
-	decodes, pulls, pulled, bytes, nanos, failures, recomput atomic.Uint64
+	prefills, final, read, expired, released, relSent, relErr atomic.Uint64
+	pinnedN, pinnedBlocks                                     atomic.Int64
+	decodes, pulls, pulled, bytes, nanos, failures, recomput  atomic.Uint64
 }
 
 type pinned struct {
@@ -132,6 +147,9 @@ func (e *Engine) HandoffStats() HandoffStats {
 		s.PinnedBlocks += h.pinnedBlocks.Load()
 		s.Read += h.read.Load()
 		s.Expired += h.expired.Load()
+		s.Released += h.released.Load()
+		s.ReleasesSent += h.relSent.Load()
+		s.ReleaseErrors += h.relErr.Load()
 		s.Decodes += h.decodes.Load()
 		s.Pulls += h.pulls.Load()
 		s.PulledBlks += h.pulled.Load()
@@ -166,6 +184,20 @@ func (e *Engine) HandoffServed(hashes []kv.SeqHash) {
 			h.read.Add(1)
 		}
 	}
+}
+
+// ReleaseHandoff unpins the handoff of request id on this rank, at the
+// decode side's word (the transfer protocol's release frame); false when
+// none is pinned by that id (read, released, expired or never made).
+func (e *Engine) ReleaseHandoff(id string) bool {
+	e.ho.mu.Lock()
+	p := e.ho.byID[id]
+	e.ho.mu.Unlock()
+	if p != nil && e.unpin(p) {
+		e.ho.released.Add(1)
+		return true
+	}
+	return false
 }
 
 // unpin releases p once; it reports whether this call did.
@@ -296,9 +328,11 @@ func (e *Engine) dropHandoff(id string) {
 
 // fetcherFor is the fetch step of req before it is queued: a decode leg
 // pulls its handoff, anything else uses the configured Fetcher (hints).
-func (e *Engine) fetcherFor(req *engine.Request) Fetcher {
+// done, when not nil, is called once the fetch step is over (also when
+// nothing was missing): a decode leg then releases its handoff.
+func (e *Engine) fetcherFor(req *engine.Request) (f Fetcher, done func()) {
 	if req.Leg != kv.LegDecode {
-		return e.cfg.Fetcher
+		return e.cfg.Fetcher, nil
 	}
 	ho := &e.ho
 	ho.decodes.Add(1)
@@ -306,15 +340,20 @@ func (e *Engine) fetcherFor(req *engine.Request) Fetcher {
 	if err != nil || e.cfg.Disagg.Puller == nil || h.Endpoint == "" {
 		// Nothing to pull with: recompute (counted once it is known that
 		// something was missing, in the returned fetcher).
-		return func(context.Context, *engine.Request, Missing, Inserter) error {
+		f = func(context.Context, *engine.Request, Missing, Inserter) error {
 			ho.recomput.Add(1)
 			if err != nil {
 				return err
 			}
 			return errors.New("sim: decode leg without a source to pull from; recomputing")
 		}
+		if err != nil || h.Endpoint == "" {
+			return f, nil
+		}
+		return f, func() { e.releaseHandoff(h) }
 	}
-	return func(ctx context.Context, req *engine.Request, m Missing, into Inserter) error {
+	readLast := false // the pull read the handoff's last block: the source unpinned on it
+	f = func(ctx context.Context, req *engine.Request, m Missing, into Inserter) error {
 		t0 := time.Now()
 		n, b, err := e.cfg.Disagg.Puller(ctx, req, h, m, into)
 		ho.pulls.Add(1)
@@ -327,6 +366,33 @@ func (e *Engine) fetcherFor(req *engine.Request) Fetcher {
 		if n < len(m.Seq) {
 			ho.recomput.Add(1)
 		}
+		readLast = n > 0 && n <= len(m.Seq) && len(h.Hashes) > 0 && EngineHash(m.Seq[n-1]) == h.Hashes[len(h.Hashes)-1]
 		return err
 	}
+	return f, func() {
+		if !readLast {
+			e.releaseHandoff(h)
+		}
+	}
+}
+
+// releaseHandoff tells h's prefill rank, on its own goroutine, that this
+// decode leg is done with it. The engine's Close waits for it (bounded by
+// a short timeout, and cut by the close).
+func (e *Engine) releaseHandoff(h *Handoff) {
+	rel := e.cfg.Disagg.Release
+	if rel == nil || len(h.Hashes) == 0 {
+		return // nothing pinned for it
+	}
+	ho := &e.ho
+	ho.relSent.Add(1)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		ctx, cancel := context.WithTimeout(e.ctx, 2*time.Second)
+		defer cancel()
+		if err := rel(ctx, h); err != nil {
+			ho.relErr.Add(1)
+		}
+	}()
 }

@@ -171,3 +171,48 @@ func TestHandoffExpiryAndFinalPrefill(t *testing.T) {
 		t.Fatalf("final prefills %+v", st)
 	}
 }
+
+// A decode leg that did not read the handoff's last block tells the
+// prefill side it is done, which unpins at once (long before the TTL):
+// when it held every block already, and when its pull failed. One that
+// read the last block sends nothing: the read released the pin.
+func TestDecodeReleasesHandoff(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name                  string
+		fail                  error
+		warm                  bool
+		wantRelease, wantRead uint64
+	}{
+		{"held every block", nil, true, 1, 0},
+		{"pull failed", errors.New("source gone"), false, 1, 0},
+		{"pulled through the last block", nil, false, 0, 1},
+	} {
+		pre, dec := legPair(t, time.Minute, tc.fail)
+		dec.cfg.Disagg.Release = func(_ context.Context, h *Handoff) error {
+			if h.Endpoint != "tcp://127.0.0.1:1" {
+				return errors.New("wrong endpoint")
+			}
+			pre.ReleaseHandoff(h.RequestID)
+			return nil
+		}
+		p := tokens(42, 5)
+		if tc.warm {
+			collect(t, must(dec.Generate(ctx, req("warm", p, 2))))
+		}
+		r := req("r", p, 8)
+		r.Leg = kv.LegPrefill
+		_, last := collect(t, must(pre.Generate(ctx, r)))
+		d := req("r", p, 8)
+		d.Leg, d.TransferParams = kv.LegDecode, last.TransferParams
+		collect(t, must(dec.Generate(ctx, d)))
+		testutil.WaitFor(t, 5*time.Second, tc.name+": pin released", func() bool { return pre.HandoffStats().PinnedBlocks == 0 })
+		st, ds := pre.HandoffStats(), dec.HandoffStats()
+		if st.Released != tc.wantRelease || st.Read != tc.wantRead || st.Expired != 0 || ds.ReleasesSent != tc.wantRelease || ds.ReleaseErrors != 0 {
+			t.Fatalf("%s: prefill %+v, decode %+v", tc.name, st, ds)
+		}
+		if pre.ReleaseHandoff("r") {
+			t.Fatalf("%s: a second release found a pin", tc.name)
+		}
+	}
+}

@@ -351,7 +351,8 @@ func (e *Engine) abort(s *Seq) {
 func (e *Engine) pump(ctx context.Context, s *Seq, st *stream, out chan engine.Chunk) {
 	defer e.wg.Done()
 	defer close(out)
-	if f := e.fetcherFor(s.req); f != nil {
+	f, fetched := e.fetcherFor(s.req)
+	if f != nil {
 		e.mu.Lock()
 		m := e.core.missing(s)
 		e.mu.Unlock()
@@ -366,6 +367,9 @@ func (e *Engine) pump(ctx context.Context, s *Seq, st *stream, out chan engine.C
 			e.core.noteFetch(s, n, err)
 			e.mu.Unlock()
 		}
+	}
+	if fetched != nil {
+		fetched()
 	}
 	e.mu.Lock()
 	switch {
