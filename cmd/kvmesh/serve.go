@@ -61,7 +61,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.Float64Var(&ff.temperature, "router-temperature", 0, "softmax temperature of worker selection (0: always the cheapest)")
 	f.IntVar(&ff.migrationLimit, "migration-limit", 3, "times a request may move to another worker when its worker dies")
 	f.Int64Var(&ff.maxBodyBytes, "max-body-bytes", 16<<20, "largest request body accepted (413 above)")
-	f.IntVar(&ff.maxTokensLimit, "max-tokens-limit", 0, "most tokens one request may ask to generate, 400 above (0: the context length); a request without max_tokens gets 256")
+	f.IntVar(&ff.maxTokensLimit, "max-tokens-limit", 0, "most tokens one request may ask to generate, 400 above (0: the context length: the smallest a worker of the model reports, a real engine's max_model_len or a worker's KV capacity); a request without max_tokens gets 256")
 	f.BoolVar(&ff.replicaSync, "router-replica-sync", false, "share load bookings with other frontend replicas over NATS")
 	f.Float64Var(&ff.busyKVUsage, "busy-kv-usage", 0, "a worker is busy above this fraction of its KV blocks in use; 503 when all are (0: off)")
 	f.BoolVar(&ff.hints, "hints", true, "plan KV hints: send a request's worker to a peer that holds a longer prefix (only workers that advertise control endpoints take part)")
@@ -370,7 +370,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	var engineDesc string
 	if ef.engine != "sim" {
 		// Real engines: one worker each, no simulated ones.
-		if ws, err = startEngineWorkers(ctx, cmd, ef, ff, nc, sf.DPSize, sf.BlockSize, stallTimeout, log); err != nil {
+		if ws, err = startEngineWorkers(ctx, cmd, ef, ff, nc, sf.DPSize, sf.BlockSize, stallTimeout, reg, log); err != nil {
 			return err
 		}
 		workers, pd, engineDesc = 0, pdFlags{}, fmt.Sprintf("%d %s engines", len(ws), ef.engine)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/kvmesh/kvmesh/discovery"
@@ -19,7 +20,7 @@ import (
 // engine runs dpSize DP ranks (rank r's events on the --kv-events port +
 // r, as for worker); blockSize, when --block-size is set, pins theirs.
 func startEngineWorkers(ctx context.Context, cmd *cobra.Command, ef *serveEngineFlags, ff *frontendFlags, nc *nats.Conn,
-	dpSize, blockSize int, stallTimeout time.Duration, log *slog.Logger) ([]*worker.Worker, error) {
+	dpSize, blockSize int, stallTimeout time.Duration, reg prometheus.Registerer, log *slog.Logger) ([]*worker.Worker, error) {
 	list, err := ef.engines()
 	if err != nil {
 		return nil, err
@@ -67,7 +68,7 @@ func startEngineWorkers(ctx context.Context, cmd *cobra.Command, ef *serveEngine
 			return nil, fmt.Errorf("--%sengine-url %s serves %q, the engines before it %q: serve runs one model", se.prefix, se.flags.url, m, model)
 		}
 		w, err := worker.New(worker.Config{Model: model, Role: se.role, Logger: wlog, ControlEndpoints: se.flags.peers,
-			AcceptsHints: ef.opts.acceptsHints(), StallTimeout: stallTimeoutConfig(stallTimeout),
+			AcceptsHints: ef.opts.acceptsHints(), StallTimeout: stallTimeoutConfig(stallTimeout), Registerer: reg,
 			Discovery: discovery.Config{Logger: log}}, eng, nc)
 		if err != nil {
 			eng.Close()

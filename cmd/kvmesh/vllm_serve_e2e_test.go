@@ -147,6 +147,16 @@ func TestServeVLLMDPBlockSizeAndContext(t *testing.T) {
 	if up != 4 {
 		t.Fatalf("%d worker keys up, want 4 (two engines × two ranks)", up)
 	}
+	// The workers' own series are on serve's /metrics, one per engine.
+	healthy := 0
+	for k, v := range testutil.Scrape(t, strings.TrimSuffix(s.base, "/v1")+"/metrics") {
+		if strings.HasPrefix(k, "kvmesh_worker_healthy{") && v == 1 {
+			healthy++
+		}
+	}
+	if healthy != 2 {
+		t.Fatalf("%d healthy workers on serve's /metrics, want 2", healthy)
+	}
 
 	// A pinned block size the engines do not use is one clear error.
 	bad := startProc(t, "bad serve", "serve", "--listen", "127.0.0.1:0", "--engine", "vllm", "--engine-url", a.url, "--block-size", "32")
