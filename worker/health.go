@@ -40,7 +40,7 @@ func (w *Worker) watchHealth(ctx context.Context, h engine.Health) {
 				case <-changed:
 				case <-time.After(time.Second):
 				}
-				if h, _ := h.Health(); h != healthy {
+				if now, _ := h.Health(); now != healthy {
 					break
 				}
 			}

@@ -11,12 +11,12 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// errStalled ends streams on a worker whose engine stalled; Unavailable
-// makes the frontend migrate the request to another worker.
 // errEngineDown ends streams on a worker whose engine fails its health
 // check; Unavailable makes the frontend migrate them.
 var errEngineDown = status.Error(codes.Unavailable, "generate: engine unhealthy (its health check fails); retry on another worker")
 
+// errStalled ends streams on a worker whose engine stalled; Unavailable
+// makes the frontend migrate the request to another worker.
 var errStalled = status.Error(codes.Unavailable, "generate: engine stalled (no output within the stall timeout); worker out of service, retry on another worker")
 
 // server implements api.WorkerServer for one Worker.
