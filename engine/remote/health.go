@@ -112,7 +112,8 @@ type httpStatusError struct{ status string }
 
 func (e *httpStatusError) Error() string { return e.status }
 
-// set records a verdict; a change is logged once and wakes the watchers.
+// set records a verdict; a change wakes the watchers. The watcher (the
+// worker) logs the transition; the cause is logged here at debug level.
 func (m *HealthMonitor) set(healthy bool, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -120,11 +121,9 @@ func (m *HealthMonitor) set(healthy bool, err error) {
 		return
 	}
 	m.healthy = healthy
-	if healthy {
-		m.log.Info("engine healthy again", "url", m.cfg.URL)
-	} else {
+	if !healthy {
 		m.downs++
-		m.log.Warn("engine unhealthy: its health check fails", "url", m.cfg.URL, "checks", m.cfg.Failures, "err", err)
+		m.log.Debug("engine health check failing", "url", m.cfg.URL, "checks", m.cfg.Failures, "err", err)
 	}
 	close(m.changed)
 	m.changed = make(chan struct{})
