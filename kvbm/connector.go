@@ -108,7 +108,9 @@ func (c *Connector) match(r *Request, numComputed int) (int, bool, error) {
 	case s == nil:
 		s = newSlot(r, c.bs)
 		c.slots[r.ID] = s
-	case s.phase == PhasePrefilling || s.phase == PhaseDecoding:
+	case s.phase == PhasePrefilling || s.phase == PhaseDecoding || len(s.blocks) > 0:
+		// A request holding device blocks (running, or onboarded and not
+		// yet scheduled) was preempted: the engine freed them.
 		c.preempt(s)
 	case s.phase == PhaseOnboardStaged:
 		c.m.Release(s.staged)

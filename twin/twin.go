@@ -688,7 +688,11 @@ func (t *twin) workerEvent(w int) error {
 		wk.active = false
 	} else {
 		res := wk.core.Step(now)
-		if res.Seqs == 0 {
+		if res.Seqs == 0 && res.Loading > 0 {
+			// Only onboarding in flight: step again when it lands.
+			wk.stalls = 0
+			wk.at, wk.atNS = res.End, nowNS+int64(res.Duration)
+		} else if res.Seqs == 0 {
 			// Nothing fits right now; only pinned blocks could cause it.
 			if wk.stalls++; wk.stalls > stallLimit {
 				return fmt.Errorf("twin: worker %d scheduled nothing for %d passes", w+1, stallLimit)

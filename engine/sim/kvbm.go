@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/kvmesh/kvmesh/clock"
 	"github.com/kvmesh/kvmesh/engine"
@@ -20,8 +21,8 @@ import (
 //
 //   - admitting a request asks the leader for external matches
 //     (GetNumNewMatchedTokens with the device hit), allocates blocks for
-//     the device hit, the matched tokens and the first chunk, and reports
-//     the allocation (UpdateStateAfterAlloc);
+//     the device hit and the matched tokens (without a match, the first
+//     chunk's), and reports the allocation (UpdateStateAfterAlloc);
 //   - the pass's scheduler output (new and cached requests with their new
 //     block ids, computed position and num_scheduled_tokens) builds the
 //     connector metadata, which the worker binds before the forward pass:
@@ -34,8 +35,13 @@ import (
 //     disk through the frequency filter);
 //   - a finished or aborted request is reported (RequestFinished).
 //
-// Loads are synchronous here, so a request computes in the pass its load
-// runs in; TensorRT-LLM would schedule it one iteration later.
+// Loads are asynchronous, as TensorRT-LLM's and vLLM's are (vLLM parks the
+// request in WAITING_FOR_REMOTE_KVS): a request admitted with matched
+// blocks takes no tokens of the pass that admits it; its load is timed on
+// one host/disk→device channel (loads queue behind each other) that
+// overlaps the other requests' forward passes, and it is scheduled in the
+// first pass that starts after its load lands. The bytes themselves move
+// when the metadata is bound, so the device holds them from then on.
 //
 // The tiers' KV events join the core's own stream (one numbering per
 // worker key), after the device events of the same call.
@@ -90,9 +96,15 @@ type kbCore struct {
 
 	out     kvbm.TRTLLMSchedulerOutput
 	ids     []kvbm.DeviceBlockID
-	loading []*Seq
-	held    []kv.Event // tier events emitted before any sink (recovery)
-	holding bool
+	loading []*Seq // admitted this pass with a load to start
+	// loadq is the admitted requests whose load is in flight, in load
+	// order; loadFree is when the load channel is next free, loadScale
+	// the factor from modelled to clock time (the Engine's 1/speedup).
+	loadq     []*Seq
+	loadFree  time.Time
+	loadScale float64
+	held      []kv.Event // tier events emitted before any sink (recovery)
+	holding   bool
 	// domains is the salt domain of every block a tier holds, taken from
 	// the device pool when the block was stored there, so the tiers'
 	// blocks are served to peers only within their domain (BlockDomain).
@@ -113,6 +125,8 @@ type kbReq struct {
 	// hit matchedAt, matched tokens, still pinned in the tiers.
 	matchedAt, matched int
 	staged             bool
+	ready              time.Time // when its load lands (stLoading)
+	recompute          int       // tokens whose load failed, priced in its next pass
 }
 
 func (cfg *KVBMConfig) check(c Config) error {
@@ -135,7 +149,7 @@ func (cfg *KVBMConfig) check(c Config) error {
 func newKB(c *Core) (*kbCore, error) {
 	cfg := *c.cfg.KVBM
 	bb := c.cfg.Layers * c.cfg.PayloadSize
-	k := &kbCore{c: c, hostBW: cfg.HostBandwidth, diskBW: cfg.DiskBandwidth, domains: u64map.New[kv.SeqHash, uint64](1024)}
+	k := &kbCore{c: c, loadScale: 1, hostBW: cfg.HostBandwidth, diskBW: cfg.DiskBandwidth, domains: u64map.New[kv.SeqHash, uint64](1024)}
 	if k.hostBW == 0 {
 		k.hostBW = DefaultHostBandwidth
 	}
@@ -298,7 +312,9 @@ func (k *kbCore) allocated(s *Seq, contextPos, ext int) {
 		k.fail(err)
 	}
 	if ext > 0 {
+		s.st = stLoading
 		k.loading = append(k.loading, s)
+		k.loadq = append(k.loadq, s)
 	}
 }
 
@@ -311,9 +327,11 @@ func (k *kbCore) blockIDs(t []int32) []kvbm.DeviceBlockID {
 }
 
 // bind builds the pass's scheduler output and binds its metadata: loads
-// run now. It returns the onboarding time (ms) and the tokens to recompute
-// because their load failed.
-func (k *kbCore) bind(sched []schedEntry) (ms float64, recompute int) {
+// start now, on one host/disk→device channel that overlaps the forward
+// pass; a request admitted with a load runs in the first pass that starts
+// after its load lands. It returns the tokens to price as prefill in this
+// pass: blocks whose load failed, recomputed in their request's first pass.
+func (k *kbCore) bind(sched []schedEntry, now time.Time) (recompute int) {
 	out := &k.out
 	out.NewRequests, out.CachedRequests = out.NewRequests[:0], out.CachedRequests[:0]
 	clear(out.NumScheduledTokens)
@@ -345,11 +363,16 @@ func (k *kbCore) bind(sched []schedEntry) (ms float64, recompute int) {
 		}
 		q.isNew, q.told = false, len(s.table)
 		out.NumScheduledTokens[q.id] = e.n
+		recompute += q.recompute
+		q.recompute = 0
+	}
+	if len(sched) == 0 && len(k.loading) == 0 {
+		return recompute
 	}
 	md, err := k.lead.BuildConnectorMeta(out)
 	k.fail(err)
 	if md == nil {
-		return 0, 0
+		return recompute
 	}
 	k.fail(k.wk.BindConnectorMetadata(md))
 	failed := k.wk.BlockIDsWithLoadErrors()
@@ -357,19 +380,27 @@ func (k *kbCore) bind(sched []schedEntry) (ms float64, recompute int) {
 		if op.Kind != kvbm.OpLoad {
 			continue
 		}
+		var owner *kbReq
+		for _, s := range k.loading {
+			if s.kb.id == op.Request {
+				owner = s.kb
+			}
+		}
 		for _, id := range op.Into {
 			if !containsID(failed, id) {
 				k.c.pool.storeSum(int32(id))
+			} else if owner != nil {
+				owner.recompute += k.c.bs
 			}
 		}
 	}
 	for _, id := range failed {
 		// Recompute: the block's bytes are derived again on first read.
 		k.c.pool.blocks[id].flags |= flagUnfilled
-		recompute += k.c.bs
 	}
 	k.st.LoadFailures += uint64(len(failed))
 	for _, s := range k.loading {
+		s.kb.ready = now
 		info, ok := k.conn.Slot(s.kb.id)
 		if !ok {
 			continue
@@ -378,12 +409,20 @@ func (k *kbCore) bind(sched []schedEntry) (ms float64, recompute int) {
 		s.kb.host, s.kb.disk = info.LoadedHost, info.LoadedDisk
 		blocks := float64(dh+dd) / float64(k.c.bs)
 		k.st.OnboardBytes += uint64(blocks * k.bpb)
+		var ms float64
 		if k.hostBW > 0 {
 			ms += float64(dh) / float64(k.c.bs) * k.bpb / k.hostBW * 1e3
 		}
 		if k.diskBW > 0 {
 			ms += float64(dd) / float64(k.c.bs) * k.bpb / k.diskBW * 1e3
 		}
+		// Loads queue on the channel behind the ones still in flight.
+		start := now
+		if k.loadFree.After(start) {
+			start = k.loadFree
+		}
+		s.kb.ready = start.Add(msToDuration(ms * k.loadScale))
+		k.loadFree = s.kb.ready
 		if !s.kb.counted {
 			s.kb.counted = true
 			s.m.HostTokens, s.m.DiskTokens = dh, dd
@@ -397,7 +436,35 @@ func (k *kbCore) bind(sched []schedEntry) (ms float64, recompute int) {
 	}
 	clear(k.loading)
 	k.loading = k.loading[:0]
-	return ms, recompute
+	return recompute
+}
+
+// promote moves the requests whose load has landed by now to the running
+// set (in load order, which is admission order).
+func (k *kbCore) promote(now time.Time) {
+	n := 0
+	for _, s := range k.loadq {
+		if s.kb.ready.After(now) {
+			break
+		}
+		s.st = stRunning
+		k.c.running = append(k.c.running, s)
+		n++
+	}
+	if n > 0 {
+		clear(k.loadq[:n])
+		k.loadq = append(k.loadq[:0], k.loadq[n:]...)
+	}
+}
+
+// unload drops an aborted request from the onboarding queue.
+func (k *kbCore) unload(s *Seq) {
+	for i, x := range k.loadq {
+		if x == s {
+			k.loadq = append(k.loadq[:i], k.loadq[i+1:]...)
+			return
+		}
+	}
 }
 
 func containsID(ids []kvbm.DeviceBlockID, id kvbm.DeviceBlockID) bool {

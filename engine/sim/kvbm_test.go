@@ -306,3 +306,94 @@ func TestKVBMCorruptHostBlockIsRecomputed(t *testing.T) {
 		t.Fatalf("block 4 after recompute: %v", err)
 	}
 }
+
+// TestKVBMOnboardingOverlapsOtherRequests: a request whose prefix comes
+// from the host tier takes no part of the pass that admits it; its load
+// runs beside the other requests' passes (their time is not lengthened by
+// it) and it is scheduled in the first pass that starts once the load has
+// landed. Aborting a request while it loads frees everything.
+func TestKVBMOnboardingOverlapsOtherRequests(t *testing.T) {
+	c := mustCore(t, kvbmConfig(64, 0, ""))
+	now := clock.Epoch
+	a := prompt(1, 40)
+	run(t, c, "a", a, 2, &now)
+	run(t, c, "b", prompt(2, 40), 2, &now)
+	run(t, c, "c", prompt(3, 40), 2, &now)
+
+	// d decodes long enough to keep the engine busy.
+	d, err := c.Add(req("d", prompt(4, 4), 16), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for d.Metrics().FirstToken.IsZero() {
+		now = c.Step(now).End
+	}
+	decodePass := c.Step(now)
+	decodeDur := decodePass.Duration
+	now = decodePass.End
+	// a's 9 host blocks take 3.5 decode passes to onboard.
+	loadMS := 3.5 * float64(decodeDur) / float64(time.Millisecond)
+	c.kb.hostBW = 9 * c.kb.bpb / (loadMS / 1e3)
+
+	a2, err := c.Add(req("a2", a, 2), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := now
+	r := c.Step(now)
+	// Priced with the load, the pass would take 4.5 decode passes.
+	if r.Seqs != 1 || r.Loading != 1 || r.Duration > decodeDur*3/2 {
+		t.Fatalf("admitting pass: %d seqs, %d loading, %v (a decode-only pass takes %v)", r.Seqs, r.Loading, r.Duration, decodeDur)
+	}
+	if st := c.Stats(); st.Running != 2 || st.Waiting != 0 {
+		t.Fatalf("stats while loading %+v", st)
+	}
+	now = r.End
+	ready := admitted.Add(msToDuration(loadMS))
+	for a2.Metrics().FirstToken.IsZero() {
+		start := now
+		r := c.Step(now)
+		now = r.End
+		ranA2 := r.Loading == 0
+		if ranA2 != !start.Before(ready) {
+			t.Fatalf("pass at +%v (load lands at +%v): %d seqs, %d loading", start.Sub(admitted), ready.Sub(admitted), r.Seqs, r.Loading)
+		}
+		if ranA2 && r.Seqs != 2 {
+			t.Fatalf("a2's first pass schedules %d requests", r.Seqs)
+		}
+	}
+	if m := a2.Metrics(); m.HostTokens != 36 || m.CachedTokens != 36 {
+		t.Fatalf("a2 host %d cached %d tokens, want 36", m.HostTokens, m.CachedTokens)
+	}
+	for !a2.Done() {
+		now = c.Step(now).End
+	}
+	if got, want := a2.Output(), refOutput(a, 1, "", "", 2, 4, 1000, nil); !equalTokens(got, want) {
+		t.Fatalf("output %v, want %v", got, want)
+	}
+
+	// Abort while loading: blocks and tier pins are released.
+	a3, err := c.Add(req("a3", prompt(2, 40), 2), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.Step(now); r.Loading != 1 || a3.st != stLoading {
+		t.Fatalf("a3 not loading: %d loading, state %v", r.Loading, a3.st)
+	}
+	if !c.Abort(a3, now) || c.Abort(a3, now) {
+		t.Fatal("abort while loading")
+	}
+	if !c.Abort(d, now) {
+		t.Fatal("abort d")
+	}
+	if !c.Idle() {
+		t.Fatal("core not idle after aborting everything")
+	}
+	checkPool(t, c, nil)
+	if err := c.KVBMErr(); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.kb.conn.Slots(); n != 0 {
+		t.Fatalf("connector tracks %d slots after every request ended", n)
+	}
+}

@@ -14,6 +14,7 @@ type seqState uint8
 const (
 	stWaiting seqState = iota
 	stRunning
+	stLoading // admitted, its matched blocks onboarding (Config.KVBM)
 	stFinished
 )
 
