@@ -472,9 +472,8 @@ func (c *Core) Step(now time.Time) *StepResult {
 	}
 	r.Seqs = len(c.sched)
 	if c.kb != nil {
-		// Loads start before the forward pass and overlap it; blocks whose
-		// load failed are recomputed in their request's first pass.
-		r.PrefillTokens += c.kb.bind(c.sched, now)
+		// Loads start before the forward pass and overlap it.
+		c.kb.bind(c.sched, now)
 		r.Loading = len(c.kb.loadq)
 		if r.Seqs == 0 && r.Loading > 0 {
 			// Only onboarding in flight: wait for the first to land.

@@ -126,7 +126,6 @@ type kbReq struct {
 	matchedAt, matched int
 	staged             bool
 	ready              time.Time // when its load lands (stLoading)
-	recompute          int       // tokens whose load failed, priced in its next pass
 }
 
 func (cfg *KVBMConfig) check(c Config) error {
@@ -329,9 +328,8 @@ func (k *kbCore) blockIDs(t []int32) []kvbm.DeviceBlockID {
 // bind builds the pass's scheduler output and binds its metadata: loads
 // start now, on one host/disk→device channel that overlaps the forward
 // pass; a request admitted with a load runs in the first pass that starts
-// after its load lands. It returns the tokens to price as prefill in this
-// pass: blocks whose load failed, recomputed in their request's first pass.
-func (k *kbCore) bind(sched []schedEntry, now time.Time) (recompute int) {
+// after its load lands, computing from the first block whose load failed.
+func (k *kbCore) bind(sched []schedEntry, now time.Time) {
 	out := &k.out
 	out.NewRequests, out.CachedRequests = out.NewRequests[:0], out.CachedRequests[:0]
 	clear(out.NumScheduledTokens)
@@ -363,16 +361,14 @@ func (k *kbCore) bind(sched []schedEntry, now time.Time) (recompute int) {
 		}
 		q.isNew, q.told = false, len(s.table)
 		out.NumScheduledTokens[q.id] = e.n
-		recompute += q.recompute
-		q.recompute = 0
 	}
 	if len(sched) == 0 && len(k.loading) == 0 {
-		return recompute
+		return
 	}
 	md, err := k.lead.BuildConnectorMeta(out)
 	k.fail(err)
 	if md == nil {
-		return recompute
+		return
 	}
 	k.fail(k.wk.BindConnectorMetadata(md))
 	failed := k.wk.BlockIDsWithLoadErrors()
@@ -380,17 +376,22 @@ func (k *kbCore) bind(sched []schedEntry, now time.Time) (recompute int) {
 		if op.Kind != kvbm.OpLoad {
 			continue
 		}
-		var owner *kbReq
+		var owner *Seq
 		for _, s := range k.loading {
 			if s.kb.id == op.Request {
-				owner = s.kb
+				owner = s
 			}
 		}
-		for _, id := range op.Into {
+		for i, id := range op.Into {
 			if !containsID(failed, id) {
 				k.c.pool.storeSum(int32(id))
-			} else if owner != nil {
-				owner.recompute += k.c.bs
+			} else if owner != nil && i < len(op.Load) {
+				// The request computes from the first block that did not
+				// load, as an engine does with the load-error block ids:
+				// the connector then stores what it recomputes, so a
+				// block dropped as corrupt is offloaded again.
+				owner.computed -= (len(op.Load) - i) * k.c.bs
+				break
 			}
 		}
 	}
@@ -436,7 +437,6 @@ func (k *kbCore) bind(sched []schedEntry, now time.Time) (recompute int) {
 	}
 	clear(k.loading)
 	k.loading = k.loading[:0]
-	return recompute
 }
 
 // promote moves the requests whose load has landed by now to the running

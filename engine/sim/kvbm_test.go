@@ -265,8 +265,8 @@ func TestKVBMPinServesHostTier(t *testing.T) {
 
 // TestKVBMCorruptHostBlockIsRecomputed: a host block whose bytes rotted
 // fails verification on the device; it is dropped and counted, the engine
-// recomputes from it in the same pass, the answer is unchanged and only
-// the blocks before it count as cached.
+// recomputes from it, the answer is unchanged, only the blocks before it
+// count as cached, and the recomputed block is offloaded to host again.
 func TestKVBMCorruptHostBlockIsRecomputed(t *testing.T) {
 	c := mustCore(t, kvbmConfig(64, 0, ""))
 	now := clock.Epoch
@@ -293,6 +293,13 @@ func TestKVBMCorruptHostBlockIsRecomputed(t *testing.T) {
 	st := c.KVBMStats()
 	if st.Corrupt != 1 || st.LoadFailures == 0 {
 		t.Fatalf("stats %+v", st)
+	}
+	// What a2 recomputed went to the host tier again: the corrupt block
+	// is offloaded anew, the rest were still there.
+	for i, h := range seqs {
+		if host, _ := c.HoldsTier(h); !host {
+			t.Fatalf("host tier lacks block %d after the recompute", i)
+		}
 	}
 	// The recomputed blocks are on the device with the right bytes.
 	n, release := c.Pin(seqs)
