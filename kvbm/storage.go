@@ -269,6 +269,24 @@ func (d *DiskFile) Close() error {
 	return err
 }
 
+// BlockHeaderSize is the length of a block header.
+const BlockHeaderSize = slotHeaderSize
+
+// EncodeBlockHeader writes the self-checking header of block m (its
+// identity, payload checksum, priority and size) into b, BlockHeaderSize
+// long: what the disk pool keeps per slot and an object-tier store
+// prefixes each object with.
+func EncodeBlockHeader(b []byte, m BlockMeta, blockBytes int) { encodeSlotHeader(b, m, blockBytes) }
+
+// DecodeBlockHeader reads a header EncodeBlockHeader wrote for a
+// blockBytes block; ok is false for anything else.
+func DecodeBlockHeader(b []byte, blockBytes int) (m BlockMeta, ok bool) {
+	if len(b) < BlockHeaderSize {
+		return BlockMeta{}, false
+	}
+	return decodeSlotHeader(b, blockBytes)
+}
+
 func encodeSlotHeader(b []byte, m BlockMeta, bb int) {
 	le := binary.LittleEndian
 	le.PutUint32(b[0:], slotMagic)
