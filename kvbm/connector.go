@@ -88,7 +88,7 @@ func (c *Connector) Slot(id string) (SlotInfo, bool) {
 	}
 	return SlotInfo{Phase: s.phase, Tokens: s.n, DeviceBlocks: append([]DeviceBlockID(nil), s.blocks...),
 		Current: s.current, Evaluated: s.evaluated, Pending: s.pending,
-		LoadedHost: s.loadedHost * c.bs, LoadedDisk: s.loadedDisk * c.bs}, true
+		LoadedHost: s.loadedHost * c.bs, LoadedDisk: s.loadedDisk * c.bs, LoadedObject: s.loadedObject * c.bs}, true
 }
 
 // Slots is the number of requests the connector tracks.
@@ -346,10 +346,13 @@ func (c *Connector) opDone(op *Op, loaded int) {
 	s.pending--
 	if op.Kind == OpLoad {
 		for _, b := range op.Load[:loaded] {
-			if b.Tier == kv.TierHost {
+			switch b.Tier {
+			case kv.TierHost:
 				s.loadedHost++
-			} else {
+			case kv.TierDisk:
 				s.loadedDisk++
+			default:
+				s.loadedObject++
 			}
 		}
 		c.loadErrors = append(c.loadErrors, op.Into[loaded:]...)

@@ -459,7 +459,7 @@ func TestPreemptedAfterOnboardingMatchesAgain(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.run(nil, nil, map[string]int{}, nil) // the load lands
-		r.dev.release(first)                    // preempted before it ran
+		r.dev.release(first)                   // preempted before it ran
 
 		if n, _, err := r.sh.match(b, 0); n != 12 || err != nil {
 			t.Fatalf("match after preemption: %d %v", n, err)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,9 +14,10 @@ import (
 	"github.com/kvmesh/kvmesh/internal/u64map"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/kvbm"
+	"github.com/kvmesh/kvmesh/kvbm/blobtier"
 )
 
-// The sim behind a KV block manager (Config.KVBM): host and disk tiers
+// The sim behind a KV block manager (Config.KVBM): host, disk and object tiers
 // (package kvbm) behind the device pool, driven the way TensorRT-LLM's
 // executor drives its KV cache connector. Per pass:
 //
@@ -51,6 +53,8 @@ import (
 const (
 	DefaultHostBandwidth = 50e9
 	DefaultDiskBandwidth = 7e9
+	// DefaultObjectBandwidth is a 25 GbE link's sustained object reads.
+	DefaultObjectBandwidth = 3e9
 )
 
 // KVBMConfig shapes the block manager behind a Core.
@@ -65,6 +69,15 @@ type KVBMConfig struct {
 	// HostBandwidth and DiskBandwidth (bytes/s) price onboarding; 0 takes
 	// the defaults, < 0 makes it free.
 	HostBandwidth, DiskBandwidth float64
+	// ObjectURL is the object tier's bucket (G4, kvbm/blobtier: file:///dir
+	// or mem://) and ObjectBlocks its capacity: what the last local tier
+	// evicts goes there, under the prefix kvbm/<instance>-<rank>/; a
+	// worker with the same key recovers what it finds there at start.
+	ObjectURL    string
+	ObjectBlocks int
+	// ObjectBandwidth prices object→device onboarding (bytes/s; 0: the
+	// default, < 0: free).
+	ObjectBandwidth float64
 	// DiskFilter is the host→disk frequency filter.
 	DiskFilter kvbm.FilterConfig
 	// Clock drives the disk filter's decay (nil: wall time).
@@ -75,9 +88,10 @@ type KVBMConfig struct {
 type KVBMStats struct {
 	kvbm.Stats
 	HostTokens, DiskTokens uint64 // prompt tokens onboarded from each tier at first admission
+	ObjectTokens           uint64
 	OnboardBytes           uint64 // modelled bytes onboarded (every admission)
 	LoadFailures           uint64 // blocks recomputed because their load failed
-	RecoveredCorrupt       int    // disk blocks dropped by recovery
+	RecoveredCorrupt       int    // disk and object blocks dropped by recovery
 	ConnectorErrors        uint64 // connector calls that failed (a bug or I/O error; the block is recomputed or left uncached)
 }
 
@@ -89,9 +103,11 @@ type kbCore struct {
 	lead   *kvbm.TRTLLMLeader
 	wk     *kvbm.Worker
 	disk   *kvbm.DiskFile
+	obj    *blobtier.Store
 	bpb    float64 // modelled bytes per block
 	hostBW float64
 	diskBW float64
+	objBW  float64
 	next   uint64
 
 	out     kvbm.TRTLLMSchedulerOutput
@@ -121,6 +137,7 @@ type kbReq struct {
 	told       int  // table entries the connector knows
 	counted    bool // first admission's onboarding counted
 	host, disk int  // tokens onboarded so far (cumulative, as the slot counts)
+	obj        int
 	// A match not yet allocated (the request waits for blocks): at device
 	// hit matchedAt, matched tokens, still pinned in the tiers.
 	matchedAt, matched int
@@ -137,6 +154,8 @@ func (cfg *KVBMConfig) check(c Config) error {
 		return errors.New("sim config: kvbm needs host or disk blocks")
 	case k.DiskBlocks > 0 && k.DiskDir == "":
 		return errors.New("sim config: kvbm disk blocks need a disk directory")
+	case k.ObjectBlocks < 0 || (k.ObjectBlocks > 0) != (k.ObjectURL != ""):
+		return fmt.Errorf("sim config: kvbm object tier of %d blocks at %q: give both or neither", k.ObjectBlocks, k.ObjectURL)
 	case c.Role == kv.RoleDecode:
 		return errors.New("sim config: kvbm runs on prefill and aggregated workers only: a decode worker's prompt KV comes from its prefill peer")
 	case c.Layers*c.PayloadSize == 0:
@@ -154,6 +173,9 @@ func newKB(c *Core) (*kbCore, error) {
 	}
 	if k.diskBW == 0 {
 		k.diskBW = DefaultDiskBandwidth
+	}
+	if k.objBW = cfg.ObjectBandwidth; k.objBW == 0 {
+		k.objBW = DefaultObjectBandwidth
 	}
 	k.bpb = float64(c.xferPer)
 	mc := kvbm.Config{BlockSize: c.bs, BlockBytes: bb, Clock: cfg.Clock, DiskFilter: cfg.DiskFilter,
@@ -176,6 +198,15 @@ func newKB(c *Core) (*kbCore, error) {
 		}
 		k.disk, mc.Disk = d, d
 	}
+	if cfg.ObjectBlocks > 0 {
+		prefix := fmt.Sprintf("kvbm/%016x-%d/", c.cfg.Worker.Instance, c.cfg.Worker.DPRank)
+		o, err := blobtier.Open(context.Background(), cfg.ObjectURL, prefix, cfg.ObjectBlocks, bb)
+		if err != nil {
+			k.close()
+			return nil, err
+		}
+		k.obj, mc.Object = o, o
+	}
 	m, err := kvbm.NewManager(mc)
 	if err != nil {
 		k.close()
@@ -192,6 +223,16 @@ func newKB(c *Core) (*kbCore, error) {
 			return nil, fmt.Errorf("sim: kvbm recover %s: %w", k.disk.Path(), err)
 		}
 	}
+	if k.obj != nil {
+		k.holding = true
+		_, corrupt, err := m.RecoverObject()
+		k.holding = false
+		k.st.RecoveredCorrupt += corrupt
+		if err != nil {
+			k.close()
+			return nil, fmt.Errorf("sim: kvbm recover the object tier: %w", err)
+		}
+	}
 	k.conn = kvbm.NewConnector(m)
 	k.lead = k.conn.TRTLLMLeader()
 	k.wk = k.conn.Worker(simDevice{c})
@@ -200,12 +241,16 @@ func newKB(c *Core) (*kbCore, error) {
 }
 
 func (k *kbCore) close() error {
-	if k.disk == nil {
-		return nil
+	var errs []error
+	if k.disk != nil {
+		errs = append(errs, k.disk.Close())
+		k.disk = nil
 	}
-	d := k.disk
-	k.disk = nil
-	return d.Close()
+	if k.obj != nil {
+		errs = append(errs, k.obj.Close())
+		k.obj = nil
+	}
+	return errors.Join(errs...)
 }
 
 // events puts the tiers' events into the core's stream, renumbered; before
@@ -250,7 +295,7 @@ func (k *kbCore) trackDomains(batch []kv.Event) {
 				seq := SeqOf(h)
 				if k.mgr == nil {
 					k.domains.Delete(seq)
-				} else if host, disk := k.mgr.Holds(seq); !host && !disk {
+				} else if host, disk := k.mgr.Holds(seq); !host && !disk && !k.mgr.HoldsObject(seq) {
 					k.domains.Delete(seq)
 				}
 			}
@@ -406,9 +451,9 @@ func (k *kbCore) bind(sched []schedEntry, now time.Time) {
 		if !ok {
 			continue
 		}
-		dh, dd := info.LoadedHost-s.kb.host, info.LoadedDisk-s.kb.disk
-		s.kb.host, s.kb.disk = info.LoadedHost, info.LoadedDisk
-		blocks := float64(dh+dd) / float64(k.c.bs)
+		dh, dd, do := info.LoadedHost-s.kb.host, info.LoadedDisk-s.kb.disk, info.LoadedObject-s.kb.obj
+		s.kb.host, s.kb.disk, s.kb.obj = info.LoadedHost, info.LoadedDisk, info.LoadedObject
+		blocks := float64(dh+dd+do) / float64(k.c.bs)
 		k.st.OnboardBytes += uint64(blocks * k.bpb)
 		var ms float64
 		if k.hostBW > 0 {
@@ -416,6 +461,9 @@ func (k *kbCore) bind(sched []schedEntry, now time.Time) {
 		}
 		if k.diskBW > 0 {
 			ms += float64(dd) / float64(k.c.bs) * k.bpb / k.diskBW * 1e3
+		}
+		if k.objBW > 0 {
+			ms += float64(do) / float64(k.c.bs) * k.bpb / k.objBW * 1e3
 		}
 		// Loads queue on the channel behind the ones still in flight.
 		start := now
@@ -426,11 +474,12 @@ func (k *kbCore) bind(sched []schedEntry, now time.Time) {
 		k.loadFree = s.kb.ready
 		if !s.kb.counted {
 			s.kb.counted = true
-			s.m.HostTokens, s.m.DiskTokens = dh, dd
+			s.m.HostTokens, s.m.DiskTokens, s.m.ObjectTokens = dh, dd, do
 			k.st.HostTokens += uint64(dh)
 			k.st.DiskTokens += uint64(dd)
+			k.st.ObjectTokens += uint64(do)
 			// What the tiers staged but could not load was recomputed.
-			lost := s.m.ExternalTokens - dh - dd
+			lost := s.m.ExternalTokens - dh - dd - do
 			s.m.CachedTokens -= lost
 			k.c.counters.CachedTokens -= uint64(lost)
 		}
@@ -588,6 +637,12 @@ func (t *KVBMStats) add(s KVBMStats) {
 	a.DiskBlocks += b.DiskBlocks
 	a.OffloadedHost += b.OffloadedHost
 	a.OffloadedDisk += b.OffloadedDisk
+	a.ObjectBlocks += b.ObjectBlocks
+	a.OffloadedObject += b.OffloadedObject
+	a.EvictedObject += b.EvictedObject
+	a.MatchedObject += b.MatchedObject
+	a.OnboardedObject += b.OnboardedObject
+	a.RecoveredObject += b.RecoveredObject
 	a.DedupHost += b.DedupHost
 	a.DedupDisk += b.DedupDisk
 	a.FilteredDisk += b.FilteredDisk
@@ -604,6 +659,7 @@ func (t *KVBMStats) add(s KVBMStats) {
 	a.Errors += b.Errors
 	t.HostTokens += s.HostTokens
 	t.DiskTokens += s.DiskTokens
+	t.ObjectTokens += s.ObjectTokens
 	t.OnboardBytes += s.OnboardBytes
 	t.LoadFailures += s.LoadFailures
 	t.RecoveredCorrupt += s.RecoveredCorrupt

@@ -404,3 +404,58 @@ func TestKVBMOnboardingOverlapsOtherRequests(t *testing.T) {
 		t.Fatalf("connector tracks %d slots after every request ended", n)
 	}
 }
+
+// TestKVBMObjectTierServesHostEvictionsAndSurvivesRestart: with a host tier
+// too small for the workload, what host evicts goes to the object tier
+// (file:// bucket); a repeat loads it back (priced, verified, same answer),
+// and a core restarted with the same worker key recovers the objects.
+func TestKVBMObjectTierServesHostEvictionsAndSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	cfg := kvbmConfig(8, 0, "")
+	cfg.KVBM.ObjectURL, cfg.KVBM.ObjectBlocks = "file://"+dir, 64
+	c := mustCore(t, cfg)
+	log := newTierLog(t)
+	c.SetEventSink(log.sink)
+	now := clock.Epoch
+	a := prompt(1, 40)
+	run(t, c, "a", a, 2, &now)
+	run(t, c, "b", prompt(2, 40), 2, &now)
+	run(t, c, "c", prompt(3, 40), 2, &now)
+	seqs := hashes(t, a, 4)
+	for i, h := range seqs[:9] {
+		if !c.kb.mgr.HoldsObject(h) || !log.held[kv.TierExternal][kv.EngineHash(h)] {
+			t.Fatalf("block %d of a: object tier holds %v, events say %v", i, c.kb.mgr.HoldsObject(h), log.held[kv.TierExternal][kv.EngineHash(h)])
+		}
+	}
+	again := run(t, c, "a2", a, 2, &now)
+	m := again.Metrics()
+	if m.ObjectTokens == 0 || m.HostTokens+m.ObjectTokens != 36 || m.CachedTokens != 36 {
+		t.Fatalf("a2: host %d object %d cached %d tokens, want 36 from host and object", m.HostTokens, m.ObjectTokens, m.CachedTokens)
+	}
+	if got, want := again.Output(), refOutput(a, 1, "", "", 2, 4, 1000, nil); !equalTokens(got, want) {
+		t.Fatalf("output %v, want %v", got, want)
+	}
+	st := c.KVBMStats()
+	if st.OffloadedObject == 0 || st.OnboardedObject == 0 || st.ObjectTokens == 0 || st.Corrupt != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	held := st.ObjectBlocks
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	c2 := mustCore(t, cfg)
+	defer c2.Close()
+	log2 := newTierLog(t)
+	c2.SetEventSink(log2.sink)
+	if st := c2.KVBMStats(); st.RecoveredObject != uint64(held) || st.ObjectBlocks != held {
+		t.Fatalf("restart recovered %d of %d object blocks (%+v)", st.RecoveredObject, held, st)
+	}
+	if n := len(log2.held[kv.TierExternal]); n != held {
+		t.Fatalf("restart announced %d object blocks, want %d", n, held)
+	}
+	b2 := run(t, c2, "b2", prompt(2, 40), 2, &now)
+	if m := b2.Metrics(); m.ObjectTokens == 0 {
+		t.Fatalf("after the restart b2 loaded nothing from the object tier: %+v", m)
+	}
+}

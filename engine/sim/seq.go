@@ -30,9 +30,10 @@ type Metrics struct {
 	CachedTokens  int // prompt tokens found in the cache at first admission (fetched ones included)
 	FetchedTokens int // prompt tokens the Fetcher brought in for it
 	// With a block manager (Config.KVBM): prompt tokens matched in its
-	// tiers at first admission, and of those onboarded from host and disk
-	// (all three included in CachedTokens once loaded).
+	// tiers at first admission, and of those onboarded from host, disk and
+	// the object tier (all included in CachedTokens once loaded).
 	ExternalTokens, HostTokens, DiskTokens int
+	ObjectTokens                           int
 	Preemptions                            int
 	Finish                                 kv.FinishReason
 }
