@@ -91,6 +91,12 @@ func TestKVBMFlagsChecked(t *testing.T) {
 		{"aggregated", kvbmFlags{connector: "kvbm", hostBW: 1, diskBW: 1}, "give --kvbm-host-blocks or --kvbm-disk-blocks"},
 		{"prefill", kvbmFlags{connector: "kvbm", disk: 8, hostBW: 1, diskBW: 1}, "--kvbm-disk-blocks 8: give --kvbm-disk-dir"},
 		{"aggregated", kvbmFlags{connector: "kvbm", host: -1, hostBW: 1, diskBW: 1}, "--kvbm-host-blocks -1"},
+		{"aggregated", kvbmFlags{objURL: "mem://", hostBW: sim.DefaultHostBandwidth, diskBW: sim.DefaultDiskBandwidth, objBW: sim.DefaultObjectBandwidth}, "--kvbm-* flags need --connector kvbm"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-blocks 8: give --kvbm-object-url"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, objURL: "file:///tmp/g4", hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-url \"file:///tmp/g4\": give --kvbm-object-blocks"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, objURL: "s3://bucket", hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-url \"s3://bucket\": the s3 driver is not built in"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: -1, hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-blocks -1"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, objURL: "mem://", hostBW: 1, diskBW: 1}, "--kvbm-object-bandwidth 0"},
 	} {
 		role, err := kv.ParseRole(c.role)
 		if err != nil {
@@ -100,8 +106,12 @@ func TestKVBMFlagsChecked(t *testing.T) {
 			t.Errorf("%s %+v: %v, want %q", c.role, c.k, err, c.want)
 		}
 	}
-	ok := kvbmFlags{connector: "kvbm", host: 8, hostBW: 1, diskBW: 1}
+	ok := kvbmFlags{connector: "kvbm", host: 8, hostBW: 1, diskBW: 1, objBW: 1}
 	if err := ok.check(kv.RolePrefill); err != nil {
 		t.Errorf("prefill worker with a host tier: %v", err)
+	}
+	ok.objURL, ok.object = "file:///var/cache/kvmesh-g4", 1024
+	if err := ok.check(kv.RoleAggregated); err != nil {
+		t.Errorf("host and object tiers: %v", err)
 	}
 }

@@ -180,6 +180,11 @@ func (c *Core) Stats() engine.Stats {
 			st.PendingPrefillTokens += s.prefillEnd - s.computed
 		}
 	}
+	if c.kb != nil {
+		for _, s := range c.kb.loadq {
+			st.PendingPrefillTokens += s.prefillEnd - s.computed
+		}
+	}
 	for i := 0; i < c.waiting.len(); i++ {
 		s := c.waiting.at(i)
 		st.PendingPrefillTokens += s.total()

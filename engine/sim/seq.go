@@ -93,7 +93,7 @@ func (s *Seq) Done() bool { return s.st == stFinished }
 // Usage is the request's token accounting.
 func (s *Seq) Usage() engine.Usage {
 	return engine.Usage{PromptTokens: s.promptLen, CompletionTokens: len(s.out), CachedTokens: s.m.CachedTokens,
-		HostCachedTokens: s.m.HostTokens, DiskCachedTokens: s.m.DiskTokens}
+		HostCachedTokens: s.m.HostTokens, DiskCachedTokens: s.m.DiskTokens, ObjectCachedTokens: s.m.ObjectTokens}
 }
 
 func (s *Seq) total() int { return s.promptLen + len(s.out) }
