@@ -56,9 +56,10 @@
 // The disk tier is one preallocated file per pool (DiskFile):
 //
 //	[0, 4096)          file header: "KVMESHG3", version, block bytes, slots, stride, data offset, checksum
-//	[4096, dataOff)    slot headers, 64 bytes each: magic, flags, sequence/local/parent hash, payload
+//	[4096, …)          slot headers, 64 bytes each: magic, flags, sequence/local/parent hash, payload
 //	                   checksum, priority, length, header checksum
-//	[dataOff, …)       slot i's payload at dataOff + i·stride, stride = block bytes rounded up to 4 KiB
+//	[dataOff, …)       slot i's payload at dataOff + i·stride, dataOff on a 2 MiB boundary (the gap
+//	                   before it stays sparse), stride = block bytes rounded up to 4 KiB
 //
 // A store writes the payload first and the slot header after it, each with
 // one positioned write (pwrite), and never calls fsync: the disk tier is a
