@@ -276,20 +276,29 @@ func (m *Manager) offloadOne(dev Device, b StoreBlock) (bool, error) {
 		return false, nil
 	}
 	meta := b.Meta
+	known := false
 	if cs, ok := dev.(Checksummer); ok {
-		if sum, ok := cs.BlockChecksum(b.Device); ok {
-			meta.Sum = sum
-		} else {
+		meta.Sum, known = cs.BlockChecksum(b.Device)
+	}
+	if v, isView := p.store.(Viewer); isView && !known {
+		// Copy first, then hash the copy while it is still in cache: the
+		// device's bytes are read from memory once (hashing them first
+		// costs a second pass at memory speed instead). The arena slot
+		// is private until register, so no header needs the sum yet.
+		if err := p.store.Put(int(s), src, meta); err != nil {
+			p.release(s)
+			return false, err
+		}
+		meta.Sum = kv.Checksum(v.View(int(s)))
+	} else {
+		if !known {
+			// The header written with the payload carries the sum.
 			meta.Sum = kv.Checksum(src)
 		}
-	} else {
-		// Hashing first pulls src into cache, so the copy that follows
-		// reads it from there.
-		meta.Sum = kv.Checksum(src)
-	}
-	if err := p.store.Put(int(s), src, meta); err != nil {
-		p.release(s)
-		return false, err
+		if err := p.store.Put(int(s), src, meta); err != nil {
+			p.release(s)
+			return false, err
+		}
 	}
 	p.register(s, meta)
 	m.count(p, &m.st.OffloadedHost, &m.st.OffloadedDisk)
