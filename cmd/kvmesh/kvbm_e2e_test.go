@@ -19,7 +19,7 @@ func tierTokens(t *testing.T, base string) map[string]float64 {
 		if !strings.HasPrefix(k, "kvmesh_worker_cached_prompt_tokens_by_tier_total{") {
 			continue
 		}
-		for _, tier := range []string{"device", "host", "disk"} {
+		for _, tier := range []string{"device", "host", "disk", "object"} {
 			if strings.Contains(k, `tier="`+tier+`"`) {
 				out[tier] += v
 			}
@@ -72,6 +72,51 @@ func TestServeKVBMHostTier(t *testing.T) {
 	t.Logf("repeat of a %d-token prompt: %d cached; cached tokens by tier %v", plen, cached, tiers)
 	if tiers["host"] < float64(cached)*0.9 || tiers["disk"] != 0 {
 		t.Fatalf("cached tokens by tier %v; the repeat's %d should be the host's", tiers, cached)
+	}
+}
+
+// TestServeKVBMObjectTier: a host tier no bigger than the device pool
+// overflows too; what it evicts goes to the object tier (a file:// bucket),
+// and the repeat of the first prompt loads its prefix from there, counted
+// as cached and split by tier.
+func TestServeKVBMObjectTier(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs kvmesh serve")
+	}
+	dir := t.TempDir()
+	s := startServe(t, "--workers", "1", "--speedup-ratio", "0", "--connector", "kvbm",
+		"--blocks", "256", "--kvbm-host-blocks", "256", "--kvbm-object-url", "file://"+dir, "--kvbm-object-blocks", "4096")
+	defer s.stop(t)
+	client := newClient(s.base)
+	first := longPrompt(0)
+	plen := len(chatPromptTokens(t, simModel, frontend.Message{Role: "user", Content: first}))
+	r0 := chatOnce(t, client, chatParams(first, 5, 8))
+	// Enough distinct prompts to evict the first from device and host.
+	for i := 1; i <= 2+2*256*64/plen; i++ {
+		chatOnce(t, client, chatParams(longPrompt(i), 5, 8))
+	}
+	r1 := chatOnce(t, client, chatParams(first, 5, 8))
+	if r1.Choices[0].Message.Content != r0.Choices[0].Message.Content {
+		t.Fatalf("repeat answered %q, first %q", r1.Choices[0].Message.Content, r0.Choices[0].Message.Content)
+	}
+	cached := int(r1.Usage.PromptTokensDetails.CachedTokens)
+	if full := plen / 64 * 64; cached < full-64 {
+		t.Fatalf("repeat of a %d-token prompt: %d cached tokens, want ≥ %d", plen, cached, full-64)
+	}
+	tiers := tierTokens(t, s.base)
+	m := testutil.Scrape(t, strings.TrimSuffix(s.base, "/v1")+"/metrics")
+	var offloaded, onboarded float64
+	for k, v := range m {
+		if strings.HasPrefix(k, "kvmesh_kvbm_offloaded_object_blocks_total") {
+			offloaded += v
+		}
+		if strings.HasPrefix(k, "kvmesh_kvbm_onboarded_object_blocks_total") {
+			onboarded += v
+		}
+	}
+	t.Logf("repeat of a %d-token prompt: %d cached; by tier %v; object blocks offloaded %v, onboarded %v", plen, cached, tiers, offloaded, onboarded)
+	if tiers["object"] < float64(cached)/2 || onboarded == 0 || offloaded == 0 {
+		t.Fatalf("cached tokens by tier %v, object blocks onboarded %v: the repeat's %d should come mostly from the object tier", tiers, onboarded, cached)
 	}
 }
 
