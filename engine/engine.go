@@ -60,9 +60,11 @@ type Usage struct {
 	PromptTokens     int
 	CompletionTokens int
 	CachedTokens     int // prompt tokens served from the prefix cache (any tier or peer)
-	// Of CachedTokens, those onboarded from a KV block manager's host and
-	// disk tiers (the rest were on the device or came from a peer).
+	// Of CachedTokens, those onboarded from a KV block manager's host,
+	// disk and object tiers (the rest were on the device or came from a
+	// peer).
 	HostCachedTokens, DiskCachedTokens int
+	ObjectCachedTokens                 int
 }
 
 // Chunk is one piece of a generation's output stream. The last chunk has a

@@ -32,7 +32,7 @@ func TestPayloadDeterministicAndVerified(t *testing.T) {
 }
 
 func TestTierFromMedium(t *testing.T) {
-	cases := map[string]Tier{"GPU": TierDevice, "": TierDevice, "cpu_pinned": TierHost, "CPU_TIER2": TierDisk, "NVME": TierDisk, "REMOTE": TierExternal}
+	cases := map[string]Tier{"GPU": TierDevice, "": TierDevice, "cpu_pinned": TierHost, "CPU_TIER2": TierDisk, "NVME": TierDisk, "REMOTE": TierExternal, "OBJECT": TierExternal}
 	for m, want := range cases {
 		if got, ok := TierFromMedium(m); !ok || got != want {
 			t.Errorf("%q: %v %v, want %v", m, got, ok, want)

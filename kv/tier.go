@@ -48,7 +48,7 @@ func TierFromMedium(medium string) (t Tier, ok bool) {
 		return TierHost, true
 	case "CPU_TIER2", "DISK", "NVME", "SSD":
 		return TierDisk, true
-	case "EXTERNAL", "NETWORK", "REMOTE", "SHARED":
+	case "EXTERNAL", "NETWORK", "REMOTE", "SHARED", "OBJECT", "OBJECT_STORE", "S3":
 		return TierExternal, true
 	}
 	return TierDevice, false

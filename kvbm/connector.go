@@ -88,7 +88,7 @@ func (c *Connector) Slot(id string) (SlotInfo, bool) {
 	}
 	return SlotInfo{Phase: s.phase, Tokens: s.n, DeviceBlocks: append([]DeviceBlockID(nil), s.blocks...),
 		Current: s.current, Evaluated: s.evaluated, Pending: s.pending,
-		LoadedHost: s.loadedHost * c.bs, LoadedDisk: s.loadedDisk * c.bs}, true
+		LoadedHost: s.loadedHost * c.bs, LoadedDisk: s.loadedDisk * c.bs, LoadedObject: s.loadedObject * c.bs}, true
 }
 
 // Slots is the number of requests the connector tracks.
@@ -108,7 +108,9 @@ func (c *Connector) match(r *Request, numComputed int) (int, bool, error) {
 	case s == nil:
 		s = newSlot(r, c.bs)
 		c.slots[r.ID] = s
-	case s.phase == PhasePrefilling || s.phase == PhaseDecoding:
+	case s.phase == PhasePrefilling || s.phase == PhaseDecoding || len(s.blocks) > 0:
+		// A request holding device blocks (running, or onboarded and not
+		// yet scheduled) was preempted: the engine freed them.
 		c.preempt(s)
 	case s.phase == PhaseOnboardStaged:
 		c.m.Release(s.staged)
@@ -344,10 +346,13 @@ func (c *Connector) opDone(op *Op, loaded int) {
 	s.pending--
 	if op.Kind == OpLoad {
 		for _, b := range op.Load[:loaded] {
-			if b.Tier == kv.TierHost {
+			switch b.Tier {
+			case kv.TierHost:
 				s.loadedHost++
-			} else {
+			case kv.TierDisk:
 				s.loadedDisk++
+			default:
+				s.loadedObject++
 			}
 		}
 		c.loadErrors = append(c.loadErrors, op.Into[loaded:]...)

@@ -437,3 +437,48 @@ func TestLoadedTokensCountEvenIfTheEngineLeavesThemOut(t *testing.T) {
 		}
 	})
 }
+
+// TestPreemptedAfterOnboardingMatchesAgain: an engine that loads
+// asynchronously may preempt a request after its load landed and before
+// it ever ran; the engine freed its blocks, so the next allocation starts
+// the slot's block list afresh and the load goes to the new blocks.
+func TestPreemptedAfterOnboardingMatchesAgain(t *testing.T) {
+	forEachShape(t, func(t *testing.T, mk func(*Connector) shape) {
+		r := newRig(t, mk, 32, 0)
+		a := req("a", 100, 13)
+		r.dev.release(r.prefill(a, nil, 16))
+		r.sh.finished("a")
+
+		b := req("b", 100, 19)
+		seqs := seqsOf(b)
+		if n, _, err := r.sh.match(b, 0); n != 12 || err != nil {
+			t.Fatalf("match: %d %v", n, err)
+		}
+		first := r.dev.alloc(t, 3)
+		if err := r.sh.alloc("b", first, 12, 0); err != nil {
+			t.Fatal(err)
+		}
+		r.run(nil, nil, map[string]int{}, nil) // the load lands
+		r.dev.release(first)                   // preempted before it ran
+
+		if n, _, err := r.sh.match(b, 0); n != 12 || err != nil {
+			t.Fatalf("match after preemption: %d %v", n, err)
+		}
+		again := r.dev.alloc(t, 3)
+		if err := r.sh.alloc("b", again, 12, 0); err != nil {
+			t.Fatal(err)
+		}
+		if info, _ := r.c.Slot("b"); fmt.Sprint(info.DeviceBlocks) != fmt.Sprint(again) {
+			t.Fatalf("slot blocks %v after reallocation, want %v", info.DeviceBlocks, again)
+		}
+		md, _, _ := r.run(nil, nil, map[string]int{}, nil)
+		if len(md.Ops) != 1 || fmt.Sprint(md.Ops[0].Into) != fmt.Sprint(again) {
+			t.Fatalf("metadata %+v", md)
+		}
+		for i, id := range again {
+			if string(r.dev.blocks[id]) != string(blockPayload(seqs[i])) {
+				t.Fatalf("device block %d does not hold block %d's KV", id, i)
+			}
+		}
+	})
+}

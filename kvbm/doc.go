@@ -1,5 +1,5 @@
-// Package kvbm is kvmesh's KV block manager: the host (G2), disk (G3) and,
-// later, object (G4) tiers behind the engine's device tier (G1), the
+// Package kvbm is kvmesh's KV block manager: the host (G2), disk (G3) and
+// object (G4) tiers behind the engine's device tier (G1), the
 // registry and pools that hold blocks there, write-through offload and
 // prefix onboarding, and the connector API engines drive it through, in
 // two shapes (vLLM's KVConnectorBase_V1 and TensorRT-LLM's
@@ -44,7 +44,11 @@
 // to disk, unfiltered. Onboarding matches a contiguous prefix in host, then
 // continues on disk from where host stopped; when the match would cover the
 // whole prompt its last block is dropped so the engine computes at least
-// one token. A peer may read host blocks too: PinHost pins a prefix and
+// one token. Loads are asynchronous in the connector's shape: the worker
+// runs a request's load when it binds the step's metadata and reports it
+// in GetFinished's finished-receiving list; the engine schedules the
+// request once it is there (vLLM's WAITING_FOR_REMOTE_KVS), so other
+// requests compute meanwhile. A peer may read host blocks too: PinHost pins a prefix and
 // HostView hands out the arena's bytes while the pin lasts.
 //
 // # Disk layout and fsync policy
@@ -52,9 +56,10 @@
 // The disk tier is one preallocated file per pool (DiskFile):
 //
 //	[0, 4096)          file header: "KVMESHG3", version, block bytes, slots, stride, data offset, checksum
-//	[4096, dataOff)    slot headers, 64 bytes each: magic, flags, sequence/local/parent hash, payload
+//	[4096, …)          slot headers, 64 bytes each: magic, flags, sequence/local/parent hash, payload
 //	                   checksum, priority, length, header checksum
-//	[dataOff, …)       slot i's payload at dataOff + i·stride, stride = block bytes rounded up to 4 KiB
+//	[dataOff, …)       slot i's payload at dataOff + i·stride, dataOff on a 2 MiB boundary (the gap
+//	                   before it stays sparse), stride = block bytes rounded up to 4 KiB
 //
 // A store writes the payload first and the slot header after it, each with
 // one positioned write (pwrite), and never calls fsync: the disk tier is a
@@ -65,10 +70,32 @@
 // verifies its checksum: valid blocks become inactive disk blocks again
 // (with Stored events), corrupt ones are dropped and counted.
 //
+// # Object tier (G4)
+//
+// The object tier is a pool like the others over any Storage keyed by
+// slot; kvbm/blobtier is the one over a gocloud.dev/blob bucket (one
+// object per block, named by its sequence hash, the block header before
+// its bytes). It sits behind the local tiers as a victim cache: a block
+// the last local tier holding it evicts is written there first (so it is
+// offloaded once per residency, not on every pass: object writes are slow
+// and cost money). Onboarding continues in it from where disk stopped and
+// bounces each block through a fresh host slot (verified there, a host
+// block from then on), as Dynamo's G4 is always bounced through G2; with
+// no host slot to spare it goes straight to the device. RecoverObject
+// lists the bucket prefix at start like RecoverDisk scans the pool file.
+// Writes are synchronous inside the call that evicts: fine for file:// and
+// mem://; a remote bucket wants them moved to a writer goroutine in the
+// engine (the core starts none).
+//
+// The driver set is small on purpose: blobtier registers file:// and
+// mem:// only. s3blob pulls the AWS SDK v2 (about 20 modules and 100
+// packages, +14 MB in a probe binary), so s3:// is refused by name; a
+// deployment that wants it adds one blank import there.
+//
 // # Events
 //
 // Every block entering or leaving a tier becomes a kv.Event with that tier
-// (host, disk, external) through an EventSink, so the router's index sees
-// each tier. Engine hashes in these events are sequence hashes, as the sim
+// (host, disk, external for the object tier: medium "EXTERNAL" on the
+// wire) through an EventSink, so the router's index sees each tier. Engine hashes in these events are sequence hashes, as the sim
 // reports them.
 package kvbm

@@ -2,13 +2,13 @@ package kvbm
 
 import "github.com/kvmesh/kvmesh/kv"
 
-// Inventory lists the blocks the host and disk tiers hold as Stored events
+// Inventory lists the blocks the host, disk and object tiers hold as Stored events
 // (one block each, parents before their children within a tier), for a
 // dump: applied in order to an index that lacks them they rebuild what the
 // tiers' events built. Events carry worker and no ids.
 func (m *Manager) Inventory(worker kv.WorkerKey) []kv.Event {
 	var evs []kv.Event
-	for _, p := range []*pool{m.host, m.disk} {
+	for _, p := range []*pool{m.host, m.disk, m.obj} {
 		if p == nil {
 			continue
 		}

@@ -31,11 +31,13 @@ type Checksummer interface {
 
 // Config describes a Manager. Host and Disk are optional: with neither the
 // manager holds nothing; with Disk only it runs in "bypass host" mode.
+// Object (G4) is optional too: it keeps what the last local tier evicts.
 type Config struct {
 	BlockSize  int // tokens per block
 	BlockBytes int // bytes per block (every layer)
 	Host       Storage
 	Disk       Storage
+	Object     Storage
 	Clock      clock.Clock // the disk filter's time; Wall if nil
 	DiskFilter FilterConfig
 	Worker     kv.WorkerKey // stamped on events
@@ -44,17 +46,22 @@ type Config struct {
 
 // Stats are a Manager's running totals, in blocks unless named otherwise.
 type Stats struct {
-	HostBlocks, DiskBlocks int // held now
+	HostBlocks, DiskBlocks, ObjectBlocks int // held now
 
 	OffloadedHost, OffloadedDisk uint64 // written to the tier
+	OffloadedObject              uint64 // evicted from the last local tier, written to the object tier
 	DedupHost, DedupDisk         uint64 // offers skipped: already held
 	FilteredDisk                 uint64 // host blocks the disk filter declined
 	FullHost, FullDisk           uint64 // offers dropped: every slot pinned
 	EvictedHost, EvictedDisk     uint64
+	EvictedObject                uint64
 	MatchedHost, MatchedDisk     uint64 // staged for onboarding
+	MatchedObject                uint64
 	OnboardedHost, OnboardedDisk uint64 // verified on the device
+	OnboardedObject              uint64 // through host when there is one
 	Corrupt                      uint64 // failed verification, dropped
 	RecoveredDisk                uint64 // found intact by RecoverDisk
+	RecoveredObject              uint64 // found intact by RecoverObject
 	Errors                       uint64 // storage or device I/O errors
 }
 
@@ -65,6 +72,7 @@ type Manager struct {
 	clk    clock.Clock
 	host   *pool // nil: no host tier
 	disk   *pool // nil: no disk tier
+	obj    *pool // nil: no object tier
 	filter *FrequencyFilter
 	ev     eventLog
 	bounce []byte
@@ -86,7 +94,8 @@ func NewManager(cfg Config) (*Manager, error) {
 		name string
 		t    kv.Tier
 		p    **pool
-	}{{cfg.Host, "host", kv.TierHost, &m.host}, {cfg.Disk, "disk", kv.TierDisk, &m.disk}} {
+	}{{cfg.Host, "host", kv.TierHost, &m.host}, {cfg.Disk, "disk", kv.TierDisk, &m.disk},
+		{cfg.Object, "object", kv.TierExternal, &m.obj}} {
 		if s.st == nil {
 			continue
 		}
@@ -94,6 +103,16 @@ func NewManager(cfg Config) (*Manager, error) {
 			return nil, fmt.Errorf("kvbm: %s storage has %d-byte blocks, want %d", s.name, s.st.BlockBytes(), cfg.BlockBytes)
 		}
 		*s.p = newPool(s.t, s.st, &m.ev)
+	}
+	if m.obj != nil {
+		if m.host == nil && m.disk == nil {
+			return nil, errors.New("kvbm: an object tier needs a host or disk tier in front of it")
+		}
+		for _, p := range []*pool{m.host, m.disk} {
+			if p != nil {
+				p.onEvict = m.toObject
+			}
+		}
 	}
 	if m.host != nil && m.disk != nil {
 		// Bypass mode offloads unfiltered, as Dynamo's does.
@@ -117,7 +136,58 @@ func (m *Manager) Stats() Stats {
 	if m.disk != nil {
 		st.DiskBlocks, st.EvictedDisk = m.disk.len(), m.disk.evicted
 	}
+	if m.obj != nil {
+		st.ObjectBlocks, st.EvictedObject = m.obj.len(), m.obj.evicted
+	}
 	return st
+}
+
+// HoldsObject reports whether the object tier holds h.
+func (m *Manager) HoldsObject(h kv.SeqHash) bool {
+	if m.obj == nil {
+		return false
+	}
+	_, ok := m.obj.lookup(h)
+	return ok
+}
+
+// toObject is a local tier evicting slot s: the block goes to the object
+// tier unless that holds it already or the other local tier still does
+// (it goes when that one evicts it). The slot's bytes are intact until
+// the caller overwrites them.
+func (m *Manager) toObject(p *pool, s int32) {
+	meta := p.slots[s].meta
+	if _, ok := m.obj.lookup(meta.Seq); ok {
+		return
+	}
+	for _, q := range []*pool{m.host, m.disk} {
+		if q != nil && q != p {
+			if _, ok := q.lookup(meta.Seq); ok {
+				return
+			}
+		}
+	}
+	var src []byte
+	if v, ok := p.store.(Viewer); ok {
+		src = v.View(int(s))
+	} else {
+		src = m.scratch()
+		if err := p.store.Get(int(s), src); err != nil {
+			m.st.Errors++
+			return
+		}
+	}
+	o, ok := m.obj.alloc()
+	if !ok {
+		return
+	}
+	if err := m.obj.store.Put(int(o), src, meta); err != nil {
+		m.obj.release(o)
+		m.st.Errors++
+		return
+	}
+	m.obj.register(o, meta)
+	m.st.OffloadedObject++
 }
 
 // Holds reports which tiers hold h.
@@ -164,7 +234,7 @@ func (m *Manager) Offload(dev Device, blocks []StoreBlock) (int, error) {
 // commit finishes the storages' batched writes (the disk's slot headers).
 func (m *Manager) commit() error {
 	var errs []error
-	for _, p := range []*pool{m.host, m.disk} {
+	for _, p := range []*pool{m.host, m.disk, m.obj} {
 		if p == nil {
 			continue
 		}
@@ -206,20 +276,29 @@ func (m *Manager) offloadOne(dev Device, b StoreBlock) (bool, error) {
 		return false, nil
 	}
 	meta := b.Meta
+	known := false
 	if cs, ok := dev.(Checksummer); ok {
-		if sum, ok := cs.BlockChecksum(b.Device); ok {
-			meta.Sum = sum
-		} else {
+		meta.Sum, known = cs.BlockChecksum(b.Device)
+	}
+	if v, isView := p.store.(Viewer); isView && !known {
+		// Copy first, then hash the copy while it is still in cache: the
+		// device's bytes are read from memory once (hashing them first
+		// costs a second pass at memory speed instead). The arena slot
+		// is private until register, so no header needs the sum yet.
+		if err := p.store.Put(int(s), src, meta); err != nil {
+			p.release(s)
+			return false, err
+		}
+		meta.Sum = kv.Checksum(v.View(int(s)))
+	} else {
+		if !known {
+			// The header written with the payload carries the sum.
 			meta.Sum = kv.Checksum(src)
 		}
-	} else {
-		// Hashing first pulls src into cache, so the copy that follows
-		// reads it from there.
-		meta.Sum = kv.Checksum(src)
-	}
-	if err := p.store.Put(int(s), src, meta); err != nil {
-		p.release(s)
-		return false, err
+		if err := p.store.Put(int(s), src, meta); err != nil {
+			p.release(s)
+			return false, err
+		}
 	}
 	p.register(s, meta)
 	m.count(p, &m.st.OffloadedHost, &m.st.OffloadedDisk)
@@ -325,12 +404,26 @@ func (m *Manager) Match(dst []Staged, seqs []kv.SeqHash) []Staged {
 			m.st.MatchedDisk++
 		}
 	}
+	if m.obj != nil {
+		for ; i < len(seqs); i++ {
+			s, ok := m.obj.lookup(seqs[i])
+			if !ok {
+				break
+			}
+			m.obj.acquire(s)
+			dst = append(dst, Staged{Tier: kv.TierExternal, slot: s, Meta: m.obj.slots[s].meta})
+			m.st.MatchedObject++
+		}
+	}
 	return dst
 }
 
 func (m *Manager) poolOf(t kv.Tier) *pool {
-	if t == kv.TierHost {
+	switch t {
+	case kv.TierHost:
 		return m.host
+	case kv.TierExternal:
+		return m.obj
 	}
 	return m.disk
 }
@@ -377,6 +470,19 @@ func (m *Manager) onboardOne(dev Device, p *pool, b Staged, id DeviceBlockID) er
 	if err == nil && len(dst) != m.cfg.BlockBytes {
 		err = fmt.Errorf("device block %d has %d bytes, want %d", id, len(dst), m.cfg.BlockBytes)
 	}
+	if err == nil && p == m.obj && m.host != nil {
+		if ok, herr := m.viaHost(p, b, dst); herr != nil || ok {
+			if herr != nil {
+				var ce *CorruptError
+				if !errors.As(herr, &ce) {
+					m.st.Errors++
+				}
+				return herr
+			}
+			m.st.OnboardedObject++
+			return nil
+		}
+	}
 	if err == nil {
 		err = p.store.Get(int(b.slot), dst)
 	}
@@ -390,8 +496,48 @@ func (m *Manager) onboardOne(dev Device, p *pool, b Staged, id DeviceBlockID) er
 		m.st.Corrupt++
 		return &CorruptError{Tier: b.Tier, Seq: b.Meta.Seq, Got: got, Want: b.Meta.Sum}
 	}
-	m.count(p, &m.st.OnboardedHost, &m.st.OnboardedDisk)
+	switch p {
+	case m.host:
+		m.st.OnboardedHost++
+	case m.disk:
+		m.st.OnboardedDisk++
+	default:
+		m.st.OnboardedObject++
+	}
 	return nil
+}
+
+// viaHost onboards object block b through the host tier, as G4 is bounced
+// through G2: read into a fresh host slot, verify there, register it (the
+// block is a host block from now on) and copy it to the device view dst.
+// ok is false when host has no slot to spare (the caller reads the object
+// straight to the device) or already holds the block.
+func (m *Manager) viaHost(p *pool, b Staged, dst []byte) (bool, error) {
+	v, isView := m.host.store.(Viewer)
+	if !isView {
+		return false, nil
+	}
+	if _, ok := m.host.lookup(b.Meta.Seq); ok {
+		return false, nil
+	}
+	s, ok := m.host.alloc()
+	if !ok {
+		return false, nil
+	}
+	buf := v.View(int(s))
+	if err := p.store.Get(int(b.slot), buf); err != nil {
+		m.host.release(s)
+		return false, fmt.Errorf("kvbm: onboard block %016x from %v: %w", uint64(b.Meta.Seq), b.Tier, err)
+	}
+	if got := kv.Checksum(buf); got != b.Meta.Sum {
+		m.host.release(s)
+		p.drop(b.slot)
+		m.st.Corrupt++
+		return false, &CorruptError{Tier: b.Tier, Seq: b.Meta.Seq, Got: got, Want: b.Meta.Sum}
+	}
+	m.host.register(s, b.Meta)
+	copy(dst, buf)
+	return true, nil
 }
 
 // CorruptError is a block whose bytes failed verification.
@@ -411,16 +557,33 @@ func (e *CorruptError) Error() string {
 // disk blocks (with Stored events), corrupt ones and duplicates are left
 // free. It returns the blocks recovered and dropped.
 func (m *Manager) RecoverDisk() (recovered, corrupt int, err error) {
-	defer m.ev.flush()
 	if m.disk == nil {
 		return 0, 0, errors.New("kvbm: no disk tier to recover")
 	}
-	sc, ok := m.disk.store.(Scanner)
-	if !ok {
-		return 0, 0, errors.New("kvbm: the disk storage keeps no block headers")
+	recovered, corrupt, err = m.recover(m.disk)
+	m.st.RecoveredDisk += uint64(recovered)
+	return recovered, corrupt, err
+}
+
+// RecoverObject is RecoverDisk for the object tier (a Scanner such as a
+// bucket listing): objects left by a previous run with the same prefix.
+func (m *Manager) RecoverObject() (recovered, corrupt int, err error) {
+	if m.obj == nil {
+		return 0, 0, errors.New("kvbm: no object tier to recover")
 	}
-	if m.disk.len() > 0 {
-		return 0, 0, errors.New("kvbm: recover into a disk tier that already holds blocks")
+	recovered, corrupt, err = m.recover(m.obj)
+	m.st.RecoveredObject += uint64(recovered)
+	return recovered, corrupt, err
+}
+
+func (m *Manager) recover(p *pool) (recovered, corrupt int, err error) {
+	defer m.ev.flush()
+	sc, ok := p.store.(Scanner)
+	if !ok {
+		return 0, 0, fmt.Errorf("kvbm: the %v storage keeps no block headers", p.tier)
+	}
+	if p.len() > 0 {
+		return 0, 0, fmt.Errorf("kvbm: recover into a %v tier that already holds blocks", p.tier)
 	}
 	buf := make([]byte, m.cfg.BlockBytes)
 	var ioErr error
@@ -428,10 +591,10 @@ func (m *Manager) RecoverDisk() (recovered, corrupt int, err error) {
 		if ioErr != nil {
 			return
 		}
-		if _, dup := m.disk.lookup(meta.Seq); dup {
+		if _, dup := p.lookup(meta.Seq); dup {
 			return
 		}
-		if e := m.disk.store.Get(slot, buf); e != nil {
+		if e := p.store.Get(slot, buf); e != nil {
 			ioErr = e
 			return
 		}
@@ -440,19 +603,18 @@ func (m *Manager) RecoverDisk() (recovered, corrupt int, err error) {
 			return
 		}
 		s := int32(slot)
-		sl := &m.disk.slots[s]
+		sl := &p.slots[s]
 		sl.state, sl.ref = slotWriting, 1
-		m.disk.register(s, meta)
+		p.register(s, meta)
 		recovered++
 	})
 	// Rebuild the free list without the recovered slots, slot 0 first.
-	m.disk.free = m.disk.free[:0]
-	for i := len(m.disk.slots) - 1; i >= 0; i-- {
-		if m.disk.slots[i].state == slotFree {
-			m.disk.free = append(m.disk.free, int32(i))
+	p.free = p.free[:0]
+	for i := len(p.slots) - 1; i >= 0; i-- {
+		if p.slots[i].state == slotFree {
+			p.free = append(p.free, int32(i))
 		}
 	}
-	m.st.RecoveredDisk += uint64(recovered)
 	m.st.Corrupt += uint64(corrupt)
 	if serr != nil {
 		return recovered, corrupt, serr

@@ -39,6 +39,8 @@ type pool struct {
 	prios  []uint32 // priorities with a non-empty list, ascending
 	tick   uint64
 	ev     *eventLog
+	// onEvict sees a block about to be evicted, its bytes still intact.
+	onEvict func(p *pool, s int32)
 
 	evicted, dropped uint64
 }
@@ -103,6 +105,13 @@ func (p *pool) alloc() (int32, bool) {
 		}
 		s = p.lists[p.prios[0]].head
 		p.unlist(s)
+		if p.onEvict != nil {
+			// Pinned while it is copied: the hook may allocate in
+			// another tier, never this one.
+			p.slots[s].ref++
+			p.onEvict(p, s)
+			p.slots[s].ref--
+		}
 		p.unregister(s)
 		p.evicted++
 	}

@@ -73,6 +73,7 @@ type slot struct {
 	pending   int      // ops issued and not completed
 
 	loadedHost, loadedDisk int // blocks onboarded from each tier
+	loadedObject           int
 }
 
 func newSlot(r *Request, bs int) *slot {
@@ -146,6 +147,7 @@ type SlotInfo struct {
 	Current      int // tokens computed on the device as the connector counts them
 	Evaluated    int // leading blocks already offloaded or skipped
 	Pending      int // ops in flight
-	// LoadedHost and LoadedDisk are the tokens onboarded from each tier.
-	LoadedHost, LoadedDisk int
+	// LoadedHost, LoadedDisk and LoadedObject are the tokens onboarded
+	// from each tier.
+	LoadedHost, LoadedDisk, LoadedObject int
 }

@@ -112,7 +112,7 @@ const DefaultInhibitFor = 5 * time.Second
 // CostModel weighs a worker's cached prefix against its load. Both kinds
 // credit the cached prefix per tier:
 //
-//	credit  = Device·device + Host·host_only + Disk·disk_only   (blocks)
+//	credit  = Device·device + Host·host_only + Disk·disk_only + External·object_only   (blocks)
 //
 // Kind CostBlocks (or empty; DESIGN.md §5) counts blocks:
 //
@@ -132,7 +132,10 @@ const DefaultInhibitFor = 5 * time.Second
 type CostModel struct {
 	Kind               CostKind
 	Device, Host, Disk float64
-	PrefillScale       float64
+	// External credits a block only the object tier (G4, kv.TierExternal)
+	// holds: a network read and a host bounce away.
+	External     float64
+	PrefillScale float64
 	// WorkWeight (CostTime only) weighs the request's own prefill time,
 	// counted on top of its TTFT; 0 makes the time model pure TTFT.
 	WorkWeight  float64
@@ -144,9 +147,10 @@ type CostModel struct {
 func DefaultCost() CostModel { return TimeCost() }
 
 // BlockCost is DESIGN.md §5's block model with Dynamo's defaults: credits
-// 1.0/0.75/0.25, prefill scale 1, T 0.
+// 1.0/0.75/0.25, prefill scale 1, T 0; object-tier blocks earn 0.1 (Dynamo
+// routes on G1–G3 only; an object read is slower than disk).
 func BlockCost() CostModel {
-	return CostModel{Kind: CostBlocks, Device: 1, Host: 0.75, Disk: 0.25, PrefillScale: 1}
+	return CostModel{Kind: CostBlocks, Device: 1, Host: 0.75, Disk: 0.25, External: 0.1, PrefillScale: 1}
 }
 
 // TimeCost is the time model (predicted TTFT in ms plus twice the
@@ -154,7 +158,7 @@ func BlockCost() CostModel {
 // chosen on the twin: 1 gives hit 0.258 (0.245 at 4× load), 2 gives 0.261
 // (0.253), 3–4 buy little more hit for a worse TTFT tail.
 func TimeCost() CostModel {
-	return CostModel{Kind: CostTime, Device: 1, Host: 0.75, Disk: 0.25, PrefillScale: 1, WorkWeight: 2}
+	return CostModel{Kind: CostTime, Device: 1, Host: 0.75, Disk: 0.25, External: 0.1, PrefillScale: 1, WorkWeight: 2}
 }
 
 // CostByKind returns the defaults of a cost kind ("" is DefaultCost).
@@ -179,7 +183,7 @@ func (m CostModel) validate() error {
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"Device", m.Device}, {"Host", m.Host}, {"Disk", m.Disk}, {"PrefillScale", m.PrefillScale}, {"WorkWeight", m.WorkWeight}, {"Temperature", m.Temperature}} {
+	}{{"Device", m.Device}, {"Host", m.Host}, {"Disk", m.Disk}, {"External", m.External}, {"PrefillScale", m.PrefillScale}, {"WorkWeight", m.WorkWeight}, {"Temperature", m.Temperature}} {
 		if !(f.v >= 0) || math.IsInf(f.v, 0) {
 			return fmt.Errorf("%w: cost %s %v must be finite and ≥ 0", errConfig, f.name, f.v)
 		}

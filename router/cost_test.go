@@ -26,7 +26,7 @@ func TestCostModelTable(t *testing.T) {
 		{"device hit", def, [4]uint32{4, 4, 4, 4}, 0, nil, 0, 0 + 4},
 		{"host hit", def, [4]uint32{0, 4, 4, 4}, 0, nil, 0, (4 - 3) + 4},
 		{"disk hit", def, [4]uint32{0, 0, 4, 4}, 0, nil, 0, (4 - 1) + 4},
-		{"external only: no credit", def, [4]uint32{0, 0, 0, 4}, 0, nil, 0, 4 + 4},
+		{"object tier only", def, [4]uint32{0, 0, 0, 4}, 0, nil, 0, (4 - 0.4) + 4},
 		{"mixed tiers", def, [4]uint32{1, 2, 4, 4}, 0, nil, 0, (4 - (1 + 0.75 + 0.5)) + 4},
 		{"active prefill", def, [4]uint32{}, 32, nil, 0, (32+64)/16.0 + 4},
 		{"credit over prefill clamps", CostModel{Device: 1, Host: 1, Disk: 1, PrefillScale: 1}, [4]uint32{4, 4, 4, 4}, 0, nil, 0, 0 + 4},

@@ -143,7 +143,8 @@ func (m *CostModel) credit(depth [kv.NumTiers]uint32) float64 {
 	dev := float64(depth[kv.TierDevice])
 	host := float64(depth[kv.TierHost] - min(depth[kv.TierHost], depth[kv.TierDevice]))
 	disk := float64(depth[kv.TierDisk] - min(depth[kv.TierDisk], depth[kv.TierHost]))
-	return m.Device*dev + m.Host*host + m.Disk*disk
+	ext := float64(depth[kv.TierExternal] - min(depth[kv.TierExternal], depth[kv.TierDisk]))
+	return m.Device*dev + m.Host*host + m.Disk*disk + m.External*ext
 }
 
 // timeCost is the CostTime model: the request's predicted time to first

@@ -23,11 +23,19 @@ type KVBM struct {
 	DiskBandwidth float64 `json:"disk_bandwidth,omitempty"`
 	// DiskFilterOff admits every host block to disk.
 	DiskFilterOff bool `json:"disk_filter_off,omitempty"`
+	// The object tier (G4): bucket URL (each worker under its own
+	// prefix), blocks per worker, onboarding bandwidth.
+	ObjectURL       string  `json:"-"`
+	ObjectBlocks    int     `json:"object_blocks,omitempty"`
+	ObjectBandwidth float64 `json:"object_bandwidth,omitempty"`
 }
 
 // KVBMResult is what the workers' block managers did, summed.
 type KVBMResult struct {
 	HostTokens, DiskTokens uint64  // prompt tokens onboarded at first admission
+	ObjectTokens           uint64  `json:"object_tokens,omitempty"`
+	OffloadedObject        uint64  `json:"offloaded_object,omitempty"`
+	OnboardedObject        uint64  `json:"onboarded_object,omitempty"`
 	OffloadedHost          uint64  `json:"offloaded_host"`
 	OffloadedDisk          uint64  `json:"offloaded_disk"`
 	EvictedHost            uint64  `json:"evicted_host"`
@@ -47,6 +55,8 @@ func (k *KVBM) check() error {
 		return errors.New("twin: the kvbm connector needs host or disk blocks")
 	case k.DiskBlocks > 0 && k.DiskDir == "":
 		return errors.New("twin: kvbm disk blocks need a disk directory")
+	case k.ObjectBlocks < 0 || (k.ObjectBlocks > 0) != (k.ObjectURL != ""):
+		return errors.New("twin: a kvbm object tier needs both its URL and its blocks")
 	}
 	return nil
 }
@@ -56,7 +66,8 @@ func (k *KVBM) check() error {
 func (k *KVBM) sim(vc clock.Clock) *sim.KVBMConfig {
 	return &sim.KVBMConfig{HostBlocks: k.HostBlocks, DiskBlocks: k.DiskBlocks, DiskDir: k.DiskDir,
 		HostBandwidth: k.HostBandwidth, DiskBandwidth: k.DiskBandwidth,
-		DiskFilter: kvbm.FilterConfig{Disabled: k.DiskFilterOff}, Clock: vc}
+		DiskFilter: kvbm.FilterConfig{Disabled: k.DiskFilterOff}, Clock: vc,
+		ObjectURL: k.ObjectURL, ObjectBlocks: k.ObjectBlocks, ObjectBandwidth: k.ObjectBandwidth}
 }
 
 // kvbmResult sums the workers' block-manager totals into the result and
@@ -72,6 +83,9 @@ func (t *twin) kvbmResult() error {
 		s := c.KVBMStats()
 		st.HostTokens += s.HostTokens
 		st.DiskTokens += s.DiskTokens
+		st.ObjectTokens += s.ObjectTokens
+		st.OffloadedObject += s.OffloadedObject
+		st.OnboardedObject += s.OnboardedObject
 		st.OffloadedHost += s.OffloadedHost
 		st.OffloadedDisk += s.OffloadedDisk
 		st.EvictedHost += s.EvictedHost
@@ -88,7 +102,8 @@ func (t *twin) kvbmResult() error {
 			errs = append(errs, err)
 		}
 	}
-	t.res.KVBM = &KVBMResult{HostTokens: st.HostTokens, DiskTokens: st.DiskTokens,
+	t.res.KVBM = &KVBMResult{HostTokens: st.HostTokens, DiskTokens: st.DiskTokens, ObjectTokens: st.ObjectTokens,
+		OffloadedObject: st.OffloadedObject, OnboardedObject: st.OnboardedObject,
 		OffloadedHost: st.OffloadedHost, OffloadedDisk: st.OffloadedDisk,
 		EvictedHost: st.EvictedHost, EvictedDisk: st.EvictedDisk,
 		OnboardedHost: st.OnboardedHost, OnboardedDisk: st.OnboardedDisk,
@@ -102,6 +117,10 @@ func (r *Result) kvbmLine() string {
 	if k == nil {
 		return ""
 	}
-	return fmt.Sprintf("  kvbm        offloaded %d host / %d disk blocks, evicted %d / %d, onboarded %d / %d (%.1f GiB modelled), %d corrupt, %d errors\n",
-		k.OffloadedHost, k.OffloadedDisk, k.EvictedHost, k.EvictedDisk, k.OnboardedHost, k.OnboardedDisk, k.OnboardGiB, k.Corrupt, k.Errors)
+	obj := ""
+	if k.OffloadedObject > 0 || k.OnboardedObject > 0 {
+		obj = fmt.Sprintf("; object: offloaded %d, onboarded %d (%d prompt tokens)", k.OffloadedObject, k.OnboardedObject, k.ObjectTokens)
+	}
+	return fmt.Sprintf("  kvbm        offloaded %d host / %d disk blocks, evicted %d / %d, onboarded %d / %d (%.1f GiB modelled), %d corrupt, %d errors%s\n",
+		k.OffloadedHost, k.OffloadedDisk, k.EvictedHost, k.EvictedDisk, k.OnboardedHost, k.OnboardedDisk, k.OnboardGiB, k.Corrupt, k.Errors, obj)
 }

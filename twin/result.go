@@ -139,11 +139,13 @@ type HitSplit struct {
 	Peers        float64 `json:"peers"`
 	Host         float64 `json:"host"`
 	Disk         float64 `json:"disk"`
+	Object       float64 `json:"object,omitempty"`
 	PromptTokens int64   `json:"prompt_tokens"`
 	DeviceTokens int64   `json:"device_tokens"`
 	PeerTokens   int64   `json:"peer_tokens"`
 	HostTokens   int64   `json:"host_tokens"`
 	DiskTokens   int64   `json:"disk_tokens"`
+	ObjectTokens int64   `json:"object_tokens,omitempty"`
 }
 
 // HintStats counts kv+hints work.
@@ -194,6 +196,9 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	note := " (host/disk: no KVBM tiers yet)"
 	if r.KVBM != nil {
 		note = ""
+	}
+	if h.ObjectTokens > 0 {
+		note = fmt.Sprintf(" + object %.4f", h.Object)
 	}
 	fmt.Fprintf(&b, "  prefix hit  %.4f = device %.4f + peers %.4f + host %.4f + disk %.4f%s; router predicted %.4f\n",
 		h.Total, h.Device, h.Peers, h.Host, h.Disk, note, r.PredictedHit)

@@ -688,7 +688,11 @@ func (t *twin) workerEvent(w int) error {
 		wk.active = false
 	} else {
 		res := wk.core.Step(now)
-		if res.Seqs == 0 {
+		if res.Seqs == 0 && res.Loading > 0 {
+			// Only onboarding in flight: step again when it lands.
+			wk.stalls = 0
+			wk.at, wk.atNS = res.End, nowNS+int64(res.Duration)
+		} else if res.Seqs == 0 {
 			// Nothing fits right now; only pinned blocks could cause it.
 			if wk.stalls++; wk.stalls > stallLimit {
 				return fmt.Errorf("twin: worker %d scheduled nothing for %d passes", w+1, stallLimit)
@@ -755,10 +759,11 @@ func (t *twin) complete(st *request, now time.Time, nowNS int64) {
 	peers := min(hm.FetchedTokens, hm.CachedTokens)
 	h := &t.res.Hit
 	h.PromptTokens += int64(hm.PromptTokens)
-	h.DeviceTokens += int64(hm.CachedTokens - peers - hm.HostTokens - hm.DiskTokens)
+	h.DeviceTokens += int64(hm.CachedTokens - peers - hm.HostTokens - hm.DiskTokens - hm.ObjectTokens)
 	h.PeerTokens += int64(peers)
 	h.HostTokens += int64(hm.HostTokens)
 	h.DiskTokens += int64(hm.DiskTokens)
+	h.ObjectTokens += int64(hm.ObjectTokens)
 	t.res.OutputTokens += int64(m.OutputTokens)
 	t.res.Requests++
 	t.res.Preemptions += int64(m.Preemptions)
@@ -876,8 +881,8 @@ func (t *twin) finishResult() {
 		p := float64(h.PromptTokens)
 		h.Device = float64(h.DeviceTokens) / p
 		h.Peers = float64(h.PeerTokens) / p
-		h.Host, h.Disk = float64(h.HostTokens)/p, float64(h.DiskTokens)/p
-		h.Total = float64(h.DeviceTokens+h.PeerTokens+h.HostTokens+h.DiskTokens) / p
+		h.Host, h.Disk, h.Object = float64(h.HostTokens)/p, float64(h.DiskTokens)/p, float64(h.ObjectTokens)/p
+		h.Total = float64(h.DeviceTokens+h.PeerTokens+h.HostTokens+h.DiskTokens+h.ObjectTokens) / p
 		r.PredictedHit = float64(t.predicted) / p
 	}
 	t.finishPD()

@@ -110,8 +110,12 @@ func (m *metrics) unregister(reg prometheus.Registerer) {
 
 // addTiers splits a finished request's cached tokens by tier.
 func (m *metrics) addTiers(u *engine.Usage) {
-	dev := u.CachedTokens - u.HostCachedTokens - u.DiskCachedTokens
+	dev := u.CachedTokens - u.HostCachedTokens - u.DiskCachedTokens - u.ObjectCachedTokens
 	m.byTier.WithLabelValues("device").Add(float64(max(dev, 0)))
 	m.byTier.WithLabelValues("host").Add(float64(u.HostCachedTokens))
 	m.byTier.WithLabelValues("disk").Add(float64(u.DiskCachedTokens))
+	if u.ObjectCachedTokens > 0 {
+		// Only workers with an object tier grow the series.
+		m.byTier.WithLabelValues("object").Add(float64(u.ObjectCachedTokens))
+	}
 }

@@ -19,7 +19,7 @@ func tierTokens(t *testing.T, base string) map[string]float64 {
 		if !strings.HasPrefix(k, "kvmesh_worker_cached_prompt_tokens_by_tier_total{") {
 			continue
 		}
-		for _, tier := range []string{"device", "host", "disk"} {
+		for _, tier := range []string{"device", "host", "disk", "object"} {
 			if strings.Contains(k, `tier="`+tier+`"`) {
 				out[tier] += v
 			}
@@ -75,6 +75,51 @@ func TestServeKVBMHostTier(t *testing.T) {
 	}
 }
 
+// TestServeKVBMObjectTier: a host tier no bigger than the device pool
+// overflows too; what it evicts goes to the object tier (a file:// bucket),
+// and the repeat of the first prompt loads its prefix from there, counted
+// as cached and split by tier.
+func TestServeKVBMObjectTier(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs kvmesh serve")
+	}
+	dir := t.TempDir()
+	s := startServe(t, "--workers", "1", "--speedup-ratio", "0", "--connector", "kvbm",
+		"--blocks", "256", "--kvbm-host-blocks", "256", "--kvbm-object-url", "file://"+dir, "--kvbm-object-blocks", "4096")
+	defer s.stop(t)
+	client := newClient(s.base)
+	first := longPrompt(0)
+	plen := len(chatPromptTokens(t, simModel, frontend.Message{Role: "user", Content: first}))
+	r0 := chatOnce(t, client, chatParams(first, 5, 8))
+	// Enough distinct prompts to evict the first from device and host.
+	for i := 1; i <= 2+2*256*64/plen; i++ {
+		chatOnce(t, client, chatParams(longPrompt(i), 5, 8))
+	}
+	r1 := chatOnce(t, client, chatParams(first, 5, 8))
+	if r1.Choices[0].Message.Content != r0.Choices[0].Message.Content {
+		t.Fatalf("repeat answered %q, first %q", r1.Choices[0].Message.Content, r0.Choices[0].Message.Content)
+	}
+	cached := int(r1.Usage.PromptTokensDetails.CachedTokens)
+	if full := plen / 64 * 64; cached < full-64 {
+		t.Fatalf("repeat of a %d-token prompt: %d cached tokens, want ≥ %d", plen, cached, full-64)
+	}
+	tiers := tierTokens(t, s.base)
+	m := testutil.Scrape(t, strings.TrimSuffix(s.base, "/v1")+"/metrics")
+	var offloaded, onboarded float64
+	for k, v := range m {
+		if strings.HasPrefix(k, "kvmesh_kvbm_offloaded_object_blocks_total") {
+			offloaded += v
+		}
+		if strings.HasPrefix(k, "kvmesh_kvbm_onboarded_object_blocks_total") {
+			onboarded += v
+		}
+	}
+	t.Logf("repeat of a %d-token prompt: %d cached; by tier %v; object blocks offloaded %v, onboarded %v", plen, cached, tiers, offloaded, onboarded)
+	if tiers["object"] < float64(cached)/2 || onboarded == 0 || offloaded == 0 {
+		t.Fatalf("cached tokens by tier %v, object blocks onboarded %v: the repeat's %d should come mostly from the object tier", tiers, onboarded, cached)
+	}
+}
+
 // TestKVBMFlagsChecked: a decode worker refuses the connector, and the
 // tier flags need it.
 func TestKVBMFlagsChecked(t *testing.T) {
@@ -91,6 +136,12 @@ func TestKVBMFlagsChecked(t *testing.T) {
 		{"aggregated", kvbmFlags{connector: "kvbm", hostBW: 1, diskBW: 1}, "give --kvbm-host-blocks or --kvbm-disk-blocks"},
 		{"prefill", kvbmFlags{connector: "kvbm", disk: 8, hostBW: 1, diskBW: 1}, "--kvbm-disk-blocks 8: give --kvbm-disk-dir"},
 		{"aggregated", kvbmFlags{connector: "kvbm", host: -1, hostBW: 1, diskBW: 1}, "--kvbm-host-blocks -1"},
+		{"aggregated", kvbmFlags{objURL: "mem://", hostBW: sim.DefaultHostBandwidth, diskBW: sim.DefaultDiskBandwidth, objBW: sim.DefaultObjectBandwidth}, "--kvbm-* flags need --connector kvbm"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-blocks 8: give --kvbm-object-url"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, objURL: "file:///tmp/g4", hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-url \"file:///tmp/g4\": give --kvbm-object-blocks"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, objURL: "s3://bucket", hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-url \"s3://bucket\": the s3 driver is not built in"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: -1, hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-blocks -1"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, objURL: "mem://", hostBW: 1, diskBW: 1}, "--kvbm-object-bandwidth 0"},
 	} {
 		role, err := kv.ParseRole(c.role)
 		if err != nil {
@@ -100,8 +151,12 @@ func TestKVBMFlagsChecked(t *testing.T) {
 			t.Errorf("%s %+v: %v, want %q", c.role, c.k, err, c.want)
 		}
 	}
-	ok := kvbmFlags{connector: "kvbm", host: 8, hostBW: 1, diskBW: 1}
+	ok := kvbmFlags{connector: "kvbm", host: 8, hostBW: 1, diskBW: 1, objBW: 1}
 	if err := ok.check(kv.RolePrefill); err != nil {
 		t.Errorf("prefill worker with a host tier: %v", err)
+	}
+	ok.objURL, ok.object = "file:///var/cache/kvmesh-g4", 1024
+	if err := ok.check(kv.RoleAggregated); err != nil {
+		t.Errorf("host and object tiers: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/kvbm"
+	"github.com/kvmesh/kvmesh/kvbm/blobtier"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/twin"
 )
@@ -24,6 +25,9 @@ type kvbmFlags struct {
 	dir            string
 	hostBW, diskBW float64
 	filterOff      bool
+	objURL         string
+	object         int
+	objBW          float64
 }
 
 func addKVBMFlags(f *pflag.FlagSet, k *kvbmFlags) {
@@ -34,6 +38,9 @@ func addKVBMFlags(f *pflag.FlagSet, k *kvbmFlags) {
 	f.Float64Var(&k.hostBW, "kvbm-host-bandwidth", sim.DefaultHostBandwidth, "kvbm: host→device onboarding bandwidth, bytes/s (negative: free)")
 	f.Float64Var(&k.diskBW, "kvbm-disk-bandwidth", sim.DefaultDiskBandwidth, "kvbm: disk→device onboarding bandwidth, bytes/s (negative: free)")
 	f.BoolVar(&k.filterOff, "kvbm-disk-filter-off", false, "kvbm: offload every host block to disk, not only those seen twice within the filter's decay window")
+	f.StringVar(&k.objURL, "kvbm-object-url", "", "kvbm: object tier (G4) bucket, file:///dir or mem://; keeps what host/disk evict, recovered at restart under the same --instance-id")
+	f.IntVar(&k.object, "kvbm-object-blocks", 0, "kvbm: object tier blocks per engine rank (with --kvbm-object-url)")
+	f.Float64Var(&k.objBW, "kvbm-object-bandwidth", sim.DefaultObjectBandwidth, "kvbm: object→device onboarding bandwidth, bytes/s (negative: free)")
 }
 
 // check validates the flags; role is the worker's (decode workers run no
@@ -42,7 +49,8 @@ func (k *kvbmFlags) check(role kv.Role) error {
 	switch k.connector {
 	case "":
 		if k.host != 0 || k.disk != 0 || k.dir != "" || k.filterOff ||
-			k.hostBW != sim.DefaultHostBandwidth || k.diskBW != sim.DefaultDiskBandwidth {
+			k.hostBW != sim.DefaultHostBandwidth || k.diskBW != sim.DefaultDiskBandwidth ||
+			k.objURL != "" || k.object != 0 || k.objBW != sim.DefaultObjectBandwidth {
 			return fmt.Errorf("--kvbm-* flags need --connector kvbm")
 		}
 		return nil
@@ -53,7 +61,8 @@ func (k *kvbmFlags) check(role kv.Role) error {
 	if role == kv.RoleDecode {
 		return fmt.Errorf("--connector kvbm: a decode worker runs no connector (its prompt KV comes from its prefill peer); run kvbm on the prefill workers")
 	}
-	if err := checkInts(intFlag{"kvbm-host-blocks", int64(k.host), 0}, intFlag{"kvbm-disk-blocks", int64(k.disk), 0}); err != nil {
+	if err := checkInts(intFlag{"kvbm-host-blocks", int64(k.host), 0}, intFlag{"kvbm-disk-blocks", int64(k.disk), 0},
+		intFlag{"kvbm-object-blocks", int64(k.object), 0}); err != nil {
 		return err
 	}
 	if k.host == 0 && k.disk == 0 {
@@ -62,10 +71,20 @@ func (k *kvbmFlags) check(role kv.Role) error {
 	if k.disk > 0 && k.dir == "" {
 		return fmt.Errorf("--kvbm-disk-blocks %d: give --kvbm-disk-dir", k.disk)
 	}
+	switch {
+	case k.object > 0 && k.objURL == "":
+		return fmt.Errorf("--kvbm-object-blocks %d: give --kvbm-object-url", k.object)
+	case k.objURL != "" && k.object == 0:
+		return fmt.Errorf("--kvbm-object-url %q: give --kvbm-object-blocks", k.objURL)
+	case k.objURL != "":
+		if err := blobtier.CheckURL(k.objURL); err != nil {
+			return fmt.Errorf("--kvbm-object-url %w", err)
+		}
+	}
 	for _, v := range []struct {
 		name string
 		v    float64
-	}{{"kvbm-host-bandwidth", k.hostBW}, {"kvbm-disk-bandwidth", k.diskBW}} {
+	}{{"kvbm-host-bandwidth", k.hostBW}, {"kvbm-disk-bandwidth", k.diskBW}, {"kvbm-object-bandwidth", k.objBW}} {
 		if v.v == 0 || math.IsNaN(v.v) || math.IsInf(v.v, 0) {
 			return fmt.Errorf("--%s %g: want a finite non-zero number (negative: free)", v.name, v.v)
 		}
@@ -79,7 +98,8 @@ func (k *kvbmFlags) sim() *sim.KVBMConfig {
 		return nil
 	}
 	return &sim.KVBMConfig{HostBlocks: k.host, DiskBlocks: k.disk, DiskDir: k.dir,
-		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilter: kvbm.FilterConfig{Disabled: k.filterOff}}
+		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilter: kvbm.FilterConfig{Disabled: k.filterOff},
+		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW}
 }
 
 // twin is the twin's block-manager config, nil without the connector.
@@ -88,7 +108,8 @@ func (k *kvbmFlags) twin() *twin.KVBM {
 		return nil
 	}
 	return &twin.KVBM{HostBlocks: k.host, DiskBlocks: k.disk, DiskDir: k.dir,
-		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilterOff: k.filterOff}
+		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilterOff: k.filterOff,
+		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW}
 }
 
 // randomInstanceID is a worker instance id chosen before the engine starts
@@ -118,6 +139,11 @@ func registerKVBMMetrics(reg prometheus.Registerer, eng *sim.Engine, model strin
 		{"kvmesh_kvbm_onboarded_disk_blocks_total", "Blocks loaded from the disk tier onto the device, verified.", false, func(s sim.KVBMStats) uint64 { return s.OnboardedDisk }},
 		{"kvmesh_kvbm_evicted_host_blocks_total", "Blocks evicted from the host tier.", false, func(s sim.KVBMStats) uint64 { return s.EvictedHost }},
 		{"kvmesh_kvbm_evicted_disk_blocks_total", "Blocks evicted from the disk tier.", false, func(s sim.KVBMStats) uint64 { return s.EvictedDisk }},
+		{"kvmesh_kvbm_object_blocks", "Blocks the object tier (G4) holds.", true, func(s sim.KVBMStats) uint64 { return uint64(s.ObjectBlocks) }},
+		{"kvmesh_kvbm_offloaded_object_blocks_total", "Blocks written to the object tier (evicted from the last local tier).", false, func(s sim.KVBMStats) uint64 { return s.OffloadedObject }},
+		{"kvmesh_kvbm_onboarded_object_blocks_total", "Blocks loaded from the object tier (through host) onto the device, verified.", false, func(s sim.KVBMStats) uint64 { return s.OnboardedObject }},
+		{"kvmesh_kvbm_evicted_object_blocks_total", "Blocks evicted from the object tier (their objects deleted).", false, func(s sim.KVBMStats) uint64 { return s.EvictedObject }},
+		{"kvmesh_kvbm_recovered_object_blocks_total", "Object-tier blocks found intact at start (same instance and bucket).", false, func(s sim.KVBMStats) uint64 { return s.RecoveredObject }},
 		{"kvmesh_kvbm_recovered_disk_blocks_total", "Disk blocks found intact at start (same instance and disk directory).", false, func(s sim.KVBMStats) uint64 { return s.RecoveredDisk }},
 		{"kvmesh_kvbm_corrupt_blocks_total", "Blocks whose bytes failed their checksum (at onboarding or recovery), dropped.", false, func(s sim.KVBMStats) uint64 { return s.Corrupt }},
 		{"kvmesh_kvbm_errors_total", "Block-manager storage, device or connector errors.", false, func(s sim.KVBMStats) uint64 { return s.Errors + s.ConnectorErrors }},

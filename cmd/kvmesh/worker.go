@@ -244,8 +244,8 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 			eng.Close()
 			return err
 		}
-		if st := s.KVBMStats(); st.RecoveredDisk > 0 || st.RecoveredCorrupt > 0 {
-			log.Info("kvbm disk tier recovered", "blocks", st.RecoveredDisk, "corrupt_dropped", st.RecoveredCorrupt, "dir", wf.kvbm.dir)
+		if st := s.KVBMStats(); st.RecoveredDisk > 0 || st.RecoveredObject > 0 || st.RecoveredCorrupt > 0 {
+			log.Info("kvbm tiers recovered", "disk_blocks", st.RecoveredDisk, "object_blocks", st.RecoveredObject, "corrupt_dropped", st.RecoveredCorrupt, "dir", wf.kvbm.dir, "object_url", wf.kvbm.objURL)
 		}
 	}
 

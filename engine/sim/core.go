@@ -50,8 +50,12 @@ type StepResult struct {
 	ActiveKV      int // Σ context length of the sampling requests
 	Preempted     int // requests preempted in this pass
 	TransferBytes int64
-	FirstTokens   int // Outputs that are a request's first token
-	Finished      int // Outputs that finish their request
+	// Loading is the requests whose onboarding (Config.KVBM) is still in
+	// flight after this pass; with Seqs == 0 the pass is a wait that ends
+	// (End) when the first of them may run.
+	Loading     int
+	FirstTokens int // Outputs that are a request's first token
+	Finished    int // Outputs that finish their request
 
 	Outputs []Output
 }
@@ -157,14 +161,27 @@ func (c *Core) Counters() Counters {
 }
 
 // Idle reports whether no request is waiting or running.
-func (c *Core) Idle() bool { return len(c.running) == 0 && c.waiting.len() == 0 }
+func (c *Core) Idle() bool { return c.active() == 0 && c.waiting.len() == 0 }
+
+// active is the admitted requests: running or onboarding.
+func (c *Core) active() int {
+	if c.kb != nil {
+		return len(c.running) + len(c.kb.loadq)
+	}
+	return len(c.running)
+}
 
 // Stats is the load right now.
 func (c *Core) Stats() engine.Stats {
-	st := engine.Stats{Running: len(c.running), Waiting: c.waiting.len(),
+	st := engine.Stats{Running: c.active(), Waiting: c.waiting.len(),
 		UsedBlocks: c.pool.used, TotalBlocks: c.cfg.Blocks}
 	for _, s := range c.running {
 		if !s.decoding {
+			st.PendingPrefillTokens += s.prefillEnd - s.computed
+		}
+	}
+	if c.kb != nil {
+		for _, s := range c.kb.loadq {
 			st.PendingPrefillTokens += s.prefillEnd - s.computed
 		}
 	}
@@ -347,14 +364,17 @@ func (c *Core) Abort(s *Seq, now time.Time) bool {
 	if s == nil || s.st == stFinished {
 		return false
 	}
-	if s.st == stRunning {
+	switch s.st {
+	case stRunning:
 		for i, r := range c.running {
 			if r == s {
 				c.running = append(c.running[:i], c.running[i+1:]...)
 				break
 			}
 		}
-	} else {
+	case stLoading:
+		c.kb.unload(s)
+	default:
 		c.waiting.remove(s)
 	}
 	c.freeBlocks(s)
@@ -392,10 +412,13 @@ func (c *Core) Step(now time.Time) *StepResult {
 	// Outputs on every pass.
 	r.Start, r.End, r.Duration = now, now, 0
 	r.Seqs, r.BatchedTokens, r.PrefillTokens, r.DecodeSeqs, r.ActiveKV, r.Preempted = 0, 0, 0, 0, 0, 0
-	r.TransferBytes, r.FirstTokens, r.Finished = 0, 0, 0
+	r.TransferBytes, r.FirstTokens, r.Finished, r.Loading = 0, 0, 0, 0
 	r.Outputs = r.Outputs[:0]
 	c.sched = c.sched[:0]
 	budget := c.cfg.MaxBatchedTokens
+	if c.kb != nil {
+		c.kb.promote(now) // onboarded requests run from this pass on
+	}
 
 	for i := 0; i < len(c.running) && budget > 0; i++ {
 		s := c.running[i]
@@ -418,17 +441,20 @@ func (c *Core) Step(now time.Time) *StepResult {
 		budget -= n
 	}
 	if r.Preempted == 0 {
-		for budget > 0 && c.waiting.len() > 0 && len(c.running) < c.cfg.MaxSeqs {
+		for budget > 0 && c.waiting.len() > 0 && c.active() < c.cfg.MaxSeqs {
 			s := c.waiting.front()
 			n, ok := c.admit(s, budget)
 			if !ok {
 				break
 			}
 			c.waiting.popFront()
-			s.st = stRunning
 			if s.m.Scheduled.IsZero() {
 				s.m.Scheduled = now
 			}
+			if s.st == stLoading {
+				continue // runs once its blocks are onboarded
+			}
+			s.st = stRunning
 			c.running = append(c.running, s)
 			c.sched = append(c.sched, schedEntry{s, n})
 			budget -= n
@@ -450,14 +476,21 @@ func (c *Core) Step(now time.Time) *StepResult {
 		s.pendingXfer = 0
 	}
 	r.Seqs = len(c.sched)
-	var onboardMS float64
 	if c.kb != nil {
-		// Loads run before the forward pass; a failed one is recomputed in it.
-		var recompute int
-		onboardMS, recompute = c.kb.bind(c.sched)
-		r.PrefillTokens += recompute
+		// Loads start before the forward pass and overlap it.
+		c.kb.bind(c.sched, now)
+		r.Loading = len(c.kb.loadq)
+		if r.Seqs == 0 && r.Loading > 0 {
+			// Only onboarding in flight: wait for the first to land.
+			if d := c.kb.loadq[0].kb.ready.Sub(now); d > 0 {
+				r.Duration, r.End = d, now.Add(d)
+			}
+			c.counters.Preemptions += uint64(r.Preempted)
+			c.ev.flush()
+			return r
+		}
 	}
-	ms := c.cfg.Timing.PrefillMS(r.PrefillTokens) + TransferMS(r.TransferBytes, c.cfg.TransferBandwidth) + onboardMS
+	ms := c.cfg.Timing.PrefillMS(r.PrefillTokens) + TransferMS(r.TransferBytes, c.cfg.TransferBandwidth)
 	if r.DecodeSeqs > 0 {
 		ms += c.cfg.Timing.DecodeMS(r.ActiveKV, c.totalKV) / c.cfg.DecodeSpeedupRatio
 	}
@@ -530,6 +563,10 @@ func (c *Core) admit(s *Seq, budget int) (int, bool) {
 		ext = c.kb.match(s, computed)
 	}
 	n := min(total-computed-ext, budget)
+	if ext > 0 {
+		// Onboarding first: the first chunk's blocks come when it runs.
+		n = 0
+	}
 	need := kv.BlocksNeeded(computed+ext+n, c.bs) - hits
 	avail := c.pool.available()
 	for _, id := range c.hitIDs {
@@ -537,7 +574,7 @@ func (c *Core) admit(s *Seq, budget int) (int, bool) {
 			avail-- // reusing it takes it off the evictable list
 		}
 	}
-	if len(c.running) > 0 {
+	if c.active() > 0 {
 		avail -= c.wmBlocks
 	}
 	if need > avail {

@@ -76,6 +76,14 @@ func newRank(cfg Config, rank int) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: core.cfg, clk: core.cfg.Clock, core: core, rank: rank, wake: make(chan struct{}, 1)}
+	if core.kb != nil {
+		// Loads are timed on the clock the Engine waits on: divided by
+		// the speedup like its passes, free when it does not wait.
+		core.kb.loadScale = 0
+		if core.cfg.SpeedupRatio > 0 {
+			core.kb.loadScale = 1 / core.cfg.SpeedupRatio
+		}
+	}
 	if e.clk == nil {
 		e.clk = clock.NewWall()
 	}
@@ -451,9 +459,25 @@ func (e *Engine) loop() {
 			}
 			pending = append(pending, d)
 		}
-		seqs, preempted, dur := r.Seqs, r.Preempted, r.Duration
+		seqs, preempted, dur, loading := r.Seqs, r.Preempted, r.Duration, r.Loading
 		e.mu.Unlock()
 
+		if seqs == 0 && loading > 0 {
+			// Only onboarding in flight (timed already scaled by the
+			// speedup): step again when it lands or a request arrives.
+			if dur > 0 {
+				t := e.clk.NewTimer(dur)
+				select {
+				case <-t.C():
+				case <-e.wake:
+					t.Stop()
+				case <-e.ctx.Done():
+					t.Stop()
+					return
+				}
+			}
+			continue
+		}
 		if seqs == 0 && preempted == 0 {
 			// Nothing fits (blocks pinned by readers): wait for a change.
 			select {

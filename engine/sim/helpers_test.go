@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/engine"
@@ -18,7 +19,11 @@ func checkPool(t *testing.T, c *Core, extraRefs map[int32]int) {
 	p := &c.pool
 	n := len(p.blocks)
 	refs := map[int32]int{}
-	for _, s := range c.running {
+	active := c.running
+	if c.kb != nil {
+		active = append(slices.Clone(active), c.kb.loadq...)
+	}
+	for _, s := range active {
 		for _, id := range s.table {
 			refs[id]++
 		}

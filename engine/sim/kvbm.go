@@ -1,27 +1,30 @@
 package sim
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/kvmesh/kvmesh/clock"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/internal/u64map"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/kvbm"
+	"github.com/kvmesh/kvmesh/kvbm/blobtier"
 )
 
-// The sim behind a KV block manager (Config.KVBM): host and disk tiers
+// The sim behind a KV block manager (Config.KVBM): host, disk and object tiers
 // (package kvbm) behind the device pool, driven the way TensorRT-LLM's
 // executor drives its KV cache connector. Per pass:
 //
 //   - admitting a request asks the leader for external matches
 //     (GetNumNewMatchedTokens with the device hit), allocates blocks for
-//     the device hit, the matched tokens and the first chunk, and reports
-//     the allocation (UpdateStateAfterAlloc);
+//     the device hit and the matched tokens (without a match, the first
+//     chunk's), and reports the allocation (UpdateStateAfterAlloc);
 //   - the pass's scheduler output (new and cached requests with their new
 //     block ids, computed position and num_scheduled_tokens) builds the
 //     connector metadata, which the worker binds before the forward pass:
@@ -34,8 +37,13 @@ import (
 //     disk through the frequency filter);
 //   - a finished or aborted request is reported (RequestFinished).
 //
-// Loads are synchronous here, so a request computes in the pass its load
-// runs in; TensorRT-LLM would schedule it one iteration later.
+// Loads are asynchronous, as TensorRT-LLM's and vLLM's are (vLLM parks the
+// request in WAITING_FOR_REMOTE_KVS): a request admitted with matched
+// blocks takes no tokens of the pass that admits it; its load is timed on
+// one host/disk→device channel (loads queue behind each other) that
+// overlaps the other requests' forward passes, and it is scheduled in the
+// first pass that starts after its load lands. The bytes themselves move
+// when the metadata is bound, so the device holds them from then on.
 //
 // The tiers' KV events join the core's own stream (one numbering per
 // worker key), after the device events of the same call.
@@ -45,6 +53,8 @@ import (
 const (
 	DefaultHostBandwidth = 50e9
 	DefaultDiskBandwidth = 7e9
+	// DefaultObjectBandwidth is a 25 GbE link's sustained object reads.
+	DefaultObjectBandwidth = 3e9
 )
 
 // KVBMConfig shapes the block manager behind a Core.
@@ -59,6 +69,15 @@ type KVBMConfig struct {
 	// HostBandwidth and DiskBandwidth (bytes/s) price onboarding; 0 takes
 	// the defaults, < 0 makes it free.
 	HostBandwidth, DiskBandwidth float64
+	// ObjectURL is the object tier's bucket (G4, kvbm/blobtier: file:///dir
+	// or mem://) and ObjectBlocks its capacity: what the last local tier
+	// evicts goes there, under the prefix kvbm/<instance>-<rank>/; a
+	// worker with the same key recovers what it finds there at start.
+	ObjectURL    string
+	ObjectBlocks int
+	// ObjectBandwidth prices object→device onboarding (bytes/s; 0: the
+	// default, < 0: free).
+	ObjectBandwidth float64
 	// DiskFilter is the host→disk frequency filter.
 	DiskFilter kvbm.FilterConfig
 	// Clock drives the disk filter's decay (nil: wall time).
@@ -69,9 +88,10 @@ type KVBMConfig struct {
 type KVBMStats struct {
 	kvbm.Stats
 	HostTokens, DiskTokens uint64 // prompt tokens onboarded from each tier at first admission
+	ObjectTokens           uint64
 	OnboardBytes           uint64 // modelled bytes onboarded (every admission)
 	LoadFailures           uint64 // blocks recomputed because their load failed
-	RecoveredCorrupt       int    // disk blocks dropped by recovery
+	RecoveredCorrupt       int    // disk and object blocks dropped by recovery
 	ConnectorErrors        uint64 // connector calls that failed (a bug or I/O error; the block is recomputed or left uncached)
 }
 
@@ -83,16 +103,24 @@ type kbCore struct {
 	lead   *kvbm.TRTLLMLeader
 	wk     *kvbm.Worker
 	disk   *kvbm.DiskFile
+	obj    *blobtier.Store
 	bpb    float64 // modelled bytes per block
 	hostBW float64
 	diskBW float64
+	objBW  float64
 	next   uint64
 
 	out     kvbm.TRTLLMSchedulerOutput
 	ids     []kvbm.DeviceBlockID
-	loading []*Seq
-	held    []kv.Event // tier events emitted before any sink (recovery)
-	holding bool
+	loading []*Seq // admitted this pass with a load to start
+	// loadq is the admitted requests whose load is in flight, in load
+	// order; loadFree is when the load channel is next free, loadScale
+	// the factor from modelled to clock time (the Engine's 1/speedup).
+	loadq     []*Seq
+	loadFree  time.Time
+	loadScale float64
+	held      []kv.Event // tier events emitted before any sink (recovery)
+	holding   bool
 	// domains is the salt domain of every block a tier holds, taken from
 	// the device pool when the block was stored there, so the tiers'
 	// blocks are served to peers only within their domain (BlockDomain).
@@ -109,10 +137,12 @@ type kbReq struct {
 	told       int  // table entries the connector knows
 	counted    bool // first admission's onboarding counted
 	host, disk int  // tokens onboarded so far (cumulative, as the slot counts)
+	obj        int
 	// A match not yet allocated (the request waits for blocks): at device
 	// hit matchedAt, matched tokens, still pinned in the tiers.
 	matchedAt, matched int
 	staged             bool
+	ready              time.Time // when its load lands (stLoading)
 }
 
 func (cfg *KVBMConfig) check(c Config) error {
@@ -124,6 +154,8 @@ func (cfg *KVBMConfig) check(c Config) error {
 		return errors.New("sim config: kvbm needs host or disk blocks")
 	case k.DiskBlocks > 0 && k.DiskDir == "":
 		return errors.New("sim config: kvbm disk blocks need a disk directory")
+	case k.ObjectBlocks < 0 || (k.ObjectBlocks > 0) != (k.ObjectURL != ""):
+		return fmt.Errorf("sim config: kvbm object tier of %d blocks at %q: give both or neither", k.ObjectBlocks, k.ObjectURL)
 	case c.Role == kv.RoleDecode:
 		return errors.New("sim config: kvbm runs on prefill and aggregated workers only: a decode worker's prompt KV comes from its prefill peer")
 	case c.Layers*c.PayloadSize == 0:
@@ -135,12 +167,15 @@ func (cfg *KVBMConfig) check(c Config) error {
 func newKB(c *Core) (*kbCore, error) {
 	cfg := *c.cfg.KVBM
 	bb := c.cfg.Layers * c.cfg.PayloadSize
-	k := &kbCore{c: c, hostBW: cfg.HostBandwidth, diskBW: cfg.DiskBandwidth, domains: u64map.New[kv.SeqHash, uint64](1024)}
+	k := &kbCore{c: c, loadScale: 1, hostBW: cfg.HostBandwidth, diskBW: cfg.DiskBandwidth, domains: u64map.New[kv.SeqHash, uint64](1024)}
 	if k.hostBW == 0 {
 		k.hostBW = DefaultHostBandwidth
 	}
 	if k.diskBW == 0 {
 		k.diskBW = DefaultDiskBandwidth
+	}
+	if k.objBW = cfg.ObjectBandwidth; k.objBW == 0 {
+		k.objBW = DefaultObjectBandwidth
 	}
 	k.bpb = float64(c.xferPer)
 	mc := kvbm.Config{BlockSize: c.bs, BlockBytes: bb, Clock: cfg.Clock, DiskFilter: cfg.DiskFilter,
@@ -163,6 +198,15 @@ func newKB(c *Core) (*kbCore, error) {
 		}
 		k.disk, mc.Disk = d, d
 	}
+	if cfg.ObjectBlocks > 0 {
+		prefix := fmt.Sprintf("kvbm/%016x-%d/", c.cfg.Worker.Instance, c.cfg.Worker.DPRank)
+		o, err := blobtier.Open(context.Background(), cfg.ObjectURL, prefix, cfg.ObjectBlocks, bb)
+		if err != nil {
+			k.close()
+			return nil, err
+		}
+		k.obj, mc.Object = o, o
+	}
 	m, err := kvbm.NewManager(mc)
 	if err != nil {
 		k.close()
@@ -179,6 +223,16 @@ func newKB(c *Core) (*kbCore, error) {
 			return nil, fmt.Errorf("sim: kvbm recover %s: %w", k.disk.Path(), err)
 		}
 	}
+	if k.obj != nil {
+		k.holding = true
+		_, corrupt, err := m.RecoverObject()
+		k.holding = false
+		k.st.RecoveredCorrupt += corrupt
+		if err != nil {
+			k.close()
+			return nil, fmt.Errorf("sim: kvbm recover the object tier: %w", err)
+		}
+	}
 	k.conn = kvbm.NewConnector(m)
 	k.lead = k.conn.TRTLLMLeader()
 	k.wk = k.conn.Worker(simDevice{c})
@@ -187,12 +241,16 @@ func newKB(c *Core) (*kbCore, error) {
 }
 
 func (k *kbCore) close() error {
-	if k.disk == nil {
-		return nil
+	var errs []error
+	if k.disk != nil {
+		errs = append(errs, k.disk.Close())
+		k.disk = nil
 	}
-	d := k.disk
-	k.disk = nil
-	return d.Close()
+	if k.obj != nil {
+		errs = append(errs, k.obj.Close())
+		k.obj = nil
+	}
+	return errors.Join(errs...)
 }
 
 // events puts the tiers' events into the core's stream, renumbered; before
@@ -237,7 +295,7 @@ func (k *kbCore) trackDomains(batch []kv.Event) {
 				seq := SeqOf(h)
 				if k.mgr == nil {
 					k.domains.Delete(seq)
-				} else if host, disk := k.mgr.Holds(seq); !host && !disk {
+				} else if host, disk := k.mgr.Holds(seq); !host && !disk && !k.mgr.HoldsObject(seq) {
 					k.domains.Delete(seq)
 				}
 			}
@@ -298,7 +356,9 @@ func (k *kbCore) allocated(s *Seq, contextPos, ext int) {
 		k.fail(err)
 	}
 	if ext > 0 {
+		s.st = stLoading
 		k.loading = append(k.loading, s)
+		k.loadq = append(k.loadq, s)
 	}
 }
 
@@ -311,9 +371,10 @@ func (k *kbCore) blockIDs(t []int32) []kvbm.DeviceBlockID {
 }
 
 // bind builds the pass's scheduler output and binds its metadata: loads
-// run now. It returns the onboarding time (ms) and the tokens to recompute
-// because their load failed.
-func (k *kbCore) bind(sched []schedEntry) (ms float64, recompute int) {
+// start now, on one host/disk→device channel that overlaps the forward
+// pass; a request admitted with a load runs in the first pass that starts
+// after its load lands, computing from the first block whose load failed.
+func (k *kbCore) bind(sched []schedEntry, now time.Time) {
 	out := &k.out
 	out.NewRequests, out.CachedRequests = out.NewRequests[:0], out.CachedRequests[:0]
 	clear(out.NumScheduledTokens)
@@ -346,10 +407,13 @@ func (k *kbCore) bind(sched []schedEntry) (ms float64, recompute int) {
 		q.isNew, q.told = false, len(s.table)
 		out.NumScheduledTokens[q.id] = e.n
 	}
+	if len(sched) == 0 && len(k.loading) == 0 {
+		return
+	}
 	md, err := k.lead.BuildConnectorMeta(out)
 	k.fail(err)
 	if md == nil {
-		return 0, 0
+		return
 	}
 	k.fail(k.wk.BindConnectorMetadata(md))
 	failed := k.wk.BlockIDsWithLoadErrors()
@@ -357,47 +421,99 @@ func (k *kbCore) bind(sched []schedEntry) (ms float64, recompute int) {
 		if op.Kind != kvbm.OpLoad {
 			continue
 		}
-		for _, id := range op.Into {
+		var owner *Seq
+		for _, s := range k.loading {
+			if s.kb.id == op.Request {
+				owner = s
+			}
+		}
+		for i, id := range op.Into {
 			if !containsID(failed, id) {
 				k.c.pool.storeSum(int32(id))
+			} else if owner != nil && i < len(op.Load) {
+				// The request computes from the first block that did not
+				// load, as an engine does with the load-error block ids:
+				// the connector then stores what it recomputes, so a
+				// block dropped as corrupt is offloaded again.
+				owner.computed -= (len(op.Load) - i) * k.c.bs
+				break
 			}
 		}
 	}
 	for _, id := range failed {
 		// Recompute: the block's bytes are derived again on first read.
 		k.c.pool.blocks[id].flags |= flagUnfilled
-		recompute += k.c.bs
 	}
 	k.st.LoadFailures += uint64(len(failed))
 	for _, s := range k.loading {
+		s.kb.ready = now
 		info, ok := k.conn.Slot(s.kb.id)
 		if !ok {
 			continue
 		}
-		dh, dd := info.LoadedHost-s.kb.host, info.LoadedDisk-s.kb.disk
-		s.kb.host, s.kb.disk = info.LoadedHost, info.LoadedDisk
-		blocks := float64(dh+dd) / float64(k.c.bs)
+		dh, dd, do := info.LoadedHost-s.kb.host, info.LoadedDisk-s.kb.disk, info.LoadedObject-s.kb.obj
+		s.kb.host, s.kb.disk, s.kb.obj = info.LoadedHost, info.LoadedDisk, info.LoadedObject
+		blocks := float64(dh+dd+do) / float64(k.c.bs)
 		k.st.OnboardBytes += uint64(blocks * k.bpb)
+		var ms float64
 		if k.hostBW > 0 {
 			ms += float64(dh) / float64(k.c.bs) * k.bpb / k.hostBW * 1e3
 		}
 		if k.diskBW > 0 {
 			ms += float64(dd) / float64(k.c.bs) * k.bpb / k.diskBW * 1e3
 		}
+		if k.objBW > 0 {
+			ms += float64(do) / float64(k.c.bs) * k.bpb / k.objBW * 1e3
+		}
+		// Loads queue on the channel behind the ones still in flight.
+		start := now
+		if k.loadFree.After(start) {
+			start = k.loadFree
+		}
+		s.kb.ready = start.Add(msToDuration(ms * k.loadScale))
+		k.loadFree = s.kb.ready
 		if !s.kb.counted {
 			s.kb.counted = true
-			s.m.HostTokens, s.m.DiskTokens = dh, dd
+			s.m.HostTokens, s.m.DiskTokens, s.m.ObjectTokens = dh, dd, do
 			k.st.HostTokens += uint64(dh)
 			k.st.DiskTokens += uint64(dd)
+			k.st.ObjectTokens += uint64(do)
 			// What the tiers staged but could not load was recomputed.
-			lost := s.m.ExternalTokens - dh - dd
+			lost := s.m.ExternalTokens - dh - dd - do
 			s.m.CachedTokens -= lost
 			k.c.counters.CachedTokens -= uint64(lost)
 		}
 	}
 	clear(k.loading)
 	k.loading = k.loading[:0]
-	return ms, recompute
+}
+
+// promote moves the requests whose load has landed by now to the running
+// set (in load order, which is admission order).
+func (k *kbCore) promote(now time.Time) {
+	n := 0
+	for _, s := range k.loadq {
+		if s.kb.ready.After(now) {
+			break
+		}
+		s.st = stRunning
+		k.c.running = append(k.c.running, s)
+		n++
+	}
+	if n > 0 {
+		clear(k.loadq[:n])
+		k.loadq = append(k.loadq[:0], k.loadq[n:]...)
+	}
+}
+
+// unload drops an aborted request from the onboarding queue.
+func (k *kbCore) unload(s *Seq) {
+	for i, x := range k.loadq {
+		if x == s {
+			k.loadq = append(k.loadq[:i], k.loadq[i+1:]...)
+			return
+		}
+	}
 }
 
 func containsID(ids []kvbm.DeviceBlockID, id kvbm.DeviceBlockID) bool {
@@ -521,6 +637,12 @@ func (t *KVBMStats) add(s KVBMStats) {
 	a.DiskBlocks += b.DiskBlocks
 	a.OffloadedHost += b.OffloadedHost
 	a.OffloadedDisk += b.OffloadedDisk
+	a.ObjectBlocks += b.ObjectBlocks
+	a.OffloadedObject += b.OffloadedObject
+	a.EvictedObject += b.EvictedObject
+	a.MatchedObject += b.MatchedObject
+	a.OnboardedObject += b.OnboardedObject
+	a.RecoveredObject += b.RecoveredObject
 	a.DedupHost += b.DedupHost
 	a.DedupDisk += b.DedupDisk
 	a.FilteredDisk += b.FilteredDisk
@@ -537,6 +659,7 @@ func (t *KVBMStats) add(s KVBMStats) {
 	a.Errors += b.Errors
 	t.HostTokens += s.HostTokens
 	t.DiskTokens += s.DiskTokens
+	t.ObjectTokens += s.ObjectTokens
 	t.OnboardBytes += s.OnboardBytes
 	t.LoadFailures += s.LoadFailures
 	t.RecoveredCorrupt += s.RecoveredCorrupt

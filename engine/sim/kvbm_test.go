@@ -265,8 +265,8 @@ func TestKVBMPinServesHostTier(t *testing.T) {
 
 // TestKVBMCorruptHostBlockIsRecomputed: a host block whose bytes rotted
 // fails verification on the device; it is dropped and counted, the engine
-// recomputes from it in the same pass, the answer is unchanged and only
-// the blocks before it count as cached.
+// recomputes from it, the answer is unchanged, only the blocks before it
+// count as cached, and the recomputed block is offloaded to host again.
 func TestKVBMCorruptHostBlockIsRecomputed(t *testing.T) {
 	c := mustCore(t, kvbmConfig(64, 0, ""))
 	now := clock.Epoch
@@ -294,6 +294,13 @@ func TestKVBMCorruptHostBlockIsRecomputed(t *testing.T) {
 	if st.Corrupt != 1 || st.LoadFailures == 0 {
 		t.Fatalf("stats %+v", st)
 	}
+	// What a2 recomputed went to the host tier again: the corrupt block
+	// is offloaded anew, the rest were still there.
+	for i, h := range seqs {
+		if host, _ := c.HoldsTier(h); !host {
+			t.Fatalf("host tier lacks block %d after the recompute", i)
+		}
+	}
 	// The recomputed blocks are on the device with the right bytes.
 	n, release := c.Pin(seqs)
 	defer release()
@@ -304,5 +311,151 @@ func TestKVBMCorruptHostBlockIsRecomputed(t *testing.T) {
 	kv.FillPayload(want, seqs[4], 0)
 	if v, err := c.ViewBlock(seqs[4]); err != nil || string(v[:c.cfg.PayloadSize]) != string(want) {
 		t.Fatalf("block 4 after recompute: %v", err)
+	}
+}
+
+// TestKVBMOnboardingOverlapsOtherRequests: a request whose prefix comes
+// from the host tier takes no part of the pass that admits it; its load
+// runs beside the other requests' passes (their time is not lengthened by
+// it) and it is scheduled in the first pass that starts once the load has
+// landed. Aborting a request while it loads frees everything.
+func TestKVBMOnboardingOverlapsOtherRequests(t *testing.T) {
+	c := mustCore(t, kvbmConfig(64, 0, ""))
+	now := clock.Epoch
+	a := prompt(1, 40)
+	run(t, c, "a", a, 2, &now)
+	run(t, c, "b", prompt(2, 40), 2, &now)
+	run(t, c, "c", prompt(3, 40), 2, &now)
+
+	// d decodes long enough to keep the engine busy.
+	d, err := c.Add(req("d", prompt(4, 4), 16), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for d.Metrics().FirstToken.IsZero() {
+		now = c.Step(now).End
+	}
+	decodePass := c.Step(now)
+	decodeDur := decodePass.Duration
+	now = decodePass.End
+	// a's 9 host blocks take 3.5 decode passes to onboard.
+	loadMS := 3.5 * float64(decodeDur) / float64(time.Millisecond)
+	c.kb.hostBW = 9 * c.kb.bpb / (loadMS / 1e3)
+
+	a2, err := c.Add(req("a2", a, 2), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := now
+	r := c.Step(now)
+	// Priced with the load, the pass would take 4.5 decode passes.
+	if r.Seqs != 1 || r.Loading != 1 || r.Duration > decodeDur*3/2 {
+		t.Fatalf("admitting pass: %d seqs, %d loading, %v (a decode-only pass takes %v)", r.Seqs, r.Loading, r.Duration, decodeDur)
+	}
+	if st := c.Stats(); st.Running != 2 || st.Waiting != 0 {
+		t.Fatalf("stats while loading %+v", st)
+	}
+	now = r.End
+	ready := admitted.Add(msToDuration(loadMS))
+	for a2.Metrics().FirstToken.IsZero() {
+		start := now
+		r := c.Step(now)
+		now = r.End
+		ranA2 := r.Loading == 0
+		if ranA2 != !start.Before(ready) {
+			t.Fatalf("pass at +%v (load lands at +%v): %d seqs, %d loading", start.Sub(admitted), ready.Sub(admitted), r.Seqs, r.Loading)
+		}
+		if ranA2 && r.Seqs != 2 {
+			t.Fatalf("a2's first pass schedules %d requests", r.Seqs)
+		}
+	}
+	if m := a2.Metrics(); m.HostTokens != 36 || m.CachedTokens != 36 {
+		t.Fatalf("a2 host %d cached %d tokens, want 36", m.HostTokens, m.CachedTokens)
+	}
+	for !a2.Done() {
+		now = c.Step(now).End
+	}
+	if got, want := a2.Output(), refOutput(a, 1, "", "", 2, 4, 1000, nil); !equalTokens(got, want) {
+		t.Fatalf("output %v, want %v", got, want)
+	}
+
+	// Abort while loading: blocks and tier pins are released.
+	a3, err := c.Add(req("a3", prompt(2, 40), 2), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.Step(now); r.Loading != 1 || a3.st != stLoading {
+		t.Fatalf("a3 not loading: %d loading, state %v", r.Loading, a3.st)
+	}
+	if !c.Abort(a3, now) || c.Abort(a3, now) {
+		t.Fatal("abort while loading")
+	}
+	if !c.Abort(d, now) {
+		t.Fatal("abort d")
+	}
+	if !c.Idle() {
+		t.Fatal("core not idle after aborting everything")
+	}
+	checkPool(t, c, nil)
+	if err := c.KVBMErr(); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.kb.conn.Slots(); n != 0 {
+		t.Fatalf("connector tracks %d slots after every request ended", n)
+	}
+}
+
+// TestKVBMObjectTierServesHostEvictionsAndSurvivesRestart: with a host tier
+// too small for the workload, what host evicts goes to the object tier
+// (file:// bucket); a repeat loads it back (priced, verified, same answer),
+// and a core restarted with the same worker key recovers the objects.
+func TestKVBMObjectTierServesHostEvictionsAndSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	cfg := kvbmConfig(8, 0, "")
+	cfg.KVBM.ObjectURL, cfg.KVBM.ObjectBlocks = "file://"+dir, 64
+	c := mustCore(t, cfg)
+	log := newTierLog(t)
+	c.SetEventSink(log.sink)
+	now := clock.Epoch
+	a := prompt(1, 40)
+	run(t, c, "a", a, 2, &now)
+	run(t, c, "b", prompt(2, 40), 2, &now)
+	run(t, c, "c", prompt(3, 40), 2, &now)
+	seqs := hashes(t, a, 4)
+	for i, h := range seqs[:9] {
+		if !c.kb.mgr.HoldsObject(h) || !log.held[kv.TierExternal][kv.EngineHash(h)] {
+			t.Fatalf("block %d of a: object tier holds %v, events say %v", i, c.kb.mgr.HoldsObject(h), log.held[kv.TierExternal][kv.EngineHash(h)])
+		}
+	}
+	again := run(t, c, "a2", a, 2, &now)
+	m := again.Metrics()
+	if m.ObjectTokens == 0 || m.HostTokens+m.ObjectTokens != 36 || m.CachedTokens != 36 {
+		t.Fatalf("a2: host %d object %d cached %d tokens, want 36 from host and object", m.HostTokens, m.ObjectTokens, m.CachedTokens)
+	}
+	if got, want := again.Output(), refOutput(a, 1, "", "", 2, 4, 1000, nil); !equalTokens(got, want) {
+		t.Fatalf("output %v, want %v", got, want)
+	}
+	st := c.KVBMStats()
+	if st.OffloadedObject == 0 || st.OnboardedObject == 0 || st.ObjectTokens == 0 || st.Corrupt != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	held := st.ObjectBlocks
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	c2 := mustCore(t, cfg)
+	defer c2.Close()
+	log2 := newTierLog(t)
+	c2.SetEventSink(log2.sink)
+	if st := c2.KVBMStats(); st.RecoveredObject != uint64(held) || st.ObjectBlocks != held {
+		t.Fatalf("restart recovered %d of %d object blocks (%+v)", st.RecoveredObject, held, st)
+	}
+	if n := len(log2.held[kv.TierExternal]); n != held {
+		t.Fatalf("restart announced %d object blocks, want %d", n, held)
+	}
+	b2 := run(t, c2, "b2", prompt(2, 40), 2, &now)
+	if m := b2.Metrics(); m.ObjectTokens == 0 {
+		t.Fatalf("after the restart b2 loaded nothing from the object tier: %+v", m)
 	}
 }

@@ -14,6 +14,7 @@ type seqState uint8
 const (
 	stWaiting seqState = iota
 	stRunning
+	stLoading // admitted, its matched blocks onboarding (Config.KVBM)
 	stFinished
 )
 
@@ -29,9 +30,10 @@ type Metrics struct {
 	CachedTokens  int // prompt tokens found in the cache at first admission (fetched ones included)
 	FetchedTokens int // prompt tokens the Fetcher brought in for it
 	// With a block manager (Config.KVBM): prompt tokens matched in its
-	// tiers at first admission, and of those onboarded from host and disk
-	// (all three included in CachedTokens once loaded).
+	// tiers at first admission, and of those onboarded from host, disk and
+	// the object tier (all included in CachedTokens once loaded).
 	ExternalTokens, HostTokens, DiskTokens int
+	ObjectTokens                           int
 	Preemptions                            int
 	Finish                                 kv.FinishReason
 }
@@ -91,7 +93,7 @@ func (s *Seq) Done() bool { return s.st == stFinished }
 // Usage is the request's token accounting.
 func (s *Seq) Usage() engine.Usage {
 	return engine.Usage{PromptTokens: s.promptLen, CompletionTokens: len(s.out), CachedTokens: s.m.CachedTokens,
-		HostCachedTokens: s.m.HostTokens, DiskCachedTokens: s.m.DiskTokens}
+		HostCachedTokens: s.m.HostTokens, DiskCachedTokens: s.m.DiskTokens, ObjectCachedTokens: s.m.ObjectTokens}
 }
 
 func (s *Seq) total() int { return s.promptLen + len(s.out) }
