@@ -124,6 +124,12 @@ type pdFleet struct {
 // their caches on loopback, and a KV-mode cluster with hints over them.
 func startPD(t *testing.T, np, nd, na int, ttl time.Duration) *pdFleet {
 	t.Helper()
+	return startPDWith(t, np, nd, na, ttl, worker.Config{})
+}
+
+// startPDWith is startPD with every worker's config starting from wc.
+func startPDWith(t *testing.T, np, nd, na int, ttl time.Duration, wc worker.Config) *pdFleet {
+	t.Helper()
 	_, nc, _ := controlPlane(t, 3*time.Second)
 	reg := prometheus.NewRegistry()
 	pm, err := worker.NewPeerMetrics(reg)
@@ -144,7 +150,9 @@ func startPD(t *testing.T, np, nd, na int, ttl time.Duration) *pdFleet {
 			t.Fatal(err)
 		}
 		re := &recEngine{Engine: eng, failPrefills: &f.fails}
-		w, err := worker.New(worker.Config{Peer: p, Discovery: disc, LoadInterval: time.Hour, Registerer: reg}, re, nc)
+		c := wc
+		c.Peer, c.Discovery, c.LoadInterval, c.Registerer = p, disc, time.Hour, reg
+		w, err := worker.New(c, re, nc)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -30,6 +30,7 @@ import (
 	"github.com/kvmesh/kvmesh/workerclient"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 )
 
@@ -84,6 +85,9 @@ type Config struct {
 	// requires client certificates); give the Peer the same for its
 	// control endpoints.
 	TLS *tls.Config
+	// Tracer, when set, traces every Generate call as a server span, the
+	// child of the caller's traceparent (tracing.go); nil: off.
+	Tracer trace.Tracer
 }
 
 // Worker is one running engine instance.

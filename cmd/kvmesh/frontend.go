@@ -38,6 +38,12 @@ On startup it prints one line to stdout:
 			if err := ff.validate(); err != nil {
 				return err
 			}
+			tracer, stopTracing, err := setupTracing(cmd.Context(), "kvmesh-frontend", log)
+			if err != nil {
+				return err
+			}
+			defer stopTracing()
+			ff.tracer = tracer
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			nc, disc, err := nf.controlPlane(ctx, "kvmesh-frontend", log)

@@ -138,6 +138,11 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	if err != nil {
 		return err
 	}
+	tracer, stopTracing, err := setupTracing(cmd.Context(), "kvmesh-worker", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	serverTLS, clientTLS, err := wf.tls.configs()
 	if err != nil {
 		return err
@@ -259,7 +264,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
 		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, AcceptsHints: acceptsHints, Peer: peer, Registerer: reg,
-		FleetToken: fleetToken, TLS: serverTLS,
+		FleetToken: fleetToken, TLS: serverTLS, Tracer: tracer,
 		Discovery: discovery.Config{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)
 	if err != nil {
