@@ -299,7 +299,7 @@ func (c *Cluster) open(ctx context.Context, d *router.Decision, greq *api.Genera
 		d.Fail()
 		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, kv.ErrWorkerLost)
 	}
-	ws := &workerStream{d: d, st: st, ctx: ctx, cancel: cancel, counts: c.stats.routed(d.Worker, d.Hint != nil), span: sp}
+	ws := &workerStream{d: d, st: st, ctx: ctx, cancel: cancel, counts: c.stats.routed(d, greq.Leg != api.Leg_LEG_DECODE), span: sp}
 	if d.Hint != nil {
 		ws.cancel = holdCancel(ctx, st, cancel)
 	}

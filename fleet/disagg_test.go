@@ -18,6 +18,7 @@ import (
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
@@ -328,6 +329,14 @@ func TestDisaggPrefillFirst(t *testing.T) {
 	if r3.cached != nblocks*sim.DefaultBlockSize {
 		t.Fatalf("turn 3 cached %d (the prefill's hinted prefix), want %d", r3.cached, nblocks*sim.DefaultBlockSize)
 	}
+	// The router credited the hinted prefill worker with turn 1's prefix
+	// from a peer; decode legs compute no prompt and are credited nothing.
+	if v := testutil.Value(t, f.reg, "kvmesh_fleet_worker_credited_prompt_tokens_total", "tier", "peer", "role", "prefill"); v != float64(nblocks*sim.DefaultBlockSize) {
+		t.Errorf("peer credit %v, want %d", v, nblocks*sim.DefaultBlockSize)
+	}
+	if v := testutil.Value(t, f.reg, "kvmesh_fleet_worker_routed_prompt_tokens_total", "role", "prefill"); v != float64(len(turn1)+len(turn3)) {
+		t.Errorf("prefill workers' routed prompt tokens %v, want %d", v, len(turn1)+len(turn3))
+	}
 
 	// One token wanted: the prefill's answer is final.
 	r4 := pdTurn(ctx, f.c, "t4", prompt(10, 3000), 1)
@@ -339,6 +348,12 @@ func TestDisaggPrefillFirst(t *testing.T) {
 	}
 	if v := f.metric(t, `kvmesh_fleet_requests_by_path_total{path="local_prefill",reason="isl"}`); v != 1 {
 		t.Errorf("local prefills %v, want 1", v)
+	}
+	// Routing decisions: one per leg; the one-token request had no decode leg.
+	for path, want := range map[string]float64{"disagg_prefill": 3, "disagg_decode": 2, "local_prefill": 1, "aggregated": 0} {
+		if v := f.metric(t, `kvmesh_router_decisions_total{mode="kv",path="`+path+`"}`); v != want {
+			t.Errorf("%s decisions %v, want %v", path, v, want)
+		}
 	}
 }
 
