@@ -134,6 +134,10 @@ type WorkerStatus struct {
 	DPRank   uint32  `json:"dp_rank"`
 	Role     kv.Role `json:"role"`
 	GRPC     string  `json:"grpc"`
+	// Engine is the engine kind the worker registered (sim, vllm, …).
+	Engine string `json:"engine,omitempty"`
+	// Hints: the worker takes KV hints or serves its blocks to peers.
+	Hints bool `json:"hints"`
 	// State: "ready" once a load report came in, "starting" before.
 	State string `json:"state"`
 	// KVCapacity is the blocks per tier the worker registered.
@@ -168,7 +172,8 @@ func (s *workerStats) status() []WorkerStatus {
 	for _, in := range ins {
 		for _, k := range in.Workers() {
 			w := WorkerStatus{Model: in.Model, Instance: natsbus.InstanceToken(in.ID), DPRank: k.DPRank, Role: in.Role,
-				GRPC: in.GRPCAddr, State: "starting", KVCapacity: in.KVCapacity}
+				GRPC: in.GRPCAddr, State: "starting", KVCapacity: in.KVCapacity, Engine: in.Engine,
+				Hints: in.HintTarget() || len(in.ControlEndpoints) > 0}
 			if l, ok := s.load[k]; ok {
 				w.State = "ready"
 				w.UsedBlocks, w.TotalBlocks, w.Running, w.Waiting = l.UsedBlocks, l.TotalBlocks, l.Running, l.Waiting

@@ -427,7 +427,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 			return fmt.Errorf("sim engine: %w", err)
 		}
 		wc := worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer, Registerer: reg,
-			FleetToken: fleetToken, TLS: serverTLS, Tracer: tracer,
+			FleetToken: fleetToken, TLS: serverTLS, Tracer: tracer, Engine: "sim",
 			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}
 		if cfg.KVBM != nil {
 			wc.InstanceID = instance
