@@ -285,8 +285,7 @@ func (c *Cluster) open(ctx context.Context, d *router.Decision, greq *api.Genera
 		return nil, fmt.Errorf("%v: %w", err, kv.ErrWorkerLost)
 	}
 	sctx, cancel := streamContext(ctx, d.Hint != nil)
-	sctx, sp := childSpan(sctx, "worker.generate", trace.SpanKindClient, append(workerAttrs(d.Worker),
-		attribute.String("kvmesh.leg", legName(greq.Leg)), attribute.Bool("kvmesh.hint", greq.KvFetch != nil))...)
+	sctx, sp := workerSpan(sctx, d, greq)
 	st, err := client.Generate(api.WithTraceContext(sctx), greq)
 	if err != nil {
 		endSpan(sp, err)

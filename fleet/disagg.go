@@ -188,8 +188,10 @@ func (c *Cluster) disagg(ctx context.Context, req *kv.GenerateRequest, base rout
 	}
 	// The handoff: from the prefill's answer to the decode leg's first
 	// token (routing the decode leg, the KV pull, the first step).
-	_, hsp := childSpanAt(ctx, "disagg.handoff", trace.SpanKindInternal, ans.at,
-		attribute.Int("kvmesh.handoff.bytes", len(ans.params)))
+	_, hsp := childSpanAt(ctx, "disagg.handoff", trace.SpanKindInternal, ans.at)
+	if hsp.IsRecording() {
+		hsp.SetAttributes(attribute.Int("kvmesh.handoff.params_bytes", len(ans.params)))
+	}
 	rctx, sp := routeSpan(ctx, req, kv.LegDecode, router.PathDisagg)
 	d, err := c.router.Route(rctx, router.DecodeLegRequest(base))
 	endRoute(sp, d, err)

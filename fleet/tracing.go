@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
@@ -23,18 +24,19 @@ import (
 const tracerScope = "github.com/kvmesh/kvmesh"
 
 // childSpan starts a span under ctx's when that one records; otherwise it
-// returns ctx and its non-recording span (End does nothing).
-func childSpan(ctx context.Context, name string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
-	return childSpanAt(ctx, name, kind, time.Time{}, attrs...)
+// returns ctx and its non-recording span (End does nothing). Callers set
+// attributes only on a recording span: building them allocates.
+func childSpan(ctx context.Context, name string, kind trace.SpanKind) (context.Context, trace.Span) {
+	return childSpanAt(ctx, name, kind, time.Time{})
 }
 
 // childSpanAt is childSpan started at t (zero: now).
-func childSpanAt(ctx context.Context, name string, kind trace.SpanKind, t time.Time, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+func childSpanAt(ctx context.Context, name string, kind trace.SpanKind, t time.Time) (context.Context, trace.Span) {
 	parent := trace.SpanFromContext(ctx)
 	if !parent.IsRecording() {
 		return ctx, parent
 	}
-	opts := []trace.SpanStartOption{trace.WithSpanKind(kind), trace.WithAttributes(attrs...)}
+	opts := []trace.SpanStartOption{trace.WithSpanKind(kind)}
 	if !t.IsZero() {
 		opts = append(opts, trace.WithTimestamp(t))
 	}
@@ -43,9 +45,23 @@ func childSpanAt(ctx context.Context, name string, kind trace.SpanKind, t time.T
 
 // routeSpan starts the span of one routing decision.
 func routeSpan(ctx context.Context, req *kv.GenerateRequest, leg kv.Leg, path router.DisaggPath) (context.Context, trace.Span) {
-	return childSpan(ctx, "route", trace.SpanKindInternal, attribute.String("gen_ai.request.model", req.Model),
-		attribute.String("kvmesh.leg", leg.String()), attribute.String("kvmesh.path", string(path)),
-		attribute.Int("kvmesh.attempt", req.Attempt), attribute.Int("gen_ai.usage.input_tokens", len(req.Tokens)))
+	ctx, sp := childSpan(ctx, "route", trace.SpanKindInternal)
+	if sp.IsRecording() {
+		sp.SetAttributes(attribute.String("gen_ai.request.model", req.Model),
+			attribute.String("kvmesh.leg", leg.String()), attribute.String("kvmesh.path", string(path)),
+			attribute.Int("kvmesh.attempt", req.Attempt), attribute.Int("gen_ai.usage.input_tokens", len(req.Tokens)))
+	}
+	return ctx, sp
+}
+
+// workerSpan starts the client span of one worker stream.
+func workerSpan(ctx context.Context, d *router.Decision, greq *api.GenerateRequest) (context.Context, trace.Span) {
+	ctx, sp := childSpan(ctx, "worker.generate", trace.SpanKindClient)
+	if sp.IsRecording() {
+		sp.SetAttributes(workerAttrs(d.Worker)...)
+		sp.SetAttributes(attribute.String("kvmesh.leg", legName(greq.Leg)), attribute.Bool("kvmesh.hint", greq.KvFetch != nil))
+	}
+	return ctx, sp
 }
 
 // endRoute records what the router decided (or why it could not).

@@ -52,7 +52,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 	}
 	_, tsp := childSpan(r.Context(), "tokenize")
 	prompt, err := m.EncodeChat(req.Messages)
-	tsp.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", len(prompt)))
+	if tsp.IsRecording() { // the variadic attributes would allocate even for a no-op span
+		tsp.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", len(prompt)))
+	}
 	tsp.End()
 	if err != nil {
 		writeError(w, invalid("messages", "the chat template could not render these messages: %v", err))
@@ -119,7 +121,9 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 			texts = append(texts, t)
 			n += len(prompts[len(prompts)-1])
 		}
-		tsp.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", n))
+		if tsp.IsRecording() {
+			tsp.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", n))
+		}
 		tsp.End()
 	}
 	for i, ids := range req.TokenPrompts {

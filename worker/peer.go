@@ -282,7 +282,7 @@ func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 	for i := range ask {
 		ask[i] = uint64(sim.EngineHash(m.Seq[i]))
 	}
-	ctx, sp := childSpan(ctx, "hint.fetch", attribute.String("kvmesh.hint.source", h.Endpoint), attribute.Int("kvmesh.blocks.wanted", want))
+	ctx, sp := childSpan(ctx, "hint.fetch")
 	res, ferr := p.client.Fetch(ctx, h.Endpoint, transfer.FetchRequest{Hashes: ask, Digest: p.digest, Verify: p.verify,
 		Domain: kv.Seed(req.LoRA, req.CacheSalt)})
 	inserted, ierr := 0, error(nil)
@@ -290,7 +290,8 @@ func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 		inserted, ierr = into.Insert(p.chain(req, m, res.Blocks))
 	}
 	if sp.IsRecording() {
-		sp.SetAttributes(attribute.Int("kvmesh.blocks.inserted", inserted), attribute.Int64("kvmesh.bytes", int64(inserted*p.layers*p.psize)),
+		sp.SetAttributes(attribute.String("kvmesh.hint.source", h.Endpoint), attribute.Int("kvmesh.blocks.wanted", want),
+			attribute.Int("kvmesh.blocks.inserted", inserted), attribute.Int64("kvmesh.bytes", int64(inserted*p.layers*p.psize)),
 			attribute.String("kvmesh.transfer.outcome", res.Outcome.String()))
 	}
 	endChild(sp, errors.Join(ferr, ierr))

@@ -44,7 +44,7 @@ func (p *Peer) PullHandoff(ctx context.Context, req *engine.Request, h *sim.Hand
 	for i := range ask {
 		ask[i] = uint64(sim.EngineHash(m.Seq[i]))
 	}
-	ctx, sp := childSpan(ctx, "handoff.pull", attribute.String("kvmesh.handoff.source", h.Endpoint), attribute.Int("kvmesh.blocks.wanted", want))
+	ctx, sp := childSpan(ctx, "handoff.pull")
 	res, ferr := p.client.Fetch(ctx, h.Endpoint, transfer.FetchRequest{Hashes: ask, Digest: p.digest, Verify: p.verify})
 	inserted, ierr := 0, error(nil)
 	if len(res.Blocks) > 0 {
@@ -52,7 +52,8 @@ func (p *Peer) PullHandoff(ctx context.Context, req *engine.Request, h *sim.Hand
 	}
 	bytes := int64(inserted * p.layers * p.psize)
 	if sp.IsRecording() {
-		sp.SetAttributes(attribute.Int("kvmesh.blocks.inserted", inserted), attribute.Int64("kvmesh.bytes", bytes))
+		sp.SetAttributes(attribute.String("kvmesh.handoff.source", h.Endpoint), attribute.Int("kvmesh.blocks.wanted", want),
+			attribute.Int("kvmesh.blocks.inserted", inserted), attribute.Int64("kvmesh.bytes", bytes))
 	}
 	endChild(sp, errors.Join(ferr, ierr, errShort(inserted, want)))
 	p.log.Debug("disagg handoff pull", "request", req.ID, "source", h.Endpoint, "wanted", want,

@@ -57,13 +57,14 @@ func (s *server) startSpan(req *api.GenerateRequest, stream api.Worker_GenerateS
 }
 
 // childSpan starts a span under ctx's when that one records; otherwise it
-// returns ctx and its non-recording span (End does nothing).
-func childSpan(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+// returns ctx and its non-recording span (End does nothing). Callers set
+// attributes only on a recording span: building them allocates.
+func childSpan(ctx context.Context, name string) (context.Context, trace.Span) {
 	parent := trace.SpanFromContext(ctx)
 	if !parent.IsRecording() {
 		return ctx, parent
 	}
-	return parent.TracerProvider().Tracer(tracerScope).Start(ctx, name, trace.WithAttributes(attrs...))
+	return parent.TracerProvider().Tracer(tracerScope).Start(ctx, name)
 }
 
 // endChild ends a child span with err's status, if any.
