@@ -231,6 +231,8 @@ OpenAI-compatible frontend with the KV-aware router, all in one process. Ctrl-C 
 SIGTERM stops accepting requests, gives those in flight 1 s, then cuts them and exits 0.
 A live dashboard of the fleet is at http://<host:port>/dashboard, Prometheus series at
 /metrics (docs/metrics.md). Every flag has a KVMESH_* environment variable.
+OpenTelemetry traces follow the standard OTEL_* variables
+(OTEL_EXPORTER_OTLP_ENDPOINT turns them on; off when unset).
 
 On startup it prints one line to stdout:
   kvmesh serve: model <name> on <n> simulated workers (router <mode>); OpenAI API at http://<host:port>/v1 (NATS <url>)`,

@@ -60,6 +60,8 @@ func newWorkerCmd() *cobra.Command {
 in the NATS discovery bucket (refreshed well within its TTL), publishes the engine's
 KV events and load on NATS, and answers routers' gap-repair queries. SIGINT or
 SIGTERM deregisters and stops it. Every flag has a KVMESH_* environment variable.
+OpenTelemetry traces follow the standard OTEL_* variables
+(OTEL_EXPORTER_OTLP_ENDPOINT turns them on; off when unset).
 
 On startup it prints one line to stdout:
   kvmesh worker ready instance=<hex id> grpc=<host:port> model=<name>`,
