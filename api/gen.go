@@ -1,7 +1,8 @@
 // Package api holds the kvmesh worker API (worker.proto) and its generated
 // gRPC code, plus conversions between the protobuf forms and package kv.
 //
-// It imports only kv: every kvmesh process speaks it, so it must not import
+// It imports only kv (and the OpenTelemetry API, for W3C trace context in
+// metadata: trace.go): every kvmesh process speaks it, so it must not import
 // the rooms that use it.
 package api
 

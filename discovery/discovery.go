@@ -133,6 +133,22 @@ type Registration struct {
 	val    []byte
 	cancel context.CancelFunc
 	done   chan struct{}
+	// stored is when the record was last written (unix ns; 0: never).
+	stored atomic.Int64
+}
+
+// Current says whether the record is in the bucket as far as this process
+// knows: written within the TTL and not closed. A worker that cannot
+// refresh its record (NATS away) is not current once the TTL has passed.
+func (r *Registration) Current() error {
+	t := r.stored.Load()
+	switch {
+	case t == 0:
+		return errors.New("discovery: not registered")
+	case time.Since(time.Unix(0, t)) > r.d.TTL():
+		return fmt.Errorf("discovery: record not refreshed for %v (TTL %v)", time.Since(time.Unix(0, t)).Round(time.Millisecond), r.d.TTL())
+	}
+	return nil
 }
 
 // Register writes the record and refreshes it every TTL/3, and at once after
@@ -169,6 +185,7 @@ func (r *Registration) put(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("discovery: put %s: %w", r.key, err)
 	}
+	r.stored.Store(time.Now().UnixNano())
 	return nil
 }
 
@@ -200,6 +217,7 @@ func (r *Registration) loop(ctx context.Context) {
 func (r *Registration) Close(ctx context.Context) error {
 	r.cancel()
 	<-r.done
+	r.stored.Store(0)
 	kvb, err := r.d.bucket(ctx, false)
 	if err == nil {
 		err = kvb.Delete(ctx, r.key)

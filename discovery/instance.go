@@ -39,6 +39,9 @@ type Instance struct {
 	// control endpoints. A real engine's worker may take hints without
 	// serving its own blocks, or serve them and take none.
 	AcceptsHints *bool `json:"accepts_hints,omitempty"`
+	// Engine names the engine kind behind the worker (sim, vllm, …), for
+	// operators and the dashboard; routing does not read it.
+	Engine string `json:"engine,omitempty"`
 }
 
 // HintTarget reports whether routers may send the worker KV hints.

@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -233,8 +235,10 @@ func routeErr(err error) error {
 
 // whole routes rreq and streams the request from the chosen worker as one
 // leg (aggregated, or a decode worker prefilling locally).
-func (c *Cluster) whole(ctx context.Context, req *kv.GenerateRequest, rreq router.Request) (kv.TokenStream, error) {
-	d, err := c.router.Route(ctx, rreq)
+func (c *Cluster) whole(ctx context.Context, req *kv.GenerateRequest, rreq router.Request, path router.DisaggPath) (kv.TokenStream, error) {
+	rctx, sp := routeSpan(ctx, req, kv.LegWhole, path)
+	d, err := c.router.Route(rctx, rreq)
+	endRoute(sp, d, err)
 	if err != nil {
 		return nil, routeErr(err)
 	}
@@ -245,6 +249,17 @@ func (c *Cluster) whole(ctx context.Context, req *kv.GenerateRequest, rreq route
 		return nil, err
 	}
 	return st, nil
+}
+
+// legName names a proto leg for spans.
+func legName(l api.Leg) string {
+	switch l {
+	case api.Leg_LEG_PREFILL:
+		return kv.LegPrefill.String()
+	case api.Leg_LEG_DECODE:
+		return kv.LegDecode.String()
+	}
+	return kv.LegWhole.String()
 }
 
 // protoRequest is req for the worker d chose.
@@ -270,8 +285,10 @@ func (c *Cluster) open(ctx context.Context, d *router.Decision, greq *api.Genera
 		return nil, fmt.Errorf("%v: %w", err, kv.ErrWorkerLost)
 	}
 	sctx, cancel := streamContext(ctx, d.Hint != nil)
-	st, err := client.Generate(sctx, greq)
+	sctx, sp := workerSpan(sctx, d, greq)
+	st, err := client.Generate(api.WithTraceContext(sctx), greq)
 	if err != nil {
+		endSpan(sp, err)
 		cancel()
 		if ctx.Err() != nil {
 			c.dropHint(d, hintDropCancelled)
@@ -281,7 +298,7 @@ func (c *Cluster) open(ctx context.Context, d *router.Decision, greq *api.Genera
 		d.Fail()
 		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, kv.ErrWorkerLost)
 	}
-	ws := &workerStream{d: d, st: st, ctx: ctx, cancel: cancel, counts: c.stats.routed(d.Worker, d.Hint != nil)}
+	ws := &workerStream{d: d, st: st, ctx: ctx, cancel: cancel, counts: c.stats.routed(d, greq.Leg != api.Leg_LEG_DECODE), span: sp}
 	if d.Hint != nil {
 		ws.cancel = holdCancel(ctx, st, cancel)
 	}
@@ -297,6 +314,7 @@ type workerStream struct {
 	done   bool
 	msg    api.GenerateChunk // reused by every Recv: the codec resets it, and a chunk keeps only its own Tokens slice
 	counts *workerCounts     // the worker's, for the per-worker series
+	span   trace.Span        // worker.generate (tracing.go); ends with the stream
 }
 
 func (s *workerStream) Recv() (kv.TokenChunk, error) {
@@ -308,8 +326,7 @@ func (s *workerStream) Recv() (kv.TokenChunk, error) {
 	if err != nil {
 		if err == io.EOF {
 			// The worker closed the stream without a finish reason.
-			s.fail()
-			return kv.TokenChunk{}, fmt.Errorf("worker %v ended the stream early: %w", s.d.Worker, kv.ErrWorkerLost)
+			return kv.TokenChunk{}, s.fail(fmt.Errorf("worker %v ended the stream early: %w", s.d.Worker, kv.ErrWorkerLost))
 		}
 		switch status.Code(err) {
 		case codes.Canceled, codes.DeadlineExceeded:
@@ -317,15 +334,15 @@ func (s *workerStream) Recv() (kv.TokenChunk, error) {
 			// cancelled because discovery dropped the worker (Forget closes
 			// its connection) is a lost worker and may be migrated.
 			if s.ctx.Err() != nil {
-				s.finish()
+				s.finish(err)
 				return kv.TokenChunk{}, err
 			}
 		case codes.InvalidArgument:
-			s.finish()
-			return kv.TokenChunk{}, fmt.Errorf("%w: %s", kv.ErrRejected, status.Convert(err).Message())
+			err = fmt.Errorf("%w: %s", kv.ErrRejected, status.Convert(err).Message())
+			s.finish(err)
+			return kv.TokenChunk{}, err
 		}
-		s.fail()
-		return kv.TokenChunk{}, fmt.Errorf("worker %v: %v: %w", s.d.Worker, err, kv.ErrWorkerLost)
+		return kv.TokenChunk{}, s.fail(fmt.Errorf("worker %v: %v: %w", s.d.Worker, err, kv.ErrWorkerLost))
 	}
 	if !s.first && len(m.Tokens) > 0 {
 		s.first = true
@@ -333,38 +350,47 @@ func (s *workerStream) Recv() (kv.TokenChunk, error) {
 	}
 	ch := kv.TokenChunk{Tokens: m.Tokens, Finish: kv.FinishReason(m.FinishReason)}
 	if kv.FinishReason(m.FinishReason) == kv.FinishError {
-		s.finish()
-		return kv.TokenChunk{}, fmt.Errorf("worker %v: engine error: %s", s.d.Worker, m.Error)
+		err := fmt.Errorf("worker %v: engine error: %s", s.d.Worker, m.Error)
+		s.finish(err)
+		return kv.TokenChunk{}, err
 	}
 	if u := m.Usage; u != nil {
 		ch.PromptTokens, ch.CachedTokens = int(u.PromptTokens), int(u.CachedTokens)
 	}
 	s.counts.chunk(len(m.Tokens), ch.PromptTokens, ch.CachedTokens)
 	if ch.Finish != "" {
-		s.finish()
+		if s.span.IsRecording() {
+			s.span.SetAttributes(attribute.String("kvmesh.finish_reason", string(ch.Finish)),
+				attribute.Int("kvmesh.worker_cached_tokens", ch.CachedTokens))
+		}
+		s.finish(nil)
 	}
 	return ch, nil
 }
 
-func (s *workerStream) finish() {
+// finish ends the stream; err (nil: none) is what its span records.
+func (s *workerStream) finish(err error) {
 	if !s.done {
 		s.done = true
 		s.d.Done()
+		endSpan(s.span, err)
 	}
 }
 
 // fail ends the stream on a lost worker: the router keeps it out of
-// selection for a while.
-func (s *workerStream) fail() {
+// selection for a while. It returns err.
+func (s *workerStream) fail(err error) error {
 	if !s.done {
 		s.done = true
 		s.d.Fail()
+		endSpan(s.span, err)
 	}
+	return err
 }
 
 func (s *workerStream) Close() error {
 	s.cancel()
-	s.finish()
+	s.finish(nil)
 	return nil
 }
 

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/kv"
@@ -125,23 +127,23 @@ func (c *Cluster) generate(ctx context.Context, req *kv.GenerateRequest) (kv.Tok
 			return nil, fmt.Errorf("%w: %s", kv.ErrNoWorkers, p.unservable(req.Model))
 		}
 		c.dmet.path(router.PathAggregated, reasonNoReason)
-		return c.whole(ctx, req, base)
+		return c.whole(ctx, req, base, router.PathAggregated)
 	}
 	if p.agg > 0 && c.preferAggregated(req.Model) {
 		c.dmet.path(router.PathAggregated, reasonNoReason)
-		return c.whole(ctx, req, base)
+		return c.whole(ctx, req, base, router.PathAggregated)
 	}
 	choice, err := c.router.PlanDisagg(ctx, base, c.cfg.Disagg)
 	if err != nil {
 		if p.agg > 0 {
 			c.dmet.path(router.PathAggregated, reasonNoReason)
-			return c.whole(ctx, req, base)
+			return c.whole(ctx, req, base, router.PathAggregated)
 		}
 		return nil, routeErr(err)
 	}
 	if choice.Path == router.PathLocalPrefill {
 		c.dmet.path(router.PathLocalPrefill, string(choice.Reason))
-		return c.whole(ctx, req, router.LocalPrefillRequest(base))
+		return c.whole(ctx, req, router.LocalPrefillRequest(base), router.PathLocalPrefill)
 	}
 	return c.disagg(ctx, req, base)
 }
@@ -167,10 +169,10 @@ func (c *Cluster) disagg(ctx context.Context, req *kv.GenerateRequest, base rout
 	switch {
 	case errors.Is(err, errPrefillExhausted):
 		c.dmet.path(router.PathLocalPrefill, reasonPrefillFailed)
-		return c.whole(ctx, req, router.LocalPrefillRequest(base))
+		return c.whole(ctx, req, router.LocalPrefillRequest(base), router.PathLocalPrefill)
 	case errors.Is(err, errPrefillBusy):
 		c.dmet.path(router.PathLocalPrefill, string(router.ReasonPrefillBusy))
-		return c.whole(ctx, req, router.LocalPrefillRequest(base))
+		return c.whole(ctx, req, router.LocalPrefillRequest(base), router.PathLocalPrefill)
 	case err != nil:
 		return nil, err
 	}
@@ -184,8 +186,17 @@ func (c *Cluster) disagg(ctx context.Context, req *kv.GenerateRequest, base rout
 		// worker releases its pinned blocks at the handoff's expiry.
 		return nil, err
 	}
-	d, err := c.router.Route(ctx, router.DecodeLegRequest(base))
+	// The handoff: from the prefill's answer to the decode leg's first
+	// token (routing the decode leg, the KV pull, the first step).
+	_, hsp := childSpanAt(ctx, "disagg.handoff", trace.SpanKindInternal, ans.at)
+	if hsp.IsRecording() {
+		hsp.SetAttributes(attribute.Int("kvmesh.handoff.params_bytes", len(ans.params)))
+	}
+	rctx, sp := routeSpan(ctx, req, kv.LegDecode, router.PathDisagg)
+	d, err := c.router.Route(rctx, router.DecodeLegRequest(base))
+	endRoute(sp, d, err)
 	if err != nil {
+		endSpan(hsp, err)
 		return nil, routeErr(err)
 	}
 	greq := c.protoRequest(req, d)
@@ -193,9 +204,10 @@ func (c *Cluster) disagg(ctx context.Context, req *kv.GenerateRequest, base rout
 	greq.KvTransferParams = ans.params // whole: never merged, never a hint
 	st, err := c.open(ctx, d, greq)
 	if err != nil {
+		endSpan(hsp, err)
 		return nil, err
 	}
-	return &decodeStream{workerStream: st, cached: ans.chunk.CachedTokens, answered: ans.at, met: c.dmet}, nil
+	return &decodeStream{workerStream: st, cached: ans.chunk.CachedTokens, answered: ans.at, met: c.dmet, handoff: hsp}, nil
 }
 
 var (
@@ -216,7 +228,9 @@ func (c *Cluster) prefill(ctx context.Context, req *kv.GenerateRequest, base rou
 	rreq := router.PrefillLegRequest(base)
 	tries := 0
 	for {
-		d, err := c.router.Route(ctx, rreq)
+		rctx, sp := routeSpan(ctx, req, kv.LegPrefill, router.PathDisagg)
+		d, err := c.router.Route(rctx, rreq)
+		endRoute(sp, d, err)
 		if err != nil {
 			switch {
 			case errors.Is(err, kv.ErrAllBusy):
@@ -289,6 +303,15 @@ func (s *doneStream) Recv() (kv.TokenChunk, error) {
 
 func (s *doneStream) Close() error { return nil }
 
+// Close ends the stream and, if no token came, its handoff span.
+func (s *decodeStream) Close() error {
+	if !s.first {
+		s.first = true
+		s.handoff.End()
+	}
+	return s.workerStream.Close()
+}
+
 // decodeStream is the decode leg's stream. Its usage reports the prefill
 // leg's cache hits as cached_tokens: the blocks the decode pulled were
 // computed for this request, not found in a cache.
@@ -298,16 +321,22 @@ type decodeStream struct {
 	answered time.Time
 	first    bool
 	met      *disaggMetrics
+	handoff  trace.Span // ends at the first token (or with the stream)
 }
 
 func (s *decodeStream) Recv() (kv.TokenChunk, error) {
 	ch, err := s.workerStream.Recv()
 	if err != nil {
+		if !s.first {
+			s.first = true
+			endSpan(s.handoff, err)
+		}
 		return ch, err
 	}
 	if !s.first && len(ch.Tokens) > 0 {
 		s.first = true
 		s.met.handoff.Observe(time.Since(s.answered).Seconds())
+		s.handoff.End()
 	}
 	if ch.Finish != kv.FinishNone {
 		ch.CachedTokens = s.cached

@@ -18,6 +18,7 @@ import (
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
@@ -124,6 +125,12 @@ type pdFleet struct {
 // their caches on loopback, and a KV-mode cluster with hints over them.
 func startPD(t *testing.T, np, nd, na int, ttl time.Duration) *pdFleet {
 	t.Helper()
+	return startPDWith(t, np, nd, na, ttl, worker.Config{})
+}
+
+// startPDWith is startPD with every worker's config starting from wc.
+func startPDWith(t *testing.T, np, nd, na int, ttl time.Duration, wc worker.Config) *pdFleet {
+	t.Helper()
 	_, nc, _ := controlPlane(t, 3*time.Second)
 	reg := prometheus.NewRegistry()
 	pm, err := worker.NewPeerMetrics(reg)
@@ -144,7 +151,9 @@ func startPD(t *testing.T, np, nd, na int, ttl time.Duration) *pdFleet {
 			t.Fatal(err)
 		}
 		re := &recEngine{Engine: eng, failPrefills: &f.fails}
-		w, err := worker.New(worker.Config{Peer: p, Discovery: disc, LoadInterval: time.Hour, Registerer: reg}, re, nc)
+		c := wc
+		c.Peer, c.Discovery, c.LoadInterval, c.Registerer = p, disc, time.Hour, reg
+		w, err := worker.New(c, re, nc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -320,6 +329,14 @@ func TestDisaggPrefillFirst(t *testing.T) {
 	if r3.cached != nblocks*sim.DefaultBlockSize {
 		t.Fatalf("turn 3 cached %d (the prefill's hinted prefix), want %d", r3.cached, nblocks*sim.DefaultBlockSize)
 	}
+	// The router credited the hinted prefill worker with turn 1's prefix
+	// from a peer; decode legs compute no prompt and are credited nothing.
+	if v := testutil.Value(t, f.reg, "kvmesh_fleet_worker_credited_prompt_tokens_total", "tier", "peer", "role", "prefill"); v != float64(nblocks*sim.DefaultBlockSize) {
+		t.Errorf("peer credit %v, want %d", v, nblocks*sim.DefaultBlockSize)
+	}
+	if v := testutil.Value(t, f.reg, "kvmesh_fleet_worker_routed_prompt_tokens_total", "role", "prefill"); v != float64(len(turn1)+len(turn3)) {
+		t.Errorf("prefill workers' routed prompt tokens %v, want %d", v, len(turn1)+len(turn3))
+	}
 
 	// One token wanted: the prefill's answer is final.
 	r4 := pdTurn(ctx, f.c, "t4", prompt(10, 3000), 1)
@@ -331,6 +348,12 @@ func TestDisaggPrefillFirst(t *testing.T) {
 	}
 	if v := f.metric(t, `kvmesh_fleet_requests_by_path_total{path="local_prefill",reason="isl"}`); v != 1 {
 		t.Errorf("local prefills %v, want 1", v)
+	}
+	// Routing decisions: one per leg; the one-token request had no decode leg.
+	for path, want := range map[string]float64{"disagg_prefill": 3, "disagg_decode": 2, "local_prefill": 1, "aggregated": 0} {
+		if v := f.metric(t, `kvmesh_router_decisions_total{mode="kv",path="`+path+`"}`); v != want {
+			t.Errorf("%s decisions %v, want %v", path, v, want)
+		}
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/kvmesh/kvmesh/eventplane"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/router"
 )
 
 // workerStats is the fleet's per-worker view, kept from what the frontend
@@ -39,6 +40,42 @@ type loadSample struct {
 // to them without a lock.
 type workerCounts struct {
 	requests, hinted, prompt, cached, output atomic.Uint64
+	// routedPrompt: prompt tokens routed on legs that compute the prompt;
+	// credited: of those, what the router credited as cached, per tier
+	// (creditTiers).
+	routedPrompt atomic.Uint64
+	credited     [numCreditTiers]atomic.Uint64
+}
+
+// creditTiers name where the router found a routed prompt's cached prefix:
+// the worker's own tiers, then peer (a KV hint's prefix from another
+// worker, beyond what the worker holds).
+var creditTiers = func() (out [numCreditTiers]string) {
+	for t := range kv.NumTiers {
+		out[t] = kv.Tier(t).String()
+	}
+	out[kv.NumTiers] = "peer"
+	return out
+}()
+
+const numCreditTiers = kv.NumTiers + 1
+
+// credit counts what the router credited d's worker with: the prompt, and
+// the cached prefix by tier. A disaggregated decode leg computes no prompt
+// (its KV arrives from the prefill worker) and is not counted.
+func (c *workerCounts) credit(d *router.Decision) {
+	bs := uint64(max(d.BlockSize, 0))
+	c.routedPrompt.Add(uint64(max(d.ISL, 0)))
+	for t, n := range d.TierBlocks() {
+		if n > 0 {
+			c.credited[t].Add(uint64(n) * bs)
+		}
+	}
+	if d.Hint != nil {
+		if n := len(d.Hint.Hashes) - int(d.Overlap[kv.NumTiers-1]); n > 0 {
+			c.credited[kv.NumTiers].Add(uint64(n) * bs)
+		}
+	}
 }
 
 // chunk counts what one chunk of a stream carried: output tokens, and with
@@ -73,15 +110,19 @@ func (s *workerStats) counts(k kv.WorkerKey) *workerCounts {
 	return c
 }
 
-// routed counts a request sent to k, with a KV hint or not, and returns
-// k's counts for its stream.
-func (s *workerStats) routed(k kv.WorkerKey, hinted bool) *workerCounts {
+// routed counts a request sent to d's worker, with a KV hint or not, and
+// (when its leg computes the prompt) what the router credited it with;
+// it returns the worker's counts for its stream.
+func (s *workerStats) routed(d *router.Decision, computesPrompt bool) *workerCounts {
 	s.mu.Lock()
-	c := s.counts(k)
+	c := s.counts(d.Worker)
 	s.mu.Unlock()
 	c.requests.Add(1)
-	if hinted {
+	if d.Hint != nil {
 		c.hinted.Add(1)
+	}
+	if computesPrompt {
+		c.credit(d)
 	}
 	return c
 }
@@ -93,6 +134,10 @@ type WorkerStatus struct {
 	DPRank   uint32  `json:"dp_rank"`
 	Role     kv.Role `json:"role"`
 	GRPC     string  `json:"grpc"`
+	// Engine is the engine kind the worker registered (sim, vllm, …).
+	Engine string `json:"engine,omitempty"`
+	// Hints: the worker takes KV hints or serves its blocks to peers.
+	Hints bool `json:"hints"`
 	// State: "ready" once a load report came in, "starting" before.
 	State string `json:"state"`
 	// KVCapacity is the blocks per tier the worker registered.
@@ -110,6 +155,10 @@ type WorkerStatus struct {
 	PromptTokens uint64 `json:"prompt_tokens"`
 	CachedTokens uint64 `json:"cached_prompt_tokens"`
 	OutputTokens uint64 `json:"output_tokens"`
+	// RoutedPromptTokens and, by tier (device, host, disk, external,
+	// peer), the part the router credited as cached.
+	RoutedPromptTokens uint64            `json:"routed_prompt_tokens"`
+	CreditedTokens     map[string]uint64 `json:"credited_cached_tokens,omitempty"`
 }
 
 // status lists every worker key in the instance table, by model, instance
@@ -123,7 +172,8 @@ func (s *workerStats) status() []WorkerStatus {
 	for _, in := range ins {
 		for _, k := range in.Workers() {
 			w := WorkerStatus{Model: in.Model, Instance: natsbus.InstanceToken(in.ID), DPRank: k.DPRank, Role: in.Role,
-				GRPC: in.GRPCAddr, State: "starting", KVCapacity: in.KVCapacity}
+				GRPC: in.GRPCAddr, State: "starting", KVCapacity: in.KVCapacity, Engine: in.Engine,
+				Hints: in.HintTarget() || len(in.ControlEndpoints) > 0}
 			if l, ok := s.load[k]; ok {
 				w.State = "ready"
 				w.UsedBlocks, w.TotalBlocks, w.Running, w.Waiting = l.UsedBlocks, l.TotalBlocks, l.Running, l.Waiting
@@ -132,6 +182,11 @@ func (s *workerStats) status() []WorkerStatus {
 			if c := s.count[k]; c != nil {
 				w.Requests, w.HintsPlanned, w.PromptTokens = c.requests.Load(), c.hinted.Load(), c.prompt.Load()
 				w.CachedTokens, w.OutputTokens = c.cached.Load(), c.output.Load()
+				w.RoutedPromptTokens = c.routedPrompt.Load()
+				w.CreditedTokens = make(map[string]uint64, numCreditTiers)
+				for t, name := range creditTiers {
+					w.CreditedTokens[name] = c.credited[t].Load()
+				}
 			}
 			out = append(out, w)
 		}
@@ -185,11 +240,13 @@ var (
 	descPrompt        = workerDesc("kvmesh_fleet_worker_prompt_tokens_total", "Prompt tokens of the worker's finished requests, from their usage.")
 	descCached        = workerDesc("kvmesh_fleet_worker_cached_prompt_tokens_total", "Prompt tokens the worker served from its prefix cache; over kvmesh_fleet_worker_prompt_tokens_total it is the actual (not predicted) hit ratio.")
 	descOutput        = workerDesc("kvmesh_fleet_worker_output_tokens_total", "Tokens the worker streamed back to this frontend.")
+	descRoutedPrompt  = workerDesc("kvmesh_fleet_worker_routed_prompt_tokens_total", "Prompt tokens this frontend routed to the worker on legs that compute the prompt (all but disaggregated decode legs).")
+	descCredited      = workerDesc("kvmesh_fleet_worker_credited_prompt_tokens_total", "Of kvmesh_fleet_worker_routed_prompt_tokens_total, the tokens the router credited as cached, by the tier holding them (device, host, disk, external) or peer (a KV hint's prefix fetched from another worker); the ratio is the hit ratio by tier the router counted on.", "tier")
 )
 
 func (s *workerStats) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descBlocksUsed, descBlocksTotal, descRunning, descWaiting, descPrefillQueued,
-		descLoadAge, descRequests, descHints, descPrompt, descCached, descOutput} {
+		descLoadAge, descRequests, descHints, descPrompt, descCached, descOutput, descRoutedPrompt, descCredited} {
 		ch <- d
 	}
 }
@@ -215,6 +272,10 @@ func (s *workerStats) Collect(ch chan<- prometheus.Metric) {
 		counter(descPrompt, w.PromptTokens, l...)
 		counter(descCached, w.CachedTokens, l...)
 		counter(descOutput, w.OutputTokens, l...)
+		counter(descRoutedPrompt, w.RoutedPromptTokens, l...)
+		for _, tier := range creditTiers {
+			counter(descCredited, w.CreditedTokens[tier], append(l, tier)...)
+		}
 		if w.State != "ready" {
 			continue // no load report yet: no load series rather than zeros
 		}

@@ -72,6 +72,22 @@ func TestPerWorkerSeries(t *testing.T) {
 	if got := sum("kvmesh_fleet_worker_prompt_tokens_total"); got != float64(64*n) {
 		t.Fatalf("prompt tokens %v, want %d", got, 64*n)
 	}
+	// What the router credited, by tier: the prompts routed, the repeated
+	// ones found on the device, nothing on other tiers or peers.
+	if got := sum("kvmesh_fleet_worker_routed_prompt_tokens_total"); got != float64(64*n) {
+		t.Fatalf("routed prompt tokens %v, want %d", got, 64*n)
+	}
+	credited := func(tier string) float64 {
+		return testutil.Value(t, reg, "kvmesh_fleet_worker_credited_prompt_tokens_total", "instance", inst, "tier", tier)
+	}
+	if dev := credited("device"); dev < 48 || dev > float64(64*(n-1)) {
+		t.Fatalf("device credit %v over %d repeats", dev, n-1)
+	}
+	for _, tier := range []string{"host", "disk", "external", "peer"} {
+		if v := credited(tier); v != 0 {
+			t.Errorf("%s credit %v", tier, v)
+		}
+	}
 	// The dashboard's status lists both ranks.
 	b, _ := json.Marshal(cl.FleetStatus())
 	if s := string(b); strings.Count(s, `"instance":"`+inst+`"`) != 2 || !strings.Contains(s, `"state":"ready"`) {

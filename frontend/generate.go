@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/tokenizer"
@@ -56,6 +58,10 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 			}
 		}
 	}
+	sp := trace.SpanFromContext(ctx) // the request's (tracing.go); a no-op when off
+	if sp.IsRecording() {
+		sp.SetAttributes(attribute.String("kvmesh.request_id", reqID))
+	}
 	seed := p.Seed
 	if !p.HasSeed {
 		seed = s.rng()
@@ -100,6 +106,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 			acancel()
 			if errors.Is(err, kv.ErrWorkerLost) && attempt < s.cfg.MigrationLimit && ctx.Err() == nil {
 				s.metrics.migrations.Inc()
+				sp.AddEvent("migrate", trace.WithAttributes(attribute.Int("kvmesh.attempt", attempt+1), attribute.String("error", err.Error())))
 				continue
 			}
 			return out, s.backendError(ctx, err)
@@ -122,6 +129,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 			if attempt < s.cfg.MigrationLimit && ctx.Err() == nil && len(generated) < maxTokens {
 				slog.Warn("migrating request after worker loss", "request", reqID, "generated", len(generated), "attempt", attempt+1, "err", lost)
 				s.metrics.migrations.Inc()
+				sp.AddEvent("migrate", trace.WithAttributes(attribute.Int("kvmesh.attempt", attempt+1), attribute.Int("kvmesh.generated_tokens", len(generated)), attribute.String("error", lost.Error())))
 				continue
 			}
 			if len(generated) >= maxTokens {

@@ -3,6 +3,7 @@ package frontend
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // The frontend's own cost per streamed chat request, without a network:
@@ -89,3 +91,34 @@ func BenchmarkChatStreamLoopback(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkChatStreamHandlerTracing: one streamed token with tracing off
+// (Config.Tracer nil: no span, no allocation) and on (an SDK tracer that
+// samples everything, spans dropped by a no-op exporter): what the request
+// and tokenize spans cost the frontend.
+//
+//	go test ./frontend -run '^$' -bench ChatStreamHandlerTracing -benchmem -count 3
+func BenchmarkChatStreamHandlerTracing(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		name := map[bool]string{false: "off", true: "on"}[on]
+		b.Run(name, func(b *testing.B) {
+			reg := prometheus.NewRegistry()
+			cfg := DefaultConfig()
+			if on {
+				tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(discardSpans{}))
+				defer tp.Shutdown(context.Background())
+				cfg.Tracer = tp.Tracer("bench")
+			}
+			s := New(cfg, &fakeBackend{reply: "x"}, models{testModel()}, reg, reg)
+			body := `{"model":"test-model","stream":true,"max_tokens":1,"messages":[{"role":"user","content":"tell me something about latency"}]}`
+			b.ReportAllocs()
+			serveChatLoop(b, s, body)
+		})
+	}
+}
+
+// discardSpans is an exporter that drops what it is given.
+type discardSpans struct{}
+
+func (discardSpans) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discardSpans) Shutdown(context.Context) error                             { return nil }

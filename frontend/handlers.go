@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -48,7 +50,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 	if !ok {
 		return ""
 	}
+	_, tsp := childSpan(r.Context(), "tokenize")
 	prompt, err := m.EncodeChat(req.Messages)
+	if tsp.IsRecording() { // the variadic attributes would allocate even for a no-op span
+		tsp.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", len(prompt)))
+	}
+	tsp.End()
 	if err != nil {
 		writeError(w, invalid("messages", "the chat template could not render these messages: %v", err))
 		return m.Name
@@ -106,9 +113,18 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 	}
 	var prompts [][]uint32
 	var texts []string
-	for _, t := range req.Texts {
-		prompts = append(prompts, m.Encode(t))
-		texts = append(texts, t)
+	if len(req.Texts) > 0 {
+		_, tsp := childSpan(r.Context(), "tokenize")
+		n := 0
+		for _, t := range req.Texts {
+			prompts = append(prompts, m.Encode(t))
+			texts = append(texts, t)
+			n += len(prompts[len(prompts)-1])
+		}
+		if tsp.IsRecording() {
+			tsp.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", n))
+		}
+		tsp.End()
 	}
 	for i, ids := range req.TokenPrompts {
 		if aerr := checkVocab(m, i, len(req.TokenPrompts) > 1, ids); aerr != nil {

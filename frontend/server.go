@@ -26,6 +26,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config tunes the frontend.
@@ -49,6 +50,8 @@ type Config struct {
 	// route but /health, /live and (with OpenMetrics) /metrics (auth.go).
 	APIKeys     *APIKeys
 	OpenMetrics bool
+	// Tracer, when set, traces every API request (tracing.go); nil: off.
+	Tracer trace.Tracer
 }
 
 // DefaultConfig returns the defaults: 16 MiB bodies, 3 migrations.
@@ -169,6 +172,7 @@ func (s *Server) instrument(endpoint string, h func(http.ResponseWriter, *http.R
 		defer s.metrics.inflight.Dec()
 		sw := &statusWriter{ResponseWriter: w}
 		start := time.Now()
+		r, endSpan := s.startRequestSpan(r, endpoint)
 		model := h(sw, r)
 		if model == "" {
 			model = "unknown" // bounded label: never the client's unvalidated string
@@ -177,6 +181,7 @@ func (s *Server) instrument(endpoint string, h func(http.ResponseWriter, *http.R
 		if sw.abandoned {
 			status = 499
 		}
+		endSpan(model, status)
 		s.metrics.requests.WithLabelValues(model, endpoint, statusLabel(status)).Inc()
 		s.metrics.duration.WithLabelValues(model, endpoint).Observe(time.Since(start).Seconds())
 	}

@@ -39,8 +39,25 @@ func TestMetrics(t *testing.T) {
 		}
 		return f.GetMetric()[0].GetCounter().GetValue()
 	}
-	if v := counter("kvmesh_router_decisions_total"); v != 2 {
-		t.Errorf("decisions %v", v)
+	byPath := map[string]float64{}
+	for _, m := range got["kvmesh_router_decisions_total"].GetMetric() {
+		l := map[string]string{}
+		for _, lp := range m.GetLabel() {
+			l[lp.GetName()] = lp.GetValue()
+		}
+		if l["mode"] != "kv" {
+			t.Errorf("decision series of mode %q", l["mode"])
+		}
+		byPath[l["path"]] = m.GetCounter().GetValue()
+	}
+	want := map[string]float64{"aggregated": 2, "local_prefill": 0, "disagg_prefill": 0, "disagg_decode": 0}
+	if len(byPath) != len(want) {
+		t.Errorf("decisions by path %v, want %v", byPath, want)
+	}
+	for p, v := range want {
+		if byPath[p] != v {
+			t.Errorf("decisions by path %v, want %v", byPath, want)
+		}
 	}
 	if v := counter("kvmesh_router_busy_rejections_total"); v != 1 {
 		t.Errorf("busy %v", v)
@@ -58,6 +75,25 @@ func TestMetrics(t *testing.T) {
 	for _, s := range []string{"hash", "match", "score", "total"} {
 		if stages[s] != 2 {
 			t.Errorf("stage %s observed %d times", s, stages[s])
+		}
+	}
+}
+
+// Each request form the fleet routes has its own decision path.
+func TestDecisionPath(t *testing.T) {
+	base := Request{Model: "m"}
+	for _, c := range []struct {
+		req  Request
+		want string
+	}{
+		{base, "aggregated"},
+		{Request{Model: "m", Role: kv.RoleAggregated}, "aggregated"},
+		{LocalPrefillRequest(base), "local_prefill"},
+		{PrefillLegRequest(base), "disagg_prefill"},
+		{DecodeLegRequest(base), "disagg_decode"},
+	} {
+		if got := pathOf(&c.req).String(); got != c.want {
+			t.Errorf("%+v: path %s, want %s", c.req, got, c.want)
 		}
 	}
 }

@@ -50,7 +50,7 @@ func New(cfg Config) (*Router, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	met, err := newMetrics(cfg.Registerer)
+	met, err := newMetrics(cfg.Registerer, cfg.Mode)
 	if err != nil {
 		return nil, err
 	}
@@ -288,7 +288,7 @@ func (r *Router) route(ctx context.Context, req Request, book bool) (*Decision, 
 	}
 	t3 := time.Now()
 	d.Timing = Timing{Hash: t1.Sub(t0), Match: t2.Sub(t1), Score: t3.Sub(t2), Total: t3.Sub(t0)}
-	r.met.observe(d)
+	r.met.observe(d, pathOf(&req))
 	return d, nil
 }
 

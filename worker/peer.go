@@ -17,6 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
@@ -281,12 +283,19 @@ func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 	for i := range ask {
 		ask[i] = uint64(sim.EngineHash(m.Seq[i]))
 	}
+	ctx, sp := childSpan(ctx, "hint.fetch")
 	res, ferr := p.client.Fetch(ctx, h.Endpoint, transfer.FetchRequest{Hashes: ask, Digest: p.digest, Verify: p.verify,
 		Domain: kv.Seed(req.LoRA, req.CacheSalt)})
 	inserted, ierr := 0, error(nil)
 	if len(res.Blocks) > 0 {
 		inserted, ierr = into.Insert(p.chain(req, m, res.Blocks))
 	}
+	if sp.IsRecording() {
+		sp.SetAttributes(attribute.String("kvmesh.hint.source", h.Endpoint), attribute.Int("kvmesh.blocks.wanted", want),
+			attribute.Int("kvmesh.blocks.inserted", inserted), attribute.Int64("kvmesh.bytes", int64(inserted*p.layers*p.psize)),
+			attribute.String("kvmesh.transfer.outcome", res.Outcome.String()))
+	}
+	endChild(sp, errors.Join(ferr, ierr))
 	switch {
 	case inserted == want:
 		p.ended(ctx, HintFetched)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/transfer"
@@ -42,12 +44,18 @@ func (p *Peer) PullHandoff(ctx context.Context, req *engine.Request, h *sim.Hand
 	for i := range ask {
 		ask[i] = uint64(sim.EngineHash(m.Seq[i]))
 	}
+	ctx, sp := childSpan(ctx, "handoff.pull")
 	res, ferr := p.client.Fetch(ctx, h.Endpoint, transfer.FetchRequest{Hashes: ask, Digest: p.digest, Verify: p.verify})
 	inserted, ierr := 0, error(nil)
 	if len(res.Blocks) > 0 {
 		inserted, ierr = into.Insert(p.chain(req, m, res.Blocks))
 	}
 	bytes := int64(inserted * p.layers * p.psize)
+	if sp.IsRecording() {
+		sp.SetAttributes(attribute.String("kvmesh.handoff.source", h.Endpoint), attribute.Int("kvmesh.blocks.wanted", want),
+			attribute.Int("kvmesh.blocks.inserted", inserted), attribute.Int64("kvmesh.bytes", bytes))
+	}
+	endChild(sp, errors.Join(ferr, ierr, errShort(inserted, want)))
 	p.log.Debug("disagg handoff pull", "request", req.ID, "source", h.Endpoint, "wanted", want,
 		"received", len(res.Blocks), "inserted", inserted, "took", res.Duration, "err", errors.Join(ferr, ierr))
 	if err := errors.Join(ferr, ierr); err != nil || inserted < want {

@@ -27,7 +27,9 @@ type server struct {
 
 func (s *server) Generate(req *api.GenerateRequest, stream api.Worker_GenerateServer) error {
 	w := s.w
+	stream, end := s.startSpan(req, stream)
 	result, err := s.generate(req, stream)
+	end(result, err)
 	w.met.requests.WithLabelValues(result).Inc()
 	return err
 }

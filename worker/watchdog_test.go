@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -86,6 +89,10 @@ func TestWatchdogStall(t *testing.T) {
 	if g := testutil.Metrics(t, reg)[fmt.Sprintf(`kvmesh_worker_healthy{instance="%s",model="m"}`, natsbus.InstanceToken(w.InstanceID()))]; g != 1 {
 		t.Fatalf("healthy %v at start", g)
 	}
+	probes := httptest.NewServer(w.HealthHandler())
+	defer probes.Close()
+	probeStatus(t, probes.URL+"/live", 200, "live")
+	probeStatus(t, probes.URL+"/health", 200, "ready")
 
 	// Busy for several timeouts: 60 tokens at 10 ms.
 	st, err := c.Generate(ctx, &api.GenerateRequest{Tokens: prompt(1, 8), MaxTokens: 60})
@@ -176,6 +183,9 @@ func TestWatchdogStall(t *testing.T) {
 	if h, err := c.Health(ctx, &api.HealthRequest{}); err != nil || h.Ok {
 		t.Fatalf("health of a stalled worker: %v %v", h, err)
 	}
+	// Kubernetes restarts it (liveness) and sends it nothing (readiness).
+	probeStatus(t, probes.URL+"/live", 503, "engine stalled")
+	probeStatus(t, probes.URL+"/health", 503, "engine stalled")
 	got := testutil.Metrics(t, reg)
 	if got["kvmesh_worker_engine_stalls_total"+l] != 1 || got["kvmesh_worker_healthy"+l] != 0 {
 		t.Fatalf("stalls %v healthy %v", got["kvmesh_worker_engine_stalls_total"+l], got["kvmesh_worker_healthy"+l])
@@ -250,4 +260,35 @@ func TestLoadSampleLastEventIDs(t *testing.T) {
 		}
 		w.Close()
 	}
+}
+
+// probeStatus checks one probe's answer: its status and a word of its body.
+func probeStatus(t *testing.T, url string, code int, says string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != code || !strings.Contains(string(b), says) {
+		t.Fatalf("GET %s: %d %s, want %d with %q", url, resp.StatusCode, b, code, says)
+	}
+}
+
+// A worker whose discovery record is not refreshed (NATS gone) is not
+// ready once the TTL has passed, but still live: it comes back when NATS
+// does.
+func TestReadyFollowsRegistration(t *testing.T) {
+	e, nc := startNATS(t)
+	w, _ := startWorker(t, nc, &testEngine{})
+	probes := httptest.NewServer(w.HealthHandler())
+	defer probes.Close()
+	probeStatus(t, probes.URL+"/health", 200, "ready")
+	e.Shutdown()
+	testutil.WaitFor(t, 10*time.Second, "not ready after the TTL", func() bool { return w.Ready() != nil })
+	probeStatus(t, probes.URL+"/health", 503, "not refreshed")
+	probeStatus(t, probes.URL+"/live", 200, "live")
+	_ = w.Close()
+	probeStatus(t, probes.URL+"/live", 503, "closed")
 }

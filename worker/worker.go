@@ -30,6 +30,7 @@ import (
 	"github.com/kvmesh/kvmesh/workerclient"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 )
 
@@ -84,6 +85,11 @@ type Config struct {
 	// requires client certificates); give the Peer the same for its
 	// control endpoints.
 	TLS *tls.Config
+	// Engine names the engine kind (sim, vllm, …) in discovery.
+	Engine string
+	// Tracer, when set, traces every Generate call as a server span, the
+	// child of the caller's traceparent (tracing.go); nil: off.
+	Tracer trace.Tracer
 }
 
 // Worker is one running engine instance.
@@ -198,7 +204,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	w.inst = discovery.Instance{
 		ID: cfg.InstanceID, Model: cfg.Model, Role: cfg.Role, DPSize: cfg.DPSize,
 		BlockSize: ec.BlockSize, KVCapacity: cfg.KVCapacity, MaxBatchedTokens: ec.MaxBatchedTokens,
-		MaxModelLen: ec.MaxModelLen, Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints, AcceptsHints: cfg.AcceptsHints,
+		MaxModelLen: ec.MaxModelLen, Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints, AcceptsHints: cfg.AcceptsHints, Engine: cfg.Engine,
 	}
 	return w, nil
 }

@@ -153,12 +153,36 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatalf("bench load: %v\n%s", err, loadOut.String())
 	}
 	time.Sleep(1500 * time.Millisecond) // a poll after the load's last request
-	workerReqs, err := chromedp.Run(ctx, chromedp.Evaluate[int](`[...document.querySelectorAll("#workers tbody tr")].reduce((n, tr) => n + Number(tr.children[9].textContent.replace(/,/g, "")), 0)`))
+	workerReqs, err := chromedp.Run(ctx, chromedp.Evaluate[int](`(() => {
+		const col = [...document.querySelectorAll("#workers thead th")].findIndex(th => th.textContent === "requests");
+		return [...document.querySelectorAll("#workers tbody tr")].reduce((n, tr) => n + Number(tr.children[col].textContent.replace(/,/g, "")), 0);
+	})()`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if workerReqs < 240 {
 		t.Errorf("the workers table shows %d requests after a load of 240", workerReqs)
+	}
+	// Router decisions by mode and path, and the router's credit by tier:
+	// the shared prefixes were found on the workers' devices.
+	if d := text("#decisions"); !strings.Contains(d, "kv · aggregated") {
+		t.Errorf("decisions by mode and path: %q", d)
+	}
+	if c := text("#workers tbody"); !strings.Contains(c, "D ") {
+		t.Errorf("no device credit in the workers table: %q", c)
+	}
+	// A panel per concept, hidden when unused: this fleet's workers take
+	// hints and serve peers (serve's default --hints), but it has no P/D,
+	// no host or disk tiers and no real engines.
+	panels := func() map[string]bool {
+		vis, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]bool](`Object.fromEntries([...document.querySelectorAll(".panel")].map(p => [p.id, !p.hidden && p.offsetHeight > 0]))`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vis
+	}
+	if vis := panels(); !vis["panel-router"] || !vis["panel-hints"] || vis["panel-pd"] || vis["panel-tiers"] || vis["panel-engines"] {
+		t.Errorf("panels shown for an aggregated sim fleet: %v", vis)
 	}
 	// Readable in a dark room: under prefers-color-scheme dark the page
 	// turns dark, with light text.
@@ -177,6 +201,21 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	if light != "rgb(247, 247, 245) rgb(27, 29, 33)" || dark != "rgb(15, 17, 21) rgb(230, 232, 235)" {
 		t.Errorf("colours (background, text): light %q, dark %q", light, dark)
+	}
+
+	// A P/D fleet (whose workers serve their blocks to peers) shows the P/D
+	// and transfer panels.
+	pd := startServe(t, "--prefill-workers", "1", "--decode-workers", "1", "--speedup-ratio", "20")
+	defer pd.stop(t)
+	if err := chromedp.Do(ctx, chromedp.Navigate(strings.TrimSuffix(pd.base, "/v1")+"/dashboard")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 20*time.Second, "the P/D panel", func() bool {
+		vis := panels()
+		return vis["panel-pd"] && vis["panel-hints"] && !vis["panel-tiers"]
+	})
+	if w := text("#pd"); !strings.Contains(w, "1 / 1 / 0") {
+		t.Errorf("P/D panel: %q", w)
 	}
 	mu.Lock()
 	defer mu.Unlock()

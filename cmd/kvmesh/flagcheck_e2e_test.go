@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,6 +95,37 @@ func TestBadFlagsExitEarly(t *testing.T) {
 		}
 		if stdout.Len() != 0 {
 			t.Errorf("%q: printed %q on stdout", c.args, stdout.String())
+		}
+	}
+}
+
+// A bad OpenTelemetry variable stops serve, frontend and worker at once,
+// naming the variable, like a bad flag.
+func TestBadOTELEnvExitsEarly(t *testing.T) {
+	bin := testutil.Binary(t)
+	nats := []string{"--nats", "nats://127.0.0.1:1"}
+	for _, c := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{append([]string{"serve", "--listen", "127.0.0.1:0"}, nats...), "OTEL_TRACES_EXPORTER=zipkin",
+			"kvmesh: OTEL_TRACES_EXPORTER: \"zipkin\" is not supported (otlp or none)\n"},
+		{append([]string{"frontend", "--listen", "127.0.0.1:0"}, nats...), "OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_PROTOCOL=http/json",
+			"kvmesh: OTEL_EXPORTER_OTLP_PROTOCOL: \"http/json\" is not supported (http/protobuf or grpc)\n"},
+		{append([]string{"worker"}, nats...), "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=thrift",
+			"kvmesh: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: \"thrift\" is not supported (http/protobuf or grpc)\n"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cmd := exec.CommandContext(ctx, bin, c.args...)
+		cmd.Env = append(os.Environ(), strings.Fields(c.env)...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		cancel()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || stderr.String() != c.want {
+			t.Errorf("%s %q: exit %v, stderr %q\nwant status 1 and %q", c.env, c.args, err, stderr.String(), c.want)
 		}
 	}
 }

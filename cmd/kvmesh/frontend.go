@@ -25,7 +25,8 @@ router to the workers of its model found in the NATS discovery bucket (start
 them with kvmesh worker, or join a kvmesh serve through the NATS URL it prints).
 /health answers 503 until every --model has a worker. SIGINT or SIGTERM stops
 accepting requests, gives those in flight 1 s, then cuts them. Every flag has a
-KVMESH_* environment variable.
+KVMESH_* environment variable. OpenTelemetry traces follow the standard OTEL_* variables
+(OTEL_EXPORTER_OTLP_ENDPOINT turns them on; off when unset).
 
 On startup it prints one line to stdout:
   kvmesh frontend: models [<names>] (router <mode>); OpenAI API at http://<host:port>/v1`,
@@ -38,6 +39,12 @@ On startup it prints one line to stdout:
 			if err := ff.validate(); err != nil {
 				return err
 			}
+			tracer, stopTracing, err := setupTracing(cmd.Context(), "kvmesh-frontend", log)
+			if err != nil {
+				return err
+			}
+			defer stopTracing()
+			ff.tracer = tracer
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			nc, disc, err := nf.controlPlane(ctx, "kvmesh-frontend", log)

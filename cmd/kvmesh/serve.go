@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine/sim"
@@ -51,6 +52,8 @@ type frontendFlags struct {
 	auth  authFlags
 	fleet fleetFlags
 	tls   tlsFlags
+	// tracer traces requests when OTEL_* asks for it (tracing.go); nil: off.
+	tracer trace.Tracer
 }
 
 func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
@@ -159,6 +162,7 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 		return nil, err
 	}
 	cfg.OpenMetrics = ff.auth.openMetrics
+	cfg.Tracer = ff.tracer
 	srv := &http.Server{Handler: frontend.New(cfg, cl, &models, reg, reg), ReadHeaderTimeout: 10 * time.Second}
 	ln := ff.ln
 	if ln == nil {
@@ -227,6 +231,8 @@ OpenAI-compatible frontend with the KV-aware router, all in one process. Ctrl-C 
 SIGTERM stops accepting requests, gives those in flight 1 s, then cuts them and exits 0.
 A live dashboard of the fleet is at http://<host:port>/dashboard, Prometheus series at
 /metrics (docs/metrics.md). Every flag has a KVMESH_* environment variable.
+OpenTelemetry traces follow the standard OTEL_* variables
+(OTEL_EXPORTER_OTLP_ENDPOINT turns them on; off when unset).
 
 On startup it prints one line to stdout:
   kvmesh serve: model <name> on <n> simulated workers (router <mode>); OpenAI API at http://<host:port>/v1 (NATS <url>)`,
@@ -334,6 +340,12 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if err != nil {
 		return err
 	}
+	tracer, stopTracing, err := setupTracing(cmd.Context(), "kvmesh", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	ff.tracer = tracer
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -417,7 +429,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 			return fmt.Errorf("sim engine: %w", err)
 		}
 		wc := worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer, Registerer: reg,
-			FleetToken: fleetToken, TLS: serverTLS,
+			FleetToken: fleetToken, TLS: serverTLS, Tracer: tracer, Engine: "sim",
 			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}
 		if cfg.KVBM != nil {
 			wc.InstanceID = instance

@@ -68,7 +68,7 @@ func startEngineWorkers(ctx context.Context, cmd *cobra.Command, ef *serveEngine
 			return nil, fmt.Errorf("--%sengine-url %s serves %q, the engines before it %q: serve runs one model", se.prefix, se.flags.url, m, model)
 		}
 		w, err := worker.New(worker.Config{Model: model, Role: se.role, Logger: wlog, ControlEndpoints: se.flags.peers,
-			AcceptsHints: ef.opts.acceptsHints(), StallTimeout: stallTimeoutConfig(stallTimeout), Registerer: reg,
+			AcceptsHints: ef.opts.acceptsHints(), StallTimeout: stallTimeoutConfig(stallTimeout), Registerer: reg, Tracer: ff.tracer, Engine: ef.engine,
 			Discovery: discovery.Config{Logger: log}}, eng, nc)
 		if err != nil {
 			eng.Close()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -58,6 +60,8 @@ func newWorkerCmd() *cobra.Command {
 in the NATS discovery bucket (refreshed well within its TTL), publishes the engine's
 KV events and load on NATS, and answers routers' gap-repair queries. SIGINT or
 SIGTERM deregisters and stops it. Every flag has a KVMESH_* environment variable.
+OpenTelemetry traces follow the standard OTEL_* variables
+(OTEL_EXPORTER_OTLP_ENDPOINT turns them on; off when unset).
 
 On startup it prints one line to stdout:
   kvmesh worker ready instance=<hex id> grpc=<host:port> model=<name>`,
@@ -78,7 +82,7 @@ On startup it prints one line to stdout:
 	f.StringVar(&wf.controlListen, "control-listen", "", "serve this worker's KV blocks to peers on host:port (rank r on port+r; port 0: ephemeral) and fetch hinted blocks from peers")
 	f.StringVar(&wf.advertiseHost, "advertise-host", "", "host peers dial for the control endpoints (required with --control-listen; 0.0.0.0 and :: are rejected)")
 	f.DurationVar(&wf.transferTimeout, "transfer-timeout", time.Second, "per-fetch timeout of a hinted peer KV transfer")
-	f.StringVar(&wf.metricsListen, "metrics-listen", "", "serve Prometheus /metrics on this address (empty: off)")
+	f.StringVar(&wf.metricsListen, "metrics-listen", "", "serve Prometheus /metrics and the probes /live and /health (Kubernetes) on this address (empty: off)")
 	f.DurationVar(&wf.discoveryTTL, "discovery-ttl", discovery.MaxTTL, "discovery record TTL (1s..10s; set by the first process to create the bucket)")
 	f.DurationVar(&wf.loadInterval, "load-interval", time.Second, "how often load is published")
 	registerStallTimeout(f, &wf.stallTimeout)
@@ -138,6 +142,11 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	if err != nil {
 		return err
 	}
+	tracer, stopTracing, err := setupTracing(cmd.Context(), "kvmesh-worker", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	serverTLS, clientTLS, err := wf.tls.configs()
 	if err != nil {
 		return err
@@ -193,6 +202,20 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The metrics listener serves from the start (a busy port fails before
+	// the engine loads): /live answers while the engine starts, so a slow
+	// start is not a liveness failure; /health once the worker registered.
+	var health atomic.Pointer[http.Handler] // the worker's probes, once it runs
+	if wf.metricsListen != "" {
+		ln, err := net.Listen("tcp", wf.metricsListen)
+		if err != nil {
+			return fmt.Errorf("--metrics-listen %s: %w", wf.metricsListen, err)
+		}
+		msrv := &http.Server{Handler: workerHTTP(reg, &health), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = msrv.Serve(ln) }()
+		defer msrv.Close()
+		log.Info("metrics", "addr", ln.Addr().String())
+	}
 	var eng engine.Engine
 	var peer *worker.Peer
 	var acceptsHints *bool
@@ -259,7 +282,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
 		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, AcceptsHints: acceptsHints, Peer: peer, Registerer: reg,
-		FleetToken: fleetToken, TLS: serverTLS,
+		FleetToken: fleetToken, TLS: serverTLS, Tracer: tracer, Engine: wf.engine,
 		Discovery: discovery.Config{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)
 	if err != nil {
@@ -275,19 +298,8 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		w.Close()
 		return err
 	}
-	if wf.metricsListen != "" {
-		ln, err := net.Listen("tcp", wf.metricsListen)
-		if err != nil {
-			w.Close()
-			return fmt.Errorf("--metrics-listen %s: %w", wf.metricsListen, err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = msrv.Serve(ln) }()
-		defer msrv.Close()
-		log.Info("metrics", "addr", ln.Addr().String())
-	}
+	h := w.HealthHandler()
+	health.Store(&h)
 	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh worker ready instance=%s grpc=%s model=%s\n", natsbus.InstanceToken(w.InstanceID()), w.Addr(), wf.model)
 	<-ctx.Done()
 	log.Info("shutting down")
@@ -295,6 +307,30 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		return err
 	}
 	return nc.Drain()
+}
+
+// workerHTTP is the worker's metrics listener: /metrics, and /live and
+// /health for Kubernetes probes (worker.HealthHandler) once the worker
+// runs; before that /live is 200 (starting) and /health 503.
+func workerHTTP(reg *prometheus.Registry, health *atomic.Pointer[http.Handler]) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	probe := func(w http.ResponseWriter, r *http.Request) {
+		if h := health.Load(); h != nil {
+			(*h).ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/health" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, `{"status":"unavailable","reason":"worker starting"}`+"\n")
+			return
+		}
+		io.WriteString(w, `{"status":"live"}`+"\n")
+	}
+	mux.HandleFunc("GET /live", probe)
+	mux.HandleFunc("GET /health", probe)
+	return mux
 }
 
 func init() { rootCmd.AddCommand(newWorkerCmd()) }

@@ -126,6 +126,10 @@ func TestDefaultRender(t *testing.T) {
 		t.Errorf("worker replicas %d, want 2", *w.Spec.Replicas)
 	}
 	wc := w.Spec.Template.Spec.Containers[0]
+	if rp, lp := wc.ReadinessProbe.HTTPGet, wc.LivenessProbe.HTTPGet; rp == nil || lp == nil || rp.Path != "/health" || lp.Path != "/live" ||
+		rp.Port.StrVal != "metrics" || lp.Port.StrVal != "metrics" {
+		t.Errorf("worker probes: readiness %+v liveness %+v, want /health and /live on the metrics port", rp, lp)
+	}
 	for _, want := range []string{"worker", "--role=aggregated", "--advertise=$(POD_IP):9000", "--advertise-host=$(POD_IP)", "--control-listen=0.0.0.0:9100", "--metrics-listen=0.0.0.0:9090"} {
 		if !slices.Contains(wc.Args, want) {
 			t.Errorf("worker args %v lack %s", wc.Args, want)

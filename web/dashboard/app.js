@@ -102,6 +102,7 @@ function renderWorkers(snap) {
     cell(tr, int(w.prefill_tokens_queued), "num");
     cell(tr, "").appendChild(usageBar(w.used_blocks, w.total_blocks));
     cell(tr, w.prompt_tokens > 0 ? pct(w.cached_prompt_tokens / w.prompt_tokens) : "–", "num");
+    cell(tr, creditedByTier(w), "num");
     cell(tr, int(w.requests), "num");
     cell(tr, int(w.hints_planned), "num");
     cell(tr, int(w.output_tokens), "num");
@@ -109,6 +110,23 @@ function renderWorkers(snap) {
   }
   body.replaceChildren(...rows);
 }
+
+// creditedByTier is the router's credit for a worker as "D 62% · P 5%":
+// the share of its routed prompt tokens found on each tier (zeros left out).
+const TIER_ABBR = { device: "D", host: "H", disk: "K", external: "E", peer: "P" };
+function creditedByTier(w) {
+  const routed = w.routed_prompt_tokens || 0;
+  if (!(routed > 0)) return "–";
+  const parts = [];
+  for (const [tier, abbr] of Object.entries(TIER_ABBR)) {
+    const n = (w.credited_cached_tokens || {})[tier] || 0;
+    if (n > 0) parts.push(`${abbr} ${(100 * n / routed).toFixed(0)}%`);
+  }
+  return parts.length ? parts.join(" · ") : "0%";
+}
+
+// show hides a concept's panel while the fleet does not use it.
+function show(id, on) { $(id).hidden = !on; }
 
 function renderPairs(id, pairs) {
   const body = $(id).querySelector("tbody");
@@ -141,6 +159,7 @@ function render(snap) {
   $("hit-pred").textContent = isl > 0 ? `router predicted ${pct(sum(snap, "kvmesh_router_predicted_cached_tokens_total") / isl)}` : "";
 
   renderWorkers(snap);
+  const ws = (snap.fleet && snap.fleet.workers) || [];
   renderPairs("router", [
     ["decisions", int(sum(snap, "kvmesh_router_decisions_total"))],
     ["decisions/s", num(rate("kvmesh_router_decisions_total"), 2)],
@@ -149,14 +168,82 @@ function render(snap) {
     ["prompt tokens routed", int(isl)],
     ["migrations", int(sum(snap, "kvmesh_frontend_migrations_total"))],
   ]);
-  const hint = r => int(sum(snap, "kvmesh_kv_hint_results_total", l => l.result === r));
-  renderPairs("transfers", [
-    ["hints fetched / partial / fallback", `${hint("fetched")} / ${hint("partial")} / ${hint("fallback")}`],
-    ["bytes fetched", bytes(sum(snap, "kvmesh_transfer_bytes_total", l => l.operation === "fetch"))],
-    ["bytes served", bytes(sum(snap, "kvmesh_transfer_bytes_total", l => l.operation === "serve"))],
-    ["fetch rate", bytes(rate("kvmesh_transfer_bytes_total", l => l.operation === "fetch")) + "/s"],
-    ["transfers in flight", int(sum(snap, "kvmesh_transfer_in_flight"))],
-  ]);
+  const decisions = (snap.metrics.kvmesh_router_decisions_total || [])
+    .filter(d => (d.value || 0) > 0)
+    .map(d => {
+      const l = d.labels || {};
+      const is = x => x.mode === l.mode && x.path === l.path;
+      return [`${l.mode} · ${l.path.replace(/_/g, " ")}`, `${int(d.value)} (${num(rate("kvmesh_router_decisions_total", is), 2)}/s)`];
+    });
+  renderPairs("decisions", decisions.length ? decisions : [["no decisions yet", "–"]]);
+
+  // Disaggregated prefill/decode: a fleet with prefill or decode workers.
+  const nRole = r => ws.filter(w => w.role === r).length;
+  const pd = nRole("prefill") + nRole("decode") > 0;
+  show("panel-pd", pd);
+  if (pd) {
+    const byPath = (p, r) => int(sum(snap, "kvmesh_fleet_requests_by_path_total", l => l.path === p && (r === undefined || l.reason === r)));
+    const hq = q => quantile(q, buckets(snap, "kvmesh_fleet_disagg_handoff_seconds"), prev && buckets(prev, "kvmesh_fleet_disagg_handoff_seconds"));
+    renderPairs("pd", [
+      ["prefill / decode / aggregated workers", `${nRole("prefill")} / ${nRole("decode")} / ${nRole("aggregated")}`],
+      ["requests disaggregated", byPath("disagg")],
+      ["prefilled on the decode worker (short, busy, failed)", `${byPath("local_prefill", "isl")} / ${byPath("local_prefill", "prefill_busy")} / ${byPath("local_prefill", "prefill_failed")}`],
+      ["served aggregated", byPath("aggregated")],
+      ["handoff p50 / p99", `${ms(hq(0.5))} / ${ms(hq(0.99))}`],
+      ["KV pulled by decode workers", bytes(sum(snap, "kvmesh_disagg_handoff_bytes_total"))],
+      ["blocks pinned for decode now", int(sum(snap, "kvmesh_disagg_pinned_blocks"))],
+      ["prefill retries / recomputes", `${int(sum(snap, "kvmesh_fleet_prefill_retries_total"))} / ${int(sum(snap, "kvmesh_disagg_recomputes_total"))}`],
+    ]);
+  }
+
+  // KV tiers: workers that registered host or disk capacity (KVBM).
+  const tiered = ws.filter(w => Object.entries(w.kv_capacity || {}).some(([t, n]) => t !== "device" && n > 0));
+  show("panel-tiers", tiered.length > 0);
+  if (tiered.length > 0) {
+    const cap = t => int(tiered.reduce((n, w) => n + ((w.kv_capacity || {})[t] || 0), 0));
+    const credit = t => {
+      const routed = tiered.reduce((n, w) => n + (w.routed_prompt_tokens || 0), 0);
+      const got = tiered.reduce((n, w) => n + ((w.credited_cached_tokens || {})[t] || 0), 0);
+      return routed > 0 ? pct(got / routed) : "–";
+    };
+    renderPairs("tiers", [
+      ["workers with host or disk tiers", `${tiered.length} of ${ws.length}`],
+      ["capacity device / host / disk (blocks)", `${cap("device")} / ${cap("host")} / ${cap("disk")}`],
+      ["held on host / disk now (blocks)", `${int(sum(snap, "kvmesh_kvbm_host_blocks"))} / ${int(sum(snap, "kvmesh_kvbm_disk_blocks"))}`],
+      ["router credit on host / disk", `${credit("host")} / ${credit("disk")}`],
+      ["onboarded from host / disk (blocks)", `${int(sum(snap, "kvmesh_kvbm_onboarded_host_blocks_total"))} / ${int(sum(snap, "kvmesh_kvbm_onboarded_disk_blocks_total"))}`],
+      ["offloaded to host / disk (blocks)", `${int(sum(snap, "kvmesh_kvbm_offloaded_host_blocks_total"))} / ${int(sum(snap, "kvmesh_kvbm_offloaded_disk_blocks_total"))}`],
+    ]);
+  }
+
+  // Hints and transfers: workers that take hints or serve peers.
+  const hinted = ws.filter(w => w.hints).length;
+  show("panel-hints", hinted > 0);
+  if (hinted > 0) {
+    const hint = r => int(sum(snap, "kvmesh_kv_hint_results_total", l => l.result === r));
+    renderPairs("transfers", [
+      ["workers taking hints or serving peers", `${hinted} of ${ws.length}`],
+      ["hints fetched / partial / fallback", `${hint("fetched")} / ${hint("partial")} / ${hint("fallback")}`],
+      ["bytes fetched", bytes(sum(snap, "kvmesh_transfer_bytes_total", l => l.operation === "fetch"))],
+      ["bytes served", bytes(sum(snap, "kvmesh_transfer_bytes_total", l => l.operation === "serve"))],
+      ["fetch rate", bytes(rate("kvmesh_transfer_bytes_total", l => l.operation === "fetch")) + "/s"],
+      ["transfers in flight", int(sum(snap, "kvmesh_transfer_in_flight"))],
+    ]);
+  }
+
+  // Engines: workers in front of real engines (not the simulator).
+  const kinds = new Map();
+  for (const w of ws) {
+    if (w.engine && w.engine !== "sim") kinds.set(w.engine, (kinds.get(w.engine) || 0) + 1);
+  }
+  show("panel-engines", kinds.size > 0);
+  if (kinds.size > 0) {
+    const rows = [...kinds].sort().map(([k, n]) => [k, `${n} worker${n === 1 ? "" : "s"}`]);
+    if (snap.metrics.kvmesh_kv_event_relay_batches_total) {
+      rows.push(["KV event batches relayed / gaps / lost", `${int(sum(snap, "kvmesh_kv_event_relay_batches_total"))} / ${int(sum(snap, "kvmesh_kv_event_relay_gaps_total"))} / ${int(sum(snap, "kvmesh_kv_event_relay_lost_total"))}`]);
+    }
+    renderPairs("engines", rows);
+  }
 }
 
 async function poll() {

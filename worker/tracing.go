@@ -1,0 +1,77 @@
+package worker
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Tracing: with Config.Tracer set, each Generate call is a server span
+// whose parent is the traceparent the fleet sent in the call's metadata
+// (api.TraceContextFrom); the peer side adds hint.fetch and handoff.pull
+// spans under it (peer.go, peer_handoff.go). Without a tracer nothing is
+// started.
+
+const tracerScope = "github.com/kvmesh/kvmesh"
+
+// tracedStream is a Generate stream whose context carries the span.
+type tracedStream struct {
+	api.Worker_GenerateServer
+	ctx context.Context
+}
+
+func (t tracedStream) Context() context.Context { return t.ctx }
+
+// startSpan starts req's server span; end records how the call ended.
+func (s *server) startSpan(req *api.GenerateRequest, stream api.Worker_GenerateServer) (api.Worker_GenerateServer, func(result string, err error)) {
+	t := s.w.cfg.Tracer
+	if t == nil {
+		return stream, func(string, error) {}
+	}
+	leg := kv.LegWhole
+	switch req.Leg {
+	case api.Leg_LEG_PREFILL:
+		leg = kv.LegPrefill
+	case api.Leg_LEG_DECODE:
+		leg = kv.LegDecode
+	}
+	ctx, sp := t.Start(api.TraceContextFrom(stream.Context()), "kvmesh.api.v1.Worker/Generate",
+		trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
+			attribute.String("rpc.system", "grpc"), attribute.String("rpc.service", "kvmesh.api.v1.Worker"), attribute.String("rpc.method", "Generate"),
+			attribute.String("kvmesh.request_id", req.RequestId), attribute.String("gen_ai.request.model", s.w.cfg.Model),
+			attribute.String("kvmesh.leg", leg.String()), attribute.Int("kvmesh.dp_rank", int(req.DpRank)),
+			attribute.Int("gen_ai.usage.input_tokens", len(req.Tokens)), attribute.Bool("kvmesh.hint", req.KvFetch != nil || len(req.KvHint) > 0)))
+	return tracedStream{stream, ctx}, func(result string, err error) {
+		sp.SetAttributes(attribute.String("kvmesh.result", result))
+		if err != nil {
+			sp.RecordError(err)
+			sp.SetStatus(codes.Error, err.Error())
+		}
+		sp.End()
+	}
+}
+
+// childSpan starts a span under ctx's when that one records; otherwise it
+// returns ctx and its non-recording span (End does nothing). Callers set
+// attributes only on a recording span: building them allocates.
+func childSpan(ctx context.Context, name string) (context.Context, trace.Span) {
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() {
+		return ctx, parent
+	}
+	return parent.TracerProvider().Tracer(tracerScope).Start(ctx, name)
+}
+
+// endChild ends a child span with err's status, if any.
+func endChild(sp trace.Span, err error) {
+	if err != nil && sp.IsRecording() {
+		sp.RecordError(err)
+		sp.SetStatus(codes.Error, err.Error())
+	}
+	sp.End()
+}
