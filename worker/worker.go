@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,6 +69,9 @@ type Config struct {
 	// nil leaves the routers' default: hint targets exactly when control
 	// endpoints are advertised.
 	AcceptsHints *bool
+	// LoRAs are the LoRA adapters the engine serves (registered in
+	// discovery); a request naming another adapter is InvalidArgument.
+	LoRAs []string
 	// Peer, when set, is the engine's peer-transfer side (NewSimPeer): the
 	// worker serves its blocks on one control endpoint per DP rank and
 	// advertises them (see startControl).
@@ -143,6 +147,14 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	if !cfg.Role.Valid() {
 		return nil, fmt.Errorf("worker: unknown role %q (want aggregated, prefill or decode)", cfg.Role)
 	}
+	for i, l := range cfg.LoRAs {
+		if err := discovery.ValidLoRAName(l); err != nil {
+			return nil, fmt.Errorf("worker: lora: %w", err)
+		}
+		if l == cfg.Model || slices.Contains(cfg.LoRAs[:i], l) {
+			return nil, fmt.Errorf("worker: lora %q repeats the model name or another adapter", l)
+		}
+	}
 	if cfg.ListenAddr == "" {
 		cfg.ListenAddr = "127.0.0.1:0"
 	}
@@ -193,6 +205,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		ID: cfg.InstanceID, Model: cfg.Model, Role: cfg.Role, DPSize: cfg.DPSize,
 		BlockSize: ec.BlockSize, KVCapacity: cfg.KVCapacity, MaxBatchedTokens: ec.MaxBatchedTokens,
 		Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints, AcceptsHints: cfg.AcceptsHints,
+		LoRAs: cfg.LoRAs,
 	}
 	return w, nil
 }
