@@ -70,7 +70,9 @@ func TestLoRAIsolatesAdapters(t *testing.T) {
 		t.Fatal("no worker holds the prompt under sql-lora")
 	}
 	a, b := ws[ai], ws[1-ai]
-	waitFor(t, 10*time.Second, "index holds sql-lora's blocks", func() bool { return len(c.index.FindMatches(kv.LocalHashes(nil, toks, bs, kv.Seed("sql-lora", "")), nil)) == 1 })
+	waitFor(t, 10*time.Second, "index holds sql-lora's blocks", func() bool {
+		return len(c.index.FindMatches(kv.LocalHashes(nil, toks, bs, kv.Seed("sql-lora", "")), nil)) == 1
+	})
 	if len(c.index.FindMatches(localChat, nil)) != 0 {
 		t.Fatal("the index matches chat-lora's prompt against sql-lora's blocks")
 	}
