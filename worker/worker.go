@@ -115,6 +115,7 @@ type Worker struct {
 	foreignParams         atomic.Int64 // connector parameters dropped on legs that take none
 	hintWarned            atomic.Bool  // a malformed hint was logged
 	unauthenticated       atomic.Int64 // worker API calls refused for want of the fleet token
+	tlsRefused            atomic.Int64 // worker API connections that failed the TLS handshake
 	blockSize             int
 	met                   *metrics
 	registered            bool
