@@ -260,7 +260,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		}
 	}
 
-	nc, err := natsbus.Connect(wf.nats.conn("kvmesh-worker "+wf.model, log))
+	nc, err := wf.nats.connect("kvmesh-worker "+wf.model, log)
 	if err != nil {
 		eng.Close()
 		return err
