@@ -72,6 +72,10 @@ type VLLMConfig struct {
 	// EnablePromptTokensDetails reports usage.prompt_tokens_details
 	// (vLLM's --enable-prompt-tokens-details).
 	EnablePromptTokensDetails bool
+	// LoRAs are the adapters served besides Sim.Model (vLLM's
+	// --lora-modules names): a request naming one computes in its hash
+	// domain.
+	LoRAs []string
 	// MaxHintRecords bounds the recorded kv_hints (default 1024).
 	MaxHintRecords int
 	Logger         *slog.Logger

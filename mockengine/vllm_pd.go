@@ -124,8 +124,8 @@ func blockIDs(raw json.RawMessage) ([]int64, bool) {
 // grant pins a finished prefill's prompt blocks under a lease named by its
 // request id and returns the kv_transfer_params its response carries.
 func (v *VLLM) grant(j *job) *prefillParams {
-	_, seqs := kv.NewHasher(v.cfg.Sim.BlockSize, "", j.salt).Blocks(j.prompt)
-	ids := v.leases[j.rank].Grant(j.internalID, kv.Seed("", j.salt), seqs)
+	_, seqs := kv.NewHasher(v.cfg.Sim.BlockSize, j.lora, j.salt).Blocks(j.prompt)
+	ids := v.leases[j.rank].Grant(j.internalID, kv.Seed(j.lora, j.salt), seqs)
 	if ids == nil {
 		ids = []int32{}
 	}
