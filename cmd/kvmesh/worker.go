@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -189,13 +188,8 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 			return fmt.Errorf("--advertise-host: %w", err)
 		}
 	}
-	for i, l := range wf.loras {
-		if err := discovery.ValidLoRAName(l); err != nil {
-			return fmt.Errorf("--lora: %w", err)
-		}
-		if l == wf.model || slices.Contains(wf.loras[:i], l) {
-			return fmt.Errorf("--lora %q: repeats --model or another adapter", l)
-		}
+	if err := checkLoRAFlag(wf.loras, wf.model); err != nil {
+		return err
 	}
 	for i, ep := range wf.controlEndpoints {
 		if _, err := kv.ParseEndpoint(ep); err != nil {
