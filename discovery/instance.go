@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 
 	"github.com/kvmesh/kvmesh/kv"
@@ -42,6 +43,17 @@ type Instance struct {
 	// Engine names the engine kind behind the worker (sim, vllm, …), for
 	// operators and the dashboard; routing does not read it.
 	Engine string `json:"engine,omitempty"`
+	// LoRAs are the LoRA adapters the worker serves besides its base
+	// model, by the name requests use in their model field (vLLM's
+	// --lora-modules names). Requests for an adapter go only to workers
+	// that list it.
+	LoRAs []string `json:"loras,omitempty"`
+}
+
+// ServesLoRA reports whether the worker serves adapter name ("" is the
+// base model, which every worker serves).
+func (in *Instance) ServesLoRA(name string) bool {
+	return name == "" || slices.Contains(in.LoRAs, name)
 }
 
 // HintTarget reports whether routers may send the worker KV hints.
@@ -93,6 +105,14 @@ func (in *Instance) Validate() error {
 			return fmt.Errorf("instance %x: kv_capacity %s: negative %d", in.ID, name, n)
 		}
 	}
+	for i, l := range in.LoRAs {
+		if err := ValidLoRAName(l); err != nil {
+			return fmt.Errorf("instance %x: loras: %w", in.ID, err)
+		}
+		if l == in.Model || slices.Contains(in.LoRAs[:i], l) {
+			return fmt.Errorf("instance %x: loras: %q repeats the model or another adapter", in.ID, l)
+		}
+	}
 	if len(in.ControlEndpoints) != 0 {
 		if len(in.ControlEndpoints) != in.DPSize {
 			return fmt.Errorf("instance %x: %d control endpoints for dp_size %d (all ranks or none)", in.ID, len(in.ControlEndpoints), in.DPSize)
@@ -101,6 +121,21 @@ func (in *Instance) Validate() error {
 			if _, err := kv.ParseEndpoint(ep); err != nil {
 				return fmt.Errorf("instance %x: control endpoint of rank %d: %w", in.ID, r, err)
 			}
+		}
+	}
+	return nil
+}
+
+// ValidLoRAName checks an adapter name: non-empty, at most 256 bytes,
+// printable ASCII without spaces or commas (it travels in a flag's list and
+// in a request's model field).
+func ValidLoRAName(name string) error {
+	if name == "" || len(name) > 256 {
+		return fmt.Errorf("adapter name %q: want 1..256 bytes", name)
+	}
+	for _, c := range []byte(name) {
+		if c <= ' ' || c >= 0x7f || c == ',' {
+			return fmt.Errorf("adapter name %q: only printable ASCII without spaces or commas", name)
 		}
 	}
 	return nil

@@ -118,14 +118,19 @@ func TestMutualTLSGuardsWorker(t *testing.T) {
 	other := testutil.NewFleetPKI(t, "intruder")
 	cfg := sim.DefaultConfig()
 	cfg.Model = hintedModel
+	reg := prometheus.NewRegistry()
+	pm, err := worker.NewPeerMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	eng, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1",
-		ServerTLS: pki.Server, ClientTLS: pki.Client})
+		ServerTLS: pki.Server, ClientTLS: pki.Client, Metrics: pm})
 	if err != nil {
 		t.Fatal(err)
 	}
 	disc := discovery.Config{TTL: 3 * time.Second, Memory: true}
 	w, err := worker.New(worker.Config{Peer: p, Discovery: disc, TLS: pki.Server, LoadInterval: time.Hour,
-		Logger: slog.New(slog.DiscardHandler)}, eng, nc)
+		Registerer: reg, Logger: slog.New(slog.DiscardHandler)}, eng, nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +154,11 @@ func TestMutualTLSGuardsWorker(t *testing.T) {
 			t.Errorf("%s: the worker API answered", name)
 		}
 		cc.Close()
+	}
+	// Both were refused in the handshake and counted (gRPC may have
+	// redialled within the call's deadline: at least one each).
+	if v := testutil.Value(t, reg, "kvmesh_worker_tls_handshake_failures_total"); v < 2 {
+		t.Errorf("TLS handshake refusals counted %v, want ≥ 2", v)
 	}
 
 	d, err := discovery.Open(ctx, nc, disc)
@@ -180,4 +190,9 @@ func TestMutualTLSGuardsWorker(t *testing.T) {
 		res.Release()
 		cl.Close()
 	}
+	// The source counts after its side of the handshake fails, which may
+	// be after the client gave up.
+	waitFor(t, 5*time.Second, "the control endpoint counts 2 refusals (plaintext, another CA)", func() bool {
+		return testutil.Value(t, reg, "kvmesh_transfer_refused_total", "reason", "unauthenticated") == 2
+	})
 }

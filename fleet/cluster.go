@@ -214,6 +214,10 @@ func (c *Cluster) Ready() error {
 // passes fits wherever it is routed (0: no worker reports its capacity).
 func (c *Cluster) MaxContext(model string) int { return c.instances.maxContext(model) }
 
+// Adapters lists, sorted, the LoRA adapters the workers of model registered
+// (discovery's loras): a request names one in its model field.
+func (c *Cluster) Adapters(model string) []string { return c.instances.loras(model) }
+
 // Generate routes the request and streams it from the chosen worker: the
 // aggregated pool, or prefill then decode legs when the model has both
 // (disagg.go).

@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/kvmesh/kvmesh/discovery"
@@ -72,6 +73,7 @@ func (t *instances) update(ev discovery.Event) {
 			info.ControlEndpoint = in.ControlEndpoints[r]
 		}
 		info.HintCapable = in.HintTarget()
+		info.LoRAs = in.LoRAs
 		if err := t.router.AddWorker(info); err != nil {
 			t.log.Warn("worker not routable", "instance", fmt.Sprintf("%x", in.ID), "err", err)
 		}
@@ -106,4 +108,18 @@ func (t *instances) maxContext(model string) int {
 		}
 	}
 	return limit
+}
+
+// loras lists, sorted, the LoRA adapters some worker of model serves.
+func (t *instances) loras(model string) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for _, in := range t.byID {
+		if in.Model == model {
+			out = append(out, in.LoRAs...)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }

@@ -21,10 +21,21 @@ type ContextLimiter interface {
 	MaxContext(model string) int // 0: unknown
 }
 
+// AdapterLister is a Backend that knows the LoRA adapters its workers
+// serve on a model: a request names one in its model field, and /v1/models
+// lists them.
+type AdapterLister interface {
+	Adapters(model string) []string
+}
+
 // Model is one served model with its preprocessing.
 type Model struct {
 	Name    string
 	Created int64
+	// LoRA and Base are set on the copy the frontend makes for a request
+	// naming a LoRA adapter: Name and LoRA are the adapter, Base the served
+	// model it runs on (whose preprocessing the copy shares).
+	LoRA, Base string
 	// Encode tokenizes a plain-text prompt.
 	Encode func(text string) []uint32
 	// EncodeChat renders the chat template (with the generation prompt) and
@@ -41,6 +52,14 @@ type Model struct {
 	VocabSize int
 	// DefaultMaxTokens applies when the request sets no limit.
 	DefaultMaxTokens int
+}
+
+// base is the served model a request for m goes to.
+func (m *Model) base() string {
+	if m.Base != "" {
+		return m.Base
+	}
+	return m.Name
 }
 
 // Detokenizer turns a token stream into text without splitting a UTF-8

@@ -97,7 +97,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 		smp := p.Sampling
 		smp.MaxTokens, smp.StopTokens, smp.Seed = maxTokens-len(generated), m.EOS, seed
 		smp.MinTokens = max(p.MinTokens-len(generated), 0)
-		req := &kv.GenerateRequest{RequestID: reqID, Model: m.Name, CacheSalt: p.CacheSalt, Tokens: tokens, Sampling: smp, Attempt: attempt}
+		req := &kv.GenerateRequest{RequestID: reqID, Model: m.base(), LoRA: m.LoRA, CacheSalt: p.CacheSalt, Tokens: tokens, Sampling: smp, Attempt: attempt}
 		// Each attempt has its own context: cancelling it ends a pump's
 		// pending Recv before the stream is closed.
 		actx, acancel := context.WithCancel(ctx)

@@ -19,6 +19,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,6 +70,7 @@ type Server struct {
 	mux      *http.ServeMux
 	rng      func() uint64
 	limiter  ContextLimiter // the backend's, if it knows its workers' context
+	adapters AdapterLister  // the backend's, if its workers serve LoRA adapters
 
 	unauthorized prometheus.Counter
 }
@@ -81,6 +83,7 @@ func New(cfg Config, backend Backend, models ModelSource, reg prometheus.Registe
 	}
 	s := &Server{cfg: cfg, backend: backend, models: models, metrics: newMetrics(reg), gatherer: gatherer, rng: randomU64}
 	s.limiter, _ = backend.(ContextLimiter)
+	s.adapters, _ = backend.(AdapterLister)
 	s.unauthorized = newUnauthorized(reg)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.instrument("chat", s.handleChat))
@@ -269,11 +272,28 @@ func (s *Server) tooLarge(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) lookupModel(name string) (*Model, *apiError) {
-	m, ok := s.models.Model(name)
+	m, ok := s.model(name)
 	if !ok {
 		return nil, notFound("model", "the model '%s' does not exist or is not served here", name)
 	}
 	return m, nil
+}
+
+// model resolves a request's model field: a served model, or a LoRA
+// adapter some worker of a served model registered (vLLM serves an adapter
+// under its own name).
+func (s *Server) model(name string) (*Model, bool) {
+	if m, ok := s.models.Model(name); ok || s.adapters == nil {
+		return m, ok
+	}
+	for _, b := range s.models.Models() {
+		if slices.Contains(s.adapters.Adapters(b.Name), name) {
+			a := *b
+			a.Name, a.LoRA, a.Base = name, name, b.Name
+			return &a, true
+		}
+	}
+	return nil, false
 }
 
 // maxContext is the context length a request to m must fit: the model's
@@ -281,7 +301,7 @@ func (s *Server) lookupModel(name string) (*Model, *apiError) {
 func (s *Server) maxContext(m *Model) int {
 	n := m.MaxContext
 	if s.limiter != nil {
-		if c := s.limiter.MaxContext(m.Name); c > 0 && (n == 0 || c < n) {
+		if c := s.limiter.MaxContext(m.base()); c > 0 && (n == 0 || c < n) {
 			n = c
 		}
 	}
@@ -296,10 +316,12 @@ type modelCard struct {
 	Created     int64  `json:"created"`
 	OwnedBy     string `json:"owned_by"`
 	MaxModelLen int    `json:"max_model_len,omitempty"`
+	// Parent is the base model of a LoRA adapter (vLLM's field).
+	Parent string `json:"parent,omitempty"`
 }
 
 func (s *Server) card(m *Model) modelCard {
-	return modelCard{ID: m.Name, Object: "model", Created: m.Created, OwnedBy: "kvmesh", MaxModelLen: s.maxContext(m)}
+	return modelCard{ID: m.Name, Object: "model", Created: m.Created, OwnedBy: "kvmesh", MaxModelLen: s.maxContext(m), Parent: m.Base}
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
@@ -311,6 +333,13 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	}{Object: "list", Data: []modelCard{}}
 	for _, m := range ms {
 		out.Data = append(out.Data, s.card(m))
+		if s.adapters != nil {
+			for _, name := range s.adapters.Adapters(m.Name) {
+				a := *m
+				a.Name, a.LoRA, a.Base = name, name, m.Name
+				out.Data = append(out.Data, s.card(&a))
+			}
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -318,7 +347,7 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 // handleModel is GET /v1/models/{id}: one Model object, or OpenAI's 404.
 func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	m, ok := s.models.Model(id)
+	m, ok := s.model(id)
 	if !ok {
 		writeError(w, notFound("model", "The model '%s' does not exist or is not served here", id))
 		return

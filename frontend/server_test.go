@@ -27,7 +27,12 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func newTestServer(t *testing.T, b *fakeBackend, cfg Config) *httptest.Server {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	s := New(cfg, b, models{testModel()}, reg, reg)
+	return newTestServerFor(t, New(cfg, b, models{testModel()}, reg, reg))
+}
+
+// newTestServerFor serves s with a fixed seed source.
+func newTestServerFor(t *testing.T, s *Server) *httptest.Server {
+	t.Helper()
 	s.rng = func() uint64 { return 7 }
 	ts := httptest.NewServer(s)
 	t.Cleanup(func() { ts.Close(); http.DefaultClient.CloseIdleConnections() })

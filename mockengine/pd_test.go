@@ -189,3 +189,53 @@ func TestParseNotification(t *testing.T) {
 		}
 	}
 }
+
+// A decode whose cache_salt differs from its prefill's pulls nothing over
+// the side channel, even with the prefill's exact handoff: the producer
+// serves a leased block only to a pull in the domain it was computed in,
+// so no byte of one tenant's KV reaches another's request (it is
+// recomputed, and no pull failed verification). The same salt pulls.
+func TestDecodePullStaysInItsSaltDomain(t *testing.T) {
+	pre, preURL := startVLLM(t, VLLMConfig{KVTransfer: connector(RoleProducer, time.Minute)})
+	dec, decURL := startVLLM(t, VLLMConfig{KVTransfer: connector(RoleConsumer, time.Minute)})
+	prompt := seqTokens(72, 900)
+	leg := func(url string, salt string, extra map[string]any) completion {
+		t.Helper()
+		body := map[string]any{"model": testModel, "prompt": prompt, "max_tokens": 1, "cache_salt": salt}
+		for k, v := range extra {
+			body[k] = v
+		}
+		code, b := post(t, url+"/v1/completions", body, nil)
+		if code != http.StatusOK {
+			t.Fatalf("%s (salt %s): %d %s", url, salt, code, b)
+		}
+		return decode[completion](t, b)
+	}
+	pf := prefillLeg(prompt)["kv_transfer_params"]
+	p := leg(preURL, "tenant-a", map[string]any{"kv_transfer_params": pf})
+	if h := decode[handoff](t, p.KVTransferParams); len(h.RemoteBlockIDs) != 1 || len(h.RemoteBlockIDs[0]) != 4 {
+		t.Fatalf("handoff %+v", h)
+	}
+	d := leg(decURL, "tenant-b", map[string]any{"kv_transfer_params": p.KVTransferParams})
+	if d.Usage.PromptTokensDetails.CachedTokens != 0 {
+		t.Fatalf("tenant b's decode found %d cached tokens", d.Usage.PromptTokensDetails.CachedTokens)
+	}
+	// Refused by the producer (nothing held in b's domain), not sent and
+	// then rejected by the decode's verification.
+	if ps := dec.PullStats(); ps.Blocks != 0 || ps.NotHeld != 1 || ps.Failed != 1 {
+		t.Fatalf("tenant b's pull %+v: want one pull answered with no block", ps)
+	}
+	_, seqB := kv.NewHasher(16, "", "tenant-b").Blocks(prompt)
+	if _, ok := dec.Engine().BlockChecksum(seqB[0]); !ok {
+		t.Fatal("tenant b's decode did not compute its own blocks")
+	}
+
+	p = leg(preURL, "tenant-c", map[string]any{"kv_transfer_params": pf})
+	d = leg(decURL, "tenant-c", map[string]any{"kv_transfer_params": p.KVTransferParams})
+	if d.Usage.PromptTokensDetails.CachedTokens != 64 || dec.PullStats().Blocks != 4 {
+		t.Fatalf("same salt: %d cached tokens, pulls %+v; want the 4 blocks pulled", d.Usage.PromptTokensDetails.CachedTokens, dec.PullStats())
+	}
+	if st := pre.LeaseStats(0); st.Consumed != 1 || st.Held != 1 {
+		t.Fatalf("prefill leases %+v: want tenant c's consumed, tenant a's still held", st)
+	}
+}

@@ -67,8 +67,9 @@ type lease struct {
 }
 
 type leasedBlock struct {
-	seq  kv.SeqHash
-	refs int // leases and transfers holding it
+	seq    kv.SeqHash
+	domain uint64 // the salt domain it was computed in
+	refs   int    // leases and transfers holding it
 }
 
 // NewLeases returns an empty lease table over one rank's cache, whose
@@ -78,10 +79,12 @@ func NewLeases(eng BlockPinner, layers, layerSize int, ttl time.Duration) *Lease
 		byReq: make(map[string]*lease), byID: make(map[int32]*leasedBlock)}
 }
 
-// Grant pins the cached leading blocks of seqs under a lease named reqID
+// Grant pins the cached leading blocks of seqs, computed in salt domain
+// (kv.Seed of the request's LoRA and cache salt), under a lease named reqID
 // and returns their pool ids (fewer than seqs when some were evicted
-// already; none when none is cached or reqID already holds a lease).
-func (l *Leases) Grant(reqID string, seqs []kv.SeqHash) []int32 {
+// already; none when none is cached or reqID already holds a lease). The
+// side channel serves a block only to a pull in its domain.
+func (l *Leases) Grant(reqID string, domain uint64, seqs []kv.SeqHash) []int32 {
 	ids, release := l.eng.PinBlocks(seqs)
 	if len(ids) == 0 {
 		release()
@@ -97,7 +100,7 @@ func (l *Leases) Grant(reqID string, seqs []kv.SeqHash) []int32 {
 	for i, id := range ids {
 		b := l.byID[id]
 		if b == nil {
-			b = &leasedBlock{seq: seqs[i]}
+			b = &leasedBlock{seq: seqs[i], domain: domain}
 			l.byID[id] = b
 		}
 		b.refs++
@@ -221,6 +224,18 @@ func (l *Leases) seqOf(hash uint64) (kv.SeqHash, error) {
 		return b.seq, nil
 	}
 	return 0, fmt.Errorf("block id %d is not leased", hash)
+}
+
+// BlockDomain implements transfer.BlockDomainer: the salt domain a leased
+// block was computed in, so the side channel refuses a pull from another
+// tenant's request even when it names the right block ids.
+func (l *Leases) BlockDomain(hash uint64) (uint64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if b := l.byID[int32(hash)]; hash <= 1<<31-1 && b != nil {
+		return b.domain, true
+	}
+	return 0, false
 }
 
 // ReadBlock implements transfer.BlockSource.

@@ -72,6 +72,10 @@ type VLLMConfig struct {
 	// EnablePromptTokensDetails reports usage.prompt_tokens_details
 	// (vLLM's --enable-prompt-tokens-details).
 	EnablePromptTokensDetails bool
+	// LoRAs are the adapters served besides Sim.Model (vLLM's
+	// --lora-modules names): a request naming one computes in its hash
+	// domain.
+	LoRAs []string
 	// MaxHintRecords bounds the recorded kv_hints (default 1024).
 	MaxHintRecords int
 	Logger         *slog.Logger
@@ -107,7 +111,7 @@ type vllmCounters struct {
 	mu       sync.Mutex
 	finished map[[2]string]uint64 // (rank, reason) → requests
 
-	pullOK, pullFailed, pullBlocks, notified, notifyFailed, localHits atomic.Uint64
+	pullOK, pullFailed, pullNotHeld, pullBlocks, notified, notifyFailed, localHits atomic.Uint64
 }
 
 // NewVLLM starts the engine, its publishers and side channels.
@@ -290,6 +294,7 @@ func (v *VLLM) LeaseStats(r int) LeaseStats {
 // PullStats counts the decode side's pulls.
 type PullStats struct {
 	OK, Failed     uint64 // pulls that delivered what the producer held / that failed
+	NotHeld        uint64 // pulls the producer answered with no block: the lease ended, or its blocks are of another cache_salt (also in Failed)
 	Blocks         uint64 // blocks pulled and inserted
 	LocalHits      uint64 // decodes whose prompt was all cached here: notify only
 	Notified       uint64 // notifications the producer acknowledged
@@ -299,7 +304,7 @@ type PullStats struct {
 // PullStats returns the decode-side counters.
 func (v *VLLM) PullStats() PullStats {
 	s := &v.stats
-	return PullStats{OK: s.pullOK.Load(), Failed: s.pullFailed.Load(), Blocks: s.pullBlocks.Load(),
+	return PullStats{OK: s.pullOK.Load(), Failed: s.pullFailed.Load(), NotHeld: s.pullNotHeld.Load(), Blocks: s.pullBlocks.Load(),
 		LocalHits: s.localHits.Load(), Notified: s.notified.Load(), NotifyFailures: s.notifyFailed.Load()}
 }
 

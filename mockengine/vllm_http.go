@@ -48,14 +48,21 @@ func (v *VLLM) routes() {
 
 func (v *VLLM) serveModels(w http.ResponseWriter, _ *http.Request) {
 	name := v.cfg.Sim.Model
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{map[string]any{
-		"id": name, "object": "model", "created": v.created, "owned_by": "vllm", "root": name,
-		"parent": nil, "max_model_len": v.maxModelLen,
-		"permission": []any{map[string]any{"id": "modelperm-" + randomHex(32), "object": "model_permission",
-			"created": v.created, "allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true,
-			"allow_search_indices": false, "allow_view": true, "allow_fine_tuning": false, "organization": "*",
-			"group": nil, "is_blocking": false}},
-	}}})
+	card := func(id, root string, parent any) map[string]any {
+		return map[string]any{"id": id, "object": "model", "created": v.created, "owned_by": "vllm", "root": root,
+			"parent": parent, "max_model_len": v.maxModelLen,
+			"permission": []any{map[string]any{"id": "modelperm-" + randomHex(32), "object": "model_permission",
+				"created": v.created, "allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true,
+				"allow_search_indices": false, "allow_view": true, "allow_fine_tuning": false, "organization": "*",
+				"group": nil, "is_blocking": false}},
+		}
+	}
+	data := []any{card(name, name, nil)}
+	// vLLM lists each --lora-modules adapter with its base as parent.
+	for _, l := range v.cfg.LoRAs {
+		data = append(data, card(l, l, name))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
 // Response shapes, field for field as vLLM's pydantic models serialise:
@@ -233,7 +240,7 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 	if j.stream {
 		sse = newSSE(w)
 		if chat {
-			role := chatStreamResp{ID: j.respID, Object: "chat.completion.chunk", Created: created, Model: v.cfg.Sim.Model,
+			role := chatStreamResp{ID: j.respID, Object: "chat.completion.chunk", Created: created, Model: j.model,
 				Choices: []chatStreamChoice{{Delta: chatDelta{Role: "assistant", Content: new(string)}}}}
 			if j.tokenIDs {
 				role.PromptTokenIDs = j.prompt
@@ -301,7 +308,7 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 				if j.tokenIDs {
 					ch.TokenIDs = toks
 				}
-				sse.event(chatStreamResp{ID: j.respID, Object: "chat.completion.chunk", Created: created, Model: v.cfg.Sim.Model,
+				sse.event(chatStreamResp{ID: j.respID, Object: "chat.completion.chunk", Created: created, Model: j.model,
 					Choices: []chatStreamChoice{ch}})
 			} else {
 				ch := cmplStreamChoice{Text: delta, FinishReason: fr, StopReason: res.stopReason}
@@ -311,7 +318,7 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 						ch.PromptTokenIDs = j.prompt
 					}
 				}
-				sse.event(cmplStreamResp{ID: j.respID, Object: "text_completion", Created: created, Model: v.cfg.Sim.Model,
+				sse.event(cmplStreamResp{ID: j.respID, Object: "text_completion", Created: created, Model: j.model,
 					Choices: []cmplStreamChoice{ch}})
 			}
 			if sse.err != nil {
@@ -338,7 +345,7 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 			if chat {
 				obj = "chat.completion.chunk"
 			}
-			sse.event(usageChunk{ID: j.respID, Object: obj, Created: created, Model: v.cfg.Sim.Model, Choices: []struct{}{},
+			sse.event(usageChunk{ID: j.respID, Object: obj, Created: created, Model: j.model, Choices: []struct{}{},
 				Usage: streamUsage(u)})
 		}
 		sse.done()
@@ -353,13 +360,13 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 	}
 	fr := res.finish
 	if chat {
-		writeJSON(w, http.StatusOK, chatResp{ID: j.respID, Object: "chat.completion", Created: created, Model: v.cfg.Sim.Model,
+		writeJSON(w, http.StatusOK, chatResp{ID: j.respID, Object: "chat.completion", Created: created, Model: j.model,
 			Choices: []chatChoice{{Message: chatMsgOut{Role: "assistant", Content: string(text), ToolCalls: []any{}},
 				FinishReason: &fr, StopReason: res.stopReason, TokenIDs: tokenIDs}},
 			Usage: u, PromptTokenIDs: promptIDs, KVTransferParams: res.params})
 		return
 	}
-	writeJSON(w, http.StatusOK, cmplResp{ID: j.respID, Object: "text_completion", Created: created, Model: v.cfg.Sim.Model,
+	writeJSON(w, http.StatusOK, cmplResp{ID: j.respID, Object: "text_completion", Created: created, Model: j.model,
 		Choices: []cmplChoice{{Text: string(text), FinishReason: &fr, StopReason: res.stopReason,
 			TokenIDs: tokenIDs, PromptTokenIDs: promptIDs}},
 		Usage: u, KVTransferParams: res.params})

@@ -124,8 +124,8 @@ func blockIDs(raw json.RawMessage) ([]int64, bool) {
 // grant pins a finished prefill's prompt blocks under a lease named by its
 // request id and returns the kv_transfer_params its response carries.
 func (v *VLLM) grant(j *job) *prefillParams {
-	_, seqs := kv.NewHasher(v.cfg.Sim.BlockSize, "", j.salt).Blocks(j.prompt)
-	ids := v.leases[j.rank].Grant(j.internalID, seqs)
+	_, seqs := kv.NewHasher(v.cfg.Sim.BlockSize, j.lora, j.salt).Blocks(j.prompt)
+	ids := v.leases[j.rank].Grant(j.internalID, kv.Seed(j.lora, j.salt), seqs)
 	if ids == nil {
 		ids = []int32{}
 	}
@@ -172,8 +172,10 @@ func (v *VLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 		hashes = append(hashes, uint64(id))
 	}
 	addr := net.JoinHostPort(ps.p.host, strconv.Itoa(ps.p.port))
+	// In the request's own salt domain: the producer serves no block
+	// computed under another tenant's cache_salt.
 	res, err := v.client.Fetch(ctx, "tcp://"+addr, transfer.FetchRequest{Hashes: hashes,
-		Digest: sideDigest(ps.p.engineID, v.digest)})
+		Digest: sideDigest(ps.p.engineID, v.digest), Domain: kv.Seed(req.LoRA, req.CacheSalt)})
 	defer res.Release()
 	inserted := 0
 	if len(res.Blocks) > 0 {
@@ -196,6 +198,9 @@ func (v *VLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 	v.stats.pullBlocks.Add(uint64(inserted))
 	if err != nil {
 		v.stats.pullFailed.Add(1)
+		if re := (*transfer.RemoteError)(nil); errors.As(err, &re) && re.Code == transfer.CodeNotFound {
+			v.stats.pullNotHeld.Add(1)
+		}
 		v.log.Warn("kv pull failed; recomputing the rest", "request", req.ID, "remote_request", ps.p.requestID,
 			"pulled", inserted, "wanted", len(hashes), "err", err)
 		return err

@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,6 +71,7 @@ type job struct {
 	prompt      []kv.Token
 	maxTokens   int
 	salt        string
+	model, lora string // the model named (the served one, or an adapter) and the adapter
 	stream      bool
 	usage       bool // stream_options.include_usage
 	tokenIDs    bool // return_token_ids
@@ -94,10 +96,15 @@ func (v *VLLM) parse(r *http.Request, chat bool) (*job, *APIError) {
 	if err := dec.Decode(&q); err != nil {
 		return nil, badRequest("invalid request body: "+err.Error(), "")
 	}
+	j := &job{chat: chat, stream: q.Stream, tokenIDs: q.ReturnTokenIDs, model: v.cfg.Sim.Model}
 	if q.Model != "" && q.Model != v.cfg.Sim.Model {
-		return nil, &APIError{Status: http.StatusNotFound, Message: fmt.Sprintf("The model `%s` does not exist.", q.Model), Param: "model"}
+		// vLLM serves a LoRA adapter under its own name, its blocks hashed
+		// with the adapter (lora_name in the KV events).
+		if !slices.Contains(v.cfg.LoRAs, q.Model) {
+			return nil, &APIError{Status: http.StatusNotFound, Message: fmt.Sprintf("The model `%s` does not exist.", q.Model), Param: "model"}
+		}
+		j.model, j.lora = q.Model, q.Model
 	}
-	j := &job{chat: chat, stream: q.Stream, tokenIDs: q.ReturnTokenIDs}
 	switch {
 	case q.N != nil && *q.N != 1:
 		return nil, badRequest("n other than 1 is not supported by the kvmesh mock engine", "n")
@@ -220,7 +227,7 @@ func (v *VLLM) parse(r *http.Request, chat bool) (*job, *APIError) {
 	// Sampling. The sim samples deterministically from its context and seed:
 	// a seed (or temperature 0) gives repeatable output, else each request
 	// draws one, as a sampling engine's output varies.
-	req := &engine.Request{ID: j.internalID, Tokens: j.prompt, Sampling: kv.Sampling{MaxTokens: j.maxTokens}, CacheSalt: j.salt,
+	req := &engine.Request{ID: j.internalID, Tokens: j.prompt, Sampling: kv.Sampling{MaxTokens: j.maxTokens}, LoRA: j.lora, CacheSalt: j.salt,
 		DPRank: j.rank}
 	if q.Temperature != nil {
 		req.Temperature = *q.Temperature

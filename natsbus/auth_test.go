@@ -2,6 +2,7 @@ package natsbus
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,9 +34,12 @@ func TestConnectWithUserPassword(t *testing.T) {
 	}
 	nc.Close()
 	for _, u := range []string{"nats://" + addr, "nats://kvmesh:wrong@" + addr} {
-		if nc, err := Connect(ConnConfig{URLs: u}); err == nil {
+		nc, err := Connect(ConnConfig{URLs: u})
+		if err == nil {
 			nc.Close()
 			t.Errorf("%s: connected without the right password", u)
+		} else if strings.Contains(err.Error(), "wrong") {
+			t.Errorf("the error shows the password: %v", err)
 		}
 	}
 }

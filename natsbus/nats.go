@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -213,7 +214,18 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(urls, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("nats: connect %s: %w", urls, err)
+		return nil, fmt.Errorf("nats: connect %s: %w", redactURLs(urls), err)
 	}
 	return nc, nil
+}
+
+// redactURLs hides the passwords of comma-separated URLs for messages.
+func redactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			parts[i] = u.Redacted()
+		}
+	}
+	return strings.Join(parts, ",")
 }

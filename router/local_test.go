@@ -17,7 +17,14 @@ func TestRoutePrecomputedLocal(t *testing.T) {
 		t.Helper()
 		ix := newFakeIndex()
 		ix.store(key(2), kv.TierDevice, seq[:3])
-		r := newRouter(t, Config{Matcher: ix}, 1, 2, 3)
+		r := newRouter(t, Config{Matcher: ix})
+		for i := range uint64(3) {
+			w := winfo(i + 1)
+			w.LoRAs = []string{"lora"}
+			if err := r.AddWorker(w); err != nil {
+				t.Fatal(err)
+			}
+		}
 		d, err := r.Route(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)

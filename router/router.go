@@ -86,8 +86,10 @@ type Request struct {
 	Model  string
 	Role   kv.Role // "" means aggregated
 	Tokens []kv.Token
-	LoRA   string // mixed into block hashes
-	Salt   string // cache salt, mixed into block hashes
+	// LoRA names the adapter: mixed into block hashes, and only workers
+	// that serve it (WorkerInfo.LoRAs) are candidates or hint sources.
+	LoRA string
+	Salt string // cache salt, mixed into block hashes
 	// Exclude lists workers not to pick (e.g. ones a migrating request
 	// already failed on).
 	Exclude []kv.WorkerKey
@@ -300,7 +302,7 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 	sc.cand = sc.cand[:0]
 	// Merge the sorted matches with the sorted pool.
 	mi := 0
-	excluded := 0
+	excluded, noAdapter := 0, 0
 	for i, w := range p.workers {
 		for mi < len(sc.matches) && cmpKey(sc.matches[mi].Worker, w.info.Key) < 0 {
 			mi++
@@ -316,6 +318,12 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 		} else {
 			sc.depth[i] = [kv.NumTiers]uint32{}
 		}
+		if req.LoRA != "" && !slices.Contains(w.info.LoRAs, req.LoRA) {
+			// Neither a candidate nor, with no depth, a hint source.
+			sc.depth[i] = [kv.NumTiers]uint32{}
+			noAdapter++
+			continue
+		}
 		if slices.Contains(req.Exclude, w.info.Key) {
 			excluded++
 			continue
@@ -326,7 +334,10 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 		sc.cand = append(sc.cand, i)
 	}
 	if len(sc.cand) == 0 {
-		if excluded == nw {
+		if noAdapter == nw {
+			return 0, fmt.Errorf("%w for model %q with LoRA adapter %q", kv.ErrNoWorkers, req.Model, req.LoRA)
+		}
+		if excluded+noAdapter == nw {
 			return 0, fmt.Errorf("%w for model %q: all %d excluded", kv.ErrNoWorkers, req.Model, nw)
 		}
 		return 0, &kv.BusyError{Model: req.Model, Workers: nw - excluded, RetryAfter: r.cfg.BusyRetryAfter}

@@ -21,6 +21,9 @@ type WorkerInfo struct {
 	Digest           string // compatibility digest (layout); hints need equal digests
 	ControlEndpoint  string // where this rank serves its blocks to peers ("" if none)
 	HintCapable      bool   // the worker accepts kv.fetch hints
+	// LoRAs are the adapters the worker serves; a request naming one
+	// (Request.LoRA) goes only to workers that list it.
+	LoRAs []string
 	// Timing is the worker's forward-pass timing model, read by the time
 	// cost (CostTime); zero means DefaultEngineTiming (engine/sim's).
 	Timing EngineTiming

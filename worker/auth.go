@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
+	"io"
 	"net"
 	"sync"
 
@@ -26,9 +28,7 @@ var errUnauthenticated = status.Error(codes.Unauthenticated, "worker API: this w
 type tokenGuard struct {
 	w    *Worker
 	want [sha256.Size]byte
-
-	mu     sync.Mutex
-	warned map[string]bool
+	log  onceper
 }
 
 func (g *tokenGuard) check(ctx context.Context) error {
@@ -42,22 +42,66 @@ func (g *tokenGuard) check(ctx context.Context) error {
 		return nil
 	}
 	g.w.unauthenticated.Add(1)
-	host := "unknown"
-	if p, found := peer.FromContext(ctx); found && p.Addr != nil {
-		if h, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
-			host = h
-		}
+	var addr net.Addr
+	if p, found := peer.FromContext(ctx); found {
+		addr = p.Addr
 	}
-	g.mu.Lock()
-	first := !g.warned[host] && len(g.warned) < 1024
-	if first {
-		g.warned[host] = true
-	}
-	g.mu.Unlock()
-	if first {
+	if host, first := g.log.first(addr); first {
 		g.w.log.Warn("worker API: refused a caller without the fleet token (logged once per host)", "peer", host)
 	}
 	return errUnauthenticated
+}
+
+// onceper remembers the hosts already logged (at most maxWarnedHosts).
+type onceper struct {
+	mu     sync.Mutex
+	warned map[string]bool
+}
+
+const maxWarnedHosts = 1024
+
+// first returns addr's host and whether it is the first time it is seen.
+func (o *onceper) first(addr net.Addr) (string, bool) {
+	host := "unknown"
+	if addr != nil {
+		if h, _, err := net.SplitHostPort(addr.String()); err == nil {
+			host = h
+		}
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.warned == nil {
+		o.warned = map[string]bool{}
+	}
+	if o.warned[host] || len(o.warned) >= maxWarnedHosts {
+		return host, false
+	}
+	o.warned[host] = true
+	return host, true
+}
+
+// countingTLS is the worker API's TLS: a client that fails the handshake
+// (no certificate, one of another CA, plaintext) never reaches a handler,
+// so it is counted and logged (once per host) here.
+type countingTLS struct {
+	credentials.TransportCredentials
+	w   *Worker
+	log *onceper
+}
+
+func (c countingTLS) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	if err != nil && !errors.Is(err, io.EOF) { // EOF: the caller left before saying anything
+		c.w.tlsRefused.Add(1)
+		if host, first := c.log.first(raw.RemoteAddr()); first {
+			c.w.log.Warn("worker API: refused a caller that failed the TLS handshake (logged once per host)", "peer", host, "err", err)
+		}
+	}
+	return conn, info, err
+}
+
+func (c countingTLS) Clone() credentials.TransportCredentials {
+	return countingTLS{TransportCredentials: c.TransportCredentials.Clone(), w: c.w, log: c.log}
 }
 
 // authOptions are the gRPC server options that enforce Config.TLS and
@@ -65,12 +109,12 @@ func (g *tokenGuard) check(ctx context.Context) error {
 func (w *Worker) authOptions() []grpc.ServerOption {
 	var opts []grpc.ServerOption
 	if w.cfg.TLS != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(w.cfg.TLS)))
+		opts = append(opts, grpc.Creds(countingTLS{TransportCredentials: credentials.NewTLS(w.cfg.TLS), w: w, log: &onceper{}}))
 	}
 	if w.cfg.FleetToken == "" {
 		return opts
 	}
-	g := &tokenGuard{w: w, want: sha256.Sum256([]byte("Bearer " + w.cfg.FleetToken)), warned: map[string]bool{}}
+	g := &tokenGuard{w: w, want: sha256.Sum256([]byte("Bearer " + w.cfg.FleetToken))}
 	return append(opts,
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			if err := g.check(ctx); err != nil {

@@ -76,6 +76,7 @@ func newMetrics(w *Worker) *metrics {
 	m.all = []prometheus.Collector{m.requests, m.inflight, m.prompt, m.cached, m.byTier, m.output, m.stalls, m.engineDowns, m.healthy,
 		counterFunc("kvmesh_worker_kv_hints_total", "Requests that carried a KV hint.", func() float64 { return float64(w.hints.Load()) }),
 		counterFunc("kvmesh_worker_unauthenticated_total", "Worker API calls refused for want of the fleet token.", func() float64 { return float64(w.unauthenticated.Load()) }),
+		counterFunc("kvmesh_worker_tls_handshake_failures_total", "Worker API connections refused because the caller failed the TLS handshake (no client certificate, one of another CA, plaintext).", func() float64 { return float64(w.tlsRefused.Load()) }),
 		counterFunc("kvmesh_worker_kv_transfer_params_total", "Requests that carried KV transfer parameters (disaggregated serving).", func() float64 { return float64(w.transferParams.Load()) }),
 		counterFunc("kvmesh_worker_decode_hints_dropped_total", "KV hints dropped because the request was a decode handoff (a hint is applied on the prefill leg only).", func() float64 { return float64(w.decodeHints.Load()) }),
 		counterFunc("kvmesh_worker_foreign_transfer_params_dropped_total", "KV transfer parameters dropped because they arrived on a leg other than a decode leg.", func() float64 { return float64(w.foreignParams.Load()) }),

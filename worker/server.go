@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/engine"
@@ -54,6 +55,8 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 		return resultRejected, status.Error(codes.InvalidArgument, "generate: empty prompt")
 	case int(req.DpRank) >= w.cfg.DPSize:
 		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: dp_rank %d but dp_size %d", req.DpRank, w.cfg.DPSize)
+	case req.Lora != "" && !slices.Contains(w.cfg.LoRAs, req.Lora):
+		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: lora %q is not served by this worker (it serves %v)", req.Lora, w.cfg.LoRAs)
 	}
 	smp, err := api.SamplingFromProto(req)
 	if err != nil {

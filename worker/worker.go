@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,6 +70,9 @@ type Config struct {
 	// nil leaves the routers' default: hint targets exactly when control
 	// endpoints are advertised.
 	AcceptsHints *bool
+	// LoRAs are the LoRA adapters the engine serves (registered in
+	// discovery); a request naming another adapter is InvalidArgument.
+	LoRAs []string
 	// Peer, when set, is the engine's peer-transfer side (NewSimPeer): the
 	// worker serves its blocks on one control endpoint per DP rank and
 	// advertises them (see startControl).
@@ -116,6 +120,7 @@ type Worker struct {
 	foreignParams         atomic.Int64 // connector parameters dropped on legs that take none
 	hintWarned            atomic.Bool  // a malformed hint was logged
 	unauthenticated       atomic.Int64 // worker API calls refused for want of the fleet token
+	tlsRefused            atomic.Int64 // worker API connections that failed the TLS handshake
 	blockSize             int
 	met                   *metrics
 	registered            bool
@@ -154,6 +159,14 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	}
 	if !cfg.Role.Valid() {
 		return nil, fmt.Errorf("worker: unknown role %q (want aggregated, prefill or decode)", cfg.Role)
+	}
+	for i, l := range cfg.LoRAs {
+		if err := discovery.ValidLoRAName(l); err != nil {
+			return nil, fmt.Errorf("worker: lora: %w", err)
+		}
+		if l == cfg.Model || slices.Contains(cfg.LoRAs[:i], l) {
+			return nil, fmt.Errorf("worker: lora %q repeats the model name or another adapter", l)
+		}
 	}
 	if cfg.ListenAddr == "" {
 		cfg.ListenAddr = "127.0.0.1:0"
@@ -205,6 +218,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		ID: cfg.InstanceID, Model: cfg.Model, Role: cfg.Role, DPSize: cfg.DPSize,
 		BlockSize: ec.BlockSize, KVCapacity: cfg.KVCapacity, MaxBatchedTokens: ec.MaxBatchedTokens,
 		MaxModelLen: ec.MaxModelLen, Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints, AcceptsHints: cfg.AcceptsHints, Engine: cfg.Engine,
+		LoRAs: cfg.LoRAs,
 	}
 	return w, nil
 }

@@ -3,7 +3,10 @@ package main
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
+
+	"github.com/kvmesh/kvmesh/discovery"
 
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/router"
@@ -94,6 +97,20 @@ func (ff *frontendFlags) validate() error {
 	}
 	if _, _, err := ff.tls.configs(); err != nil {
 		return err
+	}
+	return nil
+}
+
+// checkLoRAFlag checks --lora: valid, distinct adapter names, none equal to
+// the model's.
+func checkLoRAFlag(loras []string, model string) error {
+	for i, l := range loras {
+		if err := discovery.ValidLoRAName(l); err != nil {
+			return fmt.Errorf("--lora: %w", err)
+		}
+		if l == model || slices.Contains(loras[:i], l) {
+			return fmt.Errorf("--lora %q: repeats --model or another adapter", l)
+		}
 	}
 	return nil
 }

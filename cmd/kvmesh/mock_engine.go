@@ -8,12 +8,15 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/events"
 	"github.com/kvmesh/kvmesh/mockengine"
@@ -28,6 +31,7 @@ var mockEngineCmd = &cobra.Command{
 
 type mockVLLMFlags struct {
 	host, model, servedName  string
+	loras                    []string
 	port                     int
 	sim                      sim.Config
 	dpSize, maxModelLen      int
@@ -123,6 +127,7 @@ Timing is the sim's (Dynamo's mocker polynomial), divided by --speedup-ratio.`,
 	f.DurationVar(&mf.pullTimeout, "kv-pull-timeout", mockengine.DefaultPullTimeout, "bound on one decode pull")
 	f.BoolVar(&mf.promptDetails, "enable-prompt-tokens-details", true, "report usage.prompt_tokens_details.cached_tokens (vLLM's default is off; the mock's on)")
 	f.BoolVar(&mf.prefixCaching, "enable-prefix-caching", true, "accepted for vLLM command lines; the sim always caches prefixes")
+	f.StringSliceVar(&mf.loras, "lora-modules", nil, "LoRA adapters served under their own names, as NAME or vLLM's NAME=PATH (the path is ignored): a request naming one computes, caches and reports KV events in its hash domain (lora_name)")
 	f.StringVar(&mf.logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }
@@ -143,6 +148,13 @@ func runMockVLLM(cmd *cobra.Command, mf *mockVLLMFlags) error {
 		return errors.New("--enable-prefix-caching=false: the sim always caches prefixes")
 	}
 	cfg := mockengine.VLLMConfig{Sim: mf.sim, MaxModelLen: mf.maxModelLen, EnablePromptTokensDetails: mf.promptDetails, Logger: log}
+	for _, m := range mf.loras {
+		name, _, _ := strings.Cut(m, "=")
+		if err := discovery.ValidLoRAName(name); err != nil || slices.Contains(cfg.LoRAs, name) {
+			return fmt.Errorf("--lora-modules %q: want distinct NAME or NAME=PATH entries (%v)", m, err)
+		}
+		cfg.LoRAs = append(cfg.LoRAs, name)
+	}
 	cfg.Sim.Model = mf.model
 	if mf.servedName != "" {
 		cfg.Sim.Model = mf.servedName

@@ -2,7 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
@@ -40,7 +45,7 @@ func (n *natsFlags) conn(name string, log *slog.Logger) natsbus.ConnConfig {
 // controlPlane connects to NATS as name and opens discovery on it; the
 // caller closes the connection.
 func (nf *natsFlags) controlPlane(ctx context.Context, name string, log *slog.Logger) (*nats.Conn, *discovery.Discovery, error) {
-	nc, err := natsbus.Connect(nf.conn(name, log))
+	nc, err := nf.connect(name, log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -50,4 +55,38 @@ func (nf *natsFlags) controlPlane(ctx context.Context, name string, log *slog.Lo
 		return nil, nil, err
 	}
 	return nc, disc, nil
+}
+
+// connect dials NATS as name; a refusal by the server, or a server
+// certificate the client cannot trust, names the flag to fix.
+func (n *natsFlags) connect(name string, log *slog.Logger) (*nats.Conn, error) {
+	nc, err := natsbus.Connect(n.conn(name, log))
+	if err != nil {
+		return nil, n.explain(err)
+	}
+	return nc, nil
+}
+
+func (n *natsFlags) explain(err error) error {
+	var unknownCA x509.UnknownAuthorityError
+	var verify *tls.CertificateVerificationError
+	var host x509.HostnameError
+	switch {
+	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
+		if n.creds != "" {
+			return fmt.Errorf("--nats-creds %s: the NATS server refused these credentials: %w", n.creds, err)
+		}
+		return fmt.Errorf("--nats: the NATS server requires credentials (--nats-creds, or user:password@ in the URL): %w", err)
+	case errors.Is(err, nats.ErrSecureConnRequired):
+		return fmt.Errorf("--nats: the NATS server requires TLS (a tls:// URL, and --nats-ca for a private CA): %w", err)
+	case errors.As(err, &verify), errors.As(err, &unknownCA), errors.As(err, &host):
+		if n.ca == "" {
+			return fmt.Errorf("--nats-ca: the NATS server's certificate is not trusted by the system roots; name its CA with --nats-ca: %w", err)
+		}
+		return fmt.Errorf("--nats-ca %s: the NATS server's certificate does not verify against it: %w", n.ca, err)
+	case n.creds != "" && !errors.Is(err, nats.ErrNoServers) && strings.Contains(err.Error(), "nats: connect") &&
+		(strings.Contains(err.Error(), "jwt") || strings.Contains(err.Error(), "nkey") || strings.Contains(err.Error(), "seed")):
+		return fmt.Errorf("--nats-creds %s: not a usable NATS credentials file (user JWT and nkey seed): %w", n.creds, err)
+	}
+	return err
 }

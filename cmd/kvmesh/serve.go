@@ -222,6 +222,7 @@ func newServeCmd() *cobra.Command {
 	var nf natsFlags
 	var dataDir, natsListen string
 	var kf kvbmFlags
+	var loras []string
 	ef := &serveEngineFlags{}
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -246,7 +247,7 @@ On startup it prints one line to stdout:
 				return err
 			}
 			sf.KVBM = kf.sim()
-			return runServe(cmd, ff, sf, workers, pd, stallTimeout, nf, dataDir, natsListen, ef)
+			return runServe(cmd, ff, sf, workers, pd, stallTimeout, nf, dataDir, natsListen, ef, loras)
 		},
 	}
 	f := cmd.Flags()
@@ -265,6 +266,7 @@ On startup it prints one line to stdout:
 	f.IntVar(&sf.MaxSeqs, "max-seqs", sf.MaxSeqs, "sim: running sequences per step")
 	f.IntVar(&sf.DPSize, "dp-size", 1, "data-parallel ranks per worker (sim: each its own engine, cache, load and KV events; real engine: the ranks behind every server, rank r's KV events on --kv-events' port + r); routed per rank")
 	f.Float64Var(&sf.SpeedupRatio, "speedup-ratio", sf.SpeedupRatio, "sim: divide modelled time by this (0: no waiting)")
+	f.StringSliceVar(&loras, "lora", nil, "sim: LoRA adapters every simulated worker serves, requested by name in the model field (each its own KV hash domain)")
 	addKVBMFlags(f, &kf)
 	ef.register(f)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
@@ -274,7 +276,7 @@ On startup it prints one line to stdout:
 // pdFlags are serve's disaggregated pools.
 type pdFlags struct{ prefill, decode int }
 
-func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, pd pdFlags, stallTimeout time.Duration, nf natsFlags, dataDir, natsListen string, ef *serveEngineFlags) error {
+func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, pd pdFlags, stallTimeout time.Duration, nf natsFlags, dataDir, natsListen string, ef *serveEngineFlags, loras []string) error {
 	log, err := workerLogger(ff.logLevel, os.Stderr)
 	if err != nil {
 		return err
@@ -298,6 +300,9 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		return err
 	}
 	if err := checkSimFlags(sf); err != nil {
+		return err
+	}
+	if err := checkLoRAFlag(loras, ff.models[0]); err != nil {
 		return err
 	}
 	if err := checkInts(intFlag{"dp-size", int64(sf.DPSize), 1}); err != nil {
@@ -428,7 +433,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		if err != nil {
 			return fmt.Errorf("sim engine: %w", err)
 		}
-		wc := worker.Config{Model: cfg.Model, Role: cfg.Role, Logger: log.With("worker", i), Peer: peer, Registerer: reg,
+		wc := worker.Config{Model: cfg.Model, Role: cfg.Role, LoRAs: loras, Logger: log.With("worker", i), Peer: peer, Registerer: reg,
 			FleetToken: fleetToken, TLS: serverTLS, Tracer: tracer, Engine: "sim",
 			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}
 		if cfg.KVBM != nil {

@@ -36,6 +36,7 @@ type workerFlags struct {
 	nats                          natsFlags
 	listen, advertise, instanceID string
 	controlEndpoints              []string
+	loras                         []string
 	controlListen, advertiseHost  string
 	metricsListen                 string
 	transferTimeout               time.Duration
@@ -78,6 +79,7 @@ On startup it prints one line to stdout:
 	f.StringVar(&wf.listen, "listen", "127.0.0.1:0", "gRPC listen address")
 	f.StringVar(&wf.advertise, "advertise", "", "gRPC address to register (default: the bound listen address)")
 	f.StringVar(&wf.instanceID, "instance-id", "", "instance id in hex (default: random)")
+	f.StringSliceVar(&wf.loras, "lora", nil, "LoRA adapters the engine serves, by the names requests use as their model (vLLM's --lora-modules names); registered in discovery, each its own KV hash domain")
 	f.StringSliceVar(&wf.controlEndpoints, "control-endpoints", nil, "peer KV transfer endpoints tcp://host:port, one per DP rank, when served by something else")
 	f.StringVar(&wf.controlListen, "control-listen", "", "serve this worker's KV blocks to peers on host:port (rank r on port+r; port 0: ephemeral) and fetch hinted blocks from peers")
 	f.StringVar(&wf.advertiseHost, "advertise-host", "", "host peers dial for the control endpoints (required with --control-listen; 0.0.0.0 and :: are rejected)")
@@ -195,6 +197,9 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 			return fmt.Errorf("--advertise-host: %w", err)
 		}
 	}
+	if err := checkLoRAFlag(wf.loras, wf.model); err != nil {
+		return err
+	}
 	for i, ep := range wf.controlEndpoints {
 		if _, err := kv.ParseEndpoint(ep); err != nil {
 			return fmt.Errorf("--control-endpoints (rank %d): %w", i, err)
@@ -272,7 +277,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		}
 	}
 
-	nc, err := natsbus.Connect(wf.nats.conn("kvmesh-worker "+wf.model, log))
+	nc, err := wf.nats.connect("kvmesh-worker "+wf.model, log)
 	if err != nil {
 		eng.Close()
 		return err
@@ -281,7 +286,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
-		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, AcceptsHints: acceptsHints, Peer: peer, Registerer: reg,
+		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, AcceptsHints: acceptsHints, LoRAs: wf.loras, Peer: peer, Registerer: reg,
 		FleetToken: fleetToken, TLS: serverTLS, Tracer: tracer, Engine: wf.engine,
 		Discovery: discovery.Config{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)

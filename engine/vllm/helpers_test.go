@@ -20,6 +20,7 @@ type mockOpts struct {
 	events bool
 	role   string  // NixlConnector kv_role; "" off
 	speed  float64 // sim speedup ratio; 0 unthrottled
+	loras  []string
 }
 
 // startMock runs a vLLM stand-in on loopback (unthrottled sim, 16-token
@@ -28,7 +29,7 @@ func startMock(t *testing.T, o mockOpts) (*mockengine.VLLM, *httptest.Server) {
 	t.Helper()
 	sc := sim.DefaultConfig()
 	sc.Model, sc.BlockSize, sc.Blocks, sc.SpeedupRatio = testModel, 16, 512, o.speed
-	cfg := mockengine.VLLMConfig{Sim: sc, EnablePromptTokensDetails: true, Logger: slog.New(slog.DiscardHandler)}
+	cfg := mockengine.VLLMConfig{Sim: sc, EnablePromptTokensDetails: true, LoRAs: o.loras, Logger: slog.New(slog.DiscardHandler)}
 	if o.events {
 		cfg.Events = &mockengine.EventsConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
 			BindMode: events.Bind, Shape: events.ShapeMap}
