@@ -182,12 +182,25 @@ func (fl *testFleet) startWorker() *workerProc {
 	t.Helper()
 	ctrl := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
 	pp := startPeerProxy(t, ctrl)
-	p := testutil.Start(t, "kvmesh worker", fl.bin, []string{"KVMESH_FAULT_CONTROL_ADVERTISE=tcp://" + pp.addr()},
-		"worker", "--nats", fl.proxy.url(), "--model", model, "--block-size", "16", "--blocks", "4096",
-		"--speedup-ratio", "1", "--stall-timeout", fl.cfg.StallTimeout.String(), "--discovery-ttl", fl.cfg.DiscoveryTTL.String(),
-		"--load-interval", "250ms", "--control-listen", ctrl, "--advertise-host", "127.0.0.1",
-		"--metrics-listen", "127.0.0.1:0", "--log-level", "info")
-	m := p.Expect(workerLine, 30*time.Second)
+	var p *testutil.Proc
+	var m []string
+	// A worker exits when NATS is unreachable at start (its supervisor
+	// restarts it); so does this one, within a restart of NATS.
+	for try := 0; ; try++ {
+		p = testutil.Start(t, "kvmesh worker", fl.bin, []string{"KVMESH_FAULT_CONTROL_ADVERTISE=tcp://" + pp.addr()},
+			"worker", "--nats", fl.proxy.url(), "--model", model, "--block-size", "16", "--blocks", "4096",
+			"--speedup-ratio", "1", "--stall-timeout", fl.cfg.StallTimeout.String(), "--discovery-ttl", fl.cfg.DiscoveryTTL.String(),
+			"--load-interval", "250ms", "--control-listen", ctrl, "--advertise-host", "127.0.0.1",
+			"--metrics-listen", "127.0.0.1:0", "--log-level", "info")
+		var err error
+		if m, err = p.WaitMatch(workerLine, 30*time.Second); err == nil {
+			break
+		} else if try == 10 {
+			t.Fatal(err)
+		}
+		p.Kill()
+		time.Sleep(time.Second)
+	}
 	w := &workerProc{Proc: p, id: m[1], grpc: m[2], peer: pp}
 	testutil.WaitFor(t, 10*time.Second, "the worker's metrics address", func() bool {
 		mm := metricsLine.FindStringSubmatch(p.Stderr())
