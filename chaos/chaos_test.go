@@ -103,6 +103,7 @@ func runPhase(t *testing.T, fl *testFleet, ld load, name, what string, dur, at t
 		Synthetic: &bench.SyntheticConfig{Groups: 8, PromptsPerGroup: (n + 7) / 8, SystemLen: 512, QuestionLen: 48, OutputLen: ld.outputLen},
 		Rate:      ld.rate, IgnoreEOS: true, Seed: uint64(len(name)) * 7919, Timeout: 30 * time.Second, Duration: dur, Grace: 40 * time.Second,
 		OutDir: out, Client: &http.Client{Transport: fl.lb}}
+	removals := fl.removals.Load()
 	start := time.Now()
 	var rep *bench.LoadReport
 	var lerr error
@@ -131,6 +132,10 @@ func runPhase(t *testing.T, fl *testFleet, ld load, name, what string, dur, at t
 	res.Diverged, res.Held, res.Why = fl.settle(30 * time.Second)
 	res.Migrated = int(fl.scr.sum(counters[0]) - before[counters[0]])
 	res.Effects = eff.m
+	if d := fl.removals.Load() - removals; d > 0 {
+		eff.add("discovery_removals", float64(d))
+		res.Effects = eff.m
+	}
 	for _, c := range counters[1:] {
 		if d := fl.scr.sum(c) - before[c]; d > 0 {
 			if res.Effects == nil {

@@ -72,6 +72,8 @@ type testFleet struct {
 	pool    *workerclient.Pool
 
 	scr *scraper
+	// removals counts instances discovery dropped (expired or deleted).
+	removals atomic.Int64
 }
 
 type workerProc struct {
@@ -121,7 +123,11 @@ func startFleet(t *testing.T, cfg fleetConfig) *testFleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fl.watcher, err = d.Watch(ctx, model, func(discovery.Event) {}); err != nil {
+	if fl.watcher, err = d.Watch(ctx, model, func(ev discovery.Event) {
+		if ev.Kind == discovery.InstanceRemoved {
+			fl.removals.Add(1)
+		}
+	}); err != nil {
 		t.Fatal(err)
 	}
 	fl.pool = workerclient.NewPool()
