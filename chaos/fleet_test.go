@@ -316,15 +316,20 @@ func (fl *testFleet) running() map[string]int {
 	return out
 }
 
-// busyWorker waits for a live worker with a stream in flight.
+// busyWorker waits for a live worker with streams in flight and returns
+// the busiest.
 func (fl *testFleet) busyWorker(d time.Duration) *workerProc {
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
 		run := fl.running()
+		var best *workerProc
 		for _, w := range fl.liveWorkers() {
-			if run[w.id] > 0 {
-				return w
+			if run[w.id] > 0 && (best == nil || run[w.id] > run[best.id]) {
+				best = w
 			}
+		}
+		if best != nil {
+			return best
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -511,15 +516,23 @@ func (s *scraper) poll() {
 	}
 }
 
-// sum is the total of the named series (exact key, labels included) over
-// every process ever scraped.
+// sum is the total of a series over every process ever scraped: the exact
+// key when it has labels (name{a="b"}), else every series of that name.
 func (s *scraper) sum(series string) float64 {
 	s.poll()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v := 0.0
 	for _, p := range s.procs {
-		v += p.last[series]
+		if strings.Contains(series, "{") {
+			v += p.last[series]
+			continue
+		}
+		for k, x := range p.last {
+			if k == series || strings.HasPrefix(k, series+"{") {
+				v += x
+			}
+		}
 	}
 	return v
 }
