@@ -305,6 +305,38 @@ func stopWorker(hold time.Duration) faultFn {
 	}
 }
 
+// stallEngine adds a worker whose engine is its own process (the vLLM
+// adapter in front of mock-engine vllm), waits for it to carry streams,
+// freezes the engine for hold — the worker process lives on, so its stall
+// watchdog must fail the streams (they migrate) and take it out of
+// discovery — then resumes the engine and retires the worker, as its
+// supervisor would restart it.
+func stallEngine(hold time.Duration) faultFn {
+	return func(ctx context.Context, fl *testFleet, e *effects) {
+		ew := fl.startEngineWorker()
+		deadline := time.Now().Add(10 * time.Second)
+		for fl.running()[ew.id] == 0 {
+			if time.Now().After(deadline) {
+				fl.t.Error("stall engine: the engine worker never carried a stream")
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := ew.engine.Signal(syscall.SIGSTOP); err != nil {
+			fl.t.Error(err)
+			return
+		}
+		e.add("engines_stopped", 1)
+		sleep(ctx, hold)
+		if err := ew.engine.Signal(syscall.SIGCONT); err != nil {
+			fl.t.Error(err)
+		}
+		ew.dead.Store(true)
+		ew.Kill()
+		ew.engine.Kill()
+	}
+}
+
 func restartNATS(down time.Duration) faultFn {
 	return func(ctx context.Context, fl *testFleet, e *effects) {
 		e.add("nats_restarts", 1)
@@ -466,6 +498,7 @@ func TestChaos(t *testing.T) {
 		{"baseline", "no fault", false, func(context.Context, *testFleet, *effects) {}},
 		{"worker SIGKILL", "a worker with streams in flight is SIGKILLed; a replacement starts after the hold", false, killWorker(hold)},
 		{"worker SIGSTOP", fmt.Sprintf("a busy worker is frozen for the hold (stall timeout %v, discovery TTL 2s), then SIGCONT", stall), false, stopWorker(hold)},
+		{"engine SIGSTOP", fmt.Sprintf("a fourth worker's engine process (vLLM adapter → mock-engine vllm) is frozen for the hold while the worker lives (stall timeout %v)", stall), false, stallEngine(hold)},
 		{"NATS restart", "the NATS server is stopped for 10 s and restarted on the same port and JetStream directory", false, restartNATS(10 * time.Second)},
 		{"event batch dropped", "one KV event batch a second is swallowed between a worker and NATS", false, dropEvents(hold, time.Second)},
 		{"event batch duplicated", "every KV event batch is published twice", false, duplicateEvents(hold)},

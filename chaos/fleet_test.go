@@ -621,3 +621,44 @@ func (f *failover) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return nil, err
 }
+
+var (
+	mockLine   = regexp.MustCompile(`^kvmesh mock-engine vllm: serving \S+ on (http://\S+) `)
+	mockEvents = regexp.MustCompile(`^  rank 0: kv events (\S+), replay (\S+)`)
+)
+
+// engineWorker is a `kvmesh worker --engine vllm` in front of its own
+// `kvmesh mock-engine vllm` process: a worker whose engine can hang while
+// the worker process lives, which is what the stall watchdog is for.
+type engineWorker struct {
+	*workerProc
+	engine *testutil.Proc
+}
+
+func (fl *testFleet) startEngineWorker() *engineWorker {
+	t := fl.t
+	t.Helper()
+	eng := testutil.Start(t, "kvmesh mock-engine vllm", fl.bin, nil, "mock-engine", "vllm", model, "--port", "0",
+		"--block-size", "16", "--blocks", "4096", "--speedup-ratio", "1",
+		"--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-replay-endpoint", "tcp://127.0.0.1:0", "--log-level", "warn")
+	url := eng.Expect(mockLine, 20*time.Second)[1]
+	ev := eng.Expect(mockEvents, 5*time.Second)
+	p := testutil.Start(t, "kvmesh worker --engine vllm", fl.bin, nil, "worker", "--engine", "vllm", "--engine-url", url,
+		"--kv-events", ev[1], "--kv-events-replay", ev[2], "--model", model, "--nats", fl.proxy.url(),
+		"--stall-timeout", fl.cfg.StallTimeout.String(), "--discovery-ttl", fl.cfg.DiscoveryTTL.String(), "--load-interval", "250ms",
+		"--metrics-listen", "127.0.0.1:0", "--engine-timeout", "20s", "--log-level", "info")
+	m := p.Expect(workerLine, 30*time.Second)
+	w := &workerProc{Proc: p, id: m[1], grpc: m[2]}
+	testutil.WaitFor(t, 10*time.Second, "the worker's metrics address", func() bool {
+		mm := metricsLine.FindStringSubmatch(p.Stderr())
+		if mm != nil {
+			w.metrics = mm[1]
+		}
+		return mm != nil
+	})
+	fl.scr.add("worker "+w.id, "http://"+w.metrics+"/metrics", &w.dead)
+	fl.mu.Lock()
+	fl.workers = append(fl.workers, w)
+	fl.mu.Unlock()
+	return &engineWorker{workerProc: w, engine: eng}
+}
