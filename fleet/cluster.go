@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,6 +50,10 @@ type Config struct {
 	// TLS, when set, is the worker clients' TLS (with a client certificate
 	// for workers that require mutual TLS).
 	TLS *tls.Config
+	// RejoinWait is how long after a model lost a worker a request that
+	// finds none waits for one to register (again) before it fails with
+	// kv.ErrNoWorkers; default DefaultRejoinWait, negative: never.
+	RejoinWait time.Duration
 }
 
 // replicaSyncScope names the replica-sync subject every frontend shares.
@@ -221,8 +226,44 @@ func (c *Cluster) Adapters(model string) []string { return c.instances.loras(mod
 // Generate routes the request and streams it from the chosen worker: the
 // aggregated pool, or prefill then decode legs when the model has both
 // (disagg.go).
+//
+// When no worker can take the request but the model lost one less than
+// Config.RejoinWait ago, it waits (within that window and the request's
+// context) for discovery to list a worker again, then routes anew: every
+// record expires at once when NATS restarts, and workers put theirs back
+// within a second of reconnecting; a crashed worker may be restarted.
 func (c *Cluster) Generate(ctx context.Context, req *kv.GenerateRequest) (kv.TokenStream, error) {
-	return c.generate(ctx, req)
+	return awaitRejoin(ctx, c.instances, req.Model, c.cfg.RejoinWait, func() (kv.TokenStream, error) { return c.generate(ctx, req) })
+}
+
+// DefaultRejoinWait is Config.RejoinWait's default.
+const DefaultRejoinWait = 5 * time.Second
+
+// awaitRejoin runs gen, and again after each change of the instance table
+// while it fails with kv.ErrNoWorkers and model lost an instance less than
+// window ago.
+func awaitRejoin(ctx context.Context, t *instances, model string, window time.Duration, gen func() (kv.TokenStream, error)) (kv.TokenStream, error) {
+	if window == 0 {
+		window = DefaultRejoinWait
+	}
+	for {
+		// Taken before routing, so a worker that joins in between wakes us.
+		changed, until, ok := t.rejoin(model, window)
+		st, err := gen()
+		if err == nil || !ok || !errors.Is(err, kv.ErrNoWorkers) {
+			return st, err
+		}
+		timer := time.NewTimer(time.Until(until))
+		select {
+		case <-changed:
+			timer.Stop()
+		case <-timer.C:
+			return nil, err
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, err
+		}
+	}
 }
 
 // routeErr maps a routing error to what the frontend reports.

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/kv"
@@ -28,10 +29,35 @@ type instances struct {
 
 	mu   sync.Mutex
 	byID map[uint64]discovery.Instance
+	// left is when each model last lost an instance; changed is closed,
+	// and replaced, whenever an instance is added or removed.
+	left    map[string]time.Time
+	changed chan struct{}
+	now     func() time.Time
 }
 
 func newInstances(r *router.Router, clients *workerclient.Pool, log *slog.Logger) *instances {
-	return &instances{router: r, clients: clients, log: log, byID: map[uint64]discovery.Instance{}}
+	return &instances{router: r, clients: clients, log: log, byID: map[uint64]discovery.Instance{},
+		left: map[string]time.Time{}, changed: make(chan struct{}), now: time.Now}
+}
+
+// notify wakes whoever waits for the table to change; called with t.mu held.
+func (t *instances) notify() {
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+// rejoin says whether model lost an instance less than window ago, and if
+// so until when to wait for the table to change (changed is closed then).
+func (t *instances) rejoin(model string, window time.Duration) (changed <-chan struct{}, until time.Time, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	left, had := t.left[model]
+	if !had || window <= 0 {
+		return nil, time.Time{}, false
+	}
+	until = left.Add(window)
+	return t.changed, until, t.now().Before(until)
 }
 
 // apply takes one discovery event into the table and passes it on to the
@@ -48,12 +74,16 @@ func (t *instances) update(ev discovery.Event) {
 	if ev.Kind == discovery.InstanceRemoved {
 		t.mu.Lock()
 		delete(t.byID, in.ID)
+		t.left[in.Model] = t.now()
 		t.mu.Unlock()
 		for _, k := range in.Workers() {
 			t.router.RemoveWorker(k)
 		}
 		t.clients.Forget(in.ID)
 		t.log.Info("worker removed", "instance", fmt.Sprintf("%x", in.ID), "model", in.Model)
+		t.mu.Lock()
+		t.notify()
+		t.mu.Unlock()
 		return
 	}
 	t.mu.Lock()
@@ -79,6 +109,9 @@ func (t *instances) update(ev discovery.Event) {
 		}
 	}
 	t.log.Info("worker added", "instance", fmt.Sprintf("%x", in.ID), "model", in.Model, "grpc", in.GRPCAddr)
+	t.mu.Lock()
+	t.notify()
+	t.mu.Unlock()
 }
 
 // get is the instance with id, if discovery lists it.

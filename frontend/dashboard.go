@@ -24,6 +24,28 @@ func (s *Server) routeDashboard(mux *http.ServeMux) {
 	mux.Handle("GET /dashboard", http.RedirectHandler("/dashboard/", http.StatusMovedPermanently))
 	mux.HandleFunc("GET /dashboard/api/snapshot", s.handleSnapshot)
 	mux.Handle("GET /dashboard/", http.StripPrefix("/dashboard", web.Dashboard()))
+	mux.HandleFunc("GET /debug/kv-index", s.handleIndexView)
+}
+
+// IndexViewSource is a backend whose router keeps a KV index
+// (fleet.Cluster): IndexView is every worker key's holdings as the router
+// believes them, JSON-encodable, served at /debug/kv-index so they can be
+// compared with the workers' own inventories.
+type IndexViewSource interface {
+	IndexView() any
+}
+
+// handleIndexView serves the router's index view; it needs an API key
+// when keys are configured (block hashes are a function of prompts).
+func (s *Server) handleIndexView(w http.ResponseWriter, r *http.Request) {
+	src, ok := s.backend.(IndexViewSource)
+	if !ok {
+		writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Message: "this backend keeps no KV index"})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(src.IndexView())
 }
 
 // snapshot is one poll of the dashboard: the fleet's status and every

@@ -51,6 +51,28 @@ func TestInhibitUntilDeadline(t *testing.T) {
 	}
 }
 
+// A worker that discovery dropped and lists again is routable at once: the
+// new registration outranks the failure that inhibited it. A refresh of a
+// registered worker (the same record again) does not lift it.
+func TestReregistrationLiftsInhibition(t *testing.T) {
+	clk := newFakeClock()
+	r := newRouter(t, Config{Mode: ModeRoundRobin, Now: clk.Now}, 1, 2)
+	r.Inhibit(key(1))
+	if err := r.AddWorker(winfo(1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := routedTo(t, r, 4); got[key(1)] {
+		t.Fatalf("a refreshed registration lifted the inhibition: %v", got)
+	}
+	r.RemoveWorker(key(1))
+	if err := r.AddWorker(winfo(1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := routedTo(t, r, 4); !got[key(1)] {
+		t.Fatalf("re-registered worker still inhibited: %v", got)
+	}
+}
+
 func TestInhibitAllIsNoWorkers(t *testing.T) {
 	clk := newFakeClock()
 	r := newRouter(t, Config{Mode: ModeRoundRobin, Now: clk.Now}, 1, 2)

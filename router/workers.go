@@ -113,7 +113,8 @@ func (l *load) free(a *active) {
 func (l *load) idle() bool { return l.requests == 0 }
 
 // AddWorker adds or updates a worker key. A key moves pools when its model
-// or role changes; its load view is kept.
+// or role changes; its load view is kept. Adding a key that was not
+// registered lifts its inhibition; updating a registered one does not.
 func (r *Router) AddWorker(info WorkerInfo) error {
 	if info.Model == "" {
 		return fmt.Errorf("router: worker %v: empty model", info.Key)
@@ -155,6 +156,10 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 		r.loads[info.Key] = l
 	}
 	l.registered = true
+	// A fresh registration (discovery dropped the key and it came back: a
+	// restarted or unfrozen worker, or every record expiring at once when
+	// NATS restarts) is newer evidence than the failure that inhibited it.
+	delete(r.inhibited, info.Key)
 	w := &worker{info: info, load: l}
 	r.workers[info.Key] = w
 	if p == nil {

@@ -98,6 +98,12 @@ type PeerConfig struct {
 	// the fetches' connections in (mutual) TLS.
 	ServerTLS, ClientTLS *tls.Config
 	Logger               *slog.Logger
+	// FaultAdvertise, for fault injection only (the chaos suite's
+	// KVMESH_FAULT_CONTROL_ADVERTISE), replaces the advertised endpoint of
+	// each DP rank, so peers reach this worker through a proxy that can
+	// corrupt or stall the stream. The probe still has to reach this
+	// engine through it. Empty: advertise what was bound.
+	FaultAdvertise []string
 }
 
 // PeerStats counts hint results since the Peer was made.
@@ -419,6 +425,15 @@ func (w *Worker) startControl(ctx context.Context) error {
 	if err != nil {
 		closeAll()
 		return err
+	}
+	if fa := p.cfg.FaultAdvertise; len(fa) > 0 {
+		if len(fa) != w.cfg.DPSize {
+			closeAll()
+			return fmt.Errorf("fault advertise: %d endpoints for %d DP ranks", len(fa), w.cfg.DPSize)
+		}
+		for r, ep := range fa {
+			eps[r] = ep
+		}
 	}
 	var tm *transfer.Metrics
 	if p.cfg.Metrics != nil {

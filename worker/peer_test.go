@@ -493,6 +493,51 @@ func TestControlEndpointAdvertisement(t *testing.T) {
 			l.Close()
 		}
 	})
+	t.Run("fault advertise", func(t *testing.T) {
+		// KVMESH_FAULT_CONTROL_ADVERTISE: peers are sent to a forwarder
+		// in front of the bound port, and the probe must come through it.
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		bound := ln.Addr().String()
+		ln.Close()
+		fwd, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fwd.Close()
+		go func() {
+			for {
+				c, err := fwd.Accept()
+				if err != nil {
+					return
+				}
+				u, err := net.Dial("tcp", bound)
+				if err != nil {
+					c.Close()
+					continue
+				}
+				go func() { io.Copy(u, c); u.Close() }()
+				go func() { io.Copy(c, u); c.Close() }()
+			}
+		}()
+		via := "tcp://" + fwd.Addr().String()
+		w, err := start(t, 1, PeerConfig{Listen: bound, AdvertiseHost: "127.0.0.1", FaultAdvertise: []string{via}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if eps := w.Instance().ControlEndpoints; len(eps) != 1 || eps[0] != via {
+			t.Errorf("endpoints %v, want [%s]", eps, via)
+		}
+		_, err = start(t, 1, PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", FaultAdvertise: []string{"tcp://127.0.0.1:1"}, ProbeTimeout: time.Second}, nil)
+		if err == nil || !strings.Contains(err.Error(), "not dialable") {
+			t.Errorf("advertising a dead forwarder: %v, want not dialable", err)
+		}
+		if _, err := start(t, 2, PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", FaultAdvertise: []string{via}}, nil); err == nil {
+			t.Error("one fault endpoint for two DP ranks accepted")
+		}
+	})
 	t.Run("undialable", func(t *testing.T) {
 		// Bound on 127.0.0.1 but advertised as 127.0.0.2: peers could not
 		// reach it, so the worker refuses to register.

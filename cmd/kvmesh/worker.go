@@ -238,8 +238,13 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 			if err != nil {
 				return err
 			}
+			faultAdvertise, err := faultControlAdvertise()
+			if err != nil {
+				return err
+			}
 			s, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: wf.controlListen, AdvertiseHost: wf.advertiseHost,
-				Timeout: wf.transferTimeout, Metrics: pm, Logger: log, Token: fleetToken, ServerTLS: serverTLS, ClientTLS: clientTLS})
+				Timeout: wf.transferTimeout, Metrics: pm, Logger: log, Token: fleetToken, ServerTLS: serverTLS, ClientTLS: clientTLS,
+				FaultAdvertise: faultAdvertise})
 			if err != nil {
 				return fmt.Errorf("sim engine: %w", err)
 			}
@@ -339,3 +344,23 @@ func workerHTTP(reg *prometheus.Registry, health *atomic.Pointer[http.Handler]) 
 }
 
 func init() { rootCmd.AddCommand(newWorkerCmd()) }
+
+// faultControlAdvertiseEnv is a fault-injection hook, never a flag: the
+// control endpoints to advertise instead of the bound ones (one per DP
+// rank, comma-separated), so peers reach this worker through a proxy that
+// corrupts or stalls the stream (the chaos suite; docs/reliability.md).
+const faultControlAdvertiseEnv = "KVMESH_FAULT_CONTROL_ADVERTISE"
+
+func faultControlAdvertise() ([]string, error) {
+	v := os.Getenv(faultControlAdvertiseEnv)
+	if v == "" {
+		return nil, nil
+	}
+	eps := strings.Split(v, ",")
+	for i, ep := range eps {
+		if _, err := kv.ParseEndpoint(ep); err != nil {
+			return nil, fmt.Errorf("%s (rank %d): %w", faultControlAdvertiseEnv, i, err)
+		}
+	}
+	return eps, nil
+}
