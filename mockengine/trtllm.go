@@ -126,6 +126,9 @@ type TRTLLM struct {
 	statSeen bool
 	iter     int64
 
+	recMu   sync.Mutex
+	records []DisaggRecord
+
 	closed atomic.Bool
 	pull   PullStats
 	pullMu sync.Mutex

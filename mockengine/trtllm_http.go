@@ -40,6 +40,10 @@ func (t *TRTLLM) trtRoutes() {
 	})
 	m.HandleFunc("GET /metrics", t.serveIterStats)
 	m.HandleFunc("POST /kv_cache_events", t.serveEvents)
+	m.HandleFunc("GET /debug/disaggregated_params", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"records": t.DisaggRecords(), "leases": t.LeaseStats(), "pulls": t.PullStats(),
+			"kvbm": t.eng.KVBMStats()})
+	})
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeTRTError(w, http.StatusNotFound, "Not Found")
 	})

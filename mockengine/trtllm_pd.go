@@ -69,6 +69,31 @@ type trtCtxParams struct {
 	CtxUsage           any        `json:"ctx_usage"`
 }
 
+// DisaggRecord is one disaggregated request the stand-in saw: the
+// parameters a context_only answer carried, or a generation_only request
+// received (GET /debug/disaggregated_params; mock only).
+type DisaggRecord struct {
+	RequestType string          `json:"request_type"`
+	Params      json.RawMessage `json:"params"`
+	Prompt      []kv.Token      `json:"prompt"`
+}
+
+func (t *TRTLLM) record(r DisaggRecord) {
+	t.recMu.Lock()
+	defer t.recMu.Unlock()
+	if len(t.records) >= 1024 {
+		t.records = append(t.records[:0], t.records[1:]...)
+	}
+	t.records = append(t.records, r)
+}
+
+// DisaggRecords returns what record kept, oldest first.
+func (t *TRTLLM) DisaggRecords() []DisaggRecord {
+	t.recMu.Lock()
+	defer t.recMu.Unlock()
+	return append([]DisaggRecord(nil), t.records...)
+}
+
 func (t *TRTLLM) disaggParams(j *trtJob, raw json.RawMessage) (int, string) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil {
@@ -115,6 +140,7 @@ func (t *TRTLLM) disaggParams(j *trtJob, raw json.RawMessage) (int, string) {
 	}
 	j.first = d.FirstGenTokens
 	j.pull = &trtPull{o: o}
+	t.record(DisaggRecord{RequestType: d.RequestType, Params: append(json.RawMessage(nil), raw...), Prompt: j.prompt})
 	j.req.Tokens = append(append([]kv.Token(nil), j.prompt...), j.first...)
 	j.req.MaxTokens = max(j.maxTokens-len(j.first), 0)
 	j.req.MinTokens = max(j.req.MinTokens-len(j.first), 0)
@@ -129,6 +155,10 @@ func (t *TRTLLM) contextAnswer(j *trtJob, tokens []kv.Token, fin string) *trtCtx
 	if p.FirstGenTokens == nil {
 		p.FirstGenTokens = []kv.Token{}
 	}
+	defer func() {
+		b, _ := json.Marshal(p)
+		t.record(DisaggRecord{RequestType: p.RequestType, Params: b, Prompt: j.prompt})
+	}()
 	if fin != "length" {
 		return p // final: nothing to hand off
 	}

@@ -48,6 +48,8 @@ func newMockTRTLLMCmd() *cobra.Command {
   GET  /metrics           the iteration stats queued since the last read, as JSON (enable_iter_perf_stats)
   POST /kv_cache_events   the KV events queued since the last read (kv_cache_config.event_buffer_max_size;
                           0 keeps none, as TensorRT-LLM)
+  GET  /debug/disaggregated_params  the parameters context answers carried and generation requests
+                          received (mock only)
 
 --extra_llm_api_options (or --config) reads trtllm-serve's YAML: kv_cache_config.event_buffer_max_size
 and tokens_per_block, enable_iter_perf_stats, cache_transceiver_config (turns on disaggregation) and
