@@ -401,3 +401,64 @@ func TestTRTLLMKVBMDisaggE2E(t *testing.T) {
 		t.Fatalf("the context mock's block manager %+v: the repeat should come from the host tier", cd.KVBM)
 	}
 }
+
+// `kvmesh serve --engine trtllm` in front of two mocks, and the flags
+// TensorRT-LLM does not take refused at start, naming the flag.
+func TestServeTRTLLMEngines(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	ma := startMockTRTLLM(t, "mock A", "--speedup-ratio", "0")
+	mb := startMockTRTLLM(t, "mock B", "--speedup-ratio", "0")
+	a, b := ma(), mb()
+	s := startServe(t, "--engine", "trtllm", "--engine-url", a+","+b, "--kv-events", a+","+b)
+	defer s.stop(t)
+	st, c := completeOnce(t, s.base, map[string]any{"model": "mock-model", "prompt": tokenPrompt(40, 5), "max_tokens": 4})
+	if st != 200 || c.Usage.CompletionTokens != 4 {
+		t.Fatalf("serve --engine trtllm: %d %+v", st, c)
+	}
+	client := newClient(s.base)
+	chat, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "mock-model",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello there")}, MaxTokens: openai.Int(6)})
+	if err != nil || chat.Usage.CompletionTokens == 0 {
+		t.Fatalf("chat through serve --engine trtllm: %v %+v", err, chat)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--engine", "trtllm", "--engine-url", a, "--kv-events", "tcp://127.0.0.1:5557"}, "--kv-events (entry 1)"},
+		{[]string{"--engine", "trtllm", "--engine-url", a, "--kv-events", a, "--kv-events-replay", "tcp://127.0.0.1:5558"}, "--kv-events-replay (entry 1): --engine trtllm has no replay endpoint"},
+		{[]string{"--engine", "trtllm", "--engine-url", a, "--hint-form", "native"}, "--hint-form \"native\": --engine trtllm takes only off"},
+	} {
+		p := startProc(t, "bad serve", append([]string{"serve", "--listen", "127.0.0.1:0"}, tc.args...)...)
+		select {
+		case <-p.Done():
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%v: serve kept running", tc.args)
+		}
+		if p.Err() == nil || !strings.Contains(p.Stderr(), tc.want) {
+			t.Errorf("%v: exit %v, stderr %q, want %q", tc.args, p.Err(), p.Stderr(), tc.want)
+		}
+	}
+	// The worker: a decode worker runs no connector; vLLM gets no
+	// connector configuration from kvmesh.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--engine", "trtllm", "--engine-url", a, "--role", "decode", "--connector", "kvbm", "--kvbm-host-blocks", "8"}, "a decode worker runs no connector"},
+		{[]string{"--engine", "vllm", "--engine-url", a, "--connector", "kvbm", "--kvbm-host-blocks", "8"}, "--connector kvbm with --engine vllm"},
+		{[]string{"--engine", "trtllm", "--engine-url", a, "--connector-config-out", "-"}, "--connector-config-out needs --connector"},
+	} {
+		p := startProc(t, "bad worker", append([]string{"worker", "--nats", s.natsURL}, tc.args...)...)
+		select {
+		case <-p.Done():
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%v: worker kept running", tc.args)
+		}
+		if p.Err() == nil || !strings.Contains(p.Stderr(), tc.want) {
+			t.Errorf("%v: exit %v, stderr %q, want %q", tc.args, p.Err(), p.Stderr(), tc.want)
+		}
+	}
+}
