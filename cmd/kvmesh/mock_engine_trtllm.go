@@ -42,8 +42,8 @@ func newMockTRTLLMCmd() *cobra.Command {
 		Long: `trtllm serves the simulated engine behind trtllm-serve's surfaces:
 
   POST /v1/completions, /v1/chat/completions  (token-id or text prompts, detokenize, stream_options,
-       stop_token_ids, disaggregated_params; unknown fields refused as TensorRT-LLM refuses them;
-       its flat error shape)
+       stop_token_ids, disaggregated_params; fields CompletionRequest lacks refused as TensorRT-LLM
+       refuses them; its flat error shape)
   GET  /v1/models, /health, /version
   GET  /metrics           the iteration stats queued since the last read, as JSON (enable_iter_perf_stats)
   POST /kv_cache_events   the KV events queued since the last read (kv_cache_config.event_buffer_max_size;

@@ -382,6 +382,16 @@ func TestTRTLLMKVBMDisaggE2E(t *testing.T) {
 	// Two more prompts of 40 blocks evict the first from 64 device blocks.
 	req(tokenPrompt(40*32, 100000))
 	req(tokenPrompt(40*32, 140000))
+	// Let the context mock's last events (the device evictions, the host
+	// stores) reach the router's index: applied events stop changing.
+	last := -1.0
+	testutil.WaitFor(t, 10*time.Second, "the router's index settled", func() bool {
+		time.Sleep(300 * time.Millisecond)
+		n := metricSum(t, feMetrics, "kvmesh_event_feed_events_applied_total")
+		settled := n == last
+		last = n
+		return settled
+	})
 	before := metricSum(t, feMetrics, "kvmesh_router_predicted_cached_tokens_total")
 	r1 := req(first)
 	if r1.Choices[0].Text != r0.Choices[0].Text {

@@ -101,7 +101,7 @@ type converter struct {
 	blockSize int
 	seed      uint64
 
-	maxWindow int64 // from created events; 0 until one arrives
+	maxWindow int64 // the largest attention window seen
 	lastID    int64
 	haveID    bool
 	partial   map[kv.EngineHash]bool
@@ -166,13 +166,16 @@ func (c *converter) batch(body []byte) ([]kv.Event, error) {
 			c.stats.Malformed++
 			continue
 		}
+		// The largest window seen is the global attention's: created
+		// events announce every window first, and a worker that attached
+		// later learns it from the events themselves.
+		if ev.WindowSize != nil && *ev.WindowSize > c.maxWindow {
+			c.maxWindow = *ev.WindowSize
+		}
 		if d.Type == "created" {
-			if ev.WindowSize != nil && *ev.WindowSize > c.maxWindow {
-				c.maxWindow = *ev.WindowSize
-			}
 			continue
 		}
-		if ev.WindowSize != nil && c.maxWindow > 0 && *ev.WindowSize != c.maxWindow {
+		if ev.WindowSize != nil && *ev.WindowSize < c.maxWindow {
 			c.stats.DroppedEvents++
 			continue
 		}
