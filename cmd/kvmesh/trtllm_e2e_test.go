@@ -440,6 +440,7 @@ func TestServeTRTLLMEngines(t *testing.T) {
 		{[]string{"--engine", "trtllm", "--engine-url", a, "--kv-events", "tcp://127.0.0.1:5557"}, "--kv-events (entry 1)"},
 		{[]string{"--engine", "trtllm", "--engine-url", a, "--kv-events", a, "--kv-events-replay", "tcp://127.0.0.1:5558"}, "--kv-events-replay (entry 1): --engine trtllm has no replay endpoint"},
 		{[]string{"--engine", "trtllm", "--engine-url", a, "--hint-form", "native"}, "--hint-form \"native\": --engine trtllm takes only off"},
+		{[]string{"--engine", "trtllm", "--engine-url", a, "--connector", "kvbm", "--kvbm-host-blocks", "8"}, "--connector kvbm with --engine trtllm: a real engine loads its connector itself"},
 	} {
 		p := startProc(t, "bad serve", append([]string{"serve", "--listen", "127.0.0.1:0"}, tc.args...)...)
 		select {
