@@ -473,3 +473,30 @@ func TestServeTRTLLMEngines(t *testing.T) {
 		}
 	}
 }
+
+// `kvmesh serve --engine trtllm` with the P/D forms: a context and a
+// generation mock behind one process.
+func TestServeTRTLLMDisagg(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	cm := startMockTRTLLM(t, "context mock", "--speedup-ratio", "0", "--cache-transceiver")
+	gm := startMockTRTLLM(t, "generation mock", "--speedup-ratio", "0", "--cache-transceiver")
+	ctxURL, genURL := cm(), gm()
+	s := startServe(t, "--engine", "trtllm", "--prefill-engine-url", ctxURL, "--prefill-kv-events", ctxURL,
+		"--decode-engine-url", genURL, "--decode-kv-events", genURL, "--disagg-local-prefill-tokens", "0")
+	defer s.stop(t)
+	body := map[string]any{"model": "mock-model", "prompt": tokenPrompt(10*32, 9000), "max_tokens": 7, "seed": 2, "temperature": 0}
+	st, c := completeOnce(t, s.base, body)
+	_, agg := completeOnce(t, genURL+"/v1", body)
+	if st != 200 || c.Usage.CompletionTokens != 7 || c.Choices[0].Text != agg.Choices[0].Text {
+		t.Fatalf("serve P/D: %d %+v, aggregated %q", st, c, agg.Choices[0].Text)
+	}
+	var gd trtDebug
+	if err := jsonGet(genURL+"/debug/disaggregated_params", &gd); err != nil {
+		t.Fatal(err)
+	}
+	if len(gd.Records) != 1 || gd.Pulls.Blocks < 10 {
+		t.Fatalf("generation mock: %+v", gd)
+	}
+}
