@@ -11,7 +11,15 @@
 // blocks' bytes over a side channel, and the consumers' notification that
 // frees them.
 //
-// Shared pieces, meant for the SGLang and TensorRT-LLM stand-ins as well:
+// TRTLLM is the TensorRT-LLM stand-in: trtllm-serve's completions and chat
+// (its CompletionRequest fields only, its flat error shape), /metrics as
+// JSON iteration stats, KV events drained by POST /kv_cache_events from a
+// bounded buffer, context_only/generation_only disaggregation whose
+// encoded_opaque_state names leased blocks the generation side pulls over
+// the same side channel, and the sim's KVBM behind the context side; it
+// reads trtllm-serve's LLM API options YAML.
+//
+// Shared pieces, meant for the SGLang stand-in as well:
 // SideChannel (a port that serves leased blocks by pool id through package
 // transfer and takes "request_id:consumers" notifications), Leases (blocks
 // pinned for a peer, freed on notification or when the lease runs out),

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -29,6 +30,16 @@ type engineAdapter struct {
 	// open attaches to one engine server; ctx bounds the wait for it to
 	// become healthy.
 	open func(ctx context.Context, a engineAttach) (attachedEngine, error)
+	// checkEvents validates a --kv-events value; nil: a ZMQ publisher,
+	// tcp://HOST:PORT, with --kv-events-replay beside it.
+	checkEvents func(string) error
+	// hintForms are the --hint-form values the engine takes, the first
+	// its default; nil: native (default), bridge and off.
+	hintForms []string
+	// connectorConfig renders the engine-side configuration of the
+	// worker's --connector (the engine loads the connector, not kvmesh);
+	// nil: the engine kind takes none from kvmesh.
+	connectorConfig func(k *kvbmFlags, role kv.Role) string
 }
 
 // engineAttach is what an adapter is opened with.
@@ -97,17 +108,26 @@ type engineOpts struct {
 
 func (o *engineOpts) register(f *pflag.FlagSet) {
 	f.StringVar(&o.topic, "kv-events-topic", "", "real engine: ZMQ topic of the engine's KV events (its kv-events-config topic)")
-	f.StringVar(&o.hintForm, "hint-form", hintNative, "real engine: how KV hints reach the engine: native (its own hint field, vLLM's kv_hints), bridge (the older form, vLLM's kv_transfer_params.kv_hint) or off (take no hints)")
+	f.StringVar(&o.hintForm, "hint-form", "", "real engine: how KV hints reach the engine: native (its own hint field, vLLM's kv_hints), bridge (the older form, vLLM's kv_transfer_params.kv_hint) or off (take no hints); default: native, or off for an engine without a hint field (trtllm)")
 	f.DurationVar(&o.timeout, "engine-timeout", 10*time.Minute, "real engine: how long to wait for the engine's /health at start (model loading takes minutes)")
 	f.DurationVar(&o.healthInterval, "engine-health-interval", remote.DefaultHealthInterval, "real engine: how often the engine's /health is polled once attached; two failed checks in a row take its worker out of discovery (streams migrate) until one passes")
 }
 
-// check validates the shared options.
-func (o *engineOpts) check() error {
-	switch o.hintForm {
-	case hintNative, hintBridge, hintOff:
-	default:
-		return fmt.Errorf("--hint-form %q: want native, bridge or off", o.hintForm)
+// check validates the shared options for an engine kind; an unset
+// --hint-form becomes the kind's default.
+func (o *engineOpts) check(kind string) error {
+	forms := []string{hintNative, hintBridge, hintOff}
+	if a, ok := engineAdapters[kind]; ok && a.hintForms != nil {
+		forms = a.hintForms
+	}
+	if o.hintForm == "" {
+		o.hintForm = forms[0]
+	}
+	if !slices.Contains(forms, o.hintForm) {
+		if len(forms) == 1 {
+			return fmt.Errorf("--hint-form %q: --engine %s takes only %s", o.hintForm, kind, forms[0])
+		}
+		return fmt.Errorf("--hint-form %q: want %s", o.hintForm, strings.Join(forms, ", "))
 	}
 	if o.timeout <= 0 {
 		return fmt.Errorf("--engine-timeout %v: want > 0", o.timeout)
@@ -122,7 +142,7 @@ func (o *engineOpts) check() error {
 // --kv-events-replay and --peer-endpoint.
 func registerWorkerEngineFlags(f *pflag.FlagSet, e *realEngineFlags, o *engineOpts) {
 	f.StringVar(&e.url, "engine-url", "", "real engine: the engine's base URL, http://HOST:PORT")
-	f.StringVar(&e.events, "kv-events", "", "real engine: the engine's KV-event publisher, tcp://HOST:PORT (DP rank r on port+r)")
+	f.StringVar(&e.events, "kv-events", "", "real engine: where the engine's KV events come from: its ZMQ publisher, tcp://HOST:PORT (DP rank r on port+r), or for trtllm the base URL whose POST /kv_cache_events is polled, http://HOST:PORT")
 	f.StringVar(&e.replay, "kv-events-replay", "", "real engine: the engine's KV-event replay endpoint, tcp://HOST:PORT (rank r on port+r); repairs gaps")
 	f.StringSliceVar(&e.peers, "peer-endpoint", nil, "real engine: the engine's KV peer service, tcp://HOST:PORT per DP rank; makes this worker a KV hint source")
 	o.register(f)
@@ -143,8 +163,18 @@ func (e *realEngineFlags) check(kind, prefix string, i, dpSize int) error {
 	if _, err := remote.CheckURL(e.url); err != nil {
 		return fmt.Errorf("%s: %w", at("engine-url"), err)
 	}
+	if a, ok := engineAdapters[kind]; ok && a.checkEvents != nil {
+		if e.events != "" {
+			if err := a.checkEvents(e.events); err != nil {
+				return fmt.Errorf("%s: %w", at("kv-events"), err)
+			}
+		}
+		if e.replay != "" {
+			return fmt.Errorf("%s: --engine %s has no replay endpoint", at("kv-events-replay"), kind)
+		}
+	}
 	for _, ep := range []struct{ flag, v string }{{"kv-events", e.events}, {"kv-events-replay", e.replay}} {
-		if ep.v == "" {
+		if a, ok := engineAdapters[kind]; ep.v == "" || ok && a.checkEvents != nil {
 			continue
 		}
 		if _, err := kv.ParseEndpoint(ep.v); err != nil {
@@ -264,7 +294,7 @@ func (s *serveEngineFlags) engines() ([]servedEngine, error) {
 	if _, err := lookupEngine(s.engine); err != nil {
 		return nil, err
 	}
-	if err := s.opts.check(); err != nil {
+	if err := s.opts.check(s.engine); err != nil {
 		return nil, err
 	}
 	agg, err := zipEngines(s.engine, "", kv.RoleAggregated, s.urls, s.events, s.replays, s.peers)
@@ -305,7 +335,7 @@ func startRealWorkerEngine(cmd *cobra.Command, wf *workerFlags, model string, ro
 	if err := wf.real.check(wf.engine, "", -1, wf.dpSize); err != nil {
 		return nil, err
 	}
-	if err := wf.realOpts.check(); err != nil {
+	if err := wf.realOpts.check(wf.engine); err != nil {
 		return nil, err
 	}
 	if err := wf.real.dialPeers(cmd.Context(), ""); err != nil {
@@ -325,11 +355,25 @@ func startRealWorkerEngine(cmd *cobra.Command, wf *workerFlags, model string, ro
 	return eng, nil
 }
 
+// eventStatser is an engine whose KV events come another way than a
+// ZMQ relay (TensorRT-LLM's polled events) but are counted alike.
+type eventStatser interface {
+	EventStats() remote.RelayStats
+}
+
 // registerRelayMetrics exports the KV-event relay's counters on the
 // worker's /metrics.
-func registerRelayMetrics(reg prometheus.Registerer, r *remote.Relay) error {
-	if r == nil {
-		return nil
+func registerRelayMetrics(reg prometheus.Registerer, eng attachedEngine) error {
+	var r interface{ Stats() remote.RelayStats }
+	switch {
+	case eng.Relay() != nil:
+		r = eng.Relay()
+	default:
+		es, ok := eng.(eventStatser)
+		if !ok {
+			return nil
+		}
+		r = statsFunc(es.EventStats)
 	}
 	for _, c := range []struct {
 		name, help string
@@ -350,3 +394,8 @@ func registerRelayMetrics(reg prometheus.Registerer, r *remote.Relay) error {
 	}
 	return nil
 }
+
+// statsFunc adapts a stats method to registerRelayMetrics.
+type statsFunc func() remote.RelayStats
+
+func (f statsFunc) Stats() remote.RelayStats { return f() }

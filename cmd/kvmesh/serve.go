@@ -243,6 +243,9 @@ On startup it prints one line to stdout:
 				workers = 0 // a P/D fleet unless aggregated workers are asked for too
 			}
 			sf.KVBM = nil
+			if ef.engine != "sim" && kf.connector != "" {
+				return fmt.Errorf("--connector %s with --engine %s: a real engine loads its connector itself (kvmesh worker --connector … --connector-config-out prints its configuration where kvmesh has one)", kf.connector, ef.engine)
+			}
 			if err := kf.check(kv.RoleAggregated); err != nil {
 				return err
 			}

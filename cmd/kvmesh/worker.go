@@ -46,6 +46,7 @@ type workerFlags struct {
 	logLevel                      string
 	sim                           sim.Config
 	kvbm                          kvbmFlags
+	connectorOut                  string
 	real                          realEngineFlags // --engine vllm etc.
 	realOpts                      engineOpts
 	fleet                         fleetFlags
@@ -106,6 +107,7 @@ On startup it prints one line to stdout:
 	f.IntVar(&s.Layers, "layers", s.Layers, "sim: payload layers per block")
 	f.IntVar(&s.PayloadSize, "payload-size", s.PayloadSize, "sim: payload bytes per block and layer")
 	addKVBMFlags(f, &wf.kvbm)
+	f.StringVar(&wf.connectorOut, "connector-config-out", "", "real engine with --connector: write the engine-side configuration that loads the connector (trtllm: the --extra_llm_api_options YAML) to this file ('-': stdout); it is logged either way")
 	registerWorkerEngineFlags(f, &wf.real, &wf.realOpts)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
 	return withEnv(cmd, "")
@@ -226,6 +228,9 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	var acceptsHints *bool
 	switch wf.engine {
 	case "sim":
+		if wf.connectorOut != "" {
+			return errors.New("--connector-config-out is for a real engine, which loads the connector itself; the sim runs --connector kvbm in-process")
+		}
 		cfg := wf.sim
 		cfg.OutputTokens = simOutputTokens()
 		cfg.Model, cfg.Role, cfg.DPSize = wf.model, role, wf.dpSize
@@ -261,11 +266,14 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		if !cmd.Flags().Changed("model") {
 			model = "" // the engine's
 		}
+		if err := emitConnectorConfig(cmd, wf, role, log); err != nil {
+			return err
+		}
 		ve, err := startRealWorkerEngine(cmd, wf, model, role, log)
 		if err != nil {
 			return err
 		}
-		if err := registerRelayMetrics(reg, ve.Relay()); err != nil {
+		if err := registerRelayMetrics(reg, ve); err != nil {
 			ve.Close()
 			return err
 		}

@@ -1,0 +1,586 @@
+package mockengine
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/tokenizer"
+)
+
+func (t *TRTLLM) trtRoutes() {
+	m := http.NewServeMux()
+	m.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { t.serveGenerate(w, r, false) })
+	m.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { t.serveGenerate(w, r, true) })
+	m.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{map[string]any{
+			"id": t.cfg.Sim.Model, "object": "model", "created": t.created, "owned_by": "tensorrt_llm"}}})
+	})
+	m.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		if t.closed.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	m.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"version": TRTLLMVersion})
+	})
+	m.HandleFunc("GET /metrics", t.serveIterStats)
+	m.HandleFunc("POST /kv_cache_events", t.serveEvents)
+	m.HandleFunc("GET /debug/disaggregated_params", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"records": t.DisaggRecords(), "leases": t.LeaseStats(), "pulls": t.PullStats(),
+			"kvbm": t.eng.KVBMStats()})
+	})
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeTRTError(w, http.StatusNotFound, "Not Found")
+	})
+	t.mux = m
+}
+
+// trtError is TensorRT-LLM's ErrorResponse: flat, not OpenAI's nested
+// shape.
+type trtError struct {
+	Object  string  `json:"object"`
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    int     `json:"code"`
+}
+
+func trtErrorJSON(status int, msg string) []byte {
+	b, _ := json.Marshal(trtError{Object: "error", Message: msg, Type: errorType(status), Code: status})
+	return b
+}
+
+func writeTRTError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(trtErrorJSON(status, msg))
+}
+
+// serveIterStats is /metrics: the iteration stats queued since the last
+// read (one entry here, when the engine did anything since), or [] when
+// enable_iter_perf_stats is off. The engine's start counts as an
+// iteration, as a real engine's warm-up does.
+func (t *TRTLLM) serveIterStats(w http.ResponseWriter, _ *http.Request) {
+	out := []any{}
+	if t.cfg.IterPerfStats {
+		s := t.eng.Stats()
+		c := t.eng.Counters()
+		mark := c.PromptTokens + c.OutputTokens + uint64(s.Running) + uint64(s.Waiting)
+		t.statMu.Lock()
+		fresh := !t.statSeen || mark != t.lastMark || s.Running+s.Waiting > 0
+		t.statSeen, t.lastMark = true, mark
+		if fresh {
+			t.iter++
+		}
+		iter := t.iter
+		t.statMu.Unlock()
+		if fresh {
+			hit := 0.0
+			if c.PromptTokens > 0 {
+				hit = float64(c.CachedTokens) / float64(c.PromptTokens)
+			}
+			out = append(out, map[string]any{
+				"iter": iter, "iterLatencyMS": 0.0, "gpuMemUsage": 0, "timestamp": time.Now().UTC().Format("01-02-2006 15:04:05"),
+				"numActiveRequests": s.Running, "numQueuedRequests": s.Waiting, "numCompletedRequests": 0,
+				"maxNumActiveRequests": t.cfg.Sim.MaxSeqs, "maxBatchSizeStatic": t.cfg.Sim.MaxSeqs, "maxNumTokensStatic": t.cfg.Sim.MaxBatchedTokens,
+				"kvCacheStats": map[string]any{"maxNumBlocks": s.TotalBlocks, "freeNumBlocks": s.TotalBlocks - s.UsedBlocks,
+					"usedNumBlocks": s.UsedBlocks, "tokensPerBlock": t.cfg.Sim.BlockSize, "allocTotalBlocks": s.UsedBlocks,
+					"allocNewBlocks": 0, "reusedBlocks": 0, "missedBlocks": 0, "cacheHitRate": hit},
+			})
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// completionFields are TensorRT-LLM's CompletionRequest fields: its models
+// forbid any other (pydantic extra="forbid"), and so does the stand-in.
+var completionFields = map[string]bool{}
+
+func init() {
+	for _, f := range strings.Fields(`model prompt best_of echo frequency_penalty logit_bias logprobs max_tokens n
+		presence_penalty seed stop stream stream_options suffix temperature top_p user lora_request prompt_ignore_length
+		use_beam_search top_k top_p_min min_p repetition_penalty length_penalty early_stopping stop_token_ids
+		include_stop_str_in_output ignore_eos min_tokens skip_special_tokens spaces_between_special_tokens
+		truncate_prompt_tokens return_context_logits detokenize thinking_token_budget add_special_tokens
+		response_format disaggregated_params priority conversation_params`) {
+		completionFields[f] = true
+	}
+}
+
+type trtRequest struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	MaxTokens           json.RawMessage `json:"max_tokens"`
+	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+	MinTokens           int             `json:"min_tokens"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *streamOptions  `json:"stream_options"`
+	Temperature         *float64        `json:"temperature"`
+	TopP                *float64        `json:"top_p"`
+	Seed                *uint64         `json:"seed"`
+	IgnoreEOS           bool            `json:"ignore_eos"`
+	StopTokenIDs        []int64         `json:"stop_token_ids"`
+	Stop                json.RawMessage `json:"stop"`
+	N                   *int            `json:"n"`
+	BestOf              *int            `json:"best_of"`
+	Echo                bool            `json:"echo"`
+	Logprobs            json.RawMessage `json:"logprobs"`
+	UseBeamSearch       bool            `json:"use_beam_search"`
+	LoRARequest         json.RawMessage `json:"lora_request"`
+	Detokenize          *bool           `json:"detokenize"`
+	DisaggregatedParams json.RawMessage `json:"disaggregated_params"`
+}
+
+// trtDisagg is a request's disaggregated_params, as TensorRT-LLM's
+// DisaggregatedParams model has them.
+type trtDisagg struct {
+	RequestType        string     `json:"request_type"`
+	FirstGenTokens     []kv.Token `json:"first_gen_tokens"`
+	CtxRequestID       *int64     `json:"ctx_request_id"`
+	EncodedOpaqueState *string    `json:"encoded_opaque_state"`
+	DraftTokens        []kv.Token `json:"draft_tokens"`
+	DisaggRequestID    *int64     `json:"disagg_request_id"`
+	CtxDPRank          *int       `json:"ctx_dp_rank"`
+	CtxInfoEndpoint    *string    `json:"ctx_info_endpoint"`
+}
+
+type trtJob struct {
+	chat       bool
+	id         string
+	prompt     []kv.Token
+	maxTokens  int
+	stream     bool
+	usage      bool
+	detok      bool
+	req        *engine.Request
+	disagg     *trtDisagg
+	first      []kv.Token // generation_only: the context's first tokens
+	pull       *trtPull   // generation_only: where the context's blocks are
+	stopReason map[kv.Token]bool
+}
+
+func (t *TRTLLM) parse(r *http.Request, chat bool) (*trtJob, int, string) {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
+	if err != nil {
+		return nil, http.StatusBadRequest, "cannot read the request body: " + err.Error()
+	}
+	if !chat {
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(body, &fields); err != nil {
+			return nil, http.StatusBadRequest, "invalid request body: " + err.Error()
+		}
+		var extra []string
+		for k := range fields {
+			if !completionFields[k] {
+				extra = append(extra, k)
+			}
+		}
+		if len(extra) > 0 {
+			sort.Strings(extra)
+			return nil, http.StatusBadRequest, fmt.Sprintf("1 validation error for CompletionRequest\n%s\n  Extra inputs are not permitted [type=extra_forbidden]", strings.Join(extra, ", "))
+		}
+	}
+	var q trtRequest
+	if err := json.Unmarshal(body, &q); err != nil {
+		return nil, http.StatusBadRequest, "invalid request body: " + err.Error()
+	}
+	if q.Model == "" {
+		return nil, http.StatusBadRequest, "model: Field required"
+	}
+	if q.Model != t.cfg.Sim.Model {
+		return nil, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", q.Model)
+	}
+	switch {
+	case q.N != nil && *q.N != 1, q.BestOf != nil && *q.BestOf > 1, q.UseBeamSearch:
+		return nil, http.StatusBadRequest, "n, best_of and beam search are not supported by the kvmesh mock engine"
+	case q.Echo:
+		return nil, http.StatusBadRequest, "echo is not supported by the kvmesh mock engine"
+	case !isNull(q.Logprobs) && string(bytes.TrimSpace(q.Logprobs)) != "false" && string(bytes.TrimSpace(q.Logprobs)) != "0":
+		return nil, http.StatusBadRequest, "logprobs are not supported by the kvmesh mock engine"
+	case !isNull(q.LoRARequest):
+		return nil, http.StatusBadRequest, "lora_request is not supported by the kvmesh mock engine"
+	case !isNull(q.Stop) && string(bytes.TrimSpace(q.Stop)) != "[]" && string(bytes.TrimSpace(q.Stop)) != `""`:
+		return nil, http.StatusBadRequest, "stop strings are not supported by the kvmesh mock engine (use stop_token_ids)"
+	case q.StreamOptions != nil && !q.Stream:
+		return nil, http.StatusBadRequest, "Stream options can only be defined when stream is true."
+	case q.Temperature != nil && (*q.Temperature < 0 || math.IsNaN(*q.Temperature)):
+		return nil, http.StatusBadRequest, fmt.Sprintf("temperature must be non-negative, got %v", *q.Temperature)
+	case q.TopP != nil && !(*q.TopP > 0 && *q.TopP <= 1):
+		return nil, http.StatusBadRequest, fmt.Sprintf("top_p must be in (0, 1], got %v", *q.TopP)
+	case q.MinTokens < 0:
+		return nil, http.StatusBadRequest, "min_tokens must be non-negative"
+	}
+	j := &trtJob{chat: chat, stream: q.Stream, detok: q.Detokenize == nil || *q.Detokenize}
+	if q.StreamOptions != nil {
+		j.usage = q.StreamOptions.IncludeUsage == nil || *q.StreamOptions.IncludeUsage
+	}
+	if chat {
+		j.prompt, err = t.renderChat(q.Messages)
+	} else {
+		j.prompt, err = t.prompt(q.Prompt)
+	}
+	if err != nil {
+		return nil, http.StatusBadRequest, err.Error()
+	}
+	if len(j.prompt) >= t.maxSeqLen {
+		return nil, http.StatusBadRequest, fmt.Sprintf("The prompt length (%d) plus max_tokens exceeds max_seq_len (%d).", len(j.prompt), t.maxSeqLen)
+	}
+	room := t.maxSeqLen - len(j.prompt)
+	raw := q.MaxTokens
+	if chat && !isNull(q.MaxCompletionTokens) {
+		raw = q.MaxCompletionTokens
+	}
+	j.maxTokens = room
+	if !isNull(raw) {
+		n, err := strconv.Atoi(string(bytes.TrimSpace(raw)))
+		if err != nil || n < 1 {
+			return nil, http.StatusBadRequest, "max_tokens must be a positive integer"
+		}
+		if n > room {
+			return nil, http.StatusBadRequest, fmt.Sprintf("The prompt length (%d) plus max_tokens (%d) exceeds max_seq_len (%d).", len(j.prompt), n, t.maxSeqLen)
+		}
+		j.maxTokens = n
+	}
+	if q.MinTokens > j.maxTokens {
+		return nil, http.StatusBadRequest, "min_tokens must not exceed max_tokens"
+	}
+	j.id = fmt.Sprintf("%d", t.reqSeq.Add(1))
+	req := &engine.Request{ID: "trtllm-" + j.id + "-" + randomHex(8), Tokens: j.prompt, Sampling: kv.Sampling{MaxTokens: j.maxTokens, MinTokens: q.MinTokens}}
+	req.Temperature = 1
+	if q.Temperature != nil {
+		req.Temperature = *q.Temperature
+	}
+	if q.TopP != nil {
+		req.TopP = *q.TopP
+	}
+	switch {
+	case q.Seed != nil:
+		req.Seed = *q.Seed
+	case req.Temperature > 0:
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		req.Seed = binary.LittleEndian.Uint64(b[:])
+	}
+	if !q.IgnoreEOS {
+		req.StopTokens = append(req.StopTokens, t.eos...)
+	}
+	for _, id := range q.StopTokenIDs {
+		if id < 0 || id > math.MaxUint32 {
+			return nil, http.StatusBadRequest, fmt.Sprintf("stop_token_ids: %d is not a token id", id)
+		}
+		if j.stopReason == nil {
+			j.stopReason = map[kv.Token]bool{}
+		}
+		j.stopReason[kv.Token(id)] = true
+		req.StopTokens = append(req.StopTokens, kv.Token(id))
+	}
+	j.req = req
+	if !isNull(q.DisaggregatedParams) {
+		if code, msg := t.disaggParams(j, q.DisaggregatedParams); code != 0 {
+			return nil, code, msg
+		}
+	}
+	return j, 0, ""
+}
+
+func (t *TRTLLM) prompt(raw json.RawMessage) ([]kv.Token, error) {
+	if isNull(raw) {
+		return nil, errors.New("prompt: Field required")
+	}
+	var text string
+	if json.Unmarshal(raw, &text) == nil {
+		if text == "" {
+			return nil, errors.New("the prompt cannot be empty")
+		}
+		return t.tok.Encode(text), nil
+	}
+	var ids []int64
+	if json.Unmarshal(raw, &ids) != nil {
+		var batch [][]int64
+		if json.Unmarshal(raw, &batch) != nil || len(batch) != 1 {
+			return nil, errors.New("prompt must be a string or a list of token ids (one prompt: the kvmesh mock engine takes no batches)")
+		}
+		ids = batch[0]
+	}
+	if len(ids) == 0 {
+		return nil, errors.New("the prompt cannot be empty")
+	}
+	vocab := int64(max(t.cfg.Sim.VocabSize, t.tok.VocabSize()))
+	out := make([]kv.Token, len(ids))
+	for i, id := range ids {
+		if id < 0 || id >= vocab {
+			return nil, fmt.Errorf("token id %d is out of vocabulary", id)
+		}
+		out[i] = kv.Token(id)
+	}
+	return out, nil
+}
+
+func (t *TRTLLM) renderChat(msgs []chatMessage) ([]kv.Token, error) {
+	if len(msgs) == 0 {
+		return nil, errors.New("messages must be a non-empty list")
+	}
+	tm := make([]tokenizer.Message, len(msgs))
+	for i, m := range msgs {
+		text, err := messageText(m.Content)
+		if err != nil {
+			return nil, fmt.Errorf("messages[%d].content: %v", i, err)
+		}
+		tm[i] = tokenizer.Message{Role: m.Role, Content: text, Name: m.Name}
+	}
+	s, err := t.tmpl.Render(tm, true)
+	if err != nil {
+		return nil, err
+	}
+	return t.tok.EncodeWithSpecial(s), nil
+}
+
+// TensorRT-LLM's response shapes (exclude_unset=False: every field).
+
+type trtUsage struct {
+	PromptTokens        int            `json:"prompt_tokens"`
+	TotalTokens         int            `json:"total_tokens"`
+	CompletionTokens    int            `json:"completion_tokens"`
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details"`
+}
+
+type trtChoice struct {
+	Index               int        `json:"index"`
+	Text                string     `json:"text"`
+	TokenIDs            []kv.Token `json:"token_ids"`
+	Logprobs            any        `json:"logprobs"`
+	ContextLogits       any        `json:"context_logits,omitempty"`
+	FinishReason        *string    `json:"finish_reason"`
+	StopReason          any        `json:"stop_reason"`
+	DisaggregatedParams any        `json:"disaggregated_params,omitempty"`
+	AvgDecoded          any        `json:"avg_decoded_tokens_per_iter"`
+}
+
+type trtResp struct {
+	ID             string      `json:"id"`
+	Object         string      `json:"object"`
+	Created        int64       `json:"created"`
+	Model          string      `json:"model"`
+	Choices        []trtChoice `json:"choices"`
+	Usage          *trtUsage   `json:"usage"`
+	PromptTokenIDs []kv.Token  `json:"prompt_token_ids,omitempty"`
+}
+
+type trtChatDelta struct {
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content"`
+}
+
+type trtChatChoice struct {
+	Index        int           `json:"index"`
+	Message      *trtChatDelta `json:"message,omitempty"`
+	Delta        *trtChatDelta `json:"delta,omitempty"`
+	Logprobs     any           `json:"logprobs"`
+	FinishReason *string       `json:"finish_reason"`
+	StopReason   any           `json:"stop_reason"`
+}
+
+type trtChatResp struct {
+	ID      string          `json:"id"`
+	Object  string          `json:"object"`
+	Created int64           `json:"created"`
+	Model   string          `json:"model"`
+	Choices []trtChatChoice `json:"choices"`
+	Usage   *trtUsage       `json:"usage"`
+}
+
+// trtFinish is TensorRT-LLM's name for a finish.
+func trtFinish(f kv.FinishReason) string {
+	switch f {
+	case kv.FinishStop:
+		return "stop"
+	case kv.FinishLength:
+		return "length"
+	case kv.FinishCancelled:
+		return "cancelled"
+	}
+	return "error"
+}
+
+func (t *TRTLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+	if t.closed.Load() {
+		writeTRTError(w, http.StatusServiceUnavailable, "The engine is shut down.")
+		return
+	}
+	j, code, msg := t.parse(r, chat)
+	if code != 0 {
+		writeTRTError(w, code, msg)
+		return
+	}
+	ctx := r.Context()
+	ctxOnly := j.disagg != nil && j.disagg.RequestType == "context_only"
+	var out <-chan engine.Chunk
+	if j.pull != nil {
+		t.pulls.Store(j.req.ID, j.pull)
+		defer t.pulls.Delete(j.req.ID)
+	}
+	if j.req.MaxTokens > 0 {
+		ch, err := t.eng.Generate(ctx, j.req)
+		if err != nil {
+			if errors.Is(err, engine.ErrClosed) {
+				writeTRTError(w, http.StatusServiceUnavailable, err.Error())
+				return
+			}
+			writeTRTError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		out = ch
+	}
+	created := time.Now().Unix()
+	prefix := "cmpl-"
+	if chat {
+		prefix = "chatcmpl-"
+	}
+	respID := prefix + randomHex(32)
+	var (
+		sse    *sse
+		dec    = tokenizer.NewDecoder(t.tok, true)
+		tokens []kv.Token
+		text   []byte
+		fin    string
+		stopR  any
+		u      engine.Usage
+	)
+	if j.stream {
+		sse = newSSE(w)
+		if chat {
+			sse.event(trtChatResp{ID: respID, Object: "chat.completion.chunk", Created: created, Model: t.cfg.Sim.Model,
+				Choices: []trtChatChoice{{Delta: &trtChatDelta{Role: "assistant"}}}})
+		}
+	}
+	emit := func(toks []kv.Token, fr *string) {
+		var delta string
+		for _, tk := range toks {
+			delta += dec.Add(tk)
+		}
+		if fr != nil {
+			delta += dec.Flush()
+		}
+		text = append(text, delta...)
+		if sse == nil || (len(toks) == 0 && fr == nil) {
+			return
+		}
+		if chat {
+			sse.event(trtChatResp{ID: respID, Object: "chat.completion.chunk", Created: created, Model: t.cfg.Sim.Model,
+				Choices: []trtChatChoice{{Delta: &trtChatDelta{Content: delta}, FinishReason: fr, StopReason: stopR}}})
+			return
+		}
+		c := trtChoice{Text: delta, FinishReason: fr, StopReason: stopR}
+		if !j.detok {
+			c.Text, c.TokenIDs = "", toks
+			if c.TokenIDs == nil {
+				c.TokenIDs = []kv.Token{}
+			}
+		}
+		sse.event(trtResp{ID: respID, Object: "text_completion", Created: created, Model: t.cfg.Sim.Model, Choices: []trtChoice{c}})
+	}
+	// A generation leg starts with the context's first tokens.
+	if len(j.first) > 0 {
+		tokens = append(tokens, j.first...)
+		if out == nil {
+			fin = "length"
+			t.afterPrefill(ctx, j.pull)
+			emit(j.first, &fin)
+		} else {
+			emit(j.first, nil)
+		}
+	}
+	first := true
+	for c := range out {
+		if first {
+			t.afterPrefill(ctx, j.pull)
+			first = false
+		}
+		if c.Err != nil || c.Finish == kv.FinishError {
+			if ctx.Err() != nil {
+				return
+			}
+			msg := "engine error"
+			if c.Err != nil {
+				msg = c.Err.Error()
+			}
+			if sse != nil {
+				sse.raw(trtErrorJSON(http.StatusInternalServerError, msg))
+				sse.done()
+			} else {
+				writeTRTError(w, http.StatusInternalServerError, msg)
+			}
+			return
+		}
+		if c.Finish == kv.FinishCancelled {
+			return
+		}
+		tokens = append(tokens, c.Tokens...)
+		var fr *string
+		if c.Finish != kv.FinishNone {
+			fin = trtFinish(c.Finish)
+			fr = &fin
+			if c.Usage != nil {
+				u = *c.Usage
+			}
+			if c.Finish == kv.FinishStop && len(tokens) > 0 && j.stopReason[tokens[len(tokens)-1]] {
+				stopR = tokens[len(tokens)-1]
+			}
+		}
+		emit(c.Tokens, fr)
+		if sse != nil && sse.err != nil {
+			return
+		}
+		if fr != nil {
+			break
+		}
+	}
+	if fin == "" {
+		return
+	}
+	usage := &trtUsage{PromptTokens: len(j.prompt), CompletionTokens: len(tokens), TotalTokens: len(j.prompt) + len(tokens),
+		PromptTokensDetails: &promptDetails{CachedTokens: min(u.CachedTokens, len(j.prompt))}}
+	if sse != nil {
+		if j.usage {
+			if chat {
+				sse.event(trtChatResp{ID: respID, Object: "chat.completion.chunk", Created: created, Model: t.cfg.Sim.Model, Choices: []trtChatChoice{}, Usage: usage})
+			} else {
+				sse.event(trtResp{ID: respID, Object: "text_completion", Created: created, Model: t.cfg.Sim.Model, Choices: []trtChoice{}, Usage: usage})
+			}
+		}
+		sse.done()
+		return
+	}
+	if chat {
+		writeJSON(w, http.StatusOK, trtChatResp{ID: respID, Object: "chat.completion", Created: created, Model: t.cfg.Sim.Model,
+			Choices: []trtChatChoice{{Message: &trtChatDelta{Role: "assistant", Content: string(text)}, FinishReason: &fin, StopReason: stopR}}, Usage: usage})
+		return
+	}
+	c := trtChoice{Text: string(text), FinishReason: &fin, StopReason: stopR}
+	if !j.detok {
+		c.Text, c.TokenIDs = "", tokens
+	}
+	resp := trtResp{ID: respID, Object: "text_completion", Created: created, Model: t.cfg.Sim.Model, Choices: []trtChoice{c}, Usage: usage}
+	if ctxOnly {
+		c.DisaggregatedParams = t.contextAnswer(j, tokens, fin)
+		resp.Choices[0] = c
+		resp.PromptTokenIDs = j.prompt
+	}
+	writeJSON(w, http.StatusOK, resp)
+}

@@ -1,0 +1,267 @@
+package mockengine
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/transfer"
+)
+
+// Disaggregated serving the TensorRT-LLM way: a context_only request
+// computes the prompt and its first token, keeps the prompt's blocks under
+// a lease and answers with disaggregated_params whose
+// encoded_opaque_state names them (here: base64 of a small JSON naming
+// this server's cache transceiver and the blocks' pool ids, where
+// TensorRT-LLM puts its transceiver's state); a generation_only request
+// carrying those parameters pulls the blocks' bytes from the context
+// server, verifies and inserts them, notifies it (which frees the lease)
+// and generates on from the first tokens. A lease no generation consumes
+// runs out.
+
+// disaggFields are TensorRT-LLM's DisaggregatedParams fields (extra
+// fields are refused there, and here).
+var disaggFields = map[string]bool{"request_type": true, "first_gen_tokens": true, "first_gen_log_probs": true,
+	"first_gen_logits": true, "ctx_request_id": true, "encoded_opaque_state": true, "draft_tokens": true,
+	"disagg_request_id": true, "ctx_dp_rank": true, "ctx_info_endpoint": true, "schedule_style": true,
+	"ctx_usage": true, "return_prompt_token_ids_b64": true, "resolved_thinking": true}
+
+// trtOpaque is what the stand-in's encoded_opaque_state carries.
+type trtOpaque struct {
+	EngineID  string  `json:"engine_id"`
+	Host      string  `json:"host"`
+	Port      int     `json:"port"`
+	RequestID string  `json:"request_id"`
+	BlockIDs  []int32 `json:"block_ids"`
+}
+
+// trtPull is one generation request's handoff, looked up by the sim's
+// Fetcher under the request's id.
+type trtPull struct {
+	o         trtOpaque
+	attempted atomic.Bool
+	notified  atomic.Bool
+}
+
+// trtCtxParams is a context answer's disaggregated_params, every field of
+// TensorRT-LLM's model.
+type trtCtxParams struct {
+	RequestType        string     `json:"request_type"`
+	FirstGenTokens     []kv.Token `json:"first_gen_tokens"`
+	FirstGenLogProbs   any        `json:"first_gen_log_probs"`
+	FirstGenLogits     any        `json:"first_gen_logits"`
+	CtxRequestID       int64      `json:"ctx_request_id"`
+	EncodedOpaqueState *string    `json:"encoded_opaque_state"`
+	DraftTokens        any        `json:"draft_tokens"`
+	DisaggRequestID    *int64     `json:"disagg_request_id"`
+	CtxDPRank          int        `json:"ctx_dp_rank"`
+	CtxInfoEndpoint    any        `json:"ctx_info_endpoint"`
+	ScheduleStyle      any        `json:"schedule_style"`
+	CtxUsage           any        `json:"ctx_usage"`
+}
+
+// DisaggRecord is one disaggregated request the stand-in saw: the
+// parameters a context_only answer carried, or a generation_only request
+// received (GET /debug/disaggregated_params; mock only).
+type DisaggRecord struct {
+	RequestType string          `json:"request_type"`
+	Params      json.RawMessage `json:"params"`
+	Prompt      []kv.Token      `json:"prompt"`
+}
+
+func (t *TRTLLM) record(r DisaggRecord) {
+	t.recMu.Lock()
+	defer t.recMu.Unlock()
+	if len(t.records) >= 1024 {
+		t.records = append(t.records[:0], t.records[1:]...)
+	}
+	t.records = append(t.records, r)
+}
+
+// DisaggRecords returns what record kept, oldest first.
+func (t *TRTLLM) DisaggRecords() []DisaggRecord {
+	t.recMu.Lock()
+	defer t.recMu.Unlock()
+	return append([]DisaggRecord(nil), t.records...)
+}
+
+func (t *TRTLLM) disaggParams(j *trtJob, raw json.RawMessage) (int, string) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return http.StatusBadRequest, "disaggregated_params must be an object"
+	}
+	for k := range fields {
+		if !disaggFields[k] {
+			return http.StatusBadRequest, "disaggregated_params." + k + ": Extra inputs are not permitted"
+		}
+	}
+	var d trtDisagg
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return http.StatusBadRequest, "disaggregated_params: " + err.Error()
+	}
+	j.disagg = &d
+	switch d.RequestType {
+	case "context_and_generation":
+		return 0, ""
+	case "context_only", "generation_only":
+	default:
+		return http.StatusBadRequest, "disaggregated_params.request_type " + strconv.Quote(d.RequestType) + ": want context_only, generation_only or context_and_generation"
+	}
+	if t.cfg.Transceiver == nil {
+		return http.StatusBadRequest, "disaggregated serving needs a cache transceiver (cache_transceiver_config)"
+	}
+	if d.RequestType == "context_only" {
+		if j.stream {
+			return http.StatusBadRequest, "a context_only request is not streamed"
+		}
+		// The context phase computes the prompt and the first token.
+		j.req.MaxTokens, j.req.MinTokens = 1, 0
+		return 0, ""
+	}
+	if len(d.FirstGenTokens) == 0 {
+		return http.StatusBadRequest, "a generation_only request needs disaggregated_params.first_gen_tokens"
+	}
+	if d.EncodedOpaqueState == nil {
+		return http.StatusBadRequest, "a generation_only request needs disaggregated_params.encoded_opaque_state"
+	}
+	b, err := base64.StdEncoding.DecodeString(*d.EncodedOpaqueState)
+	var o trtOpaque
+	if err != nil || json.Unmarshal(b, &o) != nil || o.Host == "" || o.Port <= 0 || o.Port > 65535 || o.RequestID == "" {
+		return http.StatusBadRequest, "disaggregated_params.encoded_opaque_state is not a context state this server can read"
+	}
+	j.first = d.FirstGenTokens
+	j.pull = &trtPull{o: o}
+	t.record(DisaggRecord{RequestType: d.RequestType, Params: append(json.RawMessage(nil), raw...), Prompt: j.prompt})
+	j.req.Tokens = append(append([]kv.Token(nil), j.prompt...), j.first...)
+	j.req.MaxTokens = max(j.maxTokens-len(j.first), 0)
+	j.req.MinTokens = max(j.req.MinTokens-len(j.first), 0)
+	return 0, ""
+}
+
+// contextAnswer leases a context request's prompt blocks (when it goes on
+// to a generation phase) and returns its disaggregated_params.
+func (t *TRTLLM) contextAnswer(j *trtJob, tokens []kv.Token, fin string) *trtCtxParams {
+	id, _ := strconv.ParseInt(j.id, 10, 64)
+	p := &trtCtxParams{RequestType: "context_only", FirstGenTokens: tokens, CtxRequestID: id, DisaggRequestID: j.disagg.DisaggRequestID}
+	if p.FirstGenTokens == nil {
+		p.FirstGenTokens = []kv.Token{}
+	}
+	defer func() {
+		b, _ := json.Marshal(p)
+		t.record(DisaggRecord{RequestType: p.RequestType, Params: b, Prompt: j.prompt})
+	}()
+	if fin != "length" {
+		return p // final: nothing to hand off
+	}
+	_, seqs := kv.NewHasher(t.cfg.Sim.BlockSize, "", "").Blocks(j.prompt)
+	ids := t.leases.Grant(j.req.ID, seqs)
+	if ids == nil {
+		ids = []int32{}
+	}
+	b, _ := json.Marshal(trtOpaque{EngineID: t.engID, Host: t.cfg.Transceiver.Host, Port: t.side.Port(), RequestID: j.req.ID, BlockIDs: ids})
+	s := base64.StdEncoding.EncodeToString(b)
+	p.EncodedOpaqueState = &s
+	return p
+}
+
+// fetch is the sim's Fetcher: a generation request pulls the prompt blocks
+// it lacks by the context server's pool ids, inserts them (every byte
+// checked against the block's derivation) and notifies the context
+// server. Whatever fails is recomputed.
+func (t *TRTLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, into sim.Inserter) error {
+	val, ok := t.pulls.Load(req.ID)
+	if !ok {
+		return nil
+	}
+	ps := val.(*trtPull)
+	ps.attempted.Store(true)
+	bs := t.cfg.Sim.BlockSize
+	n := min(len(m.Seq), len(ps.o.BlockIDs)-m.Start)
+	if n <= 0 {
+		t.pullMu.Lock()
+		t.pull.LocalHits++
+		t.pullMu.Unlock()
+		t.notify(ctx, ps)
+		return nil
+	}
+	hashes := make([]uint64, 0, n)
+	for _, id := range ps.o.BlockIDs[m.Start : m.Start+n] {
+		if id < 0 {
+			break
+		}
+		hashes = append(hashes, uint64(id))
+	}
+	addr := net.JoinHostPort(ps.o.Host, strconv.Itoa(ps.o.Port))
+	res, err := t.client.Fetch(ctx, "tcp://"+addr, transfer.FetchRequest{Hashes: hashes, Digest: sideDigest(ps.o.EngineID, t.digest)})
+	defer res.Release()
+	inserted := 0
+	if len(res.Blocks) > 0 {
+		ch := sim.Chain{HasParent: m.HasParent, Parent: m.Parent, Blocks: make([]sim.BlockData, 0, len(res.Blocks))}
+		for i, b := range res.Blocks {
+			layers, sums, lerr := b.Layers(t.cfg.Sim.PayloadSize)
+			if lerr != nil {
+				err = errors.Join(err, lerr)
+				break
+			}
+			at := (m.Start + i) * bs
+			ch.Blocks = append(ch.Blocks, sim.BlockData{Local: m.Local[i], Seq: m.Seq[i], Tokens: req.Tokens[at : at+bs], Layers: layers, Sums: sums})
+		}
+		k, ierr := into.Insert(ch)
+		inserted = k
+		err = errors.Join(err, ierr)
+	}
+	t.pullMu.Lock()
+	t.pull.Blocks += uint64(inserted)
+	if err != nil {
+		t.pull.Failed++
+	} else {
+		t.pull.OK++
+	}
+	t.pullMu.Unlock()
+	if err != nil {
+		t.log.Warn("kv pull failed; recomputing the rest", "request", req.ID, "ctx_request", ps.o.RequestID, "pulled", inserted, "wanted", len(hashes), "err", err)
+		return err
+	}
+	t.notify(ctx, ps)
+	return nil
+}
+
+func (t *TRTLLM) notify(ctx context.Context, ps *trtPull) {
+	if ps.notified.Swap(true) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	err := Notify(ctx, net.JoinHostPort(ps.o.Host, strconv.Itoa(ps.o.Port)), ps.o.RequestID, 1)
+	t.pullMu.Lock()
+	if err != nil {
+		t.pull.NotifyFailures++
+	} else {
+		t.pull.Notified++
+	}
+	t.pullMu.Unlock()
+	if err != nil {
+		t.log.Warn("kv notification failed; the context server frees its blocks when the lease runs out", "ctx_request", ps.o.RequestID, "err", err)
+	}
+}
+
+// afterPrefill notifies the context server when the sim never called the
+// Fetcher (everything was cached here, or nothing was left to generate).
+func (t *TRTLLM) afterPrefill(ctx context.Context, ps *trtPull) {
+	if ps == nil || ps.attempted.Load() {
+		return
+	}
+	t.pullMu.Lock()
+	t.pull.LocalHits++
+	t.pullMu.Unlock()
+	t.notify(ctx, ps)
+}
