@@ -162,8 +162,8 @@ func (t *TRTLLM) contextAnswer(j *trtJob, tokens []kv.Token, fin string) *trtCtx
 	if fin != "length" {
 		return p // final: nothing to hand off
 	}
-	_, seqs := kv.NewHasher(t.cfg.Sim.BlockSize, "", "").Blocks(j.prompt)
-	ids := t.leases.Grant(j.req.ID, seqs)
+	_, seqs := kv.NewHasher(t.cfg.Sim.BlockSize, j.req.LoRA, j.req.CacheSalt).Blocks(j.prompt)
+	ids := t.leases.Grant(j.req.ID, kv.Seed(j.req.LoRA, j.req.CacheSalt), seqs)
 	if ids == nil {
 		ids = []int32{}
 	}
@@ -201,7 +201,8 @@ func (t *TRTLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, 
 		hashes = append(hashes, uint64(id))
 	}
 	addr := net.JoinHostPort(ps.o.Host, strconv.Itoa(ps.o.Port))
-	res, err := t.client.Fetch(ctx, "tcp://"+addr, transfer.FetchRequest{Hashes: hashes, Digest: sideDigest(ps.o.EngineID, t.digest)})
+	res, err := t.client.Fetch(ctx, "tcp://"+addr, transfer.FetchRequest{Hashes: hashes, Digest: sideDigest(ps.o.EngineID, t.digest),
+		Domain: kv.Seed(req.LoRA, req.CacheSalt)})
 	defer res.Release()
 	inserted := 0
 	if len(res.Blocks) > 0 {
