@@ -270,4 +270,16 @@ func TestServeSGLangDisaggregated(t *testing.T) {
 	if hs := mockHints(t, dec); len(hs) != 0 {
 		t.Fatalf("hints on the decode side: %+v", hs)
 	}
+	// A server attached in the wrong role fails at start, naming the flag
+	// and the engine's mode.
+	p := startProc(t, "bad serve", "serve", "--listen", "127.0.0.1:0", "--engine", "sglang", "--prefill-engine-url", dec.url,
+		"--decode-engine-url", pre.url, "--engine-timeout", "10s")
+	select {
+	case <-p.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve with swapped roles kept running")
+	}
+	if want := "--prefill-engine-url " + dec.url + ": sglang engine " + dec.url + " runs --disaggregation-mode decode"; !strings.Contains(p.Stderr(), want) {
+		t.Fatalf("swapped roles: %s\nwant %q", p.Stderr(), want)
+	}
 }
