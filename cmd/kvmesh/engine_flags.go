@@ -96,7 +96,7 @@ type engineOpts struct {
 
 func (o *engineOpts) register(f *pflag.FlagSet) {
 	f.StringVar(&o.topic, "kv-events-topic", "", "real engine: ZMQ topic of the engine's KV events (its kv-events-config topic)")
-	f.StringVar(&o.hintForm, "hint-form", hintNative, "real engine: how KV hints reach the engine: native (its own hint field, vLLM's kv_hints), bridge (the older form, vLLM's kv_transfer_params.kv_hint) or off (take no hints)")
+	f.StringVar(&o.hintForm, "hint-form", hintNative, "real engine: how KV hints reach the engine: native (its own hint field: kv_hints), bridge (the older form: vLLM's kv_transfer_params.kv_hint, SGLang's kv_router_hint) or off (take no hints)")
 	f.DurationVar(&o.timeout, "engine-timeout", 10*time.Minute, "real engine: how long to wait for the engine's /health at start (model loading takes minutes)")
 }
 
