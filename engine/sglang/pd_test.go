@@ -63,6 +63,11 @@ func TestDisaggregatedLegs(t *testing.T) {
 	if len(pm.Hints()) != 1 || len(dm.Hints()) != 0 {
 		t.Fatalf("hints: prefill %d, decode %d", len(pm.Hints()), len(dm.Hints()))
 	}
+	// A decode server cannot compute a prompt alone.
+	whole := base
+	if _, err := de.Generate(context.Background(), &whole); err == nil || !strings.Contains(err.Error(), "cannot prefill a request alone") {
+		t.Fatalf("a whole request on a decode server: %v", err)
+	}
 	// A decode leg without usable bootstrap parameters is the request's
 	// fault.
 	for _, bad := range []string{``, `[]`, `{"bootstrap_host":"h","bootstrap_port":1}`, `{"bootstrap_port":1,"bootstrap_room":2}`} {
