@@ -177,3 +177,12 @@ type apiErr struct {
 		Code    int     `json:"code"`
 	} `json:"error"`
 }
+
+// ids is n consecutive token ids from base.
+func ids(n int, base kv.Token) []kv.Token {
+	out := make([]kv.Token, n)
+	for i := range out {
+		out[i] = base + kv.Token(i)
+	}
+	return out
+}

@@ -57,14 +57,6 @@ func trtPost(t *testing.T, url string, body map[string]any) (int, trtAnswer) {
 	return code, a
 }
 
-func ids(n int, base kv.Token) []kv.Token {
-	out := make([]kv.Token, n)
-	for i := range out {
-		out[i] = base + kv.Token(i)
-	}
-	return out
-}
-
 // Unknown fields are refused as TensorRT-LLM refuses them, in its flat
 // error shape; events and iteration stats are off unless asked for.
 func TestTRTLLMStrictAndDefaults(t *testing.T) {
