@@ -59,6 +59,7 @@ type Agent struct {
 
 	heldMu sync.Mutex
 	held   map[heldKey]map[kv.EngineHash]struct{}
+	lost   uint64 // the subscriber's Lost when last looked at
 
 	mu      sync.Mutex
 	started bool
@@ -124,6 +125,16 @@ func (a *Agent) SetEventSink(s engine.EventSink) {
 func (a *Agent) deliver(d events.Delivery) {
 	out := make([]kv.Event, 0, len(d.Events))
 	a.heldMu.Lock()
+	if lost := a.sub.Stats().Lost; lost > a.lost {
+		// Batches are gone for good: what the owner holds may be wrong,
+		// so it lets go of everything and rebuilds from here (holding
+		// less than KVCR has only costs hits; holding more misroutes).
+		a.lost = lost
+		a.log.Warn("kvcr inventory batches lost beyond replay; the cache owner's holdings are released and rebuilt from later events", "lost", lost)
+		for k := range a.held {
+			out = append(out, a.releaseLocked(k.w)...)
+		}
+	}
 	for _, e := range d.Events {
 		switch e.Kind {
 		case kv.EventCleared:

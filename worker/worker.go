@@ -68,6 +68,10 @@ type Config struct {
 	// nil leaves the routers' default: hint targets exactly when control
 	// endpoints are advertised.
 	AcceptsHints *bool
+	// EventSources are more KV-event producers beside the engine (the KVCR
+	// state agent): each gets the worker's sink at Start, so their events
+	// flow through the same log and publisher as the engine's.
+	EventSources []EventSource
 	// Peer, when set, is the engine's peer-transfer side (NewSimPeer): the
 	// worker serves its blocks on one control endpoint per DP rank and
 	// advertises them (see startControl).
@@ -84,6 +88,11 @@ type Config struct {
 	// requires client certificates); give the Peer the same for its
 	// control endpoints.
 	TLS *tls.Config
+}
+
+// EventSource is a producer of KV events for this worker's cache.
+type EventSource interface {
+	SetEventSink(engine.EventSink)
 }
 
 // Worker is one running engine instance.
@@ -242,6 +251,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 	})
 	w.eng.SetEventSink(w.pub.Sink)
+	for _, src := range w.cfg.EventSources {
+		src.SetEventSink(w.pub.Sink)
+	}
 
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	w.cancel = cancel
@@ -342,6 +354,9 @@ func (w *Worker) Close() error {
 		w.met.unregister(w.cfg.Registerer)
 	}
 	w.eng.SetEventSink(nil)
+	for _, src := range w.cfg.EventSources {
+		src.SetEventSink(nil)
+	}
 	if err := w.eng.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("worker: close engine: %w", err))
 	}

@@ -44,6 +44,7 @@ type workerFlags struct {
 	sim                           sim.Config
 	kvbm                          kvbmFlags
 	real                          realEngineFlags // --engine vllm etc.
+	kvcr                          kvcrFlags
 	realOpts                      engineOpts
 	fleet                         fleetFlags
 	tls                           tlsFlags
@@ -101,6 +102,7 @@ On startup it prints one line to stdout:
 	f.IntVar(&s.PayloadSize, "payload-size", s.PayloadSize, "sim: payload bytes per block and layer")
 	addKVBMFlags(f, &wf.kvbm)
 	registerWorkerEngineFlags(f, &wf.real, &wf.realOpts)
+	wf.kvcr.register(f)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
 	return withEnv(cmd, "")
 }
@@ -143,6 +145,9 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		return err
 	}
 	if err := checkInts(intFlag{"dp-size", int64(wf.dpSize), 1}); err != nil {
+		return err
+	}
+	if err := wf.kvcr.check(cmd.Flags(), wf.engine, &wf.dpSize, wf.real.peers); err != nil {
 		return err
 	}
 	if err := checkStallTimeout(wf.stallTimeout); err != nil {
@@ -196,6 +201,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	var eng engine.Engine
 	var peer *worker.Peer
 	var acceptsHints *bool
+	var sources []worker.EventSource
 	switch wf.engine {
 	case "sim":
 		cfg := wf.sim
@@ -238,6 +244,29 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		}
 		eng = ve
 		wf.model, wf.controlEndpoints, acceptsHints = eng.Config().Model, wf.real.peers, wf.realOpts.acceptsHints()
+		if wf.kvcr.on {
+			agent, err := wf.kvcr.attach(cmd.Context(), wf.engine, wf.real.url, eng.Config().BlockSize, log)
+			if err == nil {
+				err = registerKVCRMetrics(reg, agent)
+			}
+			if err != nil {
+				if agent != nil {
+					agent.Close()
+				}
+				eng.Close()
+				return err
+			}
+			if agent != nil {
+				defer agent.Close()
+				// Validated: the linker's endpoints, every DP rank's, and
+				// its inventory beside the engine's own events.
+				wf.controlEndpoints, sources = wf.kvcr.endpoints, []worker.EventSource{agent}
+			} else {
+				// No capability: no endpoints, no hints; the engine still serves.
+				off := false
+				wf.controlEndpoints, acceptsHints = nil, &off
+			}
+		}
 	}
 	if s, ok := eng.(*sim.Engine); ok && wf.kvbm.connector != "" {
 		if err := registerKVBMMetrics(reg, s, wf.model, id); err != nil {
@@ -258,7 +287,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
-		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, AcceptsHints: acceptsHints, Peer: peer, Registerer: reg,
+		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, AcceptsHints: acceptsHints, EventSources: sources, Peer: peer, Registerer: reg,
 		FleetToken: fleetToken, TLS: serverTLS,
 		Discovery: discovery.Config{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)
