@@ -42,6 +42,9 @@ func EncodeBatch(b *Batch, s Shape) ([]byte, error) { return NewEncoder().Encode
 
 func (e *Encoder) batch(b *Batch, s Shape) error {
 	w := e.enc
+	if s == ShapeSGLang {
+		return e.sglangBatch(b)
+	}
 	mapEvents := s == ShapeMapEvents || s == ShapeMap
 	if s == ShapeMap {
 		must(w.EncodeMapLen(3))
@@ -140,6 +143,58 @@ func (e *Encoder) event(ev *Event, asMap bool) error {
 		return fmt.Errorf("cannot encode event type %v", ev.Type)
 	}
 	return nil
+}
+
+// sglangBatch writes b as SGLang's publisher does: [ts, events], events
+// positional with SGLang's fields, hashes signed.
+func (e *Encoder) sglangBatch(b *Batch) error {
+	w := e.enc
+	must(w.EncodeArrayLen(2))
+	must(w.EncodeFloat64(b.TS))
+	must(w.EncodeArrayLen(len(b.Events)))
+	for i := range b.Events {
+		ev := &b.Events[i]
+		switch ev.Type {
+		case TypeStored:
+			must(w.EncodeArrayLen(6))
+			must(w.EncodeString(TagStored))
+			e.signedHashes(ev.BlockHashes)
+			if ev.HasParent {
+				must(w.EncodeInt(int64(ev.Parent)))
+			} else {
+				must(w.EncodeNil())
+			}
+			must(w.EncodeArrayLen(len(ev.TokenIDs)))
+			for _, t := range ev.TokenIDs {
+				must(w.EncodeUint(uint64(t)))
+			}
+			must(w.EncodeInt(int64(ev.BlockSize)))
+			if ev.HasLoRAID {
+				must(w.EncodeInt(ev.LoRAID))
+			} else {
+				must(w.EncodeNil())
+			}
+		case TypeRemoved:
+			must(w.EncodeArrayLen(2))
+			must(w.EncodeString(TagRemoved))
+			e.signedHashes(ev.BlockHashes)
+		case TypeCleared:
+			must(w.EncodeArrayLen(1))
+			must(w.EncodeString(TagCleared))
+		default:
+			return fmt.Errorf("event %d: cannot encode event type %v", i, ev.Type)
+		}
+	}
+	return nil
+}
+
+// signedHashes writes hashes as int64s (the smallest msgpack form, a
+// negative one as a signed code), as Python writes SGLang's.
+func (e *Encoder) signedHashes(h []kv.EngineHash) {
+	must(e.enc.EncodeArrayLen(len(h)))
+	for _, v := range h {
+		must(e.enc.EncodeInt(int64(v)))
+	}
 }
 
 func (e *Encoder) hashes(h []kv.EngineHash) {

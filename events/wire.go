@@ -95,6 +95,14 @@ const (
 	ShapeMapEvents
 	// ShapeMap: batch and events both maps.
 	ShapeMap
+	// ShapeSGLang: SGLang's publisher (python/sglang/srt/disaggregation/
+	// kv_events.py): a positional batch [ts, events] without the DP rank
+	// (older builds; each rank publishes on its own port), positional
+	// events with SGLang's fields only (BlockStored [tag, block_hashes,
+	// parent_block_hash, token_ids, block_size, lora_id]), and block hashes
+	// written as SIGNED integers: SGLang's are the first 8 bytes of a
+	// SHA-256 read as an int64, so half of them are negative.
+	ShapeSGLang
 )
 
 func (s Shape) String() string {
@@ -105,13 +113,15 @@ func (s Shape) String() string {
 		return "map-events"
 	case ShapeMap:
 		return "map"
+	case ShapeSGLang:
+		return "sglang"
 	}
 	return fmt.Sprintf("shape(%d)", uint8(s))
 }
 
 // ParseShape accepts the names String prints.
 func ParseShape(s string) (Shape, error) {
-	for _, v := range []Shape{ShapeArray, ShapeMapEvents, ShapeMap} {
+	for _, v := range []Shape{ShapeArray, ShapeMapEvents, ShapeMap, ShapeSGLang} {
 		if v.String() == s {
 			return v, nil
 		}

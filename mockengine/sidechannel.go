@@ -64,6 +64,7 @@ type lease struct {
 	timer   *time.Timer
 	need    int // consumers expected (from the first notification)
 	got     int
+	done    chan struct{} // closed when the lease ends
 }
 
 type leasedBlock struct {
@@ -93,7 +94,7 @@ func (l *Leases) Grant(reqID string, seqs []kv.SeqHash) []int32 {
 		release()
 		return nil
 	}
-	le := &lease{ids: ids, release: release}
+	le := &lease{ids: ids, release: release, done: make(chan struct{})}
 	for i, id := range ids {
 		b := l.byID[id]
 		if b == nil {
@@ -137,6 +138,19 @@ func (l *Leases) Notify(reqID string, consumers int) bool {
 	return true
 }
 
+// Done is closed when reqID's lease ends (its consumers notified, or it
+// ran out); it is closed already when reqID holds none.
+func (l *Leases) Done(reqID string) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if le := l.byReq[reqID]; le != nil {
+		return le.done
+	}
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
 // end removes le if it is still reqID's lease and releases its pin.
 func (l *Leases) end(reqID string, le *lease) bool {
 	l.mu.Lock()
@@ -146,6 +160,7 @@ func (l *Leases) end(reqID string, le *lease) bool {
 	}
 	delete(l.byReq, reqID)
 	le.timer.Stop()
+	close(le.done)
 	l.unref(le.ids)
 	l.mu.Unlock()
 	le.release()
@@ -285,6 +300,7 @@ type SideChannel struct {
 	ln     net.Listener
 	xferLn *chanListener
 	leases *Leases
+	rooms  atomic.Pointer[RoomLookup] // SGLang's bootstrap lookups; nil refuses them
 	log    *slog.Logger
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -363,6 +379,10 @@ func (s *SideChannel) route(ctx context.Context, c net.Conn) {
 		stop := context.AfterFunc(ctx, func() { c.Close() })
 		defer stop()
 		s.serveNotify(c)
+	case "KB":
+		stop := context.AfterFunc(ctx, func() { c.Close() })
+		defer stop()
+		s.serveBootstrap(ctx, c)
 	default:
 		c.Close()
 	}

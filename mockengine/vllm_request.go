@@ -378,13 +378,16 @@ func (v *VLLM) leastLoaded() int {
 // HintRecord is one kv_hints envelope the stand-in received.
 type HintRecord struct {
 	RequestID string          `json:"request_id"`
-	Field     string          `json:"field"` // "kv_hints" or "kv_transfer_params.kv_hint"
+	Field     string          `json:"field"` // "kv_hints", "kv_transfer_params.kv_hint" or (SGLang) "kv_router_hint"
 	Envelope  json.RawMessage `json:"envelope"`
 	MessageID string          `json:"message_id"`
 	Actions   int             `json:"actions"`
 	// SourceEndpoint and BlockHashes are the first kv.fetch action's.
 	SourceEndpoint string   `json:"source_endpoint,omitempty"`
 	BlockHashes    []uint64 `json:"block_hashes,omitempty"`
+	// SignedHashes are an SGLang kv_router_hint's integer hashes read as
+	// signed 64-bit, SGLang's own domain (BlockHashes are the same bits).
+	SignedHashes []int64 `json:"signed_block_hashes,omitempty"`
 	// Ignored: the protocol_version is not understood (hints.ErrIgnored).
 	Ignored bool `json:"ignored,omitempty"`
 }

@@ -1,0 +1,19 @@
+package main
+
+import (
+	"context"
+
+	"github.com/kvmesh/kvmesh/engine/sglang"
+)
+
+func init() { engineAdapters["sglang"] = engineAdapter{open: openSGLang} }
+
+// openSGLang attaches to one SGLang server.
+func openSGLang(ctx context.Context, a engineAttach) (attachedEngine, error) {
+	form, err := sglang.ParseHintForm(a.opts.hintForm)
+	if err != nil {
+		return nil, err
+	}
+	return sglang.New(ctx, sglang.Config{URL: a.flags.url, Model: a.model, Role: a.role, DPSize: a.dpSize, BlockSize: a.blockSize,
+		HintForm: form, Events: a.flags.events, ReplayEvents: a.flags.replay, Topic: a.opts.topic, Logger: a.log})
+}

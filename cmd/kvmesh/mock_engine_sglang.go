@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/events"
+	"github.com/kvmesh/kvmesh/mockengine"
+)
+
+type mockSGLangFlags struct {
+	host, model, servedName string
+	port                    int
+	sim                     sim.Config
+	dpSize, contextLength   int
+	maxTotalTokens          int
+	eventsEP, replayEP      string
+	eventsTopic             string
+	eventsConfig            string
+	disaggMode              string
+	bootstrapHost           string
+	bootstrapPort           int
+	lease, bootstrapTimeout time.Duration
+	incremental             bool
+	logLevel                string
+}
+
+func newMockSGLangCmd() *cobra.Command {
+	mf := &mockSGLangFlags{sim: sim.DefaultConfig()}
+	mf.sim.BlockSize = 16
+	cmd := &cobra.Command{
+		Use:   "sglang",
+		Short: "An SGLang stand-in: /generate, KV events on ZMQ, bootstrap-room P/D, on the simulated engine",
+		Long: `sglang serves the simulated engine behind SGLang's surfaces:
+
+  POST /generate   input_ids or text, sampling_params, stream, rid, cache_salt, routed_dp_rank,
+       kv_hints, kv_router_hint, bootstrap_host/port/room; SSE frames {text, output_ids,
+       meta_info} with cumulative output (or per-step with --incremental-streaming-output)
+  POST /v1/completions, /v1/chat/completions   (OpenAI)
+  GET  /get_server_info, /get_model_info, /v1/models, /health, /health_generate, /get_load,
+       /metrics (sglang:* names)
+  GET  /debug/kv_hints   the kv_hints / kv_router_hints received (mock only)
+
+KV events: SGLang's --kv-events-config '{"publisher":"zmq","endpoint":"tcp://*:5557"}' (rank r on
+port+r), or --kv-events-endpoint to bind; batches [ts, events] without a DP rank, hashes signed.
+
+P/D: --disaggregation-mode prefill|decode. A prefill computes the prompt's KV and its first token,
+leases the blocks under the request's bootstrap_room and answers the room's decode on
+--disaggregation-bootstrap-port (rank r's blocks on port+r); it answers its client once the decode
+has pulled them (or --kv-lease-duration ran out). A decode asks bootstrap_host:bootstrap_port for
+its room (waiting up to --bootstrap-timeout), pulls the real blocks, and generates.
+
+Timing is the sim's (Dynamo's mocker polynomial), divided by --speedup-ratio.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runMockSGLang(cmd, mf) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&mf.host, "host", "127.0.0.1", "HTTP listen host")
+	f.IntVar(&mf.port, "port", 30000, "HTTP listen port (SGLang's default 30000)")
+	f.StringVar(&mf.model, "model-path", "kvmesh-sim", "model name (SGLang's --model-path)")
+	f.StringVar(&mf.servedName, "served-model-name", "", "name served in the API (default: --model-path)")
+	f.IntVar(&mf.contextLength, "context-length", 0, "context length (0: min(blocks × page size, 32768))")
+	f.IntVar(&mf.dpSize, "dp-size", 1, "data-parallel ranks, each its own sim engine, event stream and bootstrap port")
+	s := &mf.sim
+	f.IntVar(&s.BlockSize, "page-size", s.BlockSize, "tokens per KV page, the block of KV events (SGLang's own default is 1)")
+	f.IntVar(&s.Blocks, "blocks", s.Blocks, "KV capacity in pages per rank")
+	f.IntVar(&mf.maxTotalTokens, "max-total-tokens", 0, "KV capacity in tokens per rank (SGLang's name; overrides --blocks)")
+	f.IntVar(&s.MaxBatchedTokens, "chunked-prefill-size", s.MaxBatchedTokens, "token budget per scheduler step")
+	f.IntVar(&s.MaxSeqs, "max-running-requests", s.MaxSeqs, "running sequences per step")
+	f.Float64Var(&s.SpeedupRatio, "speedup-ratio", s.SpeedupRatio, "divide modelled time by this (0: no waiting)")
+	f.Float64Var(&s.DecodeSpeedupRatio, "decode-speedup-ratio", s.DecodeSpeedupRatio, "extra divisor for decode time")
+	f.StringVar(&mf.eventsConfig, "kv-events-config", "", `SGLang's KV events JSON, e.g. '{"publisher":"zmq","endpoint":"tcp://*:5557"}'`)
+	f.StringVar(&mf.eventsEP, "kv-events-endpoint", "", "bind a ZMQ PUB for KV events here, e.g. tcp://127.0.0.1:5557 (empty: no events)")
+	f.StringVar(&mf.replayEP, "kv-events-replay-endpoint", "", "bind a ZMQ ROUTER for replay here, e.g. tcp://127.0.0.1:5558")
+	f.StringVar(&mf.eventsTopic, "kv-events-topic", "", "ZMQ topic of the events")
+	f.StringVar(&mf.disaggMode, "disaggregation-mode", mockengine.DisaggNull, "null (aggregated), prefill or decode")
+	f.StringVar(&mf.bootstrapHost, "disaggregation-bootstrap-host", "127.0.0.1", "host the prefill's bootstrap server binds (mock only)")
+	f.IntVar(&mf.bootstrapPort, "disaggregation-bootstrap-port", mockengine.DefaultBootstrapPort, "the prefill's bootstrap port (rank r's blocks on port+r)")
+	f.DurationVar(&mf.lease, "kv-lease-duration", mockengine.DefaultLeaseDuration, "how long a prefill keeps a room's KV for its decode")
+	f.DurationVar(&mf.bootstrapTimeout, "bootstrap-timeout", mockengine.DefaultBootstrapTimeout, "how long a decode waits for its room's prefill")
+	f.BoolVar(&mf.incremental, "incremental-streaming-output", false, "stream each step's new output_ids and text instead of the cumulative ones")
+	f.StringVar(&mf.logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
+
+func runMockSGLang(cmd *cobra.Command, mf *mockSGLangFlags) error {
+	log, err := workerLogger(mf.logLevel, os.Stderr)
+	if err != nil {
+		return err
+	}
+	if mf.maxTotalTokens > 0 {
+		if mf.sim.BlockSize <= 0 {
+			return fmt.Errorf("--page-size %d: want > 0", mf.sim.BlockSize)
+		}
+		mf.sim.Blocks = mf.maxTotalTokens / mf.sim.BlockSize
+	}
+	if err := checkSimFlags(mf.sim); err != nil {
+		return err
+	}
+	if err := checkInts(intFlag{"dp-size", int64(mf.dpSize), 1}, intFlag{"context-length", int64(mf.contextLength), 0},
+		intFlag{"port", int64(mf.port), 0}, intFlag{"disaggregation-bootstrap-port", int64(mf.bootstrapPort), 0},
+		intFlag{"max-total-tokens", int64(mf.maxTotalTokens), 0}); err != nil {
+		return err
+	}
+	switch mf.disaggMode {
+	case mockengine.DisaggNull, mockengine.DisaggPrefill, mockengine.DisaggDecode:
+	default:
+		return fmt.Errorf("--disaggregation-mode %q: want null, prefill or decode", mf.disaggMode)
+	}
+	if mf.lease <= 0 || mf.bootstrapTimeout <= 0 {
+		return errors.New("--kv-lease-duration and --bootstrap-timeout: want > 0")
+	}
+	cfg := mockengine.SGLangConfig{Sim: mf.sim, MaxModelLen: mf.contextLength, DisaggMode: mf.disaggMode,
+		BootstrapHost: mf.bootstrapHost, BootstrapPort: mf.bootstrapPort, LeaseDuration: mf.lease,
+		BootstrapTimeout: mf.bootstrapTimeout, Incremental: mf.incremental, Logger: log}
+	cfg.Sim.Model = mf.model
+	if mf.servedName != "" {
+		cfg.Sim.Model = mf.servedName
+	}
+	cfg.Sim.DPSize = mf.dpSize
+	switch {
+	case mf.eventsConfig != "" && mf.eventsEP != "":
+		return errors.New("--kv-events-config and --kv-events-endpoint: give one")
+	case mf.eventsConfig != "":
+		if cfg.Events, err = mockengine.ParseSGLangKVEventsConfig(mf.eventsConfig); err != nil {
+			return err
+		}
+	case mf.eventsEP != "":
+		cfg.Events = &mockengine.EventsConfig{Endpoint: mf.eventsEP, ReplayEndpoint: mf.replayEP, BindMode: events.Bind, Topic: mf.eventsTopic}
+	case mf.replayEP != "":
+		return errors.New("--kv-events-replay-endpoint needs --kv-events-endpoint")
+	}
+	if cfg.Events != nil && cmd.Flags().Changed("kv-events-topic") {
+		cfg.Events.Topic = mf.eventsTopic
+	}
+
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	s, err := mockengine.NewSGLang(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("mock-engine sglang: %w", err)
+	}
+	defer s.Close()
+	ln, err := net.Listen("tcp", net.JoinHostPort(mf.host, strconv.Itoa(mf.port)))
+	if err != nil {
+		return fmt.Errorf("mock-engine sglang: --port: %w", err)
+	}
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	out := cmd.OutOrStdout()
+	fmt.Fprintf(out, "kvmesh mock-engine sglang: serving %s on http://%s (disaggregation-mode %s, page size %d, %d pages × %d ranks)\n",
+		cfg.Sim.Model, ln.Addr(), mf.disaggMode, cfg.Sim.BlockSize, cfg.Sim.Blocks, mf.dpSize)
+	for r := range mf.dpSize {
+		if ep := s.EventsEndpoint(r); ep != "" {
+			fmt.Fprintf(out, "  rank %d: kv events %s", r, ep)
+			if rep := s.ReplayEndpoint(r); rep != "" {
+				fmt.Fprintf(out, ", replay %s", rep)
+			}
+			fmt.Fprintln(out)
+		}
+	}
+	if p := s.BootstrapPort(); p != 0 {
+		fmt.Fprintf(out, "  bootstrap %s\n", net.JoinHostPort(mf.bootstrapHost, strconv.Itoa(p)))
+	}
+	select {
+	case err := <-errc:
+		return fmt.Errorf("mock-engine sglang: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	return nil
+}
+
+func init() { mockEngineCmd.AddCommand(withEnv(newMockSGLangCmd(), "MOCK_SGLANG_")) }

@@ -1,0 +1,323 @@
+package sglang
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/remote"
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Engine drives one SGLang server.
+type Engine struct {
+	cfg           Config
+	ecfg          engine.Config
+	log           *slog.Logger
+	client        *http.Client
+	info          ServerInfo
+	bootstrapPort int
+	relay         *remote.Relay
+
+	stats   atomic.Pointer[[]engine.Stats] // per rank, from /metrics
+	scrapes atomic.Uint64
+	closed  atomic.Bool
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+var (
+	_ engine.Engine = (*Engine)(nil)
+	_ engine.Ranked = (*Engine)(nil)
+)
+
+// ServerInfo is what the adapter reads from /get_server_info (SGLang's
+// server_args and scheduler info; absent fields stay zero).
+type ServerInfo struct {
+	ServedModelName string `json:"served_model_name"`
+	ModelPath       string `json:"model_path"`
+	ContextLength   int    `json:"context_length"`
+	PageSize        int    `json:"page_size"`
+	DisaggMode      string `json:"disaggregation_mode"`
+	BootstrapPort   int    `json:"disaggregation_bootstrap_port"`
+	DPSize          int    `json:"dp_size"`
+	Incremental     bool   `json:"incremental_streaming_output"`
+	StreamOutput    bool   `json:"stream_output"` // the older name of the same switch
+	MaxTotalTokens  int    `json:"max_total_num_tokens"`
+	MaxReqInputLen  int    `json:"max_req_input_len"`
+	Version         string `json:"version"`
+}
+
+// New waits until the server is healthy (bounded by ctx), reads its model,
+// page size, KV capacity, disaggregation mode and bootstrap port from
+// /get_server_info, and starts reading its load. The KV-event relay starts
+// when the worker installs its event sink.
+func New(ctx context.Context, cfg Config) (*Engine, error) {
+	base, err := remote.CheckURL(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("sglang engine url: %w", err)
+	}
+	cfg.URL = base
+	if cfg.DPSize <= 0 {
+		cfg.DPSize = 1
+	}
+	if cfg.HintForm == "" {
+		cfg.HintForm = HintNative
+	}
+	if _, err := ParseHintForm(string(cfg.HintForm)); err != nil {
+		return nil, fmt.Errorf("sglang hint form %w", err)
+	}
+	if cfg.Role == "" {
+		cfg.Role = kv.RoleAggregated
+	}
+	if cfg.StatsInterval <= 0 {
+		cfg.StatsInterval = 500 * time.Millisecond
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.BootstrapHost == "" {
+		u, _ := url.Parse(base)
+		cfg.BootstrapHost = u.Hostname()
+	}
+	e := &Engine{cfg: cfg, client: cfg.Client, log: cfg.Logger.With("engine", base)}
+	if err := remote.WaitHealthy(ctx, e.client, base+"/health"); err != nil {
+		return nil, err
+	}
+	if err := e.readServerInfo(ctx); err != nil {
+		return nil, err
+	}
+	cfg = e.cfg
+	blockSize := e.info.PageSize
+	blocks := 0
+	if e.info.MaxTotalTokens > 0 {
+		blocks = e.info.MaxTotalTokens / blockSize
+	}
+	e.ecfg = engine.Config{Model: cfg.Model, Role: cfg.Role, BlockSize: blockSize, Blocks: blocks,
+		// Hints and handoffs only make sense between engines serving the
+		// same model with the same page layout.
+		Digest: fmt.Sprintf("sglang/%s/ps%d", cfg.Model, blockSize)}
+	if cfg.Events != "" {
+		e.relay, err = remote.NewRelay(remote.RelayConfig{Endpoint: cfg.Events, ReplayEndpoint: cfg.ReplayEvents, Topic: cfg.Topic,
+			DPSize: cfg.DPSize, BlockSize: blockSize, Logger: e.log})
+		if err != nil {
+			return nil, err
+		}
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	e.scrape(ctx)
+	e.wg.Go(func() {
+		t := time.NewTicker(cfg.StatsInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+				e.scrape(sctx)
+			}
+		}
+	})
+	e.log.Info("sglang engine attached", "model", cfg.Model, "version", e.info.Version, "context_length", e.info.ContextLength,
+		"page_size", blockSize, "blocks", blocks, "dp_size", cfg.DPSize, "disaggregation_mode", e.info.DisaggMode,
+		"bootstrap", e.bootstrapAddr(), "incremental_streaming", e.incremental(), "hint_form", cfg.HintForm, "kv_events", cfg.Events)
+	return e, nil
+}
+
+// readServerInfo reads /get_server_info (and /v1/models for the name when
+// the server does not report served_model_name) and checks the configured
+// model, role, DP size and block size against it.
+func (e *Engine) readServerInfo(ctx context.Context) error {
+	if err := remote.GetJSON(ctx, e.client, e.cfg.URL+"/get_server_info", &e.info); err != nil {
+		return fmt.Errorf("sglang engine server info: %w", err)
+	}
+	in := &e.info
+	name := in.ServedModelName
+	if name == "" {
+		var list struct {
+			Data []struct {
+				ID          string `json:"id"`
+				MaxModelLen int    `json:"max_model_len"`
+			} `json:"data"`
+		}
+		if err := remote.GetJSON(ctx, e.client, e.cfg.URL+"/v1/models", &list); err == nil && len(list.Data) > 0 {
+			name = list.Data[0].ID
+			if in.ContextLength == 0 {
+				in.ContextLength = list.Data[0].MaxModelLen
+			}
+		}
+	}
+	if name == "" {
+		name = in.ModelPath
+	}
+	switch {
+	case name == "":
+		return fmt.Errorf("sglang engine %s reports no model (served_model_name)", e.cfg.URL)
+	case e.cfg.Model == "":
+		e.cfg.Model = name
+	case e.cfg.Model != name:
+		return fmt.Errorf("sglang engine %s does not serve model %q (it serves %q)", e.cfg.URL, e.cfg.Model, name)
+	}
+	if in.ContextLength == 0 {
+		in.ContextLength = in.MaxReqInputLen
+	}
+	// The role must be the server's: a prefill server answers a request
+	// only once a decode server has taken its KV.
+	mode := in.DisaggMode
+	if mode == "" || mode == "null" {
+		mode = "null"
+	}
+	want := map[kv.Role]string{kv.RoleAggregated: "null", kv.RolePrefill: "prefill", kv.RoleDecode: "decode"}[e.cfg.Role]
+	if in.DisaggMode != "" && want != "" && mode != want {
+		return fmt.Errorf("sglang engine %s runs --disaggregation-mode %s, but kvmesh attaches it as a %s engine (want --disaggregation-mode %s)",
+			e.cfg.URL, mode, e.cfg.Role, want)
+	}
+	switch {
+	case in.DPSize > 1 && e.cfg.DPSize == 1:
+		e.cfg.DPSize = in.DPSize
+	case in.DPSize > 0 && e.cfg.DPSize != in.DPSize:
+		return fmt.Errorf("--dp %d but the SGLang engine at %s runs --dp-size %d", e.cfg.DPSize, e.cfg.URL, in.DPSize)
+	}
+	e.bootstrapPort = in.BootstrapPort
+	if e.bootstrapPort == 0 {
+		e.bootstrapPort = DefaultBootstrapPort
+	}
+	switch pinned := e.cfg.BlockSize; {
+	case in.PageSize == 0 && pinned == 0:
+		in.PageSize = DefaultPageSize
+		e.log.Warn("sglang engine reports no page_size; assuming SGLang's default", "page_size", in.PageSize)
+	case in.PageSize == 0:
+		in.PageSize = pinned
+	case pinned != 0 && pinned != in.PageSize:
+		return fmt.Errorf("--block-size %d but the SGLang engine at %s runs --page-size %d", pinned, e.cfg.URL, in.PageSize)
+	}
+	return nil
+}
+
+// incremental: the server streams only each step's new output_ids.
+func (e *Engine) incremental() bool { return e.info.Incremental || e.info.StreamOutput }
+
+func (e *Engine) bootstrapAddr() string {
+	if e.cfg.Role != kv.RolePrefill {
+		return ""
+	}
+	return net.JoinHostPort(e.cfg.BootstrapHost, strconv.Itoa(e.bootstrapPort))
+}
+
+// scrape reads the per-rank load from /metrics. SGLang labels its series
+// with the rank that reports them (dp_rank, tp_rank); only attention-TP
+// rank 0 of each DP rank speaks for it.
+func (e *Engine) scrape(ctx context.Context) {
+	fams, err := remote.Scrape(ctx, e.client, e.cfg.URL+"/metrics")
+	if err != nil {
+		if ctx.Err() == nil {
+			e.log.Debug("sglang metrics", "err", err)
+		}
+		return
+	}
+	st := make([]engine.Stats, e.cfg.DPSize)
+	rankOf := func(s remote.Sample) (int, bool) {
+		if e.cfg.Model != "" && s.Labels["model_name"] != "" && s.Labels["model_name"] != e.cfg.Model {
+			return 0, false
+		}
+		if tp := s.Labels["tp_rank"]; tp != "" && tp != "0" {
+			return 0, false
+		}
+		r, err := strconv.Atoi(s.Labels["dp_rank"])
+		if err != nil {
+			r = 0
+		}
+		return r, r >= 0 && r < len(st)
+	}
+	for _, s := range remote.Samples(fams, "sglang:num_running_reqs") {
+		if r, ok := rankOf(s); ok {
+			st[r].Running += int(s.Value)
+		}
+	}
+	for _, s := range remote.Samples(fams, "sglang:num_queue_reqs") {
+		if r, ok := rankOf(s); ok {
+			st[r].Waiting += int(s.Value)
+		}
+	}
+	for _, s := range remote.Samples(fams, "sglang:token_usage") {
+		if r, ok := rankOf(s); ok {
+			st[r].TotalBlocks = e.ecfg.Blocks
+			st[r].UsedBlocks = int(s.Value*float64(e.ecfg.Blocks) + 0.5)
+		}
+	}
+	e.stats.Store(&st)
+	e.scrapes.Add(1)
+}
+
+// Config is the engine's description (model and page size from the
+// server).
+func (e *Engine) Config() engine.Config { return e.ecfg }
+
+// Info is what the server reported at attach.
+func (e *Engine) Info() ServerInfo { return e.info }
+
+// MaxModelLen is the server's context length.
+func (e *Engine) MaxModelLen() int { return e.info.ContextLength }
+
+// DPSize is the number of data-parallel ranks behind the server.
+func (e *Engine) DPSize() int { return e.cfg.DPSize }
+
+// RankStats is one rank's load as last read from /metrics.
+func (e *Engine) RankStats(rank int) engine.Stats {
+	if p := e.stats.Load(); p != nil && rank < len(*p) {
+		return (*p)[rank]
+	}
+	return engine.Stats{TotalBlocks: e.ecfg.Blocks}
+}
+
+// Stats sums the ranks' load.
+func (e *Engine) Stats() engine.Stats {
+	var out engine.Stats
+	if p := e.stats.Load(); p != nil {
+		for _, s := range *p {
+			out.Running += s.Running
+			out.Waiting += s.Waiting
+			out.UsedBlocks += s.UsedBlocks
+			out.TotalBlocks += s.TotalBlocks
+		}
+	}
+	return out
+}
+
+// SetEventSink installs the worker's sink; the first one starts the
+// KV-event relay.
+func (e *Engine) SetEventSink(s engine.EventSink) {
+	if e.relay != nil {
+		e.relay.SetSink(s)
+	}
+}
+
+// Relay is the KV-event relay, or nil without --kv-events.
+func (e *Engine) Relay() *remote.Relay { return e.relay }
+
+// Close stops the load reader and the relay; the server keeps running.
+func (e *Engine) Close() error {
+	if !e.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	e.cancel()
+	e.wg.Wait()
+	var err error
+	if e.relay != nil {
+		err = e.relay.Close()
+	}
+	e.client.CloseIdleConnections()
+	return err
+}
