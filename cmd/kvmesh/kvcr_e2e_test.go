@@ -4,12 +4,23 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/eventplane"
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 const kvcrGoodConfig = `{"publish_inventory":true,"kvcr_service_socket_path":null,"advertise_host":"127.0.0.1","control_port":23280}`
@@ -83,4 +94,146 @@ func TestKVCRWorkerRefusals(t *testing.T) {
 	// The same refusal through the environment, as a deployment sets it.
 	t.Setenv("KVMESH_PP", "4")
 	runExit1(t, bin, kvcrWorkerArgs(), gate+"pipeline parallel 4 (each stage holds only its layers' KV)\n")
+}
+
+var (
+	sglangMockLine = regexp.MustCompile(`^kvmesh mock-engine sglang: serving \S+ on (http://\S+) `)
+	sglangEvents   = regexp.MustCompile(`^  rank 0: kv events (\S+), replay (\S+)`)
+	kvcrInvLine    = regexp.MustCompile(`^  kvcr inventory (\S+), replay (\S+) \(cache owner (\S+), topic (\S+)\)`)
+)
+
+type sglangMock struct {
+	*testutil.Proc
+	url, events, replay, inv, invReplay, owner string
+}
+
+// startMockSGLangKVCR runs `mock-engine sglang` with the KVCR linker on:
+// host and disk tiers published as inventory.
+func startMockSGLangKVCR(t *testing.T, name string, args ...string) *sglangMock {
+	t.Helper()
+	p := startProc(t, name, append([]string{"mock-engine", "sglang", "--port", "0", "--model-path", "mock-model", "--page-size", "16", "--blocks", "1024",
+		"--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-replay-endpoint", "tcp://127.0.0.1:0",
+		"--enable-unified-cache-external-linker", "--unified-cache-external-linker-backend", "kvcr", "--hicache-storage-backend-extra-config", kvcrGoodConfig,
+		"--kvcr-inventory-endpoint", "tcp://127.0.0.1:0", "--kvcr-inventory-replay-endpoint", "tcp://127.0.0.1:0",
+		"--kvcr-host-blocks", "256", "--kvcr-disk-blocks", "256", "--kvcr-disk-dir", t.TempDir(), "--log-level", "warn"}, args...)...)
+	m := &sglangMock{Proc: p, url: p.Expect(sglangMockLine, 20*time.Second)[1]}
+	e := p.Expect(sglangEvents, 5*time.Second)
+	m.events, m.replay = e[1], e[2]
+	inv := p.Expect(kvcrInvLine, 5*time.Second)
+	m.inv, m.invReplay, m.owner = inv[1], inv[2], inv[3]
+	return m
+}
+
+func (m *sglangMock) workerArgs(natsURL string, extra ...string) []string {
+	return append([]string{"worker", "--engine", "sglang", "--engine-url", m.url, "--kv-events", m.events, "--kv-events-replay", m.replay,
+		"--kvcr-inventory", "--kvcr-inventory-endpoint", m.inv, "--kvcr-inventory-replay", m.invReplay, "--kvcr-extra-config", kvcrGoodConfig,
+		"--model", "mock-model", "--nats", natsURL, "--engine-timeout", "20s"}, extra...)
+}
+
+// TestKVCRInventoryE2E: a worker with --kvcr-inventory behind the SGLang
+// stand-in validates the linker's inventory, registers the KVCR control
+// endpoint, and its KVCR blocks (published as CPU and STORAGE, signed
+// hashes) reach a router's index through the event plane on the host and
+// disk tiers beside the engine's own device blocks. A worker whose
+// inventory fails validation registers no endpoint, takes no hints and
+// still serves; an engine whose own /get_server_info reports TP 2 is
+// refused at start with one line.
+func TestKVCRInventoryE2E(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	mock := startMockSGLangKVCR(t, "mock sglang")
+	w := startProc(t, "worker", mock.workerArgs(ns.URL(), "--log-level", "warn")...)
+	id := w.Expect(workerLine, 30*time.Second)[1]
+
+	ws := watchWorkers(t, ns.URL(), "mock-model", 1)
+	var in discovery.Instance
+	for _, i := range ws.watcher.Instances() {
+		in = i
+	}
+	if natsbus.InstanceToken(in.ID) != id || in.AcceptsHints == nil || !*in.AcceptsHints ||
+		!slices.Equal(in.ControlEndpoints, []string{"tcp://127.0.0.1:23280"}) {
+		t.Fatalf("registration %+v: want hints accepted and the linker's control endpoint", in)
+	}
+
+	// The router's side: an index fed by the event plane, as serve and
+	// frontend run it.
+	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: ns.URL(), Name: "e2e-router-index"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ix := index.New()
+	feed, err := eventplane.NewFeed(nc, eventplane.FeedConfig{Model: "mock-model", Applier: ix, Repairer: workerclient.Repairer{Clients: ws.clients}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = feed.Run(ctx) }()
+	d, err := discovery.Open(ctx, nc, discovery.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Watch(ctx, "mock-model", feed.OnDiscovery); err != nil {
+		t.Fatal(err)
+	}
+
+	fe := startProc(t, "frontend", "frontend", "--nats", ns.URL(), "--model", "mock-model", "--listen", "127.0.0.1:0", "--log-level", "warn")
+	base := fe.Expect(frontendLine, 30*time.Second)[1]
+	prompt := tokenPrompt(6*16, 4242)
+	testutil.WaitFor(t, 20*time.Second, "a completion through the frontend", func() bool {
+		resp, err := tryCompletion(context.Background(), base, map[string]any{"model": "mock-model", "prompt": prompt, "max_tokens": 2})
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	local, _ := kv.NewHasher(16, "", "").Blocks(prompt)
+	var m []index.Match
+	testutil.WaitFor(t, 15*time.Second, "the prompt on device, host (CPU) and disk (STORAGE) in the router's index", func() bool {
+		m = ix.FindMatches(local, m[:0])
+		return len(m) == 1 && m[0].Depth == [kv.NumTiers]uint32{6, 6, 6, 6}
+	}, func() string { return fmt.Sprintf("matches %+v", m) })
+	c := ix.BlockCounts(m[0].Worker)
+	if c[kv.TierHost] < 6 || c[kv.TierDisk] < 6 || c[kv.TierHost] != c[kv.TierDisk] {
+		t.Fatalf("blocks per tier %v: every host block was written on to disk", c)
+	}
+
+	// Another worker pinned to a cache owner the linker is not: the
+	// inventory is refused, nothing advertised, no hints, still serving.
+	w2 := startProc(t, "worker pinned elsewhere", mock.workerArgs(ns.URL(), "--kvcr-cache-owner", "someone-else", "--log-level", "warn", "--metrics-listen", "127.0.0.1:0")...)
+	id2 := w2.Expect(workerLine, 30*time.Second)[1]
+	if !strings.Contains(w2.Stderr(), `kvcr inventory off: the linker's inventory failed validation`) || !strings.Contains(w2.Stderr(), `but --kvcr-cache-owner is \"someone-else\"`) {
+		t.Fatalf("refusal not logged with its reason: %s", w2.Stderr())
+	}
+	ws2 := watchWorkers(t, ns.URL(), "mock-model", 2)
+	for _, i := range ws2.watcher.Instances() {
+		if natsbus.InstanceToken(i.ID) != id2 {
+			continue
+		}
+		if len(i.ControlEndpoints) != 0 || i.AcceptsHints == nil || *i.AcceptsHints {
+			t.Fatalf("a worker without the capability registered %+v", i)
+		}
+		wc, err := ws2.clients.Get(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hr, err := wc.Health(context.Background(), &api.HealthRequest{})
+		if err != nil || !hr.Ok {
+			t.Fatalf("the worker without the capability does not serve: %+v %v", hr, err)
+		}
+	}
+
+	// The engine's own account refuses a topology the flags did not
+	// mention.
+	tp2 := startMockSGLangKVCR(t, "mock sglang tp2", "--tp-size", "2")
+	runExit1(t, testutil.Binary(t), tp2.workerArgs(ns.URL(), "--log-level", "error"),
+		"kvmesh: --kvcr-inventory: unsupported engine topology (the engine's /get_server_info): tensor parallel 2 (linker inventory is published at TP 1 only)\n")
 }
