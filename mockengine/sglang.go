@@ -138,6 +138,12 @@ func NewSGLang(ctx context.Context, cfg SGLangConfig) (*SGLang, error) {
 		vc.KVTransfer = &KVTransferConfig{Role: RoleConsumer, SideChannelHost: cfg.BootstrapHost, SideChannelPort: cfg.BootstrapPort,
 			LeaseDuration: cfg.LeaseDuration}
 	}
+	// With the linker, the engine's first sink must be the split one: the
+	// block manager hands the events it recovered to the first sink.
+	evCfg := vc.Events
+	if cfg.KVCR != nil {
+		vc.Events = nil
+	}
 	v, err := NewVLLM(ctx, vc)
 	if err != nil {
 		return nil, err
@@ -152,8 +158,12 @@ func NewSGLang(ctx context.Context, cfg SGLangConfig) (*SGLang, error) {
 			return nil, err
 		}
 		var next engine.EventSink
-		if v.pubs != nil {
-			next = v.pubs.Sink
+		if evCfg != nil {
+			if v.pubs, err = NewRankPublishers(ctx, *evCfg, v.eng.DPSize(), v.cfg.Sim.BlockSize, cfg.Logger); err != nil {
+				s.Close()
+				return nil, err
+			}
+			v.cfg.Events, next = evCfg, v.pubs.Sink
 		}
 		v.eng.SetEventSink(s.inv.Split(next))
 	}
