@@ -73,12 +73,12 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	if err := cfg.Descriptor.Validate(cfg.Expect); err != nil {
 		return nil, err
 	}
-	for _, ep := range []struct{ flag, v string }{{"--kvcr-inventory-endpoint", cfg.Endpoint}, {"--kvcr-inventory-replay", cfg.ReplayEndpoint}} {
-		if ep.v == "" && ep.flag == "--kvcr-inventory-replay" {
-			continue
-		}
-		if _, err := kv.ParseEndpoint(ep.v); err != nil {
-			return nil, fmt.Errorf("%s: %w", ep.flag, err)
+	if _, err := kv.ParseEndpoint(cfg.Endpoint); err != nil {
+		return nil, fmt.Errorf("--kvcr-inventory-endpoint: %w", err)
+	}
+	if cfg.ReplayEndpoint != "" {
+		if _, err := kv.ParseEndpoint(cfg.ReplayEndpoint); err != nil {
+			return nil, fmt.Errorf("--kvcr-inventory-replay: %w", err)
 		}
 	}
 	if cfg.Logger == nil {
