@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,15 @@ import (
 // the client's: its engine pulls the prompt's KV (or recomputes it) and
 // generates from the first token on, so the prefill's token only tells
 // whether the answer already ended (a stop token, or one token wanted).
+//
+// An engine that pairs its legs up front (SGLang: the same request goes to
+// a prefill and a decode server at once, matched by a bootstrap room)
+// answers the prefill leg with its transfer parameters on a chunk before
+// the last: the decode leg starts then, and the prefill leg stays open
+// until its engine has handed the KV over. If it fails before the decode
+// leg's first token, the decode leg is stopped and the request fails as
+// the prefill did (a lost worker migrates); after that its end is only
+// logged.
 //
 // Failures: a prefill worker lost before answering is inhibited and the leg
 // retried on another (prefill legs are retried, never migrated mid-flight);
@@ -186,16 +196,25 @@ func (c *Cluster) disagg(ctx context.Context, req *kv.GenerateRequest, base rout
 	}
 	d, err := c.router.Route(ctx, router.DecodeLegRequest(base))
 	if err != nil {
+		ans.leg.stop()
 		return nil, routeErr(err)
 	}
 	greq := c.protoRequest(req, d)
 	greq.Leg = api.Leg_LEG_DECODE
 	greq.KvTransferParams = ans.params // whole: never merged, never a hint
-	st, err := c.open(ctx, d, greq)
+	dctx, dcancel := context.WithCancel(ctx)
+	st, err := c.open(dctx, d, greq)
 	if err != nil {
+		dcancel()
+		ans.leg.stop()
 		return nil, err
 	}
-	return &decodeStream{workerStream: st, cached: ans.chunk.CachedTokens, answered: ans.at, met: c.dmet}, nil
+	ds := &decodeStream{workerStream: st, cached: ans.chunk.CachedTokens, answered: ans.at, met: c.dmet, cancel: dcancel}
+	if ans.leg != nil {
+		ds.prefill = ans.leg
+		ans.leg.follow(c, req.RequestID, dcancel)
+	}
+	return ds, nil
 }
 
 var (
@@ -208,6 +227,9 @@ type prefillAnswer struct {
 	chunk  kv.TokenChunk // its token, finish reason and usage
 	params []byte        // connector parameters; nil when the answer is final
 	at     time.Time
+	// leg is the prefill leg still running when its engine gave the
+	// parameters before its last chunk; nil otherwise.
+	leg *openPrefill
 }
 
 // prefill runs the prefill leg, retrying another prefill worker when one is
@@ -246,12 +268,21 @@ func (c *Cluster) prefill(ctx context.Context, req *kv.GenerateRequest, base rou
 
 // prefillOn sends the prefill leg to d's worker and reads its answer.
 func (c *Cluster) prefillOn(ctx context.Context, d *router.Decision, greq *api.GenerateRequest) (prefillAnswer, error) {
-	st, err := c.open(ctx, d, greq)
+	// The leg's own context: stopping a leg that answered early is not
+	// the caller's cancellation, nor its worker's failure.
+	lctx, lcancel := context.WithCancel(ctx)
+	st, err := c.open(lctx, d, greq)
 	if err != nil {
+		lcancel()
 		return prefillAnswer{}, err
 	}
-	defer st.Close()
 	var ans prefillAnswer
+	defer func() {
+		if ans.leg == nil {
+			st.Close()
+			lcancel()
+		}
+	}()
 	for {
 		ch, err := st.Recv()
 		if err != nil {
@@ -262,6 +293,13 @@ func (c *Cluster) prefillOn(ctx context.Context, d *router.Decision, greq *api.G
 		}
 		ans.chunk.Tokens = append(ans.chunk.Tokens, ch.Tokens...)
 		if ch.Finish == kv.FinishNone {
+			if p := st.msg.KvTransferParams; len(p) > 0 {
+				// Parameters up front: the decode leg starts now, this one
+				// runs on until its engine has handed the KV over.
+				ans.params, ans.at = slices.Clone(p), time.Now()
+				ans.leg = &openPrefill{st: st, cancel: lcancel, worker: d.Worker, done: make(chan struct{})}
+				return ans, nil
+			}
 			continue
 		}
 		ans.chunk.Finish, ans.chunk.PromptTokens, ans.chunk.CachedTokens = ch.Finish, ch.PromptTokens, ch.CachedTokens
@@ -289,6 +327,61 @@ func (s *doneStream) Recv() (kv.TokenChunk, error) {
 
 func (s *doneStream) Close() error { return nil }
 
+// openPrefill is a prefill leg that answered before its last chunk,
+// followed while the decode leg runs.
+type openPrefill struct {
+	st       *workerStream
+	cancel   context.CancelFunc
+	worker   kv.WorkerKey
+	done     chan struct{} // closed when the leg has ended (err, cached set)
+	err      error         // its failure, nil when it finished
+	cached   int
+	started  atomic.Bool // the decode leg has produced a token
+	followed bool
+}
+
+// follow reads the leg to its end. A failure before the decode leg's
+// first token stops the decode leg (stopDecode): without the prefill's KV
+// it cannot go on.
+func (p *openPrefill) follow(c *Cluster, reqID string, stopDecode context.CancelFunc) {
+	p.followed = true
+	go func() {
+		defer close(p.done)
+		for {
+			ch, err := p.st.Recv()
+			if err != nil {
+				if p.st.ctx.Err() != nil {
+					return // stopped by us or the caller
+				}
+				p.err = err
+				if !p.started.Load() {
+					c.log.Warn("prefill leg failed before the decode leg's first token; stopping it", "request", reqID, "worker", p.worker, "err", err)
+					stopDecode()
+				} else {
+					c.log.Debug("prefill leg ended with an error after the decode leg started", "request", reqID, "worker", p.worker, "err", err)
+				}
+				return
+			}
+			if ch.Finish != kv.FinishNone {
+				p.cached = ch.CachedTokens
+				return
+			}
+		}
+	}()
+}
+
+// stop ends the leg (nil-safe), waiting for its reader if it has one.
+func (p *openPrefill) stop() {
+	if p == nil {
+		return
+	}
+	p.cancel()
+	if p.followed {
+		<-p.done
+	}
+	p.st.Close()
+}
+
 // decodeStream is the decode leg's stream. Its usage reports the prefill
 // leg's cache hits as cached_tokens: the blocks the decode pulled were
 // computed for this request, not found in a cache.
@@ -298,19 +391,50 @@ type decodeStream struct {
 	answered time.Time
 	first    bool
 	met      *disaggMetrics
+	cancel   context.CancelFunc
+	prefill  *openPrefill // a prefill leg still open; nil when it answered at its end
 }
 
 func (s *decodeStream) Recv() (kv.TokenChunk, error) {
 	ch, err := s.workerStream.Recv()
 	if err != nil {
+		if p := s.prefill; p != nil && !s.first && s.workerStream.ctx.Err() != nil {
+			// Stopped: by the prefill leg's failure, or the caller (then
+			// the prefill leg ends at once too).
+			<-p.done
+			if p.err != nil && s.workerStream.ctx.Err() != nil {
+				return ch, fmt.Errorf("prefill leg: %w", p.err)
+			}
+		}
 		return ch, err
 	}
 	if !s.first && len(ch.Tokens) > 0 {
 		s.first = true
+		if s.prefill != nil {
+			s.prefill.started.Store(true)
+		}
 		s.met.handoff.Observe(time.Since(s.answered).Seconds())
 	}
 	if ch.Finish != kv.FinishNone {
 		ch.CachedTokens = s.cached
+		if p := s.prefill; p != nil {
+			// The prefill's own count when it has answered (it usually has:
+			// it answers once the KV is handed over); else the decode's.
+			select {
+			case <-p.done:
+				if p.err == nil {
+					ch.CachedTokens = p.cached
+				}
+			default:
+			}
+		}
 	}
 	return ch, nil
+}
+
+func (s *decodeStream) Close() error {
+	err := s.workerStream.Close()
+	s.cancel()
+	s.prefill.stop()
+	return err
 }
