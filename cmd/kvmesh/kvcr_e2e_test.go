@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -161,28 +163,7 @@ func TestKVCRInventoryE2E(t *testing.T) {
 		t.Fatalf("registration %+v: want hints accepted and the linker's control endpoint", in)
 	}
 
-	// The router's side: an index fed by the event plane, as serve and
-	// frontend run it.
-	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: ns.URL(), Name: "e2e-router-index"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	ix := index.New()
-	feed, err := eventplane.NewFeed(nc, eventplane.FeedConfig{Model: "mock-model", Applier: ix, Repairer: workerclient.Repairer{Clients: ws.clients}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = feed.Run(ctx) }()
-	d, err := discovery.Open(ctx, nc, discovery.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.Watch(ctx, "mock-model", feed.OnDiscovery); err != nil {
-		t.Fatal(err)
-	}
+	ix := routerIndex(t, ns.URL())
 
 	fe := startProc(t, "frontend", "frontend", "--nats", ns.URL(), "--model", "mock-model", "--listen", "127.0.0.1:0", "--log-level", "warn")
 	base := fe.Expect(frontendLine, 30*time.Second)[1]
@@ -236,4 +217,150 @@ func TestKVCRInventoryE2E(t *testing.T) {
 	tp2 := startMockSGLangKVCR(t, "mock sglang tp2", "--tp-size", "2")
 	runExit1(t, testutil.Binary(t), tp2.workerArgs(ns.URL(), "--log-level", "error"),
 		"kvmesh: --kvcr-inventory: unsupported engine topology (the engine's /get_server_info): tensor parallel 2 (linker inventory is published at TP 1 only)\n")
+}
+
+// routerIndex is the router's side of the event plane for mock-model: an
+// index fed by an eventplane.Feed (NATS plus repair over the worker API),
+// as serve and frontend run it.
+func routerIndex(t *testing.T, natsURL string) *index.Index {
+	t.Helper()
+	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: natsURL, Name: "e2e-router-index"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	pool := workerclient.NewPool()
+	t.Cleanup(pool.Close)
+	ix := index.New()
+	feed, err := eventplane.NewFeed(nc, eventplane.FeedConfig{Model: "mock-model", Applier: ix, Repairer: workerclient.Repairer{Clients: pool}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = feed.Run(ctx) }()
+	d, err := discovery.Open(ctx, nc, discovery.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Watch(ctx, "mock-model", feed.OnDiscovery); err != nil {
+		t.Fatal(err)
+	}
+	return ix
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestKVCREngineRestartE2E: the engine restarts under a running worker
+// (same cache owner, same endpoints, KVCR's G3 lost with the process). The
+// worker relays no device events here, so only the state agent feeds the
+// router's index: the old epoch's host and disk blocks must leave it and
+// the new epoch's arrive, none doubled.
+func TestKVCREngineRestartE2E(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	inv, rep, metricsPort := freePort(t), freePort(t), freePort(t)
+	mockArgs := []string{"--port", strconv.Itoa(freePort(t)), "--kvcr-cache-owner", "node1-gpu0",
+		"--kvcr-inventory-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", inv), "--kvcr-inventory-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", rep)}
+	mock := startMockSGLangKVCR(t, "mock sglang", mockArgs...)
+	w := startProc(t, "worker", "worker", "--engine", "sglang", "--engine-url", mock.url, "--kvcr-inventory", "--kvcr-inventory-endpoint", mock.inv,
+		"--kvcr-inventory-replay", mock.invReplay, "--kvcr-extra-config", kvcrGoodConfig, "--model", "mock-model", "--nats", ns.URL(),
+		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", metricsPort), "--log-level", "warn")
+	w.Expect(workerLine, 30*time.Second)
+	ix := routerIndex(t, ns.URL())
+
+	depth := func(prompt []uint32) [kv.NumTiers]uint32 {
+		local, _ := kv.NewHasher(16, "", "").Blocks(prompt)
+		if m := ix.FindMatches(local, nil); len(m) == 1 {
+			return m[0].Depth
+		}
+		return [kv.NumTiers]uint32{}
+	}
+	var worker kv.WorkerKey
+	run := func(base string, prompt []uint32) {
+		t.Helper()
+		testutil.WaitFor(t, 20*time.Second, "the engine served the prompt", func() bool {
+			resp, err := tryCompletion(context.Background(), base, map[string]any{"model": "mock-model", "prompt": prompt, "max_tokens": 1})
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == 200
+		})
+	}
+	// The agent's subscription connects (and after the restart reconnects)
+	// on its own; the first live batch it sees makes it replay what it
+	// missed. Short filler prompts keep the engine publishing until then.
+	fillers := 0
+	until := func(base, what string, cond func() bool, why func() string) {
+		t.Helper()
+		testutil.WaitFor(t, 20*time.Second, what, func() bool {
+			if cond() {
+				return true
+			}
+			fillers++
+			run(base, tokenPrompt(2*16, uint32(20000+100*fillers)))
+			time.Sleep(200 * time.Millisecond)
+			return false
+		}, why)
+	}
+	before := tokenPrompt(6*16, 7000)
+	dbg := func() string {
+		m := testutil.Scrape(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))
+		out := fmt.Sprintf("depth %v workers %v fillers %d index %+v;", depth(before), ix.Workers(), fillers, ix.Stats())
+		for k, v := range m {
+			if strings.Contains(k, "kvcr") || strings.Contains(k, "events") {
+				out += fmt.Sprintf(" %s=%v", k, v)
+			}
+		}
+		return out
+	}
+	// The router's feed follows the worker once its events arrive: before
+	// that, what is published is not the test's.
+	until(mock.url+"/v1", "the router's index following the worker", func() bool { return len(ix.Workers()) > 0 }, dbg)
+	run(mock.url+"/v1", before)
+	until(mock.url+"/v1", "epoch 1's KVCR blocks in the router's index", func() bool {
+		return depth(before) == [kv.NumTiers]uint32{0, 6, 6, 6}
+	}, dbg)
+	for _, k := range ix.Workers() {
+		worker = k
+	}
+
+	if err := mock.Stop(os.Interrupt, 10*time.Second); err != nil {
+		t.Logf("mock stop: %v", err)
+	}
+	mock2 := startMockSGLangKVCR(t, "mock sglang restarted", mockArgs...)
+	after := tokenPrompt(6*16, 9000)
+	fillers = 0
+	run(mock2.url+"/v1", after)
+	until(mock2.url+"/v1", "epoch 2 replaced epoch 1 in the router's index", func() bool {
+		return depth(after) == [kv.NumTiers]uint32{0, 6, 6, 6} && depth(before) == [kv.NumTiers]uint32{}
+	}, func() string { return fmt.Sprintf("before %v after %v; ", depth(before), depth(after)) + dbg() })
+	// Epoch 2's blocks only, each once: the 6 of the prompt and 2 per
+	// filler, as many on disk as on host.
+	testutil.WaitFor(t, 10*time.Second, "the fillers' blocks", func() bool {
+		c := ix.BlockCounts(worker)
+		return c == [kv.NumTiers]int{0, 6 + 2*fillers, 6 + 2*fillers, 0}
+	}, func() string {
+		return fmt.Sprintf("the owner holds %v per tier after the restart, want only epoch 2's %d host and disk blocks", ix.BlockCounts(worker), 6+2*fillers)
+	})
+	m := testutil.Scrape(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))
+	if m["kvmesh_kvcr_inventory_epochs_total"] < 1 || m["kvmesh_kvcr_inventory_released_blocks_total"] < 12 || m["kvmesh_kvcr_inventory_capable"] != 1 {
+		t.Fatalf("agent metrics: epochs %v released %v capable %v", m["kvmesh_kvcr_inventory_epochs_total"],
+			m["kvmesh_kvcr_inventory_released_blocks_total"], m["kvmesh_kvcr_inventory_capable"])
+	}
 }
