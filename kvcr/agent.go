@@ -27,10 +27,11 @@ type AgentConfig struct {
 // AgentStats counts an agent's work.
 type AgentStats struct {
 	events.Stats
-	// Epochs counts inventory epochs begun: each time the linker cleared
-	// its inventory or its publisher restarted (a new engine process), the
+	// Epochs counts inventory resets: each time the linker cleared its
+	// inventory or its publisher restarted (a new engine process), the
 	// owner's holdings were released and the new epoch's events re-add
-	// them.
+	// them. One engine restart may count twice (the sequence starting over
+	// and the new linker's own clear).
 	Epochs uint64
 	// Released counts blocks released at epoch changes.
 	Released uint64

@@ -169,7 +169,7 @@ func registerKVCRMetrics(reg prometheus.Registerer, a *kvcr.Agent) error {
 		v          func(kvcr.AgentStats) uint64
 	}{
 		{"events", "KV events taken from the KVCR linker's inventory.", func(s kvcr.AgentStats) uint64 { return s.Events }},
-		{"epochs", "KVCR inventory epochs begun (the linker cleared its inventory or its publisher restarted).", func(s kvcr.AgentStats) uint64 { return s.Epochs }},
+		{"epochs", "KVCR inventory resets: the linker cleared its inventory or its publisher restarted (one engine restart may count twice).", func(s kvcr.AgentStats) uint64 { return s.Epochs }},
 		{"released_blocks", "Blocks the cache owner released at epoch changes.", func(s kvcr.AgentStats) uint64 { return s.Released }},
 		{"unknown_media", "Inventory events dropped for a medium that names no tier.", func(s kvcr.AgentStats) uint64 { return s.UnknownMedia }},
 		{"lost_batches", "Inventory batches lost beyond replay.", func(s kvcr.AgentStats) uint64 { return s.Lost }},
