@@ -55,6 +55,9 @@ func ToWire(evs []kv.Event, blockSize int, ts float64) []Batch {
 type ConvertStats struct {
 	Dropped   uint64 // events that yielded nothing (unknown medium, remote, no full block, duplicate hashes)
 	Truncated uint64 // stores cut at a short or mismatched block
+	// UnknownMedia counts events dropped for a medium no tier answers to
+	// (also counted in Dropped).
+	UnknownMedia uint64
 	// SaltUntracked counts salted blocks not remembered because MaxSalted
 	// were held: a store continuing from one is hashed unsalted.
 	SaltUntracked uint64
@@ -150,7 +153,11 @@ func (c *Converter) tier(ev *Event) (kv.Tier, bool) {
 	if strings.EqualFold(ev.Locality, "REMOTE") {
 		return 0, false
 	}
-	return kv.TierFromMedium(ev.Medium)
+	t, ok := kv.TierFromMedium(ev.Medium)
+	if !ok {
+		c.Stats.UnknownMedia++
+	}
+	return t, ok
 }
 
 func (c *Converter) stored(w kv.WorkerKey, ev *Event) (kv.Event, bool) {

@@ -14,6 +14,10 @@ import (
 type Encoder struct {
 	buf bytes.Buffer
 	enc *msgpack.Encoder
+	// SignedHashes writes block hashes as signed int64 (SGLang's form: the
+	// first 8 bytes of a SHA-256 read as a signed integer); the bits are the
+	// same, only the msgpack type differs.
+	SignedHashes bool
 }
 
 // NewEncoder returns an Encoder.
@@ -215,7 +219,11 @@ func (e *Encoder) signedHashes(h []kv.EngineHash) {
 func (e *Encoder) hashes(h []kv.EngineHash) {
 	must(e.enc.EncodeArrayLen(len(h)))
 	for _, v := range h {
-		must(e.enc.EncodeUint(uint64(v)))
+		if e.SignedHashes {
+			must(e.enc.EncodeInt(int64(v)))
+		} else {
+			must(e.enc.EncodeUint(uint64(v)))
+		}
 	}
 }
 

@@ -25,8 +25,10 @@ type PublisherConfig struct {
 	HWM            int   // PUB queue high-water mark; default 100,000
 	// BlockSize is written as block_size; 0 derives it from each event.
 	BlockSize int
-	Logger    *slog.Logger
-	Now       func() time.Time // ts source; default time.Now
+	// SignedHashes writes block hashes as signed int64, as SGLang does.
+	SignedHashes bool
+	Logger       *slog.Logger
+	Now          func() time.Time // ts source; default time.Now
 }
 
 // PublisherStats counts a publisher's work.
@@ -88,6 +90,7 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 		cfg.Now = time.Now
 	}
 	p := &Publisher{cfg: cfg, log: cfg.Logger, enc: NewEncoder()}
+	p.enc.SignedHashes = cfg.SignedHashes
 	if p.log == nil {
 		p.log = slog.Default()
 	}

@@ -51,6 +51,7 @@ type Stats struct {
 	BadFrames       uint64 // messages without 3 frames or an 8-byte seq
 	UnknownEvents   uint64 // events with unknown tags, skipped
 	DroppedEvents   uint64 // events conversion dropped (unknown medium, remote, no full block, duplicate hashes)
+	UnknownMedia    uint64 // of DroppedEvents: events whose medium names no tier
 	TruncatedStores uint64 // stores cut at a short or mismatched block
 	ReplayRequests  uint64
 	ReplayErrors    uint64
@@ -111,7 +112,7 @@ func (s *Subscriber) Stats() Stats {
 		Batches: s.stats.batches.Load(), Events: s.stats.events.Load(), Replayed: s.stats.replayed.Load(),
 		Duplicates: s.stats.duplicates.Load(), Gaps: s.stats.gaps.Load(), Lost: s.stats.lost.Load(),
 		Malformed: s.stats.malformed.Load(), BadFrames: s.stats.badFrames.Load(), UnknownEvents: s.stats.unknown.Load(),
-		DroppedEvents: cs.Dropped, TruncatedStores: cs.Truncated, ReplayRequests: s.stats.replayReq.Load(),
+		DroppedEvents: cs.Dropped, UnknownMedia: cs.UnknownMedia, TruncatedStores: cs.Truncated, ReplayRequests: s.stats.replayReq.Load(),
 		ReplayErrors: s.stats.replayErr.Load(), Restarts: s.stats.restarts.Load(),
 	}
 }

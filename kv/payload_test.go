@@ -38,8 +38,18 @@ func TestTierFromMedium(t *testing.T) {
 			t.Errorf("%q: %v %v, want %v", m, got, ok, want)
 		}
 	}
-	if _, ok := TierFromMedium("TAPE"); ok {
-		t.Error("unknown medium must not be ok")
+	// Every medium KVCR's inventory names (its CacheTier values and what
+	// the engine adapters publish for them).
+	for m, want := range map[string]Tier{"HBM": TierDevice, "FW_DRAM": TierHost, "DRAM": TierHost, "LOCAL_G2": TierHost,
+		"CPU": TierHost, "STORAGE": TierDisk, "storage": TierDisk, "G3": TierDisk} {
+		if got, ok := TierFromMedium(m); !ok || got != want {
+			t.Errorf("KVCR %q: %v %v, want %v", m, got, ok, want)
+		}
+	}
+	for _, m := range []string{"TAPE", "REMOTE_G2", "GPUX"} {
+		if got, ok := TierFromMedium(m); ok || got.Valid() {
+			t.Errorf("unknown medium %q: %v %v, want not ok and no valid tier (never a silent device)", m, got, ok)
+		}
 	}
 	for i := 0; i < NumTiers; i++ {
 		if p, err := ParseTier(Tier(i).String()); err != nil || p != Tier(i) {

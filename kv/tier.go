@@ -38,18 +38,23 @@ func ParseTier(s string) (Tier, error) {
 	return 0, fmt.Errorf("unknown tier %q (want device, host, disk or external)", s)
 }
 
-// TierFromMedium maps an engine's `medium` string (vLLM, SGLang, TRT-LLM) to
-// a tier. An empty medium is the device; ok is false for unknown media.
+// TierFromMedium maps an engine's `medium` string (vLLM, SGLang, TRT-LLM,
+// KVCR inventory) to a tier. An empty medium is the device. KVCR's own
+// names are here too: its framework and local DRAM (FW_DRAM, DRAM,
+// LOCAL_G2) are the host tier, and what it reports as STORAGE (its G3,
+// file-backed) is the disk tier, as Dynamo's router reads it. An unknown
+// medium gives ok false and an invalid tier, never the device: the caller
+// drops the event and counts it.
 func TierFromMedium(medium string) (t Tier, ok bool) {
 	switch strings.ToUpper(strings.TrimSpace(medium)) {
-	case "", "GPU", "DEVICE", "CUDA", "HBM":
+	case "", "GPU", "DEVICE", "CUDA", "HBM", "FW_G1":
 		return TierDevice, true
-	case "CPU", "CPU_PINNED", "CPU_TIER1", "HOST", "HOST_PINNED":
+	case "CPU", "CPU_PINNED", "CPU_TIER1", "HOST", "HOST_PINNED", "DRAM", "FW_DRAM", "LOCAL_G2", "FW_G2":
 		return TierHost, true
-	case "CPU_TIER2", "DISK", "NVME", "SSD":
+	case "CPU_TIER2", "DISK", "NVME", "SSD", "STORAGE", "G3":
 		return TierDisk, true
 	case "EXTERNAL", "NETWORK", "REMOTE", "SHARED", "OBJECT", "OBJECT_STORE", "S3":
 		return TierExternal, true
 	}
-	return TierDevice, false
+	return Tier(NumTiers), false
 }

@@ -76,9 +76,9 @@ func NewRankPublishers(ctx context.Context, cfg EventsConfig, ranks, blockSize i
 // Publisher is rank r's publisher.
 func (rp *RankPublishers) Publisher(r int) *events.Publisher { return rp.pubs[r] }
 
-// Sink has the shape of engine.EventSink: it maps evs to engine hashes and
-// publishes them on their ranks' publishers.
-func (rp *RankPublishers) Sink(evs []kv.Event) {
+// ToEngineDomain returns evs with every block hash mapped to the mock
+// engine's domain (EngineHash); local hashes and the rest are kept.
+func ToEngineDomain(evs []kv.Event) []kv.Event {
 	out := make([]kv.Event, len(evs))
 	for i, e := range evs {
 		out[i] = e
@@ -100,6 +100,13 @@ func (rp *RankPublishers) Sink(evs []kv.Event) {
 			out[i].Removed = rm
 		}
 	}
+	return out
+}
+
+// Sink has the shape of engine.EventSink: it maps evs to engine hashes and
+// publishes them on their ranks' publishers.
+func (rp *RankPublishers) Sink(evs []kv.Event) {
+	out := ToEngineDomain(evs)
 	// One publish per run of a rank (events.ToWire splits by rank too, but
 	// each rank has its own socket and sequence).
 	for start := 0; start < len(out); {

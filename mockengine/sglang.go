@@ -8,8 +8,10 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/events"
+	"github.com/kvmesh/kvmesh/kvcr"
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
@@ -67,7 +69,22 @@ type SGLangConfig struct {
 	// the cumulative ones (--incremental-streaming-output).
 	Incremental    bool
 	MaxHintRecords int
-	Logger         *slog.Logger
+	// KVCR, when set, runs the KVCR linker's inventory (kvcr.go): the
+	// sim's block-manager tiers (Sim.KVBM) published as inventory and
+	// described in /get_server_info as "kvcr_inventory".
+	KVCR *KVCRConfig
+	// Topology is what /get_server_info reports of the engine's parallel
+	// layout; the stand-in runs none of it (zero values report 1).
+	Topology ReportedTopology
+	Logger   *slog.Logger
+}
+
+// ReportedTopology is SGLang's parallel layout as /get_server_info
+// reports it (tp_size, pp_size, enable_dp_attention, nnodes,
+// tokenizer_worker_num, attn_cp_size); DP is the engine's real one.
+type ReportedTopology struct {
+	TP, PP, NNodes, TokenizerWorkers, AttnCP int
+	AttentionDP                              bool
 }
 
 // SGLang is the SGLang stand-in: serve Handler on an HTTP listener. It
@@ -78,6 +95,7 @@ type SGLangConfig struct {
 type SGLang struct {
 	cfg     SGLangConfig
 	v       *VLLM
+	inv     *KVCRInventory
 	log     *slog.Logger
 	rooms   rooms
 	mux     *http.ServeMux
@@ -120,12 +138,35 @@ func NewSGLang(ctx context.Context, cfg SGLangConfig) (*SGLang, error) {
 		vc.KVTransfer = &KVTransferConfig{Role: RoleConsumer, SideChannelHost: cfg.BootstrapHost, SideChannelPort: cfg.BootstrapPort,
 			LeaseDuration: cfg.LeaseDuration}
 	}
+	// With the linker, the engine's first sink must be the split one: the
+	// block manager hands the events it recovered to the first sink.
+	evCfg := vc.Events
+	if cfg.KVCR != nil {
+		vc.Events = nil
+	}
 	v, err := NewVLLM(ctx, vc)
 	if err != nil {
 		return nil, err
 	}
 	s := &SGLang{cfg: cfg, v: v, log: cfg.Logger, created: time.Now().Unix()}
 	s.cfg.Sim = v.cfg.Sim
+	if cfg.KVCR != nil {
+		kc := *cfg.KVCR
+		kc.HashDomain = kvcr.HashDomainSGLang
+		if s.inv, err = NewKVCRInventory(ctx, kc, v.cfg.Sim.BlockSize, cfg.Logger); err != nil {
+			v.Close()
+			return nil, err
+		}
+		var next engine.EventSink
+		if evCfg != nil {
+			if v.pubs, err = NewRankPublishers(ctx, *evCfg, v.eng.DPSize(), v.cfg.Sim.BlockSize, cfg.Logger); err != nil {
+				s.Close()
+				return nil, err
+			}
+			v.cfg.Events, next = evCfg, v.pubs.Sink
+		}
+		v.eng.SetEventSink(s.inv.Split(next))
+	}
 	s.cfg.MaxModelLen = v.maxModelLen
 	if cfg.DisaggMode == DisaggPrefill {
 		for _, sc := range v.sides {
@@ -167,8 +208,17 @@ func (s *SGLang) ReplayEndpoint(r int) string { return s.v.ReplayEndpoint(r) }
 func (s *SGLang) LeaseStats(r int) LeaseStats { return s.v.LeaseStats(r) }
 func (s *SGLang) PullStats() PullStats        { return s.v.PullStats() }
 
+// KVCRInventory is the linker inventory's publisher, nil without KVCR.
+func (s *SGLang) KVCRInventory() *KVCRInventory { return s.inv }
+
 // Close stops everything; /health answers 503 afterwards.
-func (s *SGLang) Close() error { return s.v.Close() }
+func (s *SGLang) Close() error {
+	err := s.v.Close()
+	if s.inv != nil {
+		err = errors.Join(err, s.inv.Close())
+	}
+	return err
+}
 
 // errClosed is the stand-in's answer once closed.
 var errClosed = errors.New("the engine is shut down")

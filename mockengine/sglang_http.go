@@ -91,13 +91,20 @@ func (s *SGLang) serveServerInfo(w http.ResponseWriter, _ *http.Request) {
 	for r := range states {
 		states[r] = map[string]any{"dp_rank": r}
 	}
+	if s.inv != nil {
+		states[0]["kvcr_inventory"] = s.inv.Descriptor()
+	}
+	top := s.cfg.Topology
+	one := func(n int) int { return max(n, 1) }
 	port := DefaultBootstrapPort
 	if p := s.BootstrapPort(); p != 0 {
 		port = p
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
 		"model_path": sc.Model, "tokenizer_path": sc.Model, "served_model_name": sc.Model,
-		"context_length": s.cfg.MaxModelLen, "page_size": sc.BlockSize, "tp_size": 1, "dp_size": s.v.eng.DPSize(), "pp_size": 1,
+		"context_length": s.cfg.MaxModelLen, "page_size": sc.BlockSize, "tp_size": one(top.TP), "dp_size": s.v.eng.DPSize(), "pp_size": one(top.PP),
+		"enable_dp_attention": top.AttentionDP, "nnodes": one(top.NNodes), "tokenizer_worker_num": one(top.TokenizerWorkers),
+		"attn_cp_size": one(top.AttnCP), "enable_unified_cache_external_linker": s.inv != nil,
 		"disaggregation_mode": s.cfg.DisaggMode, "disaggregation_bootstrap_port": port,
 		"disaggregation_transfer_backend": "mooncake", "incremental_streaming_output": s.cfg.Incremental,
 		"kv_events_config": kvEvents, "enable_cache_report": true, "skip_tokenizer_init": false,

@@ -73,6 +73,10 @@ type Config struct {
 	// LoRAs are the LoRA adapters the engine serves (registered in
 	// discovery); a request naming another adapter is InvalidArgument.
 	LoRAs []string
+	// EventSources are more KV-event producers beside the engine (the KVCR
+	// state agent): each gets the worker's sink at Start, so their events
+	// flow through the same log and publisher as the engine's.
+	EventSources []EventSource
 	// Peer, when set, is the engine's peer-transfer side (NewSimPeer): the
 	// worker serves its blocks on one control endpoint per DP rank and
 	// advertises them (see startControl).
@@ -94,6 +98,11 @@ type Config struct {
 	// Tracer, when set, traces every Generate call as a server span, the
 	// child of the caller's traceparent (tracing.go); nil: off.
 	Tracer trace.Tracer
+}
+
+// EventSource is a producer of KV events for this worker's cache.
+type EventSource interface {
+	SetEventSink(engine.EventSink)
 }
 
 // Worker is one running engine instance.
@@ -268,6 +277,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 	})
 	w.eng.SetEventSink(w.pub.Sink)
+	for _, src := range w.cfg.EventSources {
+		src.SetEventSink(w.pub.Sink)
+	}
 
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	w.cancel = cancel
@@ -374,6 +386,9 @@ func (w *Worker) Close() error {
 		w.met.unregister(w.cfg.Registerer)
 	}
 	w.eng.SetEventSink(nil)
+	for _, src := range w.cfg.EventSources {
+		src.SetEventSink(nil)
+	}
 	if err := w.eng.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("worker: close engine: %w", err))
 	}

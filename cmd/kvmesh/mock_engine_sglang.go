@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/events"
+	"github.com/kvmesh/kvmesh/kvcr"
 	"github.com/kvmesh/kvmesh/mockengine"
 )
 
@@ -34,6 +35,15 @@ type mockSGLangFlags struct {
 	lease, bootstrapTimeout time.Duration
 	incremental             bool
 	logLevel                string
+	// KVCR linker (SGLang's flags) and the mock's inventory publisher.
+	linker             bool
+	linkerBackend      string
+	extraConfig        string
+	kvcrEP, kvcrReplay string
+	kvcrOwner          string
+	kvcrHost, kvcrDisk int
+	kvcrDiskDir        string
+	topo               mockengine.ReportedTopology
 }
 
 func newMockSGLangCmd() *cobra.Command {
@@ -91,7 +101,72 @@ Timing is the sim's (Dynamo's mocker polynomial), divided by --speedup-ratio.`,
 	f.DurationVar(&mf.bootstrapTimeout, "bootstrap-timeout", mockengine.DefaultBootstrapTimeout, "how long a decode waits for its room's prefill")
 	f.BoolVar(&mf.incremental, "incremental-streaming-output", false, "stream each step's new output_ids and text instead of the cumulative ones")
 	f.StringVar(&mf.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.BoolVar(&mf.linker, "enable-unified-cache-external-linker", false, "run the unified-cache external linker (with --unified-cache-external-linker-backend kvcr: KVCR linker inventory)")
+	f.StringVar(&mf.linkerBackend, "unified-cache-external-linker-backend", "", "the linker's backend; the mock knows kvcr")
+	f.StringVar(&mf.extraConfig, "hicache-storage-backend-extra-config", "", `KVCR's extra config JSON (or @file), e.g. '{"publish_inventory":true,"kvcr_service_socket_path":null,"advertise_host":"127.0.0.1","control_port":23280}'`)
+	f.StringVar(&mf.kvcrEP, "kvcr-inventory-endpoint", "", "kvcr linker: bind the inventory publisher here, e.g. tcp://127.0.0.1:5600 (mock only)")
+	f.StringVar(&mf.kvcrReplay, "kvcr-inventory-replay-endpoint", "", "kvcr linker: bind the inventory replay ROUTER here (mock only)")
+	f.StringVar(&mf.kvcrOwner, "kvcr-cache-owner", "", "kvcr linker: the cache-owner id reported (default mock-<port>; give a restarted engine the same)")
+	f.IntVar(&mf.kvcrHost, "kvcr-host-blocks", 256, "kvcr linker: KVCR DRAM blocks per rank (the sim's host tier, published as CPU)")
+	f.IntVar(&mf.kvcrDisk, "kvcr-disk-blocks", 0, "kvcr linker: KVCR G3 blocks per rank (the sim's disk tier, published as STORAGE; needs --kvcr-disk-dir)")
+	f.StringVar(&mf.kvcrDiskDir, "kvcr-disk-dir", "", "kvcr linker: directory of the G3 tier's pool files")
+	t := &mf.topo
+	f.IntVar(&t.TP, "tp-size", 1, "tensor-parallel size reported in /get_server_info (the mock runs one)")
+	f.IntVar(&t.PP, "pp-size", 1, "pipeline-parallel size reported (the mock runs one)")
+	f.BoolVar(&t.AttentionDP, "enable-dp-attention", false, "attention data parallel, reported only")
+	f.IntVar(&t.NNodes, "nnodes", 1, "nodes reported (the mock runs on one)")
+	f.IntVar(&t.TokenizerWorkers, "tokenizer-worker-num", 1, "tokenizer workers reported (the mock runs one)")
+	f.IntVar(&t.AttnCP, "attn-cp-size", 1, "attention context-parallel size reported (the mock runs one)")
 	return cmd
+}
+
+// kvcr reads the linker flags: nil when the linker is off.
+func (mf *mockSGLangFlags) kvcr(fs interface{ Changed(string) bool }) (*mockengine.KVCRConfig, error) {
+	if err := checkInts(intFlag{"tp-size", int64(mf.topo.TP), 1}, intFlag{"pp-size", int64(mf.topo.PP), 1}, intFlag{"nnodes", int64(mf.topo.NNodes), 1},
+		intFlag{"tokenizer-worker-num", int64(mf.topo.TokenizerWorkers), 1}, intFlag{"attn-cp-size", int64(mf.topo.AttnCP), 1},
+		intFlag{"kvcr-host-blocks", int64(mf.kvcrHost), 0}, intFlag{"kvcr-disk-blocks", int64(mf.kvcrDisk), 0}); err != nil {
+		return nil, err
+	}
+	if !mf.linker {
+		for _, name := range []string{"unified-cache-external-linker-backend", "kvcr-inventory-endpoint", "kvcr-inventory-replay-endpoint", "kvcr-cache-owner", "kvcr-host-blocks", "kvcr-disk-blocks", "kvcr-disk-dir"} {
+			if fs.Changed(name) {
+				return nil, fmt.Errorf("--%s needs --enable-unified-cache-external-linker", name)
+			}
+		}
+		return nil, nil
+	}
+	if mf.linkerBackend != "kvcr" {
+		return nil, fmt.Errorf("--unified-cache-external-linker-backend %q: the mock's linker knows kvcr", mf.linkerBackend)
+	}
+	lc, err := kvcr.ParseLinkerConfig(mf.extraConfig)
+	if err != nil {
+		return nil, fmt.Errorf("--hicache-storage-backend-extra-config: %w", err)
+	}
+	if err := lc.Check(); err != nil {
+		return nil, err
+	}
+	if mf.kvcrEP == "" {
+		return nil, errors.New("--enable-unified-cache-external-linker: give --kvcr-inventory-endpoint, where the mock publishes the inventory")
+	}
+	if mf.kvcrHost == 0 && mf.kvcrDisk == 0 {
+		return nil, errors.New("--kvcr-host-blocks 0 --kvcr-disk-blocks 0: KVCR needs a tier")
+	}
+	if mf.kvcrDisk > 0 && mf.kvcrDiskDir == "" {
+		return nil, fmt.Errorf("--kvcr-disk-blocks %d: give --kvcr-disk-dir", mf.kvcrDisk)
+	}
+	owner := mf.kvcrOwner
+	if owner == "" {
+		owner = fmt.Sprintf("mock-%d", mf.port)
+		if mf.port == 0 {
+			owner = fmt.Sprintf("mock-pid%d", os.Getpid())
+		}
+	}
+	mf.sim.KVBM = &sim.KVBMConfig{HostBlocks: mf.kvcrHost, DiskBlocks: mf.kvcrDisk, DiskDir: mf.kvcrDiskDir,
+		HostBandwidth: sim.DefaultHostBandwidth, DiskBandwidth: sim.DefaultDiskBandwidth}
+	// Every block the host tier keeps goes on to G3: the inventory then
+	// shows both tiers from the first request.
+	mf.sim.KVBM.DiskFilter.Disabled = true
+	return &mockengine.KVCRConfig{Endpoint: mf.kvcrEP, ReplayEndpoint: mf.kvcrReplay, Owner: owner}, nil
 }
 
 func runMockSGLang(cmd *cobra.Command, mf *mockSGLangFlags) error {
@@ -121,7 +196,11 @@ func runMockSGLang(cmd *cobra.Command, mf *mockSGLangFlags) error {
 	if mf.lease <= 0 || mf.bootstrapTimeout <= 0 {
 		return errors.New("--kv-lease-duration and --bootstrap-timeout: want > 0")
 	}
-	cfg := mockengine.SGLangConfig{Sim: mf.sim, MaxModelLen: mf.contextLength, DisaggMode: mf.disaggMode,
+	kc, err := mf.kvcr(cmd.Flags())
+	if err != nil {
+		return err
+	}
+	cfg := mockengine.SGLangConfig{Sim: mf.sim, KVCR: kc, Topology: mf.topo, MaxModelLen: mf.contextLength, DisaggMode: mf.disaggMode,
 		BootstrapHost: mf.bootstrapHost, BootstrapPort: mf.bootstrapPort, LeaseDuration: mf.lease,
 		BootstrapTimeout: mf.bootstrapTimeout, Incremental: mf.incremental, Logger: log}
 	cfg.Sim.Model = mf.model
@@ -170,6 +249,13 @@ func runMockSGLang(cmd *cobra.Command, mf *mockSGLangFlags) error {
 			}
 			fmt.Fprintln(out)
 		}
+	}
+	if inv := s.KVCRInventory(); inv != nil {
+		fmt.Fprintf(out, "  kvcr inventory %s", inv.Endpoint())
+		if rep := inv.ReplayEndpoint(); rep != "" {
+			fmt.Fprintf(out, ", replay %s", rep)
+		}
+		fmt.Fprintf(out, " (cache owner %s, topic %s)\n", inv.Descriptor().CacheOwner, inv.Descriptor().Topic)
 	}
 	if p := s.BootstrapPort(); p != 0 {
 		fmt.Fprintf(out, "  bootstrap %s\n", net.JoinHostPort(mf.bootstrapHost, strconv.Itoa(p)))

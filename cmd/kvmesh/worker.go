@@ -48,6 +48,7 @@ type workerFlags struct {
 	kvbm                          kvbmFlags
 	connectorOut                  string
 	real                          realEngineFlags // --engine vllm etc.
+	kvcr                          kvcrFlags
 	realOpts                      engineOpts
 	fleet                         fleetFlags
 	tls                           tlsFlags
@@ -109,6 +110,7 @@ On startup it prints one line to stdout:
 	addKVBMFlags(f, &wf.kvbm)
 	f.StringVar(&wf.connectorOut, "connector-config-out", "", "real engine with --connector: write the engine-side configuration that loads the connector (trtllm: the --extra_llm_api_options YAML) to this file ('-': stdout); it is logged either way")
 	registerWorkerEngineFlags(f, &wf.real, &wf.realOpts)
+	wf.kvcr.register(f)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
 	return withEnv(cmd, "")
 }
@@ -156,6 +158,9 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		return err
 	}
 	if err := checkInts(intFlag{"dp-size", int64(wf.dpSize), 1}); err != nil {
+		return err
+	}
+	if err := wf.kvcr.check(cmd.Flags(), wf.engine, &wf.dpSize, wf.real.peers); err != nil {
 		return err
 	}
 	if err := checkStallTimeout(wf.stallTimeout); err != nil {
@@ -226,6 +231,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	var eng engine.Engine
 	var peer *worker.Peer
 	var acceptsHints *bool
+	var sources []worker.EventSource
 	switch wf.engine {
 	case "sim":
 		if wf.connectorOut != "" {
@@ -279,6 +285,29 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		}
 		eng = ve
 		wf.model, wf.controlEndpoints, acceptsHints = eng.Config().Model, wf.real.peers, wf.realOpts.acceptsHints()
+		if wf.kvcr.on {
+			agent, err := wf.kvcr.attach(cmd.Context(), wf.engine, wf.real.url, eng.Config().BlockSize, log)
+			if err == nil {
+				err = registerKVCRMetrics(reg, agent)
+			}
+			if err != nil {
+				if agent != nil {
+					agent.Close()
+				}
+				eng.Close()
+				return err
+			}
+			if agent != nil {
+				defer agent.Close()
+				// Validated: the linker's endpoints, every DP rank's, and
+				// its inventory beside the engine's own events.
+				wf.controlEndpoints, sources = wf.kvcr.endpoints, []worker.EventSource{agent}
+			} else {
+				// No capability: no endpoints, no hints; the engine still serves.
+				off := false
+				wf.controlEndpoints, acceptsHints = nil, &off
+			}
+		}
 	}
 	if s, ok := eng.(*sim.Engine); ok && wf.kvbm.connector != "" {
 		if err := registerKVBMMetrics(reg, s, wf.model, id); err != nil {
@@ -299,7 +328,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
-		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, AcceptsHints: acceptsHints, LoRAs: wf.loras, Peer: peer, Registerer: reg,
+		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, AcceptsHints: acceptsHints, LoRAs: wf.loras, EventSources: sources, Peer: peer, Registerer: reg,
 		FleetToken: fleetToken, TLS: serverTLS, Tracer: tracer, Engine: wf.engine,
 		Discovery: discovery.Config{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)

@@ -174,6 +174,7 @@ func (r *Relay) Stats() RelayStats {
 		o.BadFrames += st.BadFrames
 		o.UnknownEvents += st.UnknownEvents
 		o.DroppedEvents += st.DroppedEvents
+		o.UnknownMedia += st.UnknownMedia
 		o.TruncatedStores += st.TruncatedStores
 		o.ReplayRequests += st.ReplayRequests
 		o.ReplayErrors += st.ReplayErrors
