@@ -43,17 +43,20 @@ func TestFleetCredentialsProcesses(t *testing.T) {
 		flags   []string
 		dial    []grpc.DialOption
 		refused string // the worker series that counts a refused frontend
+		logged  string // what the worker logs, once per host, for it
 	}{
 		{"mutual TLS", []string{"--tls-cert", pki.CertFile, "--tls-key", pki.KeyFile, "--tls-ca", pki.CAFile},
-			[]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(pki.Client))}, "kvmesh_worker_tls_handshake_failures_total"},
+			[]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(pki.Client))}, "kvmesh_worker_tls_handshake_failures_total",
+			"refused a caller that failed the TLS handshake"},
 		{"fleet token", []string{"--fleet-token-file", tokenFile},
-			[]grpc.DialOption{workerclient.WithFleetToken(token)}, "kvmesh_worker_unauthenticated_total"},
+			[]grpc.DialOption{workerclient.WithFleetToken(token)}, "kvmesh_worker_unauthenticated_total",
+			"refused a caller without the fleet token"},
 	} {
-		t.Run(mode.name, func(t *testing.T) { credentialedFleet(t, mode.flags, mode.dial, mode.refused) })
+		t.Run(mode.name, func(t *testing.T) { credentialedFleet(t, mode.flags, mode.dial, mode.refused, mode.logged) })
 	}
 }
 
-func credentialedFleet(t *testing.T, creds []string, dial []grpc.DialOption, refusedSeries string) {
+func credentialedFleet(t *testing.T, creds []string, dial []grpc.DialOption, refusedSeries, refusedLog string) {
 	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -144,6 +147,14 @@ func credentialedFleet(t *testing.T, creds []string, dial []grpc.DialOption, ref
 	ma, mb, mc := workerMetrics(t, pa), workerMetrics(t, pb), workerMetrics(t, pc)
 	if got := seriesSum(ma, refusedSeries) + seriesSum(mb, refusedSeries); got < 1 {
 		t.Errorf("the refused frontend: %s on A and B = %v, want ≥ 1", refusedSeries, got)
+	}
+	// Logged once per host, however often the frontend redialled.
+	if n := strings.Count(pa.Stderr(), refusedLog) + strings.Count(pb.Stderr(), refusedLog); n < 1 ||
+		strings.Count(pa.Stderr(), refusedLog) > 1 || strings.Count(pb.Stderr(), refusedLog) > 1 {
+		t.Errorf("the refused frontend logged %d times on A and B (%q), want once per worker it reached", n, refusedLog)
+	}
+	if n := strings.Count(pa.Stderr(), "transfer: refused a peer"); n != 1 {
+		t.Errorf("A logged the refused peer %d times, want 1", n)
 	}
 	if got := ma[`kvmesh_transfer_refused_total{reason="unauthenticated"}`]; got != 1 {
 		t.Errorf("A's control endpoint counted %v refused peers, want 1 (C)", got)

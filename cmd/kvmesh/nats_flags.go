@@ -30,8 +30,8 @@ func (n *natsFlags) register(f *pflag.FlagSet) {
 // registerURL is register with another default and help for --nats.
 func (n *natsFlags) registerURL(f *pflag.FlagSet, def, help string) {
 	f.StringVar(&n.url, "nats", def, help)
-	f.StringVar(&n.creds, "nats-creds", "", "NATS credentials file")
-	f.StringVar(&n.ca, "nats-ca", "", "CA certificate to trust for NATS TLS")
+	f.StringVar(&n.creds, "nats-creds", "", "NATS credentials file (a user JWT and its nkey seed, as nsc writes it) for a server in operator mode")
+	f.StringVar(&n.ca, "nats-ca", "", "CA certificate to trust for NATS TLS (tls:// URLs; default: the system roots)")
 	f.StringVar(&n.cert, "nats-cert", "", "client certificate for NATS TLS")
 	f.StringVar(&n.key, "nats-key", "", "client key for NATS TLS")
 }
