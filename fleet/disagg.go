@@ -307,7 +307,7 @@ func (s *doneStream) Close() error { return nil }
 func (s *decodeStream) Close() error {
 	if !s.first {
 		s.first = true
-		s.handoff.End()
+		endSpan(s.handoff, nil)
 	}
 	return s.workerStream.Close()
 }
@@ -336,7 +336,7 @@ func (s *decodeStream) Recv() (kv.TokenChunk, error) {
 	if !s.first && len(ch.Tokens) > 0 {
 		s.first = true
 		s.met.handoff.Observe(time.Since(s.answered).Seconds())
-		s.handoff.End()
+		endSpan(s.handoff, nil)
 	}
 	if ch.Finish != kv.FinishNone {
 		ch.CachedTokens = s.cached
