@@ -359,7 +359,7 @@ type workerStream struct {
 	done   bool
 	msg    api.GenerateChunk // reused by every Recv: the codec resets it, and a chunk keeps only its own Tokens slice
 	counts *workerCounts     // the worker's, for the per-worker series
-	span   trace.Span        // worker.generate (tracing.go); ends with the stream
+	span   trace.Span        // worker.generate (tracing.go; nil: none); ends with the stream
 }
 
 func (s *workerStream) Recv() (kv.TokenChunk, error) {
@@ -404,7 +404,7 @@ func (s *workerStream) Recv() (kv.TokenChunk, error) {
 	}
 	s.counts.chunk(len(m.Tokens), ch.PromptTokens, ch.CachedTokens)
 	if ch.Finish != "" {
-		if s.span.IsRecording() {
+		if s.span != nil && s.span.IsRecording() {
 			s.span.SetAttributes(attribute.String("kvmesh.finish_reason", string(ch.Finish)),
 				attribute.Int("kvmesh.worker_cached_tokens", ch.CachedTokens))
 		}

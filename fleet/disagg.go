@@ -434,7 +434,7 @@ func (s *decodeStream) Recv() (kv.TokenChunk, error) {
 			s.prefill.started.Store(true)
 		}
 		s.met.handoff.Observe(time.Since(s.answered).Seconds())
-		s.handoff.End()
+		endSpan(s.handoff, nil)
 	}
 	if ch.Finish != kv.FinishNone {
 		ch.CachedTokens = s.cached
@@ -458,7 +458,7 @@ func (s *decodeStream) Recv() (kv.TokenChunk, error) {
 func (s *decodeStream) Close() error {
 	if !s.first {
 		s.first = true
-		s.handoff.End()
+		endSpan(s.handoff, nil)
 	}
 	err := s.workerStream.Close()
 	s.cancel()

@@ -87,8 +87,11 @@ func workerAttrs(k kv.WorkerKey) []attribute.KeyValue {
 	return []attribute.KeyValue{attribute.String("kvmesh.worker", natsbus.InstanceToken(k.Instance)), attribute.Int("kvmesh.dp_rank", int(k.DPRank))}
 }
 
-// endSpan ends sp with err's status, if any.
+// endSpan ends sp (nil: none) with err's status, if any.
 func endSpan(sp trace.Span, err error) {
+	if sp == nil {
+		return
+	}
 	if err != nil && sp.IsRecording() {
 		sp.RecordError(err)
 		sp.SetStatus(codes.Error, err.Error())
