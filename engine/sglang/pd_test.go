@@ -106,9 +106,22 @@ func TestEventsRelayedWithSignedHashes(t *testing.T) {
 	if negative == 0 {
 		t.Fatal("no negative hash in the test prompt; pick another")
 	}
-	timeout := time.After(5 * time.Second)
+	// The relay's subscription may join after those batches went out
+	// (ZMQ's slow joiner): a later live batch makes it catch up through
+	// replay, so poke the engine until everything has arrived.
+	timeout := time.After(10 * time.Second)
+	poke := time.NewTicker(200 * time.Millisecond)
+	defer poke.Stop()
+	pokes := 0
 	for len(want) > 0 {
 		select {
+		case <-poke.C:
+			pokes++
+			ch, err := e.Generate(context.Background(), &engine.Request{Tokens: prompt(16, kv.Token(90000+16*pokes)), Sampling: kv.Sampling{MaxTokens: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			collect(t, ch)
 		case b := <-got:
 			for _, ev := range b {
 				for _, bl := range ev.Blocks {
