@@ -231,10 +231,12 @@ func TestVLLMEngineHealthE2E(t *testing.T) {
 		t.Fatalf("stream over a stopped engine: stopped %d, chunks %d, done %v, error %q", stopped, chunks, done, msg)
 	}
 	// Well within the worker's 30 s stall timeout: the health poll did it.
-	if d := time.Since(stoppedAt); d > 15*time.Second {
-		t.Fatalf("the stream took %v to finish after its engine stopped", d)
+	streamDone := time.Since(stoppedAt)
+	if streamDone > 15*time.Second {
+		t.Fatalf("the stream took %v to finish after its engine stopped", streamDone)
 	}
 	testutil.WaitFor(t, 5*time.Second, "the stopped engine's worker out of discovery", func() bool { return len(ws.watcher.Instances()) == 1 })
+	t.Logf("engine stopped after 5 chunks: the stream finished on the other engine %v later, %d chunks", streamDone.Round(time.Millisecond), chunks)
 	wm := func(name string) float64 {
 		var sum float64
 		for k, v := range testutil.Scrape(t, "http://"+metricsAt[stopped]+"/metrics") {
@@ -252,7 +254,9 @@ func TestVLLMEngineHealthE2E(t *testing.T) {
 		t.Fatalf("with one engine stopped: %d %+v", st, c)
 	}
 	mocks[stopped].Signal(syscall.SIGCONT)
+	resumed := time.Now()
 	testutil.WaitFor(t, 10*time.Second, "the worker back in discovery", func() bool { return len(ws.watcher.Instances()) == 2 })
+	t.Logf("engine resumed: its worker back in discovery after %v", time.Since(resumed).Round(time.Millisecond))
 	if wm("kvmesh_worker_healthy") != 1 {
 		t.Fatal("worker not healthy after its engine answers again")
 	}
