@@ -44,7 +44,7 @@ func openTRTLLM(ctx context.Context, a engineAttach) (attachedEngine, error) {
 	if err := trtllm.CheckHintForm(a.opts.hintForm); err != nil {
 		return nil, err
 	}
-	e, err := trtllm.New(ctx, trtllm.Config{URL: a.flags.url, Model: a.model, Role: a.role, BlockSize: a.blockSize,
+	e, err := trtllm.New(ctx, trtllm.Config{URL: a.flags.url, HealthInterval: a.opts.healthInterval, Model: a.model, Role: a.role, BlockSize: a.blockSize,
 		Events: a.flags.events, Logger: a.log})
 	if err != nil {
 		return nil, err

@@ -66,6 +66,10 @@ type Config struct {
 	Events, ReplayEvents, Topic string
 	// StatsInterval is how often /metrics is read for load; default 500ms.
 	StatsInterval time.Duration
+	// HealthInterval is how often /health is polled after start (two
+	// failed checks make the engine unhealthy until one passes); default
+	// remote.DefaultHealthInterval.
+	HealthInterval time.Duration
 	// Client is the HTTP client; default one without a timeout (streams
 	// last as long as generations).
 	Client *http.Client

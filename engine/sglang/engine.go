@@ -26,6 +26,7 @@ type Engine struct {
 	info          ServerInfo
 	bootstrapPort int
 	relay         *remote.Relay
+	health        *remote.HealthMonitor
 
 	stats   atomic.Pointer[[]engine.Stats] // per rank, from /metrics
 	scrapes atomic.Uint64
@@ -37,6 +38,7 @@ type Engine struct {
 var (
 	_ engine.Engine = (*Engine)(nil)
 	_ engine.Ranked = (*Engine)(nil)
+	_ engine.Health = (*Engine)(nil)
 )
 
 // ServerInfo is what the adapter reads from /get_server_info (SGLang's
@@ -104,7 +106,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if e.info.MaxTotalTokens > 0 {
 		blocks = e.info.MaxTotalTokens / blockSize
 	}
-	e.ecfg = engine.Config{Model: cfg.Model, Role: cfg.Role, BlockSize: blockSize, Blocks: blocks,
+	e.ecfg = engine.Config{Model: cfg.Model, Role: cfg.Role, BlockSize: blockSize, Blocks: blocks, MaxModelLen: e.info.ContextLength,
 		// Hints and handoffs only make sense between engines serving the
 		// same model with the same page layout.
 		Digest: fmt.Sprintf("sglang/%s/ps%d", cfg.Model, blockSize)}
@@ -117,6 +119,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	}
 	sctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
+	e.health = remote.NewHealthMonitor(remote.HealthConfig{URL: base + "/health", Interval: cfg.HealthInterval, Client: e.client, Logger: e.log})
 	e.scrape(ctx)
 	e.wg.Go(func() {
 		t := time.NewTicker(cfg.StatsInterval)
@@ -307,6 +310,9 @@ func (e *Engine) SetEventSink(s engine.EventSink) {
 // Relay is the KV-event relay, or nil without --kv-events.
 func (e *Engine) Relay() *remote.Relay { return e.relay }
 
+// Health is the engine's /health verdict after start (engine.Health).
+func (e *Engine) Health() (bool, <-chan struct{}) { return e.health.Health() }
+
 // Close stops the load reader and the relay; the server keeps running.
 func (e *Engine) Close() error {
 	if !e.closed.CompareAndSwap(false, true) {
@@ -314,6 +320,7 @@ func (e *Engine) Close() error {
 	}
 	e.cancel()
 	e.wg.Wait()
+	e.health.Close()
 	var err error
 	if e.relay != nil {
 		err = e.relay.Close()

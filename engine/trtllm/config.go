@@ -30,6 +30,10 @@ type Config struct {
 	PollInterval time.Duration
 	// StatsInterval is how often /metrics is read for load; default 500ms.
 	StatsInterval time.Duration
+	// HealthInterval is how often /health is polled after start (two
+	// failed checks make the engine unhealthy until one passes); default
+	// remote.DefaultHealthInterval.
+	HealthInterval time.Duration
 	// EventsHintAfter is how many finished generations without a single
 	// KV event make the adapter say the engine's event buffer is off;
 	// default 8.

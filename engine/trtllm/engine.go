@@ -23,6 +23,7 @@ type Engine struct {
 	ecfg   engine.Config
 	log    *slog.Logger
 	client *http.Client
+	health *remote.HealthMonitor
 
 	stats     atomic.Pointer[engine.Stats]
 	scrapes   atomic.Uint64
@@ -41,7 +42,10 @@ type Engine struct {
 	wg     sync.WaitGroup
 }
 
-var _ engine.Engine = (*Engine)(nil)
+var (
+	_ engine.Engine = (*Engine)(nil)
+	_ engine.Health = (*Engine)(nil)
+)
 
 // iterStats is one entry of /metrics: TensorRT-LLM's iteration stats.
 type iterStats struct {
@@ -117,6 +121,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		Digest: fmt.Sprintf("trtllm/%s/bs%d", cfg.Model, blockSize)}
 	e.conv = newConverter(blockSize)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.health = remote.NewHealthMonitor(remote.HealthConfig{URL: base + "/health", Interval: cfg.HealthInterval, Client: e.client, Logger: e.log})
 	if last != nil {
 		e.apply(last)
 	}
@@ -321,6 +326,9 @@ func (e *Engine) EventStats() remote.RelayStats {
 	return e.conv.stats
 }
 
+// Health is the engine's /health verdict after start (engine.Health).
+func (e *Engine) Health() (bool, <-chan struct{}) { return e.health.Health() }
+
 // Close stops the load reader and the event poller; the server keeps
 // running.
 func (e *Engine) Close() error {
@@ -329,6 +337,7 @@ func (e *Engine) Close() error {
 	}
 	e.cancel()
 	e.wg.Wait()
+	e.health.Close()
 	e.client.CloseIdleConnections()
 	return nil
 }
