@@ -417,7 +417,9 @@ func TestConcurrentFetches(t *testing.T) {
 		t.Fatal(err)
 	}
 	ep := startServer(t, &Server{Source: src, Metrics: m})
-	c := newClient(t, ClientOptions{Metrics: m})
+	// The operation timeout is not under test here: 256 fetches queued on
+	// a loaded 2-core machine can wait longer than the default second.
+	c := newClient(t, ClientOptions{Metrics: m, Timeout: 30 * time.Second})
 	const workers, each = 32, 8
 	var wg sync.WaitGroup
 	errs := make(chan error, workers*each)

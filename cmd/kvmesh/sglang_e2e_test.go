@@ -118,9 +118,11 @@ func TestSGLangAdapterE2E(t *testing.T) {
 		t.Fatalf("stream: chunks %d done %v error %q", chunks, done, msg)
 	}
 
-	// The engine's 4xx is the client's 400, with the engine's message.
+	// The engines' context length (/get_server_info) bounds requests at the
+	// frontend: a 400 naming it before any engine sees the prompt. (The
+	// engine's own 4xx reaching the client is tested in engine/sglang.)
 	st, c = completeOnce(t, base, map[string]any{"model": "mock-model", "prompt": tokenPrompt(5000, 3), "max_tokens": 5})
-	if st != 400 || c.Error == nil || !strings.Contains(c.Error.Message, "context length (4096 tokens)") {
+	if st != 400 || c.Error == nil || !strings.Contains(c.Error.Message, "maximum context length is 4096 tokens") {
 		t.Fatalf("too long for the engine: %d %+v", st, c.Error)
 	}
 
