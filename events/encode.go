@@ -146,7 +146,8 @@ func (e *Encoder) event(ev *Event, asMap bool) error {
 }
 
 // sglangBatch writes b as SGLang's publisher does: [ts, events], events
-// positional with SGLang's fields, hashes signed.
+// positional with SGLang's fields (medium and lora_name appended when
+// set, as newer builds do), hashes signed.
 func (e *Encoder) sglangBatch(b *Batch) error {
 	w := e.enc
 	must(w.EncodeArrayLen(2))
@@ -156,7 +157,14 @@ func (e *Encoder) sglangBatch(b *Batch) error {
 		ev := &b.Events[i]
 		switch ev.Type {
 		case TypeStored:
-			must(w.EncodeArrayLen(6))
+			// Newer SGLang builds append medium and lora_name (as vLLM
+			// does); they are written only when set, so an event without
+			// them has the older builds' six fields.
+			n := 6
+			if ev.HasMedium || ev.HasLoRAName {
+				n = 8
+			}
+			must(w.EncodeArrayLen(n))
 			must(w.EncodeString(TagStored))
 			e.signedHashes(ev.BlockHashes)
 			if ev.HasParent {
@@ -174,10 +182,21 @@ func (e *Encoder) sglangBatch(b *Batch) error {
 			} else {
 				must(w.EncodeNil())
 			}
+			if n == 8 {
+				e.optString(ev.Medium, ev.HasMedium)
+				e.optString(ev.LoRAName, ev.HasLoRAName)
+			}
 		case TypeRemoved:
-			must(w.EncodeArrayLen(2))
+			if ev.HasMedium {
+				must(w.EncodeArrayLen(3))
+			} else {
+				must(w.EncodeArrayLen(2))
+			}
 			must(w.EncodeString(TagRemoved))
 			e.signedHashes(ev.BlockHashes)
+			if ev.HasMedium {
+				e.optString(ev.Medium, true)
+			}
 		case TypeCleared:
 			must(w.EncodeArrayLen(1))
 			must(w.EncodeString(TagCleared))

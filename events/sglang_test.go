@@ -56,6 +56,17 @@ func TestSGLangShapeSignedHashes(t *testing.T) {
 	if int64(got.Events[1].BlockHashes[0]) != neg || got.Events[2].Type != TypeCleared {
 		t.Fatalf("removed/cleared %+v", got.Events[1:])
 	}
+	// A tiered store (a KVCR inventory's STORAGE medium) carries its
+	// medium, as newer SGLang builds write it.
+	b.Events = []Event{{Type: TypeStored, BlockHashes: []kv.EngineHash{kv.EngineHash(neg)}, TokenIDs: []uint32{1, 2}, BlockSize: 2,
+		Medium: "STORAGE", HasMedium: true}, {Type: TypeRemoved, BlockHashes: []kv.EngineHash{9}, Medium: "STORAGE", HasMedium: true}}
+	if raw, err = EncodeBatch(b, ShapeSGLang); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err = DecodeBatch(raw); err != nil || got.Events[0].Medium != "STORAGE" || got.Events[1].Medium != "STORAGE" ||
+		int64(got.Events[0].BlockHashes[0]) != neg {
+		t.Fatalf("tiered events %+v %v", got, err)
+	}
 	if sh, err := ParseShape("sglang"); err != nil || sh != ShapeSGLang {
 		t.Fatalf("ParseShape(sglang) = %v, %v", sh, err)
 	}

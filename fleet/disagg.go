@@ -192,6 +192,7 @@ func (c *Cluster) disagg(ctx context.Context, req *kv.GenerateRequest, base rout
 	if err := ctx.Err(); err != nil {
 		// The client left between the legs: no decode leg; the prefill
 		// worker releases its pinned blocks at the handoff's expiry.
+		ans.leg.stop()
 		return nil, err
 	}
 	d, err := c.router.Route(ctx, router.DecodeLegRequest(base))

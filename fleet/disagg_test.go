@@ -47,6 +47,7 @@ type recEngine struct {
 	deadSource   atomic.Bool   // answer with an unreachable control endpoint
 	onAnswer     func()        // called when a prefill answer passes
 	answered     atomic.Uint64 // prefill answers with parameters
+	upFront      atomic.Pointer[upFront]
 }
 
 func (e *recEngine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
@@ -54,6 +55,11 @@ func (e *recEngine) Generate(ctx context.Context, req *engine.Request) (<-chan e
 	e.mu.Lock()
 	e.seen = append(e.seen, s)
 	e.mu.Unlock()
+	if u := e.upFront.Load(); u != nil {
+		if ch, ok := u.generate(ctx, e, req, s); ok {
+			return ch, nil
+		}
+	}
 	if req.Leg == kv.LegPrefill && e.failPrefills.Add(-1) >= 0 {
 		out := make(chan engine.Chunk)
 		close(out) // the worker ends the stream without a finish: a lost worker

@@ -11,7 +11,15 @@
 // blocks' bytes over a side channel, and the consumers' notification that
 // frees them.
 //
-// Shared pieces, meant for the SGLang and TensorRT-LLM stand-ins as well:
+// SGLang is the SGLang stand-in, built on the vLLM one's engine and
+// machinery: /generate (cumulative or incremental output_ids, meta_info),
+// /get_server_info, /get_model_info, /metrics with SGLang's names, KV
+// events in SGLang's shape (events.ShapeSGLang: signed hashes, no DP rank)
+// and P/D by bootstrap room: the prefill leases the room's blocks and
+// answers the decode's lookup on its side channel (LookupRoom), the decode
+// pulls them and notifies.
+//
+// Shared pieces, meant for the TensorRT-LLM stand-in as well:
 // SideChannel (a port that serves leased blocks by pool id through package
 // transfer and takes "request_id:consumers" notifications), Leases (blocks
 // pinned for a peer, freed on notification or when the lease runs out),

@@ -194,6 +194,11 @@ func (s *SGLang) BootstrapPort() int { return s.v.SideChannelPort(0) }
 // served at GET /debug/kv_hints).
 func (s *SGLang) Hints() []HintRecord { return s.v.Hints() }
 
+// Publishers are the stand-in's per-rank KV-event publishers (SGLang's
+// shape), nil without events: a test or an inventory feed can publish
+// through them beside the engine.
+func (s *SGLang) Publishers() *RankPublishers { return s.v.pubs }
+
 // EventsEndpoint and ReplayEndpoint are rank r's bound event endpoints.
 func (s *SGLang) EventsEndpoint(r int) string { return s.v.EventsEndpoint(r) }
 func (s *SGLang) ReplayEndpoint(r int) string { return s.v.ReplayEndpoint(r) }

@@ -29,6 +29,9 @@ type engineAdapter struct {
 	// open attaches to one engine server; ctx bounds the wait for it to
 	// become healthy.
 	open func(ctx context.Context, a engineAttach) (attachedEngine, error)
+	// decodeCannotPrefill: the kind's decode servers serve only requests
+	// paired with a prefill (SGLang's), so serve plans no local prefill.
+	decodeCannotPrefill bool
 }
 
 // engineAttach is what an adapter is opened with.
@@ -96,7 +99,7 @@ type engineOpts struct {
 
 func (o *engineOpts) register(f *pflag.FlagSet) {
 	f.StringVar(&o.topic, "kv-events-topic", "", "real engine: ZMQ topic of the engine's KV events (its kv-events-config topic)")
-	f.StringVar(&o.hintForm, "hint-form", hintNative, "real engine: how KV hints reach the engine: native (its own hint field, vLLM's kv_hints), bridge (the older form, vLLM's kv_transfer_params.kv_hint) or off (take no hints)")
+	f.StringVar(&o.hintForm, "hint-form", hintNative, "real engine: how KV hints reach the engine: native (its own hint field: kv_hints), bridge (the older form: vLLM's kv_transfer_params.kv_hint, SGLang's kv_router_hint) or off (take no hints)")
 	f.DurationVar(&o.timeout, "engine-timeout", 10*time.Minute, "real engine: how long to wait for the engine's /health at start (model loading takes minutes)")
 }
 
@@ -281,6 +284,29 @@ func (s *serveEngineFlags) engines() ([]servedEngine, error) {
 		return nil, fmt.Errorf("--engine %s needs --engine-url (aggregated) or --prefill-engine-url and --decode-engine-url (P/D)", s.engine)
 	}
 	return append(append(agg, pre...), dec...), nil
+}
+
+// noLocalPrefill turns conditional disaggregation's local prefill (and
+// the busy-prefill bypass) off for engine kinds whose decode servers
+// cannot prefill alone, and refuses an explicit --disagg-local-prefill-tokens
+// asking for it.
+func (s *serveEngineFlags) noLocalPrefill(cmd *cobra.Command, list []servedEngine, ff *frontendFlags) error {
+	a, ok := engineAdapters[s.engine]
+	if !ok || !a.decodeCannotPrefill {
+		return nil
+	}
+	decode := false
+	for _, se := range list {
+		decode = decode || se.role == kv.RoleDecode
+	}
+	if !decode {
+		return nil
+	}
+	if cmd.Flags().Changed("disagg-local-prefill-tokens") && ff.localPrefillTokens != 0 {
+		return fmt.Errorf("--disagg-local-prefill-tokens %d: %s decode servers cannot prefill alone (want 0)", ff.localPrefillTokens, s.engine)
+	}
+	ff.noLocalPrefill = true
+	return nil
 }
 
 // startRealWorkerEngine checks the worker's real-engine flags, checks its

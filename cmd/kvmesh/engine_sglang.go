@@ -6,7 +6,9 @@ import (
 	"github.com/kvmesh/kvmesh/engine/sglang"
 )
 
-func init() { engineAdapters["sglang"] = engineAdapter{open: openSGLang} }
+// SGLang's decode servers take only requests paired with a prefill by a
+// bootstrap room: no local prefill on them.
+func init() { engineAdapters["sglang"] = engineAdapter{open: openSGLang, decodeCannotPrefill: true} }
 
 // openSGLang attaches to one SGLang server.
 func openSGLang(ctx context.Context, a engineAttach) (attachedEngine, error) {

@@ -233,7 +233,9 @@ func postGenerate(t *testing.T, url string, body map[string]any) {
 // `kvmesh serve --engine sglang` over a prefill and a decode mock: the
 // same request reaches both with one bootstrap room; the decode mock
 // pulls the prompt's blocks from the prefill mock's bootstrap port; the
-// client reads the decode stream, streamed and not.
+// client reads the decode stream, streamed and not. Short prompts too go
+// through both servers: an SGLang decode server cannot prefill alone, so
+// serve plans no local prefill on it.
 func TestServeSGLangDisaggregated(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -241,7 +243,7 @@ func TestServeSGLangDisaggregated(t *testing.T) {
 	pre := startMockSGLang(t, "prefill mock", "--speedup-ratio", "0", "--disaggregation-mode", "prefill")
 	dec := startMockSGLang(t, "decode mock", "--speedup-ratio", "0", "--disaggregation-mode", "decode")
 	s := startServe(t, "--engine", "sglang", "--prefill-engine-url", pre.url, "--prefill-kv-events", pre.events,
-		"--decode-engine-url", dec.url, "--decode-kv-events", dec.events, "--disagg-local-prefill-tokens", "0")
+		"--decode-engine-url", dec.url, "--decode-kv-events", dec.events)
 	defer s.stop(t)
 	var st int
 	var c completion
@@ -269,5 +271,23 @@ func TestServeSGLangDisaggregated(t *testing.T) {
 	}
 	if hs := mockHints(t, dec); len(hs) != 0 {
 		t.Fatalf("hints on the decode side: %+v", hs)
+	}
+	// A server attached in the wrong role fails at start, naming the flag
+	// and the engine's mode.
+	p := startProc(t, "bad serve", "serve", "--listen", "127.0.0.1:0", "--engine", "sglang", "--prefill-engine-url", dec.url,
+		"--decode-engine-url", pre.url, "--engine-timeout", "10s")
+	select {
+	case <-p.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve with swapped roles kept running")
+	}
+	if want := "--prefill-engine-url " + dec.url + ": sglang engine " + dec.url + " runs --disaggregation-mode decode"; !strings.Contains(p.Stderr(), want) {
+		t.Fatalf("swapped roles: %s\nwant %q", p.Stderr(), want)
+	}
+	p = startProc(t, "bad serve", "serve", "--listen", "127.0.0.1:0", "--engine", "sglang", "--prefill-engine-url", pre.url,
+		"--decode-engine-url", dec.url, "--disagg-local-prefill-tokens", "512")
+	<-p.Done()
+	if want := "--disagg-local-prefill-tokens 512: sglang decode servers cannot prefill alone"; !strings.Contains(p.Stderr(), want) {
+		t.Fatalf("local prefill asked for: %s\nwant %q", p.Stderr(), want)
 	}
 }

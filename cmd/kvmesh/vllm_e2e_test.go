@@ -365,7 +365,7 @@ func TestServeVLLMEngines(t *testing.T) {
 		{[]string{"--engine", "vllm", "--engine-url", a.url + "," + b.url, "--kv-events", a.events}, "--kv-events: 1 entries for 2 engines"},
 		{[]string{"--engine", "vllm", "--engine-url", a.url, "--hint-form", "loud"}, "--hint-form"},
 		{[]string{"--engine", "vllm", "--engine-url", a.url, "--peer-endpoint", "tcp://0.0.0.0:1"}, "--peer-endpoint (entry 1)"},
-		{[]string{"--engine-url", a.url}, "need a real engine's --engine (vllm"},
+		{[]string{"--engine-url", a.url}, "need a real engine's --engine ("},
 		{[]string{"--engine", "vllm", "--engine-url", a.url, "--engine-timeout", "0s"}, "--engine-timeout 0s: want > 0"},
 		{[]string{"--engine", "vllm", "--prefill-engine-url", a.url}, "come together"},
 	} {

@@ -117,6 +117,11 @@ func (e *Engine) body(req *engine.Request) (*generateRequest, []byte, error) {
 	var params []byte
 	switch req.Leg {
 	case kv.LegWhole:
+		if e.cfg.Role == kv.RoleDecode {
+			// SGLang's decode server takes only requests paired with a
+			// prefill; it cannot compute a prompt alone.
+			return nil, nil, errors.New("an SGLang decode server cannot prefill a request alone: run the frontend with --disagg-local-prefill-tokens 0 (serve --engine sglang does)")
+		}
 	case kv.LegPrefill:
 		room := NewRoom(req.DPRank, e.cfg.DPSize)
 		b.Bootstrap = Bootstrap{Host: e.cfg.BootstrapHost, Port: e.bootstrapPort, Room: &room}
