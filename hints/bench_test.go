@@ -43,14 +43,3 @@ func BenchmarkNewFetch(b *testing.B) {
 		_ = NewFetch("sel", f.SourceEndpoint, f.BlockHashes)
 	}
 }
-
-func BenchmarkLowerVLLM(b *testing.B) {
-	env := benchEnvelope()
-	req := map[string]any{"model": "m", "max_tokens": 16, "kv_transfer_params": map[string]any{"do_remote_decode": true}}
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := PrefillLeg(VLLM, req, env); err != nil {
-			b.Fatal(err)
-		}
-	}
-}

@@ -30,19 +30,20 @@
 // Hints are advisory: callers on the worker side drop a hint that fails to
 // parse and serve the request without it.
 //
-// Lowering (Lower, PrefillLeg, DecodeLeg, InstallConnectorParams) places an
-// envelope into an engine's request body (map[string]any; the hint goes in as
-// json.RawMessage so u64 hashes stay exact) without mutating the caller's maps:
+// Encode gives an envelope in the wire form of one engine (Engine): the
+// bytes are the same for all of them except that SGLang's form writes every
+// fetch payload's "mode":"copy" explicitly. Where the form goes is the
+// adapter's business, in its own typed request body:
 //
 //	vllm         body.kv_hints = envelope                  (vLLM native surface)
 //	vllm-bridge  body.kv_transfer_params.kv_hint = envelope (older merged path)
 //	sglang       body.kv_hints = envelope, fetch payloads with explicit "mode":"copy"
 //	trtllm       body.kv_hints = envelope                  (RFC: GenerationRequest.kv_hints)
 //
-// Prefill/decode: the prefill (or aggregated) leg carries the hint; a decode
-// leg consuming prefill-produced handoff parameters never replays it, and
-// installing connector parameters replaces kv_transfer_params wholesale with
-// any kv_hint inside stripped. The package does no I/O.
+// Prefill/decode: only the prefill (or aggregated) leg carries a hint; the
+// worker (worker/leg.go) strips KeyKVHint/KeyRouterHint from a decode leg's
+// connector parameters, and the adapters never put one on a decode leg.
+// The package does no I/O.
 //
 // It imports only kv: the worker and the engine adapters use it, the router
 // does not need it (its hints are typed kv.Hint values).

@@ -7,9 +7,10 @@ import (
 	"testing"
 )
 
-// FuzzParse: Parse never panics; anything it accepts marshals to valid JSON
-// that parses back to the same envelope (Marshal is a fixed point), and
-// lowers into every engine form and reads back unchanged.
+// FuzzParse: Parse never panics; Validate (the tool's entry) agrees with it;
+// anything accepted marshals to valid JSON that parses back to the same
+// envelope (Marshal is a fixed point), and every engine's wire form (Encode)
+// reads back unchanged.
 // Seeds live in testdata/fuzz/FuzzParse plus the ones added here.
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(withPayload(`{"source_control_endpoint":"tcp://127.0.0.1:23280","block_hashes":[11,22]}`)))
@@ -21,6 +22,10 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkSplitters(t, data)
 		env, err := Parse(data)
+		venv, verr := Validate(data)
+		if (err == nil) != (verr == nil) || (err != nil && err.Error() != verr.Error()) || !reflect.DeepEqual(env, venv) {
+			t.Fatalf("Parse and Validate disagree: %v / %v", err, verr)
+		}
 		if err != nil {
 			if env != nil {
 				t.Fatal("envelope returned with an error")
@@ -45,11 +50,11 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("Marshal not a fixed point\n%s\n%s", out, out2)
 		}
 		for _, engine := range Engines {
-			body, err := Lower(engine, map[string]any{"model": "m"}, env)
+			wire, err := Encode(engine, env)
 			if err != nil {
 				t.Fatalf("%s: %v", engine, err)
 			}
-			back, err := FromRequest(engine, body)
+			back, err := Parse(wire)
 			if err != nil {
 				t.Fatalf("%s: read back: %v", engine, err)
 			}

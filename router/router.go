@@ -109,7 +109,7 @@ type Request struct {
 	// NoPrefillCharge neither counts the prompt in the cost's prefill term
 	// nor books it as prefill load (its blocks still count as decode
 	// blocks). Both together are a disaggregated decode leg, whose KV
-	// arrives from the prefill worker (see DecodeLeg).
+	// arrives from the prefill worker (see DecodeLegRequest).
 	NoOverlapCredit bool
 	NoPrefillCharge bool
 }

@@ -50,8 +50,9 @@ func admitLeg(req *api.GenerateRequest) (legAdmission, error) {
 	if leg != kv.LegDecode {
 		if len(raw) > 0 {
 			a.paramsDrop = true
+			// vLLM's mark of a request that consumes a prefill's KV.
 			var m map[string]any
-			if json.Unmarshal(raw, &m) == nil && hints.IsDecodeHandoff(hints.VLLM, map[string]any{hints.FieldKVTransferParams: m}) {
+			if json.Unmarshal(raw, &m) == nil && m["do_remote_prefill"] == true {
 				a.dropHint = true
 			}
 		}
@@ -73,8 +74,10 @@ func admitLeg(req *api.GenerateRequest) (legAdmission, error) {
 		a.params = raw
 		return a, nil
 	}
-	out := hints.InstallConnectorParams(nil, m)[hints.FieldKVTransferParams]
-	b, err := json.Marshal(out)
+	// m is this request's own decoding: strip in place.
+	delete(m, hints.KeyKVHint)
+	delete(m, hints.KeyRouterHint)
+	b, err := json.Marshal(m)
 	if err != nil {
 		return a, fmt.Errorf("decode leg: kv_transfer_params: %v", err)
 	}
