@@ -699,3 +699,36 @@ func (c *Core) hostView(seq kv.SeqHash) ([]byte, uint64, bool) {
 	v, sum, err := c.kb.mgr.HostView(seq)
 	return v, sum, err == nil
 }
+
+// TierLoadMS is the modelled time to onboard one block from each tier
+// (host, disk, object; the device entry is 0), for the router's time cost.
+// Without a block manager it is all zeros (unknown). A free tier (bandwidth
+// < 0) reports a nominal nanosecond, since 0 would read as unknown.
+func (c *Core) TierLoadMS() [kv.NumTiers]float64 {
+	var out [kv.NumTiers]float64
+	if c.kb == nil {
+		return out
+	}
+	k := c.kb
+	for t, bw := range map[kv.Tier]float64{kv.TierHost: k.hostBW, kv.TierDisk: k.diskBW, kv.TierExternal: k.objBW} {
+		out[t] = 1e-6
+		if bw > 0 {
+			out[t] = k.bpb / bw * 1e3
+		}
+	}
+	return out
+}
+
+// OnboardBacklog is how long the onboarding channel stays busy with the
+// loads already queued, from now, in modelled time (0 without a block
+// manager or when the channel is idle).
+func (c *Core) OnboardBacklog(now time.Time) time.Duration {
+	if c.kb == nil || !c.kb.loadFree.After(now) {
+		return 0
+	}
+	d := c.kb.loadFree.Sub(now)
+	if c.kb.loadScale > 0 {
+		d = time.Duration(float64(d) / c.kb.loadScale)
+	}
+	return d
+}
