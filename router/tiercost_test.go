@@ -158,3 +158,22 @@ func TestTierLoadValidation(t *testing.T) {
 		}
 	}
 }
+
+func TestParseTierLoad(t *testing.T) {
+	for in, want := range map[string]TierLoad{
+		"":                                {},
+		"host=0.168":                      {kv.TierHost: 0.168},
+		" host = 0.2 , disk=1.2,object=3": {kv.TierHost: 0.2, kv.TierDisk: 1.2, kv.TierExternal: 3},
+		"EXTERNAL=2.5":                    {kv.TierExternal: 2.5},
+	} {
+		if got, err := ParseTierLoad(in); err != nil || got != want {
+			t.Errorf("%q: %v %v, want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"host", "host=", "host=0", "host=-1", "host=NaN", "host=Inf", "gpu=1", "device=1",
+		"host=1,host=2", "nvme=1", "host=1,"} {
+		if got, err := ParseTierLoad(in); err == nil {
+			t.Errorf("%q: accepted as %v", in, got)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"strconv"
 	"fmt"
 	"math"
 	"strings"
@@ -133,6 +134,45 @@ func (t TierLoad) validate() error {
 		}
 	}
 	return nil
+}
+
+// ParseTierLoad reads per-block load times as "host=0.17,disk=1.2,
+// external=2.8" (ms; tier names as kv.ParseTier takes them, "object" for
+// external). The device tier loads nothing and may not be named; an empty
+// string is the zero TierLoad (unknown: fixed credits).
+func ParseTierLoad(s string) (TierLoad, error) {
+	var out TierLoad
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	seen := [kv.NumTiers]bool{}
+	for _, part := range strings.Split(s, ",") {
+		name, val, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			return TierLoad{}, fmt.Errorf("tier load %q: want tier=ms", part)
+		}
+		name = strings.TrimSpace(name)
+		if strings.EqualFold(name, "object") {
+			name = kv.TierExternal.String()
+		}
+		t, err := kv.ParseTier(name)
+		if err != nil {
+			return TierLoad{}, fmt.Errorf("tier load %q: %w", part, err)
+		}
+		if t == kv.TierDevice {
+			return TierLoad{}, fmt.Errorf("tier load %q: the device tier loads nothing (want host, disk or external)", part)
+		}
+		if seen[t] {
+			return TierLoad{}, fmt.Errorf("tier load %q: tier %s given twice", part, t)
+		}
+		seen[t] = true
+		ms, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil || !(ms > 0) || math.IsInf(ms, 0) {
+			return TierLoad{}, fmt.Errorf("tier load %q: want a finite ms per block > 0", part)
+		}
+		out[t] = ms
+	}
+	return out, nil
 }
 
 // defaultPassBudget is the token budget per pass assumed for workers that
