@@ -1,9 +1,9 @@
 package router
 
 import (
-	"strconv"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/kv"
