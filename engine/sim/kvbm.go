@@ -705,15 +705,42 @@ func (c *Core) hostView(seq kv.SeqHash) ([]byte, uint64, bool) {
 // Without a block manager it is all zeros (unknown). A free tier (bandwidth
 // < 0) reports a nominal nanosecond, since 0 would read as unknown.
 func (c *Core) TierLoadMS() [kv.NumTiers]float64 {
-	var out [kv.NumTiers]float64
 	if c.kb == nil {
-		return out
+		return [kv.NumTiers]float64{}
 	}
-	k := c.kb
-	for t, bw := range map[kv.Tier]float64{kv.TierHost: k.hostBW, kv.TierDisk: k.diskBW, kv.TierExternal: k.objBW} {
+	return tierLoadMS(c.kb.bpb, c.kb.hostBW, c.kb.diskBW, c.kb.objBW)
+}
+
+// KVBMTierLoadMS is TierLoadMS for a core built from cfg, without building
+// it: what `serve` tells its router about its simulated workers.
+func KVBMTierLoadMS(cfg Config) [kv.NumTiers]float64 {
+	if cfg.KVBM == nil {
+		return [kv.NumTiers]float64{}
+	}
+	bpb := cfg.TransferBytesPerBlock
+	if bpb == 0 {
+		bpb = int64(cfg.Layers * cfg.PayloadSize)
+	}
+	k := cfg.KVBM
+	or := func(bw, def float64) float64 {
+		if bw == 0 {
+			return def
+		}
+		return bw
+	}
+	return tierLoadMS(float64(bpb), or(k.HostBandwidth, DefaultHostBandwidth), or(k.DiskBandwidth, DefaultDiskBandwidth),
+		or(k.ObjectBandwidth, DefaultObjectBandwidth))
+}
+
+func tierLoadMS(bpb, host, disk, obj float64) [kv.NumTiers]float64 {
+	var out [kv.NumTiers]float64
+	for t, bw := range [kv.NumTiers]float64{kv.TierHost: host, kv.TierDisk: disk, kv.TierExternal: obj} {
+		if t == int(kv.TierDevice) {
+			continue
+		}
 		out[t] = 1e-6
 		if bw > 0 {
-			out[t] = k.bpb / bw * 1e3
+			out[t] = bpb / bw * 1e3
 		}
 	}
 	return out

@@ -204,6 +204,15 @@ func TestNoKVBMReportsNoTiers(t *testing.T) {
 	if got := mustCore(t, cfg).TierLoadMS(); !(got[kv.TierHost] > 0 && got[kv.TierHost] < 1e-3) {
 		t.Fatalf("free host tier reports %v ms per block", got[kv.TierHost])
 	}
+	// The config-only answer is the core's.
+	cfg = kvbmConfig(64, 8, t.TempDir())
+	cfg.KVBM.DiskBandwidth = 1e9
+	if got, want := KVBMTierLoadMS(cfg), mustCore(t, cfg).TierLoadMS(); got != want || !(want[kv.TierDisk] > want[kv.TierHost]) {
+		t.Fatalf("KVBMTierLoadMS %v, core %v", got, want)
+	}
+	if got := KVBMTierLoadMS(testConfig()); got != ([kv.NumTiers]float64{}) {
+		t.Fatalf("without kvbm: %v", got)
+	}
 }
 
 func TestKVBMRefusedOnDecodeWorkers(t *testing.T) {
