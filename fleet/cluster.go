@@ -38,6 +38,10 @@ type Config struct {
 	// a request stays out of it (InhibitFor). Matcher is set by the cluster
 	// (its event-fed index) unless the mode needs none.
 	Router router.Config
+	// TierLoad is every worker's per-block onboarding time per tier, for
+	// the router's time cost (router.WorkerInfo.TierLoad); zero: the
+	// fixed tier credits.
+	TierLoad router.TierLoad
 	// Disagg configures conditional disaggregation for models with prefill
 	// and decode workers (disagg.go).
 	Disagg router.DisaggConfig
@@ -121,6 +125,7 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 		}
 	}
 	c.instances = newInstances(r, c.clients, c.log)
+	c.instances.tierLoad = cfg.TierLoad
 	c.stats = newWorkerStats(c.instances)
 	if reg := cfg.Registerer; reg != nil {
 		if err := reg.Register(c.stats); err != nil {

@@ -34,6 +34,8 @@ type instances struct {
 	left    map[string]time.Time
 	changed chan struct{}
 	now     func() time.Time
+	// tierLoad is what every worker's tiers cost to load (Config.TierLoad).
+	tierLoad router.TierLoad
 }
 
 func newInstances(r *router.Router, clients *workerclient.Pool, log *slog.Logger) *instances {
@@ -104,6 +106,7 @@ func (t *instances) update(ev discovery.Event) {
 		}
 		info.HintCapable = in.HintTarget()
 		info.LoRAs = in.LoRAs
+		info.TierLoad = t.tierLoad
 		if err := t.router.AddWorker(info); err != nil {
 			t.log.Warn("worker not routable", "instance", fmt.Sprintf("%x", in.ID), "err", err)
 		}

@@ -102,6 +102,9 @@ func (r *Router) done(a *active, emit bool) {
 		r.mu.Unlock()
 		return
 	}
+	if !a.start.IsZero() {
+		a.load.observeResidency(r.cfg.Now().Sub(a.start))
+	}
 	r.freeLocked(a)
 	delete(r.active, a.id)
 	r.mu.Unlock()

@@ -378,7 +378,10 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 		if timed {
 			in := costInput{depth: sc.depth[i], load: w.load, timing: w.info.Timing.orDefault(),
 				budget: w.info.MaxBatchedTokens, kvCap: w.info.KVBlocks, blockSz: p.blockSize,
-				usage: r.reportedUsage(w.load, now), noCharge: req.NoPrefillCharge}
+				usage: r.reportedUsage(w.load, now), noCharge: req.NoPrefillCharge, tierMS: w.info.TierLoad}
+			if in.tierMS != (TierLoad{}) {
+				in.backlogMS = w.load.backlogMS(now)
+			}
 			if in.budget <= 0 {
 				in.budget = defaultPassBudget
 			}

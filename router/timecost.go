@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/kv"
@@ -119,6 +120,61 @@ func (t EngineTiming) PrefillWork(tokens float64, budget int) (ms float64, passe
 	return ms, passes
 }
 
+// TierLoad is a worker's onboarding cost: the modelled ms to bring one
+// block from each tier onto its device (the TierDevice entry is unused).
+// A tier at 0 is unknown and its blocks earn the cost model's fixed
+// credit (CostModel.Host, Disk, External); a known tier's blocks count as
+// cached and the time cost adds the wait for their load instead.
+type TierLoad [kv.NumTiers]float64
+
+func (t TierLoad) validate() error {
+	for i, v := range t {
+		if !(v >= 0) || math.IsInf(v, 0) {
+			return fmt.Errorf("tier %s load %v ms per block must be finite and ≥ 0", kv.Tier(i), v)
+		}
+	}
+	return nil
+}
+
+// ParseTierLoad reads per-block load times as "host=0.17,disk=1.2,
+// external=2.8" (ms; tier names as kv.ParseTier takes them, "object" for
+// external). The device tier loads nothing and may not be named; an empty
+// string is the zero TierLoad (unknown: fixed credits).
+func ParseTierLoad(s string) (TierLoad, error) {
+	var out TierLoad
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	seen := [kv.NumTiers]bool{}
+	for _, part := range strings.Split(s, ",") {
+		name, val, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			return TierLoad{}, fmt.Errorf("tier load %q: want tier=ms", part)
+		}
+		name = strings.TrimSpace(name)
+		if strings.EqualFold(name, "object") {
+			name = kv.TierExternal.String()
+		}
+		t, err := kv.ParseTier(name)
+		if err != nil {
+			return TierLoad{}, fmt.Errorf("tier load %q: %w", part, err)
+		}
+		if t == kv.TierDevice {
+			return TierLoad{}, fmt.Errorf("tier load %q: the device tier loads nothing (want host, disk or external)", part)
+		}
+		if seen[t] {
+			return TierLoad{}, fmt.Errorf("tier load %q: tier %s given twice", part, t)
+		}
+		seen[t] = true
+		ms, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil || !(ms > 0) || math.IsInf(ms, 0) {
+			return TierLoad{}, fmt.Errorf("tier load %q: want a finite ms per block > 0", part)
+		}
+		out[t] = ms
+	}
+	return out, nil
+}
+
 // defaultPassBudget is the token budget per pass assumed for workers that
 // do not report MaxBatchedTokens (the sim's and vLLM's default).
 const defaultPassBudget = 8192
@@ -132,6 +188,10 @@ type costInput struct {
 	kvCap   int          // device KV blocks (0: unknown)
 	usage   float64      // reported KV usage fraction, 0 when none is fresh
 	blockSz int
+	// tierMS and backlogMS (CostTime): per-block load times of the
+	// worker's tiers and what its onboarding channel still has queued.
+	tierMS    TierLoad
+	backlogMS float64
 	// noCharge: the prompt is not computed here (a decode leg), so it adds
 	// no prefill time; its blocks still count toward KV usage.
 	noCharge bool
@@ -147,6 +207,59 @@ func (m *CostModel) credit(depth [kv.NumTiers]uint32) float64 {
 	return m.Device*dev + m.Host*host + m.Disk*disk + m.External*ext
 }
 
+// timedCredit is the time model's cache credit in blocks and the load
+// time its tier blocks cost on the worker (ms, 0 when nothing loads).
+// Blocks of a tier with a known load time count in full, as the engine
+// loads every block it matches rather than recompute it; the load starts
+// behind what the onboarding channel still has queued.
+func (m *CostModel) timedCredit(in *costInput) (credit, loadMS float64) {
+	if in.tierMS == (TierLoad{}) {
+		return m.credit(in.depth), 0
+	}
+	d := &in.depth
+	credit = m.Device * float64(d[kv.TierDevice])
+	weight := [kv.NumTiers]float64{kv.TierHost: m.Host, kv.TierDisk: m.Disk, kv.TierExternal: m.External}
+	for t := kv.TierHost; t < kv.NumTiers; t++ {
+		n := float64(d[t] - min(d[t], d[t-1]))
+		if ms := in.tierMS[t]; ms > 0 {
+			credit += n
+			loadMS += n * ms
+		} else {
+			credit += weight[t] * n
+		}
+	}
+	if loadMS > 0 {
+		loadMS += in.backlogMS
+	}
+	return credit, loadMS
+}
+
+// admitWait is how long the request waits for device KV on the worker
+// (ms): when its blocks do not fit beside those in use, it is admitted as
+// running requests finish and free theirs, which they do at about
+// occupied/residency blocks per ms (residency: how long the worker's
+// requests stay, observed by Done). A tier credit promises a prefix the
+// device must hold again while the request runs, so without this a worker
+// that holds a conversation in host memory keeps attracting it however
+// full its device is.
+//
+//	occupied = max(active blocks, reported usage·capacity)
+//	over     = occupied + this request's new blocks − capacity
+//	wait     = residency · min(over/occupied, 1)                  over > 0
+func admitWait(in *costInput, seq []kv.SeqHash, isl float64) float64 {
+	l := in.load
+	if l.residencyMS <= 0 {
+		return 0
+	}
+	occupied := max(float64(l.uniqueBlocks()), in.usage*float64(in.kvCap))
+	need := math.Ceil(isl/float64(in.blockSz)) - float64(l.activePrefix(seq))
+	over := occupied + need - float64(in.kvCap)
+	if over <= 0 || occupied <= 0 {
+		return 0
+	}
+	return l.residencyMS * min(over/occupied, 1)
+}
+
 // timeCost is the CostTime model: the request's predicted time to first
 // token on the worker, in ms.
 //
@@ -156,7 +269,10 @@ func (m *CostModel) credit(depth [kv.NumTiers]uint32) float64 {
 //	passes  = ⌈queued / MaxBatchedTokens⌉
 //	decode  = passes · DecodeMS(KV usage with this request's blocks added)
 //	own     = Σ PrefillMS(chunk) over new alone
-//	cost    = PrefillScale·prefill + WorkWeight·own + decode
+//	load    = backlog + Σ tier blocks · tier load ms            (known tiers only)
+//	wait    = max(load − PrefillMS(active_prefill_tokens), 0)
+//	admit   = the wait for device KV (admitWait; workers with tiers only)
+//	cost    = PrefillScale·prefill + WorkWeight·own + decode + wait + admit
 //
 // prefill + decode is the request's own TTFT. The prefill polynomial is
 // superlinear inside a pass, so a cache hit is worth more on a long prompt;
@@ -166,14 +282,22 @@ func (m *CostModel) credit(depth [kv.NumTiers]uint32) float64 {
 // an idle worker to recompute its prefix there, which delays whatever
 // arrives at that worker next and spends cache on a second copy. own is that
 // externality: the time this request occupies the worker, which everything
-// queued behind it waits for.
+// queued behind it waits for. A request with a tier load runs in the first
+// pass after its load lands, while the worker computes what is queued ahead
+// of it: wait is the part of its load that computing cannot hide, so a
+// worker whose onboarding channel is backed up is worth less, and a tier
+// slower to load than to recompute is worth less than nothing.
 func (m *CostModel) timeCost(in *costInput, seq []kv.SeqHash, isl float64) float64 {
 	l := in.load
 	charge := isl
 	if in.noCharge {
 		charge = 0
 	}
-	cached := min(m.credit(in.depth)*float64(in.blockSz), charge)
+	credit, loadMS := m.timedCredit(in)
+	if in.noCharge {
+		loadMS = 0 // nothing is computed here, so nothing waits to load
+	}
+	cached := min(credit*float64(in.blockSz), charge)
 	queued := float64(l.prefillTokens) + charge - cached
 	prefill, passes := in.timing.PrefillWork(queued, in.budget)
 	if passes == 0 {
@@ -186,5 +310,13 @@ func (m *CostModel) timeCost(in *costInput, seq []kv.SeqHash, isl float64) float
 		u = max(u, active/float64(in.kvCap))
 	}
 	own, _ := in.timing.PrefillWork(charge-cached, in.budget)
-	return m.PrefillScale*prefill + m.WorkWeight*own + float64(passes)*in.timing.DecodeMS(u)
+	cost := m.PrefillScale*prefill + m.WorkWeight*own + float64(passes)*in.timing.DecodeMS(u)
+	if loadMS > 0 {
+		ahead, _ := in.timing.PrefillWork(float64(l.prefillTokens), in.budget)
+		cost += max(loadMS-ahead, 0)
+	}
+	if in.tierMS != (TierLoad{}) && in.kvCap > 0 {
+		cost += admitWait(in, seq, isl)
+	}
+	return cost
 }

@@ -27,6 +27,9 @@ type WorkerInfo struct {
 	// Timing is the worker's forward-pass timing model, read by the time
 	// cost (CostTime); zero means DefaultEngineTiming (engine/sim's).
 	Timing EngineTiming
+	// TierLoad is the worker's per-block onboarding time per tier, read
+	// by the time cost; zero (unknown) keeps the fixed tier credits.
+	TierLoad TierLoad
 }
 
 type poolKey struct {
@@ -62,6 +65,24 @@ type load struct {
 	repUsed, repTotal, repRunning, repWaiting int64
 	repAt                                     time.Time
 	hasRep                                    bool
+	// Onboarding backlog of the last report (UpdateOnboarding).
+	repBacklog   time.Duration
+	repBacklogAt time.Time
+	// residencyMS is a moving average of how long requests stay on the
+	// worker, routed to done (0 until one is done).
+	residencyMS float64
+}
+
+// residencyAlpha weighs each finished request in load.residencyMS.
+const residencyAlpha = 1.0 / 32
+
+func (l *load) observeResidency(d time.Duration) {
+	ms := max(float64(d)/float64(time.Millisecond), 0)
+	if l.residencyMS == 0 {
+		l.residencyMS = ms
+		return
+	}
+	l.residencyMS += residencyAlpha * (ms - l.residencyMS)
 }
 
 func (l *load) uniqueBlocks() int64 { return int64(l.refs.len()) + l.private }
@@ -126,6 +147,9 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 		return fmt.Errorf("router: worker %v: negative capacity", info.Key)
 	}
 	if err := info.Timing.validate(); err != nil {
+		return fmt.Errorf("router: worker %v: %w", info.Key, err)
+	}
+	if err := info.TierLoad.validate(); err != nil {
 		return fmt.Errorf("router: worker %v: %w", info.Key, err)
 	}
 	info.Role = info.Role.Norm()
@@ -235,6 +259,29 @@ func (r *Router) UpdateLoad(key kv.WorkerKey, used, total, running, waiting int)
 	l := w.load
 	l.repUsed, l.repTotal, l.repRunning, l.repWaiting = int64(used), int64(total), int64(running), int64(waiting)
 	l.repAt, l.hasRep = now, true
+}
+
+// UpdateOnboarding records how long a worker's onboarding channel (tier →
+// device loads) stays busy with what it has queued, as of now. The time
+// cost reads it, drained by the time passed since, when it prices a tier
+// load there. Unknown keys are ignored; a negative backlog is 0.
+func (r *Router) UpdateOnboarding(key kv.WorkerKey, backlog time.Duration) {
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w := r.workers[key]; w != nil {
+		w.load.repBacklog, w.load.repBacklogAt = max(backlog, 0), now
+	}
+}
+
+// backlogMS is what remains now of the worker's last reported onboarding
+// backlog, in ms.
+func (l *load) backlogMS(now time.Time) float64 {
+	rest := l.repBacklog - now.Sub(l.repBacklogAt)
+	if rest <= 0 {
+		return 0
+	}
+	return float64(rest) / float64(time.Millisecond)
 }
 
 // WorkerLoad is the router's load view of one worker key.

@@ -405,6 +405,7 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 		}
 		t.ws[i] = worker{core: core, key: sc.Worker}
 		info.Digest = core.Config().Digest
+		info.TierLoad = core.TierLoadMS()
 		if hints {
 			info.ControlEndpoint = "tcp://twin-worker-" + strconv.Itoa(i+1) + ":1"
 			info.HintCapable = true
@@ -709,6 +710,9 @@ func (t *twin) workerEvent(w int) error {
 		st := wk.core.Stats()
 		t.syncClock()
 		t.r.UpdateLoad(wk.key, st.UsedBlocks, st.TotalBlocks, st.Running, st.Waiting)
+		if t.cfg.KVBM != nil {
+			t.r.UpdateOnboarding(wk.key, wk.core.OnboardBacklog(now))
+		}
 		wk.lastNS, wk.reported = nowNS, true
 	}
 	return nil

@@ -89,6 +89,9 @@ func (ff *frontendFlags) validate() error {
 			return fmt.Errorf("--router-cost: %w", err)
 		}
 	}
+	if _, err := router.ParseTierLoad(ff.tierLoadMS); err != nil {
+		return fmt.Errorf("--router-tier-load-ms: %w", err)
+	}
 	if _, err := ff.auth.apiKeys(); err != nil {
 		return err
 	}

@@ -39,3 +39,13 @@ func TestFrontendRouterCostFlag(t *testing.T) {
 		t.Fatalf("bad --router-cost: %v", err)
 	}
 }
+
+func TestFrontendTierLoadFlag(t *testing.T) {
+	ff := &frontendFlags{routerMode: "kv", tierLoadMS: "host=fast", localPrefillRatio: 0.5, maxBodyBytes: 1}
+	if err := ff.validate(); err == nil || !strings.Contains(err.Error(), "--router-tier-load-ms") {
+		t.Fatalf("bad --router-tier-load-ms at the start check: %v", err)
+	}
+	if _, err := startFrontendOn(context.Background(), ff, nil, nil, nil, nil); err == nil || !strings.Contains(err.Error(), "--router-tier-load-ms") {
+		t.Fatalf("bad --router-tier-load-ms: %v", err)
+	}
+}

@@ -30,10 +30,14 @@ import (
 
 // frontendFlags are shared by `serve` and `frontend`.
 type frontendFlags struct {
-	listen         string
-	models         []string
-	routerMode     string
-	routerCost     string
+	listen     string
+	models     []string
+	routerMode string
+	routerCost string
+	tierLoadMS string
+	// simTierLoad is what serve's simulated workers' tiers cost to load,
+	// used when --router-tier-load-ms is not given.
+	simTierLoad    router.TierLoad
 	temperature    float64
 	migrationLimit int
 	maxBodyBytes   int64
@@ -64,6 +68,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.StringSliceVar(&ff.models, "model", defaultModels, "model name(s) served (built-in o200k tokenizer and ChatML template)")
 	f.StringVar(&ff.routerMode, "router-mode", string(router.ModeKV), router.ModeList())
 	f.StringVar(&ff.routerCost, "router-cost", string(router.DefaultCost().Kind), "router cost model: time (predicted TTFT from the workers' timing model) or blocks (the blocks the worker must prefill, its queue plus this prompt less what it caches, plus the blocks it is decoding)")
+	f.StringVar(&ff.tierLoadMS, "router-tier-load-ms", "", "time cost: ms to load one KV block onto a worker's device from each tier, as host=MS,disk=MS,object=MS (workers running a KV connector such as kvbm); a tier hit is then priced by its load time, the worker's onboarding backlog and the wait for device KV instead of the fixed credits 0.75/0.25/0.1 (empty: fixed credits; serve --connector kvbm: its simulated workers' own). The sim's defaults at 8 MiB blocks: host=0.168,disk=1.2,object=2.8")
 	f.Float64Var(&ff.temperature, "router-temperature", 0, "softmax temperature of worker selection (0: always the cheapest)")
 	f.IntVar(&ff.migrationLimit, "migration-limit", 3, "times a request may move to another worker when its worker dies")
 	f.Int64Var(&ff.maxBodyBytes, "max-body-bytes", 16<<20, "largest request body accepted (413 above)")
@@ -141,6 +146,13 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 		return nil, fmt.Errorf("--router-cost: %w", err)
 	}
 	cost.Temperature = ff.temperature
+	tierLoad, err := router.ParseTierLoad(ff.tierLoadMS)
+	if err != nil {
+		return nil, fmt.Errorf("--router-tier-load-ms: %w", err)
+	}
+	if ff.tierLoadMS == "" {
+		tierLoad = ff.simTierLoad
+	}
 	token, err := ff.fleet.token()
 	if err != nil {
 		return nil, err
@@ -151,7 +163,7 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	}
 	cl, err := fleet.New(ctx, fleet.Config{
 		NC: nc, Discovery: disc, Models: ff.models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log, Disagg: ff.disagg(),
-		FleetToken: token, TLS: clientTLS,
+		FleetToken: token, TLS: clientTLS, TierLoad: tierLoad,
 		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage, Hints: ff.hints},
 	})
 	if err != nil {
@@ -254,6 +266,7 @@ On startup it prints one line to stdout:
 				return err
 			}
 			sf.KVBM = kf.sim()
+			ff.simTierLoad = sim.KVBMTierLoadMS(sf)
 			return runServe(cmd, ff, sf, workers, pd, stallTimeout, nf, dataDir, natsListen, ef, loras)
 		},
 	}

@@ -699,3 +699,63 @@ func (c *Core) hostView(seq kv.SeqHash) ([]byte, uint64, bool) {
 	v, sum, err := c.kb.mgr.HostView(seq)
 	return v, sum, err == nil
 }
+
+// TierLoadMS is the modelled time to onboard one block from each tier
+// (host, disk, object; the device entry is 0), for the router's time cost.
+// Without a block manager it is all zeros (unknown). A free tier (bandwidth
+// < 0) reports a nominal nanosecond, since 0 would read as unknown.
+func (c *Core) TierLoadMS() [kv.NumTiers]float64 {
+	if c.kb == nil {
+		return [kv.NumTiers]float64{}
+	}
+	return tierLoadMS(c.kb.bpb, c.kb.hostBW, c.kb.diskBW, c.kb.objBW)
+}
+
+// KVBMTierLoadMS is TierLoadMS for a core built from cfg, without building
+// it: what `serve` tells its router about its simulated workers.
+func KVBMTierLoadMS(cfg Config) [kv.NumTiers]float64 {
+	if cfg.KVBM == nil {
+		return [kv.NumTiers]float64{}
+	}
+	bpb := cfg.TransferBytesPerBlock
+	if bpb == 0 {
+		bpb = int64(cfg.Layers * cfg.PayloadSize)
+	}
+	k := cfg.KVBM
+	or := func(bw, def float64) float64 {
+		if bw == 0 {
+			return def
+		}
+		return bw
+	}
+	return tierLoadMS(float64(bpb), or(k.HostBandwidth, DefaultHostBandwidth), or(k.DiskBandwidth, DefaultDiskBandwidth),
+		or(k.ObjectBandwidth, DefaultObjectBandwidth))
+}
+
+func tierLoadMS(bpb, host, disk, obj float64) [kv.NumTiers]float64 {
+	var out [kv.NumTiers]float64
+	for t, bw := range [kv.NumTiers]float64{kv.TierHost: host, kv.TierDisk: disk, kv.TierExternal: obj} {
+		if t == int(kv.TierDevice) {
+			continue
+		}
+		out[t] = 1e-6
+		if bw > 0 {
+			out[t] = bpb / bw * 1e3
+		}
+	}
+	return out
+}
+
+// OnboardBacklog is how long the onboarding channel stays busy with the
+// loads already queued, from now, in modelled time (0 without a block
+// manager or when the channel is idle).
+func (c *Core) OnboardBacklog(now time.Time) time.Duration {
+	if c.kb == nil || !c.kb.loadFree.After(now) {
+		return 0
+	}
+	d := c.kb.loadFree.Sub(now)
+	if c.kb.loadScale > 0 {
+		d = time.Duration(float64(d) / c.kb.loadScale)
+	}
+	return d
+}

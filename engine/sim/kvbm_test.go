@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -193,6 +194,27 @@ func TestKVBMDiskRecoveryDropsCorruptBlock(t *testing.T) {
 	}
 }
 
+func TestNoKVBMReportsNoTiers(t *testing.T) {
+	c := mustCore(t, testConfig())
+	if got := c.TierLoadMS(); got != ([kv.NumTiers]float64{}) || c.OnboardBacklog(clock.Epoch) != 0 {
+		t.Fatalf("without kvbm: tier load %v, backlog %v", got, c.OnboardBacklog(clock.Epoch))
+	}
+	cfg := kvbmConfig(64, 0, "")
+	cfg.KVBM.HostBandwidth = -1 // free, but known: not 0
+	if got := mustCore(t, cfg).TierLoadMS(); !(got[kv.TierHost] > 0 && got[kv.TierHost] < 1e-3) {
+		t.Fatalf("free host tier reports %v ms per block", got[kv.TierHost])
+	}
+	// The config-only answer is the core's.
+	cfg = kvbmConfig(64, 8, t.TempDir())
+	cfg.KVBM.DiskBandwidth = 1e9
+	if got, want := KVBMTierLoadMS(cfg), mustCore(t, cfg).TierLoadMS(); got != want || !(want[kv.TierDisk] > want[kv.TierHost]) {
+		t.Fatalf("KVBMTierLoadMS %v, core %v", got, want)
+	}
+	if got := KVBMTierLoadMS(testConfig()); got != ([kv.NumTiers]float64{}) {
+		t.Fatalf("without kvbm: %v", got)
+	}
+}
+
 func TestKVBMRefusedOnDecodeWorkers(t *testing.T) {
 	cfg := kvbmConfig(8, 0, "")
 	cfg.Role = kv.RoleDecode
@@ -355,8 +377,22 @@ func TestKVBMOnboardingOverlapsOtherRequests(t *testing.T) {
 	if st := c.Stats(); st.Running != 2 || st.Waiting != 0 {
 		t.Fatalf("stats while loading %+v", st)
 	}
-	now = r.End
 	ready := admitted.Add(msToDuration(loadMS))
+	// What the router reads: a host block's load time, and the channel
+	// busy until a2's load lands, draining as time passes.
+	if got := c.TierLoadMS(); math.Abs(got[kv.TierHost]-loadMS/9) > 1e-9 || got[kv.TierDevice] != 0 {
+		t.Fatalf("tier load times %v, want host %v ms", got, loadMS/9)
+	}
+	if got := c.OnboardBacklog(admitted); got != ready.Sub(admitted) {
+		t.Fatalf("backlog at admission %v, want %v", got, ready.Sub(admitted))
+	}
+	if got := c.OnboardBacklog(r.End); got != ready.Sub(r.End) {
+		t.Fatalf("backlog after a pass %v, want %v", got, ready.Sub(r.End))
+	}
+	if got := c.OnboardBacklog(ready.Add(time.Millisecond)); got != 0 {
+		t.Fatalf("backlog after the load landed %v", got)
+	}
+	now = r.End
 	for a2.Metrics().FirstToken.IsZero() {
 		start := now
 		r := c.Step(now)
