@@ -65,6 +65,20 @@ type Usage struct {
 	// peer).
 	HostCachedTokens, DiskCachedTokens int
 	ObjectCachedTokens                 int
+	// Of CachedTokens, those fetched from another worker: a KV hint's
+	// prefix or a decode leg's handoff.
+	PeerCachedTokens int
+}
+
+// ByTier splits CachedTokens by where they came from; the device share is
+// what the other sources leave (never negative). An object tier counts as
+// external.
+func (u *Usage) ByTier() kv.CachedByTier {
+	var c kv.CachedByTier
+	c[kv.TierHost], c[kv.TierDisk] = max(u.HostCachedTokens, 0), max(u.DiskCachedTokens, 0)
+	c[kv.TierExternal], c[kv.PeerCached] = max(u.ObjectCachedTokens, 0), max(u.PeerCachedTokens, 0)
+	c[kv.TierDevice] = max(u.CachedTokens-c.Total(), 0)
+	return c
 }
 
 // Chunk is one piece of a generation's output stream. The last chunk has a
