@@ -205,3 +205,33 @@ func SamplingFromProto(req *GenerateRequest) (kv.Sampling, error) {
 	}
 	return s, nil
 }
+
+// UsageToProto converts a generation's token accounting; cached is its
+// cached prompt tokens by source (their sum is the total sent).
+func UsageToProto(prompt, completion int, cached kv.CachedByTier) *Usage {
+	u32 := func(n int) uint32 { return uint32(max(n, 0)) }
+	return &Usage{
+		PromptTokens: u32(prompt), CompletionTokens: u32(completion), CachedTokens: u32(cached.Total()),
+		HostCachedTokens: u32(cached[kv.TierHost]), DiskCachedTokens: u32(cached[kv.TierDisk]),
+		ExternalCachedTokens: u32(cached[kv.TierExternal]), PeerCachedTokens: u32(cached[kv.PeerCached]),
+	}
+}
+
+// CachedFromProto splits u's cached tokens by source: the device share is
+// what the others leave of the total, so a usage without a split (an older
+// worker) counts all of it as device, and a split larger than the total is
+// cut down to it.
+func CachedFromProto(u *Usage) kv.CachedByTier {
+	var c kv.CachedByTier
+	left := int(u.GetCachedTokens())
+	for _, s := range [...]struct {
+		i int
+		n uint32
+	}{{kv.PeerCached, u.GetPeerCachedTokens()}, {int(kv.TierHost), u.GetHostCachedTokens()},
+		{int(kv.TierDisk), u.GetDiskCachedTokens()}, {int(kv.TierExternal), u.GetExternalCachedTokens()}} {
+		c[s.i] = min(int(s.n), left)
+		left -= c[s.i]
+	}
+	c[kv.TierDevice] = left
+	return c
+}

@@ -150,3 +150,37 @@ func TestLegRoundTrip(t *testing.T) {
 		t.Error("unknown leg accepted")
 	}
 }
+
+// TestUsageRoundTrip sends a usage with every source non-zero through the
+// protobuf encoding, and checks what a worker without a split and a split
+// past the total read back as.
+func TestUsageRoundTrip(t *testing.T) {
+	var c kv.CachedByTier
+	for i := range c {
+		c[i] = 16 * (i + 1)
+	}
+	b, err := proto.Marshal(UsageToProto(100, 5, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Usage
+	if err := proto.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.PromptTokens != 100 || back.CompletionTokens != 5 || int(back.CachedTokens) != c.Total() {
+		t.Fatalf("totals: %+v", &back)
+	}
+	if got := CachedFromProto(&back); got != c {
+		t.Fatalf("split: got %v, want %v", got, c)
+	}
+	if got := CachedFromProto(&Usage{PromptTokens: 64, CachedTokens: 48}); got != (kv.CachedByTier{kv.TierDevice: 48}) {
+		t.Fatalf("a usage without a split: got %v, want all device", got)
+	}
+	over := CachedFromProto(&Usage{CachedTokens: 32, HostCachedTokens: 16, PeerCachedTokens: 64})
+	if over.Total() != 32 || over[kv.PeerCached] != 32 || over[kv.TierHost] != 0 {
+		t.Fatalf("a split past the total: got %v, want it cut to 32", over)
+	}
+	if got := CachedFromProto(nil); got != (kv.CachedByTier{}) {
+		t.Fatalf("nil usage: %v", got)
+	}
+}

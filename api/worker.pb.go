@@ -409,9 +409,17 @@ type Usage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	PromptTokens     uint32                 `protobuf:"varint,1,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	CompletionTokens uint32                 `protobuf:"varint,2,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
-	CachedTokens     uint32                 `protobuf:"varint,3,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// All prompt tokens served from a prefix cache, whatever the source.
+	CachedTokens uint32 `protobuf:"varint,3,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
+	// Of cached_tokens, those onboarded from the worker's host, disk and
+	// external (object) tiers, and those fetched from a peer worker; the
+	// rest were on the device. A worker that does not split sends none.
+	HostCachedTokens     uint32 `protobuf:"varint,4,opt,name=host_cached_tokens,json=hostCachedTokens,proto3" json:"host_cached_tokens,omitempty"`
+	DiskCachedTokens     uint32 `protobuf:"varint,5,opt,name=disk_cached_tokens,json=diskCachedTokens,proto3" json:"disk_cached_tokens,omitempty"`
+	ExternalCachedTokens uint32 `protobuf:"varint,6,opt,name=external_cached_tokens,json=externalCachedTokens,proto3" json:"external_cached_tokens,omitempty"`
+	PeerCachedTokens     uint32 `protobuf:"varint,7,opt,name=peer_cached_tokens,json=peerCachedTokens,proto3" json:"peer_cached_tokens,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Usage) Reset() {
@@ -461,6 +469,34 @@ func (x *Usage) GetCompletionTokens() uint32 {
 func (x *Usage) GetCachedTokens() uint32 {
 	if x != nil {
 		return x.CachedTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetHostCachedTokens() uint32 {
+	if x != nil {
+		return x.HostCachedTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetDiskCachedTokens() uint32 {
+	if x != nil {
+		return x.DiskCachedTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetExternalCachedTokens() uint32 {
+	if x != nil {
+		return x.ExternalCachedTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetPeerCachedTokens() uint32 {
+	if x != nil {
+		return x.PeerCachedTokens
 	}
 	return 0
 }
@@ -1218,11 +1254,15 @@ const file_worker_proto_rawDesc = "" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\x120\n" +
 	"\x06source\x18\x02 \x01(\v2\x18.kvmesh.api.v1.WorkerKeyR\x06source\x126\n" +
 	"\x17source_control_endpoint\x18\x03 \x01(\tR\x15sourceControlEndpoint\x12!\n" +
-	"\fblock_hashes\x18\x04 \x03(\x04R\vblockHashes\"~\n" +
+	"\fblock_hashes\x18\x04 \x03(\x04R\vblockHashes\"\xbe\x02\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\rR\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\rR\x10completionTokens\x12#\n" +
-	"\rcached_tokens\x18\x03 \x01(\rR\fcachedTokens\"\xbc\x01\n" +
+	"\rcached_tokens\x18\x03 \x01(\rR\fcachedTokens\x12,\n" +
+	"\x12host_cached_tokens\x18\x04 \x01(\rR\x10hostCachedTokens\x12,\n" +
+	"\x12disk_cached_tokens\x18\x05 \x01(\rR\x10diskCachedTokens\x124\n" +
+	"\x16external_cached_tokens\x18\x06 \x01(\rR\x14externalCachedTokens\x12,\n" +
+	"\x12peer_cached_tokens\x18\a \x01(\rR\x10peerCachedTokens\"\xbc\x01\n" +
 	"\rGenerateChunk\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\rR\x06tokens\x12#\n" +
 	"\rfinish_reason\x18\x02 \x01(\tR\ffinishReason\x12*\n" +

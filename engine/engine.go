@@ -62,9 +62,29 @@ type Usage struct {
 	CachedTokens     int // prompt tokens served from the prefix cache (any tier or peer)
 	// Of CachedTokens, those onboarded from a KV block manager's host,
 	// disk and object tiers (the rest were on the device or came from a
-	// peer).
+	// peer: PeerCachedTokens).
 	HostCachedTokens, DiskCachedTokens int
 	ObjectCachedTokens                 int
+	// Of CachedTokens, those fetched from another worker: a KV hint's
+	// prefix or a decode leg's handoff.
+	PeerCachedTokens int
+}
+
+// ByTier splits CachedTokens by where they came from, its total always
+// CachedTokens: the peer, host, disk and object shares in that order, each
+// cut to what is left of it (an engine's inconsistent counts never inflate
+// the total), and the device share the rest. An object tier counts as
+// external.
+func (u *Usage) ByTier() kv.CachedByTier {
+	var c kv.CachedByTier
+	left := max(u.CachedTokens, 0)
+	for _, s := range [...]struct{ i, n int }{{kv.PeerCached, u.PeerCachedTokens}, {int(kv.TierHost), u.HostCachedTokens},
+		{int(kv.TierDisk), u.DiskCachedTokens}, {int(kv.TierExternal), u.ObjectCachedTokens}} {
+		c[s.i] = min(max(s.n, 0), left)
+		left -= c[s.i]
+	}
+	c[kv.TierDevice] = left
+	return c
 }
 
 // Chunk is one piece of a generation's output stream. The last chunk has a

@@ -406,8 +406,9 @@ func (s *workerStream) Recv() (kv.TokenChunk, error) {
 	}
 	if u := m.Usage; u != nil {
 		ch.PromptTokens, ch.CachedTokens = int(u.PromptTokens), int(u.CachedTokens)
+		ch.CachedByTier = api.CachedFromProto(u)
 	}
-	s.counts.chunk(len(m.Tokens), ch.PromptTokens, ch.CachedTokens)
+	s.counts.chunk(len(m.Tokens), ch.PromptTokens, ch.CachedTokens, ch.CachedByTier)
 	if ch.Finish != "" {
 		if s.span != nil && s.span.IsRecording() {
 			s.span.SetAttributes(attribute.String("kvmesh.finish_reason", string(ch.Finish)),

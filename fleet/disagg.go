@@ -222,7 +222,7 @@ func (c *Cluster) disagg(ctx context.Context, req *kv.GenerateRequest, base rout
 		ans.leg.stop()
 		return nil, err
 	}
-	ds := &decodeStream{workerStream: st, cached: ans.chunk.CachedTokens, answered: ans.at, met: c.dmet, handoff: hsp, cancel: dcancel}
+	ds := &decodeStream{workerStream: st, cached: ans.chunk.CachedTokens, cachedBy: ans.chunk.CachedByTier, answered: ans.at, met: c.dmet, handoff: hsp, cancel: dcancel}
 	if ans.leg != nil {
 		ds.prefill = ans.leg
 		ans.leg.follow(c, req.RequestID, dcancel)
@@ -318,6 +318,7 @@ func (c *Cluster) prefillOn(ctx context.Context, d *router.Decision, greq *api.G
 			continue
 		}
 		ans.chunk.Finish, ans.chunk.PromptTokens, ans.chunk.CachedTokens = ch.Finish, ch.PromptTokens, ch.CachedTokens
+		ans.chunk.CachedByTier = ch.CachedByTier
 		if p := st.msg.KvTransferParams; len(p) > 0 {
 			ans.params = slices.Clone(p) // the codec reuses the message
 		}
@@ -351,6 +352,7 @@ type openPrefill struct {
 	done     chan struct{} // closed when the leg has ended (err, cached set)
 	err      error         // its failure, nil when it finished
 	cached   int
+	cachedBy kv.CachedByTier
 	started  atomic.Bool // the decode leg has produced a token
 	followed bool
 }
@@ -378,7 +380,7 @@ func (p *openPrefill) follow(c *Cluster, reqID string, stopDecode context.Cancel
 				return
 			}
 			if ch.Finish != kv.FinishNone {
-				p.cached = ch.CachedTokens
+				p.cached, p.cachedBy = ch.CachedTokens, ch.CachedByTier
 				return
 			}
 		}
@@ -403,6 +405,7 @@ func (p *openPrefill) stop() {
 type decodeStream struct {
 	*workerStream
 	cached   int
+	cachedBy kv.CachedByTier
 	answered time.Time
 	first    bool
 	met      *disaggMetrics
@@ -437,14 +440,14 @@ func (s *decodeStream) Recv() (kv.TokenChunk, error) {
 		endSpan(s.handoff, nil)
 	}
 	if ch.Finish != kv.FinishNone {
-		ch.CachedTokens = s.cached
+		ch.CachedTokens, ch.CachedByTier = s.cached, s.cachedBy
 		if p := s.prefill; p != nil {
 			// The prefill's own count when it has answered (it usually has:
 			// it answers once the KV is handed over); else the decode's.
 			select {
 			case <-p.done:
 				if p.err == nil {
-					ch.CachedTokens = p.cached
+					ch.CachedTokens, ch.CachedByTier = p.cached, p.cachedBy
 				}
 			default:
 			}

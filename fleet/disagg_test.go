@@ -343,6 +343,18 @@ func TestDisaggPrefillFirst(t *testing.T) {
 	if v := testutil.Value(t, f.reg, "kvmesh_fleet_worker_routed_prompt_tokens_total", "role", "prefill"); v != float64(len(turn1)+len(turn3)) {
 		t.Errorf("prefill workers' routed prompt tokens %v, want %d", v, len(turn1)+len(turn3))
 	}
+	// What the workers actually served, by tier: the prefill workers only
+	// turn 3's hinted prefix, from a peer; the decode workers turn 1's
+	// handoff from a peer, and turn 2's local prefill from their device.
+	actual := func(role, tier string) float64 {
+		return testutil.Value(t, f.reg, "kvmesh_fleet_worker_cached_prompt_tokens_by_tier_total", "tier", tier, "role", role)
+	}
+	if p, d := actual("prefill", "peer"), actual("prefill", "device"); p != float64(nblocks*sim.DefaultBlockSize) || d != 0 {
+		t.Errorf("prefill workers' actual hits: peer %v, device %v; want peer %d, device 0", p, d, nblocks*sim.DefaultBlockSize)
+	}
+	if p, d := actual("decode", "peer"), actual("decode", "device"); p < float64(nblocks*sim.DefaultBlockSize) || d < float64(nblocks*sim.DefaultBlockSize) {
+		t.Errorf("decode workers' actual hits: peer %v, device %v; want both ≥ %d", p, d, nblocks*sim.DefaultBlockSize)
+	}
 
 	// One token wanted: the prefill's answer is final.
 	r4 := pdTurn(ctx, f.c, "t4", prompt(10, 3000), 1)

@@ -17,7 +17,9 @@ import (
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
 )
@@ -151,7 +153,11 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	newCluster := func(hints bool) *Cluster {
-		c, err := New(ctx, Config{NC: nc, Discovery: d, Models: []string{hintedModel},
+		var r prometheus.Registerer
+		if hints {
+			r = reg // the per-worker series of the hinted fleet
+		}
+		c, err := New(ctx, Config{NC: nc, Discovery: d, Models: []string{hintedModel}, Registerer: r,
 			Router: router.Config{Mode: router.ModeKV, Hints: hints, MaxKVUsage: 0.9}, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
@@ -198,6 +204,14 @@ func TestHintedConversationAcrossWorkers(t *testing.T) {
 	}
 	if got.cached != n1*sim.DefaultBlockSize {
 		t.Errorf("B reports %d cached tokens, want %d", got.cached, n1*sim.DefaultBlockSize)
+	}
+	// The fleet's actual hits by tier: B's cached prompt came from a peer.
+	actual := func(tier string) float64 {
+		return testutil.Value(t, reg, "kvmesh_fleet_worker_cached_prompt_tokens_by_tier_total",
+			"instance", natsbus.InstanceToken(b.w.InstanceID()), "tier", tier)
+	}
+	if p, dev := actual("peer"), actual("device"); p != float64(n1*sim.DefaultBlockSize) || dev != 0 {
+		t.Errorf("B's actual hits: peer %v, device %v; want peer %d, device 0", p, dev, n1*sim.DefaultBlockSize)
 	}
 	// Every fetched block is A's, byte for byte.
 	pa, pb := make([]byte, sim.DefaultPayloadSize), make([]byte, sim.DefaultPayloadSize)

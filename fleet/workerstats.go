@@ -45,20 +45,22 @@ type workerCounts struct {
 	// (creditTiers).
 	routedPrompt atomic.Uint64
 	credited     [numCreditTiers]atomic.Uint64
+	// cachedBy: the cached tokens the worker reported, by source
+	// (creditTiers too: the same tiers, then peer).
+	cachedBy [numCreditTiers]atomic.Uint64
 }
 
 // creditTiers name where the router found a routed prompt's cached prefix:
 // the worker's own tiers, then peer (a KV hint's prefix from another
 // worker, beyond what the worker holds).
 var creditTiers = func() (out [numCreditTiers]string) {
-	for t := range kv.NumTiers {
-		out[t] = kv.Tier(t).String()
+	for i := range out {
+		out[i] = kv.CachedSourceName(i)
 	}
-	out[kv.NumTiers] = "peer"
 	return out
 }()
 
-const numCreditTiers = kv.NumTiers + 1
+const numCreditTiers = len(kv.CachedByTier{})
 
 // credit counts what the router credited d's worker with: the prompt, and
 // the cached prefix by tier. A disaggregated decode leg computes no prompt
@@ -73,20 +75,26 @@ func (c *workerCounts) credit(d *router.Decision) {
 	}
 	if d.Hint != nil {
 		if n := len(d.Hint.Hashes) - int(d.Overlap[kv.NumTiers-1]); n > 0 {
-			c.credited[kv.NumTiers].Add(uint64(n) * bs)
+			c.credited[kv.PeerCached].Add(uint64(n) * bs)
 		}
 	}
 }
 
 // chunk counts what one chunk of a stream carried: output tokens, and with
-// the final usage the prompt and the part of it the worker had cached.
-func (c *workerCounts) chunk(tokens, prompt, cached int) {
+// the final usage the prompt and the part of it the worker had cached,
+// in all and by source.
+func (c *workerCounts) chunk(tokens, prompt, cached int, by kv.CachedByTier) {
 	if tokens > 0 {
 		c.output.Add(uint64(tokens))
 	}
 	if prompt > 0 {
 		c.prompt.Add(uint64(prompt))
-		c.cached.Add(uint64(cached))
+		c.cached.Add(uint64(max(cached, 0)))
+		for i, n := range by {
+			if n > 0 {
+				c.cachedBy[i].Add(uint64(n))
+			}
+		}
 	}
 }
 
@@ -154,7 +162,10 @@ type WorkerStatus struct {
 	HintsPlanned uint64 `json:"hints_planned"`
 	PromptTokens uint64 `json:"prompt_tokens"`
 	CachedTokens uint64 `json:"cached_prompt_tokens"`
-	OutputTokens uint64 `json:"output_tokens"`
+	// CachedByTier splits CachedTokens by where the worker found them
+	// (device, host, disk, external, peer): the actual hit by tier.
+	CachedByTier map[string]uint64 `json:"cached_prompt_tokens_by_tier,omitempty"`
+	OutputTokens uint64            `json:"output_tokens"`
 	// RoutedPromptTokens and, by tier (device, host, disk, external,
 	// peer), the part the router credited as cached.
 	RoutedPromptTokens uint64            `json:"routed_prompt_tokens"`
@@ -184,8 +195,10 @@ func (s *workerStats) status() []WorkerStatus {
 				w.CachedTokens, w.OutputTokens = c.cached.Load(), c.output.Load()
 				w.RoutedPromptTokens = c.routedPrompt.Load()
 				w.CreditedTokens = make(map[string]uint64, numCreditTiers)
+				w.CachedByTier = make(map[string]uint64, numCreditTiers)
 				for t, name := range creditTiers {
 					w.CreditedTokens[name] = c.credited[t].Load()
+					w.CachedByTier[name] = c.cachedBy[t].Load()
 				}
 			}
 			out = append(out, w)
@@ -239,6 +252,7 @@ var (
 	descHints         = workerDesc("kvmesh_fleet_worker_kv_hints_planned_total", "Requests routed to the worker with a KV hint to fetch a longer prefix from a peer.")
 	descPrompt        = workerDesc("kvmesh_fleet_worker_prompt_tokens_total", "Prompt tokens of the worker's finished requests, from their usage.")
 	descCached        = workerDesc("kvmesh_fleet_worker_cached_prompt_tokens_total", "Prompt tokens the worker served from its prefix cache; over kvmesh_fleet_worker_prompt_tokens_total it is the actual (not predicted) hit ratio.")
+	descCachedByTier  = workerDesc("kvmesh_fleet_worker_cached_prompt_tokens_by_tier_total", "Of kvmesh_fleet_worker_cached_prompt_tokens_total, the tokens by where the worker found them, as it reported them in each request's usage: its device, host, disk or external (object) tier, or peer (fetched from another worker: a KV hint's prefix, a decode leg's handoff); over kvmesh_fleet_worker_prompt_tokens_total it is the actual hit ratio by tier, beside the router's kvmesh_fleet_worker_credited_prompt_tokens_total.", "tier")
 	descOutput        = workerDesc("kvmesh_fleet_worker_output_tokens_total", "Tokens the worker streamed back to this frontend.")
 	descRoutedPrompt  = workerDesc("kvmesh_fleet_worker_routed_prompt_tokens_total", "Prompt tokens this frontend routed to the worker on legs that compute the prompt (all but disaggregated decode legs).")
 	descCredited      = workerDesc("kvmesh_fleet_worker_credited_prompt_tokens_total", "Of kvmesh_fleet_worker_routed_prompt_tokens_total, the tokens the router credited as cached, by the tier holding them (device, host, disk, external) or peer (a KV hint's prefix fetched from another worker); the ratio is the hit ratio by tier the router counted on.", "tier")
@@ -246,7 +260,7 @@ var (
 
 func (s *workerStats) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descBlocksUsed, descBlocksTotal, descRunning, descWaiting, descPrefillQueued,
-		descLoadAge, descRequests, descHints, descPrompt, descCached, descOutput, descRoutedPrompt, descCredited} {
+		descLoadAge, descRequests, descHints, descPrompt, descCached, descCachedByTier, descOutput, descRoutedPrompt, descCredited} {
 		ch <- d
 	}
 }
@@ -271,6 +285,9 @@ func (s *workerStats) Collect(ch chan<- prometheus.Metric) {
 		counter(descHints, w.HintsPlanned, l...)
 		counter(descPrompt, w.PromptTokens, l...)
 		counter(descCached, w.CachedTokens, l...)
+		for _, tier := range creditTiers {
+			counter(descCachedByTier, w.CachedByTier[tier], append(l, tier)...)
+		}
 		counter(descOutput, w.OutputTokens, l...)
 		counter(descRoutedPrompt, w.RoutedPromptTokens, l...)
 		for _, tier := range creditTiers {

@@ -90,6 +90,19 @@ func TestPerWorkerSeries(t *testing.T) {
 			t.Errorf("%s credit %v", tier, v)
 		}
 	}
+	// What the worker reported it actually served, by tier: all of the
+	// cached prompt from the device (a sim without a block manager).
+	actual := func(tier string) float64 {
+		return testutil.Value(t, reg, "kvmesh_fleet_worker_cached_prompt_tokens_by_tier_total", "instance", inst, "tier", tier)
+	}
+	if dev, all := actual("device"), sum("kvmesh_fleet_worker_cached_prompt_tokens_total"); dev != all || dev < 48 {
+		t.Fatalf("device hits %v, all cached %v", dev, all)
+	}
+	for _, tier := range []string{"host", "disk", "external", "peer"} {
+		if v := actual(tier); v != 0 {
+			t.Errorf("%s hits %v", tier, v)
+		}
+	}
 	// The dashboard's status lists both ranks.
 	b, _ := json.Marshal(cl.FleetStatus())
 	if s := string(b); strings.Count(s, `"instance":"`+inst+`"`) != 2 || !strings.Contains(s, `"state":"ready"`) {

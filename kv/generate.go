@@ -44,6 +44,35 @@ type TokenChunk struct {
 	Finish       FinishReason
 	PromptTokens int
 	CachedTokens int
+	// CachedByTier splits CachedTokens (set with them, on the last chunk).
+	CachedByTier CachedByTier
+}
+
+// CachedByTier splits a generation's cached prompt tokens by where the
+// worker found them: its own tiers, indexed by Tier (a block manager's
+// object store counts as external), then PeerCached, blocks fetched from
+// another worker (a KV hint's prefix, a decode leg's handoff).
+type CachedByTier [NumTiers + 1]int
+
+// PeerCached indexes the peer share of a CachedByTier.
+const PeerCached = NumTiers
+
+// CachedSourceName names index i of a CachedByTier: a tier's name, or
+// "peer".
+func CachedSourceName(i int) string {
+	if i == PeerCached {
+		return "peer"
+	}
+	return Tier(i).String()
+}
+
+// Total is the cached tokens of every source.
+func (c CachedByTier) Total() int {
+	n := 0
+	for _, v := range c {
+		n += v
+	}
+	return n
 }
 
 // ErrWorkerLost marks a failure of the worker (not of the request): the

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 )
 
@@ -52,7 +53,7 @@ func newMetrics(w *Worker) *metrics {
 		prompt: counter("kvmesh_worker_prompt_tokens_total", "Prompt tokens of finished requests."),
 		cached: counter("kvmesh_worker_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache; divided by kvmesh_worker_prompt_tokens_total it is the KV hit rate."),
 		byTier: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_worker_cached_prompt_tokens_by_tier_total",
-			Help:        "Cached prompt tokens by where they were found: device (peer fetches included), or a KV block manager's host or disk tier.",
+			Help:        "Cached prompt tokens by where they were found: device, a KV block manager's host, disk or object tier, or peer (fetched from another worker: a KV hint's prefix, a decode leg's handoff).",
 			ConstLabels: cl}, []string{"tier"}),
 		output:      counter("kvmesh_worker_output_tokens_total", "Tokens streamed to callers."),
 		stalls:      counter("kvmesh_worker_engine_stalls_total", "Times the watchdog found the engine stalled (streams in flight, no output for the stall timeout)."),
@@ -111,12 +112,16 @@ func (m *metrics) unregister(reg prometheus.Registerer) {
 
 // addTiers splits a finished request's cached tokens by tier.
 func (m *metrics) addTiers(u *engine.Usage) {
-	dev := u.CachedTokens - u.HostCachedTokens - u.DiskCachedTokens - u.ObjectCachedTokens
-	m.byTier.WithLabelValues("device").Add(float64(max(dev, 0)))
-	m.byTier.WithLabelValues("host").Add(float64(u.HostCachedTokens))
-	m.byTier.WithLabelValues("disk").Add(float64(u.DiskCachedTokens))
-	if u.ObjectCachedTokens > 0 {
-		// Only workers with an object tier grow the series.
-		m.byTier.WithLabelValues("object").Add(float64(u.ObjectCachedTokens))
+	c := u.ByTier()
+	m.byTier.WithLabelValues("device").Add(float64(c[kv.TierDevice]))
+	m.byTier.WithLabelValues("host").Add(float64(c[kv.TierHost]))
+	m.byTier.WithLabelValues("disk").Add(float64(c[kv.TierDisk]))
+	// Only workers with an object tier, or fetching from peers, grow
+	// those series.
+	if n := c[kv.TierExternal]; n > 0 {
+		m.byTier.WithLabelValues("object").Add(float64(n))
+	}
+	if n := c[kv.PeerCached]; n > 0 {
+		m.byTier.WithLabelValues("peer").Add(float64(n))
 	}
 }

@@ -146,7 +146,7 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 				w.log.Debug("disagg prefill answered", "request", req.RequestId, "params", paramsDigest(c.TransferParams))
 			}
 			if c.Usage != nil {
-				out.Usage = &api.Usage{PromptTokens: uint32(c.Usage.PromptTokens), CompletionTokens: uint32(c.Usage.CompletionTokens), CachedTokens: uint32(c.Usage.CachedTokens)}
+				out.Usage = api.UsageToProto(c.Usage.PromptTokens, c.Usage.CompletionTokens, c.Usage.ByTier())
 			}
 			if errors.Is(c.Err, engine.ErrUnavailable) {
 				// The engine failed under the request: the stream ends

@@ -168,8 +168,18 @@ func TestDashboardInBrowser(t *testing.T) {
 	if d := text("#decisions"); !strings.Contains(d, "kv · aggregated") {
 		t.Errorf("decisions by mode and path: %q", d)
 	}
-	if c := text("#workers tbody"); !strings.Contains(c, "D ") {
-		t.Errorf("no device credit in the workers table: %q", c)
+	// Beside it, what the workers actually served, by tier: from the device.
+	for _, head := range []string{"credited by tier", "hits by tier"} {
+		col, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(() => {
+		const col = [...document.querySelectorAll("#workers thead th")].findIndex(th => th.textContent === "`+head+`");
+		return col < 0 ? "no column" : [...document.querySelectorAll("#workers tbody tr")].map(tr => tr.children[col].textContent).join(" | ");
+	})()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(col, "D ") {
+			t.Errorf("no device share in the workers table's %q column: %q", head, col)
+		}
 	}
 	// A panel per concept, hidden when unused: this fleet's workers take
 	// hints and serve peers (serve's default --hints), but it has no P/D,

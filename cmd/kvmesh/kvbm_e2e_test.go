@@ -28,6 +28,24 @@ func tierTokens(t *testing.T, base string) map[string]float64 {
 	return out
 }
 
+// fleetTierTokens sums a /metrics page's per-worker fleet series of the
+// actual cached tokens by tier, and their all-tier total.
+func fleetTierTokens(t *testing.T, base string) (byTier map[string]float64, total float64) {
+	t.Helper()
+	byTier = map[string]float64{}
+	for k, v := range testutil.Scrape(t, strings.TrimSuffix(base, "/v1")+"/metrics") {
+		switch {
+		case strings.HasPrefix(k, "kvmesh_fleet_worker_cached_prompt_tokens_by_tier_total{"):
+			_, tier, _ := strings.Cut(k, `tier="`)
+			tier, _, _ = strings.Cut(tier, `"`)
+			byTier[tier] += v
+		case strings.HasPrefix(k, "kvmesh_fleet_worker_cached_prompt_tokens_total{"):
+			total += v
+		}
+	}
+	return byTier, total
+}
+
 // longPrompt is a distinct prompt of a few thousand tokens.
 func longPrompt(i int) string {
 	var b strings.Builder
@@ -73,6 +91,16 @@ func TestServeKVBMHostTier(t *testing.T) {
 	if tiers["host"] < float64(cached)*0.9 || tiers["disk"] != 0 {
 		t.Fatalf("cached tokens by tier %v; the repeat's %d should be the host's", tiers, cached)
 	}
+	// The frontend's per-worker series carry the same split: distinct
+	// prompts hit nothing, the repeat hits the host tier.
+	fleet, total := fleetTierTokens(t, s.base)
+	t.Logf("fleet actual cached tokens by tier %v, total %v", fleet, total)
+	if fleet["host"] < float64(cached)*0.9 || fleet["device"] != 0 || fleet["disk"] != 0 || fleet["peer"] != 0 {
+		t.Fatalf("fleet cached tokens by tier %v; the repeat's %d should be the host's, none the device's", fleet, cached)
+	}
+	if sum := fleet["device"] + fleet["host"] + fleet["disk"] + fleet["external"] + fleet["peer"]; sum != total || total != tiers["host"]+tiers["device"] {
+		t.Fatalf("fleet by tier %v sums to %v; all-tier total %v, the worker's own %v", fleet, sum, total, tiers)
+	}
 }
 
 // TestServeKVBMObjectTier: a host tier no bigger than the device pool
@@ -117,6 +145,10 @@ func TestServeKVBMObjectTier(t *testing.T) {
 	t.Logf("repeat of a %d-token prompt: %d cached; by tier %v; object blocks offloaded %v, onboarded %v", plen, cached, tiers, offloaded, onboarded)
 	if tiers["object"] < float64(cached)/2 || onboarded == 0 || offloaded == 0 {
 		t.Fatalf("cached tokens by tier %v, object blocks onboarded %v: the repeat's %d should come mostly from the object tier", tiers, onboarded, cached)
+	}
+	// The fleet names the object tier external, as the router's credit does.
+	if fleet, _ := fleetTierTokens(t, s.base); fleet["external"] != tiers["object"] || fleet["host"] != tiers["host"] {
+		t.Fatalf("fleet cached tokens by tier %v, the worker's own %v", fleet, tiers)
 	}
 }
 

@@ -92,8 +92,13 @@ func (s *Seq) Done() bool { return s.st == stFinished }
 
 // Usage is the request's token accounting.
 func (s *Seq) Usage() engine.Usage {
-	return engine.Usage{PromptTokens: s.promptLen, CompletionTokens: len(s.out), CachedTokens: s.m.CachedTokens,
+	u := engine.Usage{PromptTokens: s.promptLen, CompletionTokens: len(s.out), CachedTokens: s.m.CachedTokens,
 		HostCachedTokens: s.m.HostTokens, DiskCachedTokens: s.m.DiskTokens, ObjectCachedTokens: s.m.ObjectTokens}
+	// Fetched blocks count as cached once admitted; one evicted before
+	// that was recomputed, so the peer share is at most what the lower
+	// tiers leave of the cached prefix.
+	u.PeerCachedTokens = max(min(s.m.FetchedTokens, u.CachedTokens-u.HostCachedTokens-u.DiskCachedTokens-u.ObjectCachedTokens), 0)
+	return u
 }
 
 func (s *Seq) total() int { return s.promptLen + len(s.out) }

@@ -102,7 +102,8 @@ function renderWorkers(snap) {
     cell(tr, int(w.prefill_tokens_queued), "num");
     cell(tr, "").appendChild(usageBar(w.used_blocks, w.total_blocks));
     cell(tr, w.prompt_tokens > 0 ? pct(w.cached_prompt_tokens / w.prompt_tokens) : "–", "num");
-    cell(tr, creditedByTier(w), "num");
+    cell(tr, byTier(w.cached_prompt_tokens_by_tier, w.prompt_tokens), "num");
+    cell(tr, byTier(w.credited_cached_tokens, w.routed_prompt_tokens), "num");
     cell(tr, int(w.requests), "num");
     cell(tr, int(w.hints_planned), "num");
     cell(tr, int(w.output_tokens), "num");
@@ -111,16 +112,16 @@ function renderWorkers(snap) {
   body.replaceChildren(...rows);
 }
 
-// creditedByTier is the router's credit for a worker as "D 62% · P 5%":
-// the share of its routed prompt tokens found on each tier (zeros left out).
+// byTier shows a worker's cached tokens by tier (what it served, or what
+// the router credited) over its prompt tokens as "D 62% · P 5%" (zeros
+// left out).
 const TIER_ABBR = { device: "D", host: "H", disk: "K", external: "E", peer: "P" };
-function creditedByTier(w) {
-  const routed = w.routed_prompt_tokens || 0;
-  if (!(routed > 0)) return "–";
+function byTier(tokens, prompt) {
+  if (!(prompt > 0)) return "–";
   const parts = [];
   for (const [tier, abbr] of Object.entries(TIER_ABBR)) {
-    const n = (w.credited_cached_tokens || {})[tier] || 0;
-    if (n > 0) parts.push(`${abbr} ${(100 * n / routed).toFixed(0)}%`);
+    const n = (tokens || {})[tier] || 0;
+    if (n > 0) parts.push(`${abbr} ${(100 * n / prompt).toFixed(0)}%`);
   }
   return parts.length ? parts.join(" · ") : "0%";
 }
