@@ -227,7 +227,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		ID: cfg.InstanceID, Model: cfg.Model, Role: cfg.Role, DPSize: cfg.DPSize,
 		BlockSize: ec.BlockSize, KVCapacity: cfg.KVCapacity, MaxBatchedTokens: ec.MaxBatchedTokens,
 		MaxModelLen: ec.MaxModelLen, Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints, AcceptsHints: cfg.AcceptsHints, Engine: cfg.Engine,
-		LoRAs: cfg.LoRAs,
+		LoRAs: cfg.LoRAs, TLS: cfg.TLS != nil, FleetToken: cfg.FleetToken != "",
 	}
 	return w, nil
 }
