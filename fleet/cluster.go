@@ -278,6 +278,8 @@ func routeErr(err error) error {
 	switch {
 	case errors.As(err, &busy):
 		return &kv.BusyError{RetryAfter: busy.RetryAfter}
+	case errors.Is(err, router.ErrDecodeOnly):
+		return err // says why
 	case errors.Is(err, kv.ErrNoWorkers):
 		return kv.ErrNoWorkers
 	}
