@@ -48,6 +48,15 @@ type Instance struct {
 	// --lora-modules names). Requests for an adapter go only to workers
 	// that list it.
 	LoRAs []string `json:"loras,omitempty"`
+	// DecodeOnly: a decode worker whose engine cannot prefill alone
+	// (SGLang's decode servers): routers send it disaggregated decode legs
+	// only, never a whole request.
+	DecodeOnly bool `json:"decode_only,omitempty"`
+	// TLS: the worker API speaks only TLS (the fleet's mutual TLS), so a
+	// caller without the fleet's client certificate cannot reach it.
+	TLS bool `json:"tls,omitempty"`
+	// FleetToken: the worker API answers only calls bearing the fleet token.
+	FleetToken bool `json:"fleet_token,omitempty"`
 }
 
 // ServesLoRA reports whether the worker serves adapter name ("" is the

@@ -1,11 +1,16 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -92,6 +97,10 @@ func TestFleetTokenGuardsWorker(t *testing.T) {
 	if got := saltedTurn(t, c, "", toks); len(got.toks) == 0 {
 		t.Fatal("a cluster with the token got no tokens")
 	}
+	// Without the token (known from discovery) or with a wrong one (the
+	// worker's Unauthenticated): a credentials error naming the flag.
+	refusedCluster(t, ctx, nc, disc, Config{}, credToken, "requires the fleet token")
+	refusedCluster(t, ctx, nc, disc, Config{FleetToken: "wrong"}, credToken, "refused this frontend's credentials")
 	ask := make([]uint64, len(seq))
 	for i, h := range seq {
 		ask[i] = uint64(sim.EngineHash(h))
@@ -178,6 +187,10 @@ func TestMutualTLSGuardsWorker(t *testing.T) {
 	if got := saltedTurn(t, c, "", toks); len(got.toks) == 0 {
 		t.Fatal("a cluster with the fleet's certificate got no tokens")
 	}
+	// Plaintext (known from discovery) or another CA (the handshake
+	// fails): a credentials error naming the flags.
+	refusedCluster(t, ctx, nc, disc, Config{}, credTLS, "requires the fleet's mutual TLS")
+	refusedCluster(t, ctx, nc, disc, Config{TLS: other.Client}, credTLS, "refused this frontend's credentials")
 	_, seq := kv.NewHasher(cfg.BlockSize, "", "").Blocks(toks)
 	ask := make([]uint64, len(seq))
 	for i, h := range seq {
@@ -197,4 +210,85 @@ func TestMutualTLSGuardsWorker(t *testing.T) {
 	waitFor(t, 5*time.Second, "the control endpoint counts 2 refusals (plaintext, another CA)", func() bool {
 		return testutil.Value(t, reg, "kvmesh_transfer_refused_total", "reason", "unauthenticated") == 2
 	})
+}
+
+// refusedCluster starts a cluster with cfg's credentials, which the only
+// worker of hintedModel refuses: each request fails at once as a
+// credentials error (never a lost worker, so never migrated) whose message
+// says why and names the flags; the worker is not inhibited, the refusals
+// are counted by credential and logged once.
+func refusedCluster(t *testing.T, ctx context.Context, nc *nats.Conn, disc discovery.Config, cfg Config, cred, why string) {
+	t.Helper()
+	d, err := discovery.Open(ctx, nc, disc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	var logs lockedBuffer
+	cfg.NC, cfg.Discovery, cfg.Models, cfg.Registerer = nc, d, []string{hintedModel}, reg
+	cfg.Router, cfg.Logger = router.Config{Mode: router.ModeKV}, slog.New(slog.NewTextHandler(&logs, nil))
+	c, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitFor(t, 10*time.Second, "cluster sees the worker", func() bool { return len(c.router.Workers(hintedModel, kv.RoleAggregated)) == 1 })
+	toks := prompt(9, 64)
+	const n = 3
+	for i := range n {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := generateErr(rctx, c, &kv.GenerateRequest{RequestID: "refused", Model: hintedModel, Tokens: toks, Sampling: kv.Sampling{MaxTokens: 4}})
+		cancel()
+		if !errors.Is(err, kv.ErrCredentials) || errors.Is(err, kv.ErrWorkerLost) {
+			t.Fatalf("%s, request %d: %v, want a credentials error and no lost worker", cred, i, err)
+		}
+		if msg := err.Error(); !strings.Contains(msg, why) || !strings.Contains(msg, credFlags[cred]) {
+			t.Fatalf("%s: %q does not say %q and name %s", cred, msg, why, credFlags[cred])
+		}
+	}
+	if _, err := c.router.Peek(ctx, router.Request{Model: hintedModel, Tokens: toks}); err != nil {
+		t.Errorf("%s: the worker was taken out of selection: %v", cred, err)
+	}
+	if v := testutil.Value(t, reg, "kvmesh_fleet_credential_refusals_total", "credential", cred); v != n {
+		t.Errorf("%s: refusals counted %v, want %d", cred, v, n)
+	}
+	if got := strings.Count(logs.String(), "fleet credentials:"); got != 1 || !strings.Contains(logs.String(), credFlags[cred]) {
+		t.Errorf("%s: logged %d times, want once naming %s:\n%s", cred, got, credFlags[cred], logs.String())
+	}
+}
+
+// generateErr runs req and returns its error (nil: it completed).
+func generateErr(ctx context.Context, c *Cluster, req *kv.GenerateRequest) error {
+	st, err := c.Generate(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for {
+		ch, err := st.Recv()
+		if err != nil {
+			return err
+		}
+		if ch.Finish != "" {
+			return nil
+		}
+	}
+}
+
+// lockedBuffer is a log sink safe for concurrent writers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

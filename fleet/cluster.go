@@ -82,6 +82,7 @@ type Cluster struct {
 	watchers []*discovery.Watcher
 	feeds    map[string]*eventplane.Feed
 	metrics  []prometheus.Collector // registered on cfg.Registerer; removed at Close
+	creds    *credRefusals
 	subs     []*nats.Subscription
 	bcast    *natsbus.Broadcast
 	// hintDrops counts planned hints that never reached a worker (hints.go).
@@ -97,7 +98,7 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: workerclient.NewPool(fleetDialOptions(cfg)...),
-		feeds: map[string]*eventplane.Feed{}, dmet: newDisaggMetrics(), hintDrops: newHintDrops()}
+		feeds: map[string]*eventplane.Feed{}, dmet: newDisaggMetrics(), hintDrops: newHintDrops(), creds: newCredRefusals()}
 	rc := cfg.Router
 	if rc.Mode == router.ModeKV || rc.Mode == "" {
 		rc.Matcher = c.index
@@ -155,6 +156,11 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 			return nil, fmt.Errorf("hint metrics: %w", err)
 		}
 		c.metrics = append(c.metrics, c.hintDrops)
+		if err := reg.Register(c.creds.count); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("credential metrics: %w", err)
+		}
+		c.metrics = append(c.metrics, c.creds.count)
 	}
 	ctx, c.cancel = context.WithCancel(ctx)
 	for _, m := range cfg.Models {
@@ -277,6 +283,8 @@ func routeErr(err error) error {
 	switch {
 	case errors.As(err, &busy):
 		return &kv.BusyError{RetryAfter: busy.RetryAfter}
+	case errors.Is(err, router.ErrDecodeOnly):
+		return err // says why
 	case errors.Is(err, kv.ErrNoWorkers):
 		return kv.ErrNoWorkers
 	}
@@ -328,6 +336,12 @@ func (c *Cluster) open(ctx context.Context, d *router.Decision, greq *api.Genera
 		d.Done()
 		return nil, fmt.Errorf("worker %v left before the request reached it: %w", d.Worker, kv.ErrWorkerLost)
 	}
+	if cred := c.missingCredential(in); cred != "" {
+		// A configuration error: no dial, no inhibition, no migration.
+		c.dropHint(d, hintDropUnreachable)
+		d.Done()
+		return nil, c.credentialsRefused(in, d.Worker, cred, nil)
+	}
 	client, err := c.clients.Get(in)
 	if err != nil {
 		c.dropHint(d, hintDropUnreachable)
@@ -345,10 +359,15 @@ func (c *Cluster) open(ctx context.Context, d *router.Decision, greq *api.Genera
 		} else {
 			c.dropHint(d, hintDropUnreachable)
 		}
+		if cred := refusedCredential(err); cred != "" {
+			d.Done()
+			return nil, c.credentialsRefused(in, d.Worker, cred, err)
+		}
 		d.Fail()
 		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, kv.ErrWorkerLost)
 	}
-	ws := &workerStream{d: d, st: st, ctx: ctx, cancel: cancel, counts: c.stats.routed(d, greq.Leg != api.Leg_LEG_DECODE), span: sp}
+	ws := &workerStream{d: d, st: st, ctx: ctx, cancel: cancel, counts: c.stats.routed(d, greq.Leg != api.Leg_LEG_DECODE), span: sp,
+		cl: c, in: in}
 	if d.Hint != nil {
 		ws.cancel = holdCancel(ctx, st, cancel)
 	}
@@ -365,6 +384,8 @@ type workerStream struct {
 	msg    api.GenerateChunk // reused by every Recv: the codec resets it, and a chunk keeps only its own Tokens slice
 	counts *workerCounts     // the worker's, for the per-worker series
 	span   trace.Span        // worker.generate (tracing.go; nil: none); ends with the stream
+	cl     *Cluster
+	in     discovery.Instance // the worker's record, for a credentials refusal
 }
 
 func (s *workerStream) Recv() (kv.TokenChunk, error) {
@@ -389,6 +410,12 @@ func (s *workerStream) Recv() (kv.TokenChunk, error) {
 			}
 		case codes.InvalidArgument:
 			err = fmt.Errorf("%w: %s", kv.ErrRejected, status.Convert(err).Message())
+			s.finish(err)
+			return kv.TokenChunk{}, err
+		}
+		if cred := refusedCredential(err); cred != "" && s.cl != nil {
+			// The frontend's configuration, not the worker: not inhibited.
+			err = s.cl.credentialsRefused(s.in, s.d.Worker, cred, err)
 			s.finish(err)
 			return kv.TokenChunk{}, err
 		}

@@ -178,11 +178,9 @@ func (c *Cluster) disagg(ctx context.Context, req *kv.GenerateRequest, base rout
 	ans, err := c.prefill(ctx, req, base)
 	switch {
 	case errors.Is(err, errPrefillExhausted):
-		c.dmet.path(router.PathLocalPrefill, reasonPrefillFailed)
-		return c.whole(ctx, req, router.LocalPrefillRequest(base), router.PathLocalPrefill)
+		return c.localFallback(ctx, req, base, reasonPrefillFailed, err)
 	case errors.Is(err, errPrefillBusy):
-		c.dmet.path(router.PathLocalPrefill, string(router.ReasonPrefillBusy))
-		return c.whole(ctx, req, router.LocalPrefillRequest(base), router.PathLocalPrefill)
+		return c.localFallback(ctx, req, base, string(router.ReasonPrefillBusy), err)
 	case err != nil:
 		return nil, err
 	}
@@ -230,6 +228,24 @@ func (c *Cluster) disagg(ctx context.Context, req *kv.GenerateRequest, base rout
 	return ds, nil
 }
 
+// localFallback serves req whole on a decode worker after the prefill pool
+// could not take it (cause: errPrefillExhausted, or errPrefillBusy wrapping
+// the router's busy error). When no decode worker can prefill alone
+// (router.ErrDecodeOnly) the request fails instead: a 503 saying why, with
+// Retry-After when the prefill pool was busy.
+func (c *Cluster) localFallback(ctx context.Context, req *kv.GenerateRequest, base router.Request, reason string, cause error) (kv.TokenStream, error) {
+	st, err := c.whole(ctx, req, router.LocalPrefillRequest(base), router.PathLocalPrefill)
+	if errors.Is(err, router.ErrDecodeOnly) {
+		var busy *kv.BusyError
+		if errors.As(cause, &busy) {
+			return nil, &kv.BusyError{Model: busy.Model, Workers: busy.Workers, RetryAfter: busy.RetryAfter}
+		}
+		return nil, fmt.Errorf("%w: %v, and model %q's decode workers cannot prefill alone", kv.ErrNoWorkers, cause, req.Model)
+	}
+	c.dmet.path(router.PathLocalPrefill, reason)
+	return st, err
+}
+
 var (
 	errPrefillExhausted = errors.New("no prefill worker answered")
 	errPrefillBusy      = errors.New("every prefill worker is busy")
@@ -257,7 +273,7 @@ func (c *Cluster) prefill(ctx context.Context, req *kv.GenerateRequest, base rou
 		if err != nil {
 			switch {
 			case errors.Is(err, kv.ErrAllBusy):
-				return prefillAnswer{}, errPrefillBusy
+				return prefillAnswer{}, fmt.Errorf("%w: %w", errPrefillBusy, err)
 			case errors.Is(err, kv.ErrNoWorkers) && tries > 0:
 				return prefillAnswer{}, errPrefillExhausted
 			}

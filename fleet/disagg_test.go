@@ -542,3 +542,45 @@ func TestDisaggDecodeLostMidStream(t *testing.T) {
 		t.Fatalf("the continuation ran %d decode legs on the other decode worker", len(legs))
 	}
 }
+
+// Decode workers that cannot prefill alone (registered decode_only, like
+// SGLang's) get decode legs only: a follow-up turn they mostly hold is
+// still disaggregated, and with every prefill worker lost the request
+// fails with a 503-class error saying why instead of going whole to them.
+func TestDisaggDecodeOnly(t *testing.T) {
+	f := startPDWith(t, 2, 1, 0, time.Minute, worker.Config{DecodeOnly: true})
+	waitFor(t, 10*time.Second, "the decode worker registered decode-only", func() bool {
+		ws := f.c.router.Workers(pdModel, kv.RoleDecode)
+		return len(ws) == 1 && ws[0].DecodeOnly
+	})
+	if ws := f.c.router.Workers(pdModel, kv.RolePrefill); len(ws) != 2 || ws[0].DecodeOnly || ws[1].DecodeOnly {
+		t.Fatalf("prefill workers %+v: decode_only applies to decode workers only", ws)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	turn1 := prompt(30, 3000)
+	turn2 := concat(turn1, prompt(31, 200))
+	for _, id := range []string{"t1", "t2"} {
+		toks := map[string][]uint32{"t1": turn1, "t2": turn2}[id]
+		if r := pdTurn(ctx, f.c, id, toks, 6); r.err != nil || !slices.Equal(r.toks, reference(t, toks, 6)) {
+			t.Fatalf("%s: %+v", id, r)
+		}
+		if pre, dec := legsOf(f.prefill, id, kv.LegPrefill), legsOf(f.decode, id, kv.LegDecode); len(pre) != 1 || len(dec) != 1 {
+			t.Fatalf("%s: prefill legs %d, decode legs %d, want 1 each", id, len(pre), len(dec))
+		}
+	}
+	f.fails.Store(5)
+	r := pdTurn(ctx, f.c, "all-lost", prompt(32, 3000), 6)
+	if !errors.Is(r.err, kv.ErrNoWorkers) || !strings.Contains(r.err.Error(), "cannot prefill alone") {
+		t.Fatalf("every prefill worker lost: %+v, want ErrNoWorkers saying the decode workers cannot prefill alone", r)
+	}
+	for _, id := range []string{"t1", "t2", "all-lost"} {
+		if got := legsOf(f.decode, id, kv.LegWhole); len(got) != 0 {
+			t.Errorf("%s: %d whole requests reached the decode-only worker", id, len(got))
+		}
+	}
+	if v := f.metric(t, `kvmesh_fleet_requests_by_path_total{path="local_prefill",reason="isl"}`) +
+		f.metric(t, `kvmesh_fleet_requests_by_path_total{path="local_prefill",reason="prefill_failed"}`); v != 0 {
+		t.Errorf("local prefills counted %v, want 0", v)
+	}
+}

@@ -107,6 +107,7 @@ func (t *instances) update(ev discovery.Event) {
 		info.HintCapable = in.HintTarget()
 		info.LoRAs = in.LoRAs
 		info.TierLoad = t.tierLoad
+		info.DecodeOnly = in.DecodeOnly && in.Role == kv.RoleDecode
 		if err := t.router.AddWorker(info); err != nil {
 			t.log.Warn("worker not routable", "instance", fmt.Sprintf("%x", in.ID), "err", err)
 		}

@@ -8,7 +8,7 @@ import (
 
 // Backend runs preprocessed (tokenized) requests and streams their tokens
 // back; errors wrap kv.ErrWorkerLost (migrate), kv.ErrRejected (400),
-// kv.ErrNoWorkers or *kv.BusyError (503). The frontend knows nothing of
+// kv.ErrNoWorkers, *kv.BusyError or kv.ErrCredentials (503). The frontend knows nothing of
 // workers: cmd/kvmesh hands it the fleet.
 type Backend interface {
 	Generate(ctx context.Context, req *kv.GenerateRequest) (kv.TokenStream, error)

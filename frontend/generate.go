@@ -383,6 +383,9 @@ func (s *Server) backendError(ctx context.Context, err error) *apiError {
 			return unavailable(1, "no worker is available for this model right now: %v", err)
 		}
 		return unavailable(1, "no worker is available for this model right now")
+	case errors.Is(err, kv.ErrCredentials):
+		// The frontend's own configuration: retrying will not help.
+		return unavailable(0, "%v", err)
 	case errors.Is(err, kv.ErrWorkerLost):
 		return unavailable(1, "the worker failed and the request could not be migrated: %v", err)
 	case errors.Is(err, kv.ErrRejected):

@@ -83,6 +83,11 @@ var ErrWorkerLost = errors.New("worker lost")
 // mistake, never migrated.
 var ErrRejected = errors.New("the worker rejected the request")
 
+// ErrCredentials marks a worker that refused this frontend's fleet
+// credentials (TLS, fleet token): a configuration error, not a failure of
+// the worker, so it is never migrated and the worker is not inhibited.
+var ErrCredentials = errors.New("fleet credentials refused")
+
 // ErrNoWorkers means no (eligible) worker serves the request's model and
 // role right now.
 var ErrNoWorkers = errors.New("no workers")

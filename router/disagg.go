@@ -85,6 +85,9 @@ type DisaggInput struct {
 	// PrefillBusy: the prefill worker the router would pick is over its
 	// busy threshold (Peek on the prefill pool answered kv.ErrAllBusy).
 	PrefillBusy bool
+	// DecodeOnly: no decode worker can prefill alone (WorkerInfo.DecodeOnly),
+	// so the request disaggregates whatever its length or the prefill load.
+	DecodeOnly bool
 }
 
 // DisaggChoice is conditional disaggregation's answer: PathDisagg, or
@@ -104,6 +107,9 @@ func DecideDisagg(cfg DisaggConfig, in DisaggInput) DisaggChoice {
 	cfg = cfg.WithDefaults()
 	netNew := max(in.PromptTokens-max(in.DecodeCached, 0), 0)
 	out := DisaggChoice{Path: PathDisagg, NetNew: netNew}
+	if in.DecodeOnly {
+		return out
+	}
 	if cfg.LocalPrefillTokens > 0 && netNew < cfg.LocalPrefillTokens &&
 		(in.PromptTokens <= 0 || float64(netNew) < cfg.LocalPrefillRatio*float64(in.PromptTokens)) {
 		out.Path, out.Reason = PathLocalPrefill, ReasonISL
@@ -124,8 +130,17 @@ func DecideDisagg(cfg DisaggConfig, in DisaggInput) DisaggChoice {
 // error but PrefillBusy.
 func (r *Router) PlanDisagg(ctx context.Context, req Request, cfg DisaggConfig) (DisaggChoice, error) {
 	dec, err := r.Peek(ctx, LocalPrefillRequest(req))
+	decodeOnly := errors.Is(err, ErrDecodeOnly)
+	if decodeOnly {
+		// Only decode legs fit the pool: it can serve the request
+		// disaggregated, never locally.
+		dec, err = r.Peek(ctx, DecodeLegRequest(req))
+	}
 	if err != nil {
 		return DisaggChoice{}, err
+	}
+	if decodeOnly {
+		dec.CachedTokens = 0
 	}
 	busy := false
 	if _, err := r.Peek(ctx, PrefillLegRequest(req)); err != nil {
@@ -134,7 +149,7 @@ func (r *Router) PlanDisagg(ctx context.Context, req Request, cfg DisaggConfig) 
 		}
 		busy = true
 	}
-	return DecideDisagg(cfg, DisaggInput{PromptTokens: dec.ISL, DecodeCached: dec.CachedTokens, PrefillBusy: busy}), nil
+	return DecideDisagg(cfg, DisaggInput{PromptTokens: dec.ISL, DecodeCached: dec.CachedTokens, PrefillBusy: busy, DecodeOnly: decodeOnly}), nil
 }
 
 // PrefillLegRequest is req as a prefill leg: KV-routed (overlap + load)
@@ -153,6 +168,11 @@ func DecodeLegRequest(req Request) Request {
 	req.NoOverlapCredit, req.NoPrefillCharge = true, true
 	return req
 }
+
+// ErrDecodeOnly is matched by the kv.ErrNoWorkers error of a whole request
+// (aggregated or LocalPrefillRequest) whose only candidates are decode
+// workers that cannot prefill alone (WorkerInfo.DecodeOnly).
+var ErrDecodeOnly = errors.New("its decode workers cannot prefill alone (decode-only engines such as SGLang's): a request needs a prefill worker")
 
 // LocalPrefillRequest is req served whole by a decode worker (conditional
 // disaggregation's bypass): routed like an aggregated request (overlap,

@@ -32,6 +32,7 @@ func TestDecideDisagg(t *testing.T) {
 		{"isl wins over busy", def, DisaggInput{PromptTokens: 1000, DecodeCached: 900, PrefillBusy: true}, PathLocalPrefill, ReasonISL, 100},
 		{"busy bypass off", DisaggConfig{NoBusyBypass: true}, DisaggInput{PromptTokens: 10000, PrefillBusy: true}, PathDisagg, "", 10000},
 		{"length rule off", DisaggConfig{LocalPrefillTokens: -1}, DisaggInput{PromptTokens: 1000, DecodeCached: 999}, PathDisagg, "", 1},
+		{"decode-only pool: never local", def, DisaggInput{PromptTokens: 1000, DecodeCached: 900, PrefillBusy: true, DecodeOnly: true}, PathDisagg, "", 100},
 		{"custom bounds", DisaggConfig{LocalPrefillTokens: 100, LocalPrefillRatio: 1}, DisaggInput{PromptTokens: 99, DecodeCached: 1}, PathLocalPrefill, ReasonISL, 98},
 	} {
 		got := DecideDisagg(tc.cfg, tc.in)
@@ -197,5 +198,85 @@ func TestPlanDisagg(t *testing.T) {
 	r := newRouter(t, Config{}, 1)
 	if _, err := r.PlanDisagg(ctx, Request{Model: "m", Tokens: long}, DisaggConfig{}); !errors.Is(err, kv.ErrNoWorkers) {
 		t.Fatalf("no decode pool: %v", err)
+	}
+}
+
+// A decode worker that cannot prefill alone (SGLang's) takes decode legs
+// only: no local prefill and no whole request, even when it holds the whole
+// prompt or the prefill pool is busy; a capable decode worker beside it
+// still takes them, with the decode-only one as its hint source.
+func TestDecodeOnlyWorkers(t *testing.T) {
+	ctx := context.Background()
+	long := prompt(1, 200*testBS)
+	seq := seqOf(long)
+	// pd has prefill workers 1, 2 and decode-only worker 3; worker 4 is a
+	// decode worker, decode-only unless capable.
+	pd := func(cfg Config, capable bool) (*Router, *fakeIndex) {
+		ix := newFakeIndex()
+		cfg.Matcher, cfg.Hints = ix, true
+		r := newRouter(t, cfg)
+		for i, role := range []kv.Role{kv.RolePrefill, kv.RolePrefill, kv.RoleDecode, kv.RoleDecode} {
+			w := roleInfo(uint64(i+1), role)
+			w.DecodeOnly = role == kv.RoleDecode && !(capable && i == 3)
+			if err := r.AddWorker(w); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return r, ix
+	}
+	req := Request{Model: "m", Tokens: long}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		load bool
+	}{
+		{"decode holds the whole prompt", Config{}, false},
+		{"prefill pool busy", Config{MaxPrefillTokens: 100}, true},
+	} {
+		r, ix := pd(tc.cfg, false)
+		ix.store(key(3), kv.TierDevice, seq)
+		ix.store(key(4), kv.TierDevice, seq)
+		if tc.load {
+			for _, w := range []uint64{1, 2} {
+				if _, err := r.Route(ctx, PrefillLegRequest(Request{Model: "m", Tokens: prompt(int(10+w), 20*testBS), Exclude: []kv.WorkerKey{key(3 - w)}})); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		got, err := r.PlanDisagg(ctx, req, DisaggConfig{})
+		if err != nil || got.Path != PathDisagg {
+			t.Errorf("%s: planned %+v %v, want %s", tc.name, got, err, PathDisagg)
+		}
+		for name, whole := range map[string]Request{"local prefill": LocalPrefillRequest(req), "whole on the decode pool": {Model: "m", Tokens: long, Role: kv.RoleDecode}} {
+			if _, err := r.Route(ctx, whole); !errors.Is(err, kv.ErrNoWorkers) || !errors.Is(err, ErrDecodeOnly) {
+				t.Errorf("%s: %s: %v, want ErrNoWorkers/ErrDecodeOnly", tc.name, name, err)
+			}
+		}
+		d, err := r.Route(ctx, DecodeLegRequest(req))
+		if err != nil {
+			t.Fatalf("%s: decode leg: %v", tc.name, err)
+		}
+		d.Done()
+	}
+
+	// A mixed decode pool: whole requests go to the capable worker 4 only.
+	r, ix := pd(Config{}, true)
+	ix.store(key(3), kv.TierDevice, seq)
+	for range 4 {
+		d, err := r.Route(ctx, LocalPrefillRequest(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Worker != key(4) {
+			t.Fatalf("mixed pool: local prefill on %v, want %v", d.Worker, key(4))
+		}
+		if d.Hint == nil {
+			t.Errorf("mixed pool: no hint from the decode-only worker holding the prompt")
+		}
+		d.Done()
+	}
+	ix.store(key(4), kv.TierDevice, seq)
+	if got, err := r.PlanDisagg(ctx, req, DisaggConfig{}); err != nil || got.Path != PathLocalPrefill {
+		t.Errorf("mixed pool, worker 4 holds the prompt: %+v %v, want local prefill", got, err)
 	}
 }

@@ -302,7 +302,7 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 	sc.cand = sc.cand[:0]
 	// Merge the sorted matches with the sorted pool.
 	mi := 0
-	excluded, noAdapter := 0, 0
+	excluded, noAdapter, decodeOnly := 0, 0, 0
 	for i, w := range p.workers {
 		for mi < len(sc.matches) && cmpKey(sc.matches[mi].Worker, w.info.Key) < 0 {
 			mi++
@@ -324,6 +324,11 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 			noAdapter++
 			continue
 		}
+		if w.info.DecodeOnly && !req.NoPrefillCharge {
+			// It cannot compute the prompt; it stays a hint source.
+			decodeOnly++
+			continue
+		}
 		if slices.Contains(req.Exclude, w.info.Key) {
 			excluded++
 			continue
@@ -337,7 +342,10 @@ func (r *Router) choose(p *pool, req Request, sc *scratch, seq []kv.SeqHash, now
 		if noAdapter == nw {
 			return 0, fmt.Errorf("%w for model %q with LoRA adapter %q", kv.ErrNoWorkers, req.Model, req.LoRA)
 		}
-		if excluded+noAdapter == nw {
+		if decodeOnly > 0 && decodeOnly+noAdapter == nw {
+			return 0, fmt.Errorf("%w for model %q: %w", kv.ErrNoWorkers, req.Model, ErrDecodeOnly)
+		}
+		if excluded+noAdapter+decodeOnly == nw {
 			return 0, fmt.Errorf("%w for model %q: all %d excluded", kv.ErrNoWorkers, req.Model, nw)
 		}
 		return 0, &kv.BusyError{Model: req.Model, Workers: nw - excluded, RetryAfter: r.cfg.BusyRetryAfter}

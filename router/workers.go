@@ -21,6 +21,10 @@ type WorkerInfo struct {
 	Digest           string // compatibility digest (layout); hints need equal digests
 	ControlEndpoint  string // where this rank serves its blocks to peers ("" if none)
 	HintCapable      bool   // the worker accepts kv.fetch hints
+	// DecodeOnly: a decode worker whose engine cannot prefill alone
+	// (SGLang's decode servers). Only disaggregated decode legs
+	// (Request.NoPrefillCharge) go to it, never a whole request.
+	DecodeOnly bool
 	// LoRAs are the adapters the worker serves; a request naming one
 	// (Request.LoRA) goes only to workers that list it.
 	LoRAs []string

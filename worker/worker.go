@@ -70,6 +70,9 @@ type Config struct {
 	// nil leaves the routers' default: hint targets exactly when control
 	// endpoints are advertised.
 	AcceptsHints *bool
+	// DecodeOnly registers a decode worker whose engine cannot prefill
+	// alone (discovery's decode_only): it is sent decode legs only.
+	DecodeOnly bool
 	// LoRAs are the LoRA adapters the engine serves (registered in
 	// discovery); a request naming another adapter is InvalidArgument.
 	LoRAs []string
@@ -227,7 +230,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		ID: cfg.InstanceID, Model: cfg.Model, Role: cfg.Role, DPSize: cfg.DPSize,
 		BlockSize: ec.BlockSize, KVCapacity: cfg.KVCapacity, MaxBatchedTokens: ec.MaxBatchedTokens,
 		MaxModelLen: ec.MaxModelLen, Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints, AcceptsHints: cfg.AcceptsHints, Engine: cfg.Engine,
-		LoRAs: cfg.LoRAs,
+		LoRAs: cfg.LoRAs, TLS: cfg.TLS != nil, FleetToken: cfg.FleetToken != "", DecodeOnly: cfg.DecodeOnly,
 	}
 	return w, nil
 }

@@ -41,7 +41,8 @@ type engineAdapter struct {
 	// nil: the engine kind takes none from kvmesh.
 	connectorConfig func(k *kvbmFlags, role kv.Role) string
 	// decodeCannotPrefill: the kind's decode servers serve only requests
-	// paired with a prefill (SGLang's), so serve plans no local prefill.
+	// paired with a prefill (SGLang's): their workers register decode_only,
+	// so no router plans a local prefill or a whole request on them.
 	decodeCannotPrefill bool
 }
 
@@ -321,11 +322,17 @@ func (s *serveEngineFlags) engines() ([]servedEngine, error) {
 	return append(append(agg, pre...), dec...), nil
 }
 
-// noLocalPrefill turns conditional disaggregation's local prefill (and
-// the busy-prefill bypass) off for engine kinds whose decode servers
-// cannot prefill alone, and refuses an explicit --disagg-local-prefill-tokens
-// asking for it.
-func (s *serveEngineFlags) noLocalPrefill(cmd *cobra.Command, list []servedEngine, ff *frontendFlags) error {
+// decodeOnly says whether a worker of engine kind for role registers
+// decode_only: a decode server that cannot prefill alone.
+func decodeOnly(kind string, role kv.Role) bool {
+	a, ok := engineAdapters[kind]
+	return ok && a.decodeCannotPrefill && role == kv.RoleDecode
+}
+
+// refuseLocalPrefill refuses an explicit --disagg-local-prefill-tokens
+// asking for local prefill on decode servers that cannot prefill alone
+// (their workers register decode_only, so routers never plan one).
+func (s *serveEngineFlags) refuseLocalPrefill(cmd *cobra.Command, list []servedEngine, ff *frontendFlags) error {
 	a, ok := engineAdapters[s.engine]
 	if !ok || !a.decodeCannotPrefill {
 		return nil
@@ -340,7 +347,6 @@ func (s *serveEngineFlags) noLocalPrefill(cmd *cobra.Command, list []servedEngin
 	if cmd.Flags().Changed("disagg-local-prefill-tokens") && ff.localPrefillTokens != 0 {
 		return fmt.Errorf("--disagg-local-prefill-tokens %d: %s decode servers cannot prefill alone (want 0)", ff.localPrefillTokens, s.engine)
 	}
-	ff.noLocalPrefill = true
 	return nil
 }
 

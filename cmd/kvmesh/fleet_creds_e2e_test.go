@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -27,7 +29,10 @@ import (
 // the credentials gets no token from them (its Generate calls are refused),
 // and a worker started without them fetches nothing from a credentialed
 // peer (the request still completes, recomputed); both refusals are
-// counted on the workers' /metrics.
+// counted on the workers' /metrics. The frontend without credentials
+// knows from discovery that the workers require them: each request fails
+// at once with a 503 naming the flags, nothing is migrated, and it logs
+// one line per worker.
 func TestFleetCredentialsProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -120,16 +125,67 @@ func credentialedFleet(t *testing.T, creds []string, dial []grpc.DialOption, ref
 		t.Fatalf("B cached %d tokens, want the %d fetched from A", u.GetCachedTokens(), len(seq)*16)
 	}
 
-	// A frontend without the credentials: no answer from the workers.
-	bad := startProc(t, "frontend without credentials", "frontend", "--nats", ns.URL(), "--model", model, "--listen", "127.0.0.1:0", "--log-level", "warn", "--migration-limit", "1")
+	// A frontend without the credentials: a configuration error, not
+	// dying workers — a 503 naming the flags for every request, no
+	// migration, one log line per worker.
+	bad := startProc(t, "frontend without credentials", "frontend", "--nats", ns.URL(), "--model", model, "--listen", "127.0.0.1:0", "--log-level", "warn", "--migration-limit", "3")
 	badBase := bad.Expect(frontendLine, 30*time.Second)[1]
 	waitHealthy(t, badBase)
-	start := time.Now()
-	resp, body := testutil.Post(t, badBase+"/chat/completions", `{"model":"`+model+`","max_tokens":4,"messages":[{"role":"user","content":"let me in"}]}`)
-	if resp.StatusCode == http.StatusOK {
-		t.Fatalf("a frontend without credentials was answered: %s", body)
+	flags := creds[0]
+	if flags == "--tls-cert" {
+		flags = "--tls-cert/--tls-key/--tls-ca"
 	}
-	t.Logf("a frontend without credentials: %d after %v: %s", resp.StatusCode, time.Since(start).Round(time.Millisecond), body)
+	const tries = 6
+	for i := range tries {
+		start := time.Now()
+		resp, body := testutil.Post(t, badBase+"/chat/completions", `{"model":"`+model+`","max_tokens":4,"messages":[{"role":"user","content":"let me in `+strings.Repeat("y", i)+`"}]}`)
+		var e struct {
+			Error struct{ Message, Type string }
+		}
+		_ = json.Unmarshal([]byte(body), &e)
+		if resp.StatusCode != http.StatusServiceUnavailable || e.Error.Type != "service_unavailable" || !strings.Contains(e.Error.Message, flags) {
+			t.Fatalf("a frontend without credentials: %d %s, want a 503 naming %s", resp.StatusCode, body, flags)
+		}
+		if i == 0 {
+			t.Logf("a frontend without credentials: %d after %v: %s", resp.StatusCode, time.Since(start).Round(time.Millisecond), body)
+		}
+	}
+	fm := testutil.Scrape(t, strings.TrimSuffix(badBase, "/v1")+"/metrics")
+	if got := fm["kvmesh_frontend_migrations_total"]; got != 0 {
+		t.Errorf("the frontend without credentials migrated %v times, want 0", got)
+	}
+	if got := seriesSum(fm, "kvmesh_fleet_credential_refusals_total"); got != tries {
+		t.Errorf("kvmesh_fleet_credential_refusals_total = %v, want %d", got, tries)
+	}
+	if got := fm[`kvmesh_router_decisions_total{mode="kv",path="aggregated"}`]; got != tries {
+		t.Errorf("routing decisions %v, want %d (one per request: no retries)", got, tries)
+	}
+	for _, id := range []uint64{a.ID, b.ID} {
+		w := kv.WorkerKey{Instance: id}.String()
+		if n := strings.Count(bad.Stderr(), "fleet credentials: worker "+w+" "); n > 1 {
+			t.Errorf("worker %s logged %d times, want at most once", w, n)
+		}
+	}
+	if n := strings.Count(bad.Stderr(), "fleet credentials:"); n < 1 || n > 2 || !strings.Contains(bad.Stderr(), flags) {
+		t.Errorf("the frontend logged %d credential lines, want one per worker it chose naming %s:\n%s", n, flags, bad.Stderr())
+	}
+
+	// The workers still refuse a caller without the credentials (the
+	// frontend above never called them: it knew from discovery).
+	bare := workerclient.NewPool()
+	defer bare.Close()
+	for _, in := range []discovery.Instance{a, b} {
+		cl, err := bare.Get(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hctx, hcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err = cl.Health(hctx, &api.HealthRequest{})
+		hcancel()
+		if err == nil {
+			t.Fatalf("worker %d answered a caller without credentials", in.ID)
+		}
+	}
 
 	// A worker without the credentials (another model, so no frontend
 	// routes to it) is sent a hint naming A: A serves it nothing, and the
@@ -145,13 +201,12 @@ func credentialedFleet(t *testing.T, creds []string, dial []grpc.DialOption, ref
 	}
 
 	ma, mb, mc := workerMetrics(t, pa), workerMetrics(t, pb), workerMetrics(t, pc)
-	if got := seriesSum(ma, refusedSeries) + seriesSum(mb, refusedSeries); got < 1 {
-		t.Errorf("the refused frontend: %s on A and B = %v, want ≥ 1", refusedSeries, got)
+	if seriesSum(ma, refusedSeries) < 1 || seriesSum(mb, refusedSeries) < 1 {
+		t.Errorf("the refused caller: %s on A %v, B %v, want ≥ 1 each", refusedSeries, seriesSum(ma, refusedSeries), seriesSum(mb, refusedSeries))
 	}
-	// Logged once per host, however often the frontend redialled.
-	if n := strings.Count(pa.Stderr(), refusedLog) + strings.Count(pb.Stderr(), refusedLog); n < 1 ||
-		strings.Count(pa.Stderr(), refusedLog) > 1 || strings.Count(pb.Stderr(), refusedLog) > 1 {
-		t.Errorf("the refused frontend logged %d times on A and B (%q), want once per worker it reached", n, refusedLog)
+	// Logged once per host, however often the caller redialled.
+	if strings.Count(pa.Stderr(), refusedLog) != 1 || strings.Count(pb.Stderr(), refusedLog) != 1 {
+		t.Errorf("the refused caller logged %d times on A and %d on B (%q), want once each", strings.Count(pa.Stderr(), refusedLog), strings.Count(pb.Stderr(), refusedLog), refusedLog)
 	}
 	if n := strings.Count(pa.Stderr(), "transfer: refused a peer"); n != 1 {
 		t.Errorf("A logged the refused peer %d times, want 1", n)

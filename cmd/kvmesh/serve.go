@@ -50,9 +50,6 @@ type frontendFlags struct {
 	// Conditional disaggregation (models with prefill and decode workers).
 	localPrefillTokens int
 	localPrefillRatio  float64
-	// noLocalPrefill: the decode engines cannot prefill alone (SGLang's),
-	// so no request is planned on them without a prefill leg.
-	noLocalPrefill bool
 	// ln is --listen bound early (serve checks the port before starting
 	// anything else); nil: startFrontendOn binds it.
 	ln    net.Listener
@@ -88,10 +85,9 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 // disagg is the cluster's conditional-disaggregation config.
 func (ff *frontendFlags) disagg() router.DisaggConfig {
 	c := router.DisaggConfig{LocalPrefillTokens: ff.localPrefillTokens, LocalPrefillRatio: ff.localPrefillRatio}
-	if c.LocalPrefillTokens == 0 || ff.noLocalPrefill {
+	if c.LocalPrefillTokens == 0 {
 		c.LocalPrefillTokens = -1 // the flag's 0 is "never", the config's is "default"
 	}
-	c.NoBusyBypass = ff.noLocalPrefill
 	return c
 }
 
@@ -339,7 +335,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	}
 	if list, err := ef.engines(); err != nil {
 		return err
-	} else if err := ef.noLocalPrefill(cmd, list, ff); err != nil {
+	} else if err := ef.refuseLocalPrefill(cmd, list, ff); err != nil {
 		return err
 	}
 	natsHost, natsPort, err := parseNATSListen(natsListen)

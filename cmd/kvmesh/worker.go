@@ -329,7 +329,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
 		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, AcceptsHints: acceptsHints, LoRAs: wf.loras, EventSources: sources, Peer: peer, Registerer: reg,
-		FleetToken: fleetToken, TLS: serverTLS, Tracer: tracer, Engine: wf.engine,
+		FleetToken: fleetToken, TLS: serverTLS, Tracer: tracer, Engine: wf.engine, DecodeOnly: decodeOnly(wf.engine, role),
 		Discovery: discovery.Config{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)
 	if err != nil {
