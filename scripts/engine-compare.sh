@@ -11,7 +11,7 @@
 # machine's drift lands on both paths alike.
 #
 # Usage: scripts/engine-compare.sh [-b BIN] [-t TRACE] [-n REQUESTS] [-c CONCURRENCY]
-#                                  [-r ROUNDS] [-p PORT_BASE] [-o OUTDIR] [-e "vllm sglang trtllm"] [-S]
+#                                  [-r ROUNDS] [-p PORT_BASE] [-o OUTDIR] [-e "vllm sglang trtllm"] [-k BLOCKS] [-S]
 # -S prints the tables again from OUTDIR/runs.jsonl without running anything.
 # BIN defaults to /tmp/kvm-cmp (go build -o /tmp/kvm-cmp ./cmd/kvmesh); needs curl and jq.
 set -euo pipefail
@@ -27,12 +27,16 @@ ENGINES="vllm sglang trtllm"
 # One block size for all three (the hit ratio counts whole blocks): vLLM's
 # default; SGLang's own default page is 1 token, TensorRT-LLM's block 32.
 BLOCK=16
-BLOCKS=16384 # 262,144 tokens of KV per engine
+# A pool larger than the sample's prompts (4.2M tokens; the first 200
+# requests hold 2.1M), so every reuse in the sample can hit: with vLLM's
+# 16,384 blocks the later turns' prefixes are evicted before they return
+# and only the shared first block hits.
+BLOCKS=262144
 CTX=65536
 SPEEDUP=10
 
 SUMMARY_ONLY=
-while getopts "b:t:n:c:r:p:o:e:Sh" opt; do
+while getopts "b:t:n:c:r:p:o:e:k:Sh" opt; do
 	case $opt in
 	b) BIN=$OPTARG ;;
 	t) TRACE=$OPTARG ;;
@@ -43,6 +47,7 @@ while getopts "b:t:n:c:r:p:o:e:Sh" opt; do
 	o) OUT=$OPTARG ;;
 	e) ENGINES=$OPTARG ;;
 	S) SUMMARY_ONLY=1 ;;
+	k) BLOCKS=$OPTARG ;;
 	*) sed -n '2,17p' "$0" >&2; exit 2 ;;
 	esac
 done
