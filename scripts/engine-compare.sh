@@ -77,10 +77,16 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# wait_for URL PATTERN: until GET URL answers 200 with PATTERN in the body.
+# wait_for URL PATTERN: until GET URL answers 200 with PATTERN in the body
+# while the process started last is alive (a port someone else holds would
+# otherwise answer for it).
 wait_for() {
-	local i
+	local i pid=${PIDS[-1]}
 	for i in $(seq 1 300); do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			echo "engine-compare: process $pid exited before $1 was ready (see $OUT/*.log)" >&2
+			return 1
+		fi
 		if curl -fsS --max-time 2 "$1" 2>/dev/null | grep -q "$2"; then
 			return 0
 		fi
