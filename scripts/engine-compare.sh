@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# engine-compare.sh: the same conversation-trace sample through each real-engine
+# adapter (`kvmesh serve --engine vllm|sglang|trtllm`) over its mock, and
+# straight at the mock, in one run; prints one markdown table (hit ratio,
+# TTFT, ITL, tok/s, ok) and the added latency per engine as ratios.
+#
+# Every run gets a freshly started mock (and serve), so each starts with a
+# cold prefix cache: a mock reused across runs would serve the later runs'
+# prompts from the earlier runs' blocks and inflate their hit ratio. Runs
+# alternate engines and paths, and the path order flips every round, so the
+# machine's drift lands on both paths alike.
+#
+# Usage: scripts/engine-compare.sh [-b BIN] [-t TRACE] [-n REQUESTS] [-c CONCURRENCY]
+#                                  [-r ROUNDS] [-p PORT_BASE] [-o OUTDIR] [-e "vllm sglang trtllm"] [-k BLOCKS] [-S]
+# -S prints the tables again from OUTDIR/runs.jsonl without running anything.
+# BIN defaults to /tmp/kvm-cmp (go build -o /tmp/kvm-cmp ./cmd/kvmesh); needs curl and jq.
+set -euo pipefail
+
+BIN=/tmp/kvm-cmp
+TRACE=$(cd "$(dirname "$0")/.." && pwd)/../shared/traces/conversation_trace.jsonl
+REQUESTS=200
+CONC=4
+ROUNDS=2
+PORT=38800
+OUT=/tmp/engine-compare
+ENGINES="vllm sglang trtllm"
+# One block size for all three (the hit ratio counts whole blocks): vLLM's
+# default; SGLang's own default page is 1 token, TensorRT-LLM's block 32.
+BLOCK=16
+# A pool larger than the sample's prompts (4.2M tokens; the first 200
+# requests hold 2.1M), so every reuse in the sample can hit: with vLLM's
+# 16,384 blocks the later turns' prefixes are evicted before they return
+# and only the shared first block hits.
+BLOCKS=262144
+CTX=65536
+SPEEDUP=10
+
+SUMMARY_ONLY=
+while getopts "b:t:n:c:r:p:o:e:k:Sh" opt; do
+	case $opt in
+	b) BIN=$OPTARG ;;
+	t) TRACE=$OPTARG ;;
+	n) REQUESTS=$OPTARG ;;
+	c) CONC=$OPTARG ;;
+	r) ROUNDS=$OPTARG ;;
+	p) PORT=$OPTARG ;;
+	o) OUT=$OPTARG ;;
+	e) ENGINES=$OPTARG ;;
+	S) SUMMARY_ONLY=1 ;;
+	k) BLOCKS=$OPTARG ;;
+	*) sed -n '2,17p' "$0" >&2; exit 2 ;;
+	esac
+done
+for tool in curl jq "$BIN"; do
+	command -v "$tool" >/dev/null || { echo "engine-compare: $tool not found" >&2; exit 2; }
+done
+[ -r "$TRACE" ] || { echo "engine-compare: trace $TRACE not readable" >&2; exit 2; }
+
+MODEL=mock-model
+ENG=$PORT          # mock HTTP
+EV=$((PORT + 1))   # mock KV events (ZMQ PUB)
+REP=$((PORT + 2))  # mock KV replay (ZMQ ROUTER)
+FE=$((PORT + 3))   # kvmesh serve's frontend
+mkdir -p "$OUT"
+
+PIDS=()
+cleanup() {
+	local p
+	for p in "${PIDS[@]}"; do
+		kill "$p" 2>/dev/null || true
+	done
+	for p in "${PIDS[@]}"; do
+		wait "$p" 2>/dev/null || true
+	done
+	PIDS=()
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# wait_for URL PATTERN: until GET URL answers 200 with PATTERN in the body
+# while the process started last is alive (a port someone else holds would
+# otherwise answer for it).
+wait_for() {
+	local i pid=${PIDS[-1]}
+	for i in $(seq 1 300); do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			echo "engine-compare: process $pid exited before $1 was ready (see $OUT/*.log)" >&2
+			return 1
+		fi
+		if curl -fsS --max-time 2 "$1" 2>/dev/null | grep -q "$2"; then
+			return 0
+		fi
+		sleep 0.1
+	done
+	echo "engine-compare: $1 not ready (see $OUT/*.log)" >&2
+	return 1
+}
+
+start_mock() { # engine logfile
+	case $1 in
+	vllm)
+		"$BIN" mock-engine vllm $MODEL --port $ENG --block-size $BLOCK --blocks $BLOCKS --max-model-len $CTX \
+			--speedup-ratio $SPEEDUP --kv-events-endpoint tcp://127.0.0.1:$EV \
+			--kv-events-replay-endpoint tcp://127.0.0.1:$REP >"$2" 2>&1 &
+		;;
+	sglang)
+		"$BIN" mock-engine sglang --served-model-name $MODEL --port $ENG --page-size $BLOCK --blocks $BLOCKS \
+			--context-length $CTX --speedup-ratio $SPEEDUP --kv-events-endpoint tcp://127.0.0.1:$EV \
+			--kv-events-replay-endpoint tcp://127.0.0.1:$REP --disaggregation-bootstrap-port $((PORT + 4)) >"$2" 2>&1 &
+		;;
+	trtllm)
+		"$BIN" mock-engine trtllm $MODEL --port $ENG --tokens-per-block $BLOCK --blocks $BLOCKS --max_seq_len $CTX \
+			--speedup-ratio $SPEEDUP --kv-event-buffer-max-size 4096 --enable-iter-perf-stats >"$2" 2>&1 &
+		;;
+	esac
+	PIDS+=($!)
+	wait_for "http://127.0.0.1:$ENG/v1/models" $MODEL
+}
+
+start_serve() { # engine logfile
+	local ev=(--kv-events tcp://127.0.0.1:$EV --kv-events-replay tcp://127.0.0.1:$REP)
+	[ "$1" = trtllm ] && ev=(--kv-events http://127.0.0.1:$ENG)
+	"$BIN" serve --engine "$1" --engine-url http://127.0.0.1:$ENG "${ev[@]}" --block-size $BLOCK \
+		--listen 127.0.0.1:$FE >"$2" 2>&1 &
+	PIDS+=($!)
+	wait_for "http://127.0.0.1:$FE/v1/models" $MODEL
+}
+
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+if [ -n "$SUMMARY_ONLY" ]; then
+	TABLE=/dev/null
+else
+TABLE=$OUT/table.md
+echo "engine-compare: $(nproc) cores, load average $(load) at start; $REQUESTS requests, concurrency $CONC, $ROUNDS rounds" >&2
+LOAD_START=$(load)
+
+for round in $(seq 1 "$ROUNDS"); do
+	paths="direct kvmesh"
+	[ $((round % 2)) -eq 0 ] && paths="kvmesh direct"
+	for engine in $ENGINES; do
+		for path in $paths; do
+			name=r$round-$engine-$path
+			rm -rf "${OUT:?}/$name"
+			start_mock "$engine" "$OUT/$name.mock.log"
+			url=http://127.0.0.1:$ENG/v1
+			if [ "$path" = kvmesh ]; then
+				start_serve "$engine" "$OUT/$name.serve.log"
+				url=http://127.0.0.1:$FE/v1
+			fi
+			"$BIN" bench load --url "$url" --model $MODEL --trace "$TRACE" --requests "$REQUESTS" \
+				--concurrency "$CONC" --out "$OUT/$name" >"$OUT/$name.bench.log" 2>&1 || true
+			echo "engine-compare: $name: $(tail -n1 "$OUT/$name.bench.log") (load $(load))" >&2
+			jq -c --arg e "$engine" --arg p "$path" --argjson r "$round" \
+				'{engine:$e, path:$p, round:$r, hit:.cached_prompt_ratio, ttft50:.ttft_ms.p50, ttft99:.ttft_ms.p99,
+				  itl50:.itl_ms.p50, toks:.output_tok_s, ok:.ok, n:.requests}' "$OUT/$name/report.json" >>"$OUT/runs.jsonl.tmp"
+			cleanup
+		done
+	done
+done
+mv "$OUT/runs.jsonl.tmp" "$OUT/runs.jsonl"
+LOAD_END=$(load)
+fi
+
+# f(n): fixed n decimals; ord: the engine's place in -e.
+JQDEFS='def f(n): (. * pow(10; n) | round) as $i | ($i | fabs | tostring) as $a |
+	(if ($a | length) <= n then ("0" * (n + 1 - ($a | length))) + $a else $a end) as $z |
+	(if $i < 0 then "-" else "" end) + $z[:-n] + "." + $z[-n:];
+	def ord: .engine as $e | ($order | split(" ") | index($e));'
+{
+	echo "| engine | round | path | hit ratio | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | output tok/s | ok |"
+	echo "|---|---|---|---|---|---|---|---|---|"
+	jq -rs --arg order "$ENGINES" "$JQDEFS"'sort_by(ord, .round, (.path != "direct")) | .[] |
+		"| \(.engine) | \(.round) | \(if .path == "direct" then "mock directly" else "through kvmesh" end) | \(.hit|f(4)) | \(.ttft50|f(1)) | \(.ttft99|f(1)) | \(.itl50|f(2)) | \(.toks|f(1)) | \(.ok)/\(.n) |"' "$OUT/runs.jsonl"
+	echo
+	echo "| engine | round | added per request (TTFT p50) | added per token (ITL p50) | hit ratio through / direct |"
+	echo "|---|---|---|---|---|"
+	jq -rs --arg order "$ENGINES" "$JQDEFS"'sort_by(ord, .round) | group_by(ord, .round) | .[] |
+		(map(select(.path == "direct"))[0]) as $d | (map(select(.path == "kvmesh"))[0]) as $k |
+		def ms(x; n): (if x >= 0 then "+" else "−" end) + (x|fabs|f(n)) + " ms";
+		"| \($d.engine) | \($d.round) | \(ms($k.ttft50 - $d.ttft50; 1)) (\($k.ttft50 / $d.ttft50|f(2))×) | \(ms($k.itl50 - $d.itl50; 2)) (\($k.itl50 / $d.itl50|f(2))×) | \($k.hit|f(4)) / \($d.hit|f(4)) |"' "$OUT/runs.jsonl"
+	if [ -z "$SUMMARY_ONLY" ]; then
+		echo
+		echo "load average (1, 5, 15 min) $LOAD_START at start, $LOAD_END at end, $(nproc) cores"
+	fi
+} | tee "$TABLE"
