@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // maxErrorBody bounds how much of an error response is read.
@@ -255,4 +256,66 @@ func CheckURL(s string) (string, error) {
 		return "", fmt.Errorf("%q: a base URL takes no query or fragment", s)
 	}
 	return strings.TrimRight(u.String(), "/"), nil
+}
+
+// ErrStopped is ReadFrames' answer when its caller went away: the stream's
+// context ended, or a frame handler had no one left to send to.
+var ErrStopped = errors.New("stream reader stopped")
+
+// ReadFrames reads an engine's SSE stream of JSON frames up to [DONE],
+// decoding each into a fresh T for frame. It returns nil at [DONE], or when
+// the body ends after finished reports the generation over (a server may
+// drop [DONE]); ErrStopped when ctx ended; frame's own error; and a lost
+// engine for a frame that does not decode or a stream cut short.
+func ReadFrames[T any](ctx context.Context, body io.Reader, finished func() bool, frame func(*T) error) error {
+	sse := NewSSE(body)
+	for {
+		data, err := sse.Next()
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+				return ErrStopped
+			case finished():
+				return nil
+			}
+			return Lost(fmt.Errorf("stream ended early: %v", err))
+		}
+		if string(data) == "[DONE]" {
+			return nil
+		}
+		var f T
+		if err := json.Unmarshal(data, &f); err != nil {
+			return Lost(fmt.Errorf("bad stream frame: %v", err))
+		}
+		if err := frame(&f); err != nil {
+			return err
+		}
+	}
+}
+
+// Send hands c to the worker's stream unless ctx ended first.
+func Send(ctx context.Context, ch chan<- engine.Chunk, c engine.Chunk) bool {
+	select {
+	case ch <- c:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// StreamEnded reports whether a stream ReadFrames read ended with a finish
+// reason; otherwise it sends the failure (none when the reader was
+// stopped: no one is listening).
+func StreamEnded(ctx context.Context, ch chan<- engine.Chunk, err error, fin kv.FinishReason) bool {
+	switch {
+	case errors.Is(err, ErrStopped):
+		return false
+	case err == nil && fin == kv.FinishNone:
+		err = Lost(errors.New("stream ended without a finish reason"))
+	}
+	if err != nil {
+		Send(ctx, ch, engine.Chunk{Err: err, Finish: kv.FinishError})
+		return false
+	}
+	return true
 }

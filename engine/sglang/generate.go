@@ -206,21 +206,12 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engi
 	go func() {
 		defer close(ch)
 		defer resp.Body.Close()
-		if params != nil && !send(ctx, ch, engine.Chunk{TransferParams: params}) {
+		if params != nil && !remote.Send(ctx, ch, engine.Chunk{TransferParams: params}) {
 			return
 		}
 		e.readStream(ctx, resp.Body, len(req.Tokens), req.Leg, ch)
 	}()
 	return ch, nil
-}
-
-func send(ctx context.Context, ch chan<- engine.Chunk, c engine.Chunk) bool {
-	select {
-	case ch <- c:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // response is one streamed /generate frame (or a whole answer).
@@ -300,52 +291,28 @@ func streamError(raw json.RawMessage) error {
 }
 
 func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, leg kv.Leg, ch chan<- engine.Chunk) {
-	sse := remote.NewSSE(body)
 	var (
 		fin     kv.FinishReason
 		pending []kv.Token // the finishing frame's new tokens, sent with the usage
 		u       *engine.Usage
 		n       int // output tokens passed on so far
 	)
-	fail := func(err error) { send(ctx, ch, engine.Chunk{Err: err, Finish: kv.FinishError}) }
-	for {
-		data, err := sse.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			if fin != kv.FinishNone {
-				break // [DONE] missing, but the generation ended
-			}
-			fail(remote.Lost(fmt.Errorf("stream ended early: %v", err)))
-			return
-		}
-		if string(data) == "[DONE]" {
-			break
-		}
-		var r response
-		if err := json.Unmarshal(data, &r); err != nil {
-			fail(remote.Lost(fmt.Errorf("bad stream frame: %v", err)))
-			return
-		}
+	err := remote.ReadFrames(ctx, body, func() bool { return fin != kv.FinishNone }, func(r *response) error {
 		if len(r.Error) > 0 && string(r.Error) != "null" {
-			fail(streamError(r.Error))
-			return
+			return streamError(r.Error)
 		}
 		if fin != kv.FinishNone {
-			continue // nothing follows a finish but [DONE]
+			return nil // nothing follows a finish but [DONE]
 		}
 		fresh, err := e.newTokens(r.OutputIDs, r.MetaInfo.CompletionTokens, n)
 		if err != nil {
-			fail(remote.Lost(err))
-			return
+			return remote.Lost(err)
 		}
 		n += len(fresh)
 		if fr := r.MetaInfo.FinishReason; len(fr) > 0 && string(fr) != "null" {
 			f, err := finish(fr)
 			if err != nil {
-				fail(err)
-				return
+				return err
 			}
 			m := r.MetaInfo
 			u = &engine.Usage{PromptTokens: m.PromptTokens, CompletionTokens: n, CachedTokens: m.CachedTokens}
@@ -353,14 +320,14 @@ func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, 
 				u.PromptTokens = promptLen
 			}
 			fin, pending = f, fresh
-			continue
+			return nil
 		}
-		if leg != kv.LegPrefill && len(fresh) > 0 && !send(ctx, ch, engine.Chunk{Tokens: fresh}) {
-			return
+		if leg != kv.LegPrefill && len(fresh) > 0 && !remote.Send(ctx, ch, engine.Chunk{Tokens: fresh}) {
+			return remote.ErrStopped
 		}
-	}
-	if fin == kv.FinishNone {
-		fail(remote.Lost(errors.New("stream ended without a finish reason")))
+		return nil
+	})
+	if !remote.StreamEnded(ctx, ch, err, fin) {
 		return
 	}
 	if leg == kv.LegPrefill {
@@ -368,7 +335,7 @@ func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, 
 		// only says the leg is over.
 		pending = nil
 	}
-	send(ctx, ch, engine.Chunk{Tokens: pending, Finish: fin, Usage: u})
+	remote.Send(ctx, ch, engine.Chunk{Tokens: pending, Finish: fin, Usage: u})
 }
 
 // newTokens returns the tokens of a frame not passed on yet. SGLang streams

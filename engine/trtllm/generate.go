@@ -213,15 +213,6 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engi
 	return ch, nil
 }
 
-func send(ctx context.Context, ch chan<- engine.Chunk, c engine.Chunk) bool {
-	select {
-	case ch <- c:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
 // finish maps TensorRT-LLM's finish_reason; ok is false for cancelled and
 // timeout (the engine dropped the request: another worker may finish it).
 func finish(s string) (kv.FinishReason, bool) {
@@ -266,71 +257,47 @@ func errorOf(r *response) error {
 }
 
 func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, ch chan<- engine.Chunk) {
-	sse := remote.NewSSE(body)
 	var (
 		fin     kv.FinishReason
 		pending []kv.Token // the finishing chunk's tokens, sent with the usage
 		u       *engine.Usage
 		n       int
 	)
-	fail := func(err error) { send(ctx, ch, engine.Chunk{Err: err, Finish: kv.FinishError}) }
-	for {
-		data, err := sse.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			if fin != kv.FinishNone {
-				break // [DONE] missing, but the generation ended
-			}
-			fail(remote.Lost(fmt.Errorf("stream ended early: %v", err)))
-			return
-		}
-		if string(data) == "[DONE]" {
-			break
-		}
-		var r response
-		if err := json.Unmarshal(data, &r); err != nil {
-			fail(remote.Lost(fmt.Errorf("bad stream chunk: %v", err)))
-			return
-		}
-		if err := errorOf(&r); err != nil {
-			fail(err)
-			return
+	err := remote.ReadFrames(ctx, body, func() bool { return fin != kv.FinishNone }, func(r *response) error {
+		if err := errorOf(r); err != nil {
+			return err
 		}
 		if r.Usage != nil {
 			u = r.Usage.engine()
 		}
 		if len(r.Choices) == 0 {
-			continue
+			return nil
 		}
 		c := r.Choices[0]
 		if c.TokenIDs == nil && c.Text != "" {
-			fail(errors.New("TensorRT-LLM returned text without token_ids: it needs detokenize=false support"))
-			return
+			return errors.New("TensorRT-LLM returned text without token_ids: it needs detokenize=false support")
 		}
 		n += len(c.TokenIDs)
 		if c.FinishReason != nil && *c.FinishReason != "not_finished" {
 			f, ok := finish(*c.FinishReason)
 			if !ok {
-				fail(remote.Lost(fmt.Errorf("engine ended the request early (finish_reason %q)", *c.FinishReason)))
-				return
+				return remote.Lost(fmt.Errorf("engine ended the request early (finish_reason %q)", *c.FinishReason))
 			}
 			fin, pending = f, append(pending, c.TokenIDs...)
-			continue
+			return nil
 		}
-		if len(c.TokenIDs) > 0 && !send(ctx, ch, engine.Chunk{Tokens: c.TokenIDs}) {
-			return
+		if len(c.TokenIDs) > 0 && !remote.Send(ctx, ch, engine.Chunk{Tokens: c.TokenIDs}) {
+			return remote.ErrStopped
 		}
-	}
-	if fin == kv.FinishNone {
-		fail(remote.Lost(errors.New("stream ended without a finish reason")))
+		return nil
+	})
+	if !remote.StreamEnded(ctx, ch, err, fin) {
 		return
 	}
 	if u == nil {
 		u = &engine.Usage{PromptTokens: promptLen, CompletionTokens: n}
 	}
-	send(ctx, ch, engine.Chunk{Tokens: pending, Finish: fin, Usage: u})
+	remote.Send(ctx, ch, engine.Chunk{Tokens: pending, Finish: fin, Usage: u})
 }
 
 // readWhole reads a non-streamed answer (a context leg). A context answer
@@ -341,16 +308,16 @@ func (e *Engine) readWhole(ctx context.Context, body io.Reader, req *engine.Requ
 	var r response
 	if err := json.NewDecoder(body).Decode(&r); err != nil {
 		if ctx.Err() == nil {
-			send(ctx, ch, engine.Chunk{Err: remote.Lost(fmt.Errorf("bad response: %v", err)), Finish: kv.FinishError})
+			remote.Send(ctx, ch, engine.Chunk{Err: remote.Lost(fmt.Errorf("bad response: %v", err)), Finish: kv.FinishError})
 		}
 		return
 	}
 	if err := errorOf(&r); err != nil {
-		send(ctx, ch, engine.Chunk{Err: err, Finish: kv.FinishError})
+		remote.Send(ctx, ch, engine.Chunk{Err: err, Finish: kv.FinishError})
 		return
 	}
 	if len(r.Choices) == 0 {
-		send(ctx, ch, engine.Chunk{Err: remote.Lost(errNoChoice), Finish: kv.FinishError})
+		remote.Send(ctx, ch, engine.Chunk{Err: remote.Lost(errNoChoice), Finish: kv.FinishError})
 		return
 	}
 	c := r.Choices[0]
@@ -369,20 +336,20 @@ func (e *Engine) readWhole(ctx context.Context, body io.Reader, req *engine.Requ
 	case continues:
 		h, err := json.Marshal(Handoff{DisaggregatedParams: c.DisaggregatedParams, PromptTokenIDs: r.PromptTokenIDs})
 		if err != nil {
-			send(ctx, ch, engine.Chunk{Err: remote.Lost(err), Finish: kv.FinishError})
+			remote.Send(ctx, ch, engine.Chunk{Err: remote.Lost(err), Finish: kv.FinishError})
 			return
 		}
 		out.Finish, out.TransferParams = kv.FinishLength, h
 	case reason == "not_finished":
-		send(ctx, ch, engine.Chunk{Err: remote.Lost(errors.New("context answer neither finished nor carried disaggregated_params")), Finish: kv.FinishError})
+		remote.Send(ctx, ch, engine.Chunk{Err: remote.Lost(errors.New("context answer neither finished nor carried disaggregated_params")), Finish: kv.FinishError})
 		return
 	default:
 		f, ok := finish(reason)
 		if !ok {
-			send(ctx, ch, engine.Chunk{Err: remote.Lost(fmt.Errorf("engine ended the request early (finish_reason %q)", reason)), Finish: kv.FinishError})
+			remote.Send(ctx, ch, engine.Chunk{Err: remote.Lost(fmt.Errorf("engine ended the request early (finish_reason %q)", reason)), Finish: kv.FinishError})
 			return
 		}
 		out.Finish = f
 	}
-	send(ctx, ch, out)
+	remote.Send(ctx, ch, out)
 }

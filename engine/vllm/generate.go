@@ -186,15 +186,6 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engi
 	return ch, nil
 }
 
-func send(ctx context.Context, ch chan<- engine.Chunk, c engine.Chunk) bool {
-	select {
-	case ch <- c:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
 // finish maps vLLM's finish_reason; ok is false for "abort" (the engine
 // dropped the request: another worker may finish it).
 func finish(s string) (kv.FinishReason, bool) {
@@ -233,71 +224,47 @@ func streamError(raw json.RawMessage) error {
 }
 
 func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, ch chan<- engine.Chunk) {
-	sse := remote.NewSSE(body)
 	var (
 		fin     kv.FinishReason
 		pending []kv.Token // the finishing chunk's tokens, sent with the usage
 		u       *engine.Usage
 		n       int
 	)
-	fail := func(err error) { send(ctx, ch, engine.Chunk{Err: err, Finish: kv.FinishError}) }
-	for {
-		data, err := sse.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			if fin != kv.FinishNone {
-				break // [DONE] missing, but the generation ended
-			}
-			fail(remote.Lost(fmt.Errorf("stream ended early: %v", err)))
-			return
-		}
-		if string(data) == "[DONE]" {
-			break
-		}
-		var r response
-		if err := json.Unmarshal(data, &r); err != nil {
-			fail(remote.Lost(fmt.Errorf("bad stream chunk: %v", err)))
-			return
-		}
+	err := remote.ReadFrames(ctx, body, func() bool { return fin != kv.FinishNone }, func(r *response) error {
 		if len(r.Error) > 0 && string(r.Error) != "null" {
-			fail(streamError(r.Error))
-			return
+			return streamError(r.Error)
 		}
 		if r.Usage != nil {
 			u = r.Usage.engine()
 		}
 		if len(r.Choices) == 0 {
-			continue
+			return nil
 		}
 		c := r.Choices[0]
 		if c.TokenIDs == nil && c.Text != "" {
-			fail(errors.New("vLLM returned text without token_ids: it needs return_token_ids support (vLLM 0.10.2 or later)"))
-			return
+			return errors.New("vLLM returned text without token_ids: it needs return_token_ids support (vLLM 0.10.2 or later)")
 		}
 		n += len(c.TokenIDs)
 		if c.FinishReason != nil {
 			f, ok := finish(*c.FinishReason)
 			if !ok {
-				fail(remote.Lost(fmt.Errorf("engine aborted the request (finish_reason %q)", *c.FinishReason)))
-				return
+				return remote.Lost(fmt.Errorf("engine aborted the request (finish_reason %q)", *c.FinishReason))
 			}
 			fin, pending = f, c.TokenIDs
-			continue
+			return nil
 		}
-		if len(c.TokenIDs) > 0 && !send(ctx, ch, engine.Chunk{Tokens: c.TokenIDs}) {
-			return
+		if len(c.TokenIDs) > 0 && !remote.Send(ctx, ch, engine.Chunk{Tokens: c.TokenIDs}) {
+			return remote.ErrStopped
 		}
-	}
-	if fin == kv.FinishNone {
-		fail(remote.Lost(errors.New("stream ended without a finish reason")))
+		return nil
+	})
+	if !remote.StreamEnded(ctx, ch, err, fin) {
 		return
 	}
 	if u == nil {
 		u = &engine.Usage{PromptTokens: promptLen, CompletionTokens: n}
 	}
-	send(ctx, ch, engine.Chunk{Tokens: pending, Finish: fin, Usage: u})
+	remote.Send(ctx, ch, engine.Chunk{Tokens: pending, Finish: fin, Usage: u})
 }
 
 // readWhole reads a non-streamed answer (a prefill leg).
@@ -305,18 +272,18 @@ func (e *Engine) readWhole(ctx context.Context, body io.Reader, leg kv.Leg, ch c
 	var r response
 	if err := json.NewDecoder(body).Decode(&r); err != nil {
 		if ctx.Err() == nil {
-			send(ctx, ch, engine.Chunk{Err: remote.Lost(fmt.Errorf("bad response: %v", err)), Finish: kv.FinishError})
+			remote.Send(ctx, ch, engine.Chunk{Err: remote.Lost(fmt.Errorf("bad response: %v", err)), Finish: kv.FinishError})
 		}
 		return
 	}
 	if len(r.Choices) == 0 || r.Choices[0].FinishReason == nil {
-		send(ctx, ch, engine.Chunk{Err: remote.Lost(errNoChoice), Finish: kv.FinishError})
+		remote.Send(ctx, ch, engine.Chunk{Err: remote.Lost(errNoChoice), Finish: kv.FinishError})
 		return
 	}
 	c := r.Choices[0]
 	f, ok := finish(*c.FinishReason)
 	if !ok {
-		send(ctx, ch, engine.Chunk{Err: remote.Lost(fmt.Errorf("engine aborted the request (finish_reason %q)", *c.FinishReason)), Finish: kv.FinishError})
+		remote.Send(ctx, ch, engine.Chunk{Err: remote.Lost(fmt.Errorf("engine aborted the request (finish_reason %q)", *c.FinishReason)), Finish: kv.FinishError})
 		return
 	}
 	out := engine.Chunk{Tokens: c.TokenIDs, Finish: f}
@@ -333,5 +300,5 @@ func (e *Engine) readWhole(ctx context.Context, body io.Reader, leg kv.Leg, ch c
 			out.TransferParams = append([]byte(nil), r.KVTransferParams...)
 		}
 	}
-	send(ctx, ch, out)
+	remote.Send(ctx, ch, out)
 }
