@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -214,32 +215,39 @@ func runMockVLLM(cmd *cobra.Command, mf *mockVLLMFlags) error {
 		return fmt.Errorf("mock-engine vllm: %w", err)
 	}
 	defer v.Close()
-	ln, err := net.Listen("tcp", net.JoinHostPort(mf.host, strconv.Itoa(mf.port)))
+	return serveMock(ctx, "vllm", mf.host, mf.port, v.Handler(), func(addr net.Addr) {
+		out := cmd.OutOrStdout()
+		fmt.Fprintf(out, "kvmesh mock-engine vllm: serving %s on http://%s (max_model_len %d, block size %d, %d blocks × %d ranks)\n",
+			cfg.Sim.Model, addr, v.MaxModelLen(), cfg.Sim.BlockSize, cfg.Sim.Blocks, mf.dpSize)
+		for r := range mf.dpSize {
+			printRankEvents(out, r, v)
+			if p := v.SideChannelPort(r); p != 0 {
+				fmt.Fprintf(out, "  rank %d: %s engine %s, side channel %s\n", r, kt.Role, v.EngineID(),
+					net.JoinHostPort(kt.SideChannelHost, strconv.Itoa(p)))
+			}
+		}
+	})
+}
+
+func init() {
+	mockEngineCmd.AddCommand(withEnv(newMockVLLMCmd(), "MOCK_VLLM_"))
+	rootCmd.AddCommand(mockEngineCmd)
+}
+
+// serveMock serves a mock engine's handler on host:port until ctx ends;
+// banner prints what it serves once it listens.
+func serveMock(ctx context.Context, name, host string, port int, h http.Handler, banner func(addr net.Addr)) error {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 	if err != nil {
-		return fmt.Errorf("mock-engine vllm: --port: %w", err)
+		return fmt.Errorf("mock-engine %s: --port: %w", name, err)
 	}
-	srv := &http.Server{Handler: v.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	out := cmd.OutOrStdout()
-	fmt.Fprintf(out, "kvmesh mock-engine vllm: serving %s on http://%s (max_model_len %d, block size %d, %d blocks × %d ranks)\n",
-		cfg.Sim.Model, ln.Addr(), v.MaxModelLen(), cfg.Sim.BlockSize, cfg.Sim.Blocks, mf.dpSize)
-	for r := range mf.dpSize {
-		if ep := v.EventsEndpoint(r); ep != "" {
-			fmt.Fprintf(out, "  rank %d: kv events %s", r, ep)
-			if rep := v.ReplayEndpoint(r); rep != "" {
-				fmt.Fprintf(out, ", replay %s", rep)
-			}
-			fmt.Fprintln(out)
-		}
-		if p := v.SideChannelPort(r); p != 0 {
-			fmt.Fprintf(out, "  rank %d: %s engine %s, side channel %s\n", r, kt.Role, v.EngineID(),
-				net.JoinHostPort(kt.SideChannelHost, strconv.Itoa(p)))
-		}
-	}
+	banner(ln.Addr())
 	select {
 	case err := <-errc:
-		return fmt.Errorf("mock-engine vllm: %w", err)
+		return fmt.Errorf("mock-engine %s: %w", name, err)
 	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -248,7 +256,18 @@ func runMockVLLM(cmd *cobra.Command, mf *mockVLLMFlags) error {
 	return nil
 }
 
-func init() {
-	mockEngineCmd.AddCommand(withEnv(newMockVLLMCmd(), "MOCK_VLLM_"))
-	rootCmd.AddCommand(mockEngineCmd)
+// printRankEvents prints where DP rank r publishes its KV events.
+func printRankEvents(out io.Writer, r int, eps interface {
+	EventsEndpoint(rank int) string
+	ReplayEndpoint(rank int) string
+}) {
+	ep := eps.EventsEndpoint(r)
+	if ep == "" {
+		return
+	}
+	fmt.Fprintf(out, "  rank %d: kv events %s", r, ep)
+	if rep := eps.ReplayEndpoint(r); rep != "" {
+		fmt.Fprintf(out, ", replay %s", rep)
+	}
+	fmt.Fprintln(out)
 }

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -231,44 +229,24 @@ func runMockSGLang(cmd *cobra.Command, mf *mockSGLangFlags) error {
 		return fmt.Errorf("mock-engine sglang: %w", err)
 	}
 	defer s.Close()
-	ln, err := net.Listen("tcp", net.JoinHostPort(mf.host, strconv.Itoa(mf.port)))
-	if err != nil {
-		return fmt.Errorf("mock-engine sglang: --port: %w", err)
-	}
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	out := cmd.OutOrStdout()
-	fmt.Fprintf(out, "kvmesh mock-engine sglang: serving %s on http://%s (disaggregation-mode %s, page size %d, %d pages × %d ranks)\n",
-		cfg.Sim.Model, ln.Addr(), mf.disaggMode, cfg.Sim.BlockSize, cfg.Sim.Blocks, mf.dpSize)
-	for r := range mf.dpSize {
-		if ep := s.EventsEndpoint(r); ep != "" {
-			fmt.Fprintf(out, "  rank %d: kv events %s", r, ep)
-			if rep := s.ReplayEndpoint(r); rep != "" {
+	return serveMock(ctx, "sglang", mf.host, mf.port, s.Handler(), func(addr net.Addr) {
+		out := cmd.OutOrStdout()
+		fmt.Fprintf(out, "kvmesh mock-engine sglang: serving %s on http://%s (disaggregation-mode %s, page size %d, %d pages × %d ranks)\n",
+			cfg.Sim.Model, addr, mf.disaggMode, cfg.Sim.BlockSize, cfg.Sim.Blocks, mf.dpSize)
+		for r := range mf.dpSize {
+			printRankEvents(out, r, s)
+		}
+		if inv := s.KVCRInventory(); inv != nil {
+			fmt.Fprintf(out, "  kvcr inventory %s", inv.Endpoint())
+			if rep := inv.ReplayEndpoint(); rep != "" {
 				fmt.Fprintf(out, ", replay %s", rep)
 			}
-			fmt.Fprintln(out)
+			fmt.Fprintf(out, " (cache owner %s, topic %s)\n", inv.Descriptor().CacheOwner, inv.Descriptor().Topic)
 		}
-	}
-	if inv := s.KVCRInventory(); inv != nil {
-		fmt.Fprintf(out, "  kvcr inventory %s", inv.Endpoint())
-		if rep := inv.ReplayEndpoint(); rep != "" {
-			fmt.Fprintf(out, ", replay %s", rep)
+		if p := s.BootstrapPort(); p != 0 {
+			fmt.Fprintf(out, "  bootstrap %s\n", net.JoinHostPort(mf.bootstrapHost, strconv.Itoa(p)))
 		}
-		fmt.Fprintf(out, " (cache owner %s, topic %s)\n", inv.Descriptor().CacheOwner, inv.Descriptor().Topic)
-	}
-	if p := s.BootstrapPort(); p != 0 {
-		fmt.Fprintf(out, "  bootstrap %s\n", net.JoinHostPort(mf.bootstrapHost, strconv.Itoa(p)))
-	}
-	select {
-	case err := <-errc:
-		return fmt.Errorf("mock-engine sglang: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	return nil
+	})
 }
 
 func init() { mockEngineCmd.AddCommand(withEnv(newMockSGLangCmd(), "MOCK_SGLANG_")) }

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -161,31 +159,17 @@ func runMockTRTLLM(cmd *cobra.Command, mf *mockTRTLLMFlags) error {
 		return fmt.Errorf("mock-engine trtllm: %w", err)
 	}
 	defer t.Close()
-	ln, err := net.Listen("tcp", net.JoinHostPort(mf.host, strconv.Itoa(mf.port)))
-	if err != nil {
-		return fmt.Errorf("mock-engine trtllm: --port: %w", err)
-	}
-	srv := &http.Server{Handler: t.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	out := cmd.OutOrStdout()
-	fmt.Fprintf(out, "kvmesh mock-engine trtllm: serving %s on http://%s (max_seq_len %d, %d blocks of %d tokens, event buffer %d, iteration stats %v)\n",
-		cfg.Sim.Model, ln.Addr(), t.MaxSeqLen(), cfg.Sim.Blocks, cfg.Sim.BlockSize, mf.eventBuffer, mf.iterStats)
-	if p := t.TransceiverPort(); p != 0 {
-		fmt.Fprintf(out, "  cache transceiver %s\n", net.JoinHostPort(mf.transceiverHost, strconv.Itoa(p)))
-	}
-	if k := cfg.Sim.KVBM; k != nil {
-		fmt.Fprintf(out, "  kv connector: kvbm, %d host blocks, %d disk blocks\n", k.HostBlocks, k.DiskBlocks)
-	}
-	select {
-	case err := <-errc:
-		return fmt.Errorf("mock-engine trtllm: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	return nil
+	return serveMock(ctx, "trtllm", mf.host, mf.port, t.Handler(), func(addr net.Addr) {
+		out := cmd.OutOrStdout()
+		fmt.Fprintf(out, "kvmesh mock-engine trtllm: serving %s on http://%s (max_seq_len %d, %d blocks of %d tokens, event buffer %d, iteration stats %v)\n",
+			cfg.Sim.Model, addr, t.MaxSeqLen(), cfg.Sim.Blocks, cfg.Sim.BlockSize, mf.eventBuffer, mf.iterStats)
+		if p := t.TransceiverPort(); p != 0 {
+			fmt.Fprintf(out, "  cache transceiver %s\n", net.JoinHostPort(mf.transceiverHost, strconv.Itoa(p)))
+		}
+		if k := cfg.Sim.KVBM; k != nil {
+			fmt.Fprintf(out, "  kv connector: kvbm, %d host blocks, %d disk blocks\n", k.HostBlocks, k.DiskBlocks)
+		}
+	})
 }
 
 func init() {
