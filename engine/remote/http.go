@@ -319,3 +319,27 @@ func StreamEnded(ctx context.Context, ch chan<- engine.Chunk, err error, fin kv.
 	}
 	return true
 }
+
+// StreamOptions is OpenAI's stream_options, as vLLM and TensorRT-LLM take it.
+type StreamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// Usage is an OpenAI completion's usage object as vLLM and TensorRT-LLM
+// answer it.
+type Usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+// Engine is the usage in the engine's terms.
+func (u *Usage) Engine() *engine.Usage {
+	out := &engine.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}
+	if d := u.PromptTokensDetails; d != nil {
+		out.CachedTokens = d.CachedTokens
+	}
+	return out
+}

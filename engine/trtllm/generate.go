@@ -20,41 +20,21 @@ import (
 // completionRequest is the body of POST /v1/completions, only fields
 // TensorRT-LLM's CompletionRequest defines (it refuses any other).
 type completionRequest struct {
-	Model               string          `json:"model"`
-	Prompt              []kv.Token      `json:"prompt"`
-	MaxTokens           int             `json:"max_tokens"`
-	Stream              bool            `json:"stream"`
-	StreamOptions       *streamOptions  `json:"stream_options,omitempty"`
-	Temperature         float64         `json:"temperature"`
-	TopP                float64         `json:"top_p,omitempty"`
-	Seed                *uint64         `json:"seed,omitempty"`
-	PresencePenalty     float64         `json:"presence_penalty,omitempty"`
-	FrequencyPenalty    float64         `json:"frequency_penalty,omitempty"`
-	StopTokenIDs        []kv.Token      `json:"stop_token_ids,omitempty"`
-	MinTokens           int             `json:"min_tokens,omitempty"`
-	IgnoreEOS           bool            `json:"ignore_eos,omitempty"`
-	Detokenize          bool            `json:"detokenize"`
-	DisaggregatedParams json.RawMessage `json:"disaggregated_params,omitempty"`
-}
-
-type streamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
-}
-
-type usage struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-}
-
-func (u *usage) engine() *engine.Usage {
-	out := &engine.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}
-	if d := u.PromptTokensDetails; d != nil {
-		out.CachedTokens = d.CachedTokens
-	}
-	return out
+	Model               string                `json:"model"`
+	Prompt              []kv.Token            `json:"prompt"`
+	MaxTokens           int                   `json:"max_tokens"`
+	Stream              bool                  `json:"stream"`
+	StreamOptions       *remote.StreamOptions `json:"stream_options,omitempty"`
+	Temperature         float64               `json:"temperature"`
+	TopP                float64               `json:"top_p,omitempty"`
+	Seed                *uint64               `json:"seed,omitempty"`
+	PresencePenalty     float64               `json:"presence_penalty,omitempty"`
+	FrequencyPenalty    float64               `json:"frequency_penalty,omitempty"`
+	StopTokenIDs        []kv.Token            `json:"stop_token_ids,omitempty"`
+	MinTokens           int                   `json:"min_tokens,omitempty"`
+	IgnoreEOS           bool                  `json:"ignore_eos,omitempty"`
+	Detokenize          bool                  `json:"detokenize"`
+	DisaggregatedParams json.RawMessage       `json:"disaggregated_params,omitempty"`
 }
 
 type choice struct {
@@ -72,7 +52,7 @@ type response struct {
 	Code           any             `json:"code"`
 	Error          json.RawMessage `json:"error"`
 	Choices        []choice        `json:"choices"`
-	Usage          *usage          `json:"usage"`
+	Usage          *remote.Usage   `json:"usage"`
 	PromptTokenIDs json.RawMessage `json:"prompt_token_ids"`
 }
 
@@ -122,7 +102,7 @@ func (e *Engine) body(req *engine.Request) (*completionRequest, error) {
 	}
 	seed := req.Seed
 	b := &completionRequest{Model: e.cfg.Model, Prompt: req.Tokens, MaxTokens: req.MaxTokens, Stream: true,
-		StreamOptions: &streamOptions{IncludeUsage: true}, Temperature: req.Temperature, TopP: req.TopP, Seed: &seed,
+		StreamOptions: &remote.StreamOptions{IncludeUsage: true}, Temperature: req.Temperature, TopP: req.TopP, Seed: &seed,
 		PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty, StopTokenIDs: req.StopTokens,
 		MinTokens: req.MinTokens, IgnoreEOS: req.IgnoreEOS}
 	switch req.Leg {
@@ -268,7 +248,7 @@ func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, 
 			return err
 		}
 		if r.Usage != nil {
-			u = r.Usage.engine()
+			u = r.Usage.Engine()
 		}
 		if len(r.Choices) == 0 {
 			return nil
@@ -327,7 +307,7 @@ func (e *Engine) readWhole(ctx context.Context, body io.Reader, req *engine.Requ
 	}
 	out := engine.Chunk{Tokens: c.TokenIDs}
 	if r.Usage != nil {
-		out.Usage = r.Usage.engine()
+		out.Usage = r.Usage.Engine()
 	} else {
 		out.Usage = &engine.Usage{PromptTokens: len(req.Tokens), CompletionTokens: len(c.TokenIDs)}
 	}

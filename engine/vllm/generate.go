@@ -19,43 +19,23 @@ import (
 // completionRequest is the body of POST /v1/completions. Fields left at
 // their zero value are omitted, so vLLM applies its own defaults.
 type completionRequest struct {
-	Model            string          `json:"model"`
-	Prompt           []kv.Token      `json:"prompt"`
-	MaxTokens        int             `json:"max_tokens"`
-	Stream           bool            `json:"stream"`
-	StreamOptions    *streamOptions  `json:"stream_options,omitempty"`
-	ReturnTokenIDs   bool            `json:"return_token_ids"`
-	Temperature      float64         `json:"temperature"`
-	TopP             float64         `json:"top_p,omitempty"`
-	Seed             *int64          `json:"seed,omitempty"`
-	PresencePenalty  float64         `json:"presence_penalty,omitempty"`
-	FrequencyPenalty float64         `json:"frequency_penalty,omitempty"`
-	StopTokenIDs     []kv.Token      `json:"stop_token_ids,omitempty"`
-	MinTokens        int             `json:"min_tokens,omitempty"`
-	IgnoreEOS        bool            `json:"ignore_eos,omitempty"`
-	CacheSalt        string          `json:"cache_salt,omitempty"`
-	KVHints          json.RawMessage `json:"kv_hints,omitempty"`
-	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
-}
-
-type streamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
-}
-
-type usage struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-}
-
-func (u *usage) engine() *engine.Usage {
-	out := &engine.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}
-	if d := u.PromptTokensDetails; d != nil {
-		out.CachedTokens = d.CachedTokens
-	}
-	return out
+	Model            string                `json:"model"`
+	Prompt           []kv.Token            `json:"prompt"`
+	MaxTokens        int                   `json:"max_tokens"`
+	Stream           bool                  `json:"stream"`
+	StreamOptions    *remote.StreamOptions `json:"stream_options,omitempty"`
+	ReturnTokenIDs   bool                  `json:"return_token_ids"`
+	Temperature      float64               `json:"temperature"`
+	TopP             float64               `json:"top_p,omitempty"`
+	Seed             *int64                `json:"seed,omitempty"`
+	PresencePenalty  float64               `json:"presence_penalty,omitempty"`
+	FrequencyPenalty float64               `json:"frequency_penalty,omitempty"`
+	StopTokenIDs     []kv.Token            `json:"stop_token_ids,omitempty"`
+	MinTokens        int                   `json:"min_tokens,omitempty"`
+	IgnoreEOS        bool                  `json:"ignore_eos,omitempty"`
+	CacheSalt        string                `json:"cache_salt,omitempty"`
+	KVHints          json.RawMessage       `json:"kv_hints,omitempty"`
+	KVTransferParams json.RawMessage       `json:"kv_transfer_params,omitempty"`
 }
 
 type choice struct {
@@ -67,7 +47,7 @@ type choice struct {
 // response is a streamed chunk or a whole response.
 type response struct {
 	Choices          []choice        `json:"choices"`
-	Usage            *usage          `json:"usage"`
+	Usage            *remote.Usage   `json:"usage"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 	Error            json.RawMessage `json:"error"`
 }
@@ -80,7 +60,7 @@ const prefillParams = `"do_remote_decode":true,"do_remote_prefill":false,"remote
 // body builds the request for req's leg.
 func (e *Engine) body(req *engine.Request) (*completionRequest, error) {
 	b := &completionRequest{Model: e.cfg.Model, Prompt: req.Tokens, MaxTokens: req.MaxTokens, Stream: true,
-		StreamOptions: &streamOptions{IncludeUsage: true}, ReturnTokenIDs: true, Temperature: req.Temperature,
+		StreamOptions: &remote.StreamOptions{IncludeUsage: true}, ReturnTokenIDs: true, Temperature: req.Temperature,
 		TopP: req.TopP, PresencePenalty: req.PresencePenalty, FrequencyPenalty: req.FrequencyPenalty,
 		StopTokenIDs: req.StopTokens, MinTokens: req.MinTokens, IgnoreEOS: req.IgnoreEOS, CacheSalt: req.CacheSalt}
 	if req.LoRA != "" {
@@ -235,7 +215,7 @@ func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, 
 			return streamError(r.Error)
 		}
 		if r.Usage != nil {
-			u = r.Usage.engine()
+			u = r.Usage.Engine()
 		}
 		if len(r.Choices) == 0 {
 			return nil
@@ -288,7 +268,7 @@ func (e *Engine) readWhole(ctx context.Context, body io.Reader, leg kv.Leg, ch c
 	}
 	out := engine.Chunk{Tokens: c.TokenIDs, Finish: f}
 	if r.Usage != nil {
-		out.Usage = r.Usage.engine()
+		out.Usage = r.Usage.Engine()
 	} else {
 		out.Usage = &engine.Usage{CompletionTokens: len(c.TokenIDs)}
 	}
