@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -263,14 +264,24 @@ func (p *Publisher) Close() error {
 	p.closed = true
 	p.mu.Unlock()
 	p.cancel()
-	err := p.pub.Close()
+	err := closeSocket(p.pub)
 	if p.replay != nil {
-		if e := p.replay.Close(); err == nil {
+		if e := closeSocket(p.replay); err == nil {
 			err = e
 		}
 	}
 	p.wg.Wait()
 	return err
+}
+
+// closeSocket closes a ZMQ socket. A connection its peer already hung up
+// is closed by zmq4's reader too, so closing it again says net.ErrClosed:
+// that is a finished connection, not a failure to close.
+func closeSocket(s zmq4.Socket) error {
+	if err := s.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return nil
 }
 
 // Sink has the shape of engine.EventSink (events may not import engine).

@@ -212,3 +212,25 @@ func requireEvents(t *testing.T, got, want []kv.Event) {
 	}
 	t.Fatalf("got %d events, want %d", len(got), len(want))
 }
+
+// TestPublisherCloseAfterSubscriberLeft: a subscriber that hung up first
+// leaves a connection zmq4 already closed; closing the publisher then is
+// still a clean close, many times over.
+func TestPublisherCloseAfterSubscriberLeft(t *testing.T) {
+	for i := range 20 {
+		p, err := NewPublisher(context.Background(), PublisherConfig{
+			Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
+			Logger: quietLogger(), Topic: "kv@pod",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub, _, stop := runSub(t, Config{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), Topic: "kv@"})
+		tickUntil(t, p, func() bool { return sub.Stats().Batches > 0 })
+		stop()
+		time.Sleep(time.Duration(i%4) * time.Millisecond)
+		if err := p.Close(); err != nil {
+			t.Fatalf("round %d: close after the subscriber left: %v", i, err)
+		}
+	}
+}
