@@ -16,12 +16,24 @@ import (
 // them... see paired.
 //
 //	go test ./kvbm -run '^$' -bench 'Host|Disk' -benchtime 20x -count 3
+//
+// Each runs over a 16 MiB set of blocks (which a large last-level cache
+// may hold) and a 256 MiB one (which none does: the host tier's real
+// case, an arena of GBs whose blocks were offloaded long before).
 
-const (
-	benchBlocks = 256 // 256 × 256 KiB = 64 MiB: well past the caches
+var (
+	benchBlockBytes = []int{64 << 10, 256 << 10}
+	benchSetBytes   = []int{16 << 20, 256 << 20}
 )
 
-var benchBlockBytes = []int{64 << 10, 256 << 10}
+// benchCases calls run for every block size and set size.
+func benchCases(b *testing.B, suffix string, run func(b *testing.B, blocks, bb int)) {
+	for _, bb := range benchBlockBytes {
+		for _, set := range benchSetBytes {
+			b.Run(fmt.Sprintf("%dKiB/%dMiB%s", bb>>10, set>>20, suffix), func(b *testing.B) { run(b, set/bb, bb) })
+		}
+	}
+}
 
 // benchDevice is a device of n random blocks.
 type benchDevice struct{ blocks [][]byte }
@@ -72,17 +84,17 @@ func storeBatch(dst []StoreBlock, round, n int) []StoreBlock {
 	return dst
 }
 
-func newBenchManager(b *testing.B, bb int, host, disk bool) *Manager {
+func newBenchManager(b *testing.B, blocks, bb int, host, disk bool) *Manager {
 	cfg := Config{BlockSize: 16, BlockBytes: bb, DiskFilter: FilterConfig{Disabled: true}}
 	if host {
-		h, err := NewHostArena(benchBlocks, bb)
+		h, err := NewHostArena(blocks, bb)
 		if err != nil {
 			b.Fatal(err)
 		}
 		cfg.Host = h
 	}
 	if disk {
-		d, err := OpenDiskFile(b.TempDir()+"/g3.pool", benchBlocks, bb)
+		d, err := OpenDiskFile(b.TempDir()+"/g3.pool", blocks, bb)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -137,13 +149,13 @@ func paired(b *testing.B, bytes int64, base, kvbm func()) {
 
 // offloader offloads the device's blocks under new identities each round
 // (so every round evicts the previous one's and writes).
-func offloader(b *testing.B, m *Manager, dev Device) func() {
+func offloader(b *testing.B, m *Manager, dev Device, blocks int) func() {
 	var batch []StoreBlock
 	round := 0
 	return func() {
-		batch = storeBatch(batch, round, benchBlocks)
+		batch = storeBatch(batch, round, blocks)
 		round++
-		if n, err := m.Offload(dev, batch); err != nil || n != benchBlocks {
+		if n, err := m.Offload(dev, batch); err != nil || n != blocks {
 			b.Fatalf("offload %d %v", n, err)
 		}
 	}
@@ -151,17 +163,17 @@ func offloader(b *testing.B, m *Manager, dev Device) func() {
 
 // onboarder offloads the device's blocks once, then each round matches
 // and onboards them all back.
-func onboarder(b *testing.B, m *Manager, dev Device) func() {
-	batch := storeBatch(nil, 0, benchBlocks)
-	if n, err := m.Offload(dev, batch); err != nil || n != benchBlocks {
+func onboarder(b *testing.B, m *Manager, dev Device, blocks int) func() {
+	batch := storeBatch(nil, 0, blocks)
+	if n, err := m.Offload(dev, batch); err != nil || n != blocks {
 		b.Fatalf("offload %d %v", n, err)
 	}
 	seqs := seqsOfBlocks(batch)
-	into := ids(benchBlocks)
+	into := ids(blocks)
 	var st []Staged
 	return func() {
 		st = m.Match(st[:0], seqs)
-		if n, err := m.Onboard(dev, st, into); err != nil || n != benchBlocks {
+		if n, err := m.Onboard(dev, st, into); err != nil || n != blocks {
 			b.Fatalf("onboard %d %v", n, err)
 		}
 	}
@@ -171,110 +183,102 @@ func onboarder(b *testing.B, m *Manager, dev Device) func() {
 // register) against copy of the same bytes into an arena; "devsum" takes
 // the checksums from the device.
 func BenchmarkHostOffload(b *testing.B) {
-	for _, bb := range benchBlockBytes {
-		for _, devsum := range []bool{false, true} {
-			name := fmt.Sprintf("%dKiB", bb>>10)
-			if devsum {
-				name += "/devsum"
-			}
-			b.Run(name, func(b *testing.B) {
-				raw := newBenchDevice(benchBlocks, bb)
-				var dev Device = raw
-				if devsum {
-					dev = withSums(raw)
-				}
-				arena := make([]byte, benchBlocks*bb)
-				copyAll := func() {
-					for i, src := range raw.blocks {
-						copy(arena[i*bb:(i+1)*bb], src)
-					}
-				}
-				paired(b, int64(benchBlocks*bb), copyAll, offloader(b, newBenchManager(b, bb, true, false), dev))
-			})
+	for _, devsum := range []bool{false, true} {
+		suffix := ""
+		if devsum {
+			suffix = "/devsum"
 		}
+		benchCases(b, suffix, func(b *testing.B, blocks, bb int) {
+			raw := newBenchDevice(blocks, bb)
+			var dev Device = raw
+			if devsum {
+				dev = withSums(raw)
+			}
+			arena := make([]byte, blocks*bb)
+			copyAll := func() {
+				for i, src := range raw.blocks {
+					copy(arena[i*bb:(i+1)*bb], src)
+				}
+			}
+			paired(b, int64(blocks*bb), copyAll, offloader(b, newBenchManager(b, blocks, bb, true, false), dev, blocks))
+		})
 	}
 }
 
 // BenchmarkHostOnboard: host arena → device (match, copy, verify) against
 // copy of the same bytes out of an arena.
 func BenchmarkHostOnboard(b *testing.B) {
-	for _, bb := range benchBlockBytes {
-		b.Run(fmt.Sprintf("%dKiB", bb>>10), func(b *testing.B) {
-			dev := newBenchDevice(benchBlocks, bb)
-			arena := make([]byte, benchBlocks*bb)
-			for i, src := range dev.blocks {
-				copy(arena[i*bb:(i+1)*bb], src) // real bytes, not the zero page
+	benchCases(b, "", func(b *testing.B, blocks, bb int) {
+		dev := newBenchDevice(blocks, bb)
+		arena := make([]byte, blocks*bb)
+		for i, src := range dev.blocks {
+			copy(arena[i*bb:(i+1)*bb], src) // real bytes, not the zero page
+		}
+		copyAll := func() {
+			for i, dst := range dev.blocks {
+				copy(dst, arena[i*bb:(i+1)*bb])
 			}
-			copyAll := func() {
-				for i, dst := range dev.blocks {
-					copy(dst, arena[i*bb:(i+1)*bb])
-				}
-			}
-			paired(b, int64(benchBlocks*bb), copyAll, onboarder(b, newBenchManager(b, bb, true, false), dev))
-		})
-	}
+		}
+		paired(b, int64(blocks*bb), copyAll, onboarder(b, newBenchManager(b, blocks, bb, true, false), dev, blocks))
+	})
 }
 
 // BenchmarkDiskOffload: device → disk pool file in bypass mode (checksum,
 // payload pwrite, header pwrite) against WriteAt of the same bytes at the
 // same offsets of a plain file.
 func BenchmarkDiskOffload(b *testing.B) {
-	for _, bb := range benchBlockBytes {
-		for _, devsum := range []bool{false, true} {
-			name := fmt.Sprintf("%dKiB", bb>>10)
+	for _, devsum := range []bool{false, true} {
+		suffix := ""
+		if devsum {
+			suffix = "/devsum"
+		}
+		benchCases(b, suffix, func(b *testing.B, blocks, bb int) {
+			raw := newBenchDevice(blocks, bb)
+			var dev Device = raw
 			if devsum {
-				name += "/devsum"
+				dev = withSums(raw)
 			}
-			b.Run(name, func(b *testing.B) {
-				raw := newBenchDevice(benchBlocks, bb)
-				var dev Device = raw
-				if devsum {
-					dev = withSums(raw)
-				}
-				f := benchFile(b, bb)
-				writeAll := func() {
-					for i, src := range raw.blocks {
-						if _, err := f.WriteAt(src, int64(i*bb)); err != nil {
-							b.Fatal(err)
-						}
+			f := benchFile(b, blocks, bb)
+			writeAll := func() {
+				for i, src := range raw.blocks {
+					if _, err := f.WriteAt(src, int64(i*bb)); err != nil {
+						b.Fatal(err)
 					}
 				}
-				paired(b, int64(benchBlocks*bb), writeAll, offloader(b, newBenchManager(b, bb, false, true), dev))
-			})
-		}
+			}
+			paired(b, int64(blocks*bb), writeAll, offloader(b, newBenchManager(b, blocks, bb, false, true), dev, blocks))
+		})
 	}
 }
 
 // BenchmarkDiskOnboard: disk pool file → device (match, pread, verify)
 // against ReadAt of the same bytes from a plain file.
 func BenchmarkDiskOnboard(b *testing.B) {
-	for _, bb := range benchBlockBytes {
-		b.Run(fmt.Sprintf("%dKiB", bb>>10), func(b *testing.B) {
-			dev := newBenchDevice(benchBlocks, bb)
-			f := benchFile(b, bb)
-			for i, src := range dev.blocks {
-				if _, err := f.WriteAt(src, int64(i*bb)); err != nil {
+	benchCases(b, "", func(b *testing.B, blocks, bb int) {
+		dev := newBenchDevice(blocks, bb)
+		f := benchFile(b, blocks, bb)
+		for i, src := range dev.blocks {
+			if _, err := f.WriteAt(src, int64(i*bb)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		readAll := func() {
+			for i, dst := range dev.blocks {
+				if _, err := f.ReadAt(dst, int64(i*bb)); err != nil {
 					b.Fatal(err)
 				}
 			}
-			readAll := func() {
-				for i, dst := range dev.blocks {
-					if _, err := f.ReadAt(dst, int64(i*bb)); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
-			paired(b, int64(benchBlocks*bb), readAll, onboarder(b, newBenchManager(b, bb, false, true), dev))
-		})
-	}
+		}
+		paired(b, int64(blocks*bb), readAll, onboarder(b, newBenchManager(b, blocks, bb, false, true), dev, blocks))
+	})
 }
 
-func benchFile(b *testing.B, bb int) *os.File {
+func benchFile(b *testing.B, blocks, bb int) *os.File {
 	f, err := os.Create(b.TempDir() + "/plain")
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := f.Truncate(int64(benchBlocks * bb)); err != nil {
+	if err := f.Truncate(int64(blocks * bb)); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { f.Close() })
