@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -168,9 +169,12 @@ func explain(ctx context.Context, bucket, op string, err error) error {
 	if errors.As(err, &hs) {
 		status = hs.HTTPStatusCode()
 	}
+	var ne *net.OpError
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("cannot %s bucket %s: no answer in time (%v): is the endpoint reachable? %w", op, bucket, ctx.Err(), err)
+	case errors.As(err, &ne):
+		return fmt.Errorf("cannot %s bucket %s: cannot reach its endpoint: %w", op, bucket, err)
 	case gcerrors.Code(err) == gcerrors.NotFound:
 		return fmt.Errorf("cannot %s bucket %s: it does not exist: %w", op, bucket, err)
 	case gcerrors.Code(err) == gcerrors.PermissionDenied || status == 401 || status == 403:

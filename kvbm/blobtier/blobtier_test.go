@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -381,6 +382,17 @@ func TestObjectTierSlots(t *testing.T) {
 	})
 }
 
+// closedPort is the URL of a loopback port nothing listens on.
+func closedPort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := "http://" + ln.Addr().String()
+	ln.Close()
+	return u
+}
+
 // stalled is an HTTP server that never answers.
 func stalled(t *testing.T) string {
 	done := make(chan struct{})
@@ -405,11 +417,13 @@ func TestProbe(t *testing.T) {
 	}{
 		{"s3", srv.URL("kv"), blobtiertest.AccessKey, "", 0},
 		{"s3 with a key prefix", strings.Replace(srv.URL("kv"), "kv?", "kv/a/b?", 1), blobtiertest.AccessKey, "", 0},
+		{"s3, checksums only when required", srv.URL("kv", "request_checksum_calculation=when_required", "response_checksum_validation=when_required"), blobtiertest.AccessKey, "", 0},
 		{"file", "file://" + t.TempDir() + "/g4", "", "", 0},
 		{"missing bucket", srv.URL("nope"), blobtiertest.AccessKey, `bucket "nope" does not exist`, 0},
 		{"wrong key", srv.URL("kv"), "AKIAWRONG", `cannot list bucket "kv": access denied: check the credentials`, 0},
 		{"no credentials", srv.URL("kv"), "", `no usable credentials`, 0},
 		{"unknown parameter", srv.URL("kv", "regoin=eu"), blobtiertest.AccessKey, `unknown query parameter "regoin"`, 0},
+		{"refused connection", "s3://kv?region=us-east-1&use_path_style=true&endpoint=" + url.QueryEscape(closedPort(t)), blobtiertest.AccessKey, "cannot reach its endpoint", 0},
 		{"stalled endpoint", stall, blobtiertest.AccessKey, "no answer in time", 300 * time.Millisecond},
 		{"gs", "gs://bucket", "", "gs:// is not built in", 0},
 	} {
