@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -451,6 +453,25 @@ func TestProbe(t *testing.T) {
 	}
 	if all, denied := srv.Requests(); denied == 0 || all == denied {
 		t.Fatalf("server answered %d requests, denied %d", all, denied)
+	}
+}
+
+// TestProbeSharedCredentials: credentials come from the AWS chain, here
+// a profile of the shared credentials file named by the URL.
+func TestProbeSharedCredentials(t *testing.T) {
+	srv := blobtiertest.NewS3(t, "kv")
+	blobtiertest.SetEnv(t, "")
+	creds := filepath.Join(t.TempDir(), "credentials")
+	if err := os.WriteFile(creds, []byte("[kvtest]\naws_access_key_id = "+blobtiertest.AccessKey+
+		"\naws_secret_access_key = "+blobtiertest.SecretKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", creds)
+	if err := Probe(context.Background(), srv.URL("kv", "profile=kvtest")); err != nil {
+		t.Fatalf("profile kvtest: %v", err)
+	}
+	if err := Probe(context.Background(), srv.URL("kv", "profile=other")); err == nil || !strings.Contains(err.Error(), "other") {
+		t.Fatalf("a profile the file lacks: %v", err)
 	}
 }
 
