@@ -10,10 +10,10 @@
 // AWS SDK v2: any S3-compatible service by the URL's endpoint=, region=
 // and use_path_style= parameters, credentials from the AWS standard chain
 // of environment, shared config files and instance roles). gs:// is
-// refused: gcsblob's Google Cloud client weighs about three AWS SDKs in
-// the binary (docs/benchmarks.md), and its in-process fake is not among
-// the modules at hand; GCS's S3-compatible XML API is reachable through
-// s3:// instead.
+// refused: gcsblob's Google Cloud client weighs more than twice the AWS
+// SDK in the binary (docs/benchmarks.md), and its in-process fake is not
+// among the modules at hand; GCS's S3-compatible XML API is reachable
+// through s3:// instead.
 //
 // A remote bucket is probed at start (Probe, bounded in time) and every
 // operation on it carries a timeout, so a stalled endpoint fails a block,
@@ -221,6 +221,7 @@ func Open(ctx context.Context, rawURL, prefix string, slots, blockBytes int) (*S
 	return s, nil
 }
 
+// New is a Store over an open bucket (Close leaves the bucket open).
 func New(ctx context.Context, b *blob.Bucket, prefix string, slots, blockBytes int) (*Store, error) {
 	if slots <= 0 || blockBytes <= 0 {
 		return nil, fmt.Errorf("kvbm object tier: %d slots × %d bytes", slots, blockBytes)
