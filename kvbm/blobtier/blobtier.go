@@ -11,9 +11,8 @@
 // and use_path_style= parameters, credentials from the AWS standard chain
 // of environment, shared config files and instance roles). gs:// is
 // refused: gcsblob's Google Cloud client weighs more than twice the AWS
-// SDK in the binary (docs/benchmarks.md), and its in-process fake is not
-// among the modules at hand; GCS's S3-compatible XML API is reachable
-// through s3:// instead.
+// SDK in the binary (docs/benchmarks.md); GCS's S3-compatible XML API is
+// reachable through s3:// instead.
 //
 // A remote bucket is probed at start (Probe, bounded in time) and every
 // operation on it carries a timeout, so a stalled endpoint fails a block,
