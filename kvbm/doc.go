@@ -87,10 +87,8 @@
 // mem://; a remote bucket wants them moved to a writer goroutine in the
 // engine (the core starts none).
 //
-// The driver set is small on purpose: blobtier registers file:// and
-// mem:// only. s3blob pulls the AWS SDK v2 (about 20 modules and 100
-// packages, +14 MB in a probe binary), so s3:// is refused by name; a
-// deployment that wants it adds one blank import there.
+// blobtier registers file://, mem:// and s3:// (any S3-compatible store);
+// gs:// is refused by name, its client being too heavy for the binary.
 //
 // # Events
 //

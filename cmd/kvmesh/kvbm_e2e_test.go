@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/kvbm/blobtier/blobtiertest"
 )
 
 // tierTokens sums a /metrics page's per-tier cached-token series.
@@ -111,9 +113,49 @@ func TestServeKVBMObjectTier(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs kvmesh serve")
 	}
-	dir := t.TempDir()
+	serveObjectTier(t, "file://"+t.TempDir())
+}
+
+// TestServeKVBMS3ObjectTier is TestServeKVBMObjectTier with the object
+// tier in an S3 bucket (an in-process S3-compatible server on loopback,
+// reached by the URL's endpoint and the AWS credentials in the
+// environment); then a serve whose bucket is missing stops at start with
+// one line naming the flag.
+func TestServeKVBMS3ObjectTier(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs kvmesh serve")
+	}
+	srv := blobtiertest.NewS3(t, "kvmesh-g4")
+	blobtiertest.SetEnv(t, blobtiertest.AccessKey)
+	serveObjectTier(t, srv.URL("kvmesh-g4"))
+	n := srv.Objects(t, "kvmesh-g4", "kvbm/")
+	all, denied := srv.Requests()
+	t.Logf("bucket holds %d block objects; %d requests", n, all)
+	if n == 0 || denied != 0 {
+		t.Fatalf("bucket holds %d block objects, %d requests denied", n, denied)
+	}
+
+	missing := srv.URL("no-such-bucket")
+	p := startProc(t, "kvmesh serve with a missing bucket", "serve", "--listen", "127.0.0.1:0", "--log-level", "warn",
+		"--workers", "1", "--connector", "kvbm", "--kvbm-host-blocks", "64", "--kvbm-object-url", missing, "--kvbm-object-blocks", "64")
+	select {
+	case <-p.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve with a missing bucket kept running")
+	}
+	stderr := strings.TrimSpace(p.Stderr())
+	if want := fmt.Sprintf("--kvbm-object-url %q: bucket \"no-such-bucket\" does not exist", missing); p.Err() == nil ||
+		!strings.Contains(stderr, want) || strings.Count(stderr, "\n") > 1 {
+		t.Fatalf("serve with a missing bucket: exit %v, stderr:\n%s\nwant one line containing %q", p.Err(), stderr, want)
+	}
+}
+
+// serveObjectTier runs serve with the object tier at url and checks a
+// repeat is served from it.
+func serveObjectTier(t *testing.T, url string) {
+	t.Helper()
 	s := startServe(t, "--workers", "1", "--speedup-ratio", "0", "--connector", "kvbm",
-		"--blocks", "256", "--kvbm-host-blocks", "256", "--kvbm-object-url", "file://"+dir, "--kvbm-object-blocks", "4096")
+		"--blocks", "256", "--kvbm-host-blocks", "256", "--kvbm-object-url", url, "--kvbm-object-blocks", "4096")
 	defer s.stop(t)
 	client := newClient(s.base)
 	first := longPrompt(0)
@@ -152,6 +194,36 @@ func TestServeKVBMObjectTier(t *testing.T) {
 	}
 }
 
+// TestKVBMObjectURLProbed: an s3:// object tier is tried at the flag
+// check: a missing bucket, a wrong key or a stalled endpoint stops the
+// start with an error naming --kvbm-object-url, in bounded time.
+func TestKVBMObjectURLProbed(t *testing.T) {
+	srv := blobtiertest.NewS3(t, "kv")
+	flags := func(u string) kvbmFlags {
+		return kvbmFlags{connector: "kvbm", host: 8, object: 8, objURL: u, hostBW: 1, diskBW: 1, objBW: 1}
+	}
+	for _, c := range []struct {
+		name, url, key, want string
+	}{
+		{"reachable", srv.URL("kv"), blobtiertest.AccessKey, ""},
+		{"missing bucket", srv.URL("nope"), blobtiertest.AccessKey, fmt.Sprintf("--kvbm-object-url %q: bucket \"nope\" does not exist", srv.URL("nope"))},
+		{"wrong key", srv.URL("kv"), "AKIAWRONG", fmt.Sprintf("--kvbm-object-url %q: cannot list bucket \"kv\": access denied", srv.URL("kv"))},
+		{"typo in the query", srv.URL("kv", "use_path_stlye=true"), blobtiertest.AccessKey, `unknown query parameter "use_path_stlye"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			blobtiertest.SetEnv(t, c.key)
+			k := flags(c.url)
+			err := k.check(kv.RoleAggregated)
+			if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
+				t.Fatalf("check: %v, want %q", err, c.want)
+			}
+		})
+	}
+	if n := srv.Objects(t, "kv", ""); n != 0 {
+		t.Fatalf("the probes left %d objects in the bucket", n)
+	}
+}
+
 // TestKVBMFlagsChecked: a decode worker refuses the connector, and the
 // tier flags need it.
 func TestKVBMFlagsChecked(t *testing.T) {
@@ -171,7 +243,8 @@ func TestKVBMFlagsChecked(t *testing.T) {
 		{"aggregated", kvbmFlags{objURL: "mem://", hostBW: sim.DefaultHostBandwidth, diskBW: sim.DefaultDiskBandwidth, objBW: sim.DefaultObjectBandwidth}, "--kvbm-* flags need --connector kvbm"},
 		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-blocks 8: give --kvbm-object-url"},
 		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, objURL: "file:///tmp/g4", hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-url \"file:///tmp/g4\": give --kvbm-object-blocks"},
-		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, objURL: "s3://bucket", hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-url \"s3://bucket\": the s3 driver is not built in"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, objURL: "s3:///prefix", hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-url \"s3:///prefix\": want s3://bucket"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, objURL: "gs://bucket", hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-url \"gs://bucket\": gs:// is not built in"},
 		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: -1, hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-blocks -1"},
 		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, objURL: "mem://", hostBW: 1, diskBW: 1}, "--kvbm-object-bandwidth 0"},
 	} {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
@@ -38,7 +39,7 @@ func addKVBMFlags(f *pflag.FlagSet, k *kvbmFlags) {
 	f.Float64Var(&k.hostBW, "kvbm-host-bandwidth", sim.DefaultHostBandwidth, "kvbm: host→device onboarding bandwidth, bytes/s (negative: free)")
 	f.Float64Var(&k.diskBW, "kvbm-disk-bandwidth", sim.DefaultDiskBandwidth, "kvbm: disk→device onboarding bandwidth, bytes/s (negative: free)")
 	f.BoolVar(&k.filterOff, "kvbm-disk-filter-off", false, "kvbm: offload every host block to disk, not only those seen twice within the filter's decay window")
-	f.StringVar(&k.objURL, "kvbm-object-url", "", "kvbm: object tier (G4) bucket, file:///dir or mem://; keeps what host/disk evict, recovered at restart under the same --instance-id")
+	f.StringVar(&k.objURL, "kvbm-object-url", "", "kvbm: object tier (G4) bucket, file:///dir, mem:// or s3://bucket[/prefix]?region=…[&endpoint=…&use_path_style=true] (AWS credentials from the standard chain); keeps what host/disk evict, recovered at restart under the same --instance-id")
 	f.IntVar(&k.object, "kvbm-object-blocks", 0, "kvbm: object tier blocks per engine rank (with --kvbm-object-url)")
 	f.Float64Var(&k.objBW, "kvbm-object-bandwidth", sim.DefaultObjectBandwidth, "kvbm: object→device onboarding bandwidth, bytes/s (negative: free)")
 }
@@ -87,6 +88,13 @@ func (k *kvbmFlags) check(role kv.Role) error {
 	}{{"kvbm-host-bandwidth", k.hostBW}, {"kvbm-disk-bandwidth", k.diskBW}, {"kvbm-object-bandwidth", k.objBW}} {
 		if v.v == 0 || math.IsNaN(v.v) || math.IsInf(v.v, 0) {
 			return fmt.Errorf("--%s %g: want a finite non-zero number (negative: free)", v.name, v.v)
+		}
+	}
+	// A remote bucket is tried now, within blobtier.ProbeTimeout, so a
+	// missing bucket or a bad credential stops the start, named.
+	if k.objURL != "" && blobtier.Remote(k.objURL) {
+		if err := blobtier.Probe(context.Background(), k.objURL); err != nil {
+			return fmt.Errorf("--kvbm-object-url %q: %w", k.objURL, err)
 		}
 	}
 	return nil

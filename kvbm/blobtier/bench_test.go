@@ -4,28 +4,40 @@ import (
 	"context"
 	"testing"
 
+	"gocloud.dev/blob"
 	"gocloud.dev/blob/fileblob"
 	"gocloud.dev/blob/memblob"
 
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/kvbm"
+	"github.com/kvmesh/kvmesh/kvbm/blobtier/blobtiertest"
 )
 
 // BenchmarkPutGet is the object tier's cost per block: one Put (replacing
-// the slot's previous object) and one Get, 64 KiB blocks.
+// the slot's previous object) and one Get, 64 KiB blocks; s3 is s3blob
+// against the in-process S3 server on loopback (the SDK's and HTTP's cost,
+// no network's).
 //
 //	go test ./kvbm/blobtier -run '^$' -bench PutGet -benchmem
 func BenchmarkPutGet(b *testing.B) {
 	const size, slots = 64 << 10, 64
-	for _, drv := range []string{"mem", "file"} {
+	for _, drv := range []string{"mem", "file", "s3"} {
 		b.Run(drv, func(b *testing.B) {
 			ctx := context.Background()
-			bk := memblob.OpenBucket(nil)
-			if drv == "file" {
-				var err error
-				if bk, err = fileblob.OpenBucket(b.TempDir(), nil); err != nil {
-					b.Fatal(err)
-				}
+			var bk *blob.Bucket
+			var err error
+			switch drv {
+			case "mem":
+				bk = memblob.OpenBucket(nil)
+			case "file":
+				bk, err = fileblob.OpenBucket(b.TempDir(), nil)
+			case "s3":
+				srv := blobtiertest.NewS3(b, "kv")
+				blobtiertest.SetEnv(b, blobtiertest.AccessKey)
+				bk, err = blob.OpenBucket(ctx, srv.URL("kv"))
+			}
+			if err != nil {
+				b.Fatal(err)
 			}
 			defer bk.Close()
 			st, err := New(ctx, bk, "kvbm/w/", slots, size)
