@@ -83,9 +83,17 @@
 // block from then on), as Dynamo's G4 is always bounced through G2; with
 // no host slot to spare it goes straight to the device. RecoverObject
 // lists the bucket prefix at start like RecoverDisk scans the pool file.
-// Writes are synchronous inside the call that evicts: fine for file:// and
-// mem://; a remote bucket wants them moved to a writer goroutine in the
-// engine (the core starts none).
+// A plain Storage is written synchronously inside the call that evicts. An
+// AsyncPutter (blobtier.Async) takes the write off that path: the block is
+// copied into one of a bounded set of staging buffers the queue owns (so
+// the local slot can be reused at once) and put by the storage's own
+// goroutines; the object slot stays pinned and unfindable until Settle
+// (run first by Offload and Match, and by the engine when the storage
+// signals) sees the write completed and verified, and only then is the
+// block registered and its Stored event (external tier) emitted. A full
+// queue drops the object copy (Stats.DroppedObject) instead of waiting; a
+// failed or unverified write frees its slot (FailedObject). The core still
+// starts no goroutine: they belong to the storage, which its owner closes.
 //
 // The driver set is small on purpose: blobtier registers file:// and
 // mem:// only. s3blob pulls the AWS SDK v2 (about 20 modules and 100

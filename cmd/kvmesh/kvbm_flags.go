@@ -28,7 +28,12 @@ type kvbmFlags struct {
 	objURL         string
 	object         int
 	objBW          float64
+	objQueue       int
 }
+
+// defaultObjectQueue is --kvbm-object-queue's default: blocks staged in
+// memory for the object tier's writers.
+const defaultObjectQueue = 128
 
 func addKVBMFlags(f *pflag.FlagSet, k *kvbmFlags) {
 	f.StringVar(&k.connector, "connector", "", "KV connector: kvbm (host and disk tiers behind the device pool; prefill and aggregated workers only); empty: none")
@@ -40,6 +45,7 @@ func addKVBMFlags(f *pflag.FlagSet, k *kvbmFlags) {
 	f.BoolVar(&k.filterOff, "kvbm-disk-filter-off", false, "kvbm: offload every host block to disk, not only those seen twice within the filter's decay window")
 	f.StringVar(&k.objURL, "kvbm-object-url", "", "kvbm: object tier (G4) bucket, file:///dir or mem://; keeps what host/disk evict, recovered at restart under the same --instance-id")
 	f.IntVar(&k.object, "kvbm-object-blocks", 0, "kvbm: object tier blocks per engine rank (with --kvbm-object-url)")
+	f.IntVar(&k.objQueue, "kvbm-object-queue", defaultObjectQueue, "kvbm: evicted blocks waiting for their object writes (staged in memory; a full queue drops the object copy, counted); 0: write synchronously (the twin always does)")
 	f.Float64Var(&k.objBW, "kvbm-object-bandwidth", sim.DefaultObjectBandwidth, "kvbm: object→device onboarding bandwidth, bytes/s (negative: free)")
 }
 
@@ -50,7 +56,7 @@ func (k *kvbmFlags) check(role kv.Role) error {
 	case "":
 		if k.host != 0 || k.disk != 0 || k.dir != "" || k.filterOff ||
 			k.hostBW != sim.DefaultHostBandwidth || k.diskBW != sim.DefaultDiskBandwidth ||
-			k.objURL != "" || k.object != 0 || k.objBW != sim.DefaultObjectBandwidth {
+			k.objURL != "" || k.object != 0 || k.objBW != sim.DefaultObjectBandwidth || k.objQueue != defaultObjectQueue {
 			return fmt.Errorf("--kvbm-* flags need --connector kvbm")
 		}
 		return nil
@@ -62,7 +68,7 @@ func (k *kvbmFlags) check(role kv.Role) error {
 		return fmt.Errorf("--connector kvbm: a decode worker runs no connector (its prompt KV comes from its prefill peer); run kvbm on the prefill workers")
 	}
 	if err := checkInts(intFlag{"kvbm-host-blocks", int64(k.host), 0}, intFlag{"kvbm-disk-blocks", int64(k.disk), 0},
-		intFlag{"kvbm-object-blocks", int64(k.object), 0}); err != nil {
+		intFlag{"kvbm-object-blocks", int64(k.object), 0}, intFlag{"kvbm-object-queue", int64(k.objQueue), 0}); err != nil {
 		return err
 	}
 	if k.host == 0 && k.disk == 0 {
@@ -99,7 +105,7 @@ func (k *kvbmFlags) sim() *sim.KVBMConfig {
 	}
 	return &sim.KVBMConfig{HostBlocks: k.host, DiskBlocks: k.disk, DiskDir: k.dir,
 		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilter: kvbm.FilterConfig{Disabled: k.filterOff},
-		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW}
+		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW, ObjectQueue: k.objQueue}
 }
 
 // twin is the twin's block-manager config, nil without the connector.
@@ -143,6 +149,9 @@ func registerKVBMMetrics(reg prometheus.Registerer, eng *sim.Engine, model strin
 		{"kvmesh_kvbm_offloaded_object_blocks_total", "Blocks written to the object tier (evicted from the last local tier).", false, func(s sim.KVBMStats) uint64 { return s.OffloadedObject }},
 		{"kvmesh_kvbm_onboarded_object_blocks_total", "Blocks loaded from the object tier (through host) onto the device, verified.", false, func(s sim.KVBMStats) uint64 { return s.OnboardedObject }},
 		{"kvmesh_kvbm_evicted_object_blocks_total", "Blocks evicted from the object tier (their objects deleted).", false, func(s sim.KVBMStats) uint64 { return s.EvictedObject }},
+		{"kvmesh_kvbm_pending_object_blocks", "Evicted blocks whose object writes are queued or running.", true, func(s sim.KVBMStats) uint64 { return uint64(s.PendingObject) }},
+		{"kvmesh_kvbm_dropped_object_blocks_total", "Object writes dropped because the queue was full (--kvbm-object-queue).", false, func(s sim.KVBMStats) uint64 { return s.DroppedObject }},
+		{"kvmesh_kvbm_failed_object_blocks_total", "Object writes that failed or failed verification (the block is not in the object tier).", false, func(s sim.KVBMStats) uint64 { return s.FailedObject }},
 		{"kvmesh_kvbm_recovered_object_blocks_total", "Object-tier blocks found intact at start (same instance and bucket).", false, func(s sim.KVBMStats) uint64 { return s.RecoveredObject }},
 		{"kvmesh_kvbm_recovered_disk_blocks_total", "Disk blocks found intact at start (same instance and disk directory).", false, func(s sim.KVBMStats) uint64 { return s.RecoveredDisk }},
 		{"kvmesh_kvbm_corrupt_blocks_total", "Blocks whose bytes failed their checksum (at onboarding or recovery), dropped.", false, func(s sim.KVBMStats) uint64 { return s.Corrupt }},

@@ -75,6 +75,11 @@ type KVBMConfig struct {
 	// worker with the same key recovers what it finds there at start.
 	ObjectURL    string
 	ObjectBlocks int
+	// ObjectQueue is how many evicted blocks may wait for their object
+	// writes, staged in memory, while writer goroutines put them (a full
+	// queue drops the object copy, counted); 0 writes synchronously,
+	// inside the step that evicts (the twin's deterministic mode).
+	ObjectQueue int
 	// ObjectBandwidth prices object→device onboarding (bytes/s; 0: the
 	// default, < 0: free).
 	ObjectBandwidth float64
@@ -104,7 +109,8 @@ type kbCore struct {
 	wk     *kvbm.Worker
 	disk   *kvbm.DiskFile
 	obj    *blobtier.Store
-	bpb    float64 // modelled bytes per block
+	async  *blobtier.Async // ObjectQueue > 0: obj's writer
+	bpb    float64         // modelled bytes per block
 	hostBW float64
 	diskBW float64
 	objBW  float64
@@ -156,6 +162,8 @@ func (cfg *KVBMConfig) check(c Config) error {
 		return errors.New("sim config: kvbm disk blocks need a disk directory")
 	case k.ObjectBlocks < 0 || (k.ObjectBlocks > 0) != (k.ObjectURL != ""):
 		return fmt.Errorf("sim config: kvbm object tier of %d blocks at %q: give both or neither", k.ObjectBlocks, k.ObjectURL)
+	case k.ObjectQueue < 0:
+		return fmt.Errorf("sim config: kvbm object queue of %d blocks, want ≥ 0", k.ObjectQueue)
 	case c.Role == kv.RoleDecode:
 		return errors.New("sim config: kvbm runs on prefill and aggregated workers only: a decode worker's prompt KV comes from its prefill peer")
 	case c.Layers*c.PayloadSize == 0:
@@ -206,6 +214,14 @@ func newKB(c *Core) (*kbCore, error) {
 			return nil, err
 		}
 		k.obj, mc.Object = o, o
+		if cfg.ObjectQueue > 0 {
+			a, err := blobtier.NewAsync(o, blobtier.AsyncConfig{Depth: cfg.ObjectQueue, Drain: objectDrain})
+			if err != nil {
+				k.close()
+				return nil, err
+			}
+			k.async, mc.Object = a, a
+		}
 	}
 	m, err := kvbm.NewManager(mc)
 	if err != nil {
@@ -246,10 +262,13 @@ func (k *kbCore) close() error {
 		errs = append(errs, k.disk.Close())
 		k.disk = nil
 	}
-	if k.obj != nil {
+	switch {
+	case k.async != nil:
+		errs = append(errs, k.async.Close()) // closes obj too
+	case k.obj != nil:
 		errs = append(errs, k.obj.Close())
-		k.obj = nil
 	}
+	k.obj, k.async = nil, nil
 	return errors.Join(errs...)
 }
 
@@ -584,6 +603,30 @@ func (d simDevice) BlockChecksum(id kvbm.DeviceBlockID) (uint64, bool) {
 	return d.c.pool.sums[b], true
 }
 
+// objectDrain is how long closing a core waits for its queued object
+// writes before it cancels them (they cost a recompute, not correctness).
+const objectDrain = 2 * time.Second
+
+// TierReady is signalled when an asynchronous object write completes
+// (nil without one): the engine then calls SettleTiers, so the block is
+// announced even while no request runs.
+func (c *Core) TierReady() <-chan struct{} {
+	if c.kb == nil || c.kb.async == nil {
+		return nil
+	}
+	return c.kb.async.Ready()
+}
+
+// SettleTiers registers the object writes completed since the last call
+// and delivers their events.
+func (c *Core) SettleTiers() {
+	if c.kb == nil || c.kb.async == nil {
+		return
+	}
+	c.kb.mgr.Settle()
+	c.ev.flush()
+}
+
 // KVBMStats returns the block manager's totals (zero without one).
 func (c *Core) KVBMStats() KVBMStats {
 	if c.kb == nil {
@@ -643,6 +686,9 @@ func (t *KVBMStats) add(s KVBMStats) {
 	a.MatchedObject += b.MatchedObject
 	a.OnboardedObject += b.OnboardedObject
 	a.RecoveredObject += b.RecoveredObject
+	a.PendingObject += b.PendingObject
+	a.DroppedObject += b.DroppedObject
+	a.FailedObject += b.FailedObject
 	a.DedupHost += b.DedupHost
 	a.DedupDisk += b.DedupDisk
 	a.FilteredDisk += b.FilteredDisk

@@ -1,13 +1,18 @@
 package sim
 
 import (
+	"context"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/clock"
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/kvbm"
 )
@@ -493,5 +498,55 @@ func TestKVBMObjectTierServesHostEvictionsAndSurvivesRestart(t *testing.T) {
 	b2 := run(t, c2, "b2", prompt(2, 40), 2, &now)
 	if m := b2.Metrics(); m.ObjectTokens == 0 {
 		t.Fatalf("after the restart b2 loaded nothing from the object tier: %+v", m)
+	}
+}
+
+// TestKVBMAsyncObjectWrites: with an object queue the engine's evictions
+// are written by the object tier's own goroutines; each block is announced
+// on the external tier once written, also after the last request ended
+// (the idle engine settles on the tier's signal), and a repeat loads them.
+func TestKVBMAsyncObjectWrites(t *testing.T) {
+	cfg := kvbmConfig(8, 0, "")
+	cfg.SpeedupRatio = 0
+	cfg.KVBM.ObjectURL, cfg.KVBM.ObjectBlocks, cfg.KVBM.ObjectQueue = "mem://", 64, 32
+	e := mustEngine(t, cfg)
+	var mu sync.Mutex
+	log := newTierLog(t)
+	e.SetEventSink(func(b []kv.Event) { mu.Lock(); log.sink(b); mu.Unlock() })
+	gen := func(id string, toks []kv.Token) []kv.Token {
+		ch, err := e.Generate(context.Background(), &engine.Request{ID: id, Tokens: toks, Sampling: kv.Sampling{MaxTokens: 2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := collect(t, ch)
+		return out
+	}
+	a := prompt(1, 40)
+	first := gen("a", a)
+	gen("b", prompt(2, 40))
+	gen("c", prompt(3, 40))
+	seqs := hashes(t, a, 4)
+	testutil.WaitFor(t, 10*time.Second, "every write done, a's blocks announced on the object tier", func() bool {
+		if e.KVBMStats().PendingObject != 0 {
+			return false
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, h := range seqs[:9] {
+			if !log.held[kv.TierExternal][kv.EngineHash(h)] {
+				return false
+			}
+		}
+		return true
+	}, func() string { return fmt.Sprintf("%+v", e.KVBMStats()) })
+	st := e.KVBMStats()
+	if st.PendingObject != 0 || st.OffloadedObject == 0 || st.DroppedObject != 0 || st.FailedObject != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if again := gen("a2", a); !equalTokens(again, first) {
+		t.Fatalf("repeat answered %v, first %v", again, first)
+	}
+	if st := e.KVBMStats(); st.OnboardedObject == 0 {
+		t.Fatalf("the repeat loaded nothing from the object tier: %+v", st)
 	}
 }
