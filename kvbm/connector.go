@@ -70,6 +70,20 @@ type Connector struct {
 	// Worker → engine.
 	doneSending, doneRecving []string
 	loadErrors               []DeviceBlockID
+
+	// The load-or-recompute test on every match (SetLoadCost).
+	cost  LoadCost
+	queue func() LoadQueue
+	tiers []kv.Tier
+}
+
+// SetLoadCost makes every match load only the prefix that is cheaper to
+// load than to recompute (LoadCost.LoadPrefix); queue, if set, reports
+// the engine's load backlog and batch at the time of the match. The
+// blocks left out are released and counted (Stats.DeclinedLoad). A zero
+// RecomputeToken turns the test off.
+func (c *Connector) SetLoadCost(cost LoadCost, queue func() LoadQueue) {
+	c.cost, c.queue = cost, queue
 }
 
 // NewConnector returns a connector over m.
@@ -136,6 +150,20 @@ func (c *Connector) match(r *Request, numComputed int) (int, bool, error) {
 		// if any, else host's) to compute, so the engine gets logits.
 		c.m.Release(staged[n-1:])
 		staged = staged[:n-1]
+	}
+	if c.cost.RecomputeToken > 0 && len(staged) > 0 {
+		c.tiers = c.tiers[:0]
+		for _, b := range staged {
+			c.tiers = append(c.tiers, b.Tier)
+		}
+		var q LoadQueue
+		if c.queue != nil {
+			q = c.queue()
+		}
+		if k := c.cost.LoadPrefix(c.tiers, c.bs, q); k < len(staged) {
+			c.m.decline(staged[k:])
+			staged = staged[:k]
+		}
 	}
 	if len(staged) == 0 {
 		return 0, false, nil

@@ -57,6 +57,7 @@ type Stats struct {
 	EvictedObject                uint64
 	MatchedHost, MatchedDisk     uint64 // staged for onboarding
 	MatchedObject                uint64
+	DeclinedLoad                 uint64 // matched blocks left to recompute: cheaper than loading them (LoadCost)
 	OnboardedHost, OnboardedDisk uint64 // verified on the device
 	OnboardedObject              uint64 // through host when there is one
 	Corrupt                      uint64 // failed verification, dropped

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
@@ -29,6 +30,7 @@ type kvbmFlags struct {
 	object         int
 	objBW          float64
 	objQueue       int
+	recompute      time.Duration
 }
 
 // defaultObjectQueue is --kvbm-object-queue's default: blocks staged in
@@ -46,6 +48,7 @@ func addKVBMFlags(f *pflag.FlagSet, k *kvbmFlags) {
 	f.StringVar(&k.objURL, "kvbm-object-url", "", "kvbm: object tier (G4) bucket, file:///dir or mem://; keeps what host/disk evict, recovered at restart under the same --instance-id")
 	f.IntVar(&k.object, "kvbm-object-blocks", 0, "kvbm: object tier blocks per engine rank (with --kvbm-object-url)")
 	f.IntVar(&k.objQueue, "kvbm-object-queue", defaultObjectQueue, "kvbm: evicted blocks waiting for their object writes (staged in memory; a full queue drops the object copy, counted); 0: write synchronously (the twin always does)")
+	f.DurationVar(&k.recompute, "kvbm-recompute-per-token", 0, "kvbm: prefill cost per token that a tier load is weighed against: a match loads only as far as loading (behind the loads already queued) is quicker than recomputing (paid by every request in the passes it lengthens); 0: the engine's own prefill model; negative: load every match")
 	f.Float64Var(&k.objBW, "kvbm-object-bandwidth", sim.DefaultObjectBandwidth, "kvbm: object→device onboarding bandwidth, bytes/s (negative: free)")
 }
 
@@ -56,7 +59,7 @@ func (k *kvbmFlags) check(role kv.Role) error {
 	case "":
 		if k.host != 0 || k.disk != 0 || k.dir != "" || k.filterOff ||
 			k.hostBW != sim.DefaultHostBandwidth || k.diskBW != sim.DefaultDiskBandwidth ||
-			k.objURL != "" || k.object != 0 || k.objBW != sim.DefaultObjectBandwidth || k.objQueue != defaultObjectQueue {
+			k.objURL != "" || k.object != 0 || k.objBW != sim.DefaultObjectBandwidth || k.objQueue != defaultObjectQueue || k.recompute != 0 {
 			return fmt.Errorf("--kvbm-* flags need --connector kvbm")
 		}
 		return nil
@@ -105,7 +108,8 @@ func (k *kvbmFlags) sim() *sim.KVBMConfig {
 	}
 	return &sim.KVBMConfig{HostBlocks: k.host, DiskBlocks: k.disk, DiskDir: k.dir,
 		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilter: kvbm.FilterConfig{Disabled: k.filterOff},
-		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW, ObjectQueue: k.objQueue}
+		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW, ObjectQueue: k.objQueue,
+		RecomputePerToken: k.recompute}
 }
 
 // twin is the twin's block-manager config, nil without the connector.
@@ -115,7 +119,7 @@ func (k *kvbmFlags) twin() *twin.KVBM {
 	}
 	return &twin.KVBM{HostBlocks: k.host, DiskBlocks: k.disk, DiskDir: k.dir,
 		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilterOff: k.filterOff,
-		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW}
+		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW, RecomputePerToken: k.recompute}
 }
 
 // randomInstanceID is a worker instance id chosen before the engine starts
@@ -152,6 +156,7 @@ func registerKVBMMetrics(reg prometheus.Registerer, eng *sim.Engine, model strin
 		{"kvmesh_kvbm_pending_object_blocks", "Evicted blocks whose object writes are queued or running.", true, func(s sim.KVBMStats) uint64 { return uint64(s.PendingObject) }},
 		{"kvmesh_kvbm_dropped_object_blocks_total", "Object writes dropped because the queue was full (--kvbm-object-queue).", false, func(s sim.KVBMStats) uint64 { return s.DroppedObject }},
 		{"kvmesh_kvbm_failed_object_blocks_total", "Object writes that failed or failed verification (the block is not in the object tier).", false, func(s sim.KVBMStats) uint64 { return s.FailedObject }},
+		{"kvmesh_kvbm_declined_load_blocks_total", "Matched tier blocks recomputed instead of loaded: loading them was slower (--kvbm-recompute-per-token).", false, func(s sim.KVBMStats) uint64 { return s.DeclinedLoad }},
 		{"kvmesh_kvbm_recovered_object_blocks_total", "Object-tier blocks found intact at start (same instance and bucket).", false, func(s sim.KVBMStats) uint64 { return s.RecoveredObject }},
 		{"kvmesh_kvbm_recovered_disk_blocks_total", "Disk blocks found intact at start (same instance and disk directory).", false, func(s sim.KVBMStats) uint64 { return s.RecoveredDisk }},
 		{"kvmesh_kvbm_corrupt_blocks_total", "Blocks whose bytes failed their checksum (at onboarding or recovery), dropped.", false, func(s sim.KVBMStats) uint64 { return s.Corrupt }},

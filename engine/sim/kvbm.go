@@ -83,6 +83,11 @@ type KVBMConfig struct {
 	// ObjectBandwidth prices object→device onboarding (bytes/s; 0: the
 	// default, < 0: free).
 	ObjectBandwidth float64
+	// RecomputePerToken is the prefill cost per token the connector weighs
+	// a tier load against (kvbm.LoadCost): a match is loaded only as far
+	// as loading beats recomputing, onboarding backlog included. 0 takes
+	// the timing model's (RecomputeCost); < 0 loads every match.
+	RecomputePerToken time.Duration
 	// DiskFilter is the host→disk frequency filter.
 	DiskFilter kvbm.FilterConfig
 	// Clock drives the disk filter's decay (nil: wall time).
@@ -125,6 +130,7 @@ type kbCore struct {
 	loadq     []*Seq
 	loadFree  time.Time
 	loadScale float64
+	now       time.Time  // the pass being scheduled (the backlog's reference)
 	held      []kv.Event // tier events emitted before any sink (recovery)
 	holding   bool
 	// domains is the salt domain of every block a tier holds, taken from
@@ -250,6 +256,20 @@ func newKB(c *Core) (*kbCore, error) {
 		}
 	}
 	k.conn = kvbm.NewConnector(m)
+	rc := cfg.RecomputePerToken
+	if rc == 0 {
+		rc = RecomputeCost(c.cfg.Timing, c.cfg.MaxBatchedTokens)
+	}
+	if rc > 0 {
+		var per [kv.NumTiers]time.Duration
+		for t, ms := range tierLoadMS(k.bpb, k.hostBW, k.diskBW, k.objBW) {
+			per[t] = msToDuration(ms)
+		}
+		k.conn.SetLoadCost(kvbm.LoadCost{PerBlock: per, RecomputeToken: rc}, func() kvbm.LoadQueue {
+			// The request being admitted would join the running ones' passes.
+			return kvbm.LoadQueue{Backlog: c.OnboardBacklog(k.now), Batch: len(c.running) + 1}
+		})
+	}
 	k.lead = k.conn.TRTLLMLeader()
 	k.wk = k.conn.Worker(simDevice{c})
 	k.out.NumScheduledTokens = map[string]int{}
@@ -510,6 +530,7 @@ func (k *kbCore) bind(sched []schedEntry, now time.Time) {
 // promote moves the requests whose load has landed by now to the running
 // set (in load order, which is admission order).
 func (k *kbCore) promote(now time.Time) {
+	k.now = now
 	n := 0
 	for _, s := range k.loadq {
 		if s.kb.ready.After(now) {
@@ -603,6 +624,19 @@ func (d simDevice) BlockChecksum(id kvbm.DeviceBlockID) (uint64, bool) {
 	return d.c.pool.sums[b], true
 }
 
+// RecomputeCost is a timing model's prefill cost per token: the mean
+// marginal cost of a token in a full chunk of chunk tokens (the pass's
+// fixed cost left out, as recomputed tokens join a pass that runs anyway).
+func RecomputeCost(tm TimingModel, chunk int) time.Duration {
+	if tm == nil {
+		tm = Polynomial{}
+	}
+	if chunk < 2 {
+		return msToDuration(tm.PrefillMS(1))
+	}
+	return msToDuration((tm.PrefillMS(chunk) - tm.PrefillMS(1)) / float64(chunk-1))
+}
+
 // objectDrain is how long closing a core waits for its queued object
 // writes before it cancels them (they cost a recompute, not correctness).
 const objectDrain = 2 * time.Second
@@ -689,6 +723,7 @@ func (t *KVBMStats) add(s KVBMStats) {
 	a.PendingObject += b.PendingObject
 	a.DroppedObject += b.DroppedObject
 	a.FailedObject += b.FailedObject
+	a.DeclinedLoad += b.DeclinedLoad
 	a.DedupHost += b.DedupHost
 	a.DedupDisk += b.DedupDisk
 	a.FilteredDisk += b.FilteredDisk

@@ -550,3 +550,56 @@ func TestKVBMAsyncObjectWrites(t *testing.T) {
 		t.Fatalf("the repeat loaded nothing from the object tier: %+v", st)
 	}
 }
+
+// TestKVBMLoadsOnlyWhatBeatsRecompute: a disk tier so slow that loading a
+// block takes longer than recomputing its tokens is not loaded: the repeat
+// recomputes (same answer, nothing cached) and the declined blocks are
+// counted; a negative recompute cost turns the test off (today's loading).
+func TestKVBMLoadsOnlyWhatBeatsRecompute(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		recompute time.Duration
+		disk      int // tokens loaded from disk
+		declined  uint64
+	}{
+		{"sim's prefill model", 0, 0, 9},
+		{"configured figure", time.Second, 36, 0},
+		{"off", -1, 36, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := kvbmConfig(0, 64, t.TempDir())
+			bpb := float64(cfg.Layers * cfg.PayloadSize)
+			// One block's load takes a second: far dearer than 4 tokens' prefill.
+			cfg.KVBM.DiskBandwidth = bpb
+			cfg.KVBM.RecomputePerToken = c.recompute
+			core := mustCore(t, cfg)
+			defer core.Close()
+			now := clock.Epoch
+			a := prompt(1, 40)
+			run(t, core, "a", a, 2, &now)
+			// Two more prompts push a off the 16-block device.
+			run(t, core, "b", prompt(2, 40), 2, &now)
+			run(t, core, "c", prompt(3, 40), 2, &now)
+			again := run(t, core, "a2", a, 2, &now)
+			m, st := again.Metrics(), core.KVBMStats()
+			if m.DiskTokens != c.disk || st.DeclinedLoad != c.declined {
+				t.Fatalf("disk tokens %d, declined %d blocks; want %d, %d (%+v)", m.DiskTokens, st.DeclinedLoad, c.disk, c.declined, st)
+			}
+			if got, want := again.Output(), refOutput(a, 1, "", "", 2, 4, 1000, nil); !equalTokens(got, want) {
+				t.Fatalf("output %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+func TestRecomputeCost(t *testing.T) {
+	// Polynomial over an 8192-token chunk: (P(8192) − P(1)) / 8191 ms, by hand
+	// 4.209989e-07·8193 + 1.518344e-02 = 0.018632 ms.
+	got := RecomputeCost(Polynomial{}, 8192)
+	if want := 18632 * time.Nanosecond; got < want-time.Nanosecond || got > want+time.Nanosecond {
+		t.Fatalf("RecomputeCost = %v, want %v", got, want)
+	}
+	if got := RecomputeCost(nil, 1); got != msToDuration(PrefillMS(1)) {
+		t.Fatalf("a one-token chunk: %v", got)
+	}
+}
