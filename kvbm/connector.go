@@ -3,6 +3,7 @@ package kvbm
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -72,18 +73,18 @@ type Connector struct {
 	loadErrors               []DeviceBlockID
 
 	// The load-or-recompute test on every match (SetLoadCost).
-	cost  LoadCost
-	queue func() LoadQueue
-	tiers []kv.Tier
+	cost    LoadCost
+	backlog func() time.Duration
+	tiers   []kv.Tier
 }
 
 // SetLoadCost makes every match load only the prefix that is cheaper to
-// load than to recompute (LoadCost.LoadPrefix); queue, if set, reports
-// the engine's load backlog and batch at the time of the match. The
-// blocks left out are released and counted (Stats.DeclinedLoad). A zero
-// RecomputeToken turns the test off.
-func (c *Connector) SetLoadCost(cost LoadCost, queue func() LoadQueue) {
-	c.cost, c.queue = cost, queue
+// load than to recompute (LoadCost.LoadPrefix); backlog, if set, is how
+// long the loads already queued will keep the engine's load path busy.
+// The blocks left out are released and counted (Stats.DeclinedLoad). A
+// zero RecomputeToken turns the test off.
+func (c *Connector) SetLoadCost(cost LoadCost, backlog func() time.Duration) {
+	c.cost, c.backlog = cost, backlog
 }
 
 // NewConnector returns a connector over m.
@@ -156,11 +157,11 @@ func (c *Connector) match(r *Request, numComputed int) (int, bool, error) {
 		for _, b := range staged {
 			c.tiers = append(c.tiers, b.Tier)
 		}
-		var q LoadQueue
-		if c.queue != nil {
-			q = c.queue()
+		var backlog time.Duration
+		if c.backlog != nil {
+			backlog = c.backlog()
 		}
-		if k := c.cost.LoadPrefix(c.tiers, c.bs, q); k < len(staged) {
+		if k := c.cost.LoadPrefix(c.tiers, c.bs, backlog); k < len(staged) {
 			c.m.decline(staged[k:])
 			staged = staged[:k]
 		}

@@ -46,12 +46,11 @@
 // whole prompt its last block is dropped so the engine computes at least
 // one token. With a LoadCost (Connector.SetLoadCost) the connector then
 // keeps only the prefix that is quicker to load than to recompute: loading
-// k blocks costs the request the backlog of loads already queued plus each
-// block's tier load time; recomputing them costs k·block size·the engine's
-// prefill cost per token to each request in the batch whose passes they
-// lengthen (a load delays only its own request). It loads the k that
-// saves the most, none when nothing saves time, and releases the rest
-// (Stats.DeclinedLoad). Without a recompute cost every match loads. Loads are asynchronous in the connector's shape: the worker
+// k blocks costs the backlog of loads already queued plus each block's
+// tier load time, recomputing them k·block size·the engine's prefill cost
+// per token; it loads the k that saves the most, none when nothing saves
+// time, and releases the rest (Stats.DeclinedLoad). Without a recompute
+// cost every match loads. Loads are asynchronous in the connector's shape: the worker
 // runs a request's load when it binds the step's metadata and reports it
 // in GetFinished's finished-receiving list; the engine schedules the
 // request once it is there (vLLM's WAITING_FOR_REMOTE_KVS), so other

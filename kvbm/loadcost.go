@@ -17,34 +17,20 @@ type LoadCost struct {
 	RecomputeToken time.Duration
 }
 
-// LoadQueue is the engine's state a load is weighed in.
-type LoadQueue struct {
-	// Backlog is how long the loads already queued keep the load path
-	// busy: a new load waits for them.
-	Backlog time.Duration
-	// Batch is how many requests wait for the passes that recomputed
-	// tokens lengthen, this one included (< 1 counts as 1). A load delays
-	// only its own request, beside the other requests' passes; a
-	// recompute makes every pass it joins longer for all of them.
-	Batch int
-}
-
 // LoadPrefix returns how many leading blocks of a match to load, block i
-// being in tier tiers[i] and blocks bs tokens long. Loading k blocks
-// costs the request the loads already queued (q.Backlog) and then its own
-// (the sum of its blocks' PerBlock); recomputing them costs
-// k·bs·RecomputeToken to each of the q.Batch requests in the passes. It
-// picks the k that saves the most time,
-// q.Batch·k·bs·RecomputeToken − q.Backlog − Σ_{i<k} PerBlock, and 0 when no
-// k saves any (a tie is not worth a load). Tiers are matched host, then
-// disk, then object, so later blocks are usually the dearer ones; the scan
-// takes every prefix, whatever the order.
-func (c LoadCost) LoadPrefix(tiers []kv.Tier, bs int, q LoadQueue) int {
+// being in tier tiers[i] and blocks bs tokens long. A request that loads
+// k blocks waits for the loads already queued (backlog) and then its own
+// (the sum of its blocks' PerBlock); one that loads none recomputes them
+// (k·bs·RecomputeToken) and waits for nothing. It picks the k that saves
+// the most time, k·bs·RecomputeToken − backlog − Σ_{i<k} PerBlock, and 0
+// when no k saves any (a tie is not worth a load). Tiers are matched
+// host, then disk, then object, so later blocks are usually the dearer
+// ones; the scan takes every prefix, whatever the order.
+func (c LoadCost) LoadPrefix(tiers []kv.Tier, bs int, backlog time.Duration) int {
 	if c.RecomputeToken <= 0 || len(tiers) == 0 {
 		return len(tiers)
 	}
-	backlog := q.Backlog
-	per := time.Duration(bs) * c.RecomputeToken * time.Duration(max(q.Batch, 1))
+	per := time.Duration(bs) * c.RecomputeToken
 	best, bestSave := 0, time.Duration(0)
 	save := -max(backlog, 0)
 	for i, t := range tiers {

@@ -17,41 +17,32 @@ func TestLoadPrefix(t *testing.T) {
 		cost    LoadCost
 		tiers   []kv.Tier
 		backlog time.Duration
-		batch   int
 		want    int
 	}{
-		{"unknown recompute cost: load all", LoadCost{PerBlock: cost.PerBlock}, []kv.Tier{O, O, O}, time.Second, 0, 3},
-		{"nothing matched", cost, nil, 0, 0, 0},
-		{"host saves 110 µs a block", cost, []kv.Tier{H, H, H}, 0, 0, 3},
+		{"unknown recompute cost: load all", LoadCost{PerBlock: cost.PerBlock}, []kv.Tier{O, O, O}, time.Second, 3},
+		{"nothing matched", cost, nil, 0, 0},
+		{"host saves 110 µs a block", cost, []kv.Tier{H, H, H}, 0, 3},
 		// +110, +220, then disk −40 each: 180, 140.
-		{"host, then dearer disk", cost, []kv.Tier{H, H, D, D}, 0, 0, 2},
+		{"host, then dearer disk", cost, []kv.Tier{H, H, D, D}, 0, 2},
 		// −40 each.
-		{"disk only, dearer than recompute", cost, []kv.Tier{D, D}, 0, 0, 0},
-		{"object behind host", cost, []kv.Tier{H, O}, 0, 0, 1},
+		{"disk only, dearer than recompute", cost, []kv.Tier{D, D}, 0, 0},
+		{"object behind host", cost, []kv.Tier{H, O}, 0, 1},
 		// −250 + 110 + 110 = −30: waiting for the queue costs more.
-		{"backlog eats the saving", cost, []kv.Tier{H, H}, 250 * us, 0, 0},
+		{"backlog eats the saving", cost, []kv.Tier{H, H}, 250 * us, 0},
 		// −250 + 330 = +80.
-		{"a longer match pays the backlog", cost, []kv.Tier{H, H, H}, 250 * us, 0, 3},
+		{"a longer match pays the backlog", cost, []kv.Tier{H, H, H}, 250 * us, 3},
 		// −220 + 220 = 0: a tie is not worth waiting for.
-		{"tie", cost, []kv.Tier{H, H}, 220 * us, 0, 0},
+		{"tie", cost, []kv.Tier{H, H}, 220 * us, 0},
 		// −40, +70, +180: the dear block is worth it for what follows.
-		{"dear block first", cost, []kv.Tier{D, H, H}, 0, 0, 3},
+		{"dear block first", cost, []kv.Tier{D, H, H}, 0, 3},
 		// +110, +220, −40×5 = 20 at the end: the best is still 2.
-		{"long dear tail", cost, []kv.Tier{H, H, D, D, D, D, D}, 0, 0, 2},
-		{"negative backlog is none", cost, []kv.Tier{H}, -time.Second, 0, 1},
-		{"free tiers", LoadCost{RecomputeToken: us}, []kv.Tier{H, D, O}, 0, 0, 3},
-		{"an invalid tier costs nothing", cost, []kv.Tier{kv.Tier(kv.NumTiers)}, 0, 0, 1},
-		// Two requests share the passes: a recomputed block costs 320 µs,
-		// +120 a disk block.
-		{"disk beats recompute in a batch of 2", cost, []kv.Tier{D, D}, 0, 2, 2},
-		// −250 + 2·(480 − 50) = +610.
-		{"a batch of 3 pays the backlog", cost, []kv.Tier{H, H}, 250 * us, 3, 2},
-		// 4·160 = 640 < 900: still dearer.
-		{"object dearer than a batch of 4", cost, []kv.Tier{O}, 0, 4, 0},
-		{"batch below 1 is 1", cost, []kv.Tier{D}, 0, -3, 0},
+		{"long dear tail", cost, []kv.Tier{H, H, D, D, D, D, D}, 0, 2},
+		{"negative backlog is none", cost, []kv.Tier{H}, -time.Second, 1},
+		{"free tiers", LoadCost{RecomputeToken: us}, []kv.Tier{H, D, O}, 0, 3},
+		{"an invalid tier costs nothing", cost, []kv.Tier{kv.Tier(kv.NumTiers)}, 0, 1},
 	} {
-		if got := c.cost.LoadPrefix(c.tiers, 16, LoadQueue{Backlog: c.backlog, Batch: c.batch}); got != c.want {
-			t.Errorf("%s: LoadPrefix(%v, backlog %v, batch %d) = %d, want %d", c.name, c.tiers, c.backlog, c.batch, got, c.want)
+		if got := c.cost.LoadPrefix(c.tiers, 16, c.backlog); got != c.want {
+			t.Errorf("%s: LoadPrefix(%v, backlog %v) = %d, want %d", c.name, c.tiers, c.backlog, got, c.want)
 		}
 	}
 }
@@ -78,7 +69,7 @@ func TestMatchLoadsOnlyWhatIsCheaperThanRecompute(t *testing.T) {
 		rc := 10 * time.Microsecond
 		var backlog time.Duration
 		r.c.SetLoadCost(LoadCost{PerBlock: [kv.NumTiers]time.Duration{kv.TierHost: time.Microsecond, kv.TierDisk: tBS*rc + 1}, RecomputeToken: rc},
-			func() LoadQueue { return LoadQueue{Backlog: backlog} })
+			func() time.Duration { return backlog })
 
 		n, async, err := r.sh.match(req("b", 100, 8*tBS+2), 0)
 		if err != nil || n != 4*tBS || !async {
@@ -105,14 +96,6 @@ func TestMatchLoadsOnlyWhatIsCheaperThanRecompute(t *testing.T) {
 			t.Fatalf("declined %d blocks, want 4 then 8", st.DeclinedLoad)
 		}
 		r.sh.finished("c")
-
-		// Recomputing for a batch of 100 requests dwarfs every load.
-		batch := 100
-		r.c.SetLoadCost(r.c.cost, func() LoadQueue { return LoadQueue{Backlog: backlog, Batch: batch} })
-		if n, _, err := r.sh.match(req("e", 100, 8*tBS+2), 0); err != nil || n != 8*tBS {
-			t.Fatalf("match in a batch of %d: %d tokens, %v; want all %d", batch, n, err, 8*tBS)
-		}
-		r.sh.finished("e")
 
 		r.c.SetLoadCost(LoadCost{PerBlock: [kv.NumTiers]time.Duration{kv.TierDisk: time.Hour}}, nil)
 		if n, _, err := r.sh.match(req("d", 100, 8*tBS+2), 0); err != nil || n != 8*tBS {

@@ -48,7 +48,7 @@ func addKVBMFlags(f *pflag.FlagSet, k *kvbmFlags) {
 	f.StringVar(&k.objURL, "kvbm-object-url", "", "kvbm: object tier (G4) bucket, file:///dir or mem://; keeps what host/disk evict, recovered at restart under the same --instance-id")
 	f.IntVar(&k.object, "kvbm-object-blocks", 0, "kvbm: object tier blocks per engine rank (with --kvbm-object-url)")
 	f.IntVar(&k.objQueue, "kvbm-object-queue", defaultObjectQueue, "kvbm: evicted blocks waiting for their object writes (staged in memory; a full queue drops the object copy, counted); 0: write synchronously (the twin always does)")
-	f.DurationVar(&k.recompute, "kvbm-recompute-per-token", 0, "kvbm: prefill cost per token that a tier load is weighed against: a match loads only as far as loading (behind the loads already queued) is quicker than recomputing (paid by every request in the passes it lengthens); 0: the engine's own prefill model; negative: load every match")
+	f.DurationVar(&k.recompute, "kvbm-recompute-per-token", 0, "kvbm: prefill cost per token that a tier load is weighed against: a match loads only as far as loading (behind the loads already queued) is quicker than recomputing; 0: the engine's own prefill model; negative: load every match")
 	f.Float64Var(&k.objBW, "kvbm-object-bandwidth", sim.DefaultObjectBandwidth, "kvbm: object→device onboarding bandwidth, bytes/s (negative: free)")
 }
 

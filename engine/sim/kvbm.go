@@ -265,10 +265,7 @@ func newKB(c *Core) (*kbCore, error) {
 		for t, ms := range tierLoadMS(k.bpb, k.hostBW, k.diskBW, k.objBW) {
 			per[t] = msToDuration(ms)
 		}
-		k.conn.SetLoadCost(kvbm.LoadCost{PerBlock: per, RecomputeToken: rc}, func() kvbm.LoadQueue {
-			// The request being admitted would join the running ones' passes.
-			return kvbm.LoadQueue{Backlog: c.OnboardBacklog(k.now), Batch: len(c.running) + 1}
-		})
+		k.conn.SetLoadCost(kvbm.LoadCost{PerBlock: per, RecomputeToken: rc}, func() time.Duration { return c.OnboardBacklog(k.now) })
 	}
 	k.lead = k.conn.TRTLLMLeader()
 	k.wk = k.conn.Worker(simDevice{c})
