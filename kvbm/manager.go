@@ -65,7 +65,7 @@ type Stats struct {
 	RecoveredObject              uint64 // found intact by RecoverObject
 	// Asynchronous object writes (an AsyncPutter object storage):
 	PendingObject int    // queued or being written now, not yet registered
-	DroppedObject uint64 // not written: the queue was full (the block stays where it was, or is gone)
+	DroppedObject uint64 // evicted blocks not written: the queue was full (a recompute if wanted again)
 	FailedObject  uint64 // written but failed or not verified (also in Errors)
 	Errors        uint64 // storage or device I/O errors
 }
