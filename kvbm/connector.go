@@ -3,6 +3,7 @@ package kvbm
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -70,6 +71,20 @@ type Connector struct {
 	// Worker → engine.
 	doneSending, doneRecving []string
 	loadErrors               []DeviceBlockID
+
+	// The load-or-recompute test on every match (SetLoadCost).
+	cost    LoadCost
+	backlog func() time.Duration
+	tiers   []kv.Tier
+}
+
+// SetLoadCost makes every match load only the prefix that is cheaper to
+// load than to recompute (LoadCost.LoadPrefix); backlog, if set, is how
+// long the loads already queued will keep the engine's load path busy.
+// The blocks left out are released and counted (Stats.DeclinedLoad). A
+// zero RecomputeToken turns the test off.
+func (c *Connector) SetLoadCost(cost LoadCost, backlog func() time.Duration) {
+	c.cost, c.backlog = cost, backlog
 }
 
 // NewConnector returns a connector over m.
@@ -136,6 +151,20 @@ func (c *Connector) match(r *Request, numComputed int) (int, bool, error) {
 		// if any, else host's) to compute, so the engine gets logits.
 		c.m.Release(staged[n-1:])
 		staged = staged[:n-1]
+	}
+	if c.cost.RecomputeToken > 0 && len(staged) > 0 {
+		c.tiers = c.tiers[:0]
+		for _, b := range staged {
+			c.tiers = append(c.tiers, b.Tier)
+		}
+		var backlog time.Duration
+		if c.backlog != nil {
+			backlog = c.backlog()
+		}
+		if k := c.cost.LoadPrefix(c.tiers, c.bs, backlog); k < len(staged) {
+			c.m.decline(staged[k:])
+			staged = staged[:k]
+		}
 	}
 	if len(staged) == 0 {
 		return 0, false, nil

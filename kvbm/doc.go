@@ -44,7 +44,13 @@
 // to disk, unfiltered. Onboarding matches a contiguous prefix in host, then
 // continues on disk from where host stopped; when the match would cover the
 // whole prompt its last block is dropped so the engine computes at least
-// one token. Loads are asynchronous in the connector's shape: the worker
+// one token. With a LoadCost (Connector.SetLoadCost) the connector then
+// keeps only the prefix that is quicker to load than to recompute: loading
+// k blocks costs the backlog of loads already queued plus each block's
+// tier load time, recomputing them k·block size·the engine's prefill cost
+// per token; it loads the k that saves the most, none when nothing saves
+// time, and releases the rest (Stats.DeclinedLoad). Without a recompute
+// cost every match loads. Loads are asynchronous in the connector's shape: the worker
 // runs a request's load when it binds the step's metadata and reports it
 // in GetFinished's finished-receiving list; the engine schedules the
 // request once it is there (vLLM's WAITING_FOR_REMOTE_KVS), so other
@@ -83,9 +89,17 @@
 // block from then on), as Dynamo's G4 is always bounced through G2; with
 // no host slot to spare it goes straight to the device. RecoverObject
 // lists the bucket prefix at start like RecoverDisk scans the pool file.
-// Writes are synchronous inside the call that evicts: fine for file:// and
-// mem://; a remote bucket wants them moved to a writer goroutine in the
-// engine (the core starts none).
+// A plain Storage is written synchronously inside the call that evicts. An
+// AsyncPutter (blobtier.Async) takes the write off that path: the block is
+// copied into one of a bounded set of staging buffers the queue owns (so
+// the local slot can be reused at once) and put by the storage's own
+// goroutines; the object slot stays pinned and unfindable until Settle
+// (run first by Offload and Match, and by the engine when the storage
+// signals) sees the write completed and verified, and only then is the
+// block registered and its Stored event (external tier) emitted. A full
+// queue drops the object copy (Stats.DroppedObject) instead of waiting; a
+// failed or unverified write frees its slot (FailedObject). The core still
+// starts no goroutine: they belong to the storage, which its owner closes.
 //
 // blobtier registers file://, mem:// and s3:// (any S3-compatible store);
 // gs:// is refused by name, its client being too heavy for the binary.

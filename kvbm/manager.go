@@ -57,12 +57,17 @@ type Stats struct {
 	EvictedObject                uint64
 	MatchedHost, MatchedDisk     uint64 // staged for onboarding
 	MatchedObject                uint64
+	DeclinedLoad                 uint64 // matched blocks left to recompute: cheaper than loading them (LoadCost)
 	OnboardedHost, OnboardedDisk uint64 // verified on the device
 	OnboardedObject              uint64 // through host when there is one
 	Corrupt                      uint64 // failed verification, dropped
 	RecoveredDisk                uint64 // found intact by RecoverDisk
 	RecoveredObject              uint64 // found intact by RecoverObject
-	Errors                       uint64 // storage or device I/O errors
+	// Asynchronous object writes (an AsyncPutter object storage):
+	PendingObject int    // queued or being written now, not yet registered
+	DroppedObject uint64 // evicted blocks not written: the queue was full (a recompute if wanted again)
+	FailedObject  uint64 // written but failed or not verified (also in Errors)
+	Errors        uint64 // storage or device I/O errors
 }
 
 // Manager is the block manager core: tiers, offload, match and onboard.
@@ -77,6 +82,11 @@ type Manager struct {
 	ev     eventLog
 	bounce []byte
 	st     Stats
+	// async is the object storage's queue when its writes run elsewhere;
+	// objPending maps the blocks queued there to their object slots.
+	async      AsyncPutter
+	objPending map[kv.SeqHash]int32
+	done       []PutResult
 }
 
 // NewManager builds a Manager over the given storages.
@@ -113,6 +123,9 @@ func NewManager(cfg Config) (*Manager, error) {
 				p.onEvict = m.toObject
 			}
 		}
+		if a, ok := cfg.Object.(AsyncPutter); ok {
+			m.async, m.objPending = a, map[kv.SeqHash]int32{}
+		}
 	}
 	if m.host != nil && m.disk != nil {
 		// Bypass mode offloads unfiltered, as Dynamo's does.
@@ -139,15 +152,19 @@ func (m *Manager) Stats() Stats {
 	if m.obj != nil {
 		st.ObjectBlocks, st.EvictedObject = m.obj.len(), m.obj.evicted
 	}
+	st.PendingObject = len(m.objPending)
 	return st
 }
 
-// HoldsObject reports whether the object tier holds h.
+// HoldsObject reports whether the object tier holds h or is writing it.
 func (m *Manager) HoldsObject(h kv.SeqHash) bool {
 	if m.obj == nil {
 		return false
 	}
 	_, ok := m.obj.lookup(h)
+	if !ok {
+		_, ok = m.objPending[h]
+	}
 	return ok
 }
 
@@ -157,7 +174,7 @@ func (m *Manager) HoldsObject(h kv.SeqHash) bool {
 // the caller overwrites them.
 func (m *Manager) toObject(p *pool, s int32) {
 	meta := p.slots[s].meta
-	if _, ok := m.obj.lookup(meta.Seq); ok {
+	if m.HoldsObject(meta.Seq) {
 		return
 	}
 	for _, q := range []*pool{m.host, m.disk} {
@@ -166,6 +183,11 @@ func (m *Manager) toObject(p *pool, s int32) {
 				return
 			}
 		}
+	}
+	if m.async != nil && m.async.Full() {
+		// Offload never waits for the bucket: this copy is lost.
+		m.st.DroppedObject++
+		return
 	}
 	var src []byte
 	if v, ok := p.store.(Viewer); ok {
@@ -179,6 +201,10 @@ func (m *Manager) toObject(p *pool, s int32) {
 	}
 	o, ok := m.obj.alloc()
 	if !ok {
+		return
+	}
+	if m.async != nil {
+		m.putAsync(o, src, meta)
 		return
 	}
 	if err := m.obj.store.Put(int(o), src, meta); err != nil {
@@ -213,6 +239,7 @@ type StoreBlock struct {
 // skipped, one that finds every slot pinned is dropped (both counted).
 func (m *Manager) Offload(dev Device, blocks []StoreBlock) (int, error) {
 	defer m.ev.flush()
+	m.settle()
 	n := 0
 	var errs []error
 	for _, b := range blocks {
@@ -374,6 +401,7 @@ type Staged struct {
 // dst. Every staged block must later go through Onboard or Release.
 func (m *Manager) Match(dst []Staged, seqs []kv.SeqHash) []Staged {
 	defer m.ev.flush()
+	m.settle()
 	i := 0
 	if m.host != nil {
 		for ; i < len(seqs); i++ {

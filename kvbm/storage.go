@@ -51,6 +51,30 @@ type Committer interface {
 	Commit() error
 }
 
+// AsyncPutter is a Storage whose writes are slow (a remote object store)
+// and run elsewhere, behind a bounded queue: the manager hands a block to
+// PutAsync instead of calling Put, and registers it only once Completed
+// reports its write done and verified. Only the manager's goroutine calls
+// these; the writes themselves run on the storage's own goroutines.
+type AsyncPutter interface {
+	// Full reports whether PutAsync would refuse a write now.
+	Full() bool
+	// PutAsync copies src into a staging buffer the queue owns (the
+	// caller may reuse src at once) and queues its write as slot's bytes.
+	// It returns false, having copied nothing, when the queue is full.
+	PutAsync(slot int, src []byte, m BlockMeta) bool
+	// Completed appends the writes finished since the last call.
+	Completed(dst []PutResult) []PutResult
+}
+
+// PutResult is one finished PutAsync: Err is nil when the block was
+// written and verified.
+type PutResult struct {
+	Slot int
+	Meta BlockMeta
+	Err  error
+}
+
 // HostArena is the host tier's storage: one byte arena in process memory,
 // slot i at [i·BlockBytes, (i+1)·BlockBytes).
 type HostArena struct {

@@ -3,6 +3,7 @@ package twin
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvmesh/kvmesh/clock"
 	"github.com/kvmesh/kvmesh/engine/sim"
@@ -28,6 +29,10 @@ type KVBM struct {
 	ObjectURL       string  `json:"-"`
 	ObjectBlocks    int     `json:"object_blocks,omitempty"`
 	ObjectBandwidth float64 `json:"object_bandwidth,omitempty"`
+	// RecomputePerToken is the prefill cost per token a tier load is
+	// weighed against (0: load every match, sim.RecomputeAuto: the sim's
+	// timing model).
+	RecomputePerToken time.Duration `json:"recompute_per_token,omitempty"`
 }
 
 // KVBMResult is what the workers' block managers did, summed.
@@ -45,6 +50,7 @@ type KVBMResult struct {
 	OnboardGiB             float64 `json:"onboard_gib"` // modelled
 	Corrupt                uint64  `json:"corrupt"`
 	Errors                 uint64  `json:"errors"`
+	DeclinedLoad           uint64  `json:"declined_load,omitempty"` // matched blocks recomputed: cheaper than loading
 }
 
 func (k *KVBM) check() error {
@@ -67,7 +73,8 @@ func (k *KVBM) sim(vc clock.Clock) *sim.KVBMConfig {
 	return &sim.KVBMConfig{HostBlocks: k.HostBlocks, DiskBlocks: k.DiskBlocks, DiskDir: k.DiskDir,
 		HostBandwidth: k.HostBandwidth, DiskBandwidth: k.DiskBandwidth,
 		DiskFilter: kvbm.FilterConfig{Disabled: k.DiskFilterOff}, Clock: vc,
-		ObjectURL: k.ObjectURL, ObjectBlocks: k.ObjectBlocks, ObjectBandwidth: k.ObjectBandwidth}
+		ObjectURL: k.ObjectURL, ObjectBlocks: k.ObjectBlocks, ObjectBandwidth: k.ObjectBandwidth,
+		RecomputePerToken: k.RecomputePerToken}
 }
 
 // kvbmResult sums the workers' block-manager totals into the result and
@@ -94,6 +101,7 @@ func (t *twin) kvbmResult() error {
 		st.OnboardedDisk += s.OnboardedDisk
 		st.OnboardBytes += s.OnboardBytes
 		st.Corrupt += s.Corrupt
+		st.DeclinedLoad += s.DeclinedLoad
 		st.Errors += s.Errors + s.ConnectorErrors
 		if err := c.KVBMErr(); err != nil {
 			errs = append(errs, fmt.Errorf("twin: worker %d: %w", i+1, err))
@@ -107,7 +115,7 @@ func (t *twin) kvbmResult() error {
 		OffloadedHost: st.OffloadedHost, OffloadedDisk: st.OffloadedDisk,
 		EvictedHost: st.EvictedHost, EvictedDisk: st.EvictedDisk,
 		OnboardedHost: st.OnboardedHost, OnboardedDisk: st.OnboardedDisk,
-		OnboardGiB: float64(st.OnboardBytes) / (1 << 30), Corrupt: st.Corrupt, Errors: st.Errors}
+		OnboardGiB: float64(st.OnboardBytes) / (1 << 30), Corrupt: st.Corrupt, Errors: st.Errors, DeclinedLoad: st.DeclinedLoad}
 	return errors.Join(errs...)
 }
 
@@ -120,6 +128,9 @@ func (r *Result) kvbmLine() string {
 	obj := ""
 	if k.OffloadedObject > 0 || k.OnboardedObject > 0 {
 		obj = fmt.Sprintf("; object: offloaded %d, onboarded %d (%d prompt tokens)", k.OffloadedObject, k.OnboardedObject, k.ObjectTokens)
+	}
+	if k.DeclinedLoad > 0 {
+		obj += fmt.Sprintf("; %d matched blocks recomputed (quicker than loading)", k.DeclinedLoad)
 	}
 	return fmt.Sprintf("  kvbm        offloaded %d host / %d disk blocks, evicted %d / %d, onboarded %d / %d (%.1f GiB modelled), %d corrupt, %d errors%s\n",
 		k.OffloadedHost, k.OffloadedDisk, k.EvictedHost, k.EvictedDisk, k.OnboardedHost, k.OnboardedDisk, k.OnboardGiB, k.Corrupt, k.Errors, obj)

@@ -41,7 +41,10 @@ func TestKVBMHostTierRaisesHit(t *testing.T) {
 
 	disk := base
 	disk.Mode = ModeKVHints
-	disk.KVBM = &KVBM{HostBlocks: 256, DiskBlocks: 8192, DiskDir: t.TempDir(), DiskFilterOff: true}
+	// At the default 7 GB/s an 8 MiB modelled block loads slower than its
+	// 64 tokens recompute, so the connector would decline every disk
+	// match: a faster drive makes the disk tier worth loading from.
+	disk.KVBM = &KVBM{HostBlocks: 256, DiskBlocks: 8192, DiskDir: t.TempDir(), DiskFilterOff: true, DiskBandwidth: 20e9}
 	d := run(t, wl, disk)
 	if d.Hit.DiskTokens == 0 || d.KVBM.OffloadedDisk == 0 || d.KVBM.Errors != 0 || d.Requests != off.Requests {
 		t.Fatalf("disk tier: hit %+v, kvbm %+v", d.Hit, d.KVBM)

@@ -247,6 +247,11 @@ func TestKVBMFlagsChecked(t *testing.T) {
 		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, objURL: "gs://bucket", hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-url \"gs://bucket\": gs:// is not built in"},
 		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: -1, hostBW: 1, diskBW: 1, objBW: 1}, "--kvbm-object-blocks -1"},
 		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, objURL: "mem://", hostBW: 1, diskBW: 1}, "--kvbm-object-bandwidth 0"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, object: 8, objURL: "mem://", hostBW: 1, diskBW: 1, objBW: 1, objQueue: -1}, "--kvbm-object-queue -1"},
+		{"aggregated", kvbmFlags{recompute: "1ms", objQueue: defaultObjectQueue, hostBW: sim.DefaultHostBandwidth, diskBW: sim.DefaultDiskBandwidth, objBW: sim.DefaultObjectBandwidth}, "--kvbm-* flags need --connector kvbm"},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, hostBW: 1, diskBW: 1, objBW: 1, recompute: "fast"}, `--kvbm-recompute-per-token "fast": want off, auto or a positive duration`},
+		{"aggregated", kvbmFlags{connector: "kvbm", host: 8, hostBW: 1, diskBW: 1, objBW: 1, recompute: "-1us"}, `--kvbm-recompute-per-token "-1us"`},
+		{"aggregated", kvbmFlags{objQueue: 7, hostBW: sim.DefaultHostBandwidth, diskBW: sim.DefaultDiskBandwidth, objBW: sim.DefaultObjectBandwidth}, "--kvbm-* flags need --connector kvbm"},
 	} {
 		role, err := kv.ParseRole(c.role)
 		if err != nil {
@@ -263,5 +268,14 @@ func TestKVBMFlagsChecked(t *testing.T) {
 	ok.objURL, ok.object = "file:///var/cache/kvmesh-g4", 1024
 	if err := ok.check(kv.RoleAggregated); err != nil {
 		t.Errorf("host and object tiers: %v", err)
+	}
+	for _, r := range []string{"off", "auto", "20us"} {
+		ok.recompute = r
+		if err := ok.check(kv.RoleAggregated); err != nil {
+			t.Errorf("--kvbm-recompute-per-token %s: %v", r, err)
+		}
+	}
+	if d, _ := parseRecompute("auto"); d != sim.RecomputeAuto {
+		t.Errorf("auto parsed as %v", d)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
@@ -29,7 +30,13 @@ type kvbmFlags struct {
 	objURL         string
 	object         int
 	objBW          float64
+	objQueue       int
+	recompute      string
 }
+
+// defaultObjectQueue is --kvbm-object-queue's default: blocks staged in
+// memory for the object tier's writers.
+const defaultObjectQueue = 128
 
 func addKVBMFlags(f *pflag.FlagSet, k *kvbmFlags) {
 	f.StringVar(&k.connector, "connector", "", "KV connector: kvbm (host and disk tiers behind the device pool; prefill and aggregated workers only); empty: none")
@@ -41,6 +48,8 @@ func addKVBMFlags(f *pflag.FlagSet, k *kvbmFlags) {
 	f.BoolVar(&k.filterOff, "kvbm-disk-filter-off", false, "kvbm: offload every host block to disk, not only those seen twice within the filter's decay window")
 	f.StringVar(&k.objURL, "kvbm-object-url", "", "kvbm: object tier (G4) bucket, file:///dir, mem:// or s3://bucket[/prefix]?region=…[&endpoint=…&use_path_style=true] (AWS credentials from the standard chain); keeps what host/disk evict, recovered at restart under the same --instance-id")
 	f.IntVar(&k.object, "kvbm-object-blocks", 0, "kvbm: object tier blocks per engine rank (with --kvbm-object-url)")
+	f.IntVar(&k.objQueue, "kvbm-object-queue", defaultObjectQueue, "kvbm: evicted blocks waiting for their object writes (staged in memory; a full queue drops the object copy, counted); 0: write synchronously (the twin always does)")
+	f.StringVar(&k.recompute, "kvbm-recompute-per-token", "off", "kvbm: weigh each tier load against recomputing its tokens at this prefill cost per token (a duration, or auto: the engine's own prefill model); a match loads only as far as loading, behind the loads already queued, is quicker; off: load every match")
 	f.Float64Var(&k.objBW, "kvbm-object-bandwidth", sim.DefaultObjectBandwidth, "kvbm: object→device onboarding bandwidth, bytes/s (negative: free)")
 }
 
@@ -51,7 +60,7 @@ func (k *kvbmFlags) check(role kv.Role) error {
 	case "":
 		if k.host != 0 || k.disk != 0 || k.dir != "" || k.filterOff ||
 			k.hostBW != sim.DefaultHostBandwidth || k.diskBW != sim.DefaultDiskBandwidth ||
-			k.objURL != "" || k.object != 0 || k.objBW != sim.DefaultObjectBandwidth {
+			k.objURL != "" || k.object != 0 || k.objBW != sim.DefaultObjectBandwidth || k.objQueue != defaultObjectQueue || (k.recompute != "" && k.recompute != "off") {
 			return fmt.Errorf("--kvbm-* flags need --connector kvbm")
 		}
 		return nil
@@ -63,7 +72,7 @@ func (k *kvbmFlags) check(role kv.Role) error {
 		return fmt.Errorf("--connector kvbm: a decode worker runs no connector (its prompt KV comes from its prefill peer); run kvbm on the prefill workers")
 	}
 	if err := checkInts(intFlag{"kvbm-host-blocks", int64(k.host), 0}, intFlag{"kvbm-disk-blocks", int64(k.disk), 0},
-		intFlag{"kvbm-object-blocks", int64(k.object), 0}); err != nil {
+		intFlag{"kvbm-object-blocks", int64(k.object), 0}, intFlag{"kvbm-object-queue", int64(k.objQueue), 0}); err != nil {
 		return err
 	}
 	if k.host == 0 && k.disk == 0 {
@@ -90,6 +99,9 @@ func (k *kvbmFlags) check(role kv.Role) error {
 			return fmt.Errorf("--%s %g: want a finite non-zero number (negative: free)", v.name, v.v)
 		}
 	}
+	if _, err := parseRecompute(k.recompute); err != nil {
+		return err
+	}
 	// A remote bucket is tried now, within blobtier.ProbeTimeout, so a
 	// missing bucket or a bad credential stops the start, named.
 	if k.objURL != "" && blobtier.Remote(k.objURL) {
@@ -100,6 +112,28 @@ func (k *kvbmFlags) check(role kv.Role) error {
 	return nil
 }
 
+// parseRecompute reads --kvbm-recompute-per-token: off (0), auto
+// (sim.RecomputeAuto) or a positive duration.
+func parseRecompute(s string) (time.Duration, error) {
+	switch s {
+	case "off", "":
+		return 0, nil
+	case "auto":
+		return sim.RecomputeAuto, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("--kvbm-recompute-per-token %q: want off, auto or a positive duration (e.g. 20us)", s)
+	}
+	return d, nil
+}
+
+// recomputeCost is the checked flag's value.
+func (k *kvbmFlags) recomputeCost() time.Duration {
+	d, _ := parseRecompute(k.recompute)
+	return d
+}
+
 // sim is the sim engine's block-manager config, nil without the connector.
 func (k *kvbmFlags) sim() *sim.KVBMConfig {
 	if k.connector == "" {
@@ -107,7 +141,8 @@ func (k *kvbmFlags) sim() *sim.KVBMConfig {
 	}
 	return &sim.KVBMConfig{HostBlocks: k.host, DiskBlocks: k.disk, DiskDir: k.dir,
 		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilter: kvbm.FilterConfig{Disabled: k.filterOff},
-		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW}
+		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW, ObjectQueue: k.objQueue,
+		RecomputePerToken: k.recomputeCost()}
 }
 
 // twin is the twin's block-manager config, nil without the connector.
@@ -117,7 +152,7 @@ func (k *kvbmFlags) twin() *twin.KVBM {
 	}
 	return &twin.KVBM{HostBlocks: k.host, DiskBlocks: k.disk, DiskDir: k.dir,
 		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilterOff: k.filterOff,
-		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW}
+		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW, RecomputePerToken: k.recomputeCost()}
 }
 
 // randomInstanceID is a worker instance id chosen before the engine starts
@@ -151,6 +186,10 @@ func registerKVBMMetrics(reg prometheus.Registerer, eng *sim.Engine, model strin
 		{"kvmesh_kvbm_offloaded_object_blocks_total", "Blocks written to the object tier (evicted from the last local tier).", false, func(s sim.KVBMStats) uint64 { return s.OffloadedObject }},
 		{"kvmesh_kvbm_onboarded_object_blocks_total", "Blocks loaded from the object tier (through host) onto the device, verified.", false, func(s sim.KVBMStats) uint64 { return s.OnboardedObject }},
 		{"kvmesh_kvbm_evicted_object_blocks_total", "Blocks evicted from the object tier (their objects deleted).", false, func(s sim.KVBMStats) uint64 { return s.EvictedObject }},
+		{"kvmesh_kvbm_pending_object_blocks", "Evicted blocks whose object writes are queued or running.", true, func(s sim.KVBMStats) uint64 { return uint64(s.PendingObject) }},
+		{"kvmesh_kvbm_dropped_object_blocks_total", "Object writes dropped because the queue was full (--kvbm-object-queue).", false, func(s sim.KVBMStats) uint64 { return s.DroppedObject }},
+		{"kvmesh_kvbm_failed_object_blocks_total", "Object writes that failed or failed verification (the block is not in the object tier).", false, func(s sim.KVBMStats) uint64 { return s.FailedObject }},
+		{"kvmesh_kvbm_declined_load_blocks_total", "Matched tier blocks recomputed instead of loaded: loading them was slower (--kvbm-recompute-per-token).", false, func(s sim.KVBMStats) uint64 { return s.DeclinedLoad }},
 		{"kvmesh_kvbm_recovered_object_blocks_total", "Object-tier blocks found intact at start (same instance and bucket).", false, func(s sim.KVBMStats) uint64 { return s.RecoveredObject }},
 		{"kvmesh_kvbm_recovered_disk_blocks_total", "Disk blocks found intact at start (same instance and disk directory).", false, func(s sim.KVBMStats) uint64 { return s.RecoveredDisk }},
 		{"kvmesh_kvbm_corrupt_blocks_total", "Blocks whose bytes failed their checksum (at onboarding or recovery), dropped.", false, func(s sim.KVBMStats) uint64 { return s.Corrupt }},

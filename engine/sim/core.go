@@ -418,6 +418,9 @@ func (c *Core) Step(now time.Time) *StepResult {
 	budget := c.cfg.MaxBatchedTokens
 	if c.kb != nil {
 		c.kb.promote(now) // onboarded requests run from this pass on
+		if c.kb.async != nil {
+			c.kb.mgr.Settle() // object writes done since the last pass
+		}
 	}
 
 	for i := 0; i < len(c.running) && budget > 0; i++ {

@@ -442,9 +442,15 @@ func (e *Engine) loop() {
 	for {
 		e.mu.Lock()
 		if e.core.Idle() {
+			ready := e.core.TierReady()
 			e.mu.Unlock()
 			select {
 			case <-e.wake:
+				continue
+			case <-ready:
+				e.mu.Lock()
+				e.core.SettleTiers()
+				e.mu.Unlock()
 				continue
 			case <-e.ctx.Done():
 				return

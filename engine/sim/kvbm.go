@@ -75,9 +75,19 @@ type KVBMConfig struct {
 	// worker with the same key recovers what it finds there at start.
 	ObjectURL    string
 	ObjectBlocks int
+	// ObjectQueue is how many evicted blocks may wait for their object
+	// writes, staged in memory, while writer goroutines put them (a full
+	// queue drops the object copy, counted); 0 writes synchronously,
+	// inside the step that evicts (the twin's deterministic mode).
+	ObjectQueue int
 	// ObjectBandwidth prices object→device onboarding (bytes/s; 0: the
 	// default, < 0: free).
 	ObjectBandwidth float64
+	// RecomputePerToken is the prefill cost per token the connector weighs
+	// a tier load against (kvbm.LoadCost): a match is loaded only as far
+	// as loading beats recomputing, onboarding backlog included. 0 loads
+	// every match; RecomputeAuto takes the timing model's (RecomputeCost).
+	RecomputePerToken time.Duration
 	// DiskFilter is the host→disk frequency filter.
 	DiskFilter kvbm.FilterConfig
 	// Clock drives the disk filter's decay (nil: wall time).
@@ -104,7 +114,8 @@ type kbCore struct {
 	wk     *kvbm.Worker
 	disk   *kvbm.DiskFile
 	obj    *blobtier.Store
-	bpb    float64 // modelled bytes per block
+	async  *blobtier.Async // ObjectQueue > 0: obj's writer
+	bpb    float64         // modelled bytes per block
 	hostBW float64
 	diskBW float64
 	objBW  float64
@@ -119,6 +130,7 @@ type kbCore struct {
 	loadq     []*Seq
 	loadFree  time.Time
 	loadScale float64
+	now       time.Time  // the pass being scheduled (the backlog's reference)
 	held      []kv.Event // tier events emitted before any sink (recovery)
 	holding   bool
 	// domains is the salt domain of every block a tier holds, taken from
@@ -156,6 +168,8 @@ func (cfg *KVBMConfig) check(c Config) error {
 		return errors.New("sim config: kvbm disk blocks need a disk directory")
 	case k.ObjectBlocks < 0 || (k.ObjectBlocks > 0) != (k.ObjectURL != ""):
 		return fmt.Errorf("sim config: kvbm object tier of %d blocks at %q: give both or neither", k.ObjectBlocks, k.ObjectURL)
+	case k.ObjectQueue < 0:
+		return fmt.Errorf("sim config: kvbm object queue of %d blocks, want ≥ 0", k.ObjectQueue)
 	case c.Role == kv.RoleDecode:
 		return errors.New("sim config: kvbm runs on prefill and aggregated workers only: a decode worker's prompt KV comes from its prefill peer")
 	case c.Layers*c.PayloadSize == 0:
@@ -206,6 +220,14 @@ func newKB(c *Core) (*kbCore, error) {
 			return nil, err
 		}
 		k.obj, mc.Object = o, o
+		if cfg.ObjectQueue > 0 {
+			a, err := blobtier.NewAsync(o, blobtier.AsyncConfig{Depth: cfg.ObjectQueue, Drain: objectDrain})
+			if err != nil {
+				k.close()
+				return nil, err
+			}
+			k.async, mc.Object = a, a
+		}
 	}
 	m, err := kvbm.NewManager(mc)
 	if err != nil {
@@ -234,6 +256,17 @@ func newKB(c *Core) (*kbCore, error) {
 		}
 	}
 	k.conn = kvbm.NewConnector(m)
+	rc := cfg.RecomputePerToken
+	if rc == RecomputeAuto {
+		rc = RecomputeCost(c.cfg.Timing, c.cfg.MaxBatchedTokens)
+	}
+	if rc > 0 {
+		var per [kv.NumTiers]time.Duration
+		for t, ms := range tierLoadMS(k.bpb, k.hostBW, k.diskBW, k.objBW) {
+			per[t] = msToDuration(ms)
+		}
+		k.conn.SetLoadCost(kvbm.LoadCost{PerBlock: per, RecomputeToken: rc}, func() time.Duration { return c.OnboardBacklog(k.now) })
+	}
 	k.lead = k.conn.TRTLLMLeader()
 	k.wk = k.conn.Worker(simDevice{c})
 	k.out.NumScheduledTokens = map[string]int{}
@@ -246,10 +279,13 @@ func (k *kbCore) close() error {
 		errs = append(errs, k.disk.Close())
 		k.disk = nil
 	}
-	if k.obj != nil {
+	switch {
+	case k.async != nil:
+		errs = append(errs, k.async.Close()) // closes obj too
+	case k.obj != nil:
 		errs = append(errs, k.obj.Close())
-		k.obj = nil
 	}
+	k.obj, k.async = nil, nil
 	return errors.Join(errs...)
 }
 
@@ -491,6 +527,7 @@ func (k *kbCore) bind(sched []schedEntry, now time.Time) {
 // promote moves the requests whose load has landed by now to the running
 // set (in load order, which is admission order).
 func (k *kbCore) promote(now time.Time) {
+	k.now = now
 	n := 0
 	for _, s := range k.loadq {
 		if s.kb.ready.After(now) {
@@ -584,6 +621,47 @@ func (d simDevice) BlockChecksum(id kvbm.DeviceBlockID) (uint64, bool) {
 	return d.c.pool.sums[b], true
 }
 
+// RecomputeAuto as KVBMConfig.RecomputePerToken weighs tier loads against
+// the timing model's prefill cost per token.
+const RecomputeAuto time.Duration = -1
+
+// RecomputeCost is a timing model's prefill cost per token: the mean
+// marginal cost of a token in a full chunk of chunk tokens (the pass's
+// fixed cost left out, as recomputed tokens join a pass that runs anyway).
+func RecomputeCost(tm TimingModel, chunk int) time.Duration {
+	if tm == nil {
+		tm = Polynomial{}
+	}
+	if chunk < 2 {
+		return msToDuration(tm.PrefillMS(1))
+	}
+	return msToDuration((tm.PrefillMS(chunk) - tm.PrefillMS(1)) / float64(chunk-1))
+}
+
+// objectDrain is how long closing a core waits for its queued object
+// writes before it cancels them (they cost a recompute, not correctness).
+const objectDrain = 2 * time.Second
+
+// TierReady is signalled when an asynchronous object write completes
+// (nil without one): the engine then calls SettleTiers, so the block is
+// announced even while no request runs.
+func (c *Core) TierReady() <-chan struct{} {
+	if c.kb == nil || c.kb.async == nil {
+		return nil
+	}
+	return c.kb.async.Ready()
+}
+
+// SettleTiers registers the object writes completed since the last call
+// and delivers their events.
+func (c *Core) SettleTiers() {
+	if c.kb == nil || c.kb.async == nil {
+		return
+	}
+	c.kb.mgr.Settle()
+	c.ev.flush()
+}
+
 // KVBMStats returns the block manager's totals (zero without one).
 func (c *Core) KVBMStats() KVBMStats {
 	if c.kb == nil {
@@ -643,6 +721,10 @@ func (t *KVBMStats) add(s KVBMStats) {
 	a.MatchedObject += b.MatchedObject
 	a.OnboardedObject += b.OnboardedObject
 	a.RecoveredObject += b.RecoveredObject
+	a.PendingObject += b.PendingObject
+	a.DroppedObject += b.DroppedObject
+	a.FailedObject += b.FailedObject
+	a.DeclinedLoad += b.DeclinedLoad
 	a.DedupHost += b.DedupHost
 	a.DedupDisk += b.DedupDisk
 	a.FilteredDisk += b.FilteredDisk

@@ -1,13 +1,18 @@
 package sim
 
 import (
+	"context"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/clock"
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/kvbm"
 )
@@ -493,5 +498,108 @@ func TestKVBMObjectTierServesHostEvictionsAndSurvivesRestart(t *testing.T) {
 	b2 := run(t, c2, "b2", prompt(2, 40), 2, &now)
 	if m := b2.Metrics(); m.ObjectTokens == 0 {
 		t.Fatalf("after the restart b2 loaded nothing from the object tier: %+v", m)
+	}
+}
+
+// TestKVBMAsyncObjectWrites: with an object queue the engine's evictions
+// are written by the object tier's own goroutines; each block is announced
+// on the external tier once written, also after the last request ended
+// (the idle engine settles on the tier's signal), and a repeat loads them.
+func TestKVBMAsyncObjectWrites(t *testing.T) {
+	cfg := kvbmConfig(8, 0, "")
+	cfg.SpeedupRatio = 0
+	cfg.KVBM.ObjectURL, cfg.KVBM.ObjectBlocks, cfg.KVBM.ObjectQueue = "mem://", 64, 32
+	e := mustEngine(t, cfg)
+	var mu sync.Mutex
+	log := newTierLog(t)
+	e.SetEventSink(func(b []kv.Event) { mu.Lock(); log.sink(b); mu.Unlock() })
+	gen := func(id string, toks []kv.Token) []kv.Token {
+		ch, err := e.Generate(context.Background(), &engine.Request{ID: id, Tokens: toks, Sampling: kv.Sampling{MaxTokens: 2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := collect(t, ch)
+		return out
+	}
+	a := prompt(1, 40)
+	first := gen("a", a)
+	gen("b", prompt(2, 40))
+	gen("c", prompt(3, 40))
+	seqs := hashes(t, a, 4)
+	testutil.WaitFor(t, 10*time.Second, "every write done, a's blocks announced on the object tier", func() bool {
+		if e.KVBMStats().PendingObject != 0 {
+			return false
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, h := range seqs[:9] {
+			if !log.held[kv.TierExternal][kv.EngineHash(h)] {
+				return false
+			}
+		}
+		return true
+	}, func() string { return fmt.Sprintf("%+v", e.KVBMStats()) })
+	st := e.KVBMStats()
+	if st.PendingObject != 0 || st.OffloadedObject == 0 || st.DroppedObject != 0 || st.FailedObject != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if again := gen("a2", a); !equalTokens(again, first) {
+		t.Fatalf("repeat answered %v, first %v", again, first)
+	}
+	if st := e.KVBMStats(); st.OnboardedObject == 0 {
+		t.Fatalf("the repeat loaded nothing from the object tier: %+v", st)
+	}
+}
+
+// TestKVBMLoadsOnlyWhatBeatsRecompute: a disk tier so slow that loading a
+// block takes longer than recomputing its tokens is not loaded: the repeat
+// recomputes (same answer, nothing cached) and the declined blocks are
+// counted; without a recompute cost every match loads.
+func TestKVBMLoadsOnlyWhatBeatsRecompute(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		recompute time.Duration
+		disk      int // tokens loaded from disk
+		declined  uint64
+	}{
+		{"sim's prefill model", RecomputeAuto, 0, 9},
+		{"configured figure", time.Second, 36, 0},
+		{"off", 0, 36, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := kvbmConfig(0, 64, t.TempDir())
+			bpb := float64(cfg.Layers * cfg.PayloadSize)
+			// One block's load takes a second: far dearer than 4 tokens' prefill.
+			cfg.KVBM.DiskBandwidth = bpb
+			cfg.KVBM.RecomputePerToken = c.recompute
+			core := mustCore(t, cfg)
+			defer core.Close()
+			now := clock.Epoch
+			a := prompt(1, 40)
+			run(t, core, "a", a, 2, &now)
+			// Two more prompts push a off the 16-block device.
+			run(t, core, "b", prompt(2, 40), 2, &now)
+			run(t, core, "c", prompt(3, 40), 2, &now)
+			again := run(t, core, "a2", a, 2, &now)
+			m, st := again.Metrics(), core.KVBMStats()
+			if m.DiskTokens != c.disk || st.DeclinedLoad != c.declined {
+				t.Fatalf("disk tokens %d, declined %d blocks; want %d, %d (%+v)", m.DiskTokens, st.DeclinedLoad, c.disk, c.declined, st)
+			}
+			if got, want := again.Output(), refOutput(a, 1, "", "", 2, 4, 1000, nil); !equalTokens(got, want) {
+				t.Fatalf("output %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+func TestRecomputeCost(t *testing.T) {
+	// Polynomial over an 8192-token chunk: (P(8192) − P(1)) / 8191 ms, by hand
+	// 4.209989e-07·8193 + 1.518344e-02 = 0.018632 ms.
+	got := RecomputeCost(Polynomial{}, 8192)
+	if want := 18632 * time.Nanosecond; got < want-time.Nanosecond || got > want+time.Nanosecond {
+		t.Fatalf("RecomputeCost = %v, want %v", got, want)
+	}
+	if got := RecomputeCost(nil, 1); got != msToDuration(PrefillMS(1)) {
+		t.Fatalf("a one-token chunk: %v", got)
 	}
 }

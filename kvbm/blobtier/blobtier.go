@@ -24,6 +24,7 @@ package blobtier
 
 import (
 	"context"
+	"crypto/md5"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -267,13 +268,31 @@ func (s *Store) Put(slot int, src []byte, m kvbm.BlockMeta) error {
 		}
 		s.has[slot] = false
 	}
-	kvbm.EncodeBlockHeader(s.hdr, m, s.bb)
+	if err := s.write(ctx, s.hdr, src, m, false); err != nil {
+		return err
+	}
+	s.keys[slot], s.has[slot] = m.Seq, true
+	return nil
+}
+
+// write puts block m (header encoded into hdr, then src) as one object.
+// With verify the object's MD5 goes with it: the bucket (S3 checks
+// Content-MD5 on its side) refuses the put if what it received differs.
+func (s *Store) write(ctx context.Context, hdr, src []byte, m kvbm.BlockMeta, verify bool) error {
+	kvbm.EncodeBlockHeader(hdr, m, s.bb)
+	var sum []byte
+	if verify {
+		h := md5.New()
+		h.Write(hdr)
+		h.Write(src)
+		sum = h.Sum(nil)
+	}
 	w, err := s.b.NewWriter(ctx, s.Key(m.Seq), &blob.WriterOptions{ContentType: "application/octet-stream",
-		BufferSize: len(s.hdr) + len(src)})
+		BufferSize: len(hdr) + len(src), ContentMD5: sum})
 	if err != nil {
 		return fmt.Errorf("kvbm object tier: %w", err)
 	}
-	_, err = w.Write(s.hdr)
+	_, err = w.Write(hdr)
 	if err == nil {
 		_, err = w.Write(src)
 	}
@@ -283,7 +302,6 @@ func (s *Store) Put(slot int, src []byte, m kvbm.BlockMeta) error {
 	if err != nil {
 		return fmt.Errorf("kvbm object tier: put %s: %w", s.Key(m.Seq), err)
 	}
-	s.keys[slot], s.has[slot] = m.Seq, true
 	return nil
 }
 
