@@ -16,6 +16,5 @@ func openSGLang(ctx context.Context, a engineAttach) (attachedEngine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sglang.New(ctx, sglang.Config{URL: a.flags.url, HealthInterval: a.opts.healthInterval, Model: a.model, Role: a.role, DPSize: a.dpSize, BlockSize: a.blockSize,
-		HintForm: form, Events: a.flags.events, ReplayEvents: a.flags.replay, Topic: a.opts.topic, Logger: a.log})
+	return sglang.New(ctx, sglang.Config{Config: a.remote(), HintForm: form})
 }

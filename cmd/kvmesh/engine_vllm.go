@@ -14,7 +14,5 @@ func openVLLM(ctx context.Context, a engineAttach) (attachedEngine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return vllm.New(ctx, vllm.Config{URL: a.flags.url, Model: a.model, Role: a.role, DPSize: a.dpSize, BlockSize: a.blockSize,
-		HintForm: form, Events: a.flags.events, ReplayEvents: a.flags.replay, Topic: a.opts.topic,
-		HealthInterval: a.opts.healthInterval, Logger: a.log})
+	return vllm.New(ctx, vllm.Config{Config: a.remote(), HintForm: form})
 }

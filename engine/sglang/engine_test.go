@@ -19,29 +19,29 @@ import (
 
 func TestAttachReadsServerInfo(t *testing.T) {
 	s, srv := startMock(t, mockOpts{})
-	e := newEngine(t, Config{URL: srv.URL + "/"})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL + "/"}})
 	c := e.Config()
 	if c.Model != testModel || c.BlockSize != 16 || c.Blocks != 512 || e.MaxModelLen() != 8192 || c.Role != kv.RoleAggregated {
 		t.Fatalf("config %+v context %d (mock %d)", c, e.MaxModelLen(), s.BootstrapPort())
 	}
 	ctx := context.Background()
-	if _, err := New(ctx, Config{URL: srv.URL, BlockSize: 32}); err == nil || !strings.Contains(err.Error(), "--page-size 16") {
+	if _, err := New(ctx, Config{Config: remote.Config{URL: srv.URL, BlockSize: 32}}); err == nil || !strings.Contains(err.Error(), "--page-size 16") {
 		t.Fatalf("pinned block size mismatch: %v", err)
 	}
-	if _, err := New(ctx, Config{URL: srv.URL, Model: "other"}); err == nil || !strings.Contains(err.Error(), `"other"`) {
+	if _, err := New(ctx, Config{Config: remote.Config{URL: srv.URL, Model: "other"}}); err == nil || !strings.Contains(err.Error(), `"other"`) {
 		t.Fatalf("unknown model: %v", err)
 	}
 	// The role must be the server's --disaggregation-mode.
-	if _, err := New(ctx, Config{URL: srv.URL, Role: kv.RolePrefill}); err == nil || !strings.Contains(err.Error(), "--disaggregation-mode null") {
+	if _, err := New(ctx, Config{Config: remote.Config{URL: srv.URL, Role: kv.RolePrefill}}); err == nil || !strings.Contains(err.Error(), "--disaggregation-mode null") {
 		t.Fatalf("prefill role on an aggregated server: %v", err)
 	}
 	_, psrv := startMock(t, mockOpts{mode: "prefill"})
-	if _, err := New(ctx, Config{URL: psrv.URL}); err == nil || !strings.Contains(err.Error(), "want --disaggregation-mode null") {
+	if _, err := New(ctx, Config{Config: remote.Config{URL: psrv.URL}}); err == nil || !strings.Contains(err.Error(), "want --disaggregation-mode null") {
 		t.Fatalf("aggregated role on a prefill server: %v", err)
 	}
 	sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	if _, err := New(sctx, Config{URL: "http://127.0.0.1:1"}); err == nil || !strings.Contains(err.Error(), "not healthy") {
+	if _, err := New(sctx, Config{Config: remote.Config{URL: "http://127.0.0.1:1"}}); err == nil || !strings.Contains(err.Error(), "not healthy") {
 		t.Fatalf("dead engine: %v", err)
 	}
 }
@@ -52,7 +52,7 @@ func TestGenerateCumulativeAndIncremental(t *testing.T) {
 	var got [][]kv.Token
 	for _, inc := range []bool{false, true} {
 		_, srv := startMock(t, mockOpts{incremental: inc, speed: 20})
-		e := newEngine(t, Config{URL: srv.URL})
+		e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 		if e.incremental() != inc {
 			t.Fatalf("incremental %v, server says %v", e.incremental(), inc)
 		}
@@ -86,7 +86,7 @@ func TestGenerateCumulativeAndIncremental(t *testing.T) {
 // the engine's (migration).
 func TestErrorsClassified(t *testing.T) {
 	_, srv := startMock(t, mockOpts{})
-	e := newEngine(t, Config{URL: srv.URL})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 	_, err := e.Generate(context.Background(), &engine.Request{Tokens: prompt(9000, 1), Sampling: kv.Sampling{MaxTokens: 4}})
 	var rej *remote.RejectedError
 	if !errors.As(err, &rej) || rej.Status != 400 || !strings.Contains(rej.Message, "context length") {
@@ -139,7 +139,7 @@ func TestHintForms(t *testing.T) {
 	hint := &kv.Hint{ID: "sel-1", Endpoint: "tcp://10.0.0.2:7000", Hashes: []kv.EngineHash{neg, 42}}
 	for _, form := range []HintForm{HintNative, HintBridge, HintOff} {
 		s, srv := startMock(t, mockOpts{})
-		e := newEngine(t, Config{URL: srv.URL, HintForm: form})
+		e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}, HintForm: form})
 		ch, err := e.Generate(context.Background(), &engine.Request{ID: "h-" + string(form), Tokens: prompt(20, 3), Sampling: kv.Sampling{MaxTokens: 2}, KVHint: hint})
 		if err != nil {
 			t.Fatal(err)
@@ -174,7 +174,7 @@ func TestHintForms(t *testing.T) {
 
 func TestLoadFromMetrics(t *testing.T) {
 	_, srv := startMock(t, mockOpts{speed: 1})
-	e := newEngine(t, Config{URL: srv.URL})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ch, err := e.Generate(ctx, &engine.Request{Tokens: prompt(64, 7), Sampling: kv.Sampling{MaxTokens: 4000}})

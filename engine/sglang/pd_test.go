@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/mockengine"
 )
@@ -19,8 +20,8 @@ import (
 func TestDisaggregatedLegs(t *testing.T) {
 	pm, psrv := startMock(t, mockOpts{mode: "prefill"})
 	dm, dsrv := startMock(t, mockOpts{mode: "decode"})
-	pe := newEngine(t, Config{URL: psrv.URL, Role: kv.RolePrefill})
-	de := newEngine(t, Config{URL: dsrv.URL, Role: kv.RoleDecode})
+	pe := newEngine(t, Config{Config: remote.Config{URL: psrv.URL, Role: kv.RolePrefill}})
+	de := newEngine(t, Config{Config: remote.Config{URL: dsrv.URL, Role: kv.RoleDecode}})
 	if pe.bootstrapPort != pm.BootstrapPort() || pe.bootstrapAddr() == "" {
 		t.Fatalf("bootstrap port %d, the prefill server's %d", pe.bootstrapPort, pm.BootstrapPort())
 	}
@@ -84,7 +85,7 @@ func TestDisaggregatedLegs(t *testing.T) {
 // ones included, with kvmesh's local hashes recomputed from the tokens.
 func TestEventsRelayedWithSignedHashes(t *testing.T) {
 	m, srv := startMock(t, mockOpts{events: true})
-	e := newEngine(t, Config{URL: srv.URL, Events: m.EventsEndpoint(0), ReplayEvents: m.ReplayEndpoint(0)})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL, Events: m.EventsEndpoint(0), ReplayEvents: m.ReplayEndpoint(0)}})
 	got := make(chan []kv.Event, 64)
 	e.SetEventSink(func(b []kv.Event) { got <- b })
 	toks := prompt(12*16, 500)

@@ -14,7 +14,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/remote"
-	"github.com/kvmesh/kvmesh/kv"
 )
 
 // Engine drives one trtllm-serve.
@@ -64,33 +63,27 @@ type iterStats struct {
 // starts reading its load. Polling KV events starts when the worker
 // installs its event sink.
 func New(ctx context.Context, cfg Config) (*Engine, error) {
-	base, err := remote.CheckURL(cfg.URL)
-	if err != nil {
-		return nil, fmt.Errorf("trtllm engine url: %w", err)
+	var err error
+	if cfg.Config, err = cfg.WithDefaults("trtllm"); err != nil {
+		return nil, err
 	}
-	cfg.URL = base
+	base := cfg.URL
+	if cfg.DPSize > 1 {
+		return nil, fmt.Errorf("trtllm DP size %d: a TensorRT-LLM server is one rank to kvmesh", cfg.DPSize)
+	}
+	if cfg.ReplayEvents != "" || cfg.Topic != "" {
+		return nil, errors.New("trtllm kv events are polled over HTTP: no ZMQ replay endpoint or topic")
+	}
 	if cfg.Events != "" {
 		if cfg.Events, err = remote.CheckURL(cfg.Events); err != nil {
 			return nil, fmt.Errorf("trtllm kv events: %w", err)
 		}
 	}
-	if cfg.Role == "" {
-		cfg.Role = kv.RoleAggregated
-	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = 100 * time.Millisecond
 	}
-	if cfg.StatsInterval <= 0 {
-		cfg.StatsInterval = 500 * time.Millisecond
-	}
 	if cfg.EventsHintAfter <= 0 {
 		cfg.EventsHintAfter = 8
-	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	e := &Engine{cfg: cfg, client: cfg.Client, log: cfg.Logger.With("engine", base)}
 	if err := remote.WaitHealthy(ctx, e.client, base+"/health"); err != nil {

@@ -89,7 +89,7 @@ func TestGenerateAndLegs(t *testing.T) {
 		}
 		fmt.Fprintf(w, `{"choices":[{"index":0,"text":"","token_ids":[77],"finish_reason":%q,"disaggregated_params":%s}],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10},"prompt_token_ids":[1,2,3,4,5,6,7,8,9]}`, finish, ctxParams)
 	}
-	e, err := New(context.Background(), Config{URL: f.start(t), StatsInterval: time.Hour})
+	e, err := New(context.Background(), Config{Config: remote.Config{URL: f.start(t), StatsInterval: time.Hour}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestGenerateErrors(t *testing.T) {
 		w.WriteHeader(500)
 		io.WriteString(w, `{"object":"error","message":"boom","type":"InternalServerError","param":null,"code":500}`)
 	}
-	e, err := New(context.Background(), Config{URL: f.start(t), StatsInterval: time.Hour})
+	e, err := New(context.Background(), Config{Config: remote.Config{URL: f.start(t), StatsInterval: time.Hour}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,6 +204,22 @@ func TestGenerateErrors(t *testing.T) {
 	}
 	if _, err = e.Generate(context.Background(), &engine.Request{Tokens: []kv.Token{1}, Sampling: kv.Sampling{MaxTokens: 4}}); !errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("5xx: %v", err)
+	}
+}
+
+// The ZMQ-shaped parts of the shared configuration have no meaning for a
+// server that is one rank and whose events are polled: refused, not
+// ignored.
+func TestConfigRefusesRanksAndZMQ(t *testing.T) {
+	for _, c := range []remote.Config{
+		{URL: "http://127.0.0.1:1", DPSize: 2},
+		{URL: "http://127.0.0.1:1", Events: "http://127.0.0.1:1", ReplayEvents: "tcp://127.0.0.1:2"},
+		{URL: "http://127.0.0.1:1", Topic: "kv"},
+		{URL: "127.0.0.1:1"},
+	} {
+		if _, err := New(context.Background(), Config{Config: c}); err == nil || !strings.HasPrefix(err.Error(), "trtllm ") {
+			t.Errorf("%+v: %v", c, err)
+		}
 	}
 }
 
@@ -219,7 +235,7 @@ func TestPolledEvents(t *testing.T) {
 		io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"text\":\"\",\"token_ids\":[1],\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n")
 	}
 	url := f.start(t)
-	e, err := New(context.Background(), Config{URL: url, Events: url, PollInterval: 5 * time.Millisecond, StatsInterval: time.Hour})
+	e, err := New(context.Background(), Config{Config: remote.Config{URL: url, Events: url, StatsInterval: time.Hour}, PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +268,7 @@ func TestPolledEvents(t *testing.T) {
 	// No events at all: the adapter says event_buffer_max_size is off.
 	f2 := &fakeServer{answer: f.answer}
 	url2 := f2.start(t)
-	e2, err := New(context.Background(), Config{URL: url2, Events: url2, PollInterval: 5 * time.Millisecond, StatsInterval: time.Hour, EventsHintAfter: 2})
+	e2, err := New(context.Background(), Config{Config: remote.Config{URL: url2, Events: url2, StatsInterval: time.Hour}, PollInterval: 5 * time.Millisecond, EventsHintAfter: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/remote"
-	"github.com/kvmesh/kvmesh/kv"
 )
 
 // Engine drives one vLLM server.
@@ -44,31 +43,16 @@ var (
 // from /metrics, and starts reading its load. The KV-event relay starts
 // when the worker installs its event sink.
 func New(ctx context.Context, cfg Config) (*Engine, error) {
-	base, err := remote.CheckURL(cfg.URL)
-	if err != nil {
-		return nil, fmt.Errorf("vllm engine url: %w", err)
+	var err error
+	if cfg.Config, err = cfg.WithDefaults("vllm"); err != nil {
+		return nil, err
 	}
-	cfg.URL = base
-	if cfg.DPSize <= 0 {
-		cfg.DPSize = 1
-	}
+	base := cfg.URL
 	if cfg.HintForm == "" {
 		cfg.HintForm = HintNative
 	}
 	if _, err := ParseHintForm(string(cfg.HintForm)); err != nil {
 		return nil, fmt.Errorf("vllm hint form %w", err)
-	}
-	if cfg.Role == "" {
-		cfg.Role = kv.RoleAggregated
-	}
-	if cfg.StatsInterval <= 0 {
-		cfg.StatsInterval = 500 * time.Millisecond
-	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	e := &Engine{cfg: cfg, client: cfg.Client, log: cfg.Logger.With("engine", base)}
 	if err := remote.WaitHealthy(ctx, e.client, base+"/health"); err != nil {

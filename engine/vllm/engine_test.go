@@ -22,29 +22,29 @@ import (
 
 func TestAttachReadsModelAndCacheConfig(t *testing.T) {
 	v, srv := startMock(t, mockOpts{})
-	e := newEngine(t, Config{URL: srv.URL + "/"})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL + "/"}})
 	c := e.Config()
 	if c.Model != testModel || c.BlockSize != 16 || c.Blocks != 512 || e.MaxModelLen() != v.MaxModelLen() {
 		t.Fatalf("config %+v max_model_len %d", c, e.MaxModelLen())
 	}
 	ctx := context.Background()
-	if _, err := New(ctx, Config{URL: srv.URL, BlockSize: 32}); err == nil || !strings.Contains(err.Error(), "--block-size 32") {
+	if _, err := New(ctx, Config{Config: remote.Config{URL: srv.URL, BlockSize: 32}}); err == nil || !strings.Contains(err.Error(), "--block-size 32") {
 		t.Fatalf("pinned block size mismatch: %v", err)
 	}
-	if _, err := New(ctx, Config{URL: srv.URL, Model: "other"}); err == nil || !strings.Contains(err.Error(), `"other"`) {
+	if _, err := New(ctx, Config{Config: remote.Config{URL: srv.URL, Model: "other"}}); err == nil || !strings.Contains(err.Error(), `"other"`) {
 		t.Fatalf("unknown model: %v", err)
 	}
 	// /health gates: a server that is not up yet is waited for, to ctx.
 	sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	if _, err := New(sctx, Config{URL: "http://" + deadAddr(t)}); err == nil || !strings.Contains(err.Error(), "not healthy") {
+	if _, err := New(sctx, Config{Config: remote.Config{URL: "http://" + deadAddr(t)}}); err == nil || !strings.Contains(err.Error(), "not healthy") {
 		t.Fatalf("dead engine: %v", err)
 	}
 }
 
 func TestGenerateStreamsTokensAndUsage(t *testing.T) {
 	_, srv := startMock(t, mockOpts{})
-	e := newEngine(t, Config{URL: srv.URL})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 	req := &engine.Request{ID: "r1", Tokens: prompt(40, 100), Sampling: kv.Sampling{MaxTokens: 12, Temperature: 0}}
 	ch, err := e.Generate(context.Background(), req)
 	if err != nil {
@@ -68,7 +68,7 @@ func TestGenerateStreamsTokensAndUsage(t *testing.T) {
 
 func TestLoadFromMetrics(t *testing.T) {
 	_, srv := startMock(t, mockOpts{speed: 1})
-	e := newEngine(t, Config{URL: srv.URL})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 	// A generation held open (the caller does not read) is running and
 	// holds blocks while the adapter reads /metrics.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -148,7 +148,7 @@ func TestRequestShapeAndHintForms(t *testing.T) {
 		{HintNative, nil, false, false, false},
 		{HintBridge, nil, false, false, false},
 	} {
-		e := newEngine(t, Config{URL: url, HintForm: tc.form})
+		e := newEngine(t, Config{Config: remote.Config{URL: url}, HintForm: tc.form})
 		ch, err := e.Generate(context.Background(), &engine.Request{ID: "req-7", Tokens: []kv.Token{1, 2, 3}, CacheSalt: "s",
 			Sampling: kv.Sampling{MaxTokens: 2, Temperature: 0.5, TopP: 0.9, Seed: 42, StopTokens: []kv.Token{9}}, KVHint: tc.hint})
 		if err != nil {
@@ -193,7 +193,7 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 	url := r.start(t)
 	hint := &kv.Hint{ID: "sel", Endpoint: "tcp://127.0.0.1:9", Hashes: []kv.EngineHash{11}}
 	for _, form := range []HintForm{HintNative, HintBridge} {
-		e := newEngine(t, Config{URL: url, HintForm: form})
+		e := newEngine(t, Config{Config: remote.Config{URL: url}, HintForm: form})
 		ch, err := e.Generate(context.Background(), &engine.Request{Tokens: []kv.Token{1, 2, 3}, Leg: kv.LegPrefill, KVHint: hint,
 			Sampling: kv.Sampling{MaxTokens: 50, MinTokens: 5}})
 		if err != nil {
@@ -224,7 +224,7 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 	}
 	// A prefill that stopped is final: no parameters even if sent.
 	r.answer = strings.Replace(r.answer, `"length"`, `"stop"`, 1)
-	e := newEngine(t, Config{URL: url})
+	e := newEngine(t, Config{Config: remote.Config{URL: url}})
 	ch, _ := e.Generate(context.Background(), &engine.Request{Tokens: []kv.Token{1, 2, 3}, Leg: kv.LegPrefill, Sampling: kv.Sampling{MaxTokens: 50}})
 	if _, last, _ := collect(t, ch); last.TransferParams != nil || last.Finish != kv.FinishStop {
 		t.Fatalf("stopped prefill %+v", last)
@@ -253,7 +253,7 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 func TestErrorsClassified(t *testing.T) {
 	r := &recorder{status: 400, answer: `{"error":{"message":"This model's maximum context length is 4096 tokens.","type":"BadRequestError","param":null,"code":400}}`}
 	url := r.start(t)
-	e := newEngine(t, Config{URL: url})
+	e := newEngine(t, Config{Config: remote.Config{URL: url}})
 	req := &engine.Request{Tokens: []kv.Token{1}, Sampling: kv.Sampling{MaxTokens: 2}}
 	_, err := e.Generate(context.Background(), req)
 	var rej *remote.RejectedError
@@ -287,7 +287,7 @@ func TestErrorsClassified(t *testing.T) {
 
 func TestCancelClosesTheStream(t *testing.T) {
 	v, srv := startMock(t, mockOpts{speed: 1})
-	e := newEngine(t, Config{URL: srv.URL})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 	ctx, cancel := context.WithCancel(context.Background())
 	ch, err := e.Generate(ctx, &engine.Request{Tokens: prompt(20, 3), Sampling: kv.Sampling{MaxTokens: 3000, Temperature: 0}})
 	if err != nil {

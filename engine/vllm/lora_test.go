@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -16,7 +17,7 @@ import (
 // matches the base model's hashes of the same prompt.
 func TestLoRAThroughTheAdapter(t *testing.T) {
 	v, srv := startMock(t, mockOpts{events: true, loras: []string{"sql-lora"}})
-	e := newEngine(t, Config{URL: srv.URL, Events: v.EventsEndpoint(0), ReplayEvents: v.ReplayEndpoint(0)})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL, Events: v.EventsEndpoint(0), ReplayEvents: v.ReplayEndpoint(0)}})
 	s := &sink{stored: map[kv.LocalHash]kv.EngineHash{}}
 	e.SetEventSink(s.fn)
 	p := prompt(72, 300)

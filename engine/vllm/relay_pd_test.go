@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/mockengine"
@@ -43,7 +44,7 @@ func (s *sink) has(hs []kv.LocalHash) bool {
 // kvmesh's own, recomputed from the events' token ids.
 func TestEventsRelayedWithCatchUp(t *testing.T) {
 	v, srv := startMock(t, mockOpts{events: true})
-	e := newEngine(t, Config{URL: srv.URL, Events: v.EventsEndpoint(0), ReplayEvents: v.ReplayEndpoint(0)})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL, Events: v.EventsEndpoint(0), ReplayEvents: v.ReplayEndpoint(0)}})
 	gen := func(p []kv.Token) {
 		ch, err := e.Generate(context.Background(), &engine.Request{Tokens: p, Sampling: kv.Sampling{MaxTokens: 1}})
 		if err != nil {
@@ -79,13 +80,13 @@ func TestEventsRelayedWithCatchUp(t *testing.T) {
 func TestWarmEngineIndexedAtStart(t *testing.T) {
 	v, srv := startMock(t, mockOpts{events: true})
 	warm := prompt(64, 3000)
-	pre := newEngine(t, Config{URL: srv.URL})
+	pre := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 	ch, err := pre.Generate(context.Background(), &engine.Request{Tokens: warm, Sampling: kv.Sampling{MaxTokens: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	collect(t, ch)
-	e := newEngine(t, Config{URL: srv.URL, Events: v.EventsEndpoint(0), ReplayEvents: v.ReplayEndpoint(0)})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL, Events: v.EventsEndpoint(0), ReplayEvents: v.ReplayEndpoint(0)}})
 	s := &sink{stored: map[kv.LocalHash]kv.EngineHash{}}
 	e.SetEventSink(s.fn)
 	want := kv.LocalHashes(nil, warm, 16, kv.Seed("", ""))
@@ -101,8 +102,8 @@ func TestWarmEngineIndexedAtStart(t *testing.T) {
 func TestPrefillThenDecodeAcrossMocks(t *testing.T) {
 	pm, psrv := startMock(t, mockOpts{role: mockengine.RoleProducer})
 	dm, dsrv := startMock(t, mockOpts{role: mockengine.RoleConsumer})
-	pe := newEngine(t, Config{URL: psrv.URL, Role: kv.RolePrefill})
-	de := newEngine(t, Config{URL: dsrv.URL, Role: kv.RoleDecode})
+	pe := newEngine(t, Config{Config: remote.Config{URL: psrv.URL, Role: kv.RolePrefill}})
+	de := newEngine(t, Config{Config: remote.Config{URL: dsrv.URL, Role: kv.RoleDecode}})
 	p := prompt(70, 300)
 	ch, err := pe.Generate(context.Background(), &engine.Request{ID: "pd-1", Tokens: p, Leg: kv.LegPrefill, Sampling: kv.Sampling{MaxTokens: 20}})
 	if err != nil {
