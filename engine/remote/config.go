@@ -77,3 +77,28 @@ func (c Config) WithDefaults(kind string) (Config, error) {
 	}
 	return c, nil
 }
+
+// HintForm is how a request's KV hint reaches an engine; each adapter says
+// what the forms are for its engine and which it takes.
+type HintForm string
+
+const (
+	// HintNative sends the hint envelope in the engine's own hint field.
+	HintNative HintForm = "native"
+	// HintBridge sends it in the engine's older, connector-read form.
+	HintBridge HintForm = "bridge"
+	// HintOff sends none; the worker then declares it takes no hints.
+	HintOff HintForm = "off"
+)
+
+// WithDefault returns the form, HintNative when unset; a form that is none
+// of the three is an error.
+func (f HintForm) WithDefault() (HintForm, error) {
+	switch f {
+	case "":
+		return HintNative, nil
+	case HintNative, HintBridge, HintOff:
+		return f, nil
+	}
+	return "", fmt.Errorf("%q: want native, bridge or off", string(f))
+}

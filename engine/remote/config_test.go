@@ -33,3 +33,14 @@ func TestConfigWithDefaults(t *testing.T) {
 		}
 	}
 }
+
+func TestHintFormWithDefault(t *testing.T) {
+	for in, want := range map[HintForm]HintForm{"": HintNative, HintNative: HintNative, HintBridge: HintBridge, HintOff: HintOff} {
+		if got, err := in.WithDefault(); err != nil || got != want {
+			t.Errorf("%q: %q, %v", in, got, err)
+		}
+	}
+	if _, err := HintForm("kv_hint").WithDefault(); err == nil || err.Error() != `"kv_hint": want native, bridge or off` {
+		t.Fatalf("unknown form: %v", err)
+	}
+}

@@ -1,33 +1,6 @@
 package sglang
 
-import (
-	"fmt"
-
-	"github.com/kvmesh/kvmesh/engine/remote"
-)
-
-// HintForm is how a request's KV hint reaches SGLang.
-type HintForm string
-
-const (
-	// HintNative sends the envelope in GenerateReqInput's kv_hints field
-	// (SGLang's native hint surface, sgl-project/sglang#38891).
-	HintNative HintForm = "native"
-	// HintBridge sends the older kv_router_hint {source_control_endpoint,
-	// block_hashes}, with the hashes as SGLang published them (signed).
-	HintBridge HintForm = "bridge"
-	// HintOff sends none; the worker then declares it takes no hints.
-	HintOff HintForm = "off"
-)
-
-// ParseHintForm reads a --hint-form value.
-func ParseHintForm(s string) (HintForm, error) {
-	switch f := HintForm(s); f {
-	case HintNative, HintBridge, HintOff:
-		return f, nil
-	}
-	return "", fmt.Errorf("%q: want native, bridge or off", s)
-}
+import "github.com/kvmesh/kvmesh/engine/remote"
 
 // Defaults of SGLang's server arguments, assumed when /get_server_info
 // does not say.
@@ -43,7 +16,12 @@ const (
 // --page-size; Events is rank 0's --kv-events-config endpoint.
 type Config struct {
 	remote.Config
-	HintForm HintForm // default native
+	// HintForm is how KV hints reach SGLang: native in GenerateReqInput's
+	// kv_hints field (SGLang's native hint surface,
+	// sgl-project/sglang#38891), bridge as the older kv_router_hint
+	// {source_control_endpoint, block_hashes} with the hashes as SGLang
+	// published them (signed), or off; default native.
+	HintForm remote.HintForm
 	// BootstrapHost is the host a decode server dials for this (prefill)
 	// server's KV; "" takes the host of URL, as SGLang's router does.
 	BootstrapHost string

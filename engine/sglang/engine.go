@@ -68,10 +68,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	base := cfg.URL
-	if cfg.HintForm == "" {
-		cfg.HintForm = HintNative
-	}
-	if _, err := ParseHintForm(string(cfg.HintForm)); err != nil {
+	if cfg.HintForm, err = cfg.HintForm.WithDefault(); err != nil {
 		return nil, fmt.Errorf("sglang hint form %w", err)
 	}
 	if cfg.BootstrapHost == "" {

@@ -137,7 +137,7 @@ func TestErrorsClassified(t *testing.T) {
 func TestHintForms(t *testing.T) {
 	neg := kv.EngineHash(uint64(1<<63 | 12345))
 	hint := &kv.Hint{ID: "sel-1", Endpoint: "tcp://10.0.0.2:7000", Hashes: []kv.EngineHash{neg, 42}}
-	for _, form := range []HintForm{HintNative, HintBridge, HintOff} {
+	for _, form := range []remote.HintForm{remote.HintNative, remote.HintBridge, remote.HintOff} {
 		s, srv := startMock(t, mockOpts{})
 		e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}, HintForm: form})
 		ch, err := e.Generate(context.Background(), &engine.Request{ID: "h-" + string(form), Tokens: prompt(20, 3), Sampling: kv.Sampling{MaxTokens: 2}, KVHint: hint})
@@ -147,16 +147,16 @@ func TestHintForms(t *testing.T) {
 		collect(t, ch)
 		recs := s.Hints()
 		switch form {
-		case HintOff:
+		case remote.HintOff:
 			if len(recs) != 0 {
 				t.Fatalf("off: %+v", recs)
 			}
 			continue
-		case HintNative:
+		case remote.HintNative:
 			if len(recs) != 1 || recs[0].Field != "kv_hints" || recs[0].MessageID != "sel-1" || !slices.Equal(recs[0].BlockHashes, []uint64{uint64(neg), 42}) {
 				t.Fatalf("native: %+v", recs)
 			}
-		case HintBridge:
+		case remote.HintBridge:
 			if len(recs) != 1 || recs[0].Field != "kv_router_hint" || recs[0].SourceEndpoint != hint.Endpoint ||
 				!slices.Equal(recs[0].SignedHashes, []int64{int64(neg), 42}) || recs[0].SignedHashes[0] >= 0 {
 				t.Fatalf("bridge: %+v", recs)

@@ -26,13 +26,10 @@ type Config struct {
 	EventsHintAfter int
 }
 
-// HintForms says how KV hints reach TensorRT-LLM: they cannot.
-const HintOff = "off"
-
 // CheckHintForm refuses every hint form but off: trtllm-serve's request
 // models forbid fields they do not define, and none carries a KV hint.
 func CheckHintForm(s string) error {
-	if s == "" || s == HintOff {
+	if s == "" || s == string(remote.HintOff) {
 		return nil
 	}
 	return fmt.Errorf("%q: TensorRT-LLM's requests have no KV hint field (its OpenAI protocol refuses unknown fields), so the only form is off", s)

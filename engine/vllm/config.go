@@ -1,33 +1,6 @@
 package vllm
 
-import (
-	"fmt"
-
-	"github.com/kvmesh/kvmesh/engine/remote"
-)
-
-// HintForm is how a request's KV hint reaches vLLM.
-type HintForm string
-
-const (
-	// HintNative sends the envelope in the request's top-level kv_hints
-	// field (vLLM's native hint surface).
-	HintNative HintForm = "native"
-	// HintBridge sends it as kv_transfer_params.kv_hint, for vLLM builds
-	// whose connector reads hints from its parameters.
-	HintBridge HintForm = "bridge"
-	// HintOff sends none; the worker then declares it takes no hints.
-	HintOff HintForm = "off"
-)
-
-// ParseHintForm reads a --hint-form value.
-func ParseHintForm(s string) (HintForm, error) {
-	switch f := HintForm(s); f {
-	case HintNative, HintBridge, HintOff:
-		return f, nil
-	}
-	return "", fmt.Errorf("%q: want native, bridge or off", s)
-}
+import "github.com/kvmesh/kvmesh/engine/remote"
 
 // DefaultBlockSize is vLLM's default block size, assumed when the engine's
 // /metrics does not report its cache config and none is pinned.
@@ -40,5 +13,9 @@ const DefaultBlockSize = 16
 // endpoint.
 type Config struct {
 	remote.Config
-	HintForm HintForm // default native
+	// HintForm is how KV hints reach vLLM: native in the request's
+	// top-level kv_hints field (vLLM's native hint surface), bridge as
+	// kv_transfer_params.kv_hint (for vLLM builds whose connector reads
+	// hints from its parameters), or off; default native.
+	HintForm remote.HintForm
 }

@@ -136,17 +136,17 @@ func TestRequestShapeAndHintForms(t *testing.T) {
 	hint := &kv.Hint{ID: "sel-1", Endpoint: "tcp://127.0.0.1:9", Hashes: []kv.EngineHash{11, 1 << 63}}
 	want := string(hints.FromHint(hint).Marshal())
 	for _, tc := range []struct {
-		form      HintForm
+		form      remote.HintForm
 		hint      *kv.Hint
 		native    bool
 		bridge    bool
 		hasParams bool
 	}{
-		{HintNative, hint, true, false, false},
-		{HintBridge, hint, false, true, true},
-		{HintOff, hint, false, false, false},
-		{HintNative, nil, false, false, false},
-		{HintBridge, nil, false, false, false},
+		{remote.HintNative, hint, true, false, false},
+		{remote.HintBridge, hint, false, true, true},
+		{remote.HintOff, hint, false, false, false},
+		{remote.HintNative, nil, false, false, false},
+		{remote.HintBridge, nil, false, false, false},
 	} {
 		e := newEngine(t, Config{Config: remote.Config{URL: url}, HintForm: tc.form})
 		ch, err := e.Generate(context.Background(), &engine.Request{ID: "req-7", Tokens: []kv.Token{1, 2, 3}, CacheSalt: "s",
@@ -192,7 +192,7 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 	r := &recorder{answer: `{"choices":[{"index":0,"text":"a","token_ids":[5],"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1},"kv_transfer_params":` + params + `}`}
 	url := r.start(t)
 	hint := &kv.Hint{ID: "sel", Endpoint: "tcp://127.0.0.1:9", Hashes: []kv.EngineHash{11}}
-	for _, form := range []HintForm{HintNative, HintBridge} {
+	for _, form := range []remote.HintForm{remote.HintNative, remote.HintBridge} {
 		e := newEngine(t, Config{Config: remote.Config{URL: url}, HintForm: form})
 		ch, err := e.Generate(context.Background(), &engine.Request{Tokens: []kv.Token{1, 2, 3}, Leg: kv.LegPrefill, KVHint: hint,
 			Sampling: kv.Sampling{MaxTokens: 50, MinTokens: 5}})
@@ -215,10 +215,10 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 				t.Fatalf("%s: prefill params %s = %s", form, k, p[k])
 			}
 		}
-		if _, bridged := p["kv_hint"]; bridged != (form == HintBridge) {
+		if _, bridged := p["kv_hint"]; bridged != (form == remote.HintBridge) {
 			t.Fatalf("%s: kv_hint in params %v", form, bridged)
 		}
-		if _, native := b["kv_hints"]; native != (form == HintNative) {
+		if _, native := b["kv_hints"]; native != (form == remote.HintNative) {
 			t.Fatalf("%s: kv_hints %v", form, native)
 		}
 	}
