@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/mockengine"
+	"github.com/openai/openai-go/v3"
 )
 
 // What the real-engine e2e tests (vllm_*, sglang_*, trtllm_*) share: the
@@ -155,6 +157,40 @@ func mockHints(t *testing.T, m *mockProc) []mockengine.HintRecord {
 	defer r.Body.Close()
 	json.NewDecoder(r.Body).Decode(&hs)
 	return hs.Hints
+}
+
+// startHintFleet puts a worker over each mock, each with a KV peer service
+// (extra: more worker flags), and a frontend in front of them; it checks
+// they registered as hint targets in 16-token blocks and serve
+// completions, and returns the API base and the peer endpoints in mock
+// order.
+func startHintFleet(t *testing.T, natsURL string, mocks []*mockProc, extra ...string) (base string, peers []string) {
+	t.Helper()
+	for i, m := range mocks {
+		peers = append(peers, peerService(t))
+		m.startWorker(t, fmt.Sprintf("worker %c", 'A'+i), natsURL, append([]string{"--peer-endpoint", peers[i], "--model", "mock-model"}, extra...)...)
+	}
+	base = startFrontendProc(t, natsURL)
+	checkRegistered(t, watchWorkers(t, natsURL, "mock-model", len(mocks)), 16, true)
+	checkCompletions(t, base)
+	return base, peers
+}
+
+// checkServed sends a completion and a chat through serve; the chat
+// template writes special tokens (ChatML markers) the engine must take as
+// ids.
+func checkServed(t *testing.T, base string) {
+	t.Helper()
+	st, c := completeOnce(t, base, map[string]any{"model": "mock-model", "prompt": tokenPrompt(40, 5), "max_tokens": 4})
+	if st != 200 || c.Usage.CompletionTokens != 4 {
+		t.Fatalf("completion through serve: %d %+v", st, c)
+	}
+	client := newClient(base)
+	chat, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "mock-model",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello there")}, MaxTokens: openai.Int(6)})
+	if err != nil || chat.Usage.CompletionTokens == 0 {
+		t.Fatalf("chat through serve: %v %+v", err, chat)
+	}
 }
 
 // checkCompletions sends one completion not streamed, then one streamed.

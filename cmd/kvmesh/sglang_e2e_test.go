@@ -36,14 +36,8 @@ func TestSGLangAdapterE2E(t *testing.T) {
 	// the replay socket.
 	early := tokenPrompt(40*16, 1000)
 	postGenerate(t, mocks[0].url, map[string]any{"input_ids": early, "sampling_params": map[string]any{"max_new_tokens": 1}})
-	peers := []string{peerService(t), peerService(t)}
-	for i, m := range mocks {
-		m.startWorker(t, fmt.Sprintf("worker %c", 'A'+i), ns.URL(), "--peer-endpoint", peers[i], "--hint-form", "bridge", "--model", "mock-model")
-	}
-	base := startFrontendProc(t, ns.URL())
+	base, peers := startHintFleet(t, ns.URL(), mocks, "--hint-form", "bridge")
 	feMetrics := strings.TrimSuffix(base, "/v1") + "/metrics"
-	checkRegistered(t, watchWorkers(t, ns.URL(), "mock-model", 2), 16, true)
-	checkCompletions(t, base)
 
 	// The engines' context length (/get_server_info) bounds requests at the
 	// frontend: a 400 naming it before any engine sees the prompt. (The

@@ -349,16 +349,7 @@ func TestServeTRTLLMEngines(t *testing.T) {
 	a, b := ma().url, mb().url
 	s := startServe(t, "--engine", "trtllm", "--engine-url", a+","+b, "--kv-events", a+","+b)
 	defer s.stop(t)
-	st, c := completeOnce(t, s.base, map[string]any{"model": "mock-model", "prompt": tokenPrompt(40, 5), "max_tokens": 4})
-	if st != 200 || c.Usage.CompletionTokens != 4 {
-		t.Fatalf("serve --engine trtllm: %d %+v", st, c)
-	}
-	client := newClient(s.base)
-	chat, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "mock-model",
-		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello there")}, MaxTokens: openai.Int(6)})
-	if err != nil || chat.Usage.CompletionTokens == 0 {
-		t.Fatalf("chat through serve --engine trtllm: %v %+v", err, chat)
-	}
+	checkServed(t, s.base)
 	for _, tc := range []struct {
 		args []string
 		want string

@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/openai/openai-go/v3"
-
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/mockengine"
@@ -148,14 +146,8 @@ func TestVLLMAdapterE2E(t *testing.T) {
 	if st, c := completeOnce(t, mocks[0].url+"/v1", map[string]any{"prompt": early, "max_tokens": 1}); st != 200 {
 		t.Fatalf("warm mock A: %d %+v", st, c)
 	}
-	peers := []string{peerService(t), peerService(t)}
-	for i, m := range mocks {
-		m.startWorker(t, fmt.Sprintf("worker %c", 'A'+i), ns.URL(), "--peer-endpoint", peers[i], "--model", "mock-model")
-	}
-	base := startFrontendProc(t, ns.URL())
+	base, peers := startHintFleet(t, ns.URL(), mocks)
 	feMetrics := strings.TrimSuffix(base, "/v1") + "/metrics"
-	checkRegistered(t, watchWorkers(t, ns.URL(), "mock-model", 2), 16, true)
-	checkCompletions(t, base)
 
 	// The engine's 4xx is the client's 400, with the engine's message.
 	st, c := completeOnce(t, base, map[string]any{"model": "mock-model", "prompt": tokenPrompt(5000, 3), "max_tokens": 5})
@@ -209,18 +201,7 @@ func TestServeVLLMEngines(t *testing.T) {
 	s := startServe(t, "--engine", "vllm", "--engine-url", a.url+","+b.url, "--kv-events", a.events+","+b.events,
 		"--kv-events-replay", a.replay+","+b.replay)
 	defer s.stop(t)
-	st, c := completeOnce(t, s.base, map[string]any{"model": "mock-model", "prompt": tokenPrompt(40, 5), "max_tokens": 4})
-	if st != 200 || c.Usage.CompletionTokens != 4 {
-		t.Fatalf("serve --engine vllm: %d %+v", st, c)
-	}
-	// Chat: the frontend's template writes special tokens (ChatML
-	// markers) the engine must take as ids.
-	client := newClient(s.base)
-	chat, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "mock-model",
-		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello there")}, MaxTokens: openai.Int(6)})
-	if err != nil || chat.Usage.CompletionTokens == 0 {
-		t.Fatalf("chat through serve --engine vllm: %v %+v", err, chat)
-	}
+	checkServed(t, s.base)
 	for _, tc := range []struct {
 		args []string
 		want string
