@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/enginetest"
 	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
@@ -56,12 +57,12 @@ func TestGenerateCumulativeAndIncremental(t *testing.T) {
 		if e.incremental() != inc {
 			t.Fatalf("incremental %v, server says %v", e.incremental(), inc)
 		}
-		req := &engine.Request{ID: "r1", Tokens: prompt(40, 100), Sampling: kv.Sampling{MaxTokens: 12, Seed: 7}}
+		req := &engine.Request{ID: "r1", Tokens: enginetest.Prompt(40, 100), Sampling: kv.Sampling{MaxTokens: 12, Seed: 7}}
 		ch, err := e.Generate(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		toks, last, chunks := collect(t, ch)
+		toks, last, chunks := enginetest.Collect(t, ch)
 		if len(toks) != 12 || last.Finish != kv.FinishLength || len(chunks) < 3 {
 			t.Fatalf("incremental=%v: tokens %d finish %q chunks %d", inc, len(toks), last.Finish, len(chunks))
 		}
@@ -70,7 +71,7 @@ func TestGenerateCumulativeAndIncremental(t *testing.T) {
 		}
 		// The same prompt again: its full pages come from the radix cache.
 		ch, _ = e.Generate(context.Background(), req)
-		toks2, last, _ := collect(t, ch)
+		toks2, last, _ := enginetest.Collect(t, ch)
 		if last.Usage.CachedTokens != 32 || !slices.Equal(toks, toks2) {
 			t.Fatalf("cached %d, same tokens %v", last.Usage.CachedTokens, slices.Equal(toks, toks2))
 		}
@@ -87,7 +88,7 @@ func TestGenerateCumulativeAndIncremental(t *testing.T) {
 func TestErrorsClassified(t *testing.T) {
 	_, srv := startMock(t, mockOpts{})
 	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
-	_, err := e.Generate(context.Background(), &engine.Request{Tokens: prompt(9000, 1), Sampling: kv.Sampling{MaxTokens: 4}})
+	_, err := e.Generate(context.Background(), &engine.Request{Tokens: enginetest.Prompt(9000, 1), Sampling: kv.Sampling{MaxTokens: 4}})
 	var rej *remote.RejectedError
 	if !errors.As(err, &rej) || rej.Status != 400 || !strings.Contains(rej.Message, "context length") {
 		t.Fatalf("too long: %v", err)
@@ -113,11 +114,11 @@ func TestErrorsClassified(t *testing.T) {
 			}
 		}))
 		e.cfg.URL = fake.URL
-		ch, err := e.Generate(context.Background(), &engine.Request{Tokens: prompt(4, 1), Sampling: kv.Sampling{MaxTokens: 4}})
+		ch, err := e.Generate(context.Background(), &engine.Request{Tokens: enginetest.Prompt(4, 1), Sampling: kv.Sampling{MaxTokens: 4}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, last, _ := collect(t, ch)
+		_, last, _ := enginetest.Collect(t, ch)
 		rejected := errors.As(last.Err, &rej)
 		if last.Err == nil || rejected != tc.rejected || errors.Is(last.Err, engine.ErrUnavailable) == tc.rejected {
 			t.Fatalf("%s: err %v (rejected %v)", tc.name, last.Err, rejected)
@@ -126,7 +127,7 @@ func TestErrorsClassified(t *testing.T) {
 	}
 	// A dead server is a lost engine.
 	e.cfg.URL = "http://127.0.0.1:1"
-	if _, err := e.Generate(context.Background(), &engine.Request{Tokens: prompt(4, 1), Sampling: kv.Sampling{MaxTokens: 4}}); !errors.Is(err, engine.ErrUnavailable) {
+	if _, err := e.Generate(context.Background(), &engine.Request{Tokens: enginetest.Prompt(4, 1), Sampling: kv.Sampling{MaxTokens: 4}}); !errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("dead server: %v", err)
 	}
 }
@@ -140,11 +141,11 @@ func TestHintForms(t *testing.T) {
 	for _, form := range []remote.HintForm{remote.HintNative, remote.HintBridge, remote.HintOff} {
 		s, srv := startMock(t, mockOpts{})
 		e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}, HintForm: form})
-		ch, err := e.Generate(context.Background(), &engine.Request{ID: "h-" + string(form), Tokens: prompt(20, 3), Sampling: kv.Sampling{MaxTokens: 2}, KVHint: hint})
+		ch, err := e.Generate(context.Background(), &engine.Request{ID: "h-" + string(form), Tokens: enginetest.Prompt(20, 3), Sampling: kv.Sampling{MaxTokens: 2}, KVHint: hint})
 		if err != nil {
 			t.Fatal(err)
 		}
-		collect(t, ch)
+		enginetest.Collect(t, ch)
 		recs := s.Hints()
 		switch form {
 		case remote.HintOff:
@@ -177,7 +178,7 @@ func TestLoadFromMetrics(t *testing.T) {
 	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ch, err := e.Generate(ctx, &engine.Request{Tokens: prompt(64, 7), Sampling: kv.Sampling{MaxTokens: 4000}})
+	ch, err := e.Generate(ctx, &engine.Request{Tokens: enginetest.Prompt(64, 7), Sampling: kv.Sampling{MaxTokens: 4000}})
 	if err != nil {
 		t.Fatal(err)
 	}

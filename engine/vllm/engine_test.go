@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/enginetest"
 	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/internal/testutil"
@@ -45,14 +46,14 @@ func TestAttachReadsModelAndCacheConfig(t *testing.T) {
 func TestGenerateStreamsTokensAndUsage(t *testing.T) {
 	_, srv := startMock(t, mockOpts{})
 	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
-	req := &engine.Request{ID: "r1", Tokens: prompt(40, 100), Sampling: kv.Sampling{MaxTokens: 12, Temperature: 0}}
+	req := &engine.Request{ID: "r1", Tokens: enginetest.Prompt(40, 100), Sampling: kv.Sampling{MaxTokens: 12, Temperature: 0}}
 	ch, err := e.Generate(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	toks, last, chunks := collect(t, ch)
-	if len(toks) != 12 || last.Finish != kv.FinishLength || chunks < 1 {
-		t.Fatalf("tokens %d finish %q chunks %d", len(toks), last.Finish, chunks)
+	toks, last, chunks := enginetest.Collect(t, ch)
+	if len(toks) != 12 || last.Finish != kv.FinishLength || len(chunks) < 1 {
+		t.Fatalf("tokens %d finish %q chunks %d", len(toks), last.Finish, len(chunks))
 	}
 	if u := last.Usage; u == nil || u.PromptTokens != 40 || u.CompletionTokens != 12 {
 		t.Fatalf("usage %+v", last.Usage)
@@ -60,7 +61,7 @@ func TestGenerateStreamsTokensAndUsage(t *testing.T) {
 	// The same prompt again: its full blocks come from the prefix cache,
 	// and the same seed gives the same tokens.
 	ch, _ = e.Generate(context.Background(), req)
-	toks2, last, _ := collect(t, ch)
+	toks2, last, _ := enginetest.Collect(t, ch)
 	if last.Usage.CachedTokens != 32 || !slices.Equal(toks, toks2) {
 		t.Fatalf("cached %d, tokens equal %v", last.Usage.CachedTokens, slices.Equal(toks, toks2))
 	}
@@ -73,7 +74,7 @@ func TestLoadFromMetrics(t *testing.T) {
 	// holds blocks while the adapter reads /metrics.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ch, err := e.Generate(ctx, &engine.Request{Tokens: prompt(64, 7), Sampling: kv.Sampling{MaxTokens: 4000}})
+	ch, err := e.Generate(ctx, &engine.Request{Tokens: enginetest.Prompt(64, 7), Sampling: kv.Sampling{MaxTokens: 4000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +155,7 @@ func TestRequestShapeAndHintForms(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		toks, last, _ := collect(t, ch)
+		toks, last, _ := enginetest.Collect(t, ch)
 		if !slices.Equal(toks, []kv.Token{5, 6}) || last.Finish != kv.FinishLength || last.Usage.PromptTokens != 3 {
 			t.Fatalf("%s: tokens %v last %+v", tc.form, toks, last)
 		}
@@ -199,7 +200,7 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, last, _ := collect(t, ch)
+		_, last, _ := enginetest.Collect(t, ch)
 		if string(last.TransferParams) != params || last.Finish != kv.FinishLength {
 			t.Fatalf("prefill answer %+v", last)
 		}
@@ -226,7 +227,7 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 	r.answer = strings.Replace(r.answer, `"length"`, `"stop"`, 1)
 	e := newEngine(t, Config{Config: remote.Config{URL: url}})
 	ch, _ := e.Generate(context.Background(), &engine.Request{Tokens: []kv.Token{1, 2, 3}, Leg: kv.LegPrefill, Sampling: kv.Sampling{MaxTokens: 50}})
-	if _, last, _ := collect(t, ch); last.TransferParams != nil || last.Finish != kv.FinishStop {
+	if _, last, _ := enginetest.Collect(t, ch); last.TransferParams != nil || last.Finish != kv.FinishStop {
 		t.Fatalf("stopped prefill %+v", last)
 	}
 	// Decode: the parameters whole, byte for byte, and never a hint.
@@ -236,7 +237,7 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	collect(t, ch)
+	enginetest.Collect(t, ch)
 	b, _ := r.last()
 	if string(b["min_tokens"]) != "5" || string(b["ignore_eos"]) != "true" {
 		t.Fatalf("decode body min_tokens %s ignore_eos %s", b["min_tokens"], b["ignore_eos"])
@@ -270,12 +271,12 @@ func TestErrorsClassified(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, last, _ := collect(t, ch); !errors.Is(last.Err, engine.ErrUnavailable) {
+	if _, last, _ := enginetest.Collect(t, ch); !errors.Is(last.Err, engine.ErrUnavailable) {
 		t.Fatalf("cut stream: %+v", last)
 	}
 	r.answer = "data: {\"error\":{\"message\":\"engine dead\",\"code\":500}}\n\n"
 	ch, _ = e.Generate(context.Background(), req)
-	if _, last, _ := collect(t, ch); !errors.Is(last.Err, engine.ErrUnavailable) || !strings.Contains(last.Err.Error(), "engine dead") {
+	if _, last, _ := enginetest.Collect(t, ch); !errors.Is(last.Err, engine.ErrUnavailable) || !strings.Contains(last.Err.Error(), "engine dead") {
 		t.Fatalf("stream error: %+v", last)
 	}
 	// Refused connection.
@@ -289,7 +290,7 @@ func TestCancelClosesTheStream(t *testing.T) {
 	v, srv := startMock(t, mockOpts{speed: 1})
 	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 	ctx, cancel := context.WithCancel(context.Background())
-	ch, err := e.Generate(ctx, &engine.Request{Tokens: prompt(20, 3), Sampling: kv.Sampling{MaxTokens: 3000, Temperature: 0}})
+	ch, err := e.Generate(ctx, &engine.Request{Tokens: enginetest.Prompt(20, 3), Sampling: kv.Sampling{MaxTokens: 3000, Temperature: 0}})
 	if err != nil {
 		t.Fatal(err)
 	}
