@@ -25,7 +25,6 @@ type Engine struct {
 	health *remote.HealthMonitor
 
 	stats     atomic.Pointer[engine.Stats]
-	scrapes   atomic.Uint64
 	finished  atomic.Uint64 // generations that ended, for the event-buffer hint
 	sizeWarn  atomic.Bool
 	bufWarned atomic.Bool
@@ -118,18 +117,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if last != nil {
 		e.apply(last)
 	}
-	e.wg.Go(func() {
-		t := time.NewTicker(cfg.StatsInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-e.ctx.Done():
-				return
-			case <-t.C:
-				e.scrape(e.ctx)
-			}
-		}
-	})
+	remote.Every(e.ctx, &e.wg, cfg.StatsInterval, e.scrape)
 	e.log.Info("trtllm engine attached", "model", cfg.Model, "block_size", blockSize, "blocks", blocks, "kv_events", cfg.Events)
 	return e, nil
 }
@@ -185,7 +173,6 @@ func (e *Engine) scrape(ctx context.Context) {
 		st := e.Stats()
 		st.Running, st.Waiting = 0, 0
 		e.stats.Store(&st)
-		e.scrapes.Add(1)
 		return
 	}
 	e.apply(last)
@@ -204,7 +191,6 @@ func (e *Engine) apply(s *iterStats) {
 		}
 	}
 	e.stats.Store(&st)
-	e.scrapes.Add(1)
 }
 
 // Config is the engine's description (model and block size from the

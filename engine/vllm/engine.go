@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/remote"
@@ -25,11 +24,10 @@ type Engine struct {
 	relay       *remote.Relay
 	health      *remote.HealthMonitor
 
-	stats   atomic.Pointer[[]engine.Stats] // per rank, from /metrics
-	scrapes atomic.Uint64
-	closed  atomic.Bool
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	load   remote.RankLoad // per rank, from /metrics
+	closed atomic.Bool
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 var (
@@ -78,18 +76,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	e.cancel = cancel
 	e.health = remote.NewHealthMonitor(remote.HealthConfig{URL: base + "/health", Interval: cfg.HealthInterval, Client: e.client, Logger: e.log})
 	e.scrape(ctx)
-	e.wg.Go(func() {
-		t := time.NewTicker(cfg.StatsInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-sctx.Done():
-				return
-			case <-t.C:
-				e.scrape(sctx)
-			}
-		}
-	})
+	remote.Every(sctx, &e.wg, cfg.StatsInterval, e.scrape)
 	e.log.Info("vllm engine attached", "model", cfg.Model, "max_model_len", e.maxModelLen, "block_size", blockSize,
 		"blocks", blocks, "dp_size", cfg.DPSize, "hint_form", cfg.HintForm, "kv_events", cfg.Events)
 	return e, nil
@@ -185,8 +172,7 @@ func (e *Engine) scrape(ctx context.Context) {
 			st[r].UsedBlocks = int(s.Value*float64(e.ecfg.Blocks) + 0.5)
 		}
 	}
-	e.stats.Store(&st)
-	e.scrapes.Add(1)
+	e.load.Store(st)
 }
 
 // Config is the engine's description (model and block size from the
@@ -200,26 +186,10 @@ func (e *Engine) MaxModelLen() int { return e.maxModelLen }
 func (e *Engine) DPSize() int { return e.cfg.DPSize }
 
 // RankStats is one rank's load as last read from /metrics.
-func (e *Engine) RankStats(rank int) engine.Stats {
-	if p := e.stats.Load(); p != nil && rank < len(*p) {
-		return (*p)[rank]
-	}
-	return engine.Stats{TotalBlocks: e.ecfg.Blocks}
-}
+func (e *Engine) RankStats(rank int) engine.Stats { return e.load.Rank(rank, e.ecfg.Blocks) }
 
 // Stats sums the ranks' load.
-func (e *Engine) Stats() engine.Stats {
-	var out engine.Stats
-	if p := e.stats.Load(); p != nil {
-		for _, s := range *p {
-			out.Running += s.Running
-			out.Waiting += s.Waiting
-			out.UsedBlocks += s.UsedBlocks
-			out.TotalBlocks += s.TotalBlocks
-		}
-	}
-	return out
-}
+func (e *Engine) Stats() engine.Stats { return e.load.Sum() }
 
 // Health is the verdict of the /health poll (engine.Health).
 func (e *Engine) Health() (bool, <-chan struct{}) { return e.health.Health() }
