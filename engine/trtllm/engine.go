@@ -88,9 +88,11 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if err := remote.WaitHealthy(ctx, e.client, base+"/health"); err != nil {
 		return nil, err
 	}
-	if err := e.readModels(ctx); err != nil {
+	m, err := remote.PickModel(ctx, e.client, base, cfg.Model, "trtllm")
+	if err != nil {
 		return nil, err
 	}
+	e.cfg.Model = m.ID
 	last, err := e.readStats(ctx)
 	if err != nil {
 		e.log.Warn("trtllm /metrics unreadable; block size and capacity unknown", "err", err)
@@ -120,29 +122,6 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	remote.Every(e.ctx, &e.wg, cfg.StatsInterval, e.scrape)
 	e.log.Info("trtllm engine attached", "model", cfg.Model, "block_size", blockSize, "blocks", blocks, "kv_events", cfg.Events)
 	return e, nil
-}
-
-func (e *Engine) readModels(ctx context.Context) error {
-	var list struct {
-		Data []struct {
-			ID string `json:"id"`
-		} `json:"data"`
-	}
-	if err := remote.GetJSON(ctx, e.client, e.cfg.URL+"/v1/models", &list); err != nil {
-		return fmt.Errorf("trtllm engine models: %w", err)
-	}
-	if len(list.Data) == 0 {
-		return fmt.Errorf("trtllm engine %s serves no model", e.cfg.URL)
-	}
-	var names []string
-	for _, m := range list.Data {
-		if e.cfg.Model == "" || m.ID == e.cfg.Model {
-			e.cfg.Model = m.ID
-			return nil
-		}
-		names = append(names, m.ID)
-	}
-	return fmt.Errorf("trtllm engine %s does not serve model %q (it serves %q)", e.cfg.URL, e.cfg.Model, names)
 }
 
 // readStats drains /metrics and returns the newest entry (nil when the

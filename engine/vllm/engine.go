@@ -53,9 +53,11 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if err := remote.WaitHealthy(ctx, e.client, base+"/health"); err != nil {
 		return nil, err
 	}
-	if err := e.readModels(ctx); err != nil {
+	m, err := remote.PickModel(ctx, e.client, base, cfg.Model, "vllm")
+	if err != nil {
 		return nil, err
 	}
+	e.cfg.Model, e.maxModelLen = m.ID, m.MaxModelLen
 	blockSize, blocks, err := e.readCacheConfig(ctx)
 	if err != nil {
 		return nil, err
@@ -80,32 +82,6 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	e.log.Info("vllm engine attached", "model", cfg.Model, "max_model_len", e.maxModelLen, "block_size", blockSize,
 		"blocks", blocks, "dp_size", cfg.DPSize, "hint_form", cfg.HintForm, "kv_events", cfg.Events)
 	return e, nil
-}
-
-// readModels checks (or takes) the served model name and its context
-// length.
-func (e *Engine) readModels(ctx context.Context) error {
-	var list struct {
-		Data []struct {
-			ID          string `json:"id"`
-			MaxModelLen int    `json:"max_model_len"`
-		} `json:"data"`
-	}
-	if err := remote.GetJSON(ctx, e.client, e.cfg.URL+"/v1/models", &list); err != nil {
-		return fmt.Errorf("vllm engine models: %w", err)
-	}
-	if len(list.Data) == 0 {
-		return fmt.Errorf("vllm engine %s serves no model", e.cfg.URL)
-	}
-	var names []string
-	for _, m := range list.Data {
-		if e.cfg.Model == "" || m.ID == e.cfg.Model {
-			e.cfg.Model, e.maxModelLen = m.ID, m.MaxModelLen
-			return nil
-		}
-		names = append(names, m.ID)
-	}
-	return fmt.Errorf("vllm engine %s does not serve model %q (it serves %q)", e.cfg.URL, e.cfg.Model, names)
 }
 
 // readCacheConfig reads block size and KV blocks per rank from
