@@ -87,7 +87,8 @@ func TestGenerateCumulativeAndIncremental(t *testing.T) {
 // the engine's (migration).
 func TestErrorsClassified(t *testing.T) {
 	_, srv := startMock(t, mockOpts{})
-	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
+	// The test repoints the engine (e.cfg.URL): no load reader runs meanwhile.
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL, StatsInterval: time.Hour}})
 	_, err := e.Generate(context.Background(), &engine.Request{Tokens: enginetest.Prompt(9000, 1), Sampling: kv.Sampling{MaxTokens: 4}})
 	var rej *remote.RejectedError
 	if !errors.As(err, &rej) || rej.Status != 400 || !strings.Contains(rej.Message, "context length") {

@@ -254,7 +254,8 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 func TestErrorsClassified(t *testing.T) {
 	r := &recorder{status: 400, answer: `{"error":{"message":"This model's maximum context length is 4096 tokens.","type":"BadRequestError","param":null,"code":400}}`}
 	url := r.start(t)
-	e := newEngine(t, Config{Config: remote.Config{URL: url}})
+	// The test repoints the engine (e.cfg.URL): no load reader runs meanwhile.
+	e := newEngine(t, Config{Config: remote.Config{URL: url, StatsInterval: time.Hour}})
 	req := &engine.Request{Tokens: []kv.Token{1}, Sampling: kv.Sampling{MaxTokens: 2}}
 	_, err := e.Generate(context.Background(), req)
 	var rej *remote.RejectedError
