@@ -94,7 +94,7 @@ func TestFleetTokenGuardsWorker(t *testing.T) {
 	}
 	t.Cleanup(c.Close)
 	waitFor(t, 10*time.Second, "cluster sees the worker", func() bool { return len(c.router.Workers(hintedModel, kv.RoleAggregated)) == 1 })
-	if got := saltedTurn(t, c, "", toks); len(got.toks) == 0 {
+	if got := domainTurn(t, c, "", "", toks); len(got.toks) == 0 {
 		t.Fatal("a cluster with the token got no tokens")
 	}
 	// Without the token (known from discovery) or with a wrong one (the
@@ -184,7 +184,7 @@ func TestMutualTLSGuardsWorker(t *testing.T) {
 	t.Cleanup(c.Close)
 	waitFor(t, 10*time.Second, "cluster sees the worker", func() bool { return len(c.router.Workers(hintedModel, kv.RoleAggregated)) == 1 })
 	toks := prompt(3, 256)
-	if got := saltedTurn(t, c, "", toks); len(got.toks) == 0 {
+	if got := domainTurn(t, c, "", "", toks); len(got.toks) == 0 {
 		t.Fatal("a cluster with the fleet's certificate got no tokens")
 	}
 	// Plaintext (known from discovery) or another CA (the handshake

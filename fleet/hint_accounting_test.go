@@ -6,14 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
@@ -27,35 +23,14 @@ import (
 // the router planned ends in exactly one counted outcome: dropped before a
 // worker (by the fleet, with a reason) or a worker's result.
 func TestEveryPlannedHintIsCountedOnce(t *testing.T) {
-	_, nc, _ := controlPlane(t, 3*time.Second)
-	reg := prometheus.NewRegistry()
-	pm, err := worker.NewPeerMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	disc := discovery.Config{TTL: 3 * time.Second, Memory: true}
-	ws := startHintedWorkers(t, ctx, nc, disc, pm, 3, func(cfg *sim.Config) { cfg.SpeedupRatio = 1 },
+	f := startHintedFleet(t, 3, func(cfg *sim.Config) { cfg.SpeedupRatio = 1 },
 		worker.Config{LoadInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	d, err := discovery.Open(ctx, nc, disc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, ws, reg := f.ctx, f.ws, f.reg
 	// A high temperature spreads requests away from the workers holding
 	// their prefix, so the router plans many hints.
 	cost := router.BlockCost()
 	cost.Temperature = 50
-	c, err := New(ctx, Config{NC: nc, Discovery: d, Models: []string{hintedModel}, Registerer: reg,
-		Router: router.Config{Mode: router.ModeKV, Hints: true, Cost: &cost}, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	waitFor(t, 10*time.Second, "cluster sees 3 hint-capable workers", func() bool {
-		infos := c.router.Workers(hintedModel, kv.RoleAggregated)
-		return len(infos) == 3 && !slices.ContainsFunc(infos, func(i router.WorkerInfo) bool { return !i.HintCapable })
-	})
+	c := f.cluster(t, router.Config{Hints: true, Cost: &cost}, reg)
 
 	// Conversations over a few shared system prompts: later turns find
 	// their prefix on a worker the router may not pick.

@@ -21,6 +21,7 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/transfer"
 	"github.com/kvmesh/kvmesh/worker"
 )
 
@@ -44,6 +45,51 @@ func clusterTurn(t *testing.T, c *Cluster, toks []uint32) turnResult {
 	t.Helper()
 	return runTurn(t, c, &kv.GenerateRequest{RequestID: fmt.Sprint("r", time.Now().UnixNano()), Model: hintedModel,
 		Tokens: toks, Sampling: kv.Sampling{MaxTokens: 6, Seed: 1234}})
+}
+
+// domainTurn is clusterTurn in the cache domain of a LoRA adapter and a
+// cache salt ("": none).
+func domainTurn(t *testing.T, c *Cluster, lora, salt string, toks []uint32) turnResult {
+	t.Helper()
+	return runTurn(t, c, &kv.GenerateRequest{RequestID: fmt.Sprint("r", time.Now().UnixNano()), Model: hintedModel,
+		LoRA: lora, CacheSalt: salt, Tokens: toks, Sampling: kv.Sampling{MaxTokens: 4, Seed: 1234}})
+}
+
+// checkDomainShares: a domain's prompt, computed on a (n blocks of seq),
+// is found cached there again, then on b through a hint from a.
+func checkDomainShares(t *testing.T, c *Cluster, a, b hintedWorker, lora, salt string, toks []uint32, n int) {
+	t.Helper()
+	bs := sim.DefaultBlockSize
+	c.router.UpdateLoad(a.key(), 0, 100, 0, 0)
+	c.router.UpdateLoad(b.key(), 100, 100, 0, 0)
+	if got := domainTurn(t, c, lora, salt, toks); got.cached < (n-1)*bs {
+		t.Fatalf("%q/%q: the second request found %d cached tokens, want ≥ %d", lora, salt, got.cached, (n-1)*bs)
+	}
+	c.router.UpdateLoad(b.key(), 0, 100, 0, 0)
+	c.router.UpdateLoad(a.key(), 100, 100, 0, 0)
+	got := domainTurn(t, c, lora, salt, toks)
+	if s := b.peer.Stats(); s.Fetched != 1 || got.cached < (n-1)*bs {
+		t.Fatalf("%q/%q on B: %d cached tokens, peer stats %+v; want a fetched hint", lora, salt, got.cached, s)
+	}
+}
+
+// checkServesNoOtherDomain: a, asked for seq's blocks by their exact
+// engine hashes in any of domains, serves none.
+func checkServesNoOtherDomain(t *testing.T, ctx context.Context, a hintedWorker, seq []kv.SeqHash, domains ...uint64) {
+	t.Helper()
+	cl := transfer.NewClient(transfer.ClientOptions{})
+	defer cl.Close()
+	ask := make([]uint64, len(seq))
+	for i, h := range seq {
+		ask[i] = uint64(sim.EngineHash(h))
+	}
+	for _, dom := range domains {
+		res, _ := cl.Fetch(ctx, a.peer.Endpoints()[0], transfer.FetchRequest{Hashes: ask, Digest: a.peer.Digest(), Domain: dom})
+		if res.Completed != 0 {
+			t.Fatalf("A served %d of the blocks to domain %x", res.Completed, dom)
+		}
+		res.Release()
+	}
 }
 
 // runTurn streams req through c: its tokens, time to first token and
@@ -112,6 +158,53 @@ func startHintedWorkers(t *testing.T, ctx context.Context, nc *nats.Conn, disc d
 	return ws
 }
 
+// hintedFleet is a control plane with hinted workers on it, for clusters
+// to route over.
+type hintedFleet struct {
+	ctx context.Context // ends with the test
+	nc  *nats.Conn
+	d   *discovery.Discovery
+	reg *prometheus.Registry // the peers' metrics; a cluster's if given it
+	ws  []hintedWorker
+}
+
+// startHintedFleet starts the control plane and n hinted workers on it
+// (tune and wc as for startHintedWorkers), with peer metrics in reg.
+func startHintedFleet(t *testing.T, n int, tune func(*sim.Config), wc worker.Config) *hintedFleet {
+	t.Helper()
+	_, nc, _ := controlPlane(t, 3*time.Second)
+	f := &hintedFleet{nc: nc, reg: prometheus.NewRegistry()}
+	pm, err := worker.NewPeerMetrics(f.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	f.ctx = ctx
+	disc := discovery.Config{TTL: 3 * time.Second, Memory: true}
+	f.ws = startHintedWorkers(t, ctx, nc, disc, pm, n, tune, wc)
+	if f.d, err = discovery.Open(ctx, nc, disc); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// cluster opens a KV-mode cluster of hintedModel over the fleet with rc
+// (Mode set here), its series in r (nil: none), and waits until it sees
+// every worker hint-capable.
+func (f *hintedFleet) cluster(t *testing.T, rc router.Config, r prometheus.Registerer) *Cluster {
+	t.Helper()
+	rc.Mode = router.ModeKV
+	c, err := New(f.ctx, Config{NC: f.nc, Discovery: f.d, Models: []string{hintedModel}, Registerer: r, Router: rc,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	waitHintCapable(t, c, len(f.ws))
+	return c
+}
+
 // waitHintCapable waits until c sees n hint-capable workers of hintedModel.
 func waitHintCapable(t *testing.T, c *Cluster, n int) {
 	t.Helper()
@@ -131,43 +224,17 @@ func waitHintCapable(t *testing.T, c *Cluster, n int) {
 // worker recomputing the same turn with hints off, and the transfer shows
 // in the metrics.
 func TestHintedConversationAcrossWorkers(t *testing.T) {
-	_, nc, _ := controlPlane(t, 3*time.Second)
-	reg := prometheus.NewRegistry()
-	pm, err := worker.NewPeerMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	disc := discovery.Config{TTL: 3 * time.Second, Memory: true}
-
-	ws := startHintedWorkers(t, ctx, nc, disc, pm, 4, func(cfg *sim.Config) {
+	f := startHintedFleet(t, 4, func(cfg *sim.Config) {
 		// Prefill dominates: modelled time runs at half speed, and a fetched
 		// block is priced as a real 8B model's (64 tokens × 128 KiB) at the
 		// default 64 GB/s, on top of the real loopback transfer time.
 		cfg.SpeedupRatio = 0.5
 		cfg.TransferBytesPerBlock = 64 * 128 << 10
 	}, worker.Config{LoadInterval: time.Hour})
-	d, err := discovery.Open(ctx, nc, disc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	newCluster := func(hints bool) *Cluster {
-		var r prometheus.Registerer
-		if hints {
-			r = reg // the per-worker series of the hinted fleet
-		}
-		c, err := New(ctx, Config{NC: nc, Discovery: d, Models: []string{hintedModel}, Registerer: r,
-			Router: router.Config{Mode: router.ModeKV, Hints: hints, MaxKVUsage: 0.9}, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(c.Close)
-		waitHintCapable(t, c, 4)
-		return c
-	}
-	hinted := newCluster(true)
-	plain := newCluster(false)
+	ws, reg := f.ws, f.reg
+	// The hinted cluster's per-worker series go in reg.
+	hinted := f.cluster(t, router.Config{Hints: true, MaxKVUsage: 0.9}, reg)
+	plain := f.cluster(t, router.Config{MaxKVUsage: 0.9}, nil)
 
 	turn1 := prompt(100, 6000)
 	turn2 := append(slices.Clone(turn1), prompt(90000, 250)...)

@@ -59,6 +59,13 @@ type engineAttach struct {
 	log               *slog.Logger
 }
 
+// remote is the configuration every adapter shares, from the flags.
+func (a engineAttach) remote() remote.Config {
+	return remote.Config{URL: a.flags.url, Model: a.model, Role: a.role, DPSize: a.dpSize, BlockSize: a.blockSize,
+		Events: a.flags.events, ReplayEvents: a.flags.replay, Topic: a.opts.topic,
+		HealthInterval: a.opts.healthInterval, Logger: a.log}
+}
+
 // attachedEngine is what serve and worker need of an adapter.
 type attachedEngine interface {
 	engine.Engine

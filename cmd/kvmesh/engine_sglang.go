@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 
+	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/engine/sglang"
 )
 
@@ -12,10 +13,5 @@ func init() { engineAdapters["sglang"] = engineAdapter{open: openSGLang, decodeC
 
 // openSGLang attaches to one SGLang server.
 func openSGLang(ctx context.Context, a engineAttach) (attachedEngine, error) {
-	form, err := sglang.ParseHintForm(a.opts.hintForm)
-	if err != nil {
-		return nil, err
-	}
-	return sglang.New(ctx, sglang.Config{URL: a.flags.url, HealthInterval: a.opts.healthInterval, Model: a.model, Role: a.role, DPSize: a.dpSize, BlockSize: a.blockSize,
-		HintForm: form, Events: a.flags.events, ReplayEvents: a.flags.replay, Topic: a.opts.topic, Logger: a.log})
+	return sglang.New(ctx, sglang.Config{Config: a.remote(), HintForm: remote.HintForm(a.opts.hintForm)})
 }

@@ -44,8 +44,10 @@ func openTRTLLM(ctx context.Context, a engineAttach) (attachedEngine, error) {
 	if err := trtllm.CheckHintForm(a.opts.hintForm); err != nil {
 		return nil, err
 	}
-	e, err := trtllm.New(ctx, trtllm.Config{URL: a.flags.url, HealthInterval: a.opts.healthInterval, Model: a.model, Role: a.role, BlockSize: a.blockSize,
-		Events: a.flags.events, Logger: a.log})
+	// Its events are polled: no ZMQ replay endpoint or topic.
+	rc := a.remote()
+	rc.ReplayEvents, rc.Topic = "", ""
+	e, err := trtllm.New(ctx, trtllm.Config{Config: rc})
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 
+	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/engine/vllm"
 )
 
@@ -10,11 +11,5 @@ func init() { engineAdapters["vllm"] = engineAdapter{open: openVLLM} }
 
 // openVLLM attaches to one vLLM server.
 func openVLLM(ctx context.Context, a engineAttach) (attachedEngine, error) {
-	form, err := vllm.ParseHintForm(a.opts.hintForm)
-	if err != nil {
-		return nil, err
-	}
-	return vllm.New(ctx, vllm.Config{URL: a.flags.url, Model: a.model, Role: a.role, DPSize: a.dpSize, BlockSize: a.blockSize,
-		HintForm: form, Events: a.flags.events, ReplayEvents: a.flags.replay, Topic: a.opts.topic,
-		HealthInterval: a.opts.healthInterval, Logger: a.log})
+	return vllm.New(ctx, vllm.Config{Config: a.remote(), HintForm: remote.HintForm(a.opts.hintForm)})
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/natsbus/natstest"
 	"github.com/kvmesh/kvmesh/workerclient"
 )
 
@@ -62,11 +63,7 @@ func TestFleetCredentialsProcesses(t *testing.T) {
 }
 
 func credentialedFleet(t *testing.T, creds []string, dial []grpc.DialOption, refusedSeries, refusedLog string) {
-	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
+	ns := natstest.Start(t)
 	const model = "creds-e2e"
 	worker := func(name, model string, withCreds bool) (*testutil.Proc, string) {
 		args := []string{"worker", "--nats", ns.URL(), "--model", model, "--speedup-ratio", "0", "--block-size", "16",

@@ -22,6 +22,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/natsbus/natstest"
 	"github.com/kvmesh/kvmesh/workerclient"
 )
 
@@ -98,30 +99,23 @@ func TestKVCRWorkerRefusals(t *testing.T) {
 	runExit1(t, bin, kvcrWorkerArgs(), gate+"pipeline parallel 4 (each stage holds only its layers' KV)\n")
 }
 
-var (
-	sglangMockLine = regexp.MustCompile(`^kvmesh mock-engine sglang: serving \S+ on (http://\S+) `)
-	sglangEvents   = regexp.MustCompile(`^  rank 0: kv events (\S+), replay (\S+)`)
-	kvcrInvLine    = regexp.MustCompile(`^  kvcr inventory (\S+), replay (\S+) \(cache owner (\S+), topic (\S+)\)`)
-)
+var kvcrInvLine = regexp.MustCompile(`^  kvcr inventory (\S+), replay (\S+) \(cache owner (\S+), topic (\S+)\)`)
 
 type sglangMock struct {
-	*testutil.Proc
-	url, events, replay, inv, invReplay, owner string
+	*mockProc
+	inv, invReplay, owner string
 }
 
 // startMockSGLangKVCR runs `mock-engine sglang` with the KVCR linker on:
 // host and disk tiers published as inventory.
 func startMockSGLangKVCR(t *testing.T, name string, args ...string) *sglangMock {
 	t.Helper()
-	p := startProc(t, name, append([]string{"mock-engine", "sglang", "--port", "0", "--model-path", "mock-model", "--page-size", "16", "--blocks", "1024",
+	m := &sglangMock{mockProc: startMock(t, name, true, append([]string{"sglang", "--port", "0", "--model-path", "mock-model", "--page-size", "16", "--blocks", "1024",
 		"--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-replay-endpoint", "tcp://127.0.0.1:0",
 		"--enable-unified-cache-external-linker", "--unified-cache-external-linker-backend", "kvcr", "--hicache-storage-backend-extra-config", kvcrGoodConfig,
 		"--kvcr-inventory-endpoint", "tcp://127.0.0.1:0", "--kvcr-inventory-replay-endpoint", "tcp://127.0.0.1:0",
-		"--kvcr-host-blocks", "256", "--kvcr-disk-blocks", "256", "--kvcr-disk-dir", t.TempDir(), "--log-level", "warn"}, args...)...)
-	m := &sglangMock{Proc: p, url: p.Expect(sglangMockLine, 20*time.Second)[1]}
-	e := p.Expect(sglangEvents, 5*time.Second)
-	m.events, m.replay = e[1], e[2]
-	inv := p.Expect(kvcrInvLine, 5*time.Second)
+		"--kvcr-host-blocks", "256", "--kvcr-disk-blocks", "256", "--kvcr-disk-dir", t.TempDir(), "--log-level", "warn"}, args...)...)()}
+	inv := m.Expect(kvcrInvLine, 5*time.Second)
 	m.inv, m.invReplay, m.owner = inv[1], inv[2], inv[3]
 	return m
 }
@@ -144,11 +138,7 @@ func TestKVCRInventoryE2E(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
+	ns := natstest.Start(t)
 	mock := startMockSGLangKVCR(t, "mock sglang")
 	w := startProc(t, "worker", mock.workerArgs(ns.URL(), "--log-level", "warn")...)
 	id := w.Expect(workerLine, 30*time.Second)[1]
@@ -274,11 +264,7 @@ func TestKVCREngineRestartE2E(t *testing.T) {
 	if testing.Short() || os.Getenv("KVMESH_KVCR_RESTART_E2E") == "" {
 		t.Skip("set KVMESH_KVCR_RESTART_E2E=1 (starts and restarts processes; see the comment)")
 	}
-	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
+	ns := natstest.Start(t)
 	inv, rep, metricsPort := freePort(t), freePort(t), freePort(t)
 	mockArgs := []string{"--port", strconv.Itoa(freePort(t)), "--kvcr-cache-owner", "node1-gpu0",
 		"--kvcr-inventory-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", inv), "--kvcr-inventory-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", rep)}

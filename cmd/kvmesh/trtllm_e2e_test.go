@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -19,46 +18,8 @@ import (
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/mockengine"
-	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/natsbus/natstest"
 )
-
-var mockTRTLine = regexp.MustCompile(`^kvmesh mock-engine trtllm: serving \S+ on (http://\S+) `)
-
-// startMockTRTLLM starts `kvmesh mock-engine trtllm` serving mock-model
-// with events and iteration stats on; its URL is url().
-func startMockTRTLLM(t *testing.T, name string, args ...string) (url func() string) {
-	t.Helper()
-	p := startProc(t, name, append([]string{"mock-engine", "trtllm", "mock-model", "--port", "0", "--blocks", "1024",
-		"--kv-event-buffer-max-size", "4096", "--enable-iter-perf-stats", "--log-level", "warn"}, args...)...)
-	return func() string { return p.Expect(mockTRTLine, 20*time.Second)[1] }
-}
-
-func startTRTFrontend(t *testing.T, natsURL string, args ...string) string {
-	t.Helper()
-	fe := startProc(t, "frontend", append([]string{"frontend", "--nats", natsURL, "--model", "mock-model", "--listen", "127.0.0.1:0",
-		"--log-level", "warn"}, args...)...)
-	base := fe.Expect(frontendLine, 30*time.Second)[1]
-	testutil.WaitFor(t, 20*time.Second, "the frontend ready", func() bool {
-		resp, err := http.Get(strings.TrimSuffix(base, "/v1") + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
-	return base
-}
-
-func metricSum(t *testing.T, url, name string) float64 {
-	t.Helper()
-	var sum float64
-	for k, v := range testutil.Scrape(t, url) {
-		if k == name || strings.HasPrefix(k, name+"{") {
-			sum += v
-		}
-	}
-	return sum
-}
 
 // activeRequests reads a TensorRT-LLM mock's running requests from its
 // iteration stats (none queued since the last read: nothing ran).
@@ -101,38 +62,20 @@ func TestTRTLLMAdapterE2E(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
+	ns := natstest.Start(t)
 	// Mock B's event buffer holds two events: bursts overflow it.
 	ma := startMockTRTLLM(t, "mock A", "--speedup-ratio", "4", "--max_seq_len", "4096")
 	mb := startMockTRTLLM(t, "mock B", "--speedup-ratio", "4", "--max_seq_len", "4096", "--kv-event-buffer-max-size", "2")
-	mocks := []string{ma(), mb()}
+	mps := []*mockProc{ma(), mb()}
+	mocks := []string{mps[0].url, mps[1].url}
 	var wmetrics []string
-	var workers []*testutil.Proc
-	for i, m := range mocks {
-		ln, _ := net.Listen("tcp", "127.0.0.1:0")
-		addr := ln.Addr().String()
-		ln.Close()
-		w := startProc(t, fmt.Sprintf("worker %c", 'A'+i), "worker", "--engine", "trtllm", "--engine-url", m, "--kv-events", m,
-			"--nats", ns.URL(), "--log-level", "warn", "--engine-timeout", "20s", "--metrics-listen", addr)
-		workers = append(workers, w)
+	for i, m := range mps {
+		addr := freeAddr(t)
+		m.startWorker(t, fmt.Sprintf("worker %c", 'A'+i), ns.URL(), "--metrics-listen", addr)
 		wmetrics = append(wmetrics, "http://"+addr+"/metrics")
 	}
-	for _, w := range workers {
-		if got := w.Expect(workerLine, 30*time.Second); got[3] != "mock-model" {
-			t.Fatalf("worker ready line %v", got)
-		}
-	}
-	base := startTRTFrontend(t, ns.URL())
-	ws := watchWorkers(t, ns.URL(), "mock-model", 2)
-	for _, in := range ws.watcher.Instances() {
-		if in.AcceptsHints == nil || *in.AcceptsHints || in.BlockSize != 32 {
-			t.Fatalf("registration %+v", in)
-		}
-	}
+	base := startFrontendProc(t, ns.URL())
+	checkRegistered(t, watchWorkers(t, ns.URL(), "mock-model", 2), 32, false)
 	feMetrics := strings.TrimSuffix(base, "/v1") + "/metrics"
 
 	// openai-go, not streamed and streamed.
@@ -221,23 +164,13 @@ func TestTRTLLMDisaggregatedE2E(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
+	ns := natstest.Start(t)
 	cm := startMockTRTLLM(t, "context mock", "--speedup-ratio", "0", "--cache-transceiver")
 	gm := startMockTRTLLM(t, "generation mock", "--speedup-ratio", "0", "--cache-transceiver")
 	ctxMock, genMock := cm(), gm()
-	var ps []*testutil.Proc
-	for _, w := range []struct{ role, url string }{{"prefill", ctxMock}, {"decode", genMock}} {
-		ps = append(ps, startProc(t, w.role+" worker", "worker", "--engine", "trtllm", "--role", w.role, "--engine-url", w.url, "--kv-events", w.url,
-			"--nats", ns.URL(), "--log-level", "warn", "--engine-timeout", "20s"))
-	}
-	for _, p := range ps {
-		p.Expect(workerLine, 30*time.Second)
-	}
-	base := startTRTFrontend(t, ns.URL(), "--disagg-local-prefill-tokens", "0")
+	ctxMock.startWorker(t, "prefill worker", ns.URL(), "--role", "prefill")
+	genMock.startWorker(t, "decode worker", ns.URL(), "--role", "decode")
+	base := startFrontendProc(t, ns.URL(), "--disagg-local-prefill-tokens", "0")
 	watchWorkers(t, ns.URL(), "mock-model", 2)
 
 	prompt := tokenPrompt(20*32+5, 4000)
@@ -252,7 +185,7 @@ func TestTRTLLMDisaggregatedE2E(t *testing.T) {
 		t.Fatalf("P/D completion %+v", c)
 	}
 	// The same request aggregated, straight at the generation mock.
-	_, agg := completeOnce(t, genMock+"/v1", body)
+	_, agg := completeOnce(t, genMock.url+"/v1", body)
 	if c.Choices[0].Text != agg.Choices[0].Text {
 		t.Fatalf("P/D answered %q, aggregated %q", c.Choices[0].Text, agg.Choices[0].Text)
 	}
@@ -263,10 +196,10 @@ func TestTRTLLMDisaggregatedE2E(t *testing.T) {
 	}
 
 	var cd, gd trtDebug
-	if err := jsonGet(ctxMock+"/debug/disaggregated_params", &cd); err != nil {
+	if err := jsonGet(ctxMock.url+"/debug/disaggregated_params", &cd); err != nil {
 		t.Fatal(err)
 	}
-	if err := jsonGet(genMock+"/debug/disaggregated_params", &gd); err != nil {
+	if err := jsonGet(genMock.url+"/debug/disaggregated_params", &gd); err != nil {
 		t.Fatal(err)
 	}
 	if len(cd.Records) < 2 || len(gd.Records) != len(cd.Records) {
@@ -323,11 +256,7 @@ func TestTRTLLMKVBMDisaggE2E(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
+	ns := natstest.Start(t)
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	ctxAddr := ln.Addr().String()
 	ln.Close()
@@ -350,15 +279,12 @@ func TestTRTLLMKVBMDisaggE2E(t *testing.T) {
 	_, port, _ := net.SplitHostPort(ctxAddr)
 	p := startProc(t, "context mock", "mock-engine", "trtllm", "mock-model", "--port", port, "--blocks", "64", "--speedup-ratio", "0",
 		"--extra_llm_api_options", yamlPath, "--kvbm-host-blocks", "4096", "--log-level", "warn")
-	if m := p.Expect(mockTRTLine, 20*time.Second); m[1] != ctxURL {
-		t.Fatalf("context mock at %s, want %s", m[1], ctxURL)
+	if m := p.Expect(mockLine, 20*time.Second); m[2] != ctxURL {
+		t.Fatalf("context mock at %s, want %s", m[2], ctxURL)
 	}
-	genMock := startMockTRTLLM(t, "generation mock", "--speedup-ratio", "0", "--cache-transceiver")()
-	dw := startProc(t, "decode worker", "worker", "--engine", "trtllm", "--role", "decode", "--engine-url", genMock, "--kv-events", genMock,
-		"--nats", ns.URL(), "--log-level", "warn", "--engine-timeout", "20s")
+	startMockTRTLLM(t, "generation mock", "--speedup-ratio", "0", "--cache-transceiver")().startWorker(t, "decode worker", ns.URL(), "--role", "decode")
 	pw.Expect(workerLine, 30*time.Second)
-	dw.Expect(workerLine, 30*time.Second)
-	base := startTRTFrontend(t, ns.URL(), "--disagg-local-prefill-tokens", "0")
+	base := startFrontendProc(t, ns.URL(), "--disagg-local-prefill-tokens", "0")
 	watchWorkers(t, ns.URL(), "mock-model", 2)
 	feMetrics := strings.TrimSuffix(base, "/v1") + "/metrics"
 
@@ -420,19 +346,10 @@ func TestServeTRTLLMEngines(t *testing.T) {
 	}
 	ma := startMockTRTLLM(t, "mock A", "--speedup-ratio", "0")
 	mb := startMockTRTLLM(t, "mock B", "--speedup-ratio", "0")
-	a, b := ma(), mb()
+	a, b := ma().url, mb().url
 	s := startServe(t, "--engine", "trtllm", "--engine-url", a+","+b, "--kv-events", a+","+b)
 	defer s.stop(t)
-	st, c := completeOnce(t, s.base, map[string]any{"model": "mock-model", "prompt": tokenPrompt(40, 5), "max_tokens": 4})
-	if st != 200 || c.Usage.CompletionTokens != 4 {
-		t.Fatalf("serve --engine trtllm: %d %+v", st, c)
-	}
-	client := newClient(s.base)
-	chat, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "mock-model",
-		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello there")}, MaxTokens: openai.Int(6)})
-	if err != nil || chat.Usage.CompletionTokens == 0 {
-		t.Fatalf("chat through serve --engine trtllm: %v %+v", err, chat)
-	}
+	checkServed(t, s.base)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -442,15 +359,7 @@ func TestServeTRTLLMEngines(t *testing.T) {
 		{[]string{"--engine", "trtllm", "--engine-url", a, "--hint-form", "native"}, "--hint-form \"native\": --engine trtllm takes only off"},
 		{[]string{"--engine", "trtllm", "--engine-url", a, "--connector", "kvbm", "--kvbm-host-blocks", "8"}, "--connector kvbm with --engine trtllm: a real engine loads its connector itself"},
 	} {
-		p := startProc(t, "bad serve", append([]string{"serve", "--listen", "127.0.0.1:0"}, tc.args...)...)
-		select {
-		case <-p.Done():
-		case <-time.After(20 * time.Second):
-			t.Fatalf("%v: serve kept running", tc.args)
-		}
-		if p.Err() == nil || !strings.Contains(p.Stderr(), tc.want) {
-			t.Errorf("%v: exit %v, stderr %q, want %q", tc.args, p.Err(), p.Stderr(), tc.want)
-		}
+		expectRefused(t, tc.want, append([]string{"serve", "--listen", "127.0.0.1:0"}, tc.args...)...)
 	}
 	// The worker: a decode worker runs no connector; vLLM gets no
 	// connector configuration from kvmesh.
@@ -462,15 +371,7 @@ func TestServeTRTLLMEngines(t *testing.T) {
 		{[]string{"--engine", "vllm", "--engine-url", a, "--connector", "kvbm", "--kvbm-host-blocks", "8"}, "--connector kvbm with --engine vllm"},
 		{[]string{"--engine", "trtllm", "--engine-url", a, "--connector-config-out", "-"}, "--connector-config-out needs --connector"},
 	} {
-		p := startProc(t, "bad worker", append([]string{"worker", "--nats", s.natsURL}, tc.args...)...)
-		select {
-		case <-p.Done():
-		case <-time.After(20 * time.Second):
-			t.Fatalf("%v: worker kept running", tc.args)
-		}
-		if p.Err() == nil || !strings.Contains(p.Stderr(), tc.want) {
-			t.Errorf("%v: exit %v, stderr %q, want %q", tc.args, p.Err(), p.Stderr(), tc.want)
-		}
+		expectRefused(t, tc.want, append([]string{"worker", "--nats", s.natsURL}, tc.args...)...)
 	}
 }
 
@@ -482,7 +383,7 @@ func TestServeTRTLLMDisagg(t *testing.T) {
 	}
 	cm := startMockTRTLLM(t, "context mock", "--speedup-ratio", "0", "--cache-transceiver")
 	gm := startMockTRTLLM(t, "generation mock", "--speedup-ratio", "0", "--cache-transceiver")
-	ctxURL, genURL := cm(), gm()
+	ctxURL, genURL := cm().url, gm().url
 	s := startServe(t, "--engine", "trtllm", "--prefill-engine-url", ctxURL, "--prefill-kv-events", ctxURL,
 		"--decode-engine-url", genURL, "--decode-kv-events", genURL, "--disagg-local-prefill-tokens", "0")
 	defer s.stop(t)

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/natsbus/natstest"
 )
 
 // kvmesh frontend → `kvmesh worker --engine vllm --role prefill|decode` →
@@ -16,24 +16,12 @@ func TestVLLMDisaggregatedE2E(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
+	ns := natstest.Start(t)
 	pre := startMockVLLM(t, "prefill mock", "--speedup-ratio", "0", "--kv-role", "kv_producer", "--side-channel-port", "0")
 	dec := startMockVLLM(t, "decode mock", "--speedup-ratio", "0", "--kv-role", "kv_consumer", "--side-channel-port", "0")
-	for _, w := range []struct {
-		role string
-		m    *mockProc
-	}{{"prefill", pre}, {"decode", dec}} {
-		p := startProc(t, w.role+" worker", "worker", "--engine", "vllm", "--role", w.role, "--engine-url", w.m.url, "--kv-events", w.m.events,
-			"--kv-events-replay", w.m.replay, "--model", "mock-model", "--nats", ns.URL(), "--log-level", "warn", "--engine-timeout", "20s")
-		p.Expect(workerLine, 30*time.Second)
-	}
-	fe := startProc(t, "frontend", "frontend", "--nats", ns.URL(), "--model", "mock-model", "--listen", "127.0.0.1:0", "--log-level", "warn",
-		"--disagg-local-prefill-tokens", "0")
-	base := fe.Expect(frontendLine, 30*time.Second)[1]
+	pre.startWorker(t, "prefill worker", ns.URL(), "--role", "prefill", "--model", "mock-model")
+	dec.startWorker(t, "decode worker", ns.URL(), "--role", "decode", "--model", "mock-model")
+	base := startFrontendProc(t, ns.URL(), "--disagg-local-prefill-tokens", "0")
 	watchWorkers(t, ns.URL(), "mock-model", 2)
 	var st int
 	var c completion

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/natsbus/natstest"
 )
 
 // freePortPair finds a loopback port p with p+1 free too: a DP-2 engine's
@@ -159,15 +159,7 @@ func TestServeVLLMDPBlockSizeAndContext(t *testing.T) {
 	}
 
 	// A pinned block size the engines do not use is one clear error.
-	bad := startProc(t, "bad serve", "serve", "--listen", "127.0.0.1:0", "--engine", "vllm", "--engine-url", a.url, "--block-size", "32")
-	select {
-	case <-bad.Done():
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve with a wrong --block-size kept running")
-	}
-	if !strings.Contains(bad.Stderr(), "--block-size 32 but the vLLM engine") {
-		t.Fatalf("serve --block-size 32: %s", bad.Stderr())
-	}
+	expectRefused(t, "--block-size 32 but the vLLM engine", "serve", "--listen", "127.0.0.1:0", "--engine", "vllm", "--engine-url", a.url, "--block-size", "32")
 }
 
 // An engine that stops answering (SIGSTOP: the process lives, its sockets
@@ -179,11 +171,7 @@ func TestVLLMEngineHealthE2E(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
+	ns := natstest.Start(t)
 	mocks := []*mockProc{
 		startMockVLLM(t, "mock A", "--speedup-ratio", "4"),
 		startMockVLLM(t, "mock B", "--speedup-ratio", "4"),
@@ -192,22 +180,11 @@ func TestVLLMEngineHealthE2E(t *testing.T) {
 	workers := make([]*testutil.Proc, len(mocks))
 	for i, m := range mocks {
 		metricsAt[i] = freeAddr(t)
-		workers[i] = startProc(t, fmt.Sprintf("worker %c", 'A'+i), "worker", "--engine", "vllm", "--engine-url", m.url, "--kv-events", m.events,
-			"--kv-events-replay", m.replay, "--nats", ns.URL(), "--log-level", "info", "--engine-health-interval", "200ms",
+		workers[i] = m.startWorker(t, fmt.Sprintf("worker %c", 'A'+i), ns.URL(), "--log-level", "info", "--engine-health-interval", "200ms",
 			"--metrics-listen", metricsAt[i])
-		workers[i].Expect(workerLine, 30*time.Second)
 	}
-	fe := startProc(t, "frontend", "frontend", "--nats", ns.URL(), "--model", "mock-model", "--listen", "127.0.0.1:0", "--log-level", "warn")
-	base := fe.Expect(frontendLine, 30*time.Second)[1]
+	base := startFrontendProc(t, ns.URL())
 	ws := watchWorkers(t, ns.URL(), "mock-model", 2)
-	testutil.WaitFor(t, 20*time.Second, "the frontend ready", func() bool {
-		resp, err := http.Get(strings.TrimSuffix(base, "/v1") + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
 
 	resp := postCompletion(t, t.Context(), base, map[string]any{"model": "mock-model", "prompt": tokenPrompt(64, 777),
 		"max_tokens": 200, "stream": true, "ignore_eos": true})
@@ -237,15 +214,7 @@ func TestVLLMEngineHealthE2E(t *testing.T) {
 	}
 	testutil.WaitFor(t, 5*time.Second, "the stopped engine's worker out of discovery", func() bool { return len(ws.watcher.Instances()) == 1 })
 	t.Logf("engine stopped after 5 chunks: the stream finished on the other engine %v later, %d chunks", streamDone.Round(time.Millisecond), chunks)
-	wm := func(name string) float64 {
-		var sum float64
-		for k, v := range testutil.Scrape(t, "http://"+metricsAt[stopped]+"/metrics") {
-			if strings.HasPrefix(k, name+"{") {
-				sum += v
-			}
-		}
-		return sum
-	}
+	wm := func(name string) float64 { return metricSum(t, "http://"+metricsAt[stopped]+"/metrics", name) }
 	if wm("kvmesh_worker_engine_unhealthy_total") != 1 || wm("kvmesh_worker_healthy") != 0 {
 		t.Fatalf("worker metrics: unhealthy_total %v, healthy %v", wm("kvmesh_worker_engine_unhealthy_total"), wm("kvmesh_worker_healthy"))
 	}

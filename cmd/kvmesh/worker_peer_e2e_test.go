@@ -12,6 +12,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
+	"github.com/kvmesh/kvmesh/natsbus/natstest"
 )
 
 var metricsLine = regexp.MustCompile(`msg=metrics addr=(\S+)`)
@@ -25,11 +26,7 @@ func TestWorkerProcessesPeerTransfer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
+	ns := natstest.Start(t)
 	const model = "peer-e2e"
 	args := func(extra ...string) []string {
 		return append([]string{"worker", "--nats", ns.URL(), "--model", model, "--speedup-ratio", "0", "--block-size", "16",

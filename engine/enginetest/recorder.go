@@ -1,6 +1,8 @@
 // Package enginetest holds test doubles and helpers for engine.Engine, for
-// the packages that drive engines (worker, fleet, the adapters' tests). It
-// imports only engine; nothing outside tests should use it.
+// the packages that drive engines (worker, fleet, the adapters' tests):
+// a recording engine, prompts, reading a stream to its end, opening an
+// engine and serving a stand-in for the test's length. It imports only
+// engine and kv; nothing outside tests should use it.
 package enginetest
 
 import (

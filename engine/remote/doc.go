@@ -1,7 +1,9 @@
 // Package remote is the plumbing every adapter to a real engine shares
-// (engine/vllm, engine/sglang; TensorRT-LLM next): the KV-event relay from
+// (engine/vllm, engine/sglang, engine/trtllm): the configuration each
+// adapter's own embeds, with its defaults (Config), the KV-event relay from
 // an engine's ZMQ publisher into the worker's event sink (Relay), health
-// gating, Prometheus /metrics scraping, server-sent-event reading and the
+// gating, Prometheus /metrics scraping and the per-rank load read from it
+// (RankLoad, Every), server-sent-event reading and the
 // classification of HTTP failures into the request's fault (a 4xx, which
 // reaches the client) or the engine's (engine.ErrUnavailable, which
 // migrates the request).

@@ -343,3 +343,32 @@ func (u *Usage) Engine() *engine.Usage {
 	}
 	return out
 }
+
+// ServedModel is one entry of an OpenAI-compatible server's /v1/models.
+type ServedModel struct {
+	ID          string `json:"id"`
+	MaxModelLen int    `json:"max_model_len"` // vLLM's; 0 where the server does not say
+}
+
+// PickModel reads the server's /v1/models and returns the entry named
+// want, or with want "" the first; kind names the engine in errors
+// ("vllm").
+func PickModel(ctx context.Context, c *http.Client, base, want, kind string) (ServedModel, error) {
+	var list struct {
+		Data []ServedModel `json:"data"`
+	}
+	if err := GetJSON(ctx, c, base+"/v1/models", &list); err != nil {
+		return ServedModel{}, fmt.Errorf("%s engine models: %w", kind, err)
+	}
+	if len(list.Data) == 0 {
+		return ServedModel{}, fmt.Errorf("%s engine %s serves no model", kind, base)
+	}
+	var names []string
+	for _, m := range list.Data {
+		if want == "" || m.ID == want {
+			return m, nil
+		}
+		names = append(names, m.ID)
+	}
+	return ServedModel{}, fmt.Errorf("%s engine %s does not serve model %q (it serves %q)", kind, base, want, names)
+}

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/remote"
@@ -28,11 +27,10 @@ type Engine struct {
 	relay         *remote.Relay
 	health        *remote.HealthMonitor
 
-	stats   atomic.Pointer[[]engine.Stats] // per rank, from /metrics
-	scrapes atomic.Uint64
-	closed  atomic.Bool
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	load   remote.RankLoad // per rank, from /metrics
+	closed atomic.Bool
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 var (
@@ -63,31 +61,13 @@ type ServerInfo struct {
 // /get_server_info, and starts reading its load. The KV-event relay starts
 // when the worker installs its event sink.
 func New(ctx context.Context, cfg Config) (*Engine, error) {
-	base, err := remote.CheckURL(cfg.URL)
-	if err != nil {
-		return nil, fmt.Errorf("sglang engine url: %w", err)
+	var err error
+	if cfg.Config, err = cfg.WithDefaults("sglang"); err != nil {
+		return nil, err
 	}
-	cfg.URL = base
-	if cfg.DPSize <= 0 {
-		cfg.DPSize = 1
-	}
-	if cfg.HintForm == "" {
-		cfg.HintForm = HintNative
-	}
-	if _, err := ParseHintForm(string(cfg.HintForm)); err != nil {
+	base := cfg.URL
+	if cfg.HintForm, err = cfg.HintForm.WithDefault(); err != nil {
 		return nil, fmt.Errorf("sglang hint form %w", err)
-	}
-	if cfg.Role == "" {
-		cfg.Role = kv.RoleAggregated
-	}
-	if cfg.StatsInterval <= 0 {
-		cfg.StatsInterval = 500 * time.Millisecond
-	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.BootstrapHost == "" {
 		u, _ := url.Parse(base)
@@ -121,18 +101,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	e.cancel = cancel
 	e.health = remote.NewHealthMonitor(remote.HealthConfig{URL: base + "/health", Interval: cfg.HealthInterval, Client: e.client, Logger: e.log})
 	e.scrape(ctx)
-	e.wg.Go(func() {
-		t := time.NewTicker(cfg.StatsInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-sctx.Done():
-				return
-			case <-t.C:
-				e.scrape(sctx)
-			}
-		}
-	})
+	remote.Every(sctx, &e.wg, cfg.StatsInterval, e.scrape)
 	e.log.Info("sglang engine attached", "model", cfg.Model, "version", e.info.Version, "context_length", e.info.ContextLength,
 		"page_size", blockSize, "blocks", blocks, "dp_size", cfg.DPSize, "disaggregation_mode", e.info.DisaggMode,
 		"bootstrap", e.bootstrapAddr(), "incremental_streaming", e.incremental(), "hint_form", cfg.HintForm, "kv_events", cfg.Events)
@@ -260,8 +229,7 @@ func (e *Engine) scrape(ctx context.Context) {
 			st[r].UsedBlocks = int(s.Value*float64(e.ecfg.Blocks) + 0.5)
 		}
 	}
-	e.stats.Store(&st)
-	e.scrapes.Add(1)
+	e.load.Store(st)
 }
 
 // Config is the engine's description (model and page size from the
@@ -278,26 +246,10 @@ func (e *Engine) MaxModelLen() int { return e.info.ContextLength }
 func (e *Engine) DPSize() int { return e.cfg.DPSize }
 
 // RankStats is one rank's load as last read from /metrics.
-func (e *Engine) RankStats(rank int) engine.Stats {
-	if p := e.stats.Load(); p != nil && rank < len(*p) {
-		return (*p)[rank]
-	}
-	return engine.Stats{TotalBlocks: e.ecfg.Blocks}
-}
+func (e *Engine) RankStats(rank int) engine.Stats { return e.load.Rank(rank, e.ecfg.Blocks) }
 
 // Stats sums the ranks' load.
-func (e *Engine) Stats() engine.Stats {
-	var out engine.Stats
-	if p := e.stats.Load(); p != nil {
-		for _, s := range *p {
-			out.Running += s.Running
-			out.Waiting += s.Waiting
-			out.UsedBlocks += s.UsedBlocks
-			out.TotalBlocks += s.TotalBlocks
-		}
-	}
-	return out
-}
+func (e *Engine) Stats() engine.Stats { return e.load.Sum() }
 
 // SetEventSink installs the worker's sink; the first one starts the
 // KV-event relay.

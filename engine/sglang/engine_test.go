@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/enginetest"
 	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
@@ -19,29 +20,29 @@ import (
 
 func TestAttachReadsServerInfo(t *testing.T) {
 	s, srv := startMock(t, mockOpts{})
-	e := newEngine(t, Config{URL: srv.URL + "/"})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL + "/"}})
 	c := e.Config()
 	if c.Model != testModel || c.BlockSize != 16 || c.Blocks != 512 || e.MaxModelLen() != 8192 || c.Role != kv.RoleAggregated {
 		t.Fatalf("config %+v context %d (mock %d)", c, e.MaxModelLen(), s.BootstrapPort())
 	}
 	ctx := context.Background()
-	if _, err := New(ctx, Config{URL: srv.URL, BlockSize: 32}); err == nil || !strings.Contains(err.Error(), "--page-size 16") {
+	if _, err := New(ctx, Config{Config: remote.Config{URL: srv.URL, BlockSize: 32}}); err == nil || !strings.Contains(err.Error(), "--page-size 16") {
 		t.Fatalf("pinned block size mismatch: %v", err)
 	}
-	if _, err := New(ctx, Config{URL: srv.URL, Model: "other"}); err == nil || !strings.Contains(err.Error(), `"other"`) {
+	if _, err := New(ctx, Config{Config: remote.Config{URL: srv.URL, Model: "other"}}); err == nil || !strings.Contains(err.Error(), `"other"`) {
 		t.Fatalf("unknown model: %v", err)
 	}
 	// The role must be the server's --disaggregation-mode.
-	if _, err := New(ctx, Config{URL: srv.URL, Role: kv.RolePrefill}); err == nil || !strings.Contains(err.Error(), "--disaggregation-mode null") {
+	if _, err := New(ctx, Config{Config: remote.Config{URL: srv.URL, Role: kv.RolePrefill}}); err == nil || !strings.Contains(err.Error(), "--disaggregation-mode null") {
 		t.Fatalf("prefill role on an aggregated server: %v", err)
 	}
 	_, psrv := startMock(t, mockOpts{mode: "prefill"})
-	if _, err := New(ctx, Config{URL: psrv.URL}); err == nil || !strings.Contains(err.Error(), "want --disaggregation-mode null") {
+	if _, err := New(ctx, Config{Config: remote.Config{URL: psrv.URL}}); err == nil || !strings.Contains(err.Error(), "want --disaggregation-mode null") {
 		t.Fatalf("aggregated role on a prefill server: %v", err)
 	}
 	sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	if _, err := New(sctx, Config{URL: "http://127.0.0.1:1"}); err == nil || !strings.Contains(err.Error(), "not healthy") {
+	if _, err := New(sctx, Config{Config: remote.Config{URL: "http://127.0.0.1:1"}}); err == nil || !strings.Contains(err.Error(), "not healthy") {
 		t.Fatalf("dead engine: %v", err)
 	}
 }
@@ -52,16 +53,16 @@ func TestGenerateCumulativeAndIncremental(t *testing.T) {
 	var got [][]kv.Token
 	for _, inc := range []bool{false, true} {
 		_, srv := startMock(t, mockOpts{incremental: inc, speed: 20})
-		e := newEngine(t, Config{URL: srv.URL})
+		e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 		if e.incremental() != inc {
 			t.Fatalf("incremental %v, server says %v", e.incremental(), inc)
 		}
-		req := &engine.Request{ID: "r1", Tokens: prompt(40, 100), Sampling: kv.Sampling{MaxTokens: 12, Seed: 7}}
+		req := &engine.Request{ID: "r1", Tokens: enginetest.Prompt(40, 100), Sampling: kv.Sampling{MaxTokens: 12, Seed: 7}}
 		ch, err := e.Generate(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		toks, last, chunks := collect(t, ch)
+		toks, last, chunks := enginetest.Collect(t, ch)
 		if len(toks) != 12 || last.Finish != kv.FinishLength || len(chunks) < 3 {
 			t.Fatalf("incremental=%v: tokens %d finish %q chunks %d", inc, len(toks), last.Finish, len(chunks))
 		}
@@ -70,7 +71,7 @@ func TestGenerateCumulativeAndIncremental(t *testing.T) {
 		}
 		// The same prompt again: its full pages come from the radix cache.
 		ch, _ = e.Generate(context.Background(), req)
-		toks2, last, _ := collect(t, ch)
+		toks2, last, _ := enginetest.Collect(t, ch)
 		if last.Usage.CachedTokens != 32 || !slices.Equal(toks, toks2) {
 			t.Fatalf("cached %d, same tokens %v", last.Usage.CachedTokens, slices.Equal(toks, toks2))
 		}
@@ -86,8 +87,9 @@ func TestGenerateCumulativeAndIncremental(t *testing.T) {
 // the engine's (migration).
 func TestErrorsClassified(t *testing.T) {
 	_, srv := startMock(t, mockOpts{})
-	e := newEngine(t, Config{URL: srv.URL})
-	_, err := e.Generate(context.Background(), &engine.Request{Tokens: prompt(9000, 1), Sampling: kv.Sampling{MaxTokens: 4}})
+	// The test repoints the engine (e.cfg.URL): no load reader runs meanwhile.
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL, StatsInterval: time.Hour}})
+	_, err := e.Generate(context.Background(), &engine.Request{Tokens: enginetest.Prompt(9000, 1), Sampling: kv.Sampling{MaxTokens: 4}})
 	var rej *remote.RejectedError
 	if !errors.As(err, &rej) || rej.Status != 400 || !strings.Contains(rej.Message, "context length") {
 		t.Fatalf("too long: %v", err)
@@ -113,11 +115,11 @@ func TestErrorsClassified(t *testing.T) {
 			}
 		}))
 		e.cfg.URL = fake.URL
-		ch, err := e.Generate(context.Background(), &engine.Request{Tokens: prompt(4, 1), Sampling: kv.Sampling{MaxTokens: 4}})
+		ch, err := e.Generate(context.Background(), &engine.Request{Tokens: enginetest.Prompt(4, 1), Sampling: kv.Sampling{MaxTokens: 4}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, last, _ := collect(t, ch)
+		_, last, _ := enginetest.Collect(t, ch)
 		rejected := errors.As(last.Err, &rej)
 		if last.Err == nil || rejected != tc.rejected || errors.Is(last.Err, engine.ErrUnavailable) == tc.rejected {
 			t.Fatalf("%s: err %v (rejected %v)", tc.name, last.Err, rejected)
@@ -126,7 +128,7 @@ func TestErrorsClassified(t *testing.T) {
 	}
 	// A dead server is a lost engine.
 	e.cfg.URL = "http://127.0.0.1:1"
-	if _, err := e.Generate(context.Background(), &engine.Request{Tokens: prompt(4, 1), Sampling: kv.Sampling{MaxTokens: 4}}); !errors.Is(err, engine.ErrUnavailable) {
+	if _, err := e.Generate(context.Background(), &engine.Request{Tokens: enginetest.Prompt(4, 1), Sampling: kv.Sampling{MaxTokens: 4}}); !errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("dead server: %v", err)
 	}
 }
@@ -137,26 +139,26 @@ func TestErrorsClassified(t *testing.T) {
 func TestHintForms(t *testing.T) {
 	neg := kv.EngineHash(uint64(1<<63 | 12345))
 	hint := &kv.Hint{ID: "sel-1", Endpoint: "tcp://10.0.0.2:7000", Hashes: []kv.EngineHash{neg, 42}}
-	for _, form := range []HintForm{HintNative, HintBridge, HintOff} {
+	for _, form := range []remote.HintForm{remote.HintNative, remote.HintBridge, remote.HintOff} {
 		s, srv := startMock(t, mockOpts{})
-		e := newEngine(t, Config{URL: srv.URL, HintForm: form})
-		ch, err := e.Generate(context.Background(), &engine.Request{ID: "h-" + string(form), Tokens: prompt(20, 3), Sampling: kv.Sampling{MaxTokens: 2}, KVHint: hint})
+		e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}, HintForm: form})
+		ch, err := e.Generate(context.Background(), &engine.Request{ID: "h-" + string(form), Tokens: enginetest.Prompt(20, 3), Sampling: kv.Sampling{MaxTokens: 2}, KVHint: hint})
 		if err != nil {
 			t.Fatal(err)
 		}
-		collect(t, ch)
+		enginetest.Collect(t, ch)
 		recs := s.Hints()
 		switch form {
-		case HintOff:
+		case remote.HintOff:
 			if len(recs) != 0 {
 				t.Fatalf("off: %+v", recs)
 			}
 			continue
-		case HintNative:
+		case remote.HintNative:
 			if len(recs) != 1 || recs[0].Field != "kv_hints" || recs[0].MessageID != "sel-1" || !slices.Equal(recs[0].BlockHashes, []uint64{uint64(neg), 42}) {
 				t.Fatalf("native: %+v", recs)
 			}
-		case HintBridge:
+		case remote.HintBridge:
 			if len(recs) != 1 || recs[0].Field != "kv_router_hint" || recs[0].SourceEndpoint != hint.Endpoint ||
 				!slices.Equal(recs[0].SignedHashes, []int64{int64(neg), 42}) || recs[0].SignedHashes[0] >= 0 {
 				t.Fatalf("bridge: %+v", recs)
@@ -174,10 +176,10 @@ func TestHintForms(t *testing.T) {
 
 func TestLoadFromMetrics(t *testing.T) {
 	_, srv := startMock(t, mockOpts{speed: 1})
-	e := newEngine(t, Config{URL: srv.URL})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ch, err := e.Generate(ctx, &engine.Request{Tokens: prompt(64, 7), Sampling: kv.Sampling{MaxTokens: 4000}})
+	ch, err := e.Generate(ctx, &engine.Request{Tokens: enginetest.Prompt(64, 7), Sampling: kv.Sampling{MaxTokens: 4000}})
 	if err != nil {
 		t.Fatal(err)
 	}

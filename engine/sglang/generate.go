@@ -100,13 +100,13 @@ func (e *Engine) body(req *engine.Request) (*generateRequest, []byte, error) {
 	}
 	if req.KVHint != nil && req.Leg != kv.LegDecode {
 		switch e.cfg.HintForm {
-		case HintNative:
+		case remote.HintNative:
 			enc, err := hints.Encode(hints.SGLang, hints.FromHint(req.KVHint))
 			if err != nil {
 				return nil, nil, err
 			}
 			b.KVHints = enc
-		case HintBridge:
+		case remote.HintBridge:
 			rh := &RouterHint{SourceControlEndpoint: req.KVHint.Endpoint, BlockHashes: make([]int64, len(req.KVHint.Hashes))}
 			for i, h := range req.KVHint.Hashes {
 				rh.BlockHashes[i] = int64(h) // SGLang's own signed value, as its events carried it

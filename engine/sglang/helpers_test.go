@@ -7,10 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/enginetest"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/events"
-	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/mockengine"
 )
 
@@ -39,52 +38,13 @@ func startMock(t *testing.T, o mockOpts) (*mockengine.SGLang, *httptest.Server) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(s.Handler())
-	t.Cleanup(func() {
-		srv.Close()
-		s.Close()
-	})
-	return s, srv
+	return s, enginetest.Serve(t, s.Handler(), s)
 }
 
 func newEngine(t *testing.T, cfg Config) *Engine {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	if cfg.StatsInterval == 0 {
 		cfg.StatsInterval = 20 * time.Millisecond
 	}
-	e, err := New(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
-}
-
-func prompt(n int, base kv.Token) []kv.Token {
-	out := make([]kv.Token, n)
-	for i := range out {
-		out[i] = base + kv.Token(i)
-	}
-	return out
-}
-
-// collect drains a stream.
-func collect(t *testing.T, ch <-chan engine.Chunk) (toks []kv.Token, last engine.Chunk, chunks []engine.Chunk) {
-	t.Helper()
-	timeout := time.After(10 * time.Second)
-	for {
-		select {
-		case c, ok := <-ch:
-			if !ok {
-				return toks, last, chunks
-			}
-			chunks = append(chunks, c)
-			toks = append(toks, c.Tokens...)
-			last = c
-		case <-timeout:
-			t.Fatal("stream did not end")
-		}
-	}
+	return enginetest.Open(t, func(ctx context.Context) (*Engine, error) { return New(ctx, cfg) })
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/enginetest"
+	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/mockengine"
 )
@@ -19,13 +21,13 @@ import (
 func TestDisaggregatedLegs(t *testing.T) {
 	pm, psrv := startMock(t, mockOpts{mode: "prefill"})
 	dm, dsrv := startMock(t, mockOpts{mode: "decode"})
-	pe := newEngine(t, Config{URL: psrv.URL, Role: kv.RolePrefill})
-	de := newEngine(t, Config{URL: dsrv.URL, Role: kv.RoleDecode})
+	pe := newEngine(t, Config{Config: remote.Config{URL: psrv.URL, Role: kv.RolePrefill}})
+	de := newEngine(t, Config{Config: remote.Config{URL: dsrv.URL, Role: kv.RoleDecode}})
 	if pe.bootstrapPort != pm.BootstrapPort() || pe.bootstrapAddr() == "" {
 		t.Fatalf("bootstrap port %d, the prefill server's %d", pe.bootstrapPort, pm.BootstrapPort())
 	}
 	hint := &kv.Hint{ID: "sel", Endpoint: "tcp://127.0.0.1:9", Hashes: []kv.EngineHash{1, 2}}
-	base := engine.Request{ID: "pd-1", Tokens: prompt(20*16+5, 40), Sampling: kv.Sampling{MaxTokens: 12, Seed: 3}, KVHint: hint}
+	base := engine.Request{ID: "pd-1", Tokens: enginetest.Prompt(20*16+5, 40), Sampling: kv.Sampling{MaxTokens: 12, Seed: 3}, KVHint: hint}
 	preq := base
 	preq.Leg = kv.LegPrefill
 	pch, err := pe.Generate(context.Background(), &preq)
@@ -46,11 +48,11 @@ func TestDisaggregatedLegs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	toks, last, _ := collect(t, dch)
+	toks, last, _ := enginetest.Collect(t, dch)
 	if len(toks) != 12 || last.Finish != kv.FinishLength || last.Usage.CachedTokens != 20*16 {
 		t.Fatalf("decode: %d tokens, %+v usage %+v", len(toks), last, last.Usage)
 	}
-	ptoks, plast, _ := collect(t, pch)
+	ptoks, plast, _ := enginetest.Collect(t, pch)
 	if len(ptoks) != 0 || plast.Finish == kv.FinishNone || plast.Err != nil {
 		t.Fatalf("prefill leg's end: %d tokens %+v", len(ptoks), plast)
 	}
@@ -84,15 +86,15 @@ func TestDisaggregatedLegs(t *testing.T) {
 // ones included, with kvmesh's local hashes recomputed from the tokens.
 func TestEventsRelayedWithSignedHashes(t *testing.T) {
 	m, srv := startMock(t, mockOpts{events: true})
-	e := newEngine(t, Config{URL: srv.URL, Events: m.EventsEndpoint(0), ReplayEvents: m.ReplayEndpoint(0)})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL, Events: m.EventsEndpoint(0), ReplayEvents: m.ReplayEndpoint(0)}})
 	got := make(chan []kv.Event, 64)
 	e.SetEventSink(func(b []kv.Event) { got <- b })
-	toks := prompt(12*16, 500)
+	toks := enginetest.Prompt(12*16, 500)
 	ch, err := e.Generate(context.Background(), &engine.Request{Tokens: toks, Sampling: kv.Sampling{MaxTokens: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	collect(t, ch)
+	enginetest.Collect(t, ch)
 	local, seqs := kv.NewHasher(16, "", "").Blocks(toks)
 	want := map[kv.EngineHash]kv.LocalHash{}
 	negative := 0
@@ -117,11 +119,11 @@ func TestEventsRelayedWithSignedHashes(t *testing.T) {
 		select {
 		case <-poke.C:
 			pokes++
-			ch, err := e.Generate(context.Background(), &engine.Request{Tokens: prompt(16, kv.Token(90000+16*pokes)), Sampling: kv.Sampling{MaxTokens: 1}})
+			ch, err := e.Generate(context.Background(), &engine.Request{Tokens: enginetest.Prompt(16, kv.Token(90000+16*pokes)), Sampling: kv.Sampling{MaxTokens: 1}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			collect(t, ch)
+			enginetest.Collect(t, ch)
 		case b := <-got:
 			for _, ev := range b {
 				for _, bl := range ev.Blocks {

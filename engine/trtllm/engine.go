@@ -14,7 +14,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/remote"
-	"github.com/kvmesh/kvmesh/kv"
 )
 
 // Engine drives one trtllm-serve.
@@ -26,7 +25,6 @@ type Engine struct {
 	health *remote.HealthMonitor
 
 	stats     atomic.Pointer[engine.Stats]
-	scrapes   atomic.Uint64
 	finished  atomic.Uint64 // generations that ended, for the event-buffer hint
 	sizeWarn  atomic.Bool
 	bufWarned atomic.Bool
@@ -64,41 +62,37 @@ type iterStats struct {
 // starts reading its load. Polling KV events starts when the worker
 // installs its event sink.
 func New(ctx context.Context, cfg Config) (*Engine, error) {
-	base, err := remote.CheckURL(cfg.URL)
-	if err != nil {
-		return nil, fmt.Errorf("trtllm engine url: %w", err)
+	var err error
+	if cfg.Config, err = cfg.WithDefaults("trtllm"); err != nil {
+		return nil, err
 	}
-	cfg.URL = base
+	base := cfg.URL
+	if cfg.DPSize > 1 {
+		return nil, fmt.Errorf("trtllm DP size %d: a TensorRT-LLM server is one rank to kvmesh", cfg.DPSize)
+	}
+	if cfg.ReplayEvents != "" || cfg.Topic != "" {
+		return nil, errors.New("trtllm kv events are polled over HTTP: no ZMQ replay endpoint or topic")
+	}
 	if cfg.Events != "" {
 		if cfg.Events, err = remote.CheckURL(cfg.Events); err != nil {
 			return nil, fmt.Errorf("trtllm kv events: %w", err)
 		}
 	}
-	if cfg.Role == "" {
-		cfg.Role = kv.RoleAggregated
-	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = 100 * time.Millisecond
 	}
-	if cfg.StatsInterval <= 0 {
-		cfg.StatsInterval = 500 * time.Millisecond
-	}
 	if cfg.EventsHintAfter <= 0 {
 		cfg.EventsHintAfter = 8
-	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	e := &Engine{cfg: cfg, client: cfg.Client, log: cfg.Logger.With("engine", base)}
 	if err := remote.WaitHealthy(ctx, e.client, base+"/health"); err != nil {
 		return nil, err
 	}
-	if err := e.readModels(ctx); err != nil {
+	m, err := remote.PickModel(ctx, e.client, base, cfg.Model, "trtllm")
+	if err != nil {
 		return nil, err
 	}
+	e.cfg.Model = m.ID
 	last, err := e.readStats(ctx)
 	if err != nil {
 		e.log.Warn("trtllm /metrics unreadable; block size and capacity unknown", "err", err)
@@ -125,43 +119,9 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if last != nil {
 		e.apply(last)
 	}
-	e.wg.Go(func() {
-		t := time.NewTicker(cfg.StatsInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-e.ctx.Done():
-				return
-			case <-t.C:
-				e.scrape(e.ctx)
-			}
-		}
-	})
+	remote.Every(e.ctx, &e.wg, cfg.StatsInterval, e.scrape)
 	e.log.Info("trtllm engine attached", "model", cfg.Model, "block_size", blockSize, "blocks", blocks, "kv_events", cfg.Events)
 	return e, nil
-}
-
-func (e *Engine) readModels(ctx context.Context) error {
-	var list struct {
-		Data []struct {
-			ID string `json:"id"`
-		} `json:"data"`
-	}
-	if err := remote.GetJSON(ctx, e.client, e.cfg.URL+"/v1/models", &list); err != nil {
-		return fmt.Errorf("trtllm engine models: %w", err)
-	}
-	if len(list.Data) == 0 {
-		return fmt.Errorf("trtllm engine %s serves no model", e.cfg.URL)
-	}
-	var names []string
-	for _, m := range list.Data {
-		if e.cfg.Model == "" || m.ID == e.cfg.Model {
-			e.cfg.Model = m.ID
-			return nil
-		}
-		names = append(names, m.ID)
-	}
-	return fmt.Errorf("trtllm engine %s does not serve model %q (it serves %q)", e.cfg.URL, e.cfg.Model, names)
 }
 
 // readStats drains /metrics and returns the newest entry (nil when the
@@ -192,7 +152,6 @@ func (e *Engine) scrape(ctx context.Context) {
 		st := e.Stats()
 		st.Running, st.Waiting = 0, 0
 		e.stats.Store(&st)
-		e.scrapes.Add(1)
 		return
 	}
 	e.apply(last)
@@ -211,7 +170,6 @@ func (e *Engine) apply(s *iterStats) {
 		}
 	}
 	e.stats.Store(&st)
-	e.scrapes.Add(1)
 }
 
 // Config is the engine's description (model and block size from the

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/enginetest"
 	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -65,15 +66,6 @@ func (f *fakeServer) last() map[string]json.RawMessage {
 	return f.bodies[len(f.bodies)-1]
 }
 
-func collect(t *testing.T, ch <-chan engine.Chunk) (toks []kv.Token, last engine.Chunk) {
-	t.Helper()
-	for c := range ch {
-		toks = append(toks, c.Tokens...)
-		last = c
-	}
-	return toks, last
-}
-
 func TestGenerateAndLegs(t *testing.T) {
 	f := &fakeServer{}
 	ctxParams := `{"request_type":"context_only","first_gen_tokens":[77],"ctx_request_id":9,"encoded_opaque_state":"b3BhcXVl","draft_tokens":null,"disagg_request_id":5,"ctx_dp_rank":0}`
@@ -89,7 +81,7 @@ func TestGenerateAndLegs(t *testing.T) {
 		}
 		fmt.Fprintf(w, `{"choices":[{"index":0,"text":"","token_ids":[77],"finish_reason":%q,"disaggregated_params":%s}],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10},"prompt_token_ids":[1,2,3,4,5,6,7,8,9]}`, finish, ctxParams)
 	}
-	e, err := New(context.Background(), Config{URL: f.start(t), StatsInterval: time.Hour})
+	e, err := New(context.Background(), Config{Config: remote.Config{URL: f.start(t), StatsInterval: time.Hour}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +100,7 @@ func TestGenerateAndLegs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	toks, last := collect(t, ch)
+	toks, last, _ := enginetest.Collect(t, ch)
 	if fmt.Sprint(toks) != "[77 78]" || last.Finish != kv.FinishLength || last.Usage.CachedTokens != 8 {
 		t.Fatalf("tokens %v last %+v", toks, last)
 	}
@@ -121,7 +113,7 @@ func TestGenerateAndLegs(t *testing.T) {
 	// Context leg: not streamed, context_only with an id; the answer's
 	// parameters and prompt are the handoff.
 	ch, _ = e.Generate(context.Background(), &engine.Request{ID: "r2", Tokens: prompt, Sampling: kv.Sampling{MaxTokens: 5}, Leg: kv.LegPrefill})
-	toks, last = collect(t, ch)
+	toks, last, _ = enginetest.Collect(t, ch)
 	b = f.last()
 	var dp struct {
 		RequestType     string `json:"request_type"`
@@ -139,7 +131,7 @@ func TestGenerateAndLegs(t *testing.T) {
 	// context answer's prompt.
 	ch, _ = e.Generate(context.Background(), &engine.Request{ID: "r3", Tokens: prompt, Sampling: kv.Sampling{MaxTokens: 5}, Leg: kv.LegDecode,
 		TransferParams: last.TransferParams})
-	collect(t, ch)
+	enginetest.Collect(t, ch)
 	b = f.last()
 	var got, want map[string]any
 	json.Unmarshal(b["disaggregated_params"], &got)
@@ -152,13 +144,13 @@ func TestGenerateAndLegs(t *testing.T) {
 	// A context answer that stopped is final: no handoff.
 	finish = "stop"
 	ch, _ = e.Generate(context.Background(), &engine.Request{ID: "r4", Tokens: prompt, Sampling: kv.Sampling{MaxTokens: 5}, Leg: kv.LegPrefill})
-	if _, last = collect(t, ch); last.Finish != kv.FinishStop || last.TransferParams != nil {
+	if _, last, _ = enginetest.Collect(t, ch); last.Finish != kv.FinishStop || last.TransferParams != nil {
 		t.Fatalf("stopped context answer %+v", last)
 	}
 	// One the engine cancelled is a lost worker (the request migrates).
 	finish = "cancelled"
 	ch, _ = e.Generate(context.Background(), &engine.Request{ID: "r5", Tokens: prompt, Sampling: kv.Sampling{MaxTokens: 5}, Leg: kv.LegPrefill})
-	if _, last = collect(t, ch); !errors.Is(last.Err, engine.ErrUnavailable) {
+	if _, last, _ = enginetest.Collect(t, ch); !errors.Is(last.Err, engine.ErrUnavailable) {
 		t.Fatalf("cancelled context answer %+v", last)
 	}
 
@@ -192,7 +184,7 @@ func TestGenerateErrors(t *testing.T) {
 		w.WriteHeader(500)
 		io.WriteString(w, `{"object":"error","message":"boom","type":"InternalServerError","param":null,"code":500}`)
 	}
-	e, err := New(context.Background(), Config{URL: f.start(t), StatsInterval: time.Hour})
+	e, err := New(context.Background(), Config{Config: remote.Config{URL: f.start(t), StatsInterval: time.Hour}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,6 +196,22 @@ func TestGenerateErrors(t *testing.T) {
 	}
 	if _, err = e.Generate(context.Background(), &engine.Request{Tokens: []kv.Token{1}, Sampling: kv.Sampling{MaxTokens: 4}}); !errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("5xx: %v", err)
+	}
+}
+
+// The ZMQ-shaped parts of the shared configuration have no meaning for a
+// server that is one rank and whose events are polled: refused, not
+// ignored.
+func TestConfigRefusesRanksAndZMQ(t *testing.T) {
+	for _, c := range []remote.Config{
+		{URL: "http://127.0.0.1:1", DPSize: 2},
+		{URL: "http://127.0.0.1:1", Events: "http://127.0.0.1:1", ReplayEvents: "tcp://127.0.0.1:2"},
+		{URL: "http://127.0.0.1:1", Topic: "kv"},
+		{URL: "127.0.0.1:1"},
+	} {
+		if _, err := New(context.Background(), Config{Config: c}); err == nil || !strings.HasPrefix(err.Error(), "trtllm ") {
+			t.Errorf("%+v: %v", c, err)
+		}
 	}
 }
 
@@ -219,7 +227,7 @@ func TestPolledEvents(t *testing.T) {
 		io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"text\":\"\",\"token_ids\":[1],\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n")
 	}
 	url := f.start(t)
-	e, err := New(context.Background(), Config{URL: url, Events: url, PollInterval: 5 * time.Millisecond, StatsInterval: time.Hour})
+	e, err := New(context.Background(), Config{Config: remote.Config{URL: url, Events: url, StatsInterval: time.Hour}, PollInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +260,7 @@ func TestPolledEvents(t *testing.T) {
 	// No events at all: the adapter says event_buffer_max_size is off.
 	f2 := &fakeServer{answer: f.answer}
 	url2 := f2.start(t)
-	e2, err := New(context.Background(), Config{URL: url2, Events: url2, PollInterval: 5 * time.Millisecond, StatsInterval: time.Hour, EventsHintAfter: 2})
+	e2, err := New(context.Background(), Config{Config: remote.Config{URL: url2, Events: url2, StatsInterval: time.Hour}, PollInterval: 5 * time.Millisecond, EventsHintAfter: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +271,7 @@ func TestPolledEvents(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		collect(t, ch)
+		enginetest.Collect(t, ch)
 	}
 	for deadline := time.Now().Add(5 * time.Second); !e2.EventsMissing(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {

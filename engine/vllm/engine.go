@@ -9,11 +9,9 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/remote"
-	"github.com/kvmesh/kvmesh/kv"
 )
 
 // Engine drives one vLLM server.
@@ -26,11 +24,10 @@ type Engine struct {
 	relay       *remote.Relay
 	health      *remote.HealthMonitor
 
-	stats   atomic.Pointer[[]engine.Stats] // per rank, from /metrics
-	scrapes atomic.Uint64
-	closed  atomic.Bool
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	load   remote.RankLoad // per rank, from /metrics
+	closed atomic.Bool
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 var (
@@ -44,39 +41,23 @@ var (
 // from /metrics, and starts reading its load. The KV-event relay starts
 // when the worker installs its event sink.
 func New(ctx context.Context, cfg Config) (*Engine, error) {
-	base, err := remote.CheckURL(cfg.URL)
-	if err != nil {
-		return nil, fmt.Errorf("vllm engine url: %w", err)
+	var err error
+	if cfg.Config, err = cfg.WithDefaults("vllm"); err != nil {
+		return nil, err
 	}
-	cfg.URL = base
-	if cfg.DPSize <= 0 {
-		cfg.DPSize = 1
-	}
-	if cfg.HintForm == "" {
-		cfg.HintForm = HintNative
-	}
-	if _, err := ParseHintForm(string(cfg.HintForm)); err != nil {
+	base := cfg.URL
+	if cfg.HintForm, err = cfg.HintForm.WithDefault(); err != nil {
 		return nil, fmt.Errorf("vllm hint form %w", err)
-	}
-	if cfg.Role == "" {
-		cfg.Role = kv.RoleAggregated
-	}
-	if cfg.StatsInterval <= 0 {
-		cfg.StatsInterval = 500 * time.Millisecond
-	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	e := &Engine{cfg: cfg, client: cfg.Client, log: cfg.Logger.With("engine", base)}
 	if err := remote.WaitHealthy(ctx, e.client, base+"/health"); err != nil {
 		return nil, err
 	}
-	if err := e.readModels(ctx); err != nil {
+	m, err := remote.PickModel(ctx, e.client, base, cfg.Model, "vllm")
+	if err != nil {
 		return nil, err
 	}
+	e.cfg.Model, e.maxModelLen = m.ID, m.MaxModelLen
 	blockSize, blocks, err := e.readCacheConfig(ctx)
 	if err != nil {
 		return nil, err
@@ -97,47 +78,10 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	e.cancel = cancel
 	e.health = remote.NewHealthMonitor(remote.HealthConfig{URL: base + "/health", Interval: cfg.HealthInterval, Client: e.client, Logger: e.log})
 	e.scrape(ctx)
-	e.wg.Go(func() {
-		t := time.NewTicker(cfg.StatsInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-sctx.Done():
-				return
-			case <-t.C:
-				e.scrape(sctx)
-			}
-		}
-	})
+	remote.Every(sctx, &e.wg, cfg.StatsInterval, e.scrape)
 	e.log.Info("vllm engine attached", "model", cfg.Model, "max_model_len", e.maxModelLen, "block_size", blockSize,
 		"blocks", blocks, "dp_size", cfg.DPSize, "hint_form", cfg.HintForm, "kv_events", cfg.Events)
 	return e, nil
-}
-
-// readModels checks (or takes) the served model name and its context
-// length.
-func (e *Engine) readModels(ctx context.Context) error {
-	var list struct {
-		Data []struct {
-			ID          string `json:"id"`
-			MaxModelLen int    `json:"max_model_len"`
-		} `json:"data"`
-	}
-	if err := remote.GetJSON(ctx, e.client, e.cfg.URL+"/v1/models", &list); err != nil {
-		return fmt.Errorf("vllm engine models: %w", err)
-	}
-	if len(list.Data) == 0 {
-		return fmt.Errorf("vllm engine %s serves no model", e.cfg.URL)
-	}
-	var names []string
-	for _, m := range list.Data {
-		if e.cfg.Model == "" || m.ID == e.cfg.Model {
-			e.cfg.Model, e.maxModelLen = m.ID, m.MaxModelLen
-			return nil
-		}
-		names = append(names, m.ID)
-	}
-	return fmt.Errorf("vllm engine %s does not serve model %q (it serves %q)", e.cfg.URL, e.cfg.Model, names)
 }
 
 // readCacheConfig reads block size and KV blocks per rank from
@@ -204,8 +148,7 @@ func (e *Engine) scrape(ctx context.Context) {
 			st[r].UsedBlocks = int(s.Value*float64(e.ecfg.Blocks) + 0.5)
 		}
 	}
-	e.stats.Store(&st)
-	e.scrapes.Add(1)
+	e.load.Store(st)
 }
 
 // Config is the engine's description (model and block size from the
@@ -219,26 +162,10 @@ func (e *Engine) MaxModelLen() int { return e.maxModelLen }
 func (e *Engine) DPSize() int { return e.cfg.DPSize }
 
 // RankStats is one rank's load as last read from /metrics.
-func (e *Engine) RankStats(rank int) engine.Stats {
-	if p := e.stats.Load(); p != nil && rank < len(*p) {
-		return (*p)[rank]
-	}
-	return engine.Stats{TotalBlocks: e.ecfg.Blocks}
-}
+func (e *Engine) RankStats(rank int) engine.Stats { return e.load.Rank(rank, e.ecfg.Blocks) }
 
 // Stats sums the ranks' load.
-func (e *Engine) Stats() engine.Stats {
-	var out engine.Stats
-	if p := e.stats.Load(); p != nil {
-		for _, s := range *p {
-			out.Running += s.Running
-			out.Waiting += s.Waiting
-			out.UsedBlocks += s.UsedBlocks
-			out.TotalBlocks += s.TotalBlocks
-		}
-	}
-	return out
-}
+func (e *Engine) Stats() engine.Stats { return e.load.Sum() }
 
 // Health is the verdict of the /health poll (engine.Health).
 func (e *Engine) Health() (bool, <-chan struct{}) { return e.health.Health() }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/enginetest"
 	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/internal/testutil"
@@ -22,37 +23,37 @@ import (
 
 func TestAttachReadsModelAndCacheConfig(t *testing.T) {
 	v, srv := startMock(t, mockOpts{})
-	e := newEngine(t, Config{URL: srv.URL + "/"})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL + "/"}})
 	c := e.Config()
 	if c.Model != testModel || c.BlockSize != 16 || c.Blocks != 512 || e.MaxModelLen() != v.MaxModelLen() {
 		t.Fatalf("config %+v max_model_len %d", c, e.MaxModelLen())
 	}
 	ctx := context.Background()
-	if _, err := New(ctx, Config{URL: srv.URL, BlockSize: 32}); err == nil || !strings.Contains(err.Error(), "--block-size 32") {
+	if _, err := New(ctx, Config{Config: remote.Config{URL: srv.URL, BlockSize: 32}}); err == nil || !strings.Contains(err.Error(), "--block-size 32") {
 		t.Fatalf("pinned block size mismatch: %v", err)
 	}
-	if _, err := New(ctx, Config{URL: srv.URL, Model: "other"}); err == nil || !strings.Contains(err.Error(), `"other"`) {
+	if _, err := New(ctx, Config{Config: remote.Config{URL: srv.URL, Model: "other"}}); err == nil || !strings.Contains(err.Error(), `"other"`) {
 		t.Fatalf("unknown model: %v", err)
 	}
 	// /health gates: a server that is not up yet is waited for, to ctx.
 	sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	if _, err := New(sctx, Config{URL: "http://" + deadAddr(t)}); err == nil || !strings.Contains(err.Error(), "not healthy") {
+	if _, err := New(sctx, Config{Config: remote.Config{URL: "http://" + deadAddr(t)}}); err == nil || !strings.Contains(err.Error(), "not healthy") {
 		t.Fatalf("dead engine: %v", err)
 	}
 }
 
 func TestGenerateStreamsTokensAndUsage(t *testing.T) {
 	_, srv := startMock(t, mockOpts{})
-	e := newEngine(t, Config{URL: srv.URL})
-	req := &engine.Request{ID: "r1", Tokens: prompt(40, 100), Sampling: kv.Sampling{MaxTokens: 12, Temperature: 0}}
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
+	req := &engine.Request{ID: "r1", Tokens: enginetest.Prompt(40, 100), Sampling: kv.Sampling{MaxTokens: 12, Temperature: 0}}
 	ch, err := e.Generate(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	toks, last, chunks := collect(t, ch)
-	if len(toks) != 12 || last.Finish != kv.FinishLength || chunks < 1 {
-		t.Fatalf("tokens %d finish %q chunks %d", len(toks), last.Finish, chunks)
+	toks, last, chunks := enginetest.Collect(t, ch)
+	if len(toks) != 12 || last.Finish != kv.FinishLength || len(chunks) < 1 {
+		t.Fatalf("tokens %d finish %q chunks %d", len(toks), last.Finish, len(chunks))
 	}
 	if u := last.Usage; u == nil || u.PromptTokens != 40 || u.CompletionTokens != 12 {
 		t.Fatalf("usage %+v", last.Usage)
@@ -60,7 +61,7 @@ func TestGenerateStreamsTokensAndUsage(t *testing.T) {
 	// The same prompt again: its full blocks come from the prefix cache,
 	// and the same seed gives the same tokens.
 	ch, _ = e.Generate(context.Background(), req)
-	toks2, last, _ := collect(t, ch)
+	toks2, last, _ := enginetest.Collect(t, ch)
 	if last.Usage.CachedTokens != 32 || !slices.Equal(toks, toks2) {
 		t.Fatalf("cached %d, tokens equal %v", last.Usage.CachedTokens, slices.Equal(toks, toks2))
 	}
@@ -68,12 +69,12 @@ func TestGenerateStreamsTokensAndUsage(t *testing.T) {
 
 func TestLoadFromMetrics(t *testing.T) {
 	_, srv := startMock(t, mockOpts{speed: 1})
-	e := newEngine(t, Config{URL: srv.URL})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 	// A generation held open (the caller does not read) is running and
 	// holds blocks while the adapter reads /metrics.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ch, err := e.Generate(ctx, &engine.Request{Tokens: prompt(64, 7), Sampling: kv.Sampling{MaxTokens: 4000}})
+	ch, err := e.Generate(ctx, &engine.Request{Tokens: enginetest.Prompt(64, 7), Sampling: kv.Sampling{MaxTokens: 4000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,25 +137,25 @@ func TestRequestShapeAndHintForms(t *testing.T) {
 	hint := &kv.Hint{ID: "sel-1", Endpoint: "tcp://127.0.0.1:9", Hashes: []kv.EngineHash{11, 1 << 63}}
 	want := string(hints.FromHint(hint).Marshal())
 	for _, tc := range []struct {
-		form      HintForm
+		form      remote.HintForm
 		hint      *kv.Hint
 		native    bool
 		bridge    bool
 		hasParams bool
 	}{
-		{HintNative, hint, true, false, false},
-		{HintBridge, hint, false, true, true},
-		{HintOff, hint, false, false, false},
-		{HintNative, nil, false, false, false},
-		{HintBridge, nil, false, false, false},
+		{remote.HintNative, hint, true, false, false},
+		{remote.HintBridge, hint, false, true, true},
+		{remote.HintOff, hint, false, false, false},
+		{remote.HintNative, nil, false, false, false},
+		{remote.HintBridge, nil, false, false, false},
 	} {
-		e := newEngine(t, Config{URL: url, HintForm: tc.form})
+		e := newEngine(t, Config{Config: remote.Config{URL: url}, HintForm: tc.form})
 		ch, err := e.Generate(context.Background(), &engine.Request{ID: "req-7", Tokens: []kv.Token{1, 2, 3}, CacheSalt: "s",
 			Sampling: kv.Sampling{MaxTokens: 2, Temperature: 0.5, TopP: 0.9, Seed: 42, StopTokens: []kv.Token{9}}, KVHint: tc.hint})
 		if err != nil {
 			t.Fatal(err)
 		}
-		toks, last, _ := collect(t, ch)
+		toks, last, _ := enginetest.Collect(t, ch)
 		if !slices.Equal(toks, []kv.Token{5, 6}) || last.Finish != kv.FinishLength || last.Usage.PromptTokens != 3 {
 			t.Fatalf("%s: tokens %v last %+v", tc.form, toks, last)
 		}
@@ -192,14 +193,14 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 	r := &recorder{answer: `{"choices":[{"index":0,"text":"a","token_ids":[5],"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1},"kv_transfer_params":` + params + `}`}
 	url := r.start(t)
 	hint := &kv.Hint{ID: "sel", Endpoint: "tcp://127.0.0.1:9", Hashes: []kv.EngineHash{11}}
-	for _, form := range []HintForm{HintNative, HintBridge} {
-		e := newEngine(t, Config{URL: url, HintForm: form})
+	for _, form := range []remote.HintForm{remote.HintNative, remote.HintBridge} {
+		e := newEngine(t, Config{Config: remote.Config{URL: url}, HintForm: form})
 		ch, err := e.Generate(context.Background(), &engine.Request{Tokens: []kv.Token{1, 2, 3}, Leg: kv.LegPrefill, KVHint: hint,
 			Sampling: kv.Sampling{MaxTokens: 50, MinTokens: 5}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, last, _ := collect(t, ch)
+		_, last, _ := enginetest.Collect(t, ch)
 		if string(last.TransferParams) != params || last.Finish != kv.FinishLength {
 			t.Fatalf("prefill answer %+v", last)
 		}
@@ -215,18 +216,18 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 				t.Fatalf("%s: prefill params %s = %s", form, k, p[k])
 			}
 		}
-		if _, bridged := p["kv_hint"]; bridged != (form == HintBridge) {
+		if _, bridged := p["kv_hint"]; bridged != (form == remote.HintBridge) {
 			t.Fatalf("%s: kv_hint in params %v", form, bridged)
 		}
-		if _, native := b["kv_hints"]; native != (form == HintNative) {
+		if _, native := b["kv_hints"]; native != (form == remote.HintNative) {
 			t.Fatalf("%s: kv_hints %v", form, native)
 		}
 	}
 	// A prefill that stopped is final: no parameters even if sent.
 	r.answer = strings.Replace(r.answer, `"length"`, `"stop"`, 1)
-	e := newEngine(t, Config{URL: url})
+	e := newEngine(t, Config{Config: remote.Config{URL: url}})
 	ch, _ := e.Generate(context.Background(), &engine.Request{Tokens: []kv.Token{1, 2, 3}, Leg: kv.LegPrefill, Sampling: kv.Sampling{MaxTokens: 50}})
-	if _, last, _ := collect(t, ch); last.TransferParams != nil || last.Finish != kv.FinishStop {
+	if _, last, _ := enginetest.Collect(t, ch); last.TransferParams != nil || last.Finish != kv.FinishStop {
 		t.Fatalf("stopped prefill %+v", last)
 	}
 	// Decode: the parameters whole, byte for byte, and never a hint.
@@ -236,7 +237,7 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	collect(t, ch)
+	enginetest.Collect(t, ch)
 	b, _ := r.last()
 	if string(b["min_tokens"]) != "5" || string(b["ignore_eos"]) != "true" {
 		t.Fatalf("decode body min_tokens %s ignore_eos %s", b["min_tokens"], b["ignore_eos"])
@@ -253,7 +254,8 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 func TestErrorsClassified(t *testing.T) {
 	r := &recorder{status: 400, answer: `{"error":{"message":"This model's maximum context length is 4096 tokens.","type":"BadRequestError","param":null,"code":400}}`}
 	url := r.start(t)
-	e := newEngine(t, Config{URL: url})
+	// The test repoints the engine (e.cfg.URL): no load reader runs meanwhile.
+	e := newEngine(t, Config{Config: remote.Config{URL: url, StatsInterval: time.Hour}})
 	req := &engine.Request{Tokens: []kv.Token{1}, Sampling: kv.Sampling{MaxTokens: 2}}
 	_, err := e.Generate(context.Background(), req)
 	var rej *remote.RejectedError
@@ -270,12 +272,12 @@ func TestErrorsClassified(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, last, _ := collect(t, ch); !errors.Is(last.Err, engine.ErrUnavailable) {
+	if _, last, _ := enginetest.Collect(t, ch); !errors.Is(last.Err, engine.ErrUnavailable) {
 		t.Fatalf("cut stream: %+v", last)
 	}
 	r.answer = "data: {\"error\":{\"message\":\"engine dead\",\"code\":500}}\n\n"
 	ch, _ = e.Generate(context.Background(), req)
-	if _, last, _ := collect(t, ch); !errors.Is(last.Err, engine.ErrUnavailable) || !strings.Contains(last.Err.Error(), "engine dead") {
+	if _, last, _ := enginetest.Collect(t, ch); !errors.Is(last.Err, engine.ErrUnavailable) || !strings.Contains(last.Err.Error(), "engine dead") {
 		t.Fatalf("stream error: %+v", last)
 	}
 	// Refused connection.
@@ -287,9 +289,9 @@ func TestErrorsClassified(t *testing.T) {
 
 func TestCancelClosesTheStream(t *testing.T) {
 	v, srv := startMock(t, mockOpts{speed: 1})
-	e := newEngine(t, Config{URL: srv.URL})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 	ctx, cancel := context.WithCancel(context.Background())
-	ch, err := e.Generate(ctx, &engine.Request{Tokens: prompt(20, 3), Sampling: kv.Sampling{MaxTokens: 3000, Temperature: 0}})
+	ch, err := e.Generate(ctx, &engine.Request{Tokens: enginetest.Prompt(20, 3), Sampling: kv.Sampling{MaxTokens: 3000, Temperature: 0}})
 	if err != nil {
 		t.Fatal(err)
 	}

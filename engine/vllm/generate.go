@@ -69,14 +69,14 @@ func (e *Engine) body(req *engine.Request) (*completionRequest, error) {
 	seed := int64(req.Seed) // vLLM's seed is a signed 64-bit integer
 	b.Seed = &seed
 	var hint json.RawMessage
-	if req.KVHint != nil && req.Leg != kv.LegDecode && e.cfg.HintForm != HintOff {
+	if req.KVHint != nil && req.Leg != kv.LegDecode && e.cfg.HintForm != remote.HintOff {
 		hint = hints.FromHint(req.KVHint).Marshal()
 	}
-	if hint != nil && e.cfg.HintForm == HintNative {
+	if hint != nil && e.cfg.HintForm == remote.HintNative {
 		b.KVHints = hint
 	}
 	bridge := func(params string) json.RawMessage {
-		if hint != nil && e.cfg.HintForm == HintBridge {
+		if hint != nil && e.cfg.HintForm == remote.HintBridge {
 			if params != "" {
 				params += ","
 			}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/enginetest"
+	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -16,16 +18,16 @@ import (
 // matches the base model's hashes of the same prompt.
 func TestLoRAThroughTheAdapter(t *testing.T) {
 	v, srv := startMock(t, mockOpts{events: true, loras: []string{"sql-lora"}})
-	e := newEngine(t, Config{URL: srv.URL, Events: v.EventsEndpoint(0), ReplayEvents: v.ReplayEndpoint(0)})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL, Events: v.EventsEndpoint(0), ReplayEvents: v.ReplayEndpoint(0)}})
 	s := &sink{stored: map[kv.LocalHash]kv.EngineHash{}}
 	e.SetEventSink(s.fn)
-	p := prompt(72, 300)
+	p := enginetest.Prompt(72, 300)
 	gen := func(lora string, p []kv.Token) engine.Chunk {
 		ch, err := e.Generate(context.Background(), &engine.Request{Tokens: p, LoRA: lora, Sampling: kv.Sampling{MaxTokens: 1}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, last, _ := collect(t, ch)
+		_, last, _ := enginetest.Collect(t, ch)
 		return last
 	}
 	gen("sql-lora", p)
@@ -35,7 +37,7 @@ func TestLoRAThroughTheAdapter(t *testing.T) {
 	i := kv.Token(0)
 	testutil.WaitFor(t, 5*time.Second, "sql-lora's blocks in its own domain", func() bool {
 		i++
-		gen("", prompt(16, 20000+16*i))
+		gen("", enginetest.Prompt(16, 20000+16*i))
 		return s.has(want)
 	})
 	if s.has(kv.LocalHashes(nil, p, 16, kv.Seed("", ""))[:1]) {

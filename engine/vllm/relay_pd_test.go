@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/enginetest"
+	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/mockengine"
@@ -43,15 +45,15 @@ func (s *sink) has(hs []kv.LocalHash) bool {
 // kvmesh's own, recomputed from the events' token ids.
 func TestEventsRelayedWithCatchUp(t *testing.T) {
 	v, srv := startMock(t, mockOpts{events: true})
-	e := newEngine(t, Config{URL: srv.URL, Events: v.EventsEndpoint(0), ReplayEvents: v.ReplayEndpoint(0)})
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL, Events: v.EventsEndpoint(0), ReplayEvents: v.ReplayEndpoint(0)}})
 	gen := func(p []kv.Token) {
 		ch, err := e.Generate(context.Background(), &engine.Request{Tokens: p, Sampling: kv.Sampling{MaxTokens: 1}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		collect(t, ch)
+		enginetest.Collect(t, ch)
 	}
-	early, late := prompt(48, 1000), prompt(48, 5000)
+	early, late := enginetest.Prompt(48, 1000), enginetest.Prompt(48, 5000)
 	gen(early)
 	s := &sink{stored: map[kv.LocalHash]kv.EngineHash{}}
 	e.SetEventSink(s.fn)
@@ -62,7 +64,7 @@ func TestEventsRelayedWithCatchUp(t *testing.T) {
 	i := kv.Token(0)
 	testutil.WaitFor(t, 5*time.Second, "the early prompt's blocks through replay", func() bool {
 		i++
-		gen(prompt(16, 20000+16*i))
+		gen(enginetest.Prompt(16, 20000+16*i))
 		return s.has(want)
 	})
 	gen(late)
@@ -78,14 +80,14 @@ func TestEventsRelayedWithCatchUp(t *testing.T) {
 // replay socket, with no further request to the engine.
 func TestWarmEngineIndexedAtStart(t *testing.T) {
 	v, srv := startMock(t, mockOpts{events: true})
-	warm := prompt(64, 3000)
-	pre := newEngine(t, Config{URL: srv.URL})
+	warm := enginetest.Prompt(64, 3000)
+	pre := newEngine(t, Config{Config: remote.Config{URL: srv.URL}})
 	ch, err := pre.Generate(context.Background(), &engine.Request{Tokens: warm, Sampling: kv.Sampling{MaxTokens: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	collect(t, ch)
-	e := newEngine(t, Config{URL: srv.URL, Events: v.EventsEndpoint(0), ReplayEvents: v.ReplayEndpoint(0)})
+	enginetest.Collect(t, ch)
+	e := newEngine(t, Config{Config: remote.Config{URL: srv.URL, Events: v.EventsEndpoint(0), ReplayEvents: v.ReplayEndpoint(0)}})
 	s := &sink{stored: map[kv.LocalHash]kv.EngineHash{}}
 	e.SetEventSink(s.fn)
 	want := kv.LocalHashes(nil, warm, 16, kv.Seed("", ""))
@@ -101,14 +103,14 @@ func TestWarmEngineIndexedAtStart(t *testing.T) {
 func TestPrefillThenDecodeAcrossMocks(t *testing.T) {
 	pm, psrv := startMock(t, mockOpts{role: mockengine.RoleProducer})
 	dm, dsrv := startMock(t, mockOpts{role: mockengine.RoleConsumer})
-	pe := newEngine(t, Config{URL: psrv.URL, Role: kv.RolePrefill})
-	de := newEngine(t, Config{URL: dsrv.URL, Role: kv.RoleDecode})
-	p := prompt(70, 300)
+	pe := newEngine(t, Config{Config: remote.Config{URL: psrv.URL, Role: kv.RolePrefill}})
+	de := newEngine(t, Config{Config: remote.Config{URL: dsrv.URL, Role: kv.RoleDecode}})
+	p := enginetest.Prompt(70, 300)
 	ch, err := pe.Generate(context.Background(), &engine.Request{ID: "pd-1", Tokens: p, Leg: kv.LegPrefill, Sampling: kv.Sampling{MaxTokens: 20}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, last, _ := collect(t, ch)
+	_, last, _ := enginetest.Collect(t, ch)
 	if last.Finish != kv.FinishLength || len(last.TransferParams) == 0 || last.Usage.CompletionTokens != 1 {
 		t.Fatalf("prefill answer %+v", last)
 	}
@@ -120,7 +122,7 @@ func TestPrefillThenDecodeAcrossMocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	toks, dl, _ := collect(t, ch)
+	toks, dl, _ := enginetest.Collect(t, ch)
 	if len(toks) != 20 || dl.Finish != kv.FinishLength || dl.Usage.CachedTokens != 64 {
 		t.Fatalf("decode: %d tokens, last %+v", len(toks), dl)
 	}
