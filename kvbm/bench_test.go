@@ -26,6 +26,25 @@ var (
 	benchSetBytes   = []int{16 << 20, 256 << 20}
 )
 
+// offloadCases is benchCases for an offload, once hashing the device's
+// bytes and once ("devsum") taking the checksums the device keeps.
+func offloadCases(b *testing.B, run func(b *testing.B, blocks, bb int, raw *benchDevice, dev Device)) {
+	for _, devsum := range []bool{false, true} {
+		suffix := ""
+		if devsum {
+			suffix = "/devsum"
+		}
+		benchCases(b, suffix, func(b *testing.B, blocks, bb int) {
+			raw := newBenchDevice(blocks, bb)
+			var dev Device = raw
+			if devsum {
+				dev = withSums(raw)
+			}
+			run(b, blocks, bb, raw, dev)
+		})
+	}
+}
+
 // benchCases calls run for every block size and set size.
 func benchCases(b *testing.B, suffix string, run func(b *testing.B, blocks, bb int)) {
 	for _, bb := range benchBlockBytes {
@@ -183,26 +202,15 @@ func onboarder(b *testing.B, m *Manager, dev Device, blocks int) func() {
 // register) against copy of the same bytes into an arena; "devsum" takes
 // the checksums from the device.
 func BenchmarkHostOffload(b *testing.B) {
-	for _, devsum := range []bool{false, true} {
-		suffix := ""
-		if devsum {
-			suffix = "/devsum"
+	offloadCases(b, func(b *testing.B, blocks, bb int, raw *benchDevice, dev Device) {
+		arena := make([]byte, blocks*bb)
+		copyAll := func() {
+			for i, src := range raw.blocks {
+				copy(arena[i*bb:(i+1)*bb], src)
+			}
 		}
-		benchCases(b, suffix, func(b *testing.B, blocks, bb int) {
-			raw := newBenchDevice(blocks, bb)
-			var dev Device = raw
-			if devsum {
-				dev = withSums(raw)
-			}
-			arena := make([]byte, blocks*bb)
-			copyAll := func() {
-				for i, src := range raw.blocks {
-					copy(arena[i*bb:(i+1)*bb], src)
-				}
-			}
-			paired(b, int64(blocks*bb), copyAll, offloader(b, newBenchManager(b, blocks, bb, true, false), dev, blocks))
-		})
-	}
+		paired(b, int64(blocks*bb), copyAll, offloader(b, newBenchManager(b, blocks, bb, true, false), dev, blocks))
+	})
 }
 
 // BenchmarkHostOnboard: host arena → device (match, copy, verify) against
@@ -227,28 +235,17 @@ func BenchmarkHostOnboard(b *testing.B) {
 // payload pwrite, header pwrite) against WriteAt of the same bytes at the
 // same offsets of a plain file.
 func BenchmarkDiskOffload(b *testing.B) {
-	for _, devsum := range []bool{false, true} {
-		suffix := ""
-		if devsum {
-			suffix = "/devsum"
-		}
-		benchCases(b, suffix, func(b *testing.B, blocks, bb int) {
-			raw := newBenchDevice(blocks, bb)
-			var dev Device = raw
-			if devsum {
-				dev = withSums(raw)
-			}
-			f := benchFile(b, blocks, bb)
-			writeAll := func() {
-				for i, src := range raw.blocks {
-					if _, err := f.WriteAt(src, int64(i*bb)); err != nil {
-						b.Fatal(err)
-					}
+	offloadCases(b, func(b *testing.B, blocks, bb int, raw *benchDevice, dev Device) {
+		f := benchFile(b, blocks, bb)
+		writeAll := func() {
+			for i, src := range raw.blocks {
+				if _, err := f.WriteAt(src, int64(i*bb)); err != nil {
+					b.Fatal(err)
 				}
 			}
-			paired(b, int64(blocks*bb), writeAll, offloader(b, newBenchManager(b, blocks, bb, false, true), dev, blocks))
-		})
-	}
+		}
+		paired(b, int64(blocks*bb), writeAll, offloader(b, newBenchManager(b, blocks, bb, false, true), dev, blocks))
+	})
 }
 
 // BenchmarkDiskOnboard: disk pool file → device (match, pread, verify)
