@@ -452,7 +452,7 @@ func testKilledWorker(t *testing.T, bin string) {
 	waitFor(t, e2eTTL+4*time.Second, "killed worker out of routing", func() bool { return !routed(c)[first.worker] })
 	gone := time.Since(killed)
 	t.Logf("killed worker left routing after %v (TTL %v)", gone.Round(10*time.Millisecond), e2eTTL)
-	waitFor(t, 2*time.Second, "killed worker out of the index", func() bool { return depths(c, p)[first.worker] == 0 })
+	waitFor(t, 10*time.Second, "killed worker out of the index", func() bool { return depths(c, p)[first.worker] == 0 })
 
 	// Past the inhibit window, only discovery keeps it out.
 	time.Sleep(300 * time.Millisecond)

@@ -176,7 +176,7 @@ func TestServeDisaggregated(t *testing.T) {
 	pinned := func() float64 {
 		return sum(testutil.Scrape(t, strings.TrimSuffix(base, "/v1")+"/metrics"), "kvmesh_disagg_pinned_blocks{")
 	}
-	testutil.WaitFor(t, 3*time.Second, "every handoff pin released (read or release message)", func() bool { return pinned() == 0 },
+	testutil.WaitFor(t, 10*time.Second, "every handoff pin released (read or release message)", func() bool { return pinned() == 0 },
 		func() string { return fmt.Sprintf("%v blocks pinned", pinned()) })
 	m = testutil.Scrape(t, strings.TrimSuffix(base, "/v1")+"/metrics")
 	read, rel := sum(m, `kvmesh_disagg_handoffs_released_total{by="read"`), sum(m, `kvmesh_disagg_handoffs_released_total{by="release"`)

@@ -323,9 +323,9 @@ func TestServeOpenAI(t *testing.T) {
 		cancel()
 		st.Close()
 		start := time.Now()
-		testutil.WaitFor(t, 3*time.Second, "the worker to drop the cancelled request", func() bool { n, _ := ws.running(t); return n == 0 })
+		testutil.WaitFor(t, 10*time.Second, "the worker to drop the cancelled request", func() bool { n, _ := ws.running(t); return n == 0 })
 		t.Logf("worker idle %v after the client cancelled", time.Since(start).Round(time.Millisecond))
-		testutil.WaitFor(t, 3*time.Second, "inflight_requests 0", func() bool {
+		testutil.WaitFor(t, 10*time.Second, "inflight_requests 0", func() bool {
 			v, ok := metric(t, s.base, "kvmesh_frontend_inflight_requests")
 			return ok && v == 0
 		})
