@@ -194,8 +194,8 @@ func TestE2EWorkerProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e, err := bucket.Get(ctx, natsbus.ModelToken("m")+"."+natsbus.InstanceToken(procIDs[1])); !errors.Is(err, jetstream.ErrKeyNotFound) {
-		t.Fatalf("record of the worker stopped with SIGTERM: %v %v, want it deleted", e, err)
+	if _, err := bucket.Get(ctx, natsbus.ModelToken("m")+"."+natsbus.InstanceToken(procIDs[1])); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("record of the worker stopped with SIGTERM: %v, want it deleted (found: nil)", err)
 	}
 	testutil.WaitFor(t, 10*time.Second, "stopped worker removed", func() bool { return len(w.Instances()) == 1 })
 	left := w.Instances()[0]
