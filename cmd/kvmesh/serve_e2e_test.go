@@ -307,7 +307,7 @@ func TestServeOpenAI(t *testing.T) {
 	})
 
 	t.Run("cancel", func(t *testing.T) {
-		testutil.WaitFor(t, 5*time.Second, "idle workers", func() bool { n, _ := ws.running(t); return n == 0 })
+		testutil.WaitFor(t, 15*time.Second, "idle workers", func() bool { n, _ := ws.running(t); return n == 0 })
 		cctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		p := chatParams("never ending", 41, 1_000_000)
@@ -410,7 +410,7 @@ func TestServeBusy(t *testing.T) {
 	cancel()
 	holder.Close()
 	// Load reports come every second and the booking is freed at once.
-	testutil.WaitFor(t, 5*time.Second, "the worker to take requests again", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "the worker to take requests again", func() bool {
 		_, err := client.Chat.Completions.New(ctx, chatParams("after the flood", 2, 4))
 		return err == nil
 	})
