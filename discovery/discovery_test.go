@@ -90,7 +90,7 @@ func TestDiscoveryAddExpireDeregister(t *testing.T) {
 	if err := r2.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 2*time.Second, "deregister removal", func() bool { return log.count(InstanceRemoved, 2) == 1 })
+	testutil.WaitFor(t, 10*time.Second, "deregister removal", func() bool { return log.count(InstanceRemoved, 2) == 1 })
 
 	// Stop refreshing without deleting (a crash): the TTL expiry must reach
 	// the watcher as a removal.

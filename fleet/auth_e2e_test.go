@@ -168,7 +168,7 @@ func TestMutualTLSGuardsWorker(t *testing.T) {
 	// redialled within the call's deadline: at least one each). The server
 	// counts when its side of the handshake ends, which may be after the
 	// client gave up.
-	testutil.WaitFor(t, 5*time.Second, "two TLS handshake refusals counted", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "two TLS handshake refusals counted", func() bool {
 		return testutil.Value(t, reg, "kvmesh_worker_tls_handshake_failures_total") >= 2
 	})
 
@@ -207,7 +207,7 @@ func TestMutualTLSGuardsWorker(t *testing.T) {
 	}
 	// The source counts after its side of the handshake fails, which may
 	// be after the client gave up.
-	waitFor(t, 5*time.Second, "the control endpoint counts 2 refusals (plaintext, another CA)", func() bool {
+	waitFor(t, 15*time.Second, "the control endpoint counts 2 refusals (plaintext, another CA)", func() bool {
 		return testutil.Value(t, reg, "kvmesh_transfer_refused_total", "reason", "unauthenticated") == 2
 	})
 }

@@ -401,7 +401,7 @@ func testPrefixAffinity(t *testing.T, bin string) {
 				}
 				// The router knows only what events told it: wait until
 				// the owner's blocks are in the index before relying on it.
-				waitFor(t, 5*time.Second, "prefix in the index", func() bool {
+				waitFor(t, 15*time.Second, "prefix in the index", func() bool {
 					return depths(c, p)[res.worker] == prefixLen/e2eBlockSize
 				})
 				continue
@@ -439,7 +439,7 @@ func testKilledWorker(t *testing.T, bin string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "prefix in the index", func() bool { return depths(c, p)[first.worker] > 0 })
+	waitFor(t, 15*time.Second, "prefix in the index", func() bool { return depths(c, p)[first.worker] > 0 })
 	victim := e.workers[first.worker.Instance]
 	victim.proc.Kill()
 	killed := time.Now()
@@ -452,7 +452,7 @@ func testKilledWorker(t *testing.T, bin string) {
 	waitFor(t, e2eTTL+4*time.Second, "killed worker out of routing", func() bool { return !routed(c)[first.worker] })
 	gone := time.Since(killed)
 	t.Logf("killed worker left routing after %v (TTL %v)", gone.Round(10*time.Millisecond), e2eTTL)
-	waitFor(t, 2*time.Second, "killed worker out of the index", func() bool { return depths(c, p)[first.worker] == 0 })
+	waitFor(t, 10*time.Second, "killed worker out of the index", func() bool { return depths(c, p)[first.worker] == 0 })
 
 	// Past the inhibit window, only discovery keeps it out.
 	time.Sleep(300 * time.Millisecond)
@@ -536,7 +536,7 @@ func testEventGap(t *testing.T, bin string) {
 	before := c.feeds[e2eModel].Stats()
 
 	px.cut()
-	waitFor(t, 5*time.Second, "cluster link down", func() bool { return !nc.IsConnected() })
+	waitFor(t, 15*time.Second, "cluster link down", func() bool { return !nc.IsConnected() })
 	// Lost for the cluster: two batches on one worker, far more than its
 	// ring on the other.
 	e.generateDirect(ring, prompt(602, 256))
@@ -547,7 +547,7 @@ func testEventGap(t *testing.T, bin string) {
 	e.generateDirect(idle, prompt(606, 256)) // and nothing after
 
 	px.heal()
-	waitFor(t, 5*time.Second, "cluster link up", nc.IsConnected)
+	waitFor(t, 15*time.Second, "cluster link up", nc.IsConnected)
 	if err := nc.Flush(); err != nil { // the feed's subscription is back
 		t.Fatal(err)
 	}
@@ -640,14 +640,14 @@ func testReplicaSync(t *testing.T, bin string) {
 		}
 	}
 	why := func() string { return fmt.Sprintf("a %+v\nb %+v", booked(a), booked(b)) }
-	waitFor(t, 5*time.Second, "replicas agree on 8 bookings in prefill", same(8, true), why)
+	waitFor(t, 15*time.Second, "replicas agree on 8 bookings in prefill", same(8, true), why)
 	// First tokens end the prefill part of each booking on both.
 	for _, st := range streams {
 		if _, err := st.Recv(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 5*time.Second, "replicas agree on 8 bookings past prefill", same(8, false), why)
+	waitFor(t, 15*time.Second, "replicas agree on 8 bookings past prefill", same(8, false), why)
 	for _, st := range streams {
 		for {
 			ch, err := st.Recv()
@@ -659,7 +659,7 @@ func testReplicaSync(t *testing.T, bin string) {
 			}
 		}
 	}
-	waitFor(t, 5*time.Second, "replicas back to zero", same(0, false), why)
+	waitFor(t, 15*time.Second, "replicas back to zero", same(0, false), why)
 }
 
 // 6. Bad input never crashes the cluster or routes to a dead worker after
@@ -688,9 +688,9 @@ func testBadInput(t *testing.T, bin string) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 5*time.Second, "bad records counted", func() bool { return watcher.BadRecords() >= int64(len(garbage)) })
+	waitFor(t, 15*time.Second, "bad records counted", func() bool { return watcher.BadRecords() >= int64(len(garbage)) })
 	// The watcher counts a bad record before it logs it: wait for the log.
-	waitFor(t, 5*time.Second, "bad records logged", func() bool { return e.logs.count("skipping bad record") >= len(garbage) })
+	waitFor(t, 15*time.Second, "bad records logged", func() bool { return e.logs.count("skipping bad record") >= len(garbage) })
 	if n := len(routed(c)); n != 3 {
 		t.Fatalf("%d workers routable after garbage records, want 3", n)
 	}

@@ -36,12 +36,23 @@ func TestAwaitRejoin(t *testing.T) {
 		tab, gen, calls := setup(t)
 		tab.apply(discovery.Event{Kind: discovery.InstanceAdded, Instance: in}, nil)
 		tab.apply(discovery.Event{Kind: discovery.InstanceRemoved, Instance: in}, nil)
+		// The worker comes back 50ms after the first try failed, however
+		// late that try runs.
+		tried := make(chan struct{})
+		try := func() (kv.TokenStream, error) {
+			st, err := gen()
+			if *calls == 1 {
+				close(tried)
+			}
+			return st, err
+		}
 		go func() {
+			<-tried
 			time.Sleep(50 * time.Millisecond)
 			tab.apply(discovery.Event{Kind: discovery.InstanceAdded, Instance: in}, nil)
 		}()
 		start := time.Now()
-		if _, err := awaitRejoin(context.Background(), tab, "m", 5*time.Second, gen); err != nil {
+		if _, err := awaitRejoin(context.Background(), tab, "m", 5*time.Second, try); err != nil {
 			t.Fatalf("after the worker re-registered: %v", err)
 		}
 		if d := time.Since(start); d < 40*time.Millisecond || d > 3*time.Second || *calls != 2 {
@@ -57,17 +68,19 @@ func TestAwaitRejoin(t *testing.T) {
 	t.Run("window lapses", func(t *testing.T) {
 		tab, gen, _ := setup(t)
 		tab.apply(discovery.Event{Kind: discovery.InstanceAdded, Instance: in}, nil)
+		start := time.Now() // before the removal the window counts from
 		tab.apply(discovery.Event{Kind: discovery.InstanceRemoved, Instance: in}, nil)
-		start := time.Now()
 		if _, err := awaitRejoin(context.Background(), tab, "m", 100*time.Millisecond, gen); !errors.Is(err, kv.ErrNoWorkers) {
 			t.Fatalf("%v, want ErrNoWorkers", err)
 		}
-		if d := time.Since(start); d < 50*time.Millisecond || d > 3*time.Second {
+		if d := time.Since(start); d < 100*time.Millisecond || d > 3*time.Second {
 			t.Errorf("gave up after %v, want the ~100ms window", d)
 		}
-		tab.now = func() time.Time { return time.Now().Add(time.Second) }
+		// "At once" is well under the window a wait would take (5 s), with
+		// room for a loaded machine.
+		tab.now = func() time.Time { return time.Now().Add(time.Minute) }
 		start = time.Now()
-		if _, err := awaitRejoin(context.Background(), tab, "m", 100*time.Millisecond, gen); !errors.Is(err, kv.ErrNoWorkers) || time.Since(start) > 50*time.Millisecond {
+		if _, err := awaitRejoin(context.Background(), tab, "m", 5*time.Second, gen); !errors.Is(err, kv.ErrNoWorkers) || time.Since(start) > time.Second {
 			t.Fatalf("after the window: %v in %v, want ErrNoWorkers at once", err, time.Since(start))
 		}
 	})
@@ -76,7 +89,7 @@ func TestAwaitRejoin(t *testing.T) {
 		tab.apply(discovery.Event{Kind: discovery.InstanceAdded, Instance: in}, nil)
 		tab.apply(discovery.Event{Kind: discovery.InstanceRemoved, Instance: in}, nil)
 		start := time.Now()
-		if _, err := awaitRejoin(context.Background(), tab, "m", -1, gen); !errors.Is(err, kv.ErrNoWorkers) || time.Since(start) > 50*time.Millisecond {
+		if _, err := awaitRejoin(context.Background(), tab, "m", -1, gen); !errors.Is(err, kv.ErrNoWorkers) || time.Since(start) > time.Second {
 			t.Fatalf("negative window: %v in %v", err, time.Since(start))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)

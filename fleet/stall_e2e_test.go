@@ -167,7 +167,7 @@ func TestStalledWorkerMigrates(t *testing.T) {
 	if took > stallTimeout+5*time.Second {
 		t.Fatalf("took %v", took)
 	}
-	waitFor(t, 5*time.Second, "hung worker gone from the router", func() bool {
+	waitFor(t, 15*time.Second, "hung worker gone from the router", func() bool {
 		ids := routedIDs()
 		return len(ids) == 1 && !ids[hung.InstanceID()]
 	})

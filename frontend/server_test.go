@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -530,8 +531,22 @@ func TestShutdownIs503NotClientGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The shutdown must cut the stream mid-way: it waits for a token.
+	tokenSeen := make(chan struct{})
 	go func() {
-		b, _ := io.ReadAll(resp.Body)
+		var b []byte
+		buf := make([]byte, 4096)
+		for seen := false; ; {
+			n, err := resp.Body.Read(buf)
+			b = append(b, buf[:n]...)
+			if !seen && bytes.Contains(b, []byte(`"content":"z`)) {
+				seen = true
+				close(tokenSeen)
+			}
+			if err != nil {
+				break
+			}
+		}
 		resp.Body.Close()
 		stream <- result{resp, string(b)}
 	}()
@@ -553,7 +568,11 @@ func TestShutdownIs503NotClientGone(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(10 * time.Millisecond)
+	select {
+	case <-tokenSeen:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream sent no token")
+	}
 	leave()
 	<-left
 	for !strings.Contains(fmt.Sprint(requestStatuses(t, reg)), "499") {

@@ -61,7 +61,7 @@ func TestFleetTokenHandshake(t *testing.T) {
 		}
 	}
 	// The source counts a refusal when it sees the client hang up.
-	testutil.WaitFor(t, 2*time.Second, "3 unauthenticated refusals counted", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "3 unauthenticated refusals counted", func() bool {
 		return testutil.Value(t, reg, "kvmesh_transfer_refused_total", "reason", "unauthenticated") == 3
 	})
 	if n := strings.Count(logs.String(), "without the fleet token"); n != 1 {
@@ -92,7 +92,7 @@ func TestFleetTokenHandshake(t *testing.T) {
 	if res.Completed != 0 || !errors.Is(err, ErrUnauthenticated) {
 		t.Fatalf("a tokenless source: %d blocks, %v", res.Completed, err)
 	}
-	testutil.WaitFor(t, time.Second, "pins released", func() bool { return src.Pins() == 0 })
+	testutil.WaitFor(t, 10*time.Second, "pins released", func() bool { return src.Pins() == 0 })
 }
 
 // With mutual TLS a source serves only clients whose certificate its CA
@@ -127,7 +127,7 @@ func TestMutualTLS(t *testing.T) {
 		res.Release()
 		cl.Close()
 	}
-	testutil.WaitFor(t, 2*time.Second, "3 refused peers counted", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "3 refused peers counted", func() bool {
 		return testutil.Value(t, reg, "kvmesh_transfer_refused_total", "reason", "unauthenticated") == 3
 	})
 }

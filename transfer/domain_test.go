@@ -59,5 +59,5 @@ func TestServerKeepsSaltDomains(t *testing.T) {
 		}
 		res.Release()
 	}
-	testutil.WaitFor(t, time.Second, "pins released", func() bool { return src.Pins() == 0 })
+	testutil.WaitFor(t, 10*time.Second, "pins released", func() bool { return src.Pins() == 0 })
 }

@@ -77,12 +77,8 @@ func newClient(t testing.TB, o ClientOptions) *Client {
 // after its done frame is written, which may be after the client returns).
 func waitPins(t *testing.T, src *MemSource) {
 	t.Helper()
-	for i := 0; i < 400 && src.Pins() != 0; i++ {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if n := src.Pins(); n != 0 {
-		t.Fatalf("%d pins never released", n)
-	}
+	testutil.WaitFor(t, 10*time.Second, "every pin released", func() bool { return src.Pins() == 0 },
+		func() string { return fmt.Sprintf("%d pins held", src.Pins()) })
 }
 
 func checkBlocks(t *testing.T, res FetchResult, want []uint64) {

@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"reflect"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/workerclient"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 type lockedRef struct {
@@ -81,6 +83,7 @@ func TestE2EWorkerProcesses(t *testing.T) {
 	env := []string{"KVMESH_NATS=" + url, "KVMESH_MODEL=m", "KVMESH_BLOCK_SIZE=4", "KVMESH_SPEEDUP_RATIO=0"}
 	var procs []*testutil.Proc
 	ids := map[uint64]string{}
+	var procIDs []uint64
 	for range 2 {
 		p := testutil.Start(t, "kvmesh worker "+strconv.Itoa(len(procs)), bin, env, "worker", "--blocks", "512", "--load-interval", "100ms", "--log-level", "warn")
 		line, err := p.WaitLine("kvmesh worker ready", 30*time.Second)
@@ -94,6 +97,7 @@ func TestE2EWorkerProcesses(t *testing.T) {
 		}
 		ids[id] = f["grpc"]
 		procs = append(procs, p)
+		procIDs = append(procIDs, id)
 	}
 	testutil.WaitFor(t, 10*time.Second, "two workers discovered", func() bool { return len(w.Instances()) == 2 })
 	for _, in := range w.Instances() {
@@ -179,13 +183,27 @@ func TestE2EWorkerProcesses(t *testing.T) {
 	if err := procs[1].Stop(syscall.SIGTERM, 10*time.Second); err != nil {
 		t.Fatalf("graceful stop: %v\n%s", err, procs[1].Stderr())
 	}
-	testutil.WaitFor(t, 3*time.Second, "stopped worker removed", func() bool { return len(w.Instances()) == 1 })
+	// The record is gone the moment the process has exited, whatever the
+	// TTL: watching for the removal alone could not tell a deregistration
+	// from an expiry.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket, err := js.KeyValue(ctx, discovery.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bucket.Get(ctx, natsbus.ModelToken("m")+"."+natsbus.InstanceToken(procIDs[1])); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("record of the worker stopped with SIGTERM: %v, want it deleted (found: nil)", err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "stopped worker removed", func() bool { return len(w.Instances()) == 1 })
 	left := w.Instances()[0]
 	procs[0].Kill()
 	start := time.Now()
 	testutil.WaitFor(t, ttl+5*time.Second, "killed worker removed", func() bool { return len(w.Instances()) == 0 })
 	t.Logf("killed worker removed after %v (TTL %v)", time.Since(start).Round(10*time.Millisecond), ttl)
-	testutil.WaitFor(t, 2*time.Second, "holdings dropped", func() bool { return len(ix.holdings(kv.WorkerKey{Instance: left.ID})) == 0 })
+	testutil.WaitFor(t, 10*time.Second, "holdings dropped", func() bool { return len(ix.holdings(kv.WorkerKey{Instance: left.ID})) == 0 })
 	if s := feed.Stats(); s.BadMessages != 0 {
 		t.Fatalf("feed stats %+v", s)
 	}

@@ -54,6 +54,8 @@ type testEngine struct {
 	// until it is closed, whatever the caller's context says (an engine
 	// stuck on admission).
 	admit chan struct{}
+	// lastOut is when a stream last offered the worker a chunk (UnixNano).
+	lastOut atomic.Int64
 }
 
 func (e *testEngine) Config() engine.Config {
@@ -115,6 +117,9 @@ func (e *testEngine) Generate(ctx context.Context, req *engine.Request) (<-chan 
 				e.cancelled.Add(1)
 				return
 			}
+			// Stamped before the send: the worker cannot count the chunk
+			// earlier than this.
+			e.lastOut.Store(time.Now().UnixNano())
 			select {
 			case out <- c:
 			case <-ctx.Done():

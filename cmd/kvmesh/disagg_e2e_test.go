@@ -117,7 +117,7 @@ func TestServeDisaggregated(t *testing.T) {
 	ids := []string{one.ID, st.id}
 	hinted := false
 	waitLegs := func(id string) {
-		testutil.WaitFor(t, 5*time.Second, "request "+id+"'s legs in the logs", func() bool {
+		testutil.WaitFor(t, 15*time.Second, "request "+id+"'s legs in the logs", func() bool {
 			l := legLogs(p.Stderr())[id]
 			return l != nil && len(l.decode) == 1 && len(l.answers) == 1
 		})
@@ -176,7 +176,7 @@ func TestServeDisaggregated(t *testing.T) {
 	pinned := func() float64 {
 		return sum(testutil.Scrape(t, strings.TrimSuffix(base, "/v1")+"/metrics"), "kvmesh_disagg_pinned_blocks{")
 	}
-	testutil.WaitFor(t, 3*time.Second, "every handoff pin released (read or release message)", func() bool { return pinned() == 0 },
+	testutil.WaitFor(t, 10*time.Second, "every handoff pin released (read or release message)", func() bool { return pinned() == 0 },
 		func() string { return fmt.Sprintf("%v blocks pinned", pinned()) })
 	m = testutil.Scrape(t, strings.TrimSuffix(base, "/v1")+"/metrics")
 	read, rel := sum(m, `kvmesh_disagg_handoffs_released_total{by="read"`), sum(m, `kvmesh_disagg_handoffs_released_total{by="release"`)
@@ -250,7 +250,7 @@ func TestWorkerRolesJoinFleet(t *testing.T) {
 	// The first was disaggregated; the second, the same prompt again, found
 	// it on the decode worker and prefilled there (conditional
 	// disaggregation's length rule).
-	testutil.WaitFor(t, 5*time.Second, "the first request's legs in the worker logs", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "the first request's legs in the worker logs", func() bool {
 		l := legLogs(pre.Stderr(), dec.Stderr())[one.ID]
 		return l != nil && len(l.decode) == 1 && len(l.answers) == 1
 	})

@@ -92,6 +92,13 @@ func watchWorkers(t *testing.T, natsURL, model string, want int) *workerSet {
 	if ws.watcher, err = d.Watch(ctx, model, func(discovery.Event) {}); err != nil {
 		t.Fatal(err)
 	}
+	// Until the watcher has listed the bucket it knows no worker: a
+	// caller waiting for fewer workers would pass at once.
+	select {
+	case <-ws.watcher.Synced():
+	case <-time.After(15 * time.Second):
+		t.Fatal("the discovery watcher never listed the bucket")
+	}
 	testutil.WaitFor(t, 15*time.Second, fmt.Sprintf("%d workers in discovery", want), func() bool {
 		return len(ws.watcher.Instances()) >= want
 	})

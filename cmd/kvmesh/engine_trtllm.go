@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -110,7 +109,8 @@ func emitConnectorConfig(cmd *cobra.Command, wf *workerFlags, role kv.Role, log 
 	case "-":
 		fmt.Fprint(cmd.OutOrStdout(), yaml)
 	default:
-		if err := os.WriteFile(wf.connectorOut, []byte(yaml), 0o644); err != nil {
+		// Atomically: the engine's launcher may be waiting for the file.
+		if err := writeFileAtomic(wf.connectorOut, []byte(yaml), 0o644); err != nil {
 			return fmt.Errorf("--connector-config-out: %w", err)
 		}
 	}

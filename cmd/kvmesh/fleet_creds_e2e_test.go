@@ -246,7 +246,7 @@ func waitHealthy(t *testing.T, base string) {
 func workerMetrics(t *testing.T, p *testutil.Proc) map[string]float64 {
 	t.Helper()
 	var addr string
-	testutil.WaitFor(t, 5*time.Second, "the worker's metrics address in its log", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "the worker's metrics address in its log", func() bool {
 		m := metricsLine.FindStringSubmatch(p.Stderr())
 		if m != nil {
 			addr = m[1]

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -10,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/fleet"
 	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvbm"
@@ -65,6 +68,20 @@ func TestWorkerKVBMRestartRecoversDisk(t *testing.T) {
 	content := longPrompt(0)
 	plen := len(chatPromptTokens(t, simModel, frontend.Message{Role: "user", Content: content}))
 	r0 := chatOnce(t, client, chatParams(content, 9, 8))
+	scrape := func(name string) float64 {
+		for k, v := range testutil.Scrape(t, "http://"+metricsAddr+"/metrics") {
+			if strings.HasPrefix(k, name+"{") {
+				return v
+			}
+		}
+		return -1
+	}
+	full := plen / 64
+	// The kill must find every prompt block written to disk, not only
+	// those offloaded before the answer came back.
+	testutil.WaitFor(t, 10*time.Second, "the prompt's blocks on disk", func() bool {
+		return scrape("kvmesh_kvbm_offloaded_disk_blocks_total") >= float64(full)
+	}, func() string { return fmt.Sprintf("%v of %d", scrape("kvmesh_kvbm_offloaded_disk_blocks_total"), full) })
 
 	a.Kill()
 	// Corrupt block 40 of the prompt: bypass-host offload wrote its blocks
@@ -101,20 +118,31 @@ func TestWorkerKVBMRestartRecoversDisk(t *testing.T) {
 	testutil.WaitFor(t, 15*time.Second, "both workers in discovery", func() bool {
 		return len(ws.watcher.Instances()) == 2
 	})
-	scrape := func(name string) float64 {
-		for k, v := range testutil.Scrape(t, "http://"+metricsAddr+"/metrics") {
-			if strings.HasPrefix(k, name+"{") {
-				return v
-			}
-		}
-		return -1
-	}
-	full := plen / 64
 	if rec, bad := scrape("kvmesh_kvbm_recovered_disk_blocks_total"), scrape("kvmesh_kvbm_corrupt_blocks_total"); rec != float64(full-1) || bad != 1 {
 		t.Fatalf("recovered %v blocks and dropped %v corrupt; want %d and 1", rec, bad, full-1)
 	}
-	// The router sees the recovered blocks once their events are applied.
-	time.Sleep(500 * time.Millisecond)
+	// The router routes by the recovered blocks once the restarted
+	// worker's holdings reach its index: the 40 up to the corrupt block
+	// (not the killed process's, which held the whole prompt).
+	diskHeld := func() int {
+		resp, err := http.Get(strings.TrimSuffix(base, "/v1") + "/debug/kv-index")
+		if err != nil {
+			return -1
+		}
+		defer resp.Body.Close()
+		var v fleet.IndexView
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+			return -1
+		}
+		for _, w := range v.Workers {
+			if w.Instance == instance {
+				return len(w.Blocks["disk"])
+			}
+		}
+		return 0
+	}
+	testutil.WaitFor(t, 10*time.Second, "the router's index holds the recovered disk blocks", func() bool { return diskHeld() == 40 },
+		func() string { return fmt.Sprintf("%d disk blocks, want 40", diskHeld()) })
 	r1 := chatOnce(t, client, chatParams(content, 9, 8))
 	if r1.Choices[0].Message.Content != r0.Choices[0].Message.Content {
 		t.Fatalf("after the restart the answer is %q, before %q", r1.Choices[0].Message.Content, r0.Choices[0].Message.Content)

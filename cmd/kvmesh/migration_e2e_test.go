@@ -85,7 +85,7 @@ func TestMigrationAcrossWorkerProcesses(t *testing.T) {
 
 	// The migration run: kill the worker serving the stream a fifth of the
 	// way in.
-	testutil.WaitFor(t, 5*time.Second, "idle workers", func() bool { n, _ := ws.running(t); return n == 0 })
+	testutil.WaitFor(t, 15*time.Second, "idle workers", func() bool { n, _ := ws.running(t); return n == 0 })
 	p := chatParams(content, seed, maxTok)
 	p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
 	st := client.Chat.Completions.NewStreaming(ctx, p)

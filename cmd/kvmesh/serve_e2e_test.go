@@ -307,7 +307,7 @@ func TestServeOpenAI(t *testing.T) {
 	})
 
 	t.Run("cancel", func(t *testing.T) {
-		testutil.WaitFor(t, 5*time.Second, "idle workers", func() bool { n, _ := ws.running(t); return n == 0 })
+		testutil.WaitFor(t, 15*time.Second, "idle workers", func() bool { n, _ := ws.running(t); return n == 0 })
 		cctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		p := chatParams("never ending", 41, 1_000_000)
@@ -323,9 +323,9 @@ func TestServeOpenAI(t *testing.T) {
 		cancel()
 		st.Close()
 		start := time.Now()
-		testutil.WaitFor(t, 3*time.Second, "the worker to drop the cancelled request", func() bool { n, _ := ws.running(t); return n == 0 })
+		testutil.WaitFor(t, 10*time.Second, "the worker to drop the cancelled request", func() bool { n, _ := ws.running(t); return n == 0 })
 		t.Logf("worker idle %v after the client cancelled", time.Since(start).Round(time.Millisecond))
-		testutil.WaitFor(t, 3*time.Second, "inflight_requests 0", func() bool {
+		testutil.WaitFor(t, 10*time.Second, "inflight_requests 0", func() bool {
 			v, ok := metric(t, s.base, "kvmesh_frontend_inflight_requests")
 			return ok && v == 0
 		})
@@ -410,7 +410,7 @@ func TestServeBusy(t *testing.T) {
 	cancel()
 	holder.Close()
 	// Load reports come every second and the booking is freed at once.
-	testutil.WaitFor(t, 5*time.Second, "the worker to take requests again", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "the worker to take requests again", func() bool {
 		_, err := client.Chat.Completions.New(ctx, chatParams("after the flood", 2, 4))
 		return err == nil
 	})

@@ -190,7 +190,7 @@ func TestServeWiringInProcess(t *testing.T) {
 	}
 	scancel()
 	st.Close()
-	testutil.WaitFor(t, 3*time.Second, "the engine to drop the cancelled request", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the engine to drop the cancelled request", func() bool {
 		s := eng.Stats()
 		return s.Running == 0 && s.Waiting == 0
 	})

@@ -90,7 +90,7 @@ func TestWorkerProcessesPeerTransfer(t *testing.T) {
 		t.Fatalf("B cached %d tokens, want the %d fetched from A", u.GetCachedTokens(), len(seq)*16)
 	}
 	var addr string
-	testutil.WaitFor(t, 5*time.Second, "B's metrics address in its log", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "B's metrics address in its log", func() bool {
 		m := metricsLine.FindStringSubmatch(pb.Stderr())
 		if m != nil {
 			addr = m[1]

@@ -183,7 +183,7 @@ func TestLoadFromMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 3*time.Second, "load from /metrics", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "load from /metrics", func() bool {
 		s := e.Stats()
 		return s.Running == 1 && s.UsedBlocks > 0 && s.TotalBlocks == 512
 	})
@@ -191,7 +191,7 @@ func TestLoadFromMetrics(t *testing.T) {
 	for range ch {
 	}
 	// SGLang aborts a request whose client went away.
-	testutil.WaitFor(t, 3*time.Second, "abort on disconnect", func() bool { return e.Stats().Running == 0 })
+	testutil.WaitFor(t, 10*time.Second, "abort on disconnect", func() bool { return e.Stats().Running == 0 })
 }
 
 func TestNewRoomCongruent(t *testing.T) {

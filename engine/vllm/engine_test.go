@@ -78,7 +78,7 @@ func TestLoadFromMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 3*time.Second, "load from /metrics", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "load from /metrics", func() bool {
 		s := e.RankStats(0)
 		return s.TotalBlocks == 512 && s.UsedBlocks > 0 && s.Running == 1 && e.Stats().Running == 1
 	})
@@ -299,7 +299,7 @@ func TestCancelClosesTheStream(t *testing.T) {
 	cancel()
 	for range ch {
 	}
-	testutil.WaitFor(t, 3*time.Second, "the mock aborts the request", func() bool { return v.Engine().Stats().Running == 0 })
+	testutil.WaitFor(t, 10*time.Second, "the mock aborts the request", func() bool { return v.Engine().Stats().Running == 0 })
 }
 
 func deadAddr(t *testing.T) string {

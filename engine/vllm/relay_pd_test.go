@@ -129,5 +129,5 @@ func TestPrefillThenDecodeAcrossMocks(t *testing.T) {
 	if ps := dm.PullStats(); ps.OK != 1 || ps.Blocks != 4 {
 		t.Fatalf("pulls %+v", ps)
 	}
-	testutil.WaitFor(t, 3*time.Second, "the producer frees the blocks", func() bool { return pm.LeaseStats(0).Blocks == 0 })
+	testutil.WaitFor(t, 10*time.Second, "the producer frees the blocks", func() bool { return pm.LeaseStats(0).Blocks == 0 })
 }
