@@ -14,8 +14,13 @@ import (
 
 // Instance is one worker's discovery record (JSON in the KV bucket).
 type Instance struct {
-	ID    uint64 `json:"instance_id"`
-	Model string `json:"model"`
+	ID uint64 `json:"instance_id"`
+	// Incarnation is drawn at random by each worker process at start: a
+	// record under a known ID with a new incarnation is a restarted
+	// process (its event ids start over and its holdings are its own),
+	// not the same process moving or changing metadata.
+	Incarnation uint64 `json:"incarnation,omitempty"`
+	Model       string `json:"model"`
 	// Role is aggregated, prefill or decode.
 	Role kv.Role `json:"role"`
 	// GRPCAddr is host:port of the worker API (api.Worker).

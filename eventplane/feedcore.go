@@ -176,7 +176,7 @@ func (c *FeedCore) Discovery(ev discovery.Event) []Action {
 	cur := c.insts[in.ID]
 	switch ev.Kind {
 	case discovery.InstanceAdded, discovery.InstanceUpdated:
-		if cur != nil && cur.info.DPSize == in.DPSize {
+		if cur != nil && cur.info.DPSize == in.DPSize && cur.info.Incarnation == in.Incarnation {
 			cur.info = in // address or metadata change: same holdings
 			return c.out
 		}

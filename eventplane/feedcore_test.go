@@ -299,6 +299,18 @@ func TestFeedCore(t *testing.T) {
 		stats: FeedStats{InstancesAdded: 2, DumpRepairs: 2},
 		last:  map[kv.WorkerKey]uint64{{Instance: 1, DPRank: 1}: 7},
 	}, {
+		// A process restarted under the same id before its record expired
+		// re-registers over it: no removal comes between.
+		name: "a new incarnation under the same id replaces the holdings",
+		steps: append(synced[:3:3],
+			step{batch(1, 3), "apply 1.0 [3] last=3"},
+			step{updated(discovery.Instance{ID: 1, Incarnation: 7, Model: "m", Role: "aggregated", GRPCAddr: "10.0.0.1:50051", DPSize: 1, BlockSize: 4}), "remove 1.0; dump 1.0 #2"},
+			step{batch(1, 1), ""},
+			step{dumped(1, 0, 2, 1, 1), "remove 1.0; apply 1.0 [0] last=1"},
+			step{batch(1, 2), "apply 1.0 [2] last=2"}),
+		stats: FeedStats{InstancesAdded: 2, DumpRepairs: 2, Duplicates: 1},
+		last:  map[kv.WorkerKey]uint64{{Instance: 1}: 2},
+	}, {
 		name: "a load report announcing ids the feed has not seen repairs one report later",
 		steps: append(synced[:3:3],
 			step{load(1, 2), ""},

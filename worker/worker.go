@@ -227,12 +227,20 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	w.pub = eventplane.NewPublisher(nc, cfg.Model, evlog, w.log)
 	w.met = newMetrics(w)
 	w.inst = discovery.Instance{
-		ID: cfg.InstanceID, Model: cfg.Model, Role: cfg.Role, DPSize: cfg.DPSize,
+		ID: cfg.InstanceID, Incarnation: newIncarnation(), Model: cfg.Model, Role: cfg.Role, DPSize: cfg.DPSize,
 		BlockSize: ec.BlockSize, KVCapacity: cfg.KVCapacity, MaxBatchedTokens: ec.MaxBatchedTokens,
 		MaxModelLen: ec.MaxModelLen, Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints, AcceptsHints: cfg.AcceptsHints, Engine: cfg.Engine,
 		LoRAs: cfg.LoRAs, TLS: cfg.TLS != nil, FleetToken: cfg.FleetToken != "", DecodeOnly: cfg.DecodeOnly,
 	}
 	return w, nil
+}
+
+// newIncarnation is this process's discovery.Instance.Incarnation:
+// random and non-zero (zero is a record without one).
+func newIncarnation() uint64 {
+	var b [8]byte
+	rand.Read(b[:]) // crypto/rand.Read does not fail
+	return binary.LittleEndian.Uint64(b[:]) | 1
 }
 
 // inventoryHoldings answers the event log's dumps from the engine.
