@@ -257,7 +257,16 @@ func TestUnknownActionsRoundTripByteForByte(t *testing.T) {
 	}
 }
 
+// forgetWarnings clears warnOnce's memory, which outlives a test run (so
+// `go test -count=N` sees every warning again).
+func forgetWarnings() {
+	warned.Lock()
+	warned.seen = nil
+	warned.Unlock()
+}
+
 func TestVersionPolicy(t *testing.T) {
+	forgetWarnings()
 	var logs bytes.Buffer
 	prev := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
@@ -440,6 +449,7 @@ func TestParseConcurrent(t *testing.T) {
 // Validate (kvmesh hints validate) gives Parse's result with no log line
 // and no count: its caller shows the error, which is the one message.
 func TestValidateQuiet(t *testing.T) {
+	forgetWarnings()
 	var logs bytes.Buffer
 	prev := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
