@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,7 +20,11 @@ func TestSubscriberRedialsAfterFailedHandshake(t *testing.T) {
 	defer goleak.VerifyNone(t, leakOpts...)
 	p := newTestPublisher(t, false)
 	ep := p.Endpoint()
-	_, c, stop := runSub(t, Config{Endpoint: ep, Instance: 1, BlockSize: 4})
+	_, c, stopSub := runSub(t, Config{Endpoint: ep, Instance: 1, BlockSize: 4})
+	// The subscriber stops before the publisher closes: a redial accepted
+	// while a zmq4 socket closes keeps a reader goroutine alive.
+	var once sync.Once
+	stop := func() { once.Do(stopSub) }
 	defer stop()
 	tickUntil(t, p, func() bool { _, d := c.snapshot(); return len(d) > 0 })
 	if err := p.Close(); err != nil {
@@ -62,4 +67,5 @@ func TestSubscriberRedialsAfterFailedHandshake(t *testing.T) {
 	defer p2.Close()
 	_, before := c.snapshot()
 	tickUntil(t, p2, func() bool { _, d := c.snapshot(); return len(d) > len(before) })
+	stop()
 }
