@@ -425,7 +425,9 @@ func TestProbe(t *testing.T) {
 		{"wrong key", srv.URL("kv"), "AKIAWRONG", `cannot list bucket "kv": access denied: check the credentials`, 0},
 		{"no credentials", srv.URL("kv"), "", `no usable credentials`, 0},
 		{"unknown parameter", srv.URL("kv", "regoin=eu"), blobtiertest.AccessKey, `unknown query parameter "regoin"`, 0},
-		{"refused connection", "s3://kv?region=us-east-1&use_path_style=true&endpoint=" + url.QueryEscape(closedPort(t)), blobtiertest.AccessKey, "cannot reach its endpoint", 0},
+		// The SDK retries a refused dial twice after random backoffs of up
+		// to 2 s and 4 s, inside the probe's own ProbeTimeout.
+		{"refused connection", "s3://kv?region=us-east-1&use_path_style=true&endpoint=" + url.QueryEscape(closedPort(t)), blobtiertest.AccessKey, "cannot reach its endpoint", ProbeTimeout + 5*time.Second},
 		{"stalled endpoint", stall, blobtiertest.AccessKey, "no answer in time", 300 * time.Millisecond},
 		{"gs", "gs://bucket", "", "gs:// is not built in", 0},
 	} {
