@@ -500,3 +500,22 @@ func subscribeLoads(t *testing.T, nc *nats.Conn, n int) <-chan eventplane.LoadRe
 	t.Cleanup(func() { sub.Unsubscribe() })
 	return loads
 }
+
+// TestCloseWithNATSAway: a worker shut down while NATS is unreachable
+// cannot delete its discovery record; that is no failure of the shutdown
+// (the record expires with its TTL), so Close answers nil.
+func TestCloseWithNATSAway(t *testing.T) {
+	e, nc := startNATS(t)
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.BlockSize, cfg.Blocks, cfg.SpeedupRatio = "m", 4, 48, 0
+	eng, err := sim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := startWorker(t, nc, eng)
+	e.Shutdown()
+	testutil.WaitFor(t, 10*time.Second, "the connection to notice NATS is gone", func() bool { return !nc.IsConnected() })
+	if err := w.Close(); err != nil {
+		t.Fatalf("Close with NATS away: %v", err)
+	}
+}
