@@ -8,7 +8,8 @@
 // It is a pure core in the style of engine/sim.Core: it starts no
 // goroutines, takes its clock, its storage and the device's bytes as
 // injected values, and does work only when its caller calls it. It imports
-// kv, clock and the standard library only; in particular it must not import
+// kv, clock, internal/u64map (the registries: offload's evictions churn
+// them) and the standard library only; in particular it must not import
 // engine, worker, router or any network package: engines import it.
 //
 // # Blocks

@@ -12,7 +12,7 @@ func (m *Manager) Inventory(worker kv.WorkerKey) []kv.Event {
 		if p == nil {
 			continue
 		}
-		done := make(map[kv.SeqHash]bool, len(p.byHash))
+		done := make(map[kv.SeqHash]bool, p.byHash.Len())
 		var visit func(s int32)
 		visit = func(s int32) {
 			meta := p.slots[s].meta
@@ -21,7 +21,7 @@ func (m *Manager) Inventory(worker kv.WorkerKey) []kv.Event {
 			}
 			done[meta.Seq] = true
 			if meta.HasParent {
-				if ps, ok := p.byHash[meta.Parent]; ok {
+				if ps, ok := p.byHash.Get(meta.Parent); ok {
 					visit(ps)
 				}
 			}

@@ -3,6 +3,7 @@ package kvbm
 import (
 	"slices"
 
+	"github.com/kvmesh/kvmesh/internal/u64map"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -33,7 +34,7 @@ type pool struct {
 	tier   kv.Tier
 	store  Storage
 	slots  []poolSlot
-	byHash map[kv.SeqHash]int32
+	byHash u64map.Map[kv.SeqHash, int32]
 	free   []int32
 	lists  map[uint32]*lru
 	prios  []uint32 // priorities with a non-empty list, ascending
@@ -48,7 +49,7 @@ type pool struct {
 func newPool(tier kv.Tier, store Storage, ev *eventLog) *pool {
 	n := store.Slots()
 	p := &pool{tier: tier, store: store, slots: make([]poolSlot, n),
-		byHash: make(map[kv.SeqHash]int32, n), free: make([]int32, n),
+		byHash: u64map.New[kv.SeqHash, int32](n), free: make([]int32, n),
 		lists: map[uint32]*lru{}, ev: ev}
 	for i := range p.free {
 		p.free[i] = int32(n - 1 - i) // pop from the end: slot 0 first
@@ -57,11 +58,11 @@ func newPool(tier kv.Tier, store Storage, ev *eventLog) *pool {
 }
 
 func (p *pool) lookup(h kv.SeqHash) (int32, bool) {
-	s, ok := p.byHash[h]
+	s, ok := p.byHash.Get(h)
 	return s, ok
 }
 
-func (p *pool) len() int { return len(p.byHash) }
+func (p *pool) len() int { return p.byHash.Len() }
 
 // acquire pins a registered slot, taking it off the inactive set.
 func (p *pool) acquire(s int32) {
@@ -124,13 +125,13 @@ func (p *pool) alloc() (int32, bool) {
 // writer's pin. It reports false, freeing the slot, if the hash is already
 // registered here.
 func (p *pool) register(s int32, m BlockMeta) bool {
-	if _, dup := p.byHash[m.Seq]; dup {
+	if _, dup := p.byHash.Get(m.Seq); dup {
 		p.release(s)
 		return false
 	}
 	sl := &p.slots[s]
 	sl.meta, sl.state = m, slotRegistered
-	p.byHash[m.Seq] = s
+	p.byHash.Set(m.Seq, s)
 	p.ev.stored(p.tier, m)
 	p.release(s)
 	return true
@@ -158,7 +159,7 @@ func (p *pool) drop(s int32) {
 
 func (p *pool) unregister(s int32) {
 	sl := &p.slots[s]
-	delete(p.byHash, sl.meta.Seq)
+	p.byHash.Delete(sl.meta.Seq)
 	sl.state = slotFree
 	p.ev.removed(p.tier, sl.meta.Seq)
 }
