@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -139,10 +140,46 @@ func ResponseError(resp *http.Response) error {
 	if msg == "" {
 		msg = resp.Status
 	}
-	if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusTooManyRequests {
+	if rejected(resp.StatusCode) {
 		return &RejectedError{Status: resp.StatusCode, Message: msg}
 	}
 	return fmt.Errorf("%w: %s: %s", engine.ErrUnavailable, resp.Status, msg)
+}
+
+// rejected is the rule for an engine's status: a 4xx is the request's
+// fault, except a timeout or a rate limit, which another engine may not
+// have.
+func rejected(status int) bool {
+	return status >= 400 && status < 500 && status != http.StatusRequestTimeout && status != http.StatusTooManyRequests
+}
+
+// StreamError classifies an error object an engine sent inside a stream
+// ({"message":…,"code":…}, the code a number or a numeric string) by
+// ResponseError's rule; an object without a code is the engine's failure.
+func StreamError(raw json.RawMessage) error {
+	var inner struct {
+		Message string `json:"message"`
+		Code    any    `json:"code"`
+	}
+	if json.Unmarshal(raw, &inner) != nil || inner.Message == "" {
+		inner.Message = ErrorMessage(raw)
+	}
+	return CodedError(inner.Message, inner.Code)
+}
+
+// CodedError is StreamError for a message and code already read.
+func CodedError(msg string, code any) error {
+	status := 0
+	switch c := code.(type) {
+	case float64:
+		status = int(c)
+	case string:
+		status, _ = strconv.Atoi(c)
+	}
+	if rejected(status) {
+		return &RejectedError{Status: status, Message: msg}
+	}
+	return Lost(fmt.Errorf("engine error: %s", msg))
 }
 
 // ErrorMessage reads the message of an OpenAI-shaped error body

@@ -205,35 +205,16 @@ func finish(s string) (kv.FinishReason, bool) {
 	return kv.FinishError, false
 }
 
-// errorOf reads an error object sent in place of a chunk: a 4xx code is
-// the request's fault, anything else the engine's. nil when r is none.
+// errorOf reads an error object sent in place of a chunk, flat or nested,
+// classified by remote.CodedError; nil when r is none.
 func errorOf(r *response) error {
-	msg, code := r.Message, r.Code
 	switch {
 	case r.Object == "error":
+		return remote.CodedError(r.Message, r.Code)
 	case !isNull(r.Error):
-		var inner struct {
-			Message string `json:"message"`
-			Code    any    `json:"code"`
-		}
-		if json.Unmarshal(r.Error, &inner) != nil || inner.Message == "" {
-			inner.Message = remote.ErrorMessage(r.Error)
-		}
-		msg, code = inner.Message, inner.Code
-	default:
-		return nil
+		return remote.StreamError(r.Error)
 	}
-	status := 0
-	switch c := code.(type) {
-	case float64:
-		status = int(c)
-	case string:
-		status, _ = strconv.Atoi(c)
-	}
-	if status >= 400 && status < 500 && status != http.StatusRequestTimeout && status != http.StatusTooManyRequests {
-		return &remote.RejectedError{Status: status, Message: msg}
-	}
-	return remote.Lost(fmt.Errorf("engine error: %s", msg))
+	return nil
 }
 
 func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, ch chan<- engine.Chunk) {

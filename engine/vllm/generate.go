@@ -178,31 +178,6 @@ func finish(s string) (kv.FinishReason, bool) {
 	return kv.FinishStop, true
 }
 
-// streamError reads an error object sent inside a stream: a 4xx code is
-// the request's fault, anything else the engine's.
-func streamError(raw json.RawMessage) error {
-	var inner struct {
-		Message string `json:"message"`
-		Code    any    `json:"code"`
-	}
-	_ = json.Unmarshal(raw, &inner)
-	msg := inner.Message
-	if msg == "" {
-		msg = remote.ErrorMessage(raw)
-	}
-	code := 0
-	switch c := inner.Code.(type) {
-	case float64:
-		code = int(c)
-	case string:
-		code, _ = strconv.Atoi(c)
-	}
-	if code >= 400 && code < 500 {
-		return &remote.RejectedError{Status: code, Message: msg}
-	}
-	return remote.Lost(fmt.Errorf("engine error: %s", msg))
-}
-
 func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, ch chan<- engine.Chunk) {
 	var (
 		fin     kv.FinishReason
@@ -212,7 +187,7 @@ func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, 
 	)
 	err := remote.ReadFrames(ctx, body, func() bool { return fin != kv.FinishNone }, func(r *response) error {
 		if len(r.Error) > 0 && string(r.Error) != "null" {
-			return streamError(r.Error)
+			return remote.StreamError(r.Error)
 		}
 		if r.Usage != nil {
 			u = r.Usage.Engine()
