@@ -90,11 +90,8 @@ and notifies it; a lease no decode consumes expires after --kv-lease-duration.
 Timing is the sim's (Dynamo's mocker polynomial), divided by --speedup-ratio.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 1 {
-				if cmd.Flags().Changed("model") && args[0] != mf.model {
-					return fmt.Errorf("model given twice: %q and --model %q", args[0], mf.model)
-				}
-				mf.model = args[0]
+			if err := positionalModel(cmd, args, &mf.model); err != nil {
+				return err
 			}
 			return runMockVLLM(cmd, mf)
 		},
@@ -270,4 +267,17 @@ func printRankEvents(out io.Writer, r int, eps interface {
 		fmt.Fprintf(out, ", replay %s", rep)
 	}
 	fmt.Fprintln(out)
+}
+
+// positionalModel takes the engine CLI's positional MODEL (vllm serve
+// MODEL, trtllm-serve MODEL) into model, refusing a different --model.
+func positionalModel(cmd *cobra.Command, args []string, model *string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	if cmd.Flags().Changed("model") && args[0] != *model {
+		return fmt.Errorf("model given twice: %q and --model %q", args[0], *model)
+	}
+	*model = args[0]
+	return nil
 }

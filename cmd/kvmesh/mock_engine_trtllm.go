@@ -62,11 +62,8 @@ verifies them, frees the lease and generates on; a lease nobody pulls runs out (
 Timing is the sim's (Dynamo's mocker polynomial), divided by --speedup-ratio.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 1 {
-				if cmd.Flags().Changed("model") && args[0] != mf.model {
-					return fmt.Errorf("model given twice: %q and --model %q", args[0], mf.model)
-				}
-				mf.model = args[0]
+			if err := positionalModel(cmd, args, &mf.model); err != nil {
+				return err
 			}
 			return runMockTRTLLM(cmd, mf)
 		},
