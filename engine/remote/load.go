@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // RankLoad is the per-rank load an adapter last read from its server; safe
@@ -38,6 +39,30 @@ func (l *RankLoad) Sum() engine.Stats {
 		}
 	}
 	return out
+}
+
+// LoadSeries names a server's load series: requests running and waiting,
+// and the fraction of KV blocks in use.
+type LoadSeries struct{ Running, Waiting, Usage string }
+
+// ReadRankLoad reads the per-rank load of dpSize ranks of blocks KV
+// blocks each from scraped families; rankOf gives a sample's rank (false:
+// not this server's, or not the rank that speaks for it).
+func ReadRankLoad(fams map[string]*dto.MetricFamily, dpSize, blocks int, series LoadSeries, rankOf func(Sample) (int, bool)) []engine.Stats {
+	st := make([]engine.Stats, dpSize)
+	each := func(name string, f func(*engine.Stats, float64)) {
+		for _, s := range Samples(fams, name) {
+			if r, ok := rankOf(s); ok && r >= 0 && r < dpSize {
+				f(&st[r], s.Value)
+			}
+		}
+	}
+	each(series.Running, func(s *engine.Stats, v float64) { s.Running += int(v) })
+	each(series.Waiting, func(s *engine.Stats, v float64) { s.Waiting += int(v) })
+	each(series.Usage, func(s *engine.Stats, v float64) {
+		s.TotalBlocks, s.UsedBlocks = blocks, int(v*float64(blocks)+0.5)
+	})
+	return st
 }
 
 // Every calls f every d, on wg, until ctx ends: an adapter's reading of

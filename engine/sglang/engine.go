@@ -199,8 +199,8 @@ func (e *Engine) scrape(ctx context.Context) {
 		}
 		return
 	}
-	st := make([]engine.Stats, e.cfg.DPSize)
-	rankOf := func(s remote.Sample) (int, bool) {
+	series := remote.LoadSeries{Running: "sglang:num_running_reqs", Waiting: "sglang:num_queue_reqs", Usage: "sglang:token_usage"}
+	st := remote.ReadRankLoad(fams, e.cfg.DPSize, e.ecfg.Blocks, series, func(s remote.Sample) (int, bool) {
 		if e.cfg.Model != "" && s.Labels["model_name"] != "" && s.Labels["model_name"] != e.cfg.Model {
 			return 0, false
 		}
@@ -211,24 +211,8 @@ func (e *Engine) scrape(ctx context.Context) {
 		if err != nil {
 			r = 0
 		}
-		return r, r >= 0 && r < len(st)
-	}
-	for _, s := range remote.Samples(fams, "sglang:num_running_reqs") {
-		if r, ok := rankOf(s); ok {
-			st[r].Running += int(s.Value)
-		}
-	}
-	for _, s := range remote.Samples(fams, "sglang:num_queue_reqs") {
-		if r, ok := rankOf(s); ok {
-			st[r].Waiting += int(s.Value)
-		}
-	}
-	for _, s := range remote.Samples(fams, "sglang:token_usage") {
-		if r, ok := rankOf(s); ok {
-			st[r].TotalBlocks = e.ecfg.Blocks
-			st[r].UsedBlocks = int(s.Value*float64(e.ecfg.Blocks) + 0.5)
-		}
-	}
+		return r, true
+	})
 	e.load.Store(st)
 }
 

@@ -117,8 +117,12 @@ func (e *Engine) scrape(ctx context.Context) {
 		}
 		return
 	}
-	st := make([]engine.Stats, e.cfg.DPSize)
-	rankOf := func(s remote.Sample) (int, bool) {
+	usage := "vllm:kv_cache_usage_perc"
+	if fams[usage] == nil {
+		usage = "vllm:gpu_cache_usage_perc" // vLLM before 0.10
+	}
+	series := remote.LoadSeries{Running: "vllm:num_requests_running", Waiting: "vllm:num_requests_waiting", Usage: usage}
+	st := remote.ReadRankLoad(fams, e.cfg.DPSize, e.ecfg.Blocks, series, func(s remote.Sample) (int, bool) {
 		if e.cfg.Model != "" && s.Labels["model_name"] != "" && s.Labels["model_name"] != e.cfg.Model {
 			return 0, false
 		}
@@ -126,28 +130,8 @@ func (e *Engine) scrape(ctx context.Context) {
 		if err != nil {
 			r = 0
 		}
-		return r, r >= 0 && r < len(st)
-	}
-	for _, s := range remote.Samples(fams, "vllm:num_requests_running") {
-		if r, ok := rankOf(s); ok {
-			st[r].Running += int(s.Value)
-		}
-	}
-	for _, s := range remote.Samples(fams, "vllm:num_requests_waiting") {
-		if r, ok := rankOf(s); ok {
-			st[r].Waiting += int(s.Value)
-		}
-	}
-	usage := "vllm:kv_cache_usage_perc"
-	if fams[usage] == nil {
-		usage = "vllm:gpu_cache_usage_perc" // vLLM before 0.10
-	}
-	for _, s := range remote.Samples(fams, usage) {
-		if r, ok := rankOf(s); ok {
-			st[r].TotalBlocks = e.ecfg.Blocks
-			st[r].UsedBlocks = int(s.Value*float64(e.ecfg.Blocks) + 0.5)
-		}
-	}
+		return r, true
+	})
 	e.load.Store(st)
 }
 
