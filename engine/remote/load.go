@@ -2,6 +2,7 @@ package remote
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,6 +64,21 @@ func ReadRankLoad(fams map[string]*dto.MetricFamily, dpSize, blocks int, series 
 		s.TotalBlocks, s.UsedBlocks = blocks, int(v*float64(blocks)+0.5)
 	})
 	return st
+}
+
+// ModelRank is a ReadRankLoad rankOf: a sample of another model is not
+// this server's; the rank is the label's value (0 when absent).
+func ModelRank(model, label string) func(Sample) (int, bool) {
+	return func(s Sample) (int, bool) {
+		if model != "" && s.Labels["model_name"] != "" && s.Labels["model_name"] != model {
+			return 0, false
+		}
+		r, err := strconv.Atoi(s.Labels[label])
+		if err != nil {
+			r = 0
+		}
+		return r, true
+	}
 }
 
 // Every calls f every d, on wg, until ctx ends: an adapter's reading of

@@ -200,20 +200,13 @@ func (e *Engine) scrape(ctx context.Context) {
 		return
 	}
 	series := remote.LoadSeries{Running: "sglang:num_running_reqs", Waiting: "sglang:num_queue_reqs", Usage: "sglang:token_usage"}
-	st := remote.ReadRankLoad(fams, e.cfg.DPSize, e.ecfg.Blocks, series, func(s remote.Sample) (int, bool) {
-		if e.cfg.Model != "" && s.Labels["model_name"] != "" && s.Labels["model_name"] != e.cfg.Model {
-			return 0, false
-		}
+	dpRank := remote.ModelRank(e.cfg.Model, "dp_rank")
+	e.load.Store(remote.ReadRankLoad(fams, e.cfg.DPSize, e.ecfg.Blocks, series, func(s remote.Sample) (int, bool) {
 		if tp := s.Labels["tp_rank"]; tp != "" && tp != "0" {
 			return 0, false
 		}
-		r, err := strconv.Atoi(s.Labels["dp_rank"])
-		if err != nil {
-			r = 0
-		}
-		return r, true
-	})
-	e.load.Store(st)
+		return dpRank(s)
+	}))
 }
 
 // Config is the engine's description (model and page size from the

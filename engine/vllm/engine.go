@@ -122,17 +122,7 @@ func (e *Engine) scrape(ctx context.Context) {
 		usage = "vllm:gpu_cache_usage_perc" // vLLM before 0.10
 	}
 	series := remote.LoadSeries{Running: "vllm:num_requests_running", Waiting: "vllm:num_requests_waiting", Usage: usage}
-	st := remote.ReadRankLoad(fams, e.cfg.DPSize, e.ecfg.Blocks, series, func(s remote.Sample) (int, bool) {
-		if e.cfg.Model != "" && s.Labels["model_name"] != "" && s.Labels["model_name"] != e.cfg.Model {
-			return 0, false
-		}
-		r, err := strconv.Atoi(s.Labels["engine"])
-		if err != nil {
-			r = 0
-		}
-		return r, true
-	})
-	e.load.Store(st)
+	e.load.Store(remote.ReadRankLoad(fams, e.cfg.DPSize, e.ecfg.Blocks, series, remote.ModelRank(e.cfg.Model, "engine")))
 }
 
 // Config is the engine's description (model and block size from the
