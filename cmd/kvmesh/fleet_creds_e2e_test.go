@@ -197,6 +197,11 @@ func credentialedFleet(t *testing.T, creds []string, dial []grpc.DialOption, ref
 		t.Fatalf("C (no credentials) cached %d tokens of A's", u.GetCachedTokens())
 	}
 
+	// A counts and logs the refusal on its own side, after C has its answer.
+	testutil.WaitFor(t, 10*time.Second, "A to count C's refused fetch", func() bool {
+		return workerMetrics(t, pa)[`kvmesh_transfer_refused_total{reason="unauthenticated"}`] >= 1 &&
+			strings.Contains(pa.Stderr(), "transfer: refused a peer")
+	})
 	ma, mb, mc := workerMetrics(t, pa), workerMetrics(t, pb), workerMetrics(t, pc)
 	if seriesSum(ma, refusedSeries) < 1 || seriesSum(mb, refusedSeries) < 1 {
 		t.Errorf("the refused caller: %s on A %v, B %v, want ≥ 1 each", refusedSeries, seriesSum(ma, refusedSeries), seriesSum(mb, refusedSeries))
