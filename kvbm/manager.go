@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/kvmesh/kvmesh/clock"
+	"github.com/kvmesh/kvmesh/internal/streamcopy"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -307,16 +308,17 @@ func (m *Manager) offloadOne(dev Device, b StoreBlock) (bool, error) {
 	if cs, ok := dev.(Checksummer); ok {
 		meta.Sum, known = cs.BlockChecksum(b.Device)
 	}
-	if v, isView := p.store.(Viewer); isView && !known {
-		// Copy first, then hash the copy while it is still in cache: the
-		// device's bytes are read from memory once (hashing them first
-		// costs a second pass at memory speed instead). The arena slot
-		// is private until register, so no header needs the sum yet.
+	if _, isView := p.store.(Viewer); isView && !known {
+		// Copy first, then hash the device's bytes while the copy has
+		// them in cache: they are read from memory once (hashing first
+		// costs a second pass at memory speed), and the arena's copy,
+		// written with streaming stores, is not in cache. The slot is
+		// private until register, so no header needs the sum yet.
 		if err := p.store.Put(int(s), src, meta); err != nil {
 			p.release(s)
 			return false, err
 		}
-		meta.Sum = kv.Checksum(v.View(int(s)))
+		meta.Sum = kv.Checksum(src)
 	} else {
 		if !known {
 			// The header written with the payload carries the sum.
@@ -511,15 +513,23 @@ func (m *Manager) onboardOne(dev Device, p *pool, b Staged, id DeviceBlockID) er
 			return nil
 		}
 	}
+	// What is verified is what the copy read, as it is then in cache: a
+	// host slot, copied to the device with streaming stores (the device's
+	// block is not read again soon), or the bytes a disk read landed.
+	verify := dst
 	if err == nil {
-		err = p.store.Get(int(b.slot), dst)
+		if v, isView := p.store.(Viewer); isView {
+			verify = v.View(int(b.slot))
+			streamcopy.Copy(dst, verify)
+		} else {
+			err = p.store.Get(int(b.slot), dst)
+		}
 	}
 	if err != nil {
 		m.st.Errors++
 		return fmt.Errorf("kvbm: onboard block %016x from %v: %w", uint64(b.Meta.Seq), b.Tier, err)
 	}
-	// Verify what landed on the device (hot in cache after the copy).
-	if got := kv.Checksum(dst); got != b.Meta.Sum {
+	if got := kv.Checksum(verify); got != b.Meta.Sum {
 		p.drop(b.slot)
 		m.st.Corrupt++
 		return &CorruptError{Tier: b.Tier, Seq: b.Meta.Seq, Got: got, Want: b.Meta.Sum}

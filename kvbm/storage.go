@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/kvmesh/kvmesh/internal/streamcopy"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -100,11 +101,13 @@ func (h *HostArena) View(slot int) []byte {
 	return h.buf[off : off+h.bb : off+h.bb]
 }
 
+// Put copies src into slot with streaming stores: the arena is large and
+// cold, and a block offloaded now is read back long after (if ever).
 func (h *HostArena) Put(slot int, src []byte, _ BlockMeta) error {
 	if err := checkSlot(slot, h.n, len(src), h.bb); err != nil {
 		return err
 	}
-	copy(h.View(slot), src)
+	streamcopy.Copy(h.View(slot), src)
 	return nil
 }
 
