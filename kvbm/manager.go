@@ -59,7 +59,7 @@ type Stats struct {
 	MatchedHost, MatchedDisk     uint64 // staged for onboarding
 	MatchedObject                uint64
 	DeclinedLoad                 uint64 // matched blocks left to recompute: cheaper than loading them (LoadCost)
-	OnboardedHost, OnboardedDisk uint64 // verified on the device
+	OnboardedHost, OnboardedDisk uint64 // copied to the device and verified
 	OnboardedObject              uint64 // through host when there is one
 	Corrupt                      uint64 // failed verification, dropped
 	RecoveredDisk                uint64 // found intact by RecoverDisk
@@ -308,17 +308,22 @@ func (m *Manager) offloadOne(dev Device, b StoreBlock) (bool, error) {
 	if cs, ok := dev.(Checksummer); ok {
 		meta.Sum, known = cs.BlockChecksum(b.Device)
 	}
-	if _, isView := p.store.(Viewer); isView && !known {
-		// Copy first, then hash the device's bytes while the copy has
+	_, isView := p.store.(Viewer)
+	sealer, seals := p.store.(Sealer)
+	if !known && (isView || seals) {
+		// Write first, then hash the device's bytes while the write has
 		// them in cache: they are read from memory once (hashing first
-		// costs a second pass at memory speed), and the arena's copy,
-		// written with streaming stores, is not in cache. The slot is
-		// private until register, so no header needs the sum yet.
+		// costs a second pass at memory speed), and the host arena's
+		// copy, written with streaming stores, is not in cache. The slot
+		// is private until register; a disk header gets the sum by Seal.
 		if err := p.store.Put(int(s), src, meta); err != nil {
 			p.release(s)
 			return false, err
 		}
 		meta.Sum = kv.Checksum(src)
+		if seals {
+			sealer.Seal(int(s), meta)
+		}
 	} else {
 		if !known {
 			// The header written with the payload carries the sum.
@@ -467,7 +472,7 @@ func (m *Manager) Release(staged []Staged) {
 }
 
 // Onboard copies staged[i] into device block ids[i] and verifies each
-// block's checksum on the device, in order, unpinning every staged block.
+// block's checksum (the bytes the copy read), in order, unpinning every staged block.
 // It stops at the first block that fails: a corrupt one is dropped from
 // its tier and counted; the rest are released unloaded. It returns how many
 // leading blocks are valid on the device.

@@ -46,6 +46,13 @@ type Scanner interface {
 	Scan(fn func(slot int, m BlockMeta)) error
 }
 
+// Sealer is a Storage that persists block identities yet can take a
+// block's bytes before its checksum: the manager may Put with a zero Sum,
+// then Seal the slot with the whole meta before the next Commit.
+type Sealer interface {
+	Seal(slot int, m BlockMeta)
+}
+
 // Committer is a Storage that batches part of its writes: the manager
 // calls Commit at the end of every call that stored blocks.
 type Committer interface {
@@ -242,9 +249,14 @@ func (d *DiskFile) Put(slot int, src []byte, m BlockMeta) error {
 	if _, err := d.f.WriteAt(src, d.PayloadOffset(slot)); err != nil {
 		return fmt.Errorf("kvbm: disk slot %d: %w", slot, err)
 	}
+	d.Seal(slot, m)
+	return nil
+}
+
+// Seal sets slot's header to m, written by the next Commit.
+func (d *DiskFile) Seal(slot int, m BlockMeta) {
 	encodeSlotHeader(d.hdrs[slot*slotHeaderSize:(slot+1)*slotHeaderSize], m, d.bb)
 	d.lo, d.hi = min(d.lo, slot), max(d.hi, slot+1)
-	return nil
 }
 
 // Commit writes the slot headers Put changed since the last Commit, as one
