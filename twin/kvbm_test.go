@@ -35,7 +35,7 @@ func TestKVBMHostTierRaisesHit(t *testing.T) {
 	if err := host.WriteSummary(&sum); err != nil {
 		t.Fatal(err)
 	}
-	if s := sum.String(); !strings.Contains(s, "kvbm        offloaded") || strings.Contains(s, "no KVBM tiers yet") {
+	if s := sum.String(); !strings.Contains(s, "kvbm        offloaded") || strings.Contains(s, "workers run no KVBM tier") {
 		t.Fatalf("summary:\n%s", s)
 	}
 

@@ -193,7 +193,7 @@ func (r *Result) WriteSummary(w io.Writer) error {
 	fmt.Fprintf(&b, "  throughput  %.1f output tok/s, %.3f req/s\n", r.OutputTokPerS, r.ReqPerS)
 	fmt.Fprintf(&b, "  host        %.3f s wall, %.3f s CPU; %d KV events indexed, %d blocks evicted\n", r.Wall.Seconds(), r.CPU.Seconds(), r.IndexEvents, r.EvictedBlocks)
 	h := r.Hit
-	note := " (host/disk: no KVBM tiers yet)"
+	note := " (host/disk: workers run no KVBM tier; see --connector kvbm)"
 	if r.KVBM != nil {
 		note = ""
 	}
