@@ -1,6 +1,8 @@
 package kvbm
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -330,5 +332,47 @@ func TestDeviceSuppliedChecksumIsVerifiedOnOnboard(t *testing.T) {
 		if !lie && (n != 2 || err != nil) {
 			t.Fatalf("onboard %d %v", n, err)
 		}
+	}
+}
+
+// Blocks the size of real KV blocks take the host arena's streaming
+// copies (and a length that is no multiple of the stride): every byte
+// comes back, and a byte corrupted in the arena is caught on onboard.
+func TestHostTierLargeBlocksRoundTrip(t *testing.T) {
+	for _, bb := range []int{64 << 10, 64<<10 + 96} {
+		t.Run(fmt.Sprint(bb), func(t *testing.T) {
+			h, err := NewHostArena(4, bb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := NewManager(Config{BlockSize: 16, BlockBytes: bb, Host: h})
+			if err != nil {
+				t.Fatal(err)
+			}
+			src, dst := newBenchDevice(3, bb), &benchDevice{}
+			for range 3 {
+				dst.blocks = append(dst.blocks, make([]byte, bb))
+			}
+			batch := storeBatch(nil, 0, 3)
+			if n, err := m.Offload(src, batch); n != 3 || err != nil {
+				t.Fatalf("offload %d %v", n, err)
+			}
+			n, err := m.Onboard(dst, m.Match(nil, seqsOfBlocks(batch)), ids(3))
+			if n != 3 || err != nil {
+				t.Fatalf("onboard %d %v", n, err)
+			}
+			for i := range src.blocks {
+				if !bytes.Equal(dst.blocks[i], src.blocks[i]) {
+					t.Fatalf("block %d differs after the round trip", i)
+				}
+			}
+			s, _ := m.host.lookup(batch[1].Meta.Seq)
+			h.View(int(s))[bb-1] ^= 1
+			n, err = m.Onboard(dst, m.Match(nil, seqsOfBlocks(batch)), ids(3))
+			var ce *CorruptError
+			if n != 1 || !errors.As(err, &ce) || ce.Seq != batch[1].Meta.Seq || m.Stats().Corrupt != 1 {
+				t.Fatalf("onboard over a corrupt arena slot: %d %v %+v", n, err, m.Stats())
+			}
+		})
 	}
 }
