@@ -291,7 +291,12 @@ func (ix *Index) findChild(parent uint32, local uint64) uint32 {
 
 func (ix *Index) tableInsert(tp *atomic.Pointer[table], t *table, hash uint64, id uint32, rehash func(uint32) uint64) *table {
 	if (t.used+t.dead+1)*2 > len(t.slots) {
-		nt := newTable(t.used + 1)
+		// At most a quarter full after the rebuild: under insert/delete
+		// churn the next one is then a quarter of the table's inserts
+		// away, where sizing for half full could rebuild every few
+		// thousand inserts, each rehash reading every live node (a
+		// random miss apiece).
+		nt := newTable(2 * (t.used + 1))
 		for i := range t.slots {
 			if x := t.slots[i].Load(); uint32(x) != 0 && uint32(x) != tomb {
 				j := rehash(uint32(x)) & nt.mask
