@@ -545,6 +545,7 @@ func (c *Core) grow(s *Seq, n int) bool {
 }
 
 func (c *Core) allocN(s *Seq, need int) {
+	c.pool.warmEvict(need)
 	for ; need > 0; need-- {
 		id, _ := c.pool.alloc()
 		s.table = append(s.table, id)
@@ -608,6 +609,9 @@ func (c *Core) admit(s *Seq, budget int) (int, bool) {
 // Stored event emitted.
 func (c *Core) register(s *Seq, upto int) {
 	full := upto / c.bs
+	if full-s.nReg > 1 {
+		c.pool.warm(s.seqh[s.nReg:full])
+	}
 	for b := s.nReg; b < full; b++ {
 		h := s.seqh[b]
 		id := s.table[b]

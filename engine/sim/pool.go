@@ -38,6 +38,7 @@ type pool struct {
 	sums             []uint64 // kv.Checksum of each block's payload as stored, when kept (view.go)
 	domains          []uint64 // each registered block's salt domain: kv.Seed of its request's LoRA and salt
 	ev               *eventLog
+	touched          uint64 // keeps warm's loads
 }
 
 func newPool(n, layers, psize int, ev *eventLog) pool {
@@ -116,6 +117,27 @@ func (p *pool) release(id int32) {
 		b.flags = 0 // a shadow block's pending fill
 		p.free = append(p.free, id)
 	}
+}
+
+// warmEvict touches the table slots of the next n evictions (after the
+// free blocks run out), so that their deletes' cache misses overlap.
+func (p *pool) warmEvict(n int) {
+	var t kv.SeqHash
+	for id := p.lruHead; n > len(p.free) && id >= 0; n-- {
+		b := &p.blocks[id]
+		t += p.byHash.Touch(b.seq)
+		id = b.next
+	}
+	p.touched += uint64(t)
+}
+
+// warm touches the table slots of lookups of seqs.
+func (p *pool) warm(seqs []kv.SeqHash) {
+	var t kv.SeqHash
+	for _, h := range seqs {
+		t += p.byHash.Touch(h)
+	}
+	p.touched += uint64(t)
 }
 
 // alloc takes a free block, or evicts the least recently used idle cached
