@@ -816,6 +816,21 @@ func (ix *Index) Apply(ev kv.Event) {
 	ix.cand = ix.cand[:0]
 }
 
+// ApplyBatch applies events in order, exactly as Apply does one at a time,
+// under one lock and without copying them: a sink taking an engine's
+// flushes whole (the twin's) pays the lock per flush, not per event.
+func (ix *Index) ApplyBatch(events []kv.Event) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	for i := range events {
+		ix.apply(&events[i])
+		for _, id := range ix.cand {
+			ix.maybeFree(id)
+		}
+		ix.cand = ix.cand[:0]
+	}
+}
+
 func (ix *Index) apply(ev *kv.Event) {
 	ix.st.Events++
 	switch ev.Kind {

@@ -397,9 +397,7 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 			ix := t.ix
 			// Apply copies what it keeps, so the core may reuse the batch.
 			core.SetTransientEventSink(func(batch []kv.Event) {
-				for i := range batch {
-					ix.Apply(batch[i])
-				}
+				ix.ApplyBatch(batch)
 				t.res.IndexEvents += uint64(len(batch))
 			})
 		}
