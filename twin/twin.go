@@ -629,7 +629,7 @@ func (t *twin) arrive(ctx context.Context, atNS int64) error {
 		t.res.Hints.Hints++
 		t.res.Hints.PlannedBlocks += int64(len(d.Hint.Hashes) - int(d.Overlap[kv.NumTiers-1]))
 	}
-	s, err := t.ws[w].core.AddPrompt(&st.er, sim.Prompt{Len: plen, Local: d.Local, Tail: tail}, at)
+	s, err := t.ws[w].core.AddPrompt(&st.er, sim.Prompt{Len: plen, Local: d.Local, Tail: tail, Seq: d.Seq}, at)
 	t.hint = nil
 	if err != nil {
 		d.Done()

@@ -222,6 +222,9 @@ type Prompt struct {
 	Len   int
 	Local []kv.LocalHash
 	Tail  []kv.Token
+	// Seq, optional, is kv.SeqHashes of Local, as a router decision
+	// carries them: given, they are copied instead of chained again.
+	Seq []kv.SeqHash
 }
 
 // newSeq validates and hashes a request; it touches no Core state. Either
@@ -248,6 +251,9 @@ func (c *Core) newSeq(req *engine.Request, tokens []kv.Token, local []kv.LocalHa
 			return nil, fmt.Errorf("sim: request %q: prompt of %d tokens given by %d local hashes and %d tail tokens, want %d and %d",
 				req.ID, plen, len(p.Local), len(p.Tail), nfull, plen-nfull*c.bs)
 		}
+		if p.Seq != nil && len(p.Seq) != nfull {
+			return nil, fmt.Errorf("sim: request %q: %d sequence hashes for %d local hashes", req.ID, len(p.Seq), nfull)
+		}
 		s.local = append(s.local, p.Local...)
 		s.tail = p.Tail
 	case local != nil:
@@ -260,7 +266,11 @@ func (c *Core) newSeq(req *engine.Request, tokens []kv.Token, local []kv.LocalHa
 		s.local = kv.LocalHashes(s.local, tokens, c.bs, seed)
 		s.tail = tokens[nfull*c.bs:]
 	}
-	s.seqh = kv.SeqHashes(s.seqh, s.local)
+	if tokens == nil && p.Seq != nil {
+		s.seqh = append(s.seqh, p.Seq...)
+	} else {
+		s.seqh = kv.SeqHashes(s.seqh, s.local)
+	}
 	s.ctxTail = tailInit
 	if nfull > 0 {
 		s.ctxSeq = s.seqh[nfull-1]

@@ -460,8 +460,8 @@ func TestAddValidates(t *testing.T) {
 // hashes and tail, behave exactly like the tokens.
 func TestAddHashedEqualsAdd(t *testing.T) {
 	cfg := testConfig()
-	cores := []*Core{mustCore(t, cfg), mustCore(t, cfg), mustCore(t, cfg)}
-	hs := make([]*holdings, 3)
+	cores := []*Core{mustCore(t, cfg), mustCore(t, cfg), mustCore(t, cfg), mustCore(t, cfg)}
+	hs := make([]*holdings, 4)
 	for i, c := range cores {
 		hs[i] = newHoldings(t, cfg.Worker, cfg.BlockSize)
 		c.SetEventSink(hs[i].sink)
@@ -478,12 +478,17 @@ func TestAddHashedEqualsAdd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for !cores[0].Idle() || !cores[1].Idle() || !cores[2].Idle() {
+	// With the router's sequence hashes too.
+	sd, err := cores[3].AddPrompt(&engine.Request{ID: "x", Sampling: kv.Sampling{MaxTokens: 9, Seed: 1}}, Prompt{Len: 11, Local: local, Tail: prompt[8:], Seq: kv.SeqHashes(nil, local)}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for !cores[0].Idle() || !cores[1].Idle() || !cores[2].Idle() || !cores[3].Idle() {
 		for _, c := range cores {
 			c.Step(time.Time{})
 		}
 	}
-	for _, s := range []*Seq{sb, sc} {
+	for _, s := range []*Seq{sb, sc, sd} {
 		if !slices.Equal(sa.Output(), s.Output()) || !slices.Equal(sa.seqh, s.seqh) {
 			t.Fatal("a hashed prompt diverged from its tokens")
 		}
@@ -495,6 +500,9 @@ func TestAddHashedEqualsAdd(t *testing.T) {
 	}
 	if _, err := cores[2].AddPrompt(&engine.Request{ID: "bad", Sampling: kv.Sampling{MaxTokens: 1}}, Prompt{Len: 11, Local: local, Tail: prompt[7:]}, time.Time{}); err == nil {
 		t.Fatal("a tail of the wrong length was accepted")
+	}
+	if _, err := cores[2].AddPrompt(&engine.Request{ID: "bad", Sampling: kv.Sampling{MaxTokens: 1}}, Prompt{Len: 11, Local: local, Tail: prompt[8:], Seq: []kv.SeqHash{1, 2, 3}}, time.Time{}); err == nil {
+		t.Fatal("sequence hashes of the wrong length were accepted")
 	}
 }
 
