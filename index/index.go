@@ -181,6 +181,7 @@ type Index struct {
 
 	next, ovfNext uint32
 	free          []uint32 // freed node ids; may hold stale or repeated ids (see alloc)
+	freeSeen      []uint64 // pushFree's scratch bitset over ids, all zero between uses
 	nfree         int      // free ids below next
 	ovfFree       []uint32
 	ovfGen        uint32
@@ -424,13 +425,21 @@ func (ix *Index) pushFree(id uint32) {
 	if len(ix.free) < 2*ix.nfree+1024 {
 		return
 	}
+	// Marks in a bitset over ids, not a Go map: the compaction runs
+	// often under eviction churn.
+	if w := int(ix.next+63) / 64; len(ix.freeSeen) < w {
+		ix.freeSeen = make([]uint64, w)
+	}
+	seen := ix.freeSeen
 	live := ix.free[:0]
-	seen := make(map[uint32]struct{}, ix.nfree)
 	for _, x := range ix.free {
-		if _, dup := seen[x]; !dup && ix.isFree(x) {
-			seen[x] = struct{}{}
+		if seen[x/64]&(1<<(x%64)) == 0 && ix.isFree(x) {
+			seen[x/64] |= 1 << (x % 64)
 			live = append(live, x)
 		}
+	}
+	for _, x := range live {
+		seen[x/64] = 0
 	}
 	ix.free = live
 }
