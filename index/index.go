@@ -194,7 +194,7 @@ type Index struct {
 	cand          []uint32 // nodes that may have become empty during an event
 	found         []uint32 // prefind's answers, by position in the event
 	fresh         []uint32 // storeFresh's new nodes, by position in its run
-	freshHash     []uint64 // their engine hashes' table hashes
+	freshHash     []uint64 // their engine hashes' table hashes (prefind's too)
 	touchedTag    uint8    // keeps storeFresh's warming loads
 	touched       uint64   // keeps prefind's warming loads
 	st            Stats
@@ -938,9 +938,19 @@ func (ix *Index) apply(ev *kv.Event) {
 func (ix *Index) prefind(hs []uint64) {
 	ix.found = ix.found[:0]
 	dir := *ix.dir.Load()
+	t := &ix.etab
+	// First every probe's first slot (tag and id), so that each lookup
+	// then waits only for its node.
+	hashes := ix.freshHash[:0]
 	var touch uint64
 	for _, h := range hs {
-		id, _ := ix.etabFind(h)
+		hash := ix.engHash(h)
+		hashes = append(hashes, hash)
+		touch += uint64(t.tags[hash&t.mask]) + uint64(t.ids[hash&t.mask])
+	}
+	ix.freshHash = hashes
+	for k, h := range hs {
+		id, _ := ix.etabFindHashed(h, hashes[k])
 		ix.found = append(ix.found, id)
 		touch += nodeAt(dir, id).holders.Load() // warm what heldShared reads
 	}
