@@ -46,7 +46,12 @@ type Approx struct {
 	seq     []kv.SeqHash
 	blocks  []kv.StoredBlock
 	rm      []kv.EngineHash
+	touched kv.SeqHash // keeps the warming loads
 }
+
+// popWarm is how many stamps popRec touches ahead at a time: their misses
+// overlap, and a record that stops early wastes at most this many.
+const popWarm = 16
 
 type approxWorker struct {
 	key  kv.WorkerKey
@@ -78,6 +83,13 @@ func NewApprox(ttl time.Duration, capacity int) *Approx {
 // Insert records that w now holds local (routed at now), refreshing the TTL
 // of blocks it already held, then expires and prunes.
 func (a *Approx) Insert(w kv.WorkerKey, local []kv.LocalHash, now time.Time) {
+	a.InsertSeq(w, local, nil, now)
+}
+
+// InsertSeq is Insert with seq, the sequence hashes of local
+// (kv.SeqHashes), when the caller has them; nil (or a length other than
+// local's): Insert computes them.
+func (a *Approx) InsertSeq(w kv.WorkerKey, local []kv.LocalHash, seq []kv.SeqHash, now time.Time) {
 	if len(local) == 0 {
 		a.Expire(now)
 		return
@@ -93,10 +105,19 @@ func (a *Approx) Insert(w kv.WorkerKey, local []kv.LocalHash, now time.Time) {
 	}
 	a.stamp++
 	off := len(a.qseq)
-	a.qseq = kv.SeqHashes(a.qseq, local)
+	if len(seq) == len(local) {
+		a.qseq = append(a.qseq, seq...)
+	} else {
+		a.qseq = kv.SeqHashes(a.qseq, local)
+	}
 	a.seq = a.qseq[off:]
 	// Stamp every block; the held ones form a prefix, so the first block
 	// that grows the map starts the suffix the index lacks.
+	var touch kv.SeqHash
+	for _, s := range a.seq {
+		touch += aw.last.Touch(s) // the stamps' misses overlap
+	}
+	a.touched += touch
 	first := -1
 	for i, s := range a.seq {
 		if aw.last.Set(s, a.stamp) && first < 0 {
@@ -155,8 +176,16 @@ func (a *Approx) popRec(target int) {
 	aw := r.w
 	a.rm = a.rm[:0]
 	j := r.n
+	warm := j // the stamps of blocks warm.. are touched
+	var touch kv.SeqHash
 	for j > 0 && (target < 0 || a.n > target) {
 		j--
+		if j < warm {
+			warm = max(j+1-popWarm, 0)
+			for _, s := range a.qseq[r.off+warm : r.off+j+1] {
+				touch += aw.last.Touch(s)
+			}
+		}
 		s := a.qseq[r.off+j]
 		if stamp, _ := aw.last.Get(s); aw.gone || stamp != r.stamp {
 			// Refreshed later, or the worker was removed. A refreshed
@@ -169,6 +198,7 @@ func (a *Approx) popRec(target int) {
 		a.n--
 		a.rm = append(a.rm, kv.EngineHash(s))
 	}
+	a.touched += touch
 	if len(a.rm) > 0 {
 		a.ix.Apply(kv.Removed(aw.key, kv.TierDevice, a.rm))
 	}

@@ -82,7 +82,11 @@ func TestApproxMatchesNaive(t *testing.T) {
 		if rng.IntN(10) == 0 {
 			a.Expire(now)
 		} else {
-			a.Insert(w, p, now)
+			if step%2 == 0 {
+				a.Insert(w, p, now)
+			} else {
+				a.InsertSeq(w, p, kv.SeqHashes(nil, p), now) // the router's way
+			}
 			for _, s := range kv.SeqHashes(nil, p) {
 				model[key{w, s}] = now.Add(ttl)
 			}

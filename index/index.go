@@ -181,6 +181,7 @@ type Index struct {
 
 	next, ovfNext uint32
 	free          []uint32 // freed node ids; may hold stale or repeated ids (see alloc)
+	freeSeen      []uint64 // pushFree's scratch bitset over ids, all zero between uses
 	nfree         int      // free ids below next
 	ovfFree       []uint32
 	ovfGen        uint32
@@ -193,7 +194,7 @@ type Index struct {
 	cand          []uint32 // nodes that may have become empty during an event
 	found         []uint32 // prefind's answers, by position in the event
 	fresh         []uint32 // storeFresh's new nodes, by position in its run
-	freshHash     []uint64 // their engine hashes' table hashes
+	freshHash     []uint64 // their engine hashes' table hashes (prefind's too)
 	touchedTag    uint8    // keeps storeFresh's warming loads
 	touched       uint64   // keeps prefind's warming loads
 	st            Stats
@@ -291,7 +292,12 @@ func (ix *Index) findChild(parent uint32, local uint64) uint32 {
 
 func (ix *Index) tableInsert(tp *atomic.Pointer[table], t *table, hash uint64, id uint32, rehash func(uint32) uint64) *table {
 	if (t.used+t.dead+1)*2 > len(t.slots) {
-		nt := newTable(t.used + 1)
+		// At most a quarter full after the rebuild: under insert/delete
+		// churn the next one is then a quarter of the table's inserts
+		// away, where sizing for half full could rebuild every few
+		// thousand inserts, each rehash reading every live node (a
+		// random miss apiece).
+		nt := newTable(2 * (t.used + 1))
 		for i := range t.slots {
 			if x := t.slots[i].Load(); uint32(x) != 0 && uint32(x) != tomb {
 				j := rehash(uint32(x)) & nt.mask
@@ -419,13 +425,21 @@ func (ix *Index) pushFree(id uint32) {
 	if len(ix.free) < 2*ix.nfree+1024 {
 		return
 	}
+	// Marks in a bitset over ids, not a Go map: the compaction runs
+	// often under eviction churn.
+	if w := int(ix.next+63) / 64; len(ix.freeSeen) < w {
+		ix.freeSeen = make([]uint64, w)
+	}
+	seen := ix.freeSeen
 	live := ix.free[:0]
-	seen := make(map[uint32]struct{}, ix.nfree)
 	for _, x := range ix.free {
-		if _, dup := seen[x]; !dup && ix.isFree(x) {
-			seen[x] = struct{}{}
+		if seen[x/64]&(1<<(x%64)) == 0 && ix.isFree(x) {
+			seen[x/64] |= 1 << (x % 64)
 			live = append(live, x)
 		}
+	}
+	for _, x := range live {
+		seen[x/64] = 0
 	}
 	ix.free = live
 }
@@ -811,6 +825,21 @@ func (ix *Index) Apply(ev kv.Event) {
 	ix.cand = ix.cand[:0]
 }
 
+// ApplyBatch applies events in order, exactly as Apply does one at a time,
+// under one lock and without copying them: a sink taking an engine's
+// flushes whole (the twin's) pays the lock per flush, not per event.
+func (ix *Index) ApplyBatch(events []kv.Event) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	for i := range events {
+		ix.apply(&events[i])
+		for _, id := range ix.cand {
+			ix.maybeFree(id)
+		}
+		ix.cand = ix.cand[:0]
+	}
+}
+
 func (ix *Index) apply(ev *kv.Event) {
 	ix.st.Events++
 	switch ev.Kind {
@@ -909,9 +938,19 @@ func (ix *Index) apply(ev *kv.Event) {
 func (ix *Index) prefind(hs []uint64) {
 	ix.found = ix.found[:0]
 	dir := *ix.dir.Load()
+	t := &ix.etab
+	// First every probe's first slot (tag and id), so that each lookup
+	// then waits only for its node.
+	hashes := ix.freshHash[:0]
 	var touch uint64
 	for _, h := range hs {
-		id, _ := ix.etabFind(h)
+		hash := ix.engHash(h)
+		hashes = append(hashes, hash)
+		touch += uint64(t.tags[hash&t.mask]) + uint64(t.ids[hash&t.mask])
+	}
+	ix.freshHash = hashes
+	for k, h := range hs {
+		id, _ := ix.etabFindHashed(h, hashes[k])
 		ix.found = append(ix.found, id)
 		touch += nodeAt(dir, id).holders.Load() // warm what heldShared reads
 	}

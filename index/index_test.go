@@ -170,6 +170,36 @@ func TestMatchesReferenceOnRandomStreams(t *testing.T) {
 	}
 }
 
+// ApplyBatch is Apply per event: random streams in random-sized batches
+// (bad events included) leave what the reference has after each event.
+func TestApplyBatchMatchesReference(t *testing.T) {
+	for _, nw := range []int{1, 9, 150} {
+		g := newGen(uint64(nw)+77, nw)
+		ix, rf := New(), ref.New()
+		var batch []kv.Event
+		for i := 0; i < 2000; i++ {
+			ev := g.event()
+			if i%97 == 5 {
+				ev.Tier = kv.Tier(9) // dropped, and counted, in its place
+			}
+			batch = append(batch, ev)
+			rf.Apply(ev)
+			if g.r.IntN(8) == 0 {
+				ix.ApplyBatch(batch)
+				batch = batch[:0]
+				compareAll(t, ix, rf, g, i)
+			}
+		}
+		ix.ApplyBatch(batch)
+		ix.ApplyBatch(nil)
+		compareAll(t, ix, rf, g, 2000)
+		checkDumps(t, ix, rf)
+		if s := ix.Stats(); s.BadTier == 0 || s.Events != rf.Stats().Events {
+			t.Fatalf("w%d: stats %+v, reference %+v", nw, s, rf.Stats())
+		}
+	}
+}
+
 // checkDumps rebuilds every worker from its dump, in a fresh reference and a
 // fresh index, and requires identical holdings.
 func checkDumps(t *testing.T, ix *Index, rf *ref.Index) {

@@ -15,9 +15,10 @@ import "github.com/kvmesh/kvmesh/kv"
 // The table grows to keep live keys at most half of it and keeps its peak
 // size, so a worker cycling through requests does not reallocate.
 type blockSet struct {
-	slots []blockSlot // key 0 marks an empty slot
-	n     int         // live keys (count > 0), including zero
-	zero  int32       // refcount of the key 0
+	slots   []blockSlot // key 0 marks an empty slot
+	n       int         // live keys (count > 0), including zero
+	zero    int32       // refcount of the key 0
+	touched kv.SeqHash  // keeps warm's loads
 }
 
 type blockSlot struct {
@@ -45,6 +46,21 @@ func (s *blockSet) has(h kv.SeqHash) bool {
 			return false
 		}
 	}
+}
+
+// warm loads the home slots of hs before a request's blocks are booked or
+// released one by one, so that their cache misses overlap instead of
+// queueing (a request's blocks are spread over the whole table).
+func (s *blockSet) warm(hs []kv.SeqHash) {
+	if len(s.slots) == 0 {
+		return
+	}
+	mask := kv.SeqHash(len(s.slots) - 1)
+	var t kv.SeqHash
+	for _, h := range hs {
+		t += s.slots[h&mask].key
+	}
+	s.touched += t
 }
 
 // inc adds one reference to h.

@@ -21,6 +21,9 @@ func TestBlockSetAgainstMap(t *testing.T) {
 	ref := map[kv.SeqHash]int32{}
 	for step := 0; step < 200_000; step++ {
 		h := pool[rng.IntN(len(pool))]
+		if step%89 == 0 {
+			s.warm(pool) // a read-only hint, from the empty set (step 0) on
+		}
 		if rng.IntN(2) == 0 {
 			s.inc(h)
 			ref[h]++

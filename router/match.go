@@ -41,6 +41,13 @@ type ApproxIndex interface {
 
 type approxExpirer interface{ Expire(now time.Time) }
 
+// approxSeqInserter is an ApproxIndex that takes the sequence hashes of
+// local too (kv.SeqHashes of it), which the router has, so it need not
+// chain them again.
+type approxSeqInserter interface {
+	InsertSeq(w kv.WorkerKey, local []kv.LocalHash, seq []kv.SeqHash, now time.Time)
+}
+
 type approxRemover interface{ RemoveWorker(w kv.WorkerKey) }
 
 // DefaultApprox builds the index package's approximate index with the

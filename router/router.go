@@ -283,7 +283,11 @@ func (r *Router) route(ctx context.Context, req Request, book bool) (*Decision, 
 		d.Hint = r.resolveHint(d.ID, hint, local)
 	}
 	if r.cfg.Mode == ModeKVApprox && n > 0 {
-		r.cfg.Approx.Insert(d.Worker, local, now)
+		if si, ok := r.cfg.Approx.(approxSeqInserter); ok {
+			si.InsertSeq(d.Worker, local, seq, now)
+		} else {
+			r.cfg.Approx.Insert(d.Worker, local, now)
+		}
 	}
 	if emit {
 		r.cfg.OnReplicaEvent(ev)

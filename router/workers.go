@@ -115,6 +115,7 @@ func (l *load) add(a *active) {
 	l.prefillTokens += a.prefill
 	l.private += a.private
 	l.requests++
+	l.refs.warm(a.seq)
 	for _, h := range a.seq {
 		l.refs.inc(h)
 	}
@@ -130,6 +131,7 @@ func (l *load) free(a *active) {
 	a.prefill = 0
 	l.private -= a.private
 	l.requests--
+	l.refs.warm(a.seq)
 	for _, h := range a.seq {
 		l.refs.dec(h)
 	}

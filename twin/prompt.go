@@ -21,16 +21,30 @@ type promptHasher struct {
 	// stays in cache where a map of 10^5 ids does not), else in at.
 	dense []int32
 	at    map[uint64]int32
-	hs    []kv.LocalHash
+	// The hashes, in chunks of 1<<cbits that never move: position j is
+	// chunk j>>cbits, offset j&(1<<cbits-1), and a hash id's per hashes
+	// never straddle two chunks. (One slice grown by append spent more
+	// time copying and faulting in fresh memory than hashing.)
+	hs    [][]kv.LocalHash
+	cbits uint
+	n     int        // hashes stored
 	tok   []kv.Token // one trace block's tokens
 }
+
+// hsChunkBits is the least chunk size of promptHasher.hs, in bits
+// (64k hashes: 512 KiB).
+const hsChunkBits = 16
 
 // newPromptHasher returns nil when engine blocks straddle trace blocks.
 func newPromptHasher(tbs, bs int) *promptHasher {
 	if tbs <= 0 || bs <= 0 || tbs%bs != 0 {
 		return nil
 	}
-	return &promptHasher{tbs: tbs, bs: bs, per: tbs / bs, seed: kv.Seed("", ""), at: map[uint64]int32{}}
+	p := &promptHasher{tbs: tbs, bs: bs, per: tbs / bs, seed: kv.Seed("", ""), at: map[uint64]int32{}, cbits: hsChunkBits}
+	for 1<<p.cbits < p.per {
+		p.cbits++
+	}
+	return p
 }
 
 // blocksOf returns the local hashes of hash id's per engine blocks.
@@ -40,18 +54,24 @@ func (p *promptHasher) blocksOf(id uint64) []kv.LocalHash {
 			p.dense = append(p.dense, make([]int32, max(int(id)+1-len(p.dense), len(p.dense)))...)
 		}
 		if j := p.dense[id]; j > 0 {
-			return p.hs[j-1 : int(j-1)+p.per]
+			return p.hashesAt(j - 1)
 		}
 		j := p.hash(id)
 		p.dense[id] = j + 1
-		return p.hs[j : int(j)+p.per]
+		return p.hashesAt(j)
 	}
 	j, ok := p.at[id]
 	if !ok {
 		j = p.hash(id)
 		p.at[id] = j
 	}
-	return p.hs[j : int(j)+p.per]
+	return p.hashesAt(j)
+}
+
+// hashesAt returns the per hashes from position j.
+func (p *promptHasher) hashesAt(j int32) []kv.LocalHash {
+	off := int(j) & (1<<p.cbits - 1)
+	return p.hs[j>>p.cbits][off : off+p.per : off+p.per]
 }
 
 // denseIDs bounds the ids indexed by slice (4 bytes each).
@@ -59,9 +79,16 @@ const denseIDs = 1 << 22
 
 // hash appends id's block hashes to hs and returns where they start.
 func (p *promptHasher) hash(id uint64) int32 {
-	j := int32(len(p.hs))
+	k := len(p.hs) - 1
+	if k < 0 || len(p.hs[k])+p.per > 1<<p.cbits {
+		p.hs = append(p.hs, make([]kv.LocalHash, 0, 1<<p.cbits))
+		k++
+	}
+	c := p.hs[k]
+	j := int32(k<<p.cbits | len(c))
 	p.tok = appendTraceBlock(p.tok[:0], id, p.tbs)
-	p.hs = kv.LocalHashes(p.hs, p.tok, p.bs, p.seed)
+	p.hs[k] = kv.LocalHashes(c, p.tok, p.bs, p.seed)
+	p.n += p.per
 	return j
 }
 

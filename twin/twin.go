@@ -397,9 +397,7 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 			ix := t.ix
 			// Apply copies what it keeps, so the core may reuse the batch.
 			core.SetTransientEventSink(func(batch []kv.Event) {
-				for i := range batch {
-					ix.Apply(batch[i])
-				}
+				ix.ApplyBatch(batch)
 				t.res.IndexEvents += uint64(len(batch))
 			})
 		}
@@ -631,7 +629,7 @@ func (t *twin) arrive(ctx context.Context, atNS int64) error {
 		t.res.Hints.Hints++
 		t.res.Hints.PlannedBlocks += int64(len(d.Hint.Hashes) - int(d.Overlap[kv.NumTiers-1]))
 	}
-	s, err := t.ws[w].core.AddPrompt(&st.er, sim.Prompt{Len: plen, Local: d.Local, Tail: tail}, at)
+	s, err := t.ws[w].core.AddPrompt(&st.er, sim.Prompt{Len: plen, Local: d.Local, Tail: tail, Seq: d.Seq}, at)
 	t.hint = nil
 	if err != nil {
 		d.Done()

@@ -433,6 +433,8 @@ func TestPromptHasher(t *testing.T) {
 		t.Fatal("a hasher for engine blocks that straddle trace blocks")
 	}
 	p := newPromptHasher(512, 64)
+	small := newPromptHasher(512, 64)
+	small.cbits = 4 // chunks of two hash ids: most ids start a new chunk
 	seed := kv.Seed("", "")
 	for _, rq := range []trace.Request{
 		{InputLength: 1000, HashIDs: []uint64{7, 8}},
@@ -445,15 +447,18 @@ func TestPromptHasher(t *testing.T) {
 		toks := appendTokens(nil, &rq, 512)
 		plen := trace.TokenLen(&rq, 512)
 		want := kv.LocalHashes(nil, toks, 64, seed)
-		got := p.local(&rq, plen)
-		if len(toks) != plen || len(got) != len(want) {
-			t.Fatalf("%v: %d hashes for %d tokens, want %d", rq.HashIDs, len(got), plen, len(want))
-		}
-		for i := range want {
-			if got[i] != want[i] {
-				t.Fatalf("%v: block %d hash %x, want %x", rq.HashIDs, i, got[i], want[i])
+		for _, p := range []*promptHasher{p, small} {
+			got := p.local(&rq, plen)
+			if len(toks) != plen || len(got) != len(want) {
+				t.Fatalf("%v: %d hashes for %d tokens, want %d", rq.HashIDs, len(got), plen, len(want))
+			}
+			for i := range want {
+				if got[i] != want[i] {
+					t.Fatalf("%v (chunks of 2^%d): block %d hash %x, want %x", rq.HashIDs, p.cbits, i, got[i], want[i])
+				}
 			}
 		}
+		got := p.local(&rq, plen)
 		tail := p.appendTail(nil, &rq, len(got)*64, plen)
 		if !slicesEqual(tail, toks[len(got)*64:]) {
 			t.Fatalf("%v: tail %v, want %v", rq.HashIDs, tail, toks[len(got)*64:])
@@ -472,7 +477,7 @@ func TestHasherReuse(t *testing.T) {
 	cfg := Config{Mode: string(router.ModeKV), Workers: 4, Seed: 3}
 	want := run(t, fresh(), cfg)
 	run(t, wl, cfg)
-	if h := wl.hashers[[2]int{wl.TraceBlockSize, sim.DefaultBlockSize}]; h == nil || len(h.hs) == 0 {
+	if h := wl.hashers[[2]int{wl.TraceBlockSize, sim.DefaultBlockSize}]; h == nil || h.n == 0 {
 		t.Fatal("the workload kept no prompt hasher after a run")
 	}
 	got := make([]*Result, 4)

@@ -48,7 +48,7 @@ func (w *Workload) putHasher(h *promptHasher) {
 	k := [2]int{h.tbs, h.bs}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if o := w.hashers[k]; o != nil && len(o.hs) >= len(h.hs) {
+	if o := w.hashers[k]; o != nil && o.n >= h.n {
 		return
 	}
 	if w.hashers == nil {

@@ -102,6 +102,25 @@ type Core struct {
 	res      StepResult
 	counters Counters
 	kb       *kbCore // block manager and connector (Config.KVBM), or nil
+	refused  refusal
+	shortcut uint64 // refusals made without matching the prefix (tests)
+}
+
+// admitShortcuts lets admit refuse without matching a prefix where the
+// answer is known (refusal, cannotAdmit); tests turn it off to check that
+// the shortcuts change nothing.
+var admitShortcuts = true
+
+// refusal is admit's last refusal for want of blocks. Admit refuses the
+// same request again, without matching its prefix, while the pool and the
+// number of active requests are unchanged and its budget is no smaller
+// (a smaller budget needs fewer blocks): a full pool retries its queue's
+// head every pass, and matching a long prompt's whole prefix each time
+// cost more than the rest of the scheduler.
+type refusal struct {
+	s                     *Seq
+	version               uint64
+	active, total, budget int
 }
 
 // NewCore builds a Core; zero sizes in cfg take the defaults.
@@ -222,6 +241,9 @@ type Prompt struct {
 	Len   int
 	Local []kv.LocalHash
 	Tail  []kv.Token
+	// Seq, optional, is kv.SeqHashes of Local, as a router decision
+	// carries them: given, they are copied instead of chained again.
+	Seq []kv.SeqHash
 }
 
 // newSeq validates and hashes a request; it touches no Core state. Either
@@ -248,6 +270,9 @@ func (c *Core) newSeq(req *engine.Request, tokens []kv.Token, local []kv.LocalHa
 			return nil, fmt.Errorf("sim: request %q: prompt of %d tokens given by %d local hashes and %d tail tokens, want %d and %d",
 				req.ID, plen, len(p.Local), len(p.Tail), nfull, plen-nfull*c.bs)
 		}
+		if p.Seq != nil && len(p.Seq) != nfull {
+			return nil, fmt.Errorf("sim: request %q: %d sequence hashes for %d local hashes", req.ID, len(p.Seq), nfull)
+		}
 		s.local = append(s.local, p.Local...)
 		s.tail = p.Tail
 	case local != nil:
@@ -260,7 +285,11 @@ func (c *Core) newSeq(req *engine.Request, tokens []kv.Token, local []kv.LocalHa
 		s.local = kv.LocalHashes(s.local, tokens, c.bs, seed)
 		s.tail = tokens[nfull*c.bs:]
 	}
-	s.seqh = kv.SeqHashes(s.seqh, s.local)
+	if tokens == nil && p.Seq != nil {
+		s.seqh = append(s.seqh, p.Seq...)
+	} else {
+		s.seqh = kv.SeqHashes(s.seqh, s.local)
+	}
 	s.ctxTail = tailInit
 	if nfull > 0 {
 		s.ctxSeq = s.seqh[nfull-1]
@@ -545,10 +574,35 @@ func (c *Core) grow(s *Seq, n int) bool {
 }
 
 func (c *Core) allocN(s *Seq, need int) {
+	c.pool.warmEvict(need)
 	for ; need > 0; need-- {
 		id, _ := c.pool.alloc()
 		s.table = append(s.table, id)
 	}
+}
+
+// cannotAdmit reports that admit must refuse s for want of blocks, whatever
+// its prefix hits, when one lookup shows it (see refusal for why). With h
+// hits admit needs min(N−h, B) blocks (N for the whole prompt, B for a
+// budget-sized chunk) and has at most avail; when B > avail that takes
+// h ≥ N−avail, i.e. block N−avail−1 cached among the leading hits.
+func (c *Core) cannotAdmit(s *Seq, total, maxHit, budget int) bool {
+	avail := c.pool.available()
+	if c.active() > 0 {
+		avail -= c.wmBlocks
+	}
+	if kv.BlocksNeeded(budget, c.bs) <= avail {
+		return false
+	}
+	k := kv.BlocksNeeded(total, c.bs) - avail // the hits it takes
+	if k <= 0 {
+		return false
+	}
+	if k > maxHit {
+		return true
+	}
+	_, ok := c.pool.byHash.Get(s.seqh[k-1])
+	return !ok
 }
 
 // admit tries to start waiting request s with at most budget tokens:
@@ -558,6 +612,14 @@ func (c *Core) allocN(s *Seq, need int) {
 func (c *Core) admit(s *Seq, budget int) (int, bool) {
 	total := s.total()
 	maxHit := min((total-1)/c.bs, len(s.seqh))
+	if c.kb == nil && admitShortcuts {
+		// Without a connector a refusal depends on nothing else.
+		if r := &c.refused; r.s == s && r.version == c.pool.version && r.active == c.active() && r.total == total && budget >= r.budget ||
+			c.cannotAdmit(s, total, maxHit, budget) {
+			c.shortcut++
+			return 0, false
+		}
+	}
 	var hits int
 	hits, c.hitIDs = c.pool.match(s.seqh[:maxHit], c.hitIDs[:0])
 	computed := hits * c.bs
@@ -581,6 +643,7 @@ func (c *Core) admit(s *Seq, budget int) (int, bool) {
 		avail -= c.wmBlocks
 	}
 	if need > avail {
+		c.refused = refusal{s: s, version: c.pool.version, active: c.active(), total: total, budget: budget}
 		return 0, false
 	}
 	for _, id := range c.hitIDs {
@@ -608,6 +671,9 @@ func (c *Core) admit(s *Seq, budget int) (int, bool) {
 // Stored event emitted.
 func (c *Core) register(s *Seq, upto int) {
 	full := upto / c.bs
+	if full-s.nReg > 1 {
+		c.pool.warm(s.seqh[s.nReg:full])
+	}
 	for b := s.nReg; b < full; b++ {
 		h := s.seqh[b]
 		id := s.table[b]

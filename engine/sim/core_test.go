@@ -460,8 +460,8 @@ func TestAddValidates(t *testing.T) {
 // hashes and tail, behave exactly like the tokens.
 func TestAddHashedEqualsAdd(t *testing.T) {
 	cfg := testConfig()
-	cores := []*Core{mustCore(t, cfg), mustCore(t, cfg), mustCore(t, cfg)}
-	hs := make([]*holdings, 3)
+	cores := []*Core{mustCore(t, cfg), mustCore(t, cfg), mustCore(t, cfg), mustCore(t, cfg)}
+	hs := make([]*holdings, 4)
 	for i, c := range cores {
 		hs[i] = newHoldings(t, cfg.Worker, cfg.BlockSize)
 		c.SetEventSink(hs[i].sink)
@@ -478,12 +478,17 @@ func TestAddHashedEqualsAdd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for !cores[0].Idle() || !cores[1].Idle() || !cores[2].Idle() {
+	// With the router's sequence hashes too.
+	sd, err := cores[3].AddPrompt(&engine.Request{ID: "x", Sampling: kv.Sampling{MaxTokens: 9, Seed: 1}}, Prompt{Len: 11, Local: local, Tail: prompt[8:], Seq: kv.SeqHashes(nil, local)}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for !cores[0].Idle() || !cores[1].Idle() || !cores[2].Idle() || !cores[3].Idle() {
 		for _, c := range cores {
 			c.Step(time.Time{})
 		}
 	}
-	for _, s := range []*Seq{sb, sc} {
+	for _, s := range []*Seq{sb, sc, sd} {
 		if !slices.Equal(sa.Output(), s.Output()) || !slices.Equal(sa.seqh, s.seqh) {
 			t.Fatal("a hashed prompt diverged from its tokens")
 		}
@@ -495,6 +500,9 @@ func TestAddHashedEqualsAdd(t *testing.T) {
 	}
 	if _, err := cores[2].AddPrompt(&engine.Request{ID: "bad", Sampling: kv.Sampling{MaxTokens: 1}}, Prompt{Len: 11, Local: local, Tail: prompt[7:]}, time.Time{}); err == nil {
 		t.Fatal("a tail of the wrong length was accepted")
+	}
+	if _, err := cores[2].AddPrompt(&engine.Request{ID: "bad", Sampling: kv.Sampling{MaxTokens: 1}}, Prompt{Len: 11, Local: local, Tail: prompt[8:], Seq: []kv.SeqHash{1, 2, 3}}, time.Time{}); err == nil {
+		t.Fatal("sequence hashes of the wrong length were accepted")
 	}
 }
 
@@ -538,4 +546,106 @@ func TestStepAllocatesNothing(t *testing.T) {
 	if st := c.Stats(); st.Running != 8 {
 		t.Fatalf("stats %+v", st)
 	}
+}
+
+// The admission shortcuts (a remembered refusal, the one-lookup bound)
+// refuse exactly what a full prefix match would: a tight pool under long
+// prompts with shared prefixes runs pass for pass the same with them off.
+func TestAdmitShortcutsChangeNothing(t *testing.T) {
+	type pass struct {
+		seqs, tokens, prefill, preempted int
+		outs                             string
+	}
+	run := func(seed uint64, on bool) ([]pass, Counters, uint64) {
+		defer func(v bool) { admitShortcuts = v }(admitShortcuts)
+		admitShortcuts = on
+		r := rand.New(rand.NewPCG(seed, 8))
+		cfg := testConfig()
+		cfg.Blocks, cfg.MaxBatchedTokens, cfg.MaxSeqs = 64, 24, 8
+		c := mustCore(t, cfg)
+		prefixes := make([][]kv.Token, 3)
+		for i := range prefixes {
+			prefixes[i] = make([]kv.Token, 40+r.IntN(60))
+			for j := range prefixes[i] {
+				prefixes[i][j] = kv.Token(r.IntN(1000))
+			}
+		}
+		var passes []pass
+		now := time.Unix(0, 0)
+		for step := 0; step < 3000 && (step < 1500 || !c.Idle()); step++ {
+			if step < 1500 && r.IntN(3) == 0 {
+				toks := slices.Clone(prefixes[r.IntN(len(prefixes))])
+				for j := r.IntN(30); j >= 0; j-- {
+					toks = append(toks, kv.Token(r.IntN(1000)))
+				}
+				max := 1 + r.IntN(120)
+				if kv.BlocksNeeded(len(toks)+max, cfg.BlockSize) <= cfg.Blocks {
+					if _, err := c.Add(req(fmt.Sprint(step), toks, max), now); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			res := c.Step(now)
+			p := pass{res.Seqs, res.BatchedTokens, res.PrefillTokens, res.Preempted, ""}
+			for _, o := range res.Outputs {
+				p.outs += fmt.Sprint(o.Seq.ID(), o.Token, o.Finish, " ")
+			}
+			passes = append(passes, p)
+			now = res.End.Add(time.Millisecond)
+		}
+		return passes, c.Counters(), c.shortcut
+	}
+	for seed := uint64(1); seed <= 4; seed++ {
+		got, gc, n := run(seed, true)
+		want, wc, _ := run(seed, false)
+		if n == 0 {
+			t.Fatalf("seed %d: no admission was refused by a shortcut: the load is not tight enough to test them", seed)
+		}
+		if !slices.Equal(got, want) || gc != wc {
+			t.Fatalf("seed %d: with the shortcuts (%d refusals): %d passes, %+v; without: %d passes, %+v", seed, n, len(got), gc, len(want), wc)
+		}
+	}
+}
+
+// A refusal is not remembered past a change of the pool that lets the
+// request in: b would reuse a's 8 idle cached blocks (taking them off the
+// evictable list) and needs 4 more for its first chunk, which c's pinned
+// blocks leave no room for; released pins make room with nothing else
+// changed (the same head, no request active, the same budget), and the
+// next pass admits b.
+func TestAdmitAfterPinRelease(t *testing.T) {
+	cfg := testConfig()
+	cfg.Blocks, cfg.MaxBatchedTokens = 16, 16
+	c := mustCore(t, cfg)
+	now := time.Unix(1, 0)
+	c.Add(req("a", seqTokens(0, 32), 1), now)
+	for !c.Idle() {
+		c.Step(now)
+	}
+	cs, _ := c.Add(req("c", seqTokens(500, 20), 1), now)
+	for !c.Idle() {
+		c.Step(now)
+	}
+	n, release := c.Pin(cs.seqh)
+	if n != 5 || c.pool.available() != 11 {
+		t.Fatalf("pinned %d blocks, %d available; want 5 and 11", n, c.pool.available())
+	}
+	b, _ := c.Add(req("b", append(seqTokens(0, 32), seqTokens(1000, 20)...), 1), now)
+	for range 3 {
+		if res := c.Step(now); res.Seqs != 0 {
+			t.Fatal("b was admitted while c's blocks were pinned")
+		}
+	}
+	release()
+	if res := c.Step(now); res.Seqs != 1 || b.Metrics().Scheduled.IsZero() || b.Metrics().CachedTokens != 32 {
+		t.Fatalf("b was not admitted with its 32 cached tokens once the pins were released: %d scheduled, %+v", res.Seqs, b.Metrics())
+	}
+}
+
+func seqTokens(from, n int) []kv.Token {
+	out := make([]kv.Token, n)
+	for i := range out {
+		out[i] = kv.Token(from + i)
+	}
+	return out
 }

@@ -38,6 +38,10 @@ type pool struct {
 	sums             []uint64 // kv.Checksum of each block's payload as stored, when kept (view.go)
 	domains          []uint64 // each registered block's salt domain: kv.Seed of its request's LoRA and salt
 	ev               *eventLog
+	touched          uint64 // keeps warm's loads
+	// version changes with every change of a block's reference count,
+	// registration or place (acquire, release, alloc, register).
+	version uint64
 }
 
 func newPool(n, layers, psize int, ev *eventLog) pool {
@@ -93,6 +97,7 @@ func (p *pool) lruPush(id int32) {
 // acquire adds a reference to a cached block, taking it off the LRU list if
 // it was idle.
 func (p *pool) acquire(id int32) {
+	p.version++
 	b := &p.blocks[id]
 	if b.ref == 0 {
 		p.lruRemove(id)
@@ -104,6 +109,7 @@ func (p *pool) acquire(id int32) {
 // release drops a reference; an idle registered block becomes the most
 // recently used cached block, an idle unregistered one is free.
 func (p *pool) release(id int32) {
+	p.version++
 	b := &p.blocks[id]
 	b.ref--
 	if b.ref > 0 {
@@ -118,9 +124,31 @@ func (p *pool) release(id int32) {
 	}
 }
 
+// warmEvict touches the table slots of the next n evictions (after the
+// free blocks run out), so that their deletes' cache misses overlap.
+func (p *pool) warmEvict(n int) {
+	var t kv.SeqHash
+	for id := p.lruHead; n > len(p.free) && id >= 0; n-- {
+		b := &p.blocks[id]
+		t += p.byHash.Touch(b.seq)
+		id = b.next
+	}
+	p.touched += uint64(t)
+}
+
+// warm touches the table slots of lookups of seqs.
+func (p *pool) warm(seqs []kv.SeqHash) {
+	var t kv.SeqHash
+	for _, h := range seqs {
+		t += p.byHash.Touch(h)
+	}
+	p.touched += uint64(t)
+}
+
 // alloc takes a free block, or evicts the least recently used idle cached
 // block (emitting Removed). The block comes back with one reference.
 func (p *pool) alloc() (int32, bool) {
+	p.version++
 	var id int32
 	if n := len(p.free); n > 0 {
 		id = p.free[n-1]
@@ -143,6 +171,7 @@ func (p *pool) alloc() (int32, bool) {
 
 // register makes a referenced, unregistered block findable under seq.
 func (p *pool) register(id int32, seq kv.SeqHash, local kv.LocalHash, parent kv.SeqHash, hasParent bool, fill bool) {
+	p.version++
 	b := &p.blocks[id]
 	b.seq, b.local, b.parent = seq, local, parent
 	b.flags = flagRegistered

@@ -63,6 +63,17 @@ func (m *Map[K, V]) Get(k K) (V, bool) {
 	}
 }
 
+// Touch loads k's home slot and returns its key, which the caller keeps
+// (adds into a field) so the load is not optimised away: touching the
+// slots of a batch of lookups before making them lets their cache misses
+// overlap instead of queueing one lookup at a time.
+func (m *Map[K, V]) Touch(k K) K {
+	if len(m.slots) == 0 {
+		return 0
+	}
+	return m.slots[m.home(k)].key
+}
+
 // Set stores k → v and reports whether k is new.
 func (m *Map[K, V]) Set(k K, v V) bool {
 	if k == 0 {

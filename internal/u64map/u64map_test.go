@@ -73,6 +73,23 @@ func TestZeroMap(t *testing.T) {
 	if m.Len() != 0 {
 		t.Fatal(m.Len())
 	}
+	if m.Touch(7) != 0 {
+		t.Fatal("touching an empty map read a key")
+	}
+}
+
+// Touch reads a key's home slot: the key itself when it sits there (a lone
+// key does), else what occupies it.
+func TestTouch(t *testing.T) {
+	m := New[uint64, int32](8)
+	m.Set(12345, 1)
+	if got := m.Touch(12345); got != 12345 {
+		t.Fatalf("Touch of the lone key = %d", got)
+	}
+	m.Delete(12345)
+	if got := m.Touch(12345); got != 0 {
+		t.Fatalf("Touch after its delete = %d", got)
+	}
 }
 
 func TestNoAllocs(t *testing.T) {
