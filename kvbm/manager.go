@@ -472,7 +472,8 @@ func (m *Manager) Release(staged []Staged) {
 }
 
 // Onboard copies staged[i] into device block ids[i] and verifies each
-// block's checksum (the bytes the copy read), in order, unpinning every staged block.
+// block's checksum over the bytes the copy read, in order, unpinning every
+// staged block.
 // It stops at the first block that fails: a corrupt one is dropped from
 // its tier and counted; the rest are released unloaded. It returns how many
 // leading blocks are valid on the device.
