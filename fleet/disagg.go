@@ -19,9 +19,11 @@ import (
 )
 
 // Disaggregated prefill/decode, prefill first (research kvbm_disagg.md §3,
-// Dynamo's PrefillRouter). When a model has prefill and decode workers, a
-// request is first checked by conditional disaggregation (router.PlanDisagg:
-// it may prefill locally on the decode worker); otherwise it gets a prefill
+// Dynamo's PrefillRouter). The rules are the router's leg planner
+// (router.LegPlan, which the twin drives too); this file runs the legs it
+// asks for. When a model has prefill and decode workers, a request is first
+// checked by conditional disaggregation (router.PlanDisagg: it may prefill
+// locally on the decode worker); otherwise it gets a prefill
 // leg, KV-routed over the prefill pool with the router's hint, whose engine
 // samples one token and answers with its connector parameters; then a decode
 // leg, routed over the decode pool by load alone, carrying those parameters
@@ -40,8 +42,9 @@ import (
 // logged.
 //
 // Failures: a prefill worker lost before answering is inhibited and the leg
-// retried on another (prefill legs are retried, never migrated mid-flight);
-// with none left the decode worker prefills locally. A decode leg lost
+// retried on another (prefill legs are retried, never migrated mid-flight),
+// up to router.MaxPrefillTries; then, or with none left, the decode worker
+// prefills locally. A decode leg lost
 // mid-stream is a lost worker like any (kv.ErrWorkerLost): the frontend
 // migrates the request, which plans again. A prefill worker lost after
 // answering costs the decode leg its pull: it recomputes.
