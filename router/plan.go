@@ -52,8 +52,9 @@ type Step struct {
 	// Retry: a prefill leg tried again after its worker was lost.
 	Retry bool
 	Err   error // ActFail
-	// RouterErr: Err is the router's own answer, passed through (the
-	// caller may map it); else the planner states it.
+	// RouterErr: Err is what the caller reported (the router's answer,
+	// or a lost leg's error), passed through for it to map; else the
+	// planner states it and it goes out as it is.
 	RouterErr bool
 }
 
@@ -200,7 +201,8 @@ func (l *LegPlan) set(s Step) Step {
 	return s
 }
 
-// fail gives up with the planner's own error; routeFail with the router's.
+// fail gives up with the planner's own error; routeFail with the one the
+// caller reported.
 func (l *LegPlan) fail(err error) Step { return l.set(Step{Do: ActFail, Err: err}) }
 
 func (l *LegPlan) routeFail(err error) Step {
@@ -226,4 +228,65 @@ func (l *LegPlan) prefill(retry bool) Step {
 		req.Exclude = l.at.Req.Exclude[:len(l.at.Req.Exclude):len(l.at.Req.Exclude)] // an append copies
 	}
 	return l.set(Step{Do: ActRoute, Leg: kv.LegPrefill, Req: req, Path: PathDisagg, Retry: retry})
+}
+
+// The three leg-request shapes.
+
+// PrefillLegRequest is req as a prefill leg: KV-routed (overlap + load)
+// over the prefill pool, hint planned as usual.
+func PrefillLegRequest(req Request) Request {
+	req.Role = kv.RolePrefill
+	req.NoOverlapCredit, req.NoPrefillCharge = false, false
+	return req
+}
+
+// DecodeLegRequest is req as a decode leg: routed over the decode pool by
+// load alone, no overlap credit (so no hint) and the prompt not charged as
+// prefill, since its KV arrives from the prefill worker.
+func DecodeLegRequest(req Request) Request {
+	req.Role = kv.RoleDecode
+	req.NoOverlapCredit, req.NoPrefillCharge = true, true
+	return req
+}
+
+// ErrDecodeOnly is matched by the kv.ErrNoWorkers error of a whole request
+// (aggregated or LocalPrefillRequest) whose only candidates are decode
+// workers that cannot prefill alone (WorkerInfo.DecodeOnly).
+var ErrDecodeOnly = errors.New("its decode workers cannot prefill alone (decode-only engines such as SGLang's): a request needs a prefill worker")
+
+// LocalPrefillRequest is req served whole by a decode worker (conditional
+// disaggregation's bypass): routed like an aggregated request (overlap,
+// prefill charge, hint) over the decode pool, since that worker computes
+// the prompt itself.
+func LocalPrefillRequest(req Request) Request {
+	req.Role = kv.RoleDecode
+	req.NoOverlapCredit, req.NoPrefillCharge = false, false
+	return req
+}
+
+// PreferAggregated is the mixed-fleet choice: when model has aggregated
+// workers beside its prefill and decode ones, a request goes whole to the
+// aggregated pool while its workers carry no more open requests each than
+// the decode workers (where a disaggregated request spends its life).
+// False when either pool is empty.
+func (r *Router) PreferAggregated(model string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	per := func(role kv.Role) (float64, bool) {
+		p := r.pools[poolKey{model, role}]
+		if p == nil || len(p.workers) == 0 {
+			return 0, false
+		}
+		var n int64
+		for _, w := range p.workers {
+			n += w.load.requests
+		}
+		return float64(n) / float64(len(p.workers)), true
+	}
+	agg, ok := per(kv.RoleAggregated)
+	if !ok {
+		return false
+	}
+	dec, ok := per(kv.RoleDecode)
+	return ok && agg <= dec
 }
