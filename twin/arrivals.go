@@ -2,7 +2,6 @@ package twin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -102,46 +101,28 @@ func (t *twin) arrive(ctx context.Context, atNS int64) error {
 		t.reject(&t.res.RejectedInvalid, atNS, fmt.Sprintf("trace line %d: empty prompt", rq.Line))
 		return nil
 	}
-	rr := router.Request{Model: model}
-	if t.prompt.ph != nil {
-		rr.Local, rr.PromptLen = t.prompt.ph.local(rq, plen), plen
-	} else {
-		t.prompt.tok = appendTokens(t.prompt.tok[:0], rq, t.wl.TraceBlockSize)
-		rr.Tokens = t.prompt.tok
-	}
+	rr := t.prompt.request(rq, plen, t.wl.TraceBlockSize)
 	t.syncClock()
+	bs := t.cfg.BlockSize
 	if t.pd != nil {
-		from := kv.NumFullBlocks(plen, t.cfg.BlockSize) * t.cfg.BlockSize
-		if t.prompt.ph != nil {
-			t.prompt.tok = t.prompt.ph.appendTail(t.prompt.tok[:0], rq, from, plen)
-		} else {
-			rr.Local = kv.LocalHashes(nil, t.prompt.tok, t.cfg.BlockSize, kv.Seed("", ""))
+		if t.prompt.ph == nil {
+			// The legs are routed by hashes: hash the expanded prompt once.
+			rr.Local = kv.LocalHashes(nil, t.prompt.tok, bs, kv.Seed("", ""))
 			rr.Tokens, rr.PromptLen = nil, plen
-			t.prompt.tok = t.prompt.tok[from:]
 		}
-		return t.arrivePD(ctx, i, atNS, plen, rr, t.prompt.carve(t.prompt.tok))
+		tail := t.prompt.tail(rq, kv.NumFullBlocks(plen, bs)*bs, plen)
+		return t.arrivePD(ctx, i, atNS, plen, rr, tail)
 	}
 	d, err := t.r.Route(ctx, rr)
 	if err != nil {
-		var be *kv.BusyError
-		if errors.As(err, &be) {
-			t.reject(&t.res.RejectedBusy, atNS+int64(be.RetryAfter), "")
-			return nil
-		}
-		return fmt.Errorf("twin: route trace line %d: %w", rq.Line, err)
+		return t.routeFailed(err, atNS, rq.Line)
 	}
 	w := int(d.Worker.Instance) - 1
 	if w < 0 || w >= len(t.ws) {
 		d.Done()
 		return fmt.Errorf("twin: router chose unknown worker %v", d.Worker)
 	}
-	from := len(d.Local) * t.cfg.BlockSize
-	if t.prompt.ph != nil {
-		t.prompt.tok = t.prompt.ph.appendTail(t.prompt.tok[:0], rq, from, plen)
-	} else {
-		t.prompt.tok = t.prompt.tok[from:]
-	}
-	tail := t.prompt.carve(t.prompt.tok)
+	tail := t.prompt.tail(rq, len(d.Local)*bs, plen)
 	st := &t.reqs[i]
 	st.er = engine.Request{ID: strconv.Itoa(rq.Line), Sampling: kv.Sampling{MaxTokens: max(rq.OutputLength, 1), Seed: rng64(t.cfg.Seed, i)}}
 	st.er.KVHint = d.Hint // for the Fetcher
@@ -158,9 +139,7 @@ func (t *twin) arrive(ctx context.Context, atNS int64) error {
 	st.dec, st.seq, st.arrival = d, s, at
 	s.Tag = st
 	t.predicted += int64(d.CachedTokens)
-	if wk := &t.ws[w]; !wk.active {
-		wk.active, wk.pending, wk.at, wk.atNS = true, false, at, atNS
-	}
+	t.wake(w, atNS)
 	return nil
 }
 
@@ -180,6 +159,31 @@ type promptBufs struct {
 	ph    *promptHasher // nil: expand and hash every prompt
 	tok   []kv.Token
 	tails []kv.Token // slab the prompts' partial tails are carved from
+}
+
+// request is trace request rq's router request (plen tokens): its
+// full-block hashes from the hasher, or else its expanded tokens (kept in
+// tok for tail).
+func (b *promptBufs) request(rq *trace.Request, plen, traceBlockSize int) router.Request {
+	rr := router.Request{Model: model}
+	if b.ph != nil {
+		rr.Local, rr.PromptLen = b.ph.local(rq, plen), plen
+	} else {
+		b.tok = appendTokens(b.tok[:0], rq, traceBlockSize)
+		rr.Tokens = b.tok
+	}
+	return rr
+}
+
+// tail is rq's partial last block, tokens [from, plen) with from an engine
+// block boundary, carved for the sim; after request.
+func (b *promptBufs) tail(rq *trace.Request, from, plen int) []kv.Token {
+	if b.ph != nil {
+		b.tok = b.ph.appendTail(b.tok[:0], rq, from, plen)
+	} else {
+		b.tok = b.tok[from:]
+	}
+	return b.carve(b.tok)
 }
 
 // carve copies a prompt's partial last block into the tail slab: the sim

@@ -323,56 +323,66 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 	t.r = r
 	t.ws = make([]worker, cfg.Workers+cfg.PrefillWorkers+cfg.DecodeWorkers)
 	for i := range t.ws {
-		sc := sim.DefaultConfig()
-		sc.Model = model
-		sc.BlockSize, sc.Blocks = cfg.BlockSize, cfg.Blocks
-		sc.MaxBatchedTokens, sc.MaxSeqs = cfg.MaxBatchedTokens, cfg.MaxSeqs
-		sc.Worker = kv.WorkerKey{Instance: uint64(i + 1)}
-		sc.OmitEventTokens = true
-		sc.SpeedupRatio = 0
-		sc.TransferBandwidth = cfg.TransferBandwidth
-		sc.TransferBytesPerBlock = cfg.TransferBytesPerBlock
-		if cfg.KVBM != nil {
-			// Real bytes move through the tiers.
-			sc.KVBM = cfg.KVBM.sim(t.vc)
-		}
-		if hints {
-			sc.Fetcher = t.fetch
-		} else if cfg.KVBM == nil {
-			// Payload bytes are only ever read by a peer fetch; without
-			// hints, skip filling them for every stored block.
-			sc.Layers = 0
-		}
-		info := router.WorkerInfo{Key: sc.Worker, Model: model, BlockSize: cfg.BlockSize,
-			KVBlocks: cfg.Blocks, MaxBatchedTokens: cfg.MaxBatchedTokens}
-		if t.pd != nil {
-			t.setupCore(i, &sc, &info, hints)
-			if sc.Role == kv.RoleDecode {
-				sc.KVBM = nil // KVBM runs on the prefill side only
-			}
-		}
-		core, err := sim.NewCore(sc)
-		if err != nil {
-			return nil, fmt.Errorf("twin: worker %d: %w", i+1, err)
-		}
-		if kvMode {
-			ix := t.ix
-			// Apply copies what it keeps, so the core may reuse the batch.
-			core.SetTransientEventSink(func(batch []kv.Event) {
-				ix.ApplyBatch(batch)
-				t.res.IndexEvents += uint64(len(batch))
-			})
-		}
-		t.ws[i] = worker{core: core, key: sc.Worker}
-		info.Digest = core.Config().Digest
-		info.TierLoad = core.TierLoadMS()
-		if hints {
-			info.ControlEndpoint = "tcp://twin-worker-" + strconv.Itoa(i+1) + ":1"
-			info.HintCapable = true
-		}
-		if err := r.AddWorker(info); err != nil {
-			return nil, fmt.Errorf("twin: %w", err)
+		if err := t.addCore(i, hints, kvMode); err != nil {
+			return nil, err
 		}
 	}
 	return t, nil
+}
+
+// addCore builds worker i's sim core (its role's shape with P/D, fed to
+// the index in kv modes) and adds it to the router.
+func (t *twin) addCore(i int, hints, kvMode bool) error {
+	cfg := t.cfg
+	sc := sim.DefaultConfig()
+	sc.Model = model
+	sc.BlockSize, sc.Blocks = cfg.BlockSize, cfg.Blocks
+	sc.MaxBatchedTokens, sc.MaxSeqs = cfg.MaxBatchedTokens, cfg.MaxSeqs
+	sc.Worker = kv.WorkerKey{Instance: uint64(i + 1)}
+	sc.OmitEventTokens = true
+	sc.SpeedupRatio = 0
+	sc.TransferBandwidth = cfg.TransferBandwidth
+	sc.TransferBytesPerBlock = cfg.TransferBytesPerBlock
+	if cfg.KVBM != nil {
+		// Real bytes move through the tiers.
+		sc.KVBM = cfg.KVBM.sim(t.vc)
+	}
+	if hints {
+		sc.Fetcher = t.fetch
+	} else if cfg.KVBM == nil {
+		// Payload bytes are only ever read by a peer fetch; without
+		// hints, skip filling them for every stored block.
+		sc.Layers = 0
+	}
+	info := router.WorkerInfo{Key: sc.Worker, Model: model, BlockSize: cfg.BlockSize,
+		KVBlocks: cfg.Blocks, MaxBatchedTokens: cfg.MaxBatchedTokens}
+	if t.pd != nil {
+		t.setupCore(i, &sc, &info, hints)
+		if sc.Role == kv.RoleDecode {
+			sc.KVBM = nil // KVBM runs on the prefill side only
+		}
+	}
+	core, err := sim.NewCore(sc)
+	if err != nil {
+		return fmt.Errorf("twin: worker %d: %w", i+1, err)
+	}
+	if kvMode {
+		ix := t.ix
+		// Apply copies what it keeps, so the core may reuse the batch.
+		core.SetTransientEventSink(func(batch []kv.Event) {
+			ix.ApplyBatch(batch)
+			t.res.IndexEvents += uint64(len(batch))
+		})
+	}
+	t.ws[i] = worker{core: core, key: sc.Worker}
+	info.Digest = core.Config().Digest
+	info.TierLoad = core.TierLoadMS()
+	if hints {
+		info.ControlEndpoint = "tcp://twin-worker-" + strconv.Itoa(i+1) + ":1"
+		info.HintCapable = true
+	}
+	if err := t.r.AddWorker(info); err != nil {
+		return fmt.Errorf("twin: %w", err)
+	}
+	return nil
 }
