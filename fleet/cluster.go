@@ -104,6 +104,9 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 		rc.Matcher = c.index
 	}
 	rc.Registerer = cfg.Registerer
+	if rc.Logger == nil {
+		rc.Logger = c.log
+	}
 	if cfg.ReplicaSync {
 		rc.OnReplicaEvent = func(ev router.ReplicaEvent) {
 			if b, err := ev.MarshalBinary(); err == nil && c.bcast != nil {
@@ -218,7 +221,7 @@ func (c *Cluster) follow(ctx context.Context, model string) error {
 // not (e.g. prefill workers but no decode workers).
 func (c *Cluster) Ready() error {
 	for _, m := range c.cfg.Models {
-		if why := c.pools(m).unservable(m); why != "" {
+		if why := c.router.PoolSizes(m).Unservable(m); why != "" {
 			return errors.New(why)
 		}
 	}
@@ -289,24 +292,6 @@ func routeErr(err error) error {
 		return kv.ErrNoWorkers
 	}
 	return err
-}
-
-// whole routes rreq and streams the request from the chosen worker as one
-// leg (aggregated, or a decode worker prefilling locally).
-func (c *Cluster) whole(ctx context.Context, req *kv.GenerateRequest, rreq router.Request, path router.DisaggPath) (kv.TokenStream, error) {
-	rctx, sp := routeSpan(ctx, req, kv.LegWhole, path)
-	d, err := c.router.Route(rctx, rreq)
-	endRoute(sp, d, err)
-	if err != nil {
-		return nil, routeErr(err)
-	}
-	greq := c.protoRequest(req, d)
-	greq.KvFetch = api.HintToProto(d.Hint)
-	st, err := c.open(ctx, d, greq)
-	if err != nil {
-		return nil, err
-	}
-	return st, nil
 }
 
 // legName names a proto leg for spans.

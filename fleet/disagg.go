@@ -19,9 +19,11 @@ import (
 )
 
 // Disaggregated prefill/decode, prefill first (research kvbm_disagg.md §3,
-// Dynamo's PrefillRouter). When a model has prefill and decode workers, a
-// request is first checked by conditional disaggregation (router.PlanDisagg:
-// it may prefill locally on the decode worker); otherwise it gets a prefill
+// Dynamo's PrefillRouter). The rules are the router's leg planner
+// (router.LegPlan, which the twin drives too); this file runs the legs it
+// asks for. When a model has prefill and decode workers, a request is first
+// checked by conditional disaggregation (router.PlanDisagg: it may prefill
+// locally on the decode worker); otherwise it gets a prefill
 // leg, KV-routed over the prefill pool with the router's hint, whose engine
 // samples one token and answers with its connector parameters; then a decode
 // leg, routed over the decode pool by load alone, carrying those parameters
@@ -40,20 +42,12 @@ import (
 // logged.
 //
 // Failures: a prefill worker lost before answering is inhibited and the leg
-// retried on another (prefill legs are retried, never migrated mid-flight);
-// with none left the decode worker prefills locally. A decode leg lost
+// retried on another (prefill legs are retried, never migrated mid-flight),
+// up to router.MaxPrefillTries; then, or with none left, the decode worker
+// prefills locally. A decode leg lost
 // mid-stream is a lost worker like any (kv.ErrWorkerLost): the frontend
 // migrates the request, which plans again. A prefill worker lost after
 // answering costs the decode leg its pull: it recomputes.
-
-// Local-prefill reasons the fleet adds to router.LocalReason.
-const (
-	reasonPrefillFailed = "prefill_failed" // every prefill worker tried failed
-	reasonNoReason      = ""
-)
-
-// maxPrefillTries bounds the prefill workers one request tries.
-const maxPrefillTries = 3
 
 type disaggMetrics struct {
 	paths   *prometheus.CounterVec
@@ -74,8 +68,8 @@ func newDisaggMetrics() *disaggMetrics {
 	}
 	m.paths.WithLabelValues(string(router.PathAggregated), "")
 	m.paths.WithLabelValues(string(router.PathDisagg), "")
-	for _, r := range []string{string(router.ReasonISL), string(router.ReasonPrefillBusy), reasonPrefillFailed} {
-		m.paths.WithLabelValues(string(router.PathLocalPrefill), r)
+	for _, r := range []router.LocalReason{router.ReasonISL, router.ReasonPrefillBusy, router.ReasonPrefillFailed} {
+		m.paths.WithLabelValues(string(router.PathLocalPrefill), string(r))
 	}
 	return m
 }
@@ -84,33 +78,8 @@ func (m *disaggMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.paths, m.handoff, m.retries}
 }
 
-func (m *disaggMetrics) path(p router.DisaggPath, reason string) {
-	m.paths.WithLabelValues(string(p), reason).Inc()
-}
-
-// pools counts a model's workers per role.
-type pools struct{ agg, prefill, decode int }
-
-func (c *Cluster) pools(model string) pools {
-	return pools{agg: len(c.router.Workers(model, kv.RoleAggregated)),
-		prefill: len(c.router.Workers(model, kv.RolePrefill)), decode: len(c.router.Workers(model, kv.RoleDecode))}
-}
-
-// disagg: both pools are there.
-func (p pools) disagg() bool { return p.prefill > 0 && p.decode > 0 }
-
-// unservable says why a model without aggregated workers cannot be served
-// ("" when it can).
-func (p pools) unservable(model string) string {
-	switch {
-	case p.agg > 0 || p.disagg():
-		return ""
-	case p.prefill > 0:
-		return fmt.Sprintf("model %s has %d prefill workers but no decode workers", model, p.prefill)
-	case p.decode > 0:
-		return fmt.Sprintf("model %s has %d decode workers but no prefill workers", model, p.decode)
-	}
-	return fmt.Sprintf("no worker serves %s yet", model)
+func (m *disaggMetrics) path(p router.DisaggPath, reason router.LocalReason) {
+	m.paths.WithLabelValues(string(p), string(reason)).Inc()
 }
 
 // Warnings names the models served by their aggregated workers while a
@@ -118,77 +87,109 @@ func (p pools) unservable(model string) string {
 func (c *Cluster) Warnings() []string {
 	var out []string
 	for _, m := range c.cfg.Models {
-		p := c.pools(m)
-		if p.agg > 0 && !p.disagg() && (p.prefill > 0 || p.decode > 0) {
+		p := c.router.PoolSizes(m)
+		if p.Agg > 0 && !p.Disagg() && (p.Prefill > 0 || p.Decode > 0) {
 			q := p
-			q.agg = 0
-			out = append(out, q.unservable(m)+"; the aggregated workers serve it")
+			q.Agg = 0
+			out = append(out, q.Unservable(m)+"; the aggregated workers serve it")
 		}
 	}
 	return out
 }
 
-// generate chooses the path of one attempt and starts it.
+// generate drives one attempt's leg plan (router.LegPlan: the router's
+// rules choose the legs) and runs the legs it asks for.
 func (c *Cluster) generate(ctx context.Context, req *kv.GenerateRequest) (kv.TokenStream, error) {
 	base := router.Request{Model: req.Model, Tokens: req.Tokens, LoRA: req.LoRA, Salt: req.CacheSalt}
-	p := c.pools(req.Model)
-	if !p.disagg() {
-		if p.agg == 0 && (p.prefill > 0 || p.decode > 0) {
-			return nil, fmt.Errorf("%w: %s", kv.ErrNoWorkers, p.unservable(req.Model))
+	plan := router.NewLegPlan(base, c.cfg.Disagg)
+	step := plan.Start(ctx, c.router)
+	var ans prefillAnswer
+	for {
+		switch {
+		case step.Do == router.ActFail:
+			return nil, stepErr(step)
+		case step.Do == router.ActDone:
+			// The prefill's one token was the whole answer: no decode leg.
+			return &doneStream{chunk: ans.chunk}, nil
+		case step.Leg == kv.LegWhole:
+			return c.wholeStep(ctx, req, &plan, step)
+		case step.Leg == kv.LegDecode:
+			return c.decodeStep(ctx, req, &plan, step, ans)
 		}
-		c.dmet.path(router.PathAggregated, reasonNoReason)
-		return c.whole(ctx, req, base, router.PathAggregated)
+		var err error
+		if ans, step, err = c.prefillStep(ctx, req, &plan, step); err != nil {
+			return nil, err
+		}
 	}
-	if p.agg > 0 && c.preferAggregated(req.Model) {
-		c.dmet.path(router.PathAggregated, reasonNoReason)
-		return c.whole(ctx, req, base, router.PathAggregated)
+}
+
+// stepErr is a failed step's error as the frontend reports it.
+func stepErr(s router.Step) error {
+	if s.RouterErr {
+		return routeErr(s.Err)
 	}
-	choice, err := c.router.PlanDisagg(ctx, base, c.cfg.Disagg)
+	return s.Err
+}
+
+// wholeStep routes a whole-request leg (aggregated, or a decode worker
+// prefilling locally) and streams it from the chosen worker.
+func (c *Cluster) wholeStep(ctx context.Context, req *kv.GenerateRequest, plan *router.LegPlan, step router.Step) (kv.TokenStream, error) {
+	d, err := c.routeLeg(ctx, req, step)
 	if err != nil {
-		if p.agg > 0 {
-			c.dmet.path(router.PathAggregated, reasonNoReason)
-			return c.whole(ctx, req, base, router.PathAggregated)
+		if !errors.Is(err, router.ErrDecodeOnly) {
+			c.dmet.path(step.Path, step.Reason)
 		}
-		return nil, routeErr(err)
+		return nil, stepErr(plan.RouteFailed(err))
 	}
-	if choice.Path == router.PathLocalPrefill {
-		c.dmet.path(router.PathLocalPrefill, string(choice.Reason))
-		return c.whole(ctx, req, router.LocalPrefillRequest(base), router.PathLocalPrefill)
+	c.dmet.path(step.Path, step.Reason)
+	greq := c.protoRequest(req, d)
+	greq.KvFetch = api.HintToProto(d.Hint)
+	st, err := c.open(ctx, d, greq)
+	if err != nil {
+		return nil, err // not a nil *workerStream in the interface
 	}
-	return c.disagg(ctx, req, base)
+	return st, nil
 }
 
-// preferAggregated: in a mixed fleet, a request goes to the aggregated pool
-// when its workers carry no more requests each than the decode workers
-// (where a disaggregated request spends its life).
-func (c *Cluster) preferAggregated(model string) bool {
-	per := func(role kv.Role) float64 {
-		ws := c.router.Workers(model, role)
-		var n int64
-		for _, w := range ws {
-			n += c.router.Load(w.Key).ActiveRequests
-		}
-		return float64(n) / float64(max(len(ws), 1))
-	}
-	return per(kv.RoleAggregated) <= per(kv.RoleDecode)
+// routeLeg routes step's leg in its span.
+func (c *Cluster) routeLeg(ctx context.Context, req *kv.GenerateRequest, step router.Step) (*router.Decision, error) {
+	rctx, sp := routeSpan(ctx, req, step.Leg, step.Path)
+	d, err := c.router.Route(rctx, step.Req)
+	endRoute(sp, d, err)
+	return d, err
 }
 
-// disagg runs the prefill leg, then starts the decode leg.
-func (c *Cluster) disagg(ctx context.Context, req *kv.GenerateRequest, base router.Request) (kv.TokenStream, error) {
-	ans, err := c.prefill(ctx, req, base)
+// prefillStep routes and runs a prefill leg and reports its outcome to the
+// plan: answered, lost (the plan retries or falls back) or a routing
+// failure. err is a failure the plan is not told of (the client left, the
+// worker failed other than by being lost).
+func (c *Cluster) prefillStep(ctx context.Context, req *kv.GenerateRequest, plan *router.LegPlan, step router.Step) (prefillAnswer, router.Step, error) {
+	if step.Retry {
+		c.dmet.retries.Inc()
+	}
+	d, err := c.routeLeg(ctx, req, step)
+	if err != nil {
+		return prefillAnswer{}, plan.RouteFailed(err), nil
+	}
+	worker := d.Worker
+	greq := c.protoRequest(req, d)
+	greq.Leg = api.Leg_LEG_PREFILL
+	greq.KvFetch = api.HintToProto(d.Hint) // the hint is applied here, once
+	ans, err := c.prefillOn(ctx, d, greq)
 	switch {
-	case errors.Is(err, errPrefillExhausted):
-		return c.localFallback(ctx, req, base, reasonPrefillFailed, err)
-	case errors.Is(err, errPrefillBusy):
-		return c.localFallback(ctx, req, base, string(router.ReasonPrefillBusy), err)
-	case err != nil:
-		return nil, err
+	case err == nil:
+		c.dmet.path(router.PathDisagg, "")
+		return ans, plan.Answered(ans.params == nil), nil
+	case !errors.Is(err, kv.ErrWorkerLost) || ctx.Err() != nil:
+		return prefillAnswer{}, step, err
 	}
-	c.dmet.path(router.PathDisagg, reasonNoReason)
-	if ans.params == nil {
-		// The one token was the whole answer: no decode leg.
-		return &doneStream{chunk: ans.chunk}, nil
-	}
+	c.log.Warn("prefill worker lost before answering; retrying on another", "request", req.RequestID, "worker", worker, "err", err)
+	return prefillAnswer{}, plan.Lost(worker, err), nil
+}
+
+// decodeStep starts the decode leg after the prefill leg answered with
+// its connector parameters.
+func (c *Cluster) decodeStep(ctx context.Context, req *kv.GenerateRequest, plan *router.LegPlan, step router.Step, ans prefillAnswer) (kv.TokenStream, error) {
 	if err := ctx.Err(); err != nil {
 		// The client left between the legs: no decode leg; the prefill
 		// worker releases its pinned blocks at the handoff's expiry.
@@ -201,13 +202,11 @@ func (c *Cluster) disagg(ctx context.Context, req *kv.GenerateRequest, base rout
 	if hsp.IsRecording() {
 		hsp.SetAttributes(attribute.Int("kvmesh.handoff.params_bytes", len(ans.params)))
 	}
-	rctx, sp := routeSpan(ctx, req, kv.LegDecode, router.PathDisagg)
-	d, err := c.router.Route(rctx, router.DecodeLegRequest(base))
-	endRoute(sp, d, err)
+	d, err := c.routeLeg(ctx, req, step)
 	if err != nil {
 		endSpan(hsp, err)
 		ans.leg.stop()
-		return nil, routeErr(err)
+		return nil, stepErr(plan.RouteFailed(err))
 	}
 	greq := c.protoRequest(req, d)
 	greq.Leg = api.Leg_LEG_DECODE
@@ -228,29 +227,6 @@ func (c *Cluster) disagg(ctx context.Context, req *kv.GenerateRequest, base rout
 	return ds, nil
 }
 
-// localFallback serves req whole on a decode worker after the prefill pool
-// could not take it (cause: errPrefillExhausted, or errPrefillBusy wrapping
-// the router's busy error). When no decode worker can prefill alone
-// (router.ErrDecodeOnly) the request fails instead: a 503 saying why, with
-// Retry-After when the prefill pool was busy.
-func (c *Cluster) localFallback(ctx context.Context, req *kv.GenerateRequest, base router.Request, reason string, cause error) (kv.TokenStream, error) {
-	st, err := c.whole(ctx, req, router.LocalPrefillRequest(base), router.PathLocalPrefill)
-	if errors.Is(err, router.ErrDecodeOnly) {
-		var busy *kv.BusyError
-		if errors.As(cause, &busy) {
-			return nil, &kv.BusyError{Model: busy.Model, Workers: busy.Workers, RetryAfter: busy.RetryAfter}
-		}
-		return nil, fmt.Errorf("%w: %v, and model %q's decode workers cannot prefill alone", kv.ErrNoWorkers, cause, req.Model)
-	}
-	c.dmet.path(router.PathLocalPrefill, reason)
-	return st, err
-}
-
-var (
-	errPrefillExhausted = errors.New("no prefill worker answered")
-	errPrefillBusy      = errors.New("every prefill worker is busy")
-)
-
 // prefillAnswer is a prefill leg's outcome.
 type prefillAnswer struct {
 	chunk  kv.TokenChunk // its token, finish reason and usage
@@ -259,42 +235,6 @@ type prefillAnswer struct {
 	// leg is the prefill leg still running when its engine gave the
 	// parameters before its last chunk; nil otherwise.
 	leg *openPrefill
-}
-
-// prefill runs the prefill leg, retrying another prefill worker when one is
-// lost before it answers.
-func (c *Cluster) prefill(ctx context.Context, req *kv.GenerateRequest, base router.Request) (prefillAnswer, error) {
-	rreq := router.PrefillLegRequest(base)
-	tries := 0
-	for {
-		rctx, sp := routeSpan(ctx, req, kv.LegPrefill, router.PathDisagg)
-		d, err := c.router.Route(rctx, rreq)
-		endRoute(sp, d, err)
-		if err != nil {
-			switch {
-			case errors.Is(err, kv.ErrAllBusy):
-				return prefillAnswer{}, fmt.Errorf("%w: %w", errPrefillBusy, err)
-			case errors.Is(err, kv.ErrNoWorkers) && tries > 0:
-				return prefillAnswer{}, errPrefillExhausted
-			}
-			return prefillAnswer{}, routeErr(err)
-		}
-		tries++
-		worker := d.Worker
-		greq := c.protoRequest(req, d)
-		greq.Leg = api.Leg_LEG_PREFILL
-		greq.KvFetch = api.HintToProto(d.Hint) // the hint is applied here, once
-		ans, err := c.prefillOn(ctx, d, greq)
-		if err == nil || !errors.Is(err, kv.ErrWorkerLost) || ctx.Err() != nil {
-			return ans, err
-		}
-		c.log.Warn("prefill worker lost before answering; retrying on another", "request", req.RequestID, "worker", worker, "err", err)
-		if tries >= maxPrefillTries {
-			return prefillAnswer{}, errPrefillExhausted
-		}
-		c.dmet.retries.Inc()
-		rreq.Exclude = append(slices.Clip(rreq.Exclude), worker)
-	}
 }
 
 // prefillOn sends the prefill leg to d's worker and reads its answer.

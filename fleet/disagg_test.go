@@ -191,8 +191,8 @@ func startPDWith(t *testing.T, np, nd, na int, ttl time.Duration, wc worker.Conf
 	}
 	t.Cleanup(f.c.Close)
 	waitFor(t, 10*time.Second, "cluster sees every worker", func() bool {
-		p := f.c.pools(pdModel)
-		return p.prefill == np && p.decode == nd && p.agg == na
+		p := f.c.router.PoolSizes(pdModel)
+		return p.Prefill == np && p.Decode == nd && p.Agg == na
 	})
 	return f
 }

@@ -30,40 +30,9 @@ type BenchFleetConfig struct {
 // NewBenchFleet builds the fleet; the router uses cfg with Matcher set to
 // the fleet's index (cfg.Mode defaults to kv).
 func NewBenchFleet(bc BenchFleetConfig, cfg Config) (*BenchFleet, error) {
-	if bc.Workers <= 0 {
-		bc.Workers = 64
-	}
-	if bc.PromptTokens <= 0 {
-		bc.PromptTokens = 8192
-	}
-	if bc.Prompts <= 0 {
-		bc.Prompts = 32
-	}
-	if bc.BlockSize <= 0 {
-		bc.BlockSize = 16
-	}
-	if bc.HeldPerWorker <= 0 {
-		bc.HeldPerWorker = 8
-	}
-	if bc.Seed == 0 {
-		bc.Seed = 1
-	}
+	bc = bc.withDefaults()
 	rng := rand.New(rand.NewPCG(bc.Seed, 0x6b766d657368))
-	// Prompts share a common system prefix (an eighth) and then diverge,
-	// as chat traffic does.
-	shared := bc.PromptTokens / 8
-	prompts := make([][]kv.Token, bc.Prompts)
-	for i := range prompts {
-		p := make([]kv.Token, bc.PromptTokens)
-		for j := range p {
-			if j < shared {
-				p[j] = kv.Token(j)
-			} else {
-				p[j] = kv.Token(rng.Uint32() % 200_000)
-			}
-		}
-		prompts[i] = p
-	}
+	prompts := benchPrompts(bc, rng)
 	ix := index.New()
 	cfg.Matcher = ix
 	if cfg.Rand == nil {
@@ -103,4 +72,45 @@ func NewBenchFleet(bc BenchFleetConfig, cfg Config) (*BenchFleet, error) {
 		}
 	}
 	return &BenchFleet{Router: r, Index: ix, Prompts: prompts}, nil
+}
+
+func (bc BenchFleetConfig) withDefaults() BenchFleetConfig {
+	if bc.Workers <= 0 {
+		bc.Workers = 64
+	}
+	if bc.PromptTokens <= 0 {
+		bc.PromptTokens = 8192
+	}
+	if bc.Prompts <= 0 {
+		bc.Prompts = 32
+	}
+	if bc.BlockSize <= 0 {
+		bc.BlockSize = 16
+	}
+	if bc.HeldPerWorker <= 0 {
+		bc.HeldPerWorker = 8
+	}
+	if bc.Seed == 0 {
+		bc.Seed = 1
+	}
+	return bc
+}
+
+// benchPrompts draws the fleet's prompts: they share a common system
+// prefix (an eighth) and then diverge, as chat traffic does.
+func benchPrompts(bc BenchFleetConfig, rng *rand.Rand) [][]kv.Token {
+	shared := bc.PromptTokens / 8
+	prompts := make([][]kv.Token, bc.Prompts)
+	for i := range prompts {
+		p := make([]kv.Token, bc.PromptTokens)
+		for j := range p {
+			if j < shared {
+				p[j] = kv.Token(j)
+			} else {
+				p[j] = kv.Token(rng.Uint32() % 200_000)
+			}
+		}
+		prompts[i] = p
+	}
+	return prompts
 }

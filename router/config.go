@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -101,6 +102,9 @@ type Config struct {
 	MaxRequestAge time.Duration
 	SweepInterval time.Duration
 
+	// Logger receives the router's warnings; default slog.Default().
+	Logger *slog.Logger
+
 	Now        func() time.Time      // default time.Now; the twin passes virtual time
 	Rand       *rand.Rand            // default seeded from the runtime; guarded by the router
 	Registerer prometheus.Registerer // nil: metrics are kept but not registered
@@ -194,6 +198,29 @@ func (m CostModel) validate() error {
 var errConfig = errors.New("router config")
 
 func (c *Config) fill() error {
+	if err := c.fillMode(); err != nil {
+		return err
+	}
+	if c.Cost == nil {
+		d := DefaultCost()
+		c.Cost = &d
+	} else {
+		cm := *c.Cost // a private copy: the caller may reuse theirs
+		c.Cost = &cm
+	}
+	if err := c.Cost.validate(); err != nil {
+		return err
+	}
+	if c.MaxKVUsage < 0 || c.MaxPrefillTokens < 0 || c.MaxPrefillFrac < 0 {
+		return fmt.Errorf("%w: busy thresholds must be ≥ 0", errConfig)
+	}
+	c.fillDefaults()
+	return nil
+}
+
+// fillMode defaults the mode and checks the index it needs, building
+// kv-approx's when none is given.
+func (c *Config) fillMode() error {
 	if c.Mode == "" {
 		if c.Matcher != nil {
 			c.Mode = ModeKV
@@ -219,19 +246,12 @@ func (c *Config) fill() error {
 		}
 		c.Approx = c.NewApprox(c.ApproxTTL)
 	}
-	if c.Cost == nil {
-		d := DefaultCost()
-		c.Cost = &d
-	} else {
-		cm := *c.Cost // a private copy: the caller may reuse theirs
-		c.Cost = &cm
-	}
-	if err := c.Cost.validate(); err != nil {
-		return err
-	}
-	if c.MaxKVUsage < 0 || c.MaxPrefillTokens < 0 || c.MaxPrefillFrac < 0 {
-		return fmt.Errorf("%w: busy thresholds must be ≥ 0", errConfig)
-	}
+	return nil
+}
+
+// fillDefaults sets the zero durations, clock, logger, random source and
+// router id to their defaults.
+func (c *Config) fillDefaults() {
 	if c.BusyRetryAfter <= 0 {
 		c.BusyRetryAfter = time.Second
 	}
@@ -250,11 +270,13 @@ func (c *Config) fill() error {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 	if c.Rand == nil {
 		c.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	}
 	if c.RouterID == "" {
 		c.RouterID = fmt.Sprintf("%08x", rand.Uint32())
 	}
-	return nil
 }

@@ -151,35 +151,3 @@ func (r *Router) PlanDisagg(ctx context.Context, req Request, cfg DisaggConfig) 
 	}
 	return DecideDisagg(cfg, DisaggInput{PromptTokens: dec.ISL, DecodeCached: dec.CachedTokens, PrefillBusy: busy, DecodeOnly: decodeOnly}), nil
 }
-
-// PrefillLegRequest is req as a prefill leg: KV-routed (overlap + load)
-// over the prefill pool, hint planned as usual.
-func PrefillLegRequest(req Request) Request {
-	req.Role = kv.RolePrefill
-	req.NoOverlapCredit, req.NoPrefillCharge = false, false
-	return req
-}
-
-// DecodeLegRequest is req as a decode leg: routed over the decode pool by
-// load alone, no overlap credit (so no hint) and the prompt not charged as
-// prefill, since its KV arrives from the prefill worker.
-func DecodeLegRequest(req Request) Request {
-	req.Role = kv.RoleDecode
-	req.NoOverlapCredit, req.NoPrefillCharge = true, true
-	return req
-}
-
-// ErrDecodeOnly is matched by the kv.ErrNoWorkers error of a whole request
-// (aggregated or LocalPrefillRequest) whose only candidates are decode
-// workers that cannot prefill alone (WorkerInfo.DecodeOnly).
-var ErrDecodeOnly = errors.New("its decode workers cannot prefill alone (decode-only engines such as SGLang's): a request needs a prefill worker")
-
-// LocalPrefillRequest is req served whole by a decode worker (conditional
-// disaggregation's bypass): routed like an aggregated request (overlap,
-// prefill charge, hint) over the decode pool, since that worker computes
-// the prompt itself.
-func LocalPrefillRequest(req Request) Request {
-	req.Role = kv.RoleDecode
-	req.NoOverlapCredit, req.NoPrefillCharge = false, false
-	return req
-}

@@ -9,6 +9,12 @@
 // until a deadline (Inhibit, Decision.Fail; a request may also exclude
 // workers of its own), and plans KV hints (a peer holding a longer prefix).
 //
+// Selection runs in stages, a mode being a profile of them (stages.go):
+// filters that say why they drop a worker (filter.go), a scorer
+// (score.go) and a picker (pick.go). The leg planner (plan.go) is the
+// disaggregated-serving rules as a state machine that the fleet and the
+// twin drive alike.
+//
 // The router is a pure core: it does no network I/O. Discovery updates
 // (AddWorker/RemoveWorker), worker load reports (UpdateLoad) and replica
 // messages (ApplyReplicaEvent) are fed to it by the caller; KV events go to

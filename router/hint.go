@@ -68,17 +68,18 @@ const HintSkip = -1
 // planHint picks, for a request of nblocks full blocks routed to target,
 // the eligible source with the longest prefix strictly longer than the
 // target's (any tier: a peer's host-tier blocks count), ties to the lowest
-// key, or lets policy choose; the target must be hint-capable. depth is
+// key, or lets policy choose (a choice out of range is logged to log); the
+// target must be hint-capable. depth is
 // what Route merged from the index; excluded workers (ones the request
 // already failed on) are no sources. Called with r.mu held.
-func planHint(p *pool, target int, depth [][kv.NumTiers]uint32, nblocks int, exclude []kv.WorkerKey, policy HintPolicy) (hintPlan, bool) {
+func planHint(p *pool, target int, depth [][kv.NumTiers]uint32, nblocks int, exclude []kv.WorkerKey, policy HintPolicy, log *slog.Logger) (hintPlan, bool) {
 	t := &p.workers[target].info
 	if !t.HintCapable {
 		return hintPlan{}, false
 	}
 	td := depth[target][kv.NumTiers-1]
 	if policy != nil {
-		return planHintPolicy(p, t, td, depth, nblocks, exclude, policy)
+		return planHintPolicy(p, t, td, depth, nblocks, exclude, policy, log)
 	}
 	best, bestDepth := -1, td
 	for i, w := range p.workers {
@@ -93,7 +94,7 @@ func planHint(p *pool, target int, depth [][kv.NumTiers]uint32, nblocks int, exc
 }
 
 // planHintPolicy lists every eligible source and lets policy choose.
-func planHintPolicy(p *pool, t *WorkerInfo, td uint32, depth [][kv.NumTiers]uint32, nblocks int, exclude []kv.WorkerKey, policy HintPolicy) (hintPlan, bool) {
+func planHintPolicy(p *pool, t *WorkerInfo, td uint32, depth [][kv.NumTiers]uint32, nblocks int, exclude []kv.WorkerKey, policy HintPolicy, log *slog.Logger) (hintPlan, bool) {
 	var cands []HintCandidate
 	for i, w := range p.workers {
 		if d := min(int(depth[i][kv.NumTiers-1]), nblocks); d > int(td) && eligibleSource(*t, &w.info) && !slices.Contains(exclude, w.info.Key) {
@@ -110,7 +111,7 @@ func planHintPolicy(p *pool, t *WorkerInfo, td uint32, depth [][kv.NumTiers]uint
 		return hintPlan{}, false
 	}
 	if i < 0 || i >= len(cands) {
-		slog.Warn("KV hint policy chose a source out of range; attaching no hint", "index", i, "candidates", len(cands))
+		log.Warn("KV hint policy chose a source out of range; attaching no hint", "index", i, "candidates", len(cands))
 		return hintPlan{}, false
 	}
 	c := cands[i]

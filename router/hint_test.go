@@ -41,7 +41,7 @@ func TestPlanHint(t *testing.T) {
 			p.workers = append(p.workers, &worker{info: ws[i]})
 			depth[i][kv.NumTiers-1] = tc.depth[i]
 		}
-		plan, ok := planHint(p, int(tc.target-1), depth, nblocks, nil, nil)
+		plan, ok := planHint(p, int(tc.target-1), depth, nblocks, nil, nil, nil)
 		if tc.want == 0 {
 			if ok {
 				t.Errorf("%s: unexpected hint %+v", tc.name, plan)

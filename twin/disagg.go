@@ -18,7 +18,8 @@ import (
 // and DecodeWorkers set, the fleet is a prefill pool and a decode pool of
 // sim cores (after any aggregated ones: instances 1..A aggregated, then P
 // prefill, then D decode) and every request takes the prefill-first path
-// the fleet takes online:
+// the fleet takes online, as the router's leg planner (router.LegPlan, the
+// fleet's too) says:
 //
 //   - conditional disaggregation: when the prompt's net new part (prompt −
 //     what the best decode worker already holds) is short in tokens and as
@@ -75,6 +76,7 @@ type PathStats struct {
 // pdReq is a disaggregated request's state between its legs.
 type pdReq struct {
 	st      *request
+	plan    router.LegPlan
 	pre     *router.Decision
 	preSeq  *sim.Seq
 	preW    int
@@ -167,82 +169,67 @@ func (t *twin) setupCore(i int, sc *sim.Config, info *router.WorkerInfo, hints b
 }
 
 // arrivePD serves trace request i (prompt plen tokens, routed as rr) the
-// prefill-first way.
+// way the shared leg planner (router.LegPlan) says, as the fleet does.
 func (t *twin) arrivePD(ctx context.Context, i int, atNS int64, plen int, rr router.Request, tail []kv.Token) error {
-	at := t.at(atNS)
 	rq := &t.wl.Requests[i]
 	st := &t.reqs[i]
-	st.arrival = at
+	st.arrival = t.at(atNS)
 	st.er = engine.Request{ID: strconv.Itoa(rq.Line), Sampling: kv.Sampling{MaxTokens: max(rq.OutputLength, 1), Seed: rng64(t.cfg.Seed, i)}}
 	prompt := sim.Prompt{Len: plen, Local: rr.Local, Tail: tail}
+	plan := router.NewLegPlan(rr, t.pd.policy)
+	step := plan.Start(ctx, t.r)
+	for step.Do == router.ActRoute {
+		d, err := t.r.Route(ctx, step.Req)
+		if err != nil {
+			step = plan.RouteFailed(err)
+			continue
+		}
+		if step.Leg == kv.LegPrefill {
+			t.startPrefill(plan, d, st, prompt, atNS)
+			return nil
+		}
+		t.startWhole(step, d, st, prompt, atNS)
+		return nil
+	}
+	return t.routeFailed(step.Err, atNS, rq.Line)
+}
+
+// startWhole adds a request served in one leg (aggregated, or prefilled
+// locally on a decode worker) and counts its path.
+func (t *twin) startWhole(step router.Step, d *router.Decision, st *request, prompt sim.Prompt, atNS int64) {
+	if err := t.addLeg(d, st, &st.er, prompt, atNS); err != nil {
+		return
+	}
+	t.predicted += int64(d.CachedTokens)
 	ps := t.res.Paths
-
-	// A mixed fleet serves the request whole on its aggregated pool while
-	// that pool is the less loaded, as the fleet does.
-	choice, err := router.DisaggChoice{}, error(nil)
-	if t.pd.agg == 0 || !t.r.PreferAggregated(model) {
-		choice, err = t.r.PlanDisagg(ctx, rr, t.pd.policy)
-		if err != nil && t.pd.agg == 0 {
-			return t.routeFailed(err, atNS, rq.Line)
-		}
-	}
-	if choice.Path == "" || err != nil {
-		d, err := t.r.Route(ctx, rr)
-		if err != nil {
-			return t.routeFailed(err, atNS, rq.Line)
-		}
-		if err := t.addLeg(d, st, &st.er, prompt, atNS); err != nil {
-			return nil
-		}
-		t.predicted += int64(d.CachedTokens)
+	switch {
+	case step.Path == router.PathAggregated:
 		ps.Aggregated++
-		return nil
-	}
-	var pre *router.Decision
-	if choice.Path == router.PathDisagg {
-		d, err := t.r.Route(ctx, router.PrefillLegRequest(rr))
-		var be *kv.BusyError
-		switch {
-		case errors.As(err, &be):
-			choice.Path, choice.Reason = router.PathLocalPrefill, router.ReasonPrefillBusy
-		case err != nil:
-			return fmt.Errorf("twin: route prefill leg of trace line %d: %w", rq.Line, err)
-		default:
-			pre = d
-		}
-	}
-	if choice.Path == router.PathLocalPrefill {
-		d, err := t.r.Route(ctx, router.LocalPrefillRequest(rr))
-		if err != nil {
-			return t.routeFailed(err, atNS, rq.Line)
-		}
-		if err := t.addLeg(d, st, &st.er, prompt, atNS); err != nil {
-			return nil
-		}
-		t.predicted += int64(d.CachedTokens)
+	case step.Reason == router.ReasonPrefillBusy:
 		ps.LocalPrefill++
-		if choice.Reason == router.ReasonPrefillBusy {
-			ps.LocalPrefillBusy++
-		} else {
-			ps.LocalISL++
-		}
-		return nil
+		ps.LocalPrefillBusy++
+	default:
+		ps.LocalPrefill++
+		ps.LocalISL++
 	}
+}
 
-	p := &pdReq{st: st, pre: pre, plen: plen, prompt: prompt, seq: pre.Seq}
+// startPrefill adds a disaggregated request's prefill leg (decision pre);
+// its end (prefillDone) asks the plan for the decode leg.
+func (t *twin) startPrefill(plan router.LegPlan, pre *router.Decision, st *request, prompt sim.Prompt, atNS int64) {
+	p := &pdReq{st: st, plan: plan, pre: pre, plen: prompt.Len, prompt: prompt, seq: pre.Seq}
 	p.preW = int(pre.Worker.Instance) - 1
 	er := &engine.Request{ID: st.er.ID, Leg: kv.LegPrefill, Sampling: st.er.Sampling}
 	er.MaxTokens = 1
 	s, err := t.addSeq(pre, er, prompt, atNS, pre.Hint)
 	if err != nil {
-		return nil
+		return
 	}
 	p.preSeq = s
 	s.Tag = p
 	t.predicted += int64(pre.CachedTokens)
 	st.pd = p
-	ps.Disagg++
-	return nil
+	t.res.Paths.Disagg++
 }
 
 // routeFailed counts a request the router could not place (all busy: a
@@ -256,21 +243,20 @@ func (t *twin) routeFailed(err error, atNS int64, line int) error {
 	return fmt.Errorf("twin: route trace line %d: %w", line, err)
 }
 
-// addSeq adds er to decision d's core at atNS, with hint for its Fetcher;
-// a refusal closes d and counts the rejection.
+// addSeq adds er to decision d's core at atNS, with hint for its Fetcher
+// (which reads it from er); a refusal closes d and counts the rejection.
 func (t *twin) addSeq(d *router.Decision, er *engine.Request, p sim.Prompt, atNS int64, hint *kv.Hint) (*sim.Seq, error) {
 	w := int(d.Worker.Instance) - 1
 	if w < 0 || w >= len(t.ws) {
 		d.Done()
 		return nil, fmt.Errorf("twin: router chose unknown worker %v", d.Worker)
 	}
-	t.hint = hint
+	er.KVHint = hint
 	if hint != nil {
 		t.res.Hints.Hints++
 		t.res.Hints.PlannedBlocks += int64(len(hint.Hashes) - int(d.Overlap[kv.NumTiers-1]))
 	}
 	s, err := t.ws[w].core.AddPrompt(er, p, t.at(atNS))
-	t.hint = nil
 	if err != nil {
 		d.Done()
 		t.reject(&t.res.RejectedInvalid, atNS, err.Error())
@@ -292,13 +278,6 @@ func (t *twin) addLeg(d *router.Decision, st *request, er *engine.Request, p sim
 	return nil
 }
 
-// wake makes worker w handle events from atNS on.
-func (t *twin) wake(w int, atNS int64) {
-	if wk := &t.ws[w]; !wk.active {
-		wk.active, wk.pending, wk.at, wk.atNS = true, false, t.at(atNS), atNS
-	}
-}
-
 // prefillDone handles a prefill leg's only token: the request ends there
 // (max_tokens 1 or EOS) or its decode leg is routed and its handoff
 // scheduled.
@@ -306,7 +285,8 @@ func (t *twin) prefillDone(p *pdReq, o *sim.Output, now time.Time, nowNS int64) 
 	p.pre.FirstToken()
 	p.pre.Done()
 	st := p.st
-	if o.Finish == kv.FinishStop || st.er.MaxTokens <= 1 {
+	step := p.plan.Answered(o.Finish == kv.FinishStop || st.er.MaxTokens <= 1)
+	if step.Do == router.ActDone {
 		st.seq = p.preSeq
 		t.res.Paths.PrefillOnly++
 		t.complete(st, now, nowNS)
@@ -318,10 +298,10 @@ func (t *twin) prefillDone(p *pdReq, o *sim.Output, now time.Time, nowNS int64) 
 	t.pd.pinned += int64(p.pinned)
 	t.res.Paths.PinnedPeak = max(t.res.Paths.PinnedPeak, t.pd.pinned)
 
-	drr := router.DecodeLegRequest(router.Request{Model: model, Local: p.prompt.Local, PromptLen: p.plen})
 	t.syncClock()
-	d, err := t.r.Route(context.Background(), drr)
+	d, err := t.r.Route(context.Background(), step.Req)
 	if err != nil {
+		err = p.plan.RouteFailed(err).Err
 		// Lost between the legs: a 503 when every decode worker is busy.
 		t.unpin(p)
 		st.pd, st.seq = nil, nil
@@ -394,7 +374,7 @@ func (t *twin) decodeFetch(ctx context.Context, req *engine.Request, m sim.Missi
 	if end <= m.Start {
 		return nil
 	}
-	n, payload, err := t.copyBlocks(p.preW, m, end-m.Start, into)
+	n, payload, err := t.copier.copy(t.ws[p.preW].core, p.preW, m, end-m.Start, into)
 	ps.HandoffBlocks += int64(n)
 	ps.HandoffBytes += int64(n) * t.cfg.TransferBytesPerBlock
 	ps.PayloadBytes += int64(payload)

@@ -41,7 +41,6 @@ import (
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/trace"
 )
 
 // ModeKVHints is the one twin mode beyond the router's own (router.Modes):
@@ -211,22 +210,6 @@ func (c Config) Normalize() (Config, error) {
 	return c, nil
 }
 
-type worker struct {
-	core *sim.Core
-	key  kv.WorkerKey
-	// at is the next event: the end of the pass in res when pending, else
-	// the start of the next pass; atNS is the same instant in nanoseconds
-	// since the twin's start (the event loop compares integers).
-	at       time.Time
-	atNS     int64
-	active   bool
-	pending  bool
-	reported bool // lastNS holds the last load report
-	res      *sim.StepResult
-	lastNS   int64
-	stalls   int
-}
-
 type request struct {
 	dec     *router.Decision
 	seq     *sim.Seq
@@ -235,7 +218,10 @@ type request struct {
 	pd      *pdReq // disaggregated: the prefill leg
 }
 
-// twin is one run's state.
+// twin is one run's state: the fleet (cores, router, index) and the
+// event loop's clock (loop.go), the arrivals (arrivals.go), the P/D part
+// (disagg.go), the block copies of hints and handoffs (fetch.go) and what
+// the run measures (record.go).
 type twin struct {
 	cfg Config
 	wl  *Workload
@@ -246,37 +232,17 @@ type twin struct {
 
 	// Event times are nanoseconds since t0.
 	reqs  []request
-	next  int       // next trace request to issue
 	t0    time.Time // virtual start
 	now   int64     // the twin's time
 	vcNow int64     // what vc reads
-	ts0   int64     // first trace timestamp
-	// Open loop: the arrival time of request cachedNext.
-	cachedNext int
-	cachedAt   int64
-	cachedOK   bool
-	issue      []int64
-	head       int // closed loop: issue[head:] are pending client issue times
-	iter       int // events handled, for the context checks
+	iter  int       // events handled, for the context checks
 
-	ph    *promptHasher // nil: expand and hash every prompt
-	tok   []kv.Token
-	tails []kv.Token // slab the prompts' partial tails are carved from
+	arr    arrivals
+	prompt promptBufs
+	copier blockCopier
+	pd     *pdState // nil without P/D
 
-	// The hint of the request being added (read by the Fetcher).
-	hint *kv.Hint
-	pin  []kv.SeqHash // the hinted blocks as the source sim's sequence hashes
-	pbuf []byte
-	sums []uint64
-	lay  [][]byte
-	blks []sim.BlockData
-
-	pd *pdState // nil without P/D
-
-	res              Result
-	ttft, itl, e2e   []float64
-	firstAt, lastFin time.Time
-	predicted        int64
+	results
 }
 
 // Run simulates wl under cfg and returns its measurements. It stops with
@@ -294,7 +260,7 @@ func Run(ctx context.Context, wl *Workload, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer wl.putHasher(t.ph)
+	defer wl.putHasher(t.prompt.ph)
 	if err := t.loop(ctx); err != nil {
 		t.kvbmResult()
 		return nil, err
@@ -319,12 +285,8 @@ func Run(ctx context.Context, wl *Workload, cfg Config) (*Result, error) {
 
 func newTwin(wl *Workload, cfg Config) (*twin, error) {
 	t := &twin{cfg: cfg, wl: wl, vc: clock.NewVirtual(clock.Epoch), t0: clock.Epoch,
-		reqs: make([]request, len(wl.Requests))}
-	if len(wl.Requests) > 0 {
-		t.ts0 = wl.Requests[0].TimestampMS
-	}
-	t.cachedNext = -1
-	t.ph = wl.takeHasher(cfg.BlockSize)
+		reqs: make([]request, len(wl.Requests)), arr: newArrivals(wl, cfg)}
+	t.prompt.ph = wl.takeHasher(cfg.BlockSize)
 	t.res = Result{Mode: cfg.Mode, Workers: cfg.Workers, Offered: len(wl.Requests)}
 	t.pd = newPD(cfg)
 	if t.pd != nil {
@@ -361,536 +323,66 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 	t.r = r
 	t.ws = make([]worker, cfg.Workers+cfg.PrefillWorkers+cfg.DecodeWorkers)
 	for i := range t.ws {
-		sc := sim.DefaultConfig()
-		sc.Model = model
-		sc.BlockSize, sc.Blocks = cfg.BlockSize, cfg.Blocks
-		sc.MaxBatchedTokens, sc.MaxSeqs = cfg.MaxBatchedTokens, cfg.MaxSeqs
-		sc.Worker = kv.WorkerKey{Instance: uint64(i + 1)}
-		sc.OmitEventTokens = true
-		sc.SpeedupRatio = 0
-		sc.TransferBandwidth = cfg.TransferBandwidth
-		sc.TransferBytesPerBlock = cfg.TransferBytesPerBlock
-		if cfg.KVBM != nil {
-			// Real bytes move through the tiers.
-			sc.KVBM = cfg.KVBM.sim(t.vc)
-		}
-		if hints {
-			sc.Fetcher = t.fetch
-		} else if cfg.KVBM == nil {
-			// Payload bytes are only ever read by a peer fetch; without
-			// hints, skip filling them for every stored block.
-			sc.Layers = 0
-		}
-		info := router.WorkerInfo{Key: sc.Worker, Model: model, BlockSize: cfg.BlockSize,
-			KVBlocks: cfg.Blocks, MaxBatchedTokens: cfg.MaxBatchedTokens}
-		if t.pd != nil {
-			t.setupCore(i, &sc, &info, hints)
-			if sc.Role == kv.RoleDecode {
-				sc.KVBM = nil // KVBM runs on the prefill side only
-			}
-		}
-		core, err := sim.NewCore(sc)
-		if err != nil {
-			return nil, fmt.Errorf("twin: worker %d: %w", i+1, err)
-		}
-		if kvMode {
-			ix := t.ix
-			// Apply copies what it keeps, so the core may reuse the batch.
-			core.SetTransientEventSink(func(batch []kv.Event) {
-				ix.ApplyBatch(batch)
-				t.res.IndexEvents += uint64(len(batch))
-			})
-		}
-		t.ws[i] = worker{core: core, key: sc.Worker}
-		info.Digest = core.Config().Digest
-		info.TierLoad = core.TierLoadMS()
-		if hints {
-			info.ControlEndpoint = "tcp://twin-worker-" + strconv.Itoa(i+1) + ":1"
-			info.HintCapable = true
-		}
-		if err := r.AddWorker(info); err != nil {
-			return nil, fmt.Errorf("twin: %w", err)
-		}
-	}
-	if cfg.Concurrency > 0 {
-		for range min(cfg.Concurrency, len(wl.Requests)) {
-			t.issue = append(t.issue, 0)
+		if err := t.addCore(i, hints, kvMode); err != nil {
+			return nil, err
 		}
 	}
 	return t, nil
 }
 
-// nextArrival is when the next request is issued, if any is left.
-func (t *twin) nextArrival() (int64, bool) {
-	if t.cfg.Concurrency == 0 && t.next == t.cachedNext {
-		return t.cachedAt, t.cachedOK
+// addCore builds worker i's sim core (its role's shape with P/D, fed to
+// the index in kv modes) and adds it to the router.
+func (t *twin) addCore(i int, hints, kvMode bool) error {
+	cfg := t.cfg
+	sc := sim.DefaultConfig()
+	sc.Model = model
+	sc.BlockSize, sc.Blocks = cfg.BlockSize, cfg.Blocks
+	sc.MaxBatchedTokens, sc.MaxSeqs = cfg.MaxBatchedTokens, cfg.MaxSeqs
+	sc.Worker = kv.WorkerKey{Instance: uint64(i + 1)}
+	sc.OmitEventTokens = true
+	sc.SpeedupRatio = 0
+	sc.TransferBandwidth = cfg.TransferBandwidth
+	sc.TransferBytesPerBlock = cfg.TransferBytesPerBlock
+	if cfg.KVBM != nil {
+		// Real bytes move through the tiers.
+		sc.KVBM = cfg.KVBM.sim(t.vc)
 	}
-	at, ok := t.computeNextArrival()
-	if t.cfg.Concurrency == 0 {
-		t.cachedNext, t.cachedAt, t.cachedOK = t.next, at, ok
+	if hints {
+		sc.Fetcher = t.fetch
+	} else if cfg.KVBM == nil {
+		// Payload bytes are only ever read by a peer fetch; without
+		// hints, skip filling them for every stored block.
+		sc.Layers = 0
 	}
-	return at, ok
-}
-
-func (t *twin) computeNextArrival() (int64, bool) {
-	if t.next >= len(t.wl.Requests) {
-		return 0, false
-	}
-	if t.cfg.Concurrency > 0 {
-		if t.head < len(t.issue) {
-			return t.issue[t.head], true
-		}
-		return 0, false
-	}
-	ms := float64(t.wl.Requests[t.next].TimestampMS - t.ts0)
-	return int64(time.Duration(ms * float64(time.Millisecond) / t.cfg.ArrivalSpeedup)), true
-}
-
-// loop handles events in time order: the earliest of the next arrival and
-// the active workers' next events, an arrival first on ties, then the
-// lowest-numbered worker. Once a worker's event is due it keeps handling
-// its own events while they come before every other one (by the same
-// order), which saves a scan of the fleet per pass and handles exactly the
-// same sequence of events.
-func (t *twin) loop(ctx context.Context) error {
-	for {
-		if err := t.tick(ctx); err != nil {
-			return err
-		}
-		cw, cat := -1, int64(0)
-		for i := range t.ws {
-			if w := &t.ws[i]; w.active && (cw < 0 || w.atNS < cat) {
-				cw, cat = i, w.atNS
-			}
-		}
-		// P/D handoffs (decode legs reaching their cores) come after
-		// arrivals and before worker events on ties.
-		var hat int64
-		var hok bool
-		if t.pd != nil {
-			hat, hok = t.pd.nextHandoff()
-		}
-		// Arrivals first on ties, so a burst lands in one pass.
-		arr, ok := t.nextArrival()
-		if ok && (cw < 0 || arr <= cat) && (!hok || arr <= hat) {
-			if err := t.arrive(ctx, arr); err != nil {
-				return err
-			}
-			continue
-		}
-		if hok && (cw < 0 || hat <= cat) {
-			if err := t.handoffEvent(); err != nil {
-				return err
-			}
-			continue
-		}
-		if cw < 0 {
-			return nil
-		}
-		// cw's events stay next while they come before the arrival and
-		// before (lower-numbered workers) or not after (higher-numbered)
-		// every other worker's next event: no other worker's time changes
-		// meanwhile, and only a closed loop's completions add arrivals.
-		limit := int64(math.MaxInt64)
-		if ok {
-			limit = arr
-		}
-		if hok {
-			limit = min(limit, hat)
-		}
-		for i := range t.ws {
-			if w := &t.ws[i]; w.active && i != cw {
-				l := w.atNS
-				if i > cw {
-					l++
-				}
-				limit = min(limit, l)
-			}
-		}
-		wk := &t.ws[cw]
-		for {
-			if err := t.workerEvent(cw); err != nil {
-				return err
-			}
-			if !wk.active || wk.atNS >= limit {
-				break
-			}
-			if t.cfg.Concurrency > 0 {
-				if arr, ok := t.nextArrival(); ok && arr <= wk.atNS {
-					break
-				}
-			}
-			if t.pd != nil {
-				// A prefill's end may have scheduled an earlier handoff.
-				if hat, ok := t.pd.nextHandoff(); ok && hat <= wk.atNS {
-					break
-				}
-			}
-			if err := t.tick(ctx); err != nil {
-				return err
-			}
-		}
-	}
-}
-
-// tick counts an event and checks ctx every 1024 of them.
-func (t *twin) tick(ctx context.Context) error {
-	t.iter++
-	if t.iter&1023 == 1 {
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("twin: %w", err)
-		}
-	}
-	return nil
-}
-
-// advance sets the twin's time (events are handled in time order, so it
-// never goes back).
-func (t *twin) advance(now int64) {
-	if now > t.now {
-		t.now = now
-	}
-}
-
-// at is the instant ns after the twin's start.
-func (t *twin) at(ns int64) time.Time { return t.t0.Add(time.Duration(ns)) }
-
-// syncClock brings the router's virtual clock to the twin's time; called
-// before the router reads it (Route, UpdateLoad) rather than at every event.
-func (t *twin) syncClock() {
-	if t.now != t.vcNow {
-		t.vc.AdvanceTo(t.at(t.now))
-		t.vcNow = t.now
-	}
-}
-
-// arrive routes trace request t.next at atNS and hands it to its worker.
-func (t *twin) arrive(ctx context.Context, atNS int64) error {
-	i := t.next
-	t.next++
-	if t.cfg.Concurrency > 0 {
-		t.head++
-	}
-	t.advance(atNS)
-	at := t.at(atNS)
-	if t.firstAt.IsZero() {
-		t.firstAt = at
-	}
-	rq := &t.wl.Requests[i]
-	plen := trace.TokenLen(rq, t.wl.TraceBlockSize)
-	if plen == 0 {
-		t.reject(&t.res.RejectedInvalid, atNS, fmt.Sprintf("trace line %d: empty prompt", rq.Line))
-		return nil
-	}
-	rr := router.Request{Model: model}
-	if t.ph != nil {
-		rr.Local, rr.PromptLen = t.ph.local(rq, plen), plen
-	} else {
-		t.tok = appendTokens(t.tok[:0], rq, t.wl.TraceBlockSize)
-		rr.Tokens = t.tok
-	}
-	t.syncClock()
+	info := router.WorkerInfo{Key: sc.Worker, Model: model, BlockSize: cfg.BlockSize,
+		KVBlocks: cfg.Blocks, MaxBatchedTokens: cfg.MaxBatchedTokens}
 	if t.pd != nil {
-		from := kv.NumFullBlocks(plen, t.cfg.BlockSize) * t.cfg.BlockSize
-		if t.ph != nil {
-			t.tok = t.ph.appendTail(t.tok[:0], rq, from, plen)
-		} else {
-			rr.Local = kv.LocalHashes(nil, t.tok, t.cfg.BlockSize, kv.Seed("", ""))
-			rr.Tokens, rr.PromptLen = nil, plen
-			t.tok = t.tok[from:]
+		t.setupCore(i, &sc, &info, hints)
+		if sc.Role == kv.RoleDecode {
+			sc.KVBM = nil // KVBM runs on the prefill side only
 		}
-		return t.arrivePD(ctx, i, atNS, plen, rr, t.carveTail(t.tok))
 	}
-	d, err := t.r.Route(ctx, rr)
+	core, err := sim.NewCore(sc)
 	if err != nil {
-		var be *kv.BusyError
-		if errors.As(err, &be) {
-			t.reject(&t.res.RejectedBusy, atNS+int64(be.RetryAfter), "")
-			return nil
-		}
-		return fmt.Errorf("twin: route trace line %d: %w", rq.Line, err)
+		return fmt.Errorf("twin: worker %d: %w", i+1, err)
 	}
-	w := int(d.Worker.Instance) - 1
-	if w < 0 || w >= len(t.ws) {
-		d.Done()
-		return fmt.Errorf("twin: router chose unknown worker %v", d.Worker)
+	if kvMode {
+		ix := t.ix
+		// Apply copies what it keeps, so the core may reuse the batch.
+		core.SetTransientEventSink(func(batch []kv.Event) {
+			ix.ApplyBatch(batch)
+			t.res.IndexEvents += uint64(len(batch))
+		})
 	}
-	from := len(d.Local) * t.cfg.BlockSize
-	if t.ph != nil {
-		t.tok = t.ph.appendTail(t.tok[:0], rq, from, plen)
-	} else {
-		t.tok = t.tok[from:]
+	t.ws[i] = worker{core: core, key: sc.Worker}
+	info.Digest = core.Config().Digest
+	info.TierLoad = core.TierLoadMS()
+	if hints {
+		info.ControlEndpoint = "tcp://twin-worker-" + strconv.Itoa(i+1) + ":1"
+		info.HintCapable = true
 	}
-	tail := t.carveTail(t.tok)
-	st := &t.reqs[i]
-	st.er = engine.Request{ID: strconv.Itoa(rq.Line), Sampling: kv.Sampling{MaxTokens: max(rq.OutputLength, 1), Seed: rng64(t.cfg.Seed, i)}}
-	t.hint = d.Hint
-	if d.Hint != nil {
-		t.res.Hints.Hints++
-		t.res.Hints.PlannedBlocks += int64(len(d.Hint.Hashes) - int(d.Overlap[kv.NumTiers-1]))
-	}
-	s, err := t.ws[w].core.AddPrompt(&st.er, sim.Prompt{Len: plen, Local: d.Local, Tail: tail, Seq: d.Seq}, at)
-	t.hint = nil
-	if err != nil {
-		d.Done()
-		t.reject(&t.res.RejectedInvalid, atNS, err.Error())
-		return nil
-	}
-	st.dec, st.seq, st.arrival = d, s, at
-	s.Tag = st
-	t.predicted += int64(d.CachedTokens)
-	if wk := &t.ws[w]; !wk.active {
-		wk.active, wk.pending, wk.at, wk.atNS = true, false, at, atNS
+	if err := t.r.AddWorker(info); err != nil {
+		return fmt.Errorf("twin: %w", err)
 	}
 	return nil
-}
-
-// reject counts a request that was not served; a closed-loop client issues
-// its next request at retry.
-func (t *twin) reject(counter *int, retry int64, why string) {
-	*counter++
-	if why != "" && len(t.res.RejectReasons) < 10 {
-		t.res.RejectReasons = append(t.res.RejectReasons, why)
-	}
-	if t.cfg.Concurrency > 0 {
-		t.issue = append(t.issue, retry)
-	}
-}
-
-// carveTail copies a prompt's partial last block into the tail slab: the
-// sim keeps the slice until the request ends.
-func (t *twin) carveTail(src []kv.Token) []kv.Token {
-	if len(src) == 0 {
-		return nil
-	}
-	if cap(t.tails)-len(t.tails) < len(src) {
-		t.tails = make([]kv.Token, 0, max(64<<10, len(src)))
-	}
-	n := len(t.tails)
-	t.tails = append(t.tails, src...)
-	return t.tails[n:len(t.tails):len(t.tails)]
-}
-
-// workerEvent handles worker w's next event: the end of its pending pass
-// (outputs reach the router at that time), then the start of the next.
-func (t *twin) workerEvent(w int) error {
-	wk := &t.ws[w]
-	now, nowNS := wk.at, wk.atNS
-	t.advance(nowNS)
-	if wk.pending {
-		wk.pending = false
-		if res := wk.res; res.FirstTokens > 0 || res.Finished > 0 {
-			t.handle(res, now, nowNS)
-		}
-	}
-	if wk.core.Idle() {
-		wk.active = false
-	} else {
-		res := wk.core.Step(now)
-		if res.Seqs == 0 && res.Loading > 0 {
-			// Only onboarding in flight: step again when it lands.
-			wk.stalls = 0
-			wk.at, wk.atNS = res.End, nowNS+int64(res.Duration)
-		} else if res.Seqs == 0 {
-			// Nothing fits right now; only pinned blocks could cause it.
-			if wk.stalls++; wk.stalls > stallLimit {
-				return fmt.Errorf("twin: worker %d scheduled nothing for %d passes", w+1, stallLimit)
-			}
-			wk.at, wk.atNS = now.Add(time.Millisecond), nowNS+int64(time.Millisecond)
-		} else {
-			wk.stalls = 0
-			// res.End is now + res.Duration.
-			wk.res, wk.pending, wk.at, wk.atNS = res, true, res.End, nowNS+int64(res.Duration)
-			t.res.Passes++
-		}
-	}
-	if !wk.active || !wk.reported || nowNS-wk.lastNS >= int64(t.cfg.LoadInterval) {
-		st := wk.core.Stats()
-		t.syncClock()
-		t.r.UpdateLoad(wk.key, st.UsedBlocks, st.TotalBlocks, st.Running, st.Waiting)
-		if t.cfg.KVBM != nil {
-			t.r.UpdateOnboarding(wk.key, wk.core.OnboardBacklog(now))
-		}
-		wk.lastNS, wk.reported = nowNS, true
-	}
-	return nil
-}
-
-// handle delivers a finished pass's first tokens and completions.
-func (t *twin) handle(res *sim.StepResult, now time.Time, nowNS int64) {
-	for i := range res.Outputs {
-		o := &res.Outputs[i]
-		if !o.First && o.Finish == kv.FinishNone {
-			continue
-		}
-		st, ok := o.Seq.Tag.(*request)
-		if !ok {
-			if p, ok := o.Seq.Tag.(*pdReq); ok && o.Finish != kv.FinishNone {
-				t.prefillDone(p, o, now, nowNS)
-			}
-			continue
-		}
-		if o.First {
-			st.dec.FirstToken()
-		}
-		if o.Finish != kv.FinishNone {
-			st.dec.Done()
-			t.complete(st, now, nowNS)
-		}
-	}
-}
-
-func (t *twin) complete(st *request, now time.Time, nowNS int64) {
-	m := st.seq.Metrics()
-	ttft := m.FirstToken.Sub(st.arrival)
-	e2e := m.Finished.Sub(st.arrival)
-	t.ttft = append(t.ttft, ms(ttft))
-	t.e2e = append(t.e2e, ms(e2e))
-	if m.OutputTokens > 1 {
-		t.itl = append(t.itl, ms(e2e-ttft)/float64(m.OutputTokens-1))
-	}
-	hm := m // the leg that computed the prompt
-	if st.pd != nil {
-		if st.pd.preSeq != st.seq {
-			t.decodeDone(st.pd, m)
-			hm = st.pd.preSeq.Metrics()
-			t.res.Preemptions += int64(hm.Preemptions)
-		}
-		st.pd = nil
-	}
-	peers := min(hm.FetchedTokens, hm.CachedTokens)
-	h := &t.res.Hit
-	h.PromptTokens += int64(hm.PromptTokens)
-	h.DeviceTokens += int64(hm.CachedTokens - peers - hm.HostTokens - hm.DiskTokens - hm.ObjectTokens)
-	h.PeerTokens += int64(peers)
-	h.HostTokens += int64(hm.HostTokens)
-	h.DiskTokens += int64(hm.DiskTokens)
-	h.ObjectTokens += int64(hm.ObjectTokens)
-	t.res.OutputTokens += int64(m.OutputTokens)
-	t.res.Requests++
-	t.res.Preemptions += int64(m.Preemptions)
-	if now.After(t.lastFin) {
-		t.lastFin = now
-	}
-	st.dec, st.seq = nil, nil // let the GC have them
-	if t.cfg.Concurrency > 0 {
-		t.issue = append(t.issue, nowNS)
-	}
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// fetch is every core's Fetcher in kv+hints mode: when the request being
-// added carries a hint, it copies the hinted blocks the target lacks from
-// the source core — pinned while read, payloads checksummed as a transfer
-// would send them, verified byte for byte by the target's Insert.
-func (t *twin) fetch(_ context.Context, _ *engine.Request, m sim.Missing, into sim.Inserter) error {
-	h := t.hint
-	if h == nil || len(m.Seq) == 0 {
-		return nil
-	}
-	hs := &t.res.Hints
-	src := int(h.Source.Instance) - 1
-	if src < 0 || src >= len(t.ws) {
-		hs.Errors++
-		return fmt.Errorf("twin: hint names unknown source %v", h.Source)
-	}
-	end := min(len(h.Hashes), m.Start+len(m.Seq))
-	if end <= m.Start {
-		hs.Misses++ // the target already holds all the source has
-		return nil
-	}
-	// The hint names the source's blocks by its engine hashes; among sims
-	// those are the prompt's sequence hashes.
-	if h.Hashes[m.Start] != sim.EngineHash(m.Seq[0]) {
-		hs.Errors++
-		return fmt.Errorf("twin: hint block %d is %016x, the prompt's is %016x", m.Start, h.Hashes[m.Start], m.Seq[0])
-	}
-	t.pin = t.pin[:0]
-	for _, e := range h.Hashes[:end] {
-		t.pin = append(t.pin, sim.SeqOf(e))
-	}
-	core := t.ws[src].core
-	held, release := core.Pin(t.pin)
-	defer release()
-	end = min(end, held)
-	if end <= m.Start {
-		hs.Misses++ // the source evicted them since it reported them
-		return nil
-	}
-	n, payload, err := t.copyBlocks(src, m, end-m.Start, into)
-	hs.FetchedBlocks += int64(n)
-	hs.ModelledBytes += int64(n) * t.cfg.TransferBytesPerBlock
-	hs.PayloadBytes += int64(payload)
-	if err != nil {
-		hs.Errors++
-	}
-	return err
-}
-
-// copyBlocks copies the first nb blocks of m from worker src's core into
-// into: each layer's payload read, checksummed as a transfer would send it
-// and verified byte for byte by Insert. It returns the blocks inserted and
-// the payload bytes they carried.
-func (t *twin) copyBlocks(src int, m sim.Missing, nb int, into sim.Inserter) (int, int, error) {
-	core := t.ws[src].core
-	sc := core.Config()
-	layers, psize := sc.Layers, sc.PayloadSize
-	if need := nb * layers * psize; cap(t.pbuf) < need {
-		t.pbuf = make([]byte, need)
-	}
-	if cap(t.sums) < nb*layers {
-		t.sums = make([]uint64, nb*layers)
-		t.lay = make([][]byte, nb*layers)
-	}
-	t.blks = t.blks[:0]
-	for b := 0; b < nb; b++ {
-		seq := m.Seq[b]
-		for l := 0; l < layers; l++ {
-			k := b*layers + l
-			buf := t.pbuf[k*psize : (k+1)*psize]
-			if _, err := core.ReadPayload(seq, l, buf); err != nil {
-				return 0, 0, fmt.Errorf("twin: read block from worker %d: %w", src+1, err)
-			}
-			t.sums[k] = kv.Checksum(buf)
-			t.lay[k] = buf
-		}
-		t.blks = append(t.blks, sim.BlockData{Local: m.Local[b], Seq: seq,
-			Layers: t.lay[b*layers : (b+1)*layers], Sums: t.sums[b*layers : (b+1)*layers]})
-	}
-	n, err := into.Insert(sim.Chain{HasParent: m.HasParent, Parent: m.Parent, Blocks: t.blks})
-	if err != nil {
-		err = fmt.Errorf("twin: insert blocks from worker %d: %w", src+1, err)
-	}
-	return n, n * layers * psize, err
-}
-
-// finishResult turns the collected samples into the Result.
-func (t *twin) finishResult() {
-	r := &t.res
-	r.TTFT, r.ITL, r.E2E = newDist(t.ttft), newDist(t.itl), newDist(t.e2e)
-	r.TTFTSamples, r.ITLSamples = t.ttft, t.itl
-	r.Rejected = r.RejectedBusy + r.RejectedInvalid
-	if !t.lastFin.IsZero() {
-		r.SimSeconds = t.lastFin.Sub(t.firstAt).Seconds()
-	}
-	if r.SimSeconds > 0 {
-		r.OutputTokPerS = float64(r.OutputTokens) / r.SimSeconds
-		r.ReqPerS = float64(r.Requests) / r.SimSeconds
-	}
-	h := &r.Hit
-	if h.PromptTokens > 0 {
-		p := float64(h.PromptTokens)
-		h.Device = float64(h.DeviceTokens) / p
-		h.Peers = float64(h.PeerTokens) / p
-		h.Host, h.Disk, h.Object = float64(h.HostTokens)/p, float64(h.DiskTokens)/p, float64(h.ObjectTokens)/p
-		h.Total = float64(h.DeviceTokens+h.PeerTokens+h.HostTokens+h.DiskTokens+h.ObjectTokens) / p
-		r.PredictedHit = float64(t.predicted) / p
-	}
-	t.finishPD()
-	for i := range t.ws {
-		c := t.ws[i].core.Counters()
-		r.EvictedBlocks += int64(c.EvictedBlocks)
-		r.FetchErrors += int64(c.FetchErrors)
-	}
 }

@@ -1,0 +1,67 @@
+package router
+
+import (
+	"math"
+	"slices"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// scorer is the stage that prices the candidates a request's filters
+// left: it sets s.cost[j] for worker s.cand[j], lower is better.
+type scorer interface {
+	score(s *selection)
+}
+
+// costScorer prices candidates with the request's cost model (s.cm),
+// whose kind picks the overlap (block) cost or the time cost.
+type costScorer struct{}
+
+func (costScorer) score(s *selection) {
+	s.cost = slices.Grow(s.cost[:0], len(s.cand))[:len(s.cand)]
+	price := overlapCost
+	if s.cm.Kind == CostTime {
+		price = timeCost
+	}
+	for j, i := range s.cand {
+		s.cost[j] = price(s, i)
+	}
+}
+
+// overlapCost is the CostBlocks price of pool worker i (CostModel.cost).
+func overlapCost(s *selection, i int) float64 {
+	isl := float64(s.req.promptLen())
+	charge := isl // prompt tokens charged as prefill
+	if s.req.NoPrefillCharge {
+		charge = 0
+	}
+	return s.cm.cost(s.depth[i], s.p.workers[i].load, s.seq, isl, charge, s.p.blockSize)
+}
+
+// timeCost is the CostTime price of pool worker i (CostModel.timeCost).
+func timeCost(s *selection, i int) float64 {
+	w := s.p.workers[i]
+	in := costInput{depth: s.depth[i], load: w.load, timing: w.info.Timing.orDefault(),
+		budget: w.info.MaxBatchedTokens, kvCap: w.info.KVBlocks, blockSz: s.p.blockSize,
+		usage: s.r.reportedUsage(w.load, s.now), noCharge: s.req.NoPrefillCharge, tierMS: w.info.TierLoad}
+	if in.tierMS != (TierLoad{}) {
+		in.backlogMS = w.load.backlogMS(s.now)
+	}
+	if in.budget <= 0 {
+		in.budget = defaultPassBudget
+	}
+	return s.cm.timeCost(&in, s.seq, float64(s.req.promptLen()))
+}
+
+// cost is the DESIGN.md §5 cost of routing a request with isl tokens and
+// prompt blocks seq to a worker with cumulative overlap depth and load l;
+// charge is how many of the prompt's tokens count as prefill (isl, or 0
+// for a decode leg whose KV arrives from elsewhere).
+func (m *CostModel) cost(depth [kv.NumTiers]uint32, l *load, seq []kv.SeqHash, isl, charge float64, blockSize int) float64 {
+	prefill := max((float64(l.prefillTokens)+charge)/float64(blockSize)-m.credit(depth), 0)
+	// Decode blocks: what is active now plus what this request would add
+	// (its blocks already active on the worker are shared, not new).
+	reqBlocks := math.Ceil(isl / float64(blockSize))
+	decode := float64(l.uniqueBlocks()) + reqBlocks - float64(l.activePrefix(seq))
+	return m.PrefillScale*prefill + decode
+}

@@ -1,0 +1,93 @@
+package router
+
+import (
+	"slices"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// profile is a mode as a named sequence of stages: filters narrow the pool
+// to the request's candidates, a scorer prices them (nil: the picker needs
+// no price), a picker chooses one. A new stage (an admission filter, a
+// queue-aware scorer) is a new value in a profile, not a branch in route.
+type profile struct {
+	filters []filter
+	scorer  scorer
+	picker  picker
+}
+
+// baseFilters are every mode's filters, in the order their reasons take
+// precedence when one worker fails several.
+var baseFilters = []filter{adapterFilter{}, decodeOnlyFilter{}, exclusionFilter{}, busyFilter{}}
+
+// profileOf is mode m's profile.
+func profileOf(m Mode) profile {
+	switch m {
+	case ModeRoundRobin:
+		return profile{filters: baseFilters, picker: roundRobin{}}
+	case ModeRandom:
+		return profile{filters: baseFilters, picker: uniformPick{}}
+	}
+	return profile{filters: baseFilters, scorer: costScorer{}, picker: costPick{}}
+}
+
+// selection is one request's pass through the stages: what they read, and
+// the working memory they fill. Pooled, so Route does not allocate it.
+type selection struct {
+	r   *Router
+	p   *pool
+	req Request
+	seq []kv.SeqHash // the prompt's full blocks
+	now time.Time
+	cm  *CostModel // the request's cost model
+
+	matches []Match               // the index's, sorted by worker
+	depth   [][kv.NumTiers]uint32 // per pool worker: cumulative cached prefix
+	cand    []int                 // pool indices still eligible
+	cost    []float64             // per candidate, from the scorer
+}
+
+// release drops the selection's references before it goes back to the
+// pool.
+func (s *selection) release() {
+	s.r, s.p, s.req, s.seq, s.cm = nil, nil, Request{}, nil, nil
+}
+
+// choose runs r's profile over s.p and returns the index in the pool of
+// the worker to use. Called with r.mu held.
+func (r *Router) choose(s *selection) (int, error) {
+	s.mergeDepth()
+	if err := s.filter(r.prof.filters); err != nil {
+		return 0, err
+	}
+	if r.prof.scorer != nil {
+		r.prof.scorer.score(s)
+	}
+	return r.prof.picker.pick(s), nil
+}
+
+// mergeDepth merges the sorted matches with the sorted pool into s.depth.
+// Each depth is clamped to the request and made cumulative, so a
+// misbehaving index cannot credit blocks the request lacks. A worker that
+// does not serve the request's adapter gets none, so it is no hint source
+// either, nor does any worker when the request earns no overlap credit.
+func (s *selection) mergeDepth() {
+	nw := len(s.p.workers)
+	s.depth = slices.Grow(s.depth[:0], nw)[:nw]
+	mi := 0
+	for i, w := range s.p.workers {
+		for mi < len(s.matches) && cmpKey(s.matches[mi].Worker, w.info.Key) < 0 {
+			mi++
+		}
+		s.depth[i] = [kv.NumTiers]uint32{}
+		if mi == len(s.matches) || s.matches[mi].Worker != w.info.Key || s.req.NoOverlapCredit || !servesAdapter(w, s.req.LoRA) {
+			continue
+		}
+		var prev uint32
+		for t, v := range s.matches[mi].Depth {
+			prev = max(prev, min(v, uint32(len(s.seq))))
+			s.depth[i][t] = prev
+		}
+	}
+}
