@@ -104,7 +104,7 @@ func TestPerWorkerSeries(t *testing.T) {
 		}
 	}
 	// The dashboard's status lists both ranks.
-	b, _ := json.Marshal(cl.FleetStatus())
+	b, _ := json.Marshal(cl.FleetStatus(true))
 	if s := string(b); strings.Count(s, `"instance":"`+inst+`"`) != 2 || !strings.Contains(s, `"state":"ready"`) {
 		t.Fatalf("status %s", s)
 	}

@@ -13,7 +13,7 @@ func TestAPIKeyFlags(t *testing.T) {
 	t.Setenv(apiKeysEnv, "")
 	dir := t.TempDir()
 	file := filepath.Join(dir, "keys")
-	if err := os.WriteFile(file, []byte("# keys\nsk-a\nsk-b\n"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte("# keys\nsk-a-0123456789abcdef\nsk-b-0123456789abcdef\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	af := authFlags{apiKeyFile: file}
@@ -21,7 +21,7 @@ func TestAPIKeyFlags(t *testing.T) {
 	if err != nil || k.Len() != 2 {
 		t.Fatalf("%v %v", k, err)
 	}
-	t.Setenv(apiKeysEnv, "sk-c,sk-d")
+	t.Setenv(apiKeysEnv, "sk-c-0123456789abcdef,sk-d-0123456789abcdef")
 	if k, err = af.apiKeys(); err != nil || k.Len() != 4 {
 		t.Fatalf("file and env: %v %v", k, err)
 	}
