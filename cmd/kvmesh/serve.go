@@ -52,12 +52,12 @@ type frontendFlags struct {
 	localPrefillRatio  float64
 	// ln is --listen bound early (serve checks the port before starting
 	// anything else); nil: startFrontendOn binds it.
-	ln    net.Listener
+	ln net.Listener
 	// timeouts bound slow clients at the front door.
 	timeouts frontend.Timeouts
 	auth     authFlags
-	fleet fleetFlags
-	tls   tlsFlags
+	fleet    fleetFlags
+	tls      tlsFlags
 	// tracer traces requests when OTEL_* asks for it (tracing.go); nil: off.
 	tracer trace.Tracer
 }
