@@ -38,6 +38,10 @@ type BPE struct {
 	// first byte and longest first (leftmost-longest matching).
 	addedByFirst [256][]addedToken
 	specialIDs   map[string]uint32
+	// longest is the most bytes one token covers, specialFirst the bytes
+	// a special token starts with (setAdded sets both).
+	longest      int
+	specialFirst string
 }
 
 type addedToken struct {
@@ -114,13 +118,17 @@ func (t *BPE) EncodeWithSpecial(text string) []uint32 {
 // that stops once the text has yielded more than max tokens (max ≤ 0: no
 // limit): a prompt past the context limit costs the work of max tokens,
 // not of its whole length. done is false when it stopped; ids then hold
-// more than max tokens of the text's start.
+// the tokens of the text's start read so far (none when its length alone
+// told).
 func (t *BPE) EncodeUpTo(text string, special bool, max int) (ids []uint32, done bool) {
 	// One state per call, not per segment: the splitter's callback escapes,
 	// so whatever it captures is a heap allocation each time it is made.
 	capacity := len(text)/4 + 4
 	if max > 0 {
 		capacity = min(capacity, max+maxPieceBytes)
+	}
+	if max > 0 && t.surelyOver(text, max) {
+		return nil, false
 	}
 	e := &encodeState{t: t, out: make([]uint32, 0, capacity), max: max}
 	e.yield = e.piece
@@ -151,6 +159,25 @@ func (t *BPE) EncodeUpTo(text string, special bool, max int) (ids []uint32, done
 	return e.out, !e.full()
 }
 
+// surelyOver reports, from its length alone, that text yields more than max
+// tokens. A huge prompt is refused without even being split.
+func (t *BPE) surelyOver(text string, max int) bool {
+	return t.lengthOver(len(text)-strings.Count(text, "\xff"), max) // Defuse's marks are no text
+}
+
+// lengthOver reports that any text of n bytes yields more than max tokens:
+// no token covers more than t.longest bytes, and NFC shrinks text at most
+// threefold (Hangul jamo to a syllable).
+func (t *BPE) lengthOver(n, max int) bool {
+	if t.longest <= 0 || max <= 0 {
+		return false
+	}
+	if t.normalize != nil {
+		n /= 3
+	}
+	return n/t.longest > max
+}
+
 // defuseMark follows the first byte of a special token's text that came
 // from a user (Defuse): no valid UTF-8 holds it, so it cannot come from
 // JSON text, and the special-token matcher then reads plain text there.
@@ -168,6 +195,12 @@ func (t *BPE) Defuse(s string) string {
 	var b []byte
 	last := 0
 	for i := 0; i < len(s); {
+		// Jump to the next byte a special token starts with ("<" mostly).
+		next := strings.IndexAny(s[i:], t.specialFirst)
+		if next < 0 {
+			break
+		}
+		i += next
 		a, ok := t.specialAt(s, i)
 		if !ok {
 			i++
@@ -478,6 +511,9 @@ func (t *BPE) bytePairMergeHeap(out []uint32, piece string, s *mergeScratch) []u
 
 // setAdded installs the added tokens (special or not) for text matching.
 func (t *BPE) setAdded(tokens []addedToken) {
+	for _, p := range t.pieces {
+		t.longest = max(t.longest, len(p))
+	}
 	t.specialIDs = make(map[string]uint32, len(tokens))
 	for i := range t.addedByFirst {
 		t.addedByFirst[i] = nil
@@ -488,6 +524,9 @@ func (t *BPE) setAdded(tokens []addedToken) {
 		}
 		t.specialIDs[a.content] = a.id
 		f := a.content[0]
+		if a.special && strings.IndexByte(t.specialFirst, f) < 0 {
+			t.specialFirst += string(rune(f))
+		}
 		t.addedByFirst[f] = append(t.addedByFirst[f], a)
 	}
 	for i := range t.addedByFirst {

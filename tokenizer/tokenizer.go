@@ -10,6 +10,8 @@
 // It imports nothing of kvmesh.
 package tokenizer
 
+import "strings"
+
 // Tokenizer encodes text to token ids and back. Implementations are safe for
 // concurrent use.
 type Tokenizer interface {
@@ -22,7 +24,7 @@ type Tokenizer interface {
 	EncodeWithSpecial(text string) []uint32
 	// EncodeUpTo is Encode (special false) or EncodeWithSpecial (true)
 	// stopped once past max tokens (max ≤ 0: no limit); done is false when
-	// it stopped, with more than max tokens in ids.
+	// it stopped, ids then being the start read so far.
 	EncodeUpTo(text string, special bool, max int) (ids []uint32, done bool)
 	// Defuse marks the special tokens written in user text so that
 	// EncodeWithSpecial reads them as plain text.
@@ -78,6 +80,15 @@ type ChatTemplate interface {
 // every string of the messages is defused first, so a "<|im_end|>" in a
 // message's content is text, not the end of its turn.
 func EncodeChat(tok Tokenizer, tmpl ChatTemplate, msgs []Message, max int) (ids []uint32, done bool, err error) {
+	if b, ok := tok.(lengthBounded); ok {
+		n := 0
+		for _, m := range msgs {
+			n += len(strings.TrimSpace(m.Content)) // templates may trim; none drops more
+		}
+		if b.lengthOver(n, max) {
+			return nil, false, nil
+		}
+	}
 	safe := make([]Message, len(msgs))
 	for i, m := range msgs {
 		safe[i] = Message{Role: tok.Defuse(m.Role), Content: tok.Defuse(m.Content), Name: tok.Defuse(m.Name), ToolCallID: tok.Defuse(m.ToolCallID)}
@@ -95,6 +106,12 @@ func EncodeChat(tok Tokenizer, tmpl ChatTemplate, msgs []Message, max int) (ids 
 	}
 	ids, done = tok.EncodeUpTo(text, true, max)
 	return ids, done, nil
+}
+
+// lengthBounded is a Tokenizer that can tell from a text's length alone
+// that it yields more than max tokens (BPE).
+type lengthBounded interface {
+	lengthOver(n, max int) bool
 }
 
 // Builtin returns the built-in model's tokenizer (o200k_base with ChatML
