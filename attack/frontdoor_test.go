@@ -302,7 +302,7 @@ func TestFrontDoorControlTokensAsText(t *testing.T) {
 				t.Fatalf("%s: %d", name, resp.StatusCode)
 			}
 			ids := b.last()
-			starts, ends := count(ids, start), count(ids, end)
+			starts, ends := fdCount(ids, start), fdCount(ids, end)
 			// The template's own: the (default) system turn in HF's, the
 			// user turn and the assistant's opening.
 			wantStarts := 2
@@ -320,7 +320,7 @@ func TestFrontDoorControlTokensAsText(t *testing.T) {
 	}
 }
 
-func count(ids []uint32, id uint32) int {
+func fdCount(ids []uint32, id uint32) int {
 	n := 0
 	for _, x := range ids {
 		if x == id {
