@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -222,11 +223,18 @@ func (fl *testFleet) startWorker() *workerProc {
 	return w
 }
 
+// chaosAdminKey is the frontends' admin key: /debug/kv-index needs it.
+const chaosAdminKey = "chaos-admin-key-0123456789"
+
 func (fl *testFleet) startFrontend() *frontendProc {
 	t := fl.t
 	t.Helper()
+	adminKeys := filepath.Join(t.TempDir(), "admin-keys")
+	if err := os.WriteFile(adminKeys, []byte(chaosAdminKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	p := testutil.Start(t, "kvmesh frontend", fl.bin, nil, "frontend", "--nats", fl.natsURL(), "--listen", "127.0.0.1:0",
-		"--model", model, "--router-replica-sync", "--router-temperature", "0.5", "--log-level", "warn")
+		"--model", model, "--router-replica-sync", "--router-temperature", "0.5", "--log-level", "warn", "--admin-key-file", adminKeys)
 	f := &frontendProc{Proc: p, base: p.Expect(frontendLine, 30*time.Second)[1]}
 	fl.scr.add("frontend "+f.base, f.base+"/metrics", &f.dead)
 	fl.mu.Lock()
@@ -367,7 +375,12 @@ func (fl *testFleet) diverged() (n, held int, why string, err error) {
 	}
 	var whys []string
 	for _, f := range fl.liveFrontends() {
-		resp, err := http.Get(f.base + "/debug/kv-index")
+		req, err := http.NewRequest("GET", f.base+"/debug/kv-index", nil)
+		if err != nil {
+			return 0, 0, "", err
+		}
+		req.Header.Set("Authorization", "Bearer "+chaosAdminKey)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return 0, 0, "", err
 		}

@@ -141,7 +141,7 @@ type WorkerStatus struct {
 	Instance string  `json:"instance"`
 	DPRank   uint32  `json:"dp_rank"`
 	Role     kv.Role `json:"role"`
-	GRPC     string  `json:"grpc"`
+	GRPC     string  `json:"grpc,omitempty"`
 	// Engine is the engine kind the worker registered (sim, vllm, …).
 	Engine string `json:"engine,omitempty"`
 	// Hints: the worker takes KV hints or serves its blocks to peers.
@@ -323,7 +323,14 @@ type FleetStatus struct {
 }
 
 // FleetStatus reports every worker the frontend knows, with its latest
-// load and what this frontend sent it (the dashboard's data).
-func (c *Cluster) FleetStatus() any {
-	return FleetStatus{Workers: c.stats.status()}
+// load and what this frontend sent it (the dashboard's data); without
+// addresses, the workers' gRPC addresses are left out.
+func (c *Cluster) FleetStatus(addresses bool) any {
+	ws := c.stats.status()
+	if !addresses {
+		for i := range ws {
+			ws[i].GRPC = ""
+		}
+	}
+	return FleetStatus{Workers: ws}
 }

@@ -104,8 +104,13 @@ func TestPerWorkerSeries(t *testing.T) {
 		}
 	}
 	// The dashboard's status lists both ranks.
-	b, _ := json.Marshal(cl.FleetStatus())
-	if s := string(b); strings.Count(s, `"instance":"`+inst+`"`) != 2 || !strings.Contains(s, `"state":"ready"`) {
+	b, _ := json.Marshal(cl.FleetStatus(true))
+	if s := string(b); strings.Count(s, `"instance":"`+inst+`"`) != 2 || !strings.Contains(s, `"state":"ready"`) || !strings.Contains(s, `"grpc":"`) {
 		t.Fatalf("status %s", s)
+	}
+	// Without addresses (a reader without an API key), no gRPC address.
+	b, _ = json.Marshal(cl.FleetStatus(false))
+	if s := string(b); strings.Contains(s, `"grpc"`) || strings.Count(s, `"instance":"`+inst+`"`) != 2 {
+		t.Fatalf("status without addresses %s", s)
 	}
 }

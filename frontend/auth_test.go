@@ -13,21 +13,21 @@ import (
 )
 
 func TestParseAPIKeys(t *testing.T) {
-	k, err := ParseAPIKeys("# ops keys\nsk-one\n\n  sk-two  \n", "sk-three,sk-four")
+	k, err := ParseAPIKeys("# ops keys\nsk-one-0123456789abc\n\n  sk-two-0123456789abc  \n", "sk-three-0123456789abc,sk-four-0123456789abc")
 	if err != nil || k.Len() != 4 {
 		t.Fatalf("%v keys, %v", k, err)
 	}
-	for _, key := range []string{"sk-one", "sk-two", "sk-three", "sk-four"} {
+	for _, key := range []string{"sk-one-0123456789abc", "sk-two-0123456789abc", "sk-three-0123456789abc", "sk-four-0123456789abc"} {
 		if !k.valid(key) {
 			t.Errorf("%s refused", key)
 		}
 	}
-	for _, key := range []string{"", "sk-on", "sk-one ", "sk-onex", "# ops keys"} {
+	for _, key := range []string{"", "sk-one-0123456789ab", "sk-one-0123456789abc ", "sk-one-0123456789abcx", "# ops keys"} {
 		if k.valid(key) {
 			t.Errorf("%q accepted", key)
 		}
 	}
-	for _, bad := range []string{"", "\n# only a comment\n", "sk a"} {
+	for _, bad := range []string{"", "\n# only a comment\n", "sk a-0123456789abcdef", "sk-short"} {
 		if _, err := ParseAPIKeys(bad); err == nil {
 			t.Errorf("%q parsed", bad)
 		}
@@ -37,7 +37,7 @@ func TestParseAPIKeys(t *testing.T) {
 // With keys configured every API route needs a valid bearer key and answers
 // OpenAI's 401 otherwise; probes stay open and /metrics follows OpenMetrics.
 func TestAPIKeys(t *testing.T) {
-	keys, err := ParseAPIKeys("sk-good")
+	keys, err := ParseAPIKeys("sk-good-key-0123456")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,16 +73,16 @@ func TestAPIKeys(t *testing.T) {
 		}{
 			{"POST", "/v1/chat/completions", "", 401, "You didn't provide an API key"},
 			{"POST", "/v1/chat/completions", "Basic c2stZ29vZA==", 401, "You didn't provide an API key"},
-			{"POST", "/v1/chat/completions", "Bearer sk-bad", 401, `"code":"invalid_api_key"`},
-			{"POST", "/v1/chat/completions", "Bearer sk-goo", 401, `"code":"invalid_api_key"`},
+			{"POST", "/v1/chat/completions", "Bearer sk-bad-key-0123456", 401, `"code":"invalid_api_key"`},
+			{"POST", "/v1/chat/completions", "Bearer sk-good-key-012345", 401, `"code":"invalid_api_key"`},
 			{"GET", "/v1/models", "", 401, `"type":"invalid_request_error"`},
 			{"GET", "/nowhere", "", 401, "API key"}, // unknown routes tell nothing either
-			{"POST", "/v1/chat/completions", "Bearer sk-good", 200, `"chat.completion"`},
-			{"POST", "/v1/chat/completions", "bearer sk-good", 200, `"chat.completion"`},
-			{"GET", "/v1/models", "Bearer sk-good", 200, "test-model"},
+			{"POST", "/v1/chat/completions", "Bearer sk-good-key-0123456", 200, `"chat.completion"`},
+			{"POST", "/v1/chat/completions", "bearer sk-good-key-0123456", 200, `"chat.completion"`},
+			{"GET", "/v1/models", "Bearer sk-good-key-0123456", 200, "test-model"},
 			{"GET", "/health", "", 200, ""},
 			{"GET", "/live", "", 200, "live"},
-			{"GET", "/metrics", "Bearer sk-good", 200, "kvmesh_frontend_unauthorized_total"},
+			{"GET", "/metrics", "Bearer sk-good-key-0123456", 200, "kvmesh_frontend_unauthorized_total"},
 		} {
 			code, body := do(c.method, c.path, c.auth)
 			if code != c.want || !strings.Contains(body, c.msg) {

@@ -39,8 +39,14 @@ type Model struct {
 	// Encode tokenizes a plain-text prompt.
 	Encode func(text string) []uint32
 	// EncodeChat renders the chat template (with the generation prompt) and
-	// tokenizes it.
+	// tokenizes it; special tokens come only from the template.
 	EncodeChat func(msgs []Message) ([]uint32, error)
+	// EncodeUpTo and EncodeChatUpTo, when set, are Encode and EncodeChat
+	// that stop once past max tokens (done false): the frontend passes the
+	// context limit, so an oversized prompt is refused at the cost of
+	// tokenizing the limit, not the prompt.
+	EncodeUpTo     func(text string, max int) (ids []uint32, done bool)
+	EncodeChatUpTo func(msgs []Message, max int) (ids []uint32, done bool, err error)
 	// NewDetokenizer returns an incremental, UTF-8-safe decoder.
 	NewDetokenizer func() Detokenizer
 	// EOS token ids end a generation with finish reason "stop".

@@ -13,9 +13,11 @@ import (
 )
 
 // FleetStatusSource is what the dashboard reads from a backend that knows
-// its workers (fleet.Cluster): a JSON-encodable status, shown as is.
+// its workers (fleet.Cluster): a JSON-encodable status, shown as is; with
+// addresses false it leaves out where workers listen (for a reader
+// without an API key, as --open-metrics allows).
 type FleetStatusSource interface {
-	FleetStatus() any
+	FleetStatus(addresses bool) any
 }
 
 // routeDashboard serves the live dashboard at /dashboard/ and its data at
@@ -35,8 +37,9 @@ type IndexViewSource interface {
 	IndexView() any
 }
 
-// handleIndexView serves the router's index view; it needs an API key
-// when keys are configured (block hashes are a function of prompts).
+// handleIndexView serves the router's index view; it needs an admin key
+// (authorizeAdmin): block hashes are a function of prompts, so a tenant
+// could test whether another sent a prompt it guesses.
 func (s *Server) handleIndexView(w http.ResponseWriter, r *http.Request) {
 	src, ok := s.backend.(IndexViewSource)
 	if !ok {
@@ -65,10 +68,10 @@ type metricSample struct {
 	Buckets [][2]float64      `json:"buckets,omitempty"` // [upper bound, cumulative count]; +Inf as 1e308
 }
 
-func (s *Server) handleSnapshot(w http.ResponseWriter, _ *http.Request) {
+func (s *Server) handleSnapshot(w http.ResponseWriter, r *http.Request) {
 	snap := snapshot{TimeUnixMS: time.Now().UnixMilli(), Metrics: map[string][]metricSample{}}
 	if src, ok := s.backend.(FleetStatusSource); ok {
-		snap.Fleet = src.FleetStatus()
+		snap.Fleet = src.FleetStatus(s.hasAPIKey(r))
 	}
 	if s.gatherer != nil {
 		mfs, err := s.gatherer.Gather()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -127,7 +126,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 				return out, cancelled(ctx)
 			}
 			if attempt < s.cfg.MigrationLimit && ctx.Err() == nil && len(generated) < maxTokens {
-				slog.Warn("migrating request after worker loss", "request", reqID, "generated", len(generated), "attempt", attempt+1, "err", lost)
+				s.log.Warn("migrating request after worker loss", "request", reqID, "generated", len(generated), "attempt", attempt+1, "err", lost)
 				s.metrics.migrations.Inc()
 				sp.AddEvent("migrate", trace.WithAttributes(attribute.Int("kvmesh.attempt", attempt+1), attribute.Int("kvmesh.generated_tokens", len(generated)), attribute.String("error", lost.Error())))
 				continue

@@ -51,13 +51,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 		return ""
 	}
 	_, tsp := childSpan(r.Context(), "tokenize")
-	prompt, err := m.EncodeChat(req.Messages)
+	prompt, aerr := s.encodeChat(r, m, req.Messages)
 	if tsp.IsRecording() { // the variadic attributes would allocate even for a no-op span
 		tsp.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", len(prompt)))
 	}
 	tsp.End()
-	if err != nil {
-		writeError(w, invalid("messages", "the chat template could not render these messages: %v", err))
+	if aerr != nil {
+		writeError(w, aerr)
 		return m.Name
 	}
 	id, created := newID("chatcmpl-"), time.Now().Unix()
@@ -117,9 +117,15 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 		_, tsp := childSpan(r.Context(), "tokenize")
 		n := 0
 		for _, t := range req.Texts {
-			prompts = append(prompts, m.Encode(t))
+			ids, aerr := s.encodeText(r, m, t)
+			if aerr != nil {
+				tsp.End()
+				writeError(w, aerr)
+				return m.Name
+			}
+			prompts = append(prompts, ids)
 			texts = append(texts, t)
-			n += len(prompts[len(prompts)-1])
+			n += len(ids)
 		}
 		if tsp.IsRecording() {
 			tsp.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", n))

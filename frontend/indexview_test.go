@@ -16,8 +16,9 @@ type indexBackend struct {
 
 func (b indexBackend) IndexView() any { return b.view }
 
-// /debug/kv-index serves the backend's index view as JSON, 404s for a
-// backend without one, and needs a key when keys are configured.
+// /debug/kv-index serves the backend's index view as JSON to an admin key
+// only: it is 404 without admin keys, 401 without a key, 403 with a mere
+// API key, and 404 for a backend without a view.
 func TestDebugIndexView(t *testing.T) {
 	get := func(s *Server, auth string) (int, string) {
 		req, _ := http.NewRequest("GET", "/debug/kv-index", nil)
@@ -28,27 +29,44 @@ func TestDebugIndexView(t *testing.T) {
 		s.ServeHTTP(rec, req)
 		return rec.Code, rec.Body.String()
 	}
-	reg := prometheus.NewRegistry()
-	b := indexBackend{fakeBackend: &fakeBackend{reply: "x"}, view: map[string]any{"workers": []int{7}}}
-	if code, body := get(New(DefaultConfig(), b, models{testModel()}, reg, reg), ""); code != 200 || strings.TrimSpace(body) != `{"workers":[7]}` {
-		t.Errorf("with a view: %d %s", code, body)
-	}
-	reg = prometheus.NewRegistry()
-	if code, body := get(New(DefaultConfig(), &fakeBackend{}, models{testModel()}, reg, reg), ""); code != 404 || !strings.Contains(body, "no KV index") {
-		t.Errorf("without a view: %d %s", code, body)
-	}
-	keys, err := ParseAPIKeys("sk-good")
+	const apiKey, adminKey = "sk-good-key-0123456", "admin-key-0123456789"
+	keys, err := ParseAPIKeys(apiKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := DefaultConfig()
-	cfg.APIKeys, cfg.OpenMetrics = keys, true
-	reg = prometheus.NewRegistry()
-	s := New(cfg, b, models{testModel()}, reg, reg)
-	if code, _ := get(s, ""); code != 401 {
-		t.Errorf("with keys, no key: %d, want 401", code)
+	admin, err := ParseAPIKeys(adminKey)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if code, _ := get(s, "Bearer sk-good"); code != 200 {
-		t.Errorf("with keys and the key: %d, want 200", code)
+	b := indexBackend{fakeBackend: &fakeBackend{reply: "x"}, view: map[string]any{"workers": []int{7}}}
+	reg := prometheus.NewRegistry()
+	if code, body := get(New(DefaultConfig(), b, models{testModel()}, reg, reg), "Bearer "+adminKey); code != 404 || !strings.Contains(body, "--admin-key-file") {
+		t.Errorf("without admin keys: %d %s, want 404", code, body)
+	}
+	for _, withAPIKeys := range []bool{false, true} {
+		cfg := DefaultConfig()
+		cfg.AdminKeys, cfg.OpenMetrics = admin, true
+		if withAPIKeys {
+			cfg.APIKeys = keys
+		}
+		reg = prometheus.NewRegistry()
+		s := New(cfg, b, models{testModel()}, reg, reg)
+		if code, _ := get(s, ""); code != 401 {
+			t.Errorf("API keys %v, no key: %d, want 401", withAPIKeys, code)
+		}
+		want := 401 // without API keys configured, it is just a wrong key
+		if withAPIKeys {
+			want = 403
+		}
+		if code, _ := get(s, "Bearer "+apiKey); code != want {
+			t.Errorf("API keys %v, an API key: %d, want %d", withAPIKeys, code, want)
+		}
+		if code, body := get(s, "Bearer "+adminKey); code != 200 || strings.TrimSpace(body) != `{"workers":[7]}` {
+			t.Errorf("API keys %v, the admin key: %d %s", withAPIKeys, code, body)
+		}
+		reg = prometheus.NewRegistry()
+		if code, body := get(New(cfg, &fakeBackend{}, models{testModel()}, reg, reg), "Bearer "+adminKey); code != 404 || !strings.Contains(body, "no KV index") {
+			t.Errorf("without a view: %d %s", code, body)
+		}
 	}
 }

@@ -22,16 +22,17 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 		DefaultMaxTokens: 256,
 		VocabSize:        tok.VocabSize(),
 	}
-	m.EncodeChat = func(msgs []Message) ([]uint32, error) {
+	m.EncodeUpTo = func(text string, max int) ([]uint32, bool) { return tok.EncodeUpTo(text, false, max) }
+	m.EncodeChatUpTo = func(msgs []Message, max int) ([]uint32, bool, error) {
 		tm := make([]tokenizer.Message, len(msgs))
 		for i, msg := range msgs {
 			tm[i] = tokenizer.Message{Role: msg.Role, Content: msg.Content, Name: msg.Name}
 		}
-		text, err := tmpl.Render(tm, true)
-		if err != nil {
-			return nil, err
-		}
-		return tok.EncodeWithSpecial(text), nil
+		return tokenizer.EncodeChat(tok, tmpl, tm, max)
+	}
+	m.EncodeChat = func(msgs []Message) ([]uint32, error) {
+		ids, _, err := m.EncodeChatUpTo(msgs, 0)
+		return ids, err
 	}
 	for _, e := range eos {
 		if id, ok := tok.TokenID(e); ok {

@@ -19,6 +19,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -51,13 +52,43 @@ type Config struct {
 	// route but /health, /live and (with OpenMetrics) /metrics (auth.go).
 	APIKeys     *APIKeys
 	OpenMetrics bool
+	// AdminKeys, when set, are the only credential /debug/* accepts (it
+	// shows what the router caches, a function of every tenant's prompts);
+	// nil: /debug/* is 404.
+	AdminKeys *APIKeys
 	// Tracer, when set, traces every API request (tracing.go); nil: off.
 	Tracer trace.Tracer
+	// Timeouts bound how long a client may hold a connection without
+	// finishing its request (HTTPServer and ServeHTTP apply them).
+	Timeouts Timeouts
+	// Tokenizers bounds the prompts tokenized at once (0: one per CPU).
+	Tokenizers int
+	// Logger receives the frontend's logs; nil: slog.Default().
+	Logger *slog.Logger
 }
 
-// DefaultConfig returns the defaults: 16 MiB bodies, 3 migrations.
+// Timeouts are the front door's limits on slow clients. None bounds a
+// response: a stream may run as long as its generation does.
+type Timeouts struct {
+	// ReadHeader bounds the request line and headers.
+	ReadHeader time.Duration
+	// ReadBody bounds the body, from the end of the headers: a body
+	// dribbled a byte at a time is cut with the connection.
+	ReadBody time.Duration
+	// Idle bounds a keep-alive connection waiting for its next request.
+	Idle time.Duration
+}
+
+// DefaultTimeouts: 10 s for headers, 30 s for a body (16 MiB at ~0.5 MB/s),
+// 90 s between requests on a keep-alive connection.
+func DefaultTimeouts() Timeouts {
+	return Timeouts{ReadHeader: 10 * time.Second, ReadBody: 30 * time.Second, Idle: 90 * time.Second}
+}
+
+// DefaultConfig returns the defaults: 16 MiB bodies, 3 migrations, the
+// default timeouts.
 func DefaultConfig() Config {
-	return Config{MaxBodyBytes: 16 << 20, MigrationLimit: 3}
+	return Config{MaxBodyBytes: 16 << 20, MigrationLimit: 3, Timeouts: DefaultTimeouts()}
 }
 
 // Server is the HTTP frontend.
@@ -71,6 +102,9 @@ type Server struct {
 	rng      func() uint64
 	limiter  ContextLimiter // the backend's, if it knows its workers' context
 	adapters AdapterLister  // the backend's, if its workers serve LoRA adapters
+	log      *slog.Logger
+	// tokenSlots holds a slot per prompt being tokenized (tokenize.go).
+	tokenSlots chan struct{}
 
 	unauthorized prometheus.Counter
 }
@@ -81,7 +115,14 @@ func New(cfg Config, backend Backend, models ModelSource, reg prometheus.Registe
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultConfig().MaxBodyBytes
 	}
-	s := &Server{cfg: cfg, backend: backend, models: models, metrics: newMetrics(reg), gatherer: gatherer, rng: randomU64}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Tokenizers <= 0 {
+		cfg.Tokenizers = runtime.GOMAXPROCS(0)
+	}
+	s := &Server{cfg: cfg, backend: backend, models: models, metrics: newMetrics(reg), gatherer: gatherer, rng: randomU64,
+		log: cfg.Logger, tokenSlots: make(chan struct{}, cfg.Tokenizers)}
 	s.limiter, _ = backend.(ContextLimiter)
 	s.adapters, _ = backend.(AdapterLister)
 	s.unauthorized = newUnauthorized(reg)
@@ -108,9 +149,23 @@ func New(cfg Config, backend Backend, models ModelSource, reg prometheus.Registe
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if d := s.cfg.Timeouts.ReadBody; d > 0 && r.Body != nil && r.Body != http.NoBody {
+		// Per request rather than http.Server.ReadTimeout: that deadline
+		// would stay on the connection and end a long stream's context.
+		// readBody lifts it once the body is in.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d))
+	}
 	if s.authorize(w, r) {
 		s.mux.ServeHTTP(w, r)
 	}
+}
+
+// HTTPServer is an http.Server for s with its header and idle timeouts (the
+// body's is s's own). It sets no WriteTimeout: that would cut long streams.
+func (s *Server) HTTPServer() *http.Server {
+	t := s.cfg.Timeouts
+	return &http.Server{Handler: s, ReadHeaderTimeout: t.ReadHeader, IdleTimeout: t.Idle,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 }
 
 func randomU64() uint64 {
@@ -213,6 +268,9 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 		buf = make([]byte, 0, min(r.ContentLength, maxPrealloc)+1) // +1: EOF is read without growing
 	}
 	body, err := readBodyInto(buf, http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err == nil && s.cfg.Timeouts.ReadBody > 0 {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Time{}) // the body is in: the stream may run on
+	}
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -374,7 +432,5 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	if err := json.NewEncoder(w).Encode(v); err != nil {
-		slog.Debug("writing response", "err", err)
-	}
+	_ = json.NewEncoder(w).Encode(v) // a client gone: nothing to tell it
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -282,6 +283,9 @@ func parse(data []byte, serving bool) (*Envelope, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkName("message_id", mid); err != nil {
+		return nil, err
+	}
 	actsRaw, ok := top["actions"]
 	if !ok {
 		return nil, &Error{"actions", "missing"}
@@ -292,6 +296,9 @@ func parse(data []byte, serving bool) (*Envelope, error) {
 	acts, err := splitList(actsRaw)
 	if err != nil {
 		return nil, &Error{"actions", "invalid: " + jsonErrText(err)}
+	}
+	if len(acts) > MaxActions {
+		return nil, &Error{"actions", fmt.Sprintf("%d actions, limit %d", len(acts), MaxActions)}
 	}
 	env := &Envelope{ProtocolVersion: pv, MessageID: mid, Actions: make([]Action, 0, len(acts))}
 	var skippedActs []Action
@@ -351,6 +358,11 @@ func parseAction(path string, raw json.RawMessage) (Action, disposition, error) 
 	}
 	if a.Version, err = stringField(m, path+".", "action_version"); err != nil {
 		return a, kept, err
+	}
+	for _, f := range [...]struct{ name, v string }{{"action_id", a.ID}, {"action_type", a.Type}, {"action_version", a.Version}} {
+		if err := checkName(path+"."+f.name, f.v); err != nil {
+			return a, kept, err
+		}
 	}
 	p, ok := m["payload"]
 	if !ok {
@@ -419,8 +431,11 @@ func parseFetch(path string, raw json.RawMessage) (*Fetch, error) {
 		}
 		return nil, &Error{fmt.Sprintf("%s[%d]", hp, bad), "must be an integer in [0, 2^64), got " + show(elems[bad])}
 	}
-	if len(hashes) == 0 {
+	switch {
+	case len(hashes) == 0:
 		return nil, &Error{hp, "must not be empty"}
+	case len(hashes) > kv.MaxHintBlocks:
+		return nil, &Error{hp, fmt.Sprintf("%d hashes, a fetch takes at most %d", len(hashes), kv.MaxHintBlocks)}
 	}
 	f.BlockHashes = hashes
 	if mr, ok := m["mode"]; ok {
@@ -487,8 +502,8 @@ func skipSpace(b []byte, i int) int {
 }
 
 // object decodes raw as a JSON object, keeping values raw. Keys match
-// exactly (no case folding, unlike struct decoding); a repeated key keeps
-// its last value.
+// exactly (no case folding, unlike struct decoding); a repeated key is an
+// error.
 func object(path string, raw json.RawMessage) (map[string]json.RawMessage, error) {
 	if k := kind(raw); k != "object" {
 		return nil, &Error{path, "must be an object, got " + k}
@@ -545,6 +560,22 @@ func show(raw []byte) string {
 		s = s[:max] + "…"
 	}
 	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+// MaxActions bounds an envelope's actions: one kv.fetch is what kvmesh
+// sends, a few more what a newer sender might add.
+const MaxActions = 16
+
+// checkName enforces kv.MaxHintIDLen and refuses control characters in an
+// id or name, which would reach logs and engines as they are.
+func checkName(path, s string) error {
+	if len(s) > kv.MaxHintIDLen {
+		return &Error{path, fmt.Sprintf("%d bytes, limit %d", len(s), kv.MaxHintIDLen)}
+	}
+	if i := strings.IndexFunc(s, unicode.IsControl); i >= 0 {
+		return &Error{path, fmt.Sprintf("control character %U at byte %d", []rune(s[i:])[0], i)}
+	}
+	return nil
 }
 
 // clip bounds attacker-chosen strings before they reach logs.

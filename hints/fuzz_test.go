@@ -3,6 +3,7 @@ package hints
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"reflect"
 	"testing"
 )
@@ -78,6 +79,9 @@ func checkSplitters(t *testing.T, data []byte) {
 			return
 		}
 		got, err := splitObject(data)
+		if errors.Is(err, errDuplicateKey) && hasDuplicateKey(data) {
+			return
+		}
 		if err != nil || !reflect.DeepEqual(normRaw(got), normRaw(want)) {
 			t.Fatalf("splitObject(%q) = %q, %v; want %q", data, got, err, want)
 		}
@@ -104,4 +108,29 @@ func normRaw(m map[string]json.RawMessage) map[string]string {
 		out[k] = string(v)
 	}
 	return out
+}
+
+// hasDuplicateKey reports whether the top-level object of data repeats a key.
+func hasDuplicateKey(data []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if _, err := dec.Token(); err != nil { // {
+		return false
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		key, _ := tok.(string)
+		if seen[key] {
+			return true
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return false
+		}
+	}
+	return false
 }

@@ -36,15 +36,21 @@ func (e *Envelope) Hint() (*kv.Hint, bool) {
 // envelope's rules: a canonical tcp://host:port source endpoint (h.Endpoint
 // is rewritten to its canonical spelling), at least one block hash, and no
 // more than maxBlocks (the prompt's full blocks: a root-aligned prefix is
-// never longer). Errors are *Error (ErrMalformed) naming the field.
+// never longer), none past kv.MaxHintBlocks, and an id within
+// kv.MaxHintIDLen without control characters. Errors are *Error (ErrMalformed) naming the field.
 func CheckHint(h *kv.Hint, maxBlocks int) error {
 	ep, err := kv.ParseEndpoint(h.Endpoint)
 	if err != nil {
 		return &Error{"kv_fetch.source_control_endpoint", err.Error()}
 	}
+	if err := checkName("message_id", h.ID); err != nil {
+		return err
+	}
 	switch n := len(h.Hashes); {
 	case n == 0:
 		return &Error{"kv_fetch.block_hashes", "must not be empty"}
+	case n > kv.MaxHintBlocks:
+		return &Error{"kv_fetch.block_hashes", fmt.Sprintf("%d hashes, a fetch takes at most %d", n, kv.MaxHintBlocks)}
 	case n > maxBlocks:
 		return &Error{"kv_fetch.block_hashes", fmt.Sprintf("%d hashes for a prompt of %d full blocks", n, maxBlocks)}
 	}

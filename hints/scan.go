@@ -3,6 +3,7 @@ package hints
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 )
 
 // A trusted splitter for JSON that encoding/json has already validated once.
@@ -12,6 +13,9 @@ import (
 // even unvalidated input cannot make it panic, only fail.
 
 var errScan = errors.New("truncated JSON")
+
+// errDuplicateKey: an object names a key twice.
+var errDuplicateKey = errors.New("duplicate key")
 
 // skipValue returns the index just past the value starting at b[i].
 func skipValue(b []byte, i int) (int, error) {
@@ -136,6 +140,10 @@ func splitObject(b []byte) (map[string]json.RawMessage, error) {
 		j, err = skipValue(b, i)
 		if err != nil {
 			return nil, err
+		}
+		if _, dup := out[key]; dup {
+			// Two parsers may keep different copies; a hint must mean one thing.
+			return nil, fmt.Errorf("%w %q", errDuplicateKey, clip(key))
 		}
 		out[key] = b[i:j:j]
 		i = skipSpace(b, j)

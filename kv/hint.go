@@ -22,3 +22,14 @@ type Hint struct {
 	Endpoint string
 	Hashes   []EngineHash
 }
+
+// Limits of a hint, shared by every wire that carries one (the transfer
+// protocol's fetch, the worker API, the JSON envelope) and by `kvmesh hints
+// validate`, so a hint the tool accepts is one the wire takes.
+const (
+	// MaxHintBlocks bounds the block hashes of one fetch.
+	MaxHintBlocks = 1 << 16
+	// MaxHintIDLen bounds a hint's id (the envelope's message_id) and the
+	// envelope's other names, in bytes.
+	MaxHintIDLen = 256
+)

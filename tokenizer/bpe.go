@@ -4,6 +4,7 @@ import (
 	"math"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // BPE is a byte-level byte-pair-encoding tokenizer: tiktoken encodings and
@@ -37,6 +38,10 @@ type BPE struct {
 	// first byte and longest first (leftmost-longest matching).
 	addedByFirst [256][]addedToken
 	specialIDs   map[string]uint32
+	// longest is the most bytes one token covers, specialFirst the bytes
+	// a special token starts with (setAdded sets both).
+	longest      int
+	specialFirst string
 }
 
 type addedToken struct {
@@ -96,24 +101,47 @@ func (t *BPE) Decode(ids []uint32) string {
 // not recognised (they are encoded as ordinary bytes), so user content cannot
 // inject control tokens. Non-special added tokens are recognised, as Hugging
 // Face tokenizers do.
-func (t *BPE) Encode(text string) []uint32 { return t.encode(text, false) }
+func (t *BPE) Encode(text string) []uint32 {
+	ids, _ := t.EncodeUpTo(text, false, 0)
+	return ids
+}
 
 // EncodeWithSpecial tokenizes text in which special tokens written literally
-// (e.g. "<|im_start|>" from a rendered chat template) become their ids.
-func (t *BPE) EncodeWithSpecial(text string) []uint32 { return t.encode(text, true) }
+// (e.g. "<|im_start|>" from a rendered chat template) become their ids,
+// except those Defuse marked.
+func (t *BPE) EncodeWithSpecial(text string) []uint32 {
+	ids, _ := t.EncodeUpTo(text, true, 0)
+	return ids
+}
 
-func (t *BPE) encode(text string, allowSpecial bool) []uint32 {
+// EncodeUpTo is Encode (special false) or EncodeWithSpecial (special true)
+// that stops once the text has yielded more than max tokens (max ≤ 0: no
+// limit): a prompt past the context limit costs the work of max tokens,
+// not of its whole length. done is false when it stopped; ids then hold
+// the tokens of the text's start read so far (none when its length alone
+// told).
+func (t *BPE) EncodeUpTo(text string, special bool, max int) (ids []uint32, done bool) {
 	// One state per call, not per segment: the splitter's callback escapes,
 	// so whatever it captures is a heap allocation each time it is made.
-	e := &encodeState{t: t, out: make([]uint32, 0, len(text)/4+4)}
+	capacity := len(text)/4 + 4
+	if max > 0 {
+		capacity = min(capacity, max+maxPieceBytes)
+	}
+	if max > 0 && t.surelyOver(text, max) {
+		return nil, false
+	}
+	e := &encodeState{t: t, out: make([]uint32, 0, capacity), max: max}
 	e.yield = e.piece
 	seg := 0
-	for i := 0; i < len(text); {
+	for i := 0; i < len(text) && !e.full(); {
 		cands := t.addedByFirst[text[i]]
 		matched := false
 		for _, a := range cands {
-			if (allowSpecial || !a.special) && strings.HasPrefix(text[i:], a.content) {
-				e.ordinary(text[seg:i])
+			if (special || !a.special) && strings.HasPrefix(text[i:], a.content) {
+				e.ordinary(text[seg:i], special)
+				if e.full() {
+					return e.out, false
+				}
 				e.out = append(e.out, a.id)
 				i += len(a.content)
 				seg = i
@@ -125,20 +153,102 @@ func (t *BPE) encode(text string, allowSpecial bool) []uint32 {
 			i++
 		}
 	}
-	e.ordinary(text[seg:])
-	return e.out
+	if !e.full() {
+		e.ordinary(text[seg:], special)
+	}
+	return e.out, !e.full()
+}
+
+// surelyOver reports, from its length alone, that text yields more than max
+// tokens. A huge prompt is refused without even being split.
+func (t *BPE) surelyOver(text string, max int) bool {
+	return t.lengthOver(len(text)-strings.Count(text, "\xff"), max) // Defuse's marks are no text
+}
+
+// lengthOver reports that any text of n bytes yields more than max tokens:
+// no token covers more than t.longest bytes, and NFC shrinks text at most
+// threefold (Hangul jamo to a syllable).
+func (t *BPE) lengthOver(n, max int) bool {
+	if t.longest <= 0 || max <= 0 {
+		return false
+	}
+	if t.normalize != nil {
+		n /= 3
+	}
+	return n/t.longest > max
+}
+
+// defuseMark follows the first byte of a special token's text that came
+// from a user (Defuse): no valid UTF-8 holds it, so it cannot come from
+// JSON text, and the special-token matcher then reads plain text there.
+const defuseMark = 0xFF
+
+// Defuse returns s with every special token written in it marked so that
+// EncodeWithSpecial reads it as plain text: user text (a chat message's
+// content, name …) goes through Defuse before the template renders it, and
+// only the template's own text yields control tokens. Invalid UTF-8 becomes
+// U+FFFD first, so no mark is forged.
+func (t *BPE) Defuse(s string) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	var b []byte
+	last := 0
+	for i := 0; i < len(s); {
+		// Jump to the next byte a special token starts with ("<" mostly).
+		next := strings.IndexAny(s[i:], t.specialFirst)
+		if next < 0 {
+			break
+		}
+		i += next
+		a, ok := t.specialAt(s, i)
+		if !ok {
+			i++
+			continue
+		}
+		if b == nil {
+			b = make([]byte, 0, len(s)+8)
+		}
+		b = append(b, s[last:i+1]...)
+		b = append(b, defuseMark)
+		last = i + 1
+		i += len(a.content)
+	}
+	if b == nil {
+		return s
+	}
+	return string(append(b, s[last:]...))
+}
+
+// specialAt is the special token written at s[i:], longest first, as the
+// encoder matches them.
+func (t *BPE) specialAt(s string, i int) (addedToken, bool) {
+	for _, a := range t.addedByFirst[s[i]] {
+		if a.special && strings.HasPrefix(s[i:], a.content) {
+			return a, true
+		}
+	}
+	return addedToken{}, false
 }
 
 // encodeState is one Encode call's output and merge buffers.
 type encodeState struct {
 	t       *BPE
 	out     []uint32
+	max     int // stop past this many tokens; ≤ 0: never
 	scratch mergeScratch
-	yield   func(piece string) // e.piece, bound once
+	yield   func(piece string) bool // e.piece, bound once
 }
 
-// ordinary appends the tokens of a text segment that holds no added tokens.
-func (e *encodeState) ordinary(text string) {
+// full reports whether the output is past the limit.
+func (e *encodeState) full() bool { return e.max > 0 && len(e.out) > e.max }
+
+// ordinary appends the tokens of a text segment that holds no added tokens
+// (in special mode, the marks Defuse left are dropped first).
+func (e *encodeState) ordinary(text string, special bool) {
+	if special && strings.IndexByte(text, defuseMark) >= 0 {
+		text = strings.ReplaceAll(text, "\xff", "")
+	}
 	if text == "" {
 		return
 	}
@@ -152,7 +262,30 @@ func (e *encodeState) ordinary(text string) {
 	t.split.split(text, e.yield)
 }
 
-func (e *encodeState) piece(piece string) {
+// maxPieceBytes bounds the pre-token BPE merges at once: a longer one (a
+// megabyte of one letter, which no split pattern cuts) is merged in chunks
+// of this many bytes, cut at character boundaries, so its cost and scratch
+// memory stay those of a chunk and the token limit is checked between
+// chunks. Text has no pieces this long; where it does the tokens may
+// differ from an unchunked merge at the chunk borders.
+const maxPieceBytes = 1024
+
+func (e *encodeState) piece(piece string) bool {
+	for len(piece) > maxPieceBytes && !e.full() {
+		cut := maxPieceBytes
+		for cut > maxPieceBytes-utf8.UTFMax && !utf8.RuneStart(piece[cut]) {
+			cut--
+		}
+		e.merge(piece[:cut])
+		piece = piece[cut:]
+	}
+	if !e.full() {
+		e.merge(piece)
+	}
+	return !e.full()
+}
+
+func (e *encodeState) merge(piece string) {
 	t := e.t
 	if t.wholeFirst {
 		if id, ok := t.vocab[piece]; ok {
@@ -378,6 +511,9 @@ func (t *BPE) bytePairMergeHeap(out []uint32, piece string, s *mergeScratch) []u
 
 // setAdded installs the added tokens (special or not) for text matching.
 func (t *BPE) setAdded(tokens []addedToken) {
+	for _, p := range t.pieces {
+		t.longest = max(t.longest, len(p))
+	}
 	t.specialIDs = make(map[string]uint32, len(tokens))
 	for i := range t.addedByFirst {
 		t.addedByFirst[i] = nil
@@ -388,6 +524,9 @@ func (t *BPE) setAdded(tokens []addedToken) {
 		}
 		t.specialIDs[a.content] = a.id
 		f := a.content[0]
+		if a.special && strings.IndexByte(t.specialFirst, f) < 0 {
+			t.specialFirst += string(rune(f))
+		}
 		t.addedByFirst[f] = append(t.addedByFirst[f], a)
 	}
 	for i := range t.addedByFirst {

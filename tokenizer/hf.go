@@ -256,7 +256,7 @@ func (t *BPE) setNormalizer(raw json.RawMessage) error {
 
 type wholeSplitter struct{}
 
-func (wholeSplitter) split(text string, yield func(string)) { yield(text) }
+func (wholeSplitter) split(text string, yield func(string) bool) bool { return yield(text) }
 
 func (t *BPE) setPreTokenizer(raw json.RawMessage, byteLevel *bool) error {
 	t.split = wholeSplitter{}

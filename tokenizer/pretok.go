@@ -9,9 +9,11 @@ import (
 )
 
 // A splitter cuts text into pre-tokens; BPE then runs inside each piece
-// only. yield receives each piece as a sub-slice of text (no copies).
+// only. yield receives each piece as a sub-slice of text (no copies) and
+// returns false to stop the split (the prompt is already too long); split
+// reports whether it ran to the end.
 type splitter interface {
-	split(text string, yield func(piece string))
+	split(text string, yield func(piece string) bool) bool
 }
 
 // Regex patterns of the common byte-level BPE families. They are matched by
@@ -66,7 +68,7 @@ func newSplitter(pattern string) (splitter, error) {
 // mapped back to bytes so pieces stay sub-slices of the input.
 type regexSplitter struct{ re *regexp2.Regexp }
 
-func (r *regexSplitter) split(text string, yield func(string)) {
+func (r *regexSplitter) split(text string, yield func(string) bool) bool {
 	runes := []rune(text)
 	// byteOff[i] is the byte offset of rune i; invalid bytes decode to one
 	// RuneError rune of width 1, matching []rune's conversion.
@@ -82,35 +84,35 @@ func (r *regexSplitter) split(text string, yield func(string)) {
 	m, err := r.re.FindRunesMatch(runes)
 	for err == nil && m != nil {
 		start, end := m.RuneIndex, m.RuneIndex+m.RuneLength
-		if start > last {
-			yield(text[byteOff[last]:byteOff[start]])
+		if start > last && !yield(text[byteOff[last]:byteOff[start]]) {
+			return false
 		}
-		if end > start {
-			yield(text[byteOff[start]:byteOff[end]])
+		if end > start && !yield(text[byteOff[start]:byteOff[end]]) {
+			return false
 		}
 		last = end
 		m, err = r.re.FindNextMatch(m)
 	}
 	// A regex error (only a timeout, which is never set) leaves the rest as one piece.
 	if last < len(runes) {
-		yield(text[byteOff[last]:])
+		return yield(text[byteOff[last]:])
 	}
+	return true
 }
 
 // sequenceSplitter applies several splitters in turn, each to the pieces of
 // the one before (HF's pre_tokenizer Sequence of Splits).
 type sequenceSplitter []splitter
 
-func (s sequenceSplitter) split(text string, yield func(string)) {
-	var rec func(i int, t string)
-	rec = func(i int, t string) {
+func (s sequenceSplitter) split(text string, yield func(string) bool) bool {
+	var rec func(i int, t string) bool
+	rec = func(i int, t string) bool {
 		if i == len(s) {
-			yield(t)
-			return
+			return yield(t)
 		}
-		s[i].split(t, func(p string) { rec(i+1, p) })
+		return s[i].split(t, func(p string) bool { return rec(i+1, p) })
 	}
-	rec(0, text)
+	return rec(0, text)
 }
 
 // Character classes as bits, computed once per rune.
@@ -176,7 +178,7 @@ func at(s string, i int) (uint8, int) {
 // reproduces the leftmost-first backtracking result of the regex.
 type patternSplitter struct{ kind patternKind }
 
-func (p patternSplitter) split(s string, yield func(string)) {
+func (p patternSplitter) split(s string, yield func(string) bool) bool {
 	for i := 0; i < len(s); {
 		var e int
 		switch p.kind {
@@ -193,9 +195,12 @@ func (p patternSplitter) split(s string, yield func(string)) {
 			_, n := at(s, i)
 			e = i + n
 		}
-		yield(s[i:e])
+		if !yield(s[i:e]) {
+			return false
+		}
 		i = e
 	}
+	return true
 }
 
 // contraction matches 's|'t|'re|'ve|'m|'ll|'d at i, case-insensitively when

@@ -9,7 +9,7 @@ import (
 
 func pieces(s splitter, text string) []string {
 	var out []string
-	s.split(text, func(p string) { out = append(out, p) })
+	s.split(text, func(p string) bool { out = append(out, p); return true })
 	return out
 }
 

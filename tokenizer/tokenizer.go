@@ -10,6 +10,8 @@
 // It imports nothing of kvmesh.
 package tokenizer
 
+import "strings"
+
 // Tokenizer encodes text to token ids and back. Implementations are safe for
 // concurrent use.
 type Tokenizer interface {
@@ -17,8 +19,16 @@ type Tokenizer interface {
 	// recognised (they become ordinary text tokens).
 	Encode(text string) []uint32
 	// EncodeWithSpecial tokenizes text where special tokens written
-	// literally (as in a rendered chat template) become their ids.
+	// literally (as in a rendered chat template) become their ids, but for
+	// those Defuse marked.
 	EncodeWithSpecial(text string) []uint32
+	// EncodeUpTo is Encode (special false) or EncodeWithSpecial (true)
+	// stopped once past max tokens (max ≤ 0: no limit); done is false when
+	// it stopped, ids then being the start read so far.
+	EncodeUpTo(text string, special bool, max int) (ids []uint32, done bool)
+	// Defuse marks the special tokens written in user text so that
+	// EncodeWithSpecial reads them as plain text.
+	Defuse(s string) string
 	// Decode concatenates the tokens' bytes; unknown ids contribute "".
 	Decode(ids []uint32) string
 	// Piece is the raw bytes of one token ("" when unknown); possibly a
@@ -62,6 +72,46 @@ type ChatTemplate interface {
 	// Render returns the prompt; with addGenerationPrompt it ends with the
 	// opening of the assistant's turn. Encode it with EncodeWithSpecial.
 	Render(messages []Message, addGenerationPrompt bool) (string, error)
+}
+
+// EncodeChat renders msgs with tmpl (with the generation prompt) and
+// tokenizes the prompt, stopping once past max tokens (max ≤ 0: no limit;
+// done false then). Only the template's own text yields special tokens:
+// every string of the messages is defused first, so a "<|im_end|>" in a
+// message's content is text, not the end of its turn.
+func EncodeChat(tok Tokenizer, tmpl ChatTemplate, msgs []Message, max int) (ids []uint32, done bool, err error) {
+	if b, ok := tok.(lengthBounded); ok {
+		n := 0
+		for _, m := range msgs {
+			n += len(strings.TrimSpace(m.Content)) // templates may trim; none drops more
+		}
+		if b.lengthOver(n, max) {
+			return nil, false, nil
+		}
+	}
+	safe := make([]Message, len(msgs))
+	for i, m := range msgs {
+		safe[i] = Message{Role: tok.Defuse(m.Role), Content: tok.Defuse(m.Content), Name: tok.Defuse(m.Name), ToolCallID: tok.Defuse(m.ToolCallID)}
+		if len(m.ToolCalls) > 0 {
+			safe[i].ToolCalls = make([]ToolCall, len(m.ToolCalls))
+			for j, c := range m.ToolCalls {
+				safe[i].ToolCalls[j] = ToolCall{ID: tok.Defuse(c.ID), Type: tok.Defuse(c.Type),
+					Function: FunctionCall{Name: tok.Defuse(c.Function.Name), Arguments: tok.Defuse(c.Function.Arguments)}}
+			}
+		}
+	}
+	text, err := tmpl.Render(safe, true)
+	if err != nil {
+		return nil, false, err
+	}
+	ids, done = tok.EncodeUpTo(text, true, max)
+	return ids, done, nil
+}
+
+// lengthBounded is a Tokenizer that can tell from a text's length alone
+// that it yields more than max tokens (BPE).
+type lengthBounded interface {
+	lengthOver(n, max int) bool
 }
 
 // Builtin returns the built-in model's tokenizer (o200k_base with ChatML

@@ -21,8 +21,8 @@ const (
 	blockMetaLen = 20 // index u32, hash u64, checksum u64
 	fetchFixed   = 14 // timeout_ms u32, flags u32, digest_len u16, count u32
 
-	// MaxHashes bounds the blocks of one fetch request.
-	MaxHashes = 1 << 16
+	// MaxHashes bounds the blocks of one fetch request: a hint's limit.
+	MaxHashes = kv.MaxHintBlocks
 	// MaxDigestLen bounds the compatibility digest.
 	MaxDigestLen = 255
 	// maxMessage bounds the reason text of done/refuse frames.

@@ -19,13 +19,15 @@ const apiKeysEnv = "KVMESH_API_KEYS"
 
 // authFlags are the frontend's client authentication flags.
 type authFlags struct {
-	apiKeyFile  string
-	openMetrics bool
+	apiKeyFile   string
+	adminKeyFile string
+	openMetrics  bool
 }
 
 func (af *authFlags) register(f *pflag.FlagSet) {
-	f.StringVar(&af.apiKeyFile, "api-key-file", "", "file of API keys, one per line: every API route then needs Authorization: Bearer <key> (/health and /live stay open); "+apiKeysEnv+" may hold more keys")
-	f.BoolVar(&af.openMetrics, "open-metrics", false, "with API keys, serve /metrics and /dashboard without one (for a scraper or a browser on a trusted network)")
+	f.StringVar(&af.apiKeyFile, "api-key-file", "", "file of API keys, one per line, each at least 16 characters: every API route then needs Authorization: Bearer <key> (/health and /live stay open); "+apiKeysEnv+" may hold more keys")
+	f.StringVar(&af.adminKeyFile, "admin-key-file", "", "file of admin keys, one per line, each at least 16 characters: the /debug routes (the router's KV index) need one as Authorization: Bearer <key>, and are 404 without this flag; an API key is not one")
+	f.BoolVar(&af.openMetrics, "open-metrics", false, "with API keys, serve /metrics and /dashboard without one (for a scraper or a browser on a trusted network; the dashboard then leaves out the workers' addresses)")
 }
 
 // apiKeys reads the configured keys; nil when none are configured.
@@ -36,17 +38,35 @@ func (af *authFlags) apiKeys() (*frontend.APIKeys, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--api-key-file: %w", err)
 		}
+		if _, err := frontend.ParseAPIKeys(string(b)); err != nil {
+			return nil, fmt.Errorf("--api-key-file %s: %w", af.apiKeyFile, err)
+		}
 		texts = append(texts, string(b))
 	}
 	if v := os.Getenv(apiKeysEnv); v != "" {
+		if _, err := frontend.ParseAPIKeys(v); err != nil {
+			return nil, fmt.Errorf("%s: %w", apiKeysEnv, err)
+		}
 		texts = append(texts, v)
 	}
 	if len(texts) == 0 {
 		return nil, nil
 	}
-	keys, err := frontend.ParseAPIKeys(texts...)
+	return frontend.ParseAPIKeys(texts...)
+}
+
+// adminKeys reads --admin-key-file; nil without it.
+func (af *authFlags) adminKeys() (*frontend.APIKeys, error) {
+	if af.adminKeyFile == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(af.adminKeyFile)
 	if err != nil {
-		return nil, fmt.Errorf("--api-key-file %s / %s: %w", af.apiKeyFile, apiKeysEnv, err)
+		return nil, fmt.Errorf("--admin-key-file: %w", err)
+	}
+	keys, err := frontend.ParseAPIKeys(string(b))
+	if err != nil {
+		return nil, fmt.Errorf("--admin-key-file %s: %w", af.adminKeyFile, err)
 	}
 	return keys, nil
 }
@@ -64,13 +84,18 @@ func isLoopbackListen(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// warnOpenListen prints one warning line when serve's API is reachable
-// beyond this host with no API keys.
+// warnOpenListen prints one warning line when the API is reachable beyond
+// this host with no API keys. A fleet token or TLS guards the workers, not
+// the API, so neither silences it.
 func warnOpenListen(log *slog.Logger, ff *frontendFlags) {
-	if isLoopbackListen(ff.listen) || ff.auth.apiKeyFile != "" || os.Getenv(apiKeysEnv) != "" || ff.fleet.tokenFile != "" || ff.tls.cert != "" {
+	if isLoopbackListen(ff.listen) || ff.auth.apiKeyFile != "" || os.Getenv(apiKeysEnv) != "" {
 		return
 	}
-	log.Warn("the API listens beyond loopback without API keys: anyone who can reach it can use it (set --api-key-file or "+apiKeysEnv+", or --listen 127.0.0.1:PORT)", "listen", ff.listen)
+	why := "anyone who can reach it can use it"
+	if ff.fleet.tokenFile != "" || ff.tls.cert != "" {
+		why = "the fleet token and TLS guard the workers, not the API: anyone who can reach it can use it"
+	}
+	log.Warn("the API listens beyond loopback without API keys: "+why+" (set --api-key-file or "+apiKeysEnv+", or --listen 127.0.0.1:PORT)", "listen", ff.listen)
 }
 
 // fleetFlags are the credentials between kvmesh processes.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +14,7 @@ func TestAPIKeyFlags(t *testing.T) {
 	t.Setenv(apiKeysEnv, "")
 	dir := t.TempDir()
 	file := filepath.Join(dir, "keys")
-	if err := os.WriteFile(file, []byte("# keys\nsk-a\nsk-b\n"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte("# keys\nsk-a-0123456789abcdef\nsk-b-0123456789abcdef\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	af := authFlags{apiKeyFile: file}
@@ -21,7 +22,7 @@ func TestAPIKeyFlags(t *testing.T) {
 	if err != nil || k.Len() != 2 {
 		t.Fatalf("%v %v", k, err)
 	}
-	t.Setenv(apiKeysEnv, "sk-c,sk-d")
+	t.Setenv(apiKeysEnv, "sk-c-0123456789abcdef,sk-d-0123456789abcdef")
 	if k, err = af.apiKeys(); err != nil || k.Len() != 4 {
 		t.Fatalf("file and env: %v %v", k, err)
 	}
@@ -37,6 +38,30 @@ func TestAPIKeyFlags(t *testing.T) {
 		if _, err := (&authFlags{apiKeyFile: bad}).apiKeys(); err == nil || !strings.Contains(err.Error(), "--api-key-file") {
 			t.Errorf("%s: %v, want an error naming --api-key-file", bad, err)
 		}
+	}
+	// A short key stops the command with one line naming where it came from.
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(body), 0o600)
+		return p
+	}
+	if _, err := (&authFlags{apiKeyFile: write("short", "sk-0123456789abcdef\nsk-1\n")}).apiKeys(); err == nil ||
+		!strings.Contains(err.Error(), "--api-key-file") || !strings.Contains(err.Error(), "4 characters, want at least 16") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("a short key in the file: %v", err)
+	}
+	t.Setenv(apiKeysEnv, "sk-2")
+	if _, err := (&authFlags{}).apiKeys(); err == nil || !strings.HasPrefix(err.Error(), apiKeysEnv+":") {
+		t.Errorf("a short key in %s: %v", apiKeysEnv, err)
+	}
+	t.Setenv(apiKeysEnv, "")
+	if k, err := (&authFlags{adminKeyFile: write("admin", "admin-0123456789abcdef\n")}).adminKeys(); err != nil || k.Len() != 1 {
+		t.Errorf("admin keys: %v %v", k, err)
+	}
+	if _, err := (&authFlags{adminKeyFile: write("admin-short", "admin\n")}).adminKeys(); err == nil || !strings.Contains(err.Error(), "--admin-key-file") {
+		t.Errorf("a short admin key: %v", err)
+	}
+	if k, err := (&authFlags{}).adminKeys(); k != nil || err != nil {
+		t.Errorf("no admin keys: %v %v", k, err)
 	}
 	for addr, want := range map[string]bool{"127.0.0.1:8000": true, "[::1]:80": true, "localhost:1": true,
 		":8000": false, "0.0.0.0:8000": false, "10.0.0.5:8000": false, "bad": false} {
@@ -88,6 +113,28 @@ func TestTLSFlags(t *testing.T) {
 	} {
 		if _, _, err := c.f.configs(); err == nil || !strings.Contains(err.Error(), c.flag) {
 			t.Errorf("%+v: %v, want an error naming %s", c.f, err, c.flag)
+		}
+	}
+}
+
+// The API beyond loopback without API keys warns, a fleet token or TLS
+// notwithstanding: they guard the workers, not the API.
+func TestWarnOpenListen(t *testing.T) {
+	t.Setenv(apiKeysEnv, "")
+	for _, c := range []struct {
+		ff   frontendFlags
+		warn string
+	}{
+		{frontendFlags{listen: "127.0.0.1:8000"}, ""},
+		{frontendFlags{listen: ":8000"}, "anyone who can reach it"},
+		{frontendFlags{listen: ":8000", fleet: fleetFlags{tokenFile: "tok"}}, "the fleet token and TLS guard the workers, not the API"},
+		{frontendFlags{listen: ":8000", tls: tlsFlags{cert: "c"}}, "not the API"},
+		{frontendFlags{listen: ":8000", fleet: fleetFlags{tokenFile: "tok"}, auth: authFlags{apiKeyFile: "keys"}}, ""},
+	} {
+		var buf strings.Builder
+		warnOpenListen(slog.New(slog.NewTextHandler(&buf, nil)), &c.ff)
+		if got := buf.String(); (c.warn == "") != (got == "") || !strings.Contains(got, c.warn) {
+			t.Errorf("%+v: logged %q, want %q", c.ff, got, c.warn)
 		}
 	}
 }

@@ -69,6 +69,22 @@ func (ff *frontendFlags) validate() error {
 	); err != nil {
 		return err
 	}
+	for _, t := range []struct {
+		flag string
+		d    time.Duration
+	}{{"read-header-timeout", ff.timeouts.ReadHeader}, {"read-body-timeout", ff.timeouts.ReadBody}, {"idle-timeout", ff.timeouts.Idle}} {
+		if t.d < 0 {
+			return fmt.Errorf("--%s %v: want ≥ 0 (0: no limit)", t.flag, t.d)
+		}
+	}
+	// Keys are read here too, so a short one stops the command before
+	// anything starts.
+	if _, err := ff.auth.apiKeys(); err != nil {
+		return err
+	}
+	if _, err := ff.auth.adminKeys(); err != nil {
+		return err
+	}
 	if !(ff.temperature >= 0) || math.IsInf(ff.temperature, 0) {
 		return fmt.Errorf("--router-temperature %g: want a finite number ≥ 0 (0: always the cheapest)", ff.temperature)
 	}

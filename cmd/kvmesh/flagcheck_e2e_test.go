@@ -26,6 +26,14 @@ func TestBadFlagsExitEarly(t *testing.T) {
 	if err := os.WriteFile(empty, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	shortKey := filepath.Join(t.TempDir(), "short-keys")
+	dupHint := filepath.Join(t.TempDir(), "dup-hint.json")
+	if err := os.WriteFile(shortKey, []byte("sk-1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dupHint, []byte(`{"protocol_version":"0.1","message_id":"a","message_id":"b","actions":[]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	// --listen on a port no test binds: a command that wrongly starts would
 	// print its banner and hang until the timeout below.
 	serve := []string{"serve", "--listen", "127.0.0.1:0", "--nats", "nats://127.0.0.1:1"}
@@ -61,6 +69,10 @@ func TestBadFlagsExitEarly(t *testing.T) {
 		{append(serve, "--nats-listen", "127.0.0.1:0"), "kvmesh: --nats-listen is the embedded NATS server's address; with --nats there is none\n"},
 		{append(serve, "--nats-listen", "127.0.0.1:70000"), "kvmesh: --nats-listen \"127.0.0.1:70000\": port \"70000\", want 0 to 65535\n"},
 		{append(serve, "--max-tokens-limit", "-1"), "kvmesh: --max-tokens-limit -1: want at least 0\n"},
+		{append(serve, "--api-key-file", shortKey), "kvmesh: --api-key-file " + shortKey + ": an API key has 4 characters, want at least 16\n"},
+		{[]string{"frontend", "--listen", "127.0.0.1:0", "--nats", "nats://127.0.0.1:1", "--admin-key-file", shortKey}, "kvmesh: --admin-key-file " + shortKey + ": an API key has 4 characters, want at least 16\n"},
+		{append(serve, "--read-body-timeout", "-1s"), "kvmesh: --read-body-timeout -1s: want ≥ 0 (0: no limit)\n"},
+		{[]string{"hints", "validate", dupHint}, "kvmesh: envelope: invalid object: duplicate key \"message_id\"\n"},
 		{[]string{"events", "listen", "--endpoint", "tcp://127.0.0.1:1", "--count", "-1"}, "kvmesh: --count -1: want ≥ 0 (0: until the timeout or Ctrl-C)\n"},
 		{[]string{"events", "listen", "--endpoint", "tcp://127.0.0.1:1", "--timeout", "-1s"}, "kvmesh: --timeout -1s: want ≥ 0 (0: wait forever)\n"},
 		{[]string{"bench", "index", "--trace", trace, "--workers", "0"}, "kvmesh: bench index: --workers 0: want at least 1\n"},

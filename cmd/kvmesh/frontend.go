@@ -39,6 +39,7 @@ On startup it prints one line to stdout:
 			if err := ff.validate(); err != nil {
 				return err
 			}
+			warnOpenListen(log, ff)
 			tracer, stopTracing, err := setupTracing(cmd.Context(), "kvmesh-frontend", log)
 			if err != nil {
 				return err

@@ -53,7 +53,12 @@ func TestWorkerKVBMRestartRecoversDisk(t *testing.T) {
 		"--connector", "kvbm", "--kvbm-disk-blocks", "512", "--kvbm-disk-dir", dir, "--metrics-listen", metricsAddr}
 	a := startProc(t, "kvmesh worker A", args...)
 	a.Expect(workerLine, 20*time.Second)
-	fe := startProc(t, "kvmesh frontend", "frontend", "--nats", ns.URL(), "--listen", "127.0.0.1:0", "--log-level", "warn")
+	const adminKey = "kvbm-admin-key-0123456789"
+	adminKeys := filepath.Join(dir, "admin-keys")
+	if err := os.WriteFile(adminKeys, []byte(adminKey), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fe := startProc(t, "kvmesh frontend", "frontend", "--nats", ns.URL(), "--listen", "127.0.0.1:0", "--log-level", "warn", "--admin-key-file", adminKeys)
 	base := fe.Expect(frontendLine, 20*time.Second)[1]
 	testutil.WaitFor(t, 10*time.Second, "frontend /health", func() bool {
 		resp, err := http.Get(strings.TrimSuffix(base, "/v1") + "/health")
@@ -125,7 +130,12 @@ func TestWorkerKVBMRestartRecoversDisk(t *testing.T) {
 	// worker's holdings reach its index: the 40 up to the corrupt block
 	// (not the killed process's, which held the whole prompt).
 	diskHeld := func() int {
-		resp, err := http.Get(strings.TrimSuffix(base, "/v1") + "/debug/kv-index")
+		req, err := http.NewRequest("GET", strings.TrimSuffix(base, "/v1")+"/debug/kv-index", nil)
+		if err != nil {
+			return -1
+		}
+		req.Header.Set("Authorization", "Bearer "+adminKey)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return -1
 		}

@@ -52,10 +52,12 @@ type frontendFlags struct {
 	localPrefillRatio  float64
 	// ln is --listen bound early (serve checks the port before starting
 	// anything else); nil: startFrontendOn binds it.
-	ln    net.Listener
-	auth  authFlags
-	fleet fleetFlags
-	tls   tlsFlags
+	ln net.Listener
+	// timeouts bound slow clients at the front door.
+	timeouts frontend.Timeouts
+	auth     authFlags
+	fleet    fleetFlags
+	tls      tlsFlags
 	// tracer traces requests when OTEL_* asks for it (tracing.go); nil: off.
 	tracer trace.Tracer
 }
@@ -77,6 +79,10 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.StringVar(&ff.tokenizer, "tokenizer", "", "a Hugging Face tokenizer: tokenizer.json, or its directory (chat template from tokenizer_config.json beside it), so the frontend tokenizes as the engine does (default: built-in o200k and ChatML)")
 	f.IntVar(&ff.localPrefillTokens, "disagg-local-prefill-tokens", router.DefaultLocalPrefillTokens, "P/D: a request prefills on its decode worker when its net new prompt (prompt − what that worker holds) is under this many tokens and under --disagg-local-prefill-ratio of the prompt (0: never for length)")
 	f.Float64Var(&ff.localPrefillRatio, "disagg-local-prefill-ratio", router.DefaultLocalPrefillRatio, "P/D: the second bound of local prefill, net new / prompt, in (0, 1]")
+	def := frontend.DefaultTimeouts()
+	f.DurationVar(&ff.timeouts.ReadHeader, "read-header-timeout", def.ReadHeader, "longest a client may take to send a request's headers (0: no limit)")
+	f.DurationVar(&ff.timeouts.ReadBody, "read-body-timeout", def.ReadBody, "longest a client may take to send a request's body once its headers are in: a slower body is cut with its connection (0: no limit); responses and streams are not bounded")
+	f.DurationVar(&ff.timeouts.Idle, "idle-timeout", def.Idle, "longest a keep-alive connection may wait for its next request (0: no limit)")
 	ff.auth.register(f)
 	ff.fleet.register(f)
 	ff.tls.register(f)
@@ -173,9 +179,15 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 		cl.Close()
 		return nil, err
 	}
+	if cfg.AdminKeys, err = ff.auth.adminKeys(); err != nil {
+		cl.Close()
+		return nil, err
+	}
 	cfg.OpenMetrics = ff.auth.openMetrics
 	cfg.Tracer = ff.tracer
-	srv := &http.Server{Handler: frontend.New(cfg, cl, &models, reg, reg), ReadHeaderTimeout: 10 * time.Second}
+	cfg.Timeouts = ff.timeouts
+	cfg.Logger = log
+	srv := frontend.New(cfg, cl, &models, reg, reg).HTTPServer()
 	ln := ff.ln
 	if ln == nil {
 		if ln, err = listenHTTP(ff.listen); err != nil {

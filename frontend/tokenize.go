@@ -1,0 +1,73 @@
+package frontend
+
+import (
+	"context"
+	"net/http"
+)
+
+// Tokenizing is CPU work a client chooses the size of; it is bounded twice.
+// Each prompt is tokenized only up to the context limit (Model.EncodeUpTo),
+// and at most Config.Tokenizers prompts are tokenized at once: a request
+// waits for a slot, for as long as its client does. Waiting rather than
+// refusing: with the limit a prompt holds a slot for milliseconds, so a
+// burst is served a little later instead of failing, and a queue of
+// waiters costs no CPU.
+
+// tokenizing takes a tokenizer slot for the request; release gives it back.
+func (s *Server) tokenizing(ctx context.Context) (release func(), aerr *apiError) {
+	select {
+	case s.tokenSlots <- struct{}{}:
+		return func() { <-s.tokenSlots }, nil
+	case <-ctx.Done():
+		return nil, cancelled(ctx)
+	}
+}
+
+// tooManyTokens answers a prompt that tokenizing stopped past limit.
+func tooManyTokens(param string, limit int) *apiError {
+	return contextExceeded(param, "This model's maximum context length is %d tokens. However, your %s resulted in more than %d tokens. Please reduce the length of the %s.",
+		limit, param, limit, param)
+}
+
+// encodeChat tokenizes a chat request's messages up to the context limit.
+func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message) ([]uint32, *apiError) {
+	release, aerr := s.tokenizing(r.Context())
+	if aerr != nil {
+		return nil, aerr
+	}
+	defer release()
+	limit := s.maxContext(m)
+	if m.EncodeChatUpTo == nil {
+		ids, err := m.EncodeChat(msgs)
+		if err != nil {
+			return nil, invalid("messages", "the chat template could not render these messages: %v", err)
+		}
+		return ids, nil
+	}
+	ids, done, err := m.EncodeChatUpTo(msgs, limit)
+	switch {
+	case err != nil:
+		return nil, invalid("messages", "the chat template could not render these messages: %v", err)
+	case !done:
+		return nil, tooManyTokens("messages", limit)
+	}
+	return ids, nil
+}
+
+// encodeText tokenizes one plain-text prompt up to the context limit.
+func (s *Server) encodeText(r *http.Request, m *Model, text string) ([]uint32, *apiError) {
+	release, aerr := s.tokenizing(r.Context())
+	if aerr != nil {
+		return nil, aerr
+	}
+	defer release()
+	if m.EncodeUpTo == nil {
+		return m.Encode(text), nil
+	}
+	limit := s.maxContext(m)
+	ids, done := m.EncodeUpTo(text, limit)
+	if !done {
+		return nil, tooManyTokens("prompt", limit)
+	}
+	return ids, nil
+}
