@@ -60,6 +60,9 @@ type FeedStats struct {
 	BadMessages, UnknownInstance     int64
 	InstancesAdded, InstancesRemoved int64
 	StaleRepairs                     int64
+	// UnfillableGaps are gaps the worker's own ids do not reach (forged
+	// or foreign events): repaired by a dump, never retried.
+	UnfillableGaps int64
 }
 
 // Feed is the router side of the event plane for one model: the loop that
