@@ -232,11 +232,12 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 		}
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
 	}
+	var identity []nats.Option
 	if c := cfg.Credential; c != nil {
 		if cfg.CredsFile != "" {
 			return nil, errors.New("nats: a credentials file and a fleet credential exclude each other")
 		}
-		opts = append(opts, nats.UserInfo(c.User(), ""), nats.Nkey(c.public(), c.kp.Sign))
+		identity = []nats.Option{nats.UserInfo(c.User(), ""), nats.Nkey(c.public(), c.kp.Sign)}
 	}
 	if cfg.CAFile != "" {
 		opts = append(opts, nats.RootCAs(cfg.CAFile))
@@ -247,7 +248,13 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 	if cfg.CertFile != "" {
 		opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
 	}
-	nc, err := nats.Connect(urls, opts...)
+	nc, err := nats.Connect(urls, append(opts, identity...)...)
+	if errors.Is(err, nats.ErrNkeysNotSupported) && identity != nil {
+		// A server that authenticates no one sends no nonce to sign: the
+		// fleet identity is only for kvmesh's embedded server, so join
+		// without it. Discovery records stay signed either way.
+		nc, err = nats.Connect(urls, opts...)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("nats: connect %s: %w", redactURLs(urls), err)
 	}

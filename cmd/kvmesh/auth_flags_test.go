@@ -58,11 +58,11 @@ func TestFleetTokenFlag(t *testing.T) {
 	if tok, err := (&fleetFlags{}).token(); tok != "" || err != nil {
 		t.Fatalf("none: %q %v", tok, err)
 	}
-	if tok, err := (&fleetFlags{write("good", "  0123456789abcdef-xyz\n")}).token(); tok != "0123456789abcdef-xyz" || err != nil {
+	if tok, err := (&fleetFlags{tokenFile: write("good", "  0123456789abcdef-xyz\n")}).token(); tok != "0123456789abcdef-xyz" || err != nil {
 		t.Fatalf("good: %q %v", tok, err)
 	}
 	for _, bad := range []string{write("short", "abc\n"), write("space", "0123456789 abcdef\n"), filepath.Join(dir, "missing")} {
-		if _, err := (&fleetFlags{bad}).token(); err == nil || !strings.Contains(err.Error(), "--fleet-token-file") {
+		if _, err := (&fleetFlags{tokenFile: bad}).token(); err == nil || !strings.Contains(err.Error(), "--fleet-token-file") {
 			t.Errorf("%s: %v, want an error naming --fleet-token-file", bad, err)
 		}
 	}
