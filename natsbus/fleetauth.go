@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
 
@@ -119,6 +120,11 @@ func NewAdminCredential() (*Credential, error) {
 
 // User is the identity's user name.
 func (c *Credential) User() string { return c.id.User() }
+
+// Options are the nats.go options that present the credential.
+func (c *Credential) Options() []nats.Option {
+	return []nats.Option{nats.UserInfo(c.User(), ""), nats.Nkey(c.public(), c.kp.Sign)}
+}
 
 func (c *Credential) public() string {
 	pub, _ := c.kp.PublicKey()

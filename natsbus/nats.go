@@ -237,7 +237,7 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 		if cfg.CredsFile != "" {
 			return nil, errors.New("nats: a credentials file and a fleet credential exclude each other")
 		}
-		identity = []nats.Option{nats.UserInfo(c.User(), ""), nats.Nkey(c.public(), c.kp.Sign)}
+		identity = c.Options()
 	}
 	if cfg.CAFile != "" {
 		opts = append(opts, nats.RootCAs(cfg.CAFile))
