@@ -58,15 +58,15 @@ type testFleet struct {
 	cfg fleetConfig
 	bin string
 
-	natsMu   sync.Mutex
-	nats     *natsbus.Embedded
+	natsMu sync.Mutex
+	nats   *natsbus.Embedded
 	// The fleet runs authenticated: every process proves the token, the
 	// test connects as the server's admin (kept across NATS restarts).
 	tokenFile string
 	admin     *natsbus.Credential
-	natsPort int
-	natsDir  string
-	proxy    *natsProxy
+	natsPort  int
+	natsDir   string
+	proxy     *natsProxy
 
 	mu        sync.Mutex
 	workers   []*workerProc
