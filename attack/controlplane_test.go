@@ -131,6 +131,25 @@ func cpConnectAs(t *testing.T, url, token, user string) (*nats.Conn, <-chan erro
 	return nc, errs, err
 }
 
+// cpPublishForgedBatch publishes, on victim's event subject, a batch in
+// its name holding one event with id 2^40 (probe 3).
+func cpPublishForgedBatch(t *testing.T, nc *nats.Conn, victim string) {
+	t.Helper()
+	id, err := strconv.ParseUint(victim, 16, 64)
+	if err != nil {
+		t.Fatalf("instance %q: %v", victim, err)
+	}
+	forged := kv.Cleared(kv.WorkerKey{Instance: id})
+	forged.ID = 1 << 40
+	b, err := proto.Marshal(&api.KvEventBatch{Instance: id, Events: api.EventsToProto([]kv.Event{forged})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish("kvmesh.events."+cpModel+"."+victim, b); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func cpRandomID() uint64 {
 	var b [8]byte
 	rand.Read(b[:])
@@ -295,16 +314,7 @@ func TestCPWorkerCannotTouchAnothersRecordOrSubject(t *testing.T) {
 		_, err := bucket.Put(c, key, []byte(`{}`))
 		return err
 	})
-	id, _ := strconv.ParseUint(victim, 16, 64)
-	forged := kv.Cleared(kv.WorkerKey{Instance: id})
-	forged.ID = 1 << 40
-	b, err := proto.Marshal(&api.KvEventBatch{Instance: id, Events: api.EventsToProto([]kv.Event{forged})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Publish("kvmesh.events."+cpModel+"."+victim, b); err != nil {
-		t.Fatal(err)
-	}
+	cpPublishForgedBatch(t, nc, victim)
 	nc.Flush()
 	select {
 	case err := <-errs:
@@ -327,10 +337,6 @@ func TestCPForgedBatchCostsOneDump(t *testing.T) {
 	ns := cpOpenNATS(t)
 	s := cpServe(t, "--nats", ns.URL(), "--fleet-token-file", cpTokenFile(t))
 	victim := s.cpLogFields(t, `msg="worker started"`)["instance"]
-	id, err := strconv.ParseUint(victim, 16, 64)
-	if err != nil {
-		t.Fatalf("instance %q in serve's log: %v", victim, err)
-	}
 	metrics := strings.TrimSuffix(s.base, "/v1") + "/metrics"
 	feed := func(name string) float64 {
 		for k, v := range testutil.Scrape(t, metrics) {
@@ -352,15 +358,7 @@ func TestCPForgedBatchCostsOneDump(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	forged := kv.Cleared(kv.WorkerKey{Instance: id})
-	forged.ID = 1 << 40
-	b, err := proto.Marshal(&api.KvEventBatch{Instance: id, Events: api.EventsToProto([]kv.Event{forged})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Publish("kvmesh.events."+cpModel+"."+victim, b); err != nil {
-		t.Fatal(err)
-	}
+	cpPublishForgedBatch(t, nc, victim)
 	testutil.WaitFor(t, 15*time.Second, "the forged gap found unfillable", func() bool { return feed("unfillable_gaps_total") >= 1 })
 	applied := feed("events_applied_total")
 	if code := s.cpChat(t, long("after")); code != 200 {
