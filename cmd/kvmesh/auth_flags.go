@@ -76,6 +76,16 @@ func warnOpenListen(log *slog.Logger, ff *frontendFlags) {
 	log.Warn("the API listens beyond loopback without API keys: anyone who can reach it can use it (set --api-key-file or "+apiKeysEnv+", or --listen 127.0.0.1:PORT)", "listen", ff.listen)
 }
 
+// warnInsecureNATS prints one warning line when serve's embedded NATS runs
+// without authentication (--insecure-nats) where more than this host can
+// reach it.
+func warnInsecureNATS(log *slog.Logger, insecure bool, listen string) {
+	if !insecure || isLoopbackListen(listen) {
+		return
+	}
+	log.Warn("--insecure-nats: the embedded NATS server listens beyond loopback without authentication: anyone who can reach it can read the fleet's discovery and events and publish forged ones", "nats_listen", listen)
+}
+
 // fleetFlags are the credentials between kvmesh processes.
 type fleetFlags struct {
 	tokenFile string

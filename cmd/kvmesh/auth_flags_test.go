@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -88,6 +89,29 @@ func TestTLSFlags(t *testing.T) {
 	} {
 		if _, _, err := c.f.configs(); err == nil || !strings.Contains(err.Error(), c.flag) {
 			t.Errorf("%+v: %v, want an error naming %s", c.f, err, c.flag)
+		}
+	}
+}
+
+// Unauthenticated NATS is warned about exactly when it reaches beyond
+// loopback (probe 9 of issue 23, its NATS half).
+func TestWarnInsecureNATS(t *testing.T) {
+	for _, c := range []struct {
+		insecure bool
+		listen   string
+		warn     bool
+	}{
+		{true, "0.0.0.0:4222", true},
+		{true, "10.1.2.3:4222", true},
+		{true, "[::]:4222", true},
+		{true, "127.0.0.1:4222", false},
+		{true, "localhost:0", false},
+		{false, "0.0.0.0:4222", false},
+	} {
+		var buf strings.Builder
+		warnInsecureNATS(slog.New(slog.NewTextHandler(&buf, nil)), c.insecure, c.listen)
+		if got := strings.Contains(buf.String(), "--insecure-nats"); got != c.warn {
+			t.Errorf("insecure %v listen %s: warned %v, want %v (%q)", c.insecure, c.listen, got, c.warn, buf.String())
 		}
 	}
 }

@@ -381,9 +381,8 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		nc := natsbus.EmbeddedConfig{Host: natsHost, Port: natsPort, DataDir: dataDir, Logger: log}
 		if !insecureNATS {
 			nc.FleetKey = fleetkey.Derive(fleetToken, fleetkey.NATS)
-		} else if !isLoopbackListen(natsListen) {
-			log.Warn("--insecure-nats: the embedded NATS server listens beyond loopback without authentication: anyone who can reach it can read the fleet's discovery and events and publish forged ones", "nats_listen", natsListen)
 		}
+		warnInsecureNATS(log, insecureNATS, natsListen)
 		ns, err := natsbus.StartEmbedded(nc)
 		if err != nil {
 			return err
