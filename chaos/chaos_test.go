@@ -362,7 +362,7 @@ func dropEvents(hold, every time.Duration) faultFn {
 // from the test's own connection (which does not hear its own copies).
 func duplicateEvents(hold time.Duration) faultFn {
 	return func(ctx context.Context, fl *testFleet, e *effects) {
-		nc, err := nats.Connect(fl.natsURL(), nats.NoEcho(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+		nc, err := nats.Connect(fl.natsURL(), append(fl.admin.Options(), nats.NoEcho(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))...)
 		if err != nil {
 			fl.t.Error(err)
 			return

@@ -23,6 +23,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/fleet"
+	"github.com/kvmesh/kvmesh/internal/fleetkey"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
@@ -57,11 +58,15 @@ type testFleet struct {
 	cfg fleetConfig
 	bin string
 
-	natsMu   sync.Mutex
-	nats     *natsbus.Embedded
-	natsPort int
-	natsDir  string
-	proxy    *natsProxy
+	natsMu sync.Mutex
+	nats   *natsbus.Embedded
+	// The fleet runs authenticated: every process proves the token, the
+	// test connects as the server's admin (kept across NATS restarts).
+	tokenFile string
+	admin     *natsbus.Credential
+	natsPort  int
+	natsDir   string
+	proxy     *natsProxy
 
 	mu        sync.Mutex
 	workers   []*workerProc
@@ -93,7 +98,15 @@ type frontendProc struct {
 func startFleet(t *testing.T, cfg fleetConfig) *testFleet {
 	t.Helper()
 	fl := &testFleet{t: t, cfg: cfg, bin: testutil.Binary(t), natsDir: t.TempDir(), scr: newScraper()}
-	ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: fl.natsDir})
+	fl.tokenFile = filepath.Join(t.TempDir(), "fleet.token")
+	if err := os.WriteFile(fl.tokenFile, []byte(fleetToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if fl.admin, err = natsbus.NewAdminCredential(); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := natsbus.StartEmbedded(fl.natsConfig(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,12 +128,12 @@ func startFleet(t *testing.T, cfg fleetConfig) *testFleet {
 	for range cfg.Frontends {
 		fl.startFrontend()
 	}
-	fl.nc, err = natsbus.Connect(natsbus.ConnConfig{URLs: fl.natsURL(), Name: "chaos-test", ReconnectWait: 100 * time.Millisecond, MaxReconnectWait: 250 * time.Millisecond})
+	fl.nc, err = natsbus.Connect(natsbus.ConnConfig{URLs: fl.natsURL(), Name: "chaos-test", Credential: fl.admin, ReconnectWait: 100 * time.Millisecond, MaxReconnectWait: 250 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	d, err := discovery.Open(ctx, fl.nc, discovery.Config{})
+	d, err := discovery.Open(ctx, fl.nc, discovery.Config{Key: fleetkey.Derive(fleetToken, fleetkey.Discovery)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +144,7 @@ func startFleet(t *testing.T, cfg fleetConfig) *testFleet {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	fl.pool = workerclient.NewPool()
+	fl.pool = workerclient.NewPool(workerclient.WithFleetToken(fleetToken))
 	t.Cleanup(func() {
 		fl.watcher.Close()
 		cancel()
@@ -142,6 +155,16 @@ func startFleet(t *testing.T, cfg fleetConfig) *testFleet {
 	fl.waitReady(30 * time.Second)
 	fl.scr.start()
 	return fl
+}
+
+// fleetToken is the chaos fleet's token: NATS identities, signed
+// discovery records, worker API proofs and the transfer HMAC all derive
+// from it.
+const fleetToken = "chaos-fleet-token-0123456789"
+
+// natsConfig is the fleet's NATS server on port (0: a free one).
+func (fl *testFleet) natsConfig(port int) natsbus.EmbeddedConfig {
+	return natsbus.EmbeddedConfig{Port: port, DataDir: fl.natsDir, FleetKey: fleetkey.Derive(fleetToken, fleetkey.NATS), Admin: fl.admin}
 }
 
 func (fl *testFleet) natsURL() string {
@@ -159,7 +182,7 @@ func (fl *testFleet) restartNATS(down time.Duration) {
 	var err error
 	var ns *natsbus.Embedded
 	for range 50 { // the port may take a moment to be free again
-		if ns, err = natsbus.StartEmbedded(natsbus.EmbeddedConfig{Port: fl.natsPort, DataDir: fl.natsDir}); err == nil {
+		if ns, err = natsbus.StartEmbedded(fl.natsConfig(fl.natsPort)); err == nil {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -198,7 +221,7 @@ func (fl *testFleet) startWorker() *workerProc {
 			"worker", "--nats", fl.proxy.url(), "--model", model, "--block-size", "16", "--blocks", "4096",
 			"--speedup-ratio", "1", "--stall-timeout", fl.cfg.StallTimeout.String(), "--discovery-ttl", fl.cfg.DiscoveryTTL.String(),
 			"--load-interval", "250ms", "--control-listen", ctrl, "--advertise-host", "127.0.0.1",
-			"--metrics-listen", "127.0.0.1:0", "--log-level", "info")
+			"--metrics-listen", "127.0.0.1:0", "--log-level", "info", "--fleet-token-file", fl.tokenFile)
 		var err error
 		if m, err = p.WaitMatch(workerLine, 30*time.Second); err == nil {
 			break
@@ -234,7 +257,8 @@ func (fl *testFleet) startFrontend() *frontendProc {
 		t.Fatal(err)
 	}
 	p := testutil.Start(t, "kvmesh frontend", fl.bin, nil, "frontend", "--nats", fl.natsURL(), "--listen", "127.0.0.1:0",
-		"--model", model, "--router-replica-sync", "--router-temperature", "0.5", "--log-level", "warn", "--admin-key-file", adminKeys)
+		"--model", model, "--router-replica-sync", "--router-temperature", "0.5", "--log-level", "warn", "--admin-key-file", adminKeys,
+		"--fleet-token-file", fl.tokenFile)
 	f := &frontendProc{Proc: p, base: p.Expect(frontendLine, 30*time.Second)[1]}
 	fl.scr.add("frontend "+f.base, f.base+"/metrics", &f.dead)
 	fl.mu.Lock()

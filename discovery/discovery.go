@@ -19,7 +19,7 @@ import (
 )
 
 // DefaultBucket is the discovery KV bucket.
-const DefaultBucket = "kvmesh_instances"
+const DefaultBucket = natsbus.DiscoveryBucket
 
 // Config configures the discovery bucket.
 type Config struct {
@@ -31,6 +31,10 @@ type Config struct {
 	TTL time.Duration
 	// Memory keeps the bucket in memory instead of on disk.
 	Memory bool
+	// Key signs the records this process registers and is required of the
+	// records it watches (fleetkey.Derive(token, fleetkey.Discovery)); nil:
+	// records are neither signed nor checked (a fleet without a token).
+	Key    []byte
 	Logger *slog.Logger
 }
 
@@ -130,7 +134,7 @@ func (d *Discovery) bucket(ctx context.Context, rebind bool) (jetstream.KeyValue
 type Registration struct {
 	d      *Discovery
 	key    string
-	val    []byte
+	record []byte // the unsigned record JSON
 	cancel context.CancelFunc
 	done   chan struct{}
 	// stored is when the record was last written (unix ns; 0: never).
@@ -158,11 +162,13 @@ func (d *Discovery) Register(ctx context.Context, in Instance) (*Registration, e
 	if err := in.Validate(); err != nil {
 		return nil, fmt.Errorf("discovery: register: %w", err)
 	}
-	val, err := json.Marshal(in)
+	in.SignedAt, in.Sig = 0, ""
+	record, err := json.Marshal(in)
 	if err != nil {
 		return nil, fmt.Errorf("discovery: register: %w", err)
 	}
-	r := &Registration{d: d, key: instanceKey(in.Model, in.ID), val: val, done: make(chan struct{})}
+	// Signed afresh on every refresh (put), so a copy grows stale.
+	r := &Registration{d: d, key: instanceKey(in.Model, in.ID), record: record, done: make(chan struct{})}
 	if err := r.put(ctx); err != nil {
 		return nil, err
 	}
@@ -173,12 +179,13 @@ func (d *Discovery) Register(ctx context.Context, in Instance) (*Registration, e
 }
 
 func (r *Registration) put(ctx context.Context) error {
+	val := signRecord(r.d.cfg.Key, r.record, time.Now())
 	kvb, err := r.d.bucket(ctx, false)
 	if err == nil {
-		_, err = kvb.Put(ctx, r.key, r.val)
+		_, err = kvb.Put(ctx, r.key, val)
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrNoStreamResponse) {
 			if kvb, err = r.d.bucket(ctx, true); err == nil {
-				_, err = kvb.Put(ctx, r.key, r.val)
+				_, err = kvb.Put(ctx, r.key, val)
 			}
 		}
 	}
@@ -384,7 +391,7 @@ func (w *Watcher) watchOnce(ctx context.Context, status chan nats.Status, first 
 					w.remove(id)
 				}
 			default:
-				in, err := parseInstance(e.Value())
+				in, err := w.d.parseSigned(e.Value(), time.Now())
 				if err == nil && (in.ID != id || in.Model != w.model) {
 					err = fmt.Errorf("record names instance %x of model %q", in.ID, in.Model)
 				}
@@ -450,7 +457,10 @@ func (w *Watcher) emit(ev Event) {
 	}
 }
 
+// sameInstance compares records but not their signatures, which change
+// with every refresh.
 func sameInstance(a, b Instance) bool {
+	a.SignedAt, a.Sig, b.SignedAt, b.Sig = 0, "", 0, ""
 	ja, _ := json.Marshal(a)
 	jb, _ := json.Marshal(b)
 	return string(ja) == string(jb)

@@ -60,8 +60,13 @@ type Instance struct {
 	// TLS: the worker API speaks only TLS (the fleet's mutual TLS), so a
 	// caller without the fleet's client certificate cannot reach it.
 	TLS bool `json:"tls,omitempty"`
-	// FleetToken: the worker API answers only calls bearing the fleet token.
+	// FleetToken: the worker API answers only calls that prove the fleet
+	// token (workerclient.WithFleetToken).
 	FleetToken bool `json:"fleet_token,omitempty"`
+	// SignedAt and Sig are the signature of a fleet with a key (sign.go);
+	// Register sets them.
+	SignedAt int64  `json:"signed_at,omitempty"`
+	Sig      string `json:"sig,omitempty"`
 }
 
 // ServesLoRA reports whether the worker serves adapter name ("" is the

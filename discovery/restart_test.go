@@ -4,6 +4,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvmesh/kvmesh/internal/fleetkey"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/natsbus/natstest"
@@ -12,20 +15,49 @@ import (
 // A NATS restart (same port, same data dir) must not end anything: the
 // registration refreshes again, watchers resync, and an instance that died
 // during the outage is removed.
-func TestDiscoverySurvivesNATSRestart(t *testing.T) {
+func TestDiscoverySurvivesNATSRestart(t *testing.T) { survivesRestart(t, false) }
+
+// The same on an authenticated server (serve's default): the writer as the
+// server's admin (two instances), the reader as a frontend, records signed;
+// both prove themselves again to the restarted server.
+func TestDiscoverySurvivesAuthenticatedNATSRestart(t *testing.T) { survivesRestart(t, true) }
+
+func survivesRestart(t *testing.T, auth bool) {
 	dir := t.TempDir()
-	e, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{DataDir: dir})
+	cfg := natsbus.EmbeddedConfig{DataDir: dir}
+	var reader *natsbus.Credential
+	var recordKey []byte
+	if auth {
+		cfg.FleetKey = fleetkey.Derive("the-fleet-token-0123", fleetkey.NATS)
+		recordKey = fleetkey.Derive("the-fleet-token-0123", fleetkey.Discovery)
+		var err error
+		if cfg.Admin, err = natsbus.NewAdminCredential(); err != nil {
+			t.Fatal(err)
+		}
+		if reader, err = natsbus.FleetCredential(cfg.FleetKey, natsbus.FrontendIdentity()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e, err := natsbus.StartEmbedded(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	port := e.Port()
 	ctx := natstest.Ctx(t)
-	ncW, ncR := natstest.Connect(t, e.URL()), natstest.Connect(t, e.URL())
-	dw, err := Open(ctx, ncW, Config{TTL: time.Second})
+	connect := func(cred *natsbus.Credential) *nats.Conn {
+		nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: e.URL(), Credential: cred, ReconnectWait: 50 * time.Millisecond, MaxReconnectWait: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	ncW, ncR := connect(e.Admin()), connect(reader)
+	dw, err := Open(ctx, ncW, Config{TTL: time.Second, Key: recordKey})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dr, err := Open(ctx, ncR, Config{TTL: time.Second})
+	dr, err := Open(ctx, ncR, Config{TTL: time.Second, Key: recordKey})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +81,8 @@ func TestDiscoverySurvivesNATSRestart(t *testing.T) {
 	dies.cancel() // instance 2 dies while NATS is away
 	<-dies.done
 	time.Sleep(1500 * time.Millisecond)
-	e2, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{Port: port, DataDir: dir})
+	cfg.Port = port
+	e2, err := natsbus.StartEmbedded(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

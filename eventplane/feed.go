@@ -25,7 +25,8 @@ type Applier interface {
 // Repairer fetches what a feed missed from the worker itself.
 type Repairer interface {
 	// Events returns the events of w with from ≤ id ≤ to, all of them in
-	// order, or tooOld when the worker no longer has from.
+	// order, or tooOld when the worker no longer has from; only those up
+	// to its last id when that is below to (the gap is not its own).
 	Events(ctx context.Context, in discovery.Instance, w kv.WorkerKey, from, to uint64) (evs []kv.Event, tooOld bool, err error)
 	// Dump returns w's holdings as Stored events and the last event id
 	// they reflect.
@@ -60,6 +61,9 @@ type FeedStats struct {
 	BadMessages, UnknownInstance     int64
 	InstancesAdded, InstancesRemoved int64
 	StaleRepairs                     int64
+	// UnfillableGaps are gaps the worker's own ids do not reach (forged
+	// or foreign events): repaired by a dump, never retried.
+	UnfillableGaps int64
 }
 
 // Feed is the router side of the event plane for one model: the loop that

@@ -8,7 +8,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type feedCollector struct {
 	f                                                         *Feed
 	batches, applied, duplicates, gaps, repairs, repairErrors *prometheus.Desc
-	overflows, bad, unknown, instances, staleRepairs          *prometheus.Desc
+	overflows, bad, unknown, instances, staleRepairs, unfill  *prometheus.Desc
 }
 
 // Collector returns a prometheus.Collector of the feed's counters, with a
@@ -30,12 +30,13 @@ func (f *Feed) Collector() prometheus.Collector {
 		unknown:      d("unknown_instance_messages_total", "Event batches from instances not (or no longer) discovered."),
 		instances:    d("instance_changes_total", "Instances the feed started (change=added) or stopped (change=removed) following.", "change"),
 		staleRepairs: d("stale_repairs_total", "Repair answers dropped because their instance was removed or replaced meanwhile."),
+		unfill:       d("unfillable_gaps_total", "Gaps past the worker's own last id (forged or foreign events): the worker is reset from a dump instead of retried."),
 	}
 }
 
 func (c *feedCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.batches, c.applied, c.duplicates, c.gaps, c.repairs, c.repairErrors,
-		c.overflows, c.bad, c.unknown, c.instances, c.staleRepairs} {
+		c.overflows, c.bad, c.unknown, c.instances, c.staleRepairs, c.unfill} {
 		ch <- d
 	}
 }
@@ -59,4 +60,5 @@ func (c *feedCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.instances, s.InstancesAdded, "added")
 	counter(c.instances, s.InstancesRemoved, "removed")
 	counter(c.staleRepairs, s.StaleRepairs)
+	counter(c.unfill, s.UnfillableGaps)
 }

@@ -101,7 +101,9 @@ const (
 // row that the key still has not reached) starts a range repair; events
 // arriving meanwhile queue behind it. A range the worker's ring no longer
 // holds, a failed repair with nothing queued, or a queue past MaxQueue
-// turns into a dump, which replaces the key's holdings. A new instance is
+// turns into a dump, which replaces the key's holdings; so does a range
+// the worker answers short (its ids end inside the gap: the ids past it
+// were never its own), dropping what queued past the gap. A new instance is
 // dumped; a removed or re-shaped one is dropped at once. Failed repairs are
 // retried with exponential backoff.
 //
@@ -345,10 +347,22 @@ func (c *FeedCore) Answer(a Answer) []Action {
 		return c.out
 	}
 	err := a.Err
+	unfillable := false
 	if err == nil && !k.dump && !a.TooOld && !contiguous(a.Events, k.last+1, k.to) {
-		err = fmt.Errorf("range answer [%d,%d] not contiguous (%d events)", k.last+1, k.to, len(a.Events))
+		if unfillable = shortOf(a.Events, k.last+1, k.to); !unfillable {
+			err = fmt.Errorf("range answer [%d,%d] not contiguous (%d events)", k.last+1, k.to, len(a.Events))
+		}
 	}
 	switch {
+	case unfillable:
+		// The worker's ids end inside the gap: it never published what
+		// made the gap (a forged event or announcement, or one of another
+		// incarnation), so retrying the range would never end. Its
+		// holdings come from a dump, and what stood past the gap goes.
+		c.st.UnfillableGaps++
+		k.queue, k.announced, k.needDump = nil, 0, true
+		c.restart(fi, k, nil)
+		return c.out
 	case err != nil:
 		c.st.RepairErrors++
 		k.backoff = min(max(2*k.backoff, minBackoff), maxBackoff)
@@ -399,6 +413,20 @@ func (c *FeedCore) restart(fi *coreInstance, k *coreKey, err error) {
 		k.needDump = true
 	}
 	c.startRepair(fi, k, err)
+}
+
+// shortOf reports whether evs are from, from+1, … but end before to: the
+// answer of a worker whose last id is below to.
+func shortOf(evs []kv.Event, from, to uint64) bool {
+	if uint64(len(evs)) >= to-from+1 {
+		return false
+	}
+	for i, e := range evs {
+		if e.ID != from+uint64(i) {
+			return false
+		}
+	}
+	return true
 }
 
 func contiguous(evs []kv.Event, from, to uint64) bool {

@@ -227,6 +227,29 @@ func TestFeedCore(t *testing.T) {
 		stats: FeedStats{RepairErrors: 1, RangeRepairs: 1},
 		last:  map[kv.WorkerKey]uint64{{Instance: 1}: 6},
 	}, {
+		// Probe 3 of issue 23: a forged batch with id 2^40 for a real
+		// worker made the feed retry its range repair forever.
+		name: "a forged huge id: the worker answers short, a dump resets it, nothing is retried",
+		steps: append(synced[:3:3],
+			step{batch(1, 1<<40), "range 1.0 #2 [3,1099511627775]"},
+			step{batch(1, 3), ""},
+			step{ranged(1, 0, 2, 3), "dump 1.0 #3"},
+			step{dumped(1, 0, 3, 3, 1), "remove 1.0; apply 1.0 [0] last=3"},
+			step{batch(1, 4), "apply 1.0 [4] last=4"}),
+		stats: FeedStats{UnfillableGaps: 1, DumpRepairs: 2, Gaps: 1},
+		last:  map[kv.WorkerKey]uint64{{Instance: 1}: 4},
+	}, {
+		name: "a forged announcement: one dump, then the real reports start no repair",
+		steps: append(synced[:3:3],
+			step{load(1, 1<<40), ""},
+			step{load(1, 1<<40), "range 1.0 #2 [3,1099511627776]"},
+			step{ranged(1, 0, 2), "dump 1.0 #3"},
+			step{dumped(1, 0, 3, 2, 0), "remove 1.0; apply 1.0 [] last=2"},
+			step{load(1, 2), ""},
+			step{load(1, 2), ""}),
+		stats: FeedStats{UnfillableGaps: 1, TailGaps: 1},
+		last:  map[kv.WorkerKey]uint64{{Instance: 1}: 2},
+	}, {
 		name: "failing repairs are retried with growing backoff, reset by success",
 		steps: []step{
 			{added(1, 1), "dump 1.0 #1"},

@@ -26,6 +26,14 @@ type EmbeddedConfig struct {
 	DataDir string
 	// Logger receives the server's notices and errors; nil discards them.
 	Logger *slog.Logger
+	// FleetKey, when set, makes the server authenticate every client by
+	// identity (fleetauth.go): workers and frontends with credentials
+	// derived from this key, the owner with Admin. Nil: anyone connects
+	// (tests, and serve --insecure-nats).
+	FleetKey []byte
+	// Admin is the owner's credential under FleetKey; nil draws one
+	// (Embedded.Admin returns it).
+	Admin *Credential
 }
 
 // Embedded is a running in-process NATS server.
@@ -33,6 +41,7 @@ type Embedded struct {
 	srv     *server.Server
 	dataDir string
 	tempDir bool
+	admin   *Credential
 }
 
 // StartEmbedded starts a NATS server with JetStream in this process and waits
@@ -67,6 +76,17 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		// No HTTP monitor, no cluster: a single loopback server.
 		MaxPayload: 8 << 20,
 	}
+	admin := cfg.Admin
+	if len(cfg.FleetKey) > 0 {
+		if admin == nil {
+			var err error
+			if admin, err = NewAdminCredential(); err != nil {
+				return nil, err
+			}
+		}
+		opts.CustomClientAuthentication = &fleetAuth{key: cfg.FleetKey, admin: admin.public()}
+		opts.AlwaysEnableNonce = true
+	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		if temp {
@@ -86,7 +106,10 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		}
 		return nil, fmt.Errorf("embedded nats: not ready on %s within 10s", net.JoinHostPort(host, strconv.Itoa(cfg.Port)))
 	}
-	return &Embedded{srv: srv, dataDir: dir, tempDir: temp}, nil
+	if len(cfg.FleetKey) == 0 {
+		admin = nil
+	}
+	return &Embedded{srv: srv, dataDir: dir, tempDir: temp, admin: admin}, nil
 }
 
 // URL is the client URL, e.g. nats://127.0.0.1:4222.
@@ -99,6 +122,9 @@ func (e *Embedded) Port() int {
 	}
 	return 0
 }
+
+// Admin is the owner's credential; nil when the server authenticates no one.
+func (e *Embedded) Admin() *Credential { return e.admin }
 
 // DataDir is where JetStream keeps its state.
 func (e *Embedded) DataDir() string { return e.dataDir }
@@ -130,6 +156,9 @@ type ConnConfig struct {
 	Name string
 	// CredsFile is a NATS credentials (JWT + nkey seed) file.
 	CredsFile string
+	// Credential proves an identity to an embedded server with a fleet
+	// key (fleetauth.go).
+	Credential *Credential
 	// CAFile, CertFile and KeyFile configure TLS: a CA to trust and an
 	// optional client certificate.
 	CAFile, CertFile, KeyFile string
@@ -203,6 +232,13 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 		}
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
 	}
+	var identity []nats.Option
+	if c := cfg.Credential; c != nil {
+		if cfg.CredsFile != "" {
+			return nil, errors.New("nats: a credentials file and a fleet credential exclude each other")
+		}
+		identity = c.Options()
+	}
 	if cfg.CAFile != "" {
 		opts = append(opts, nats.RootCAs(cfg.CAFile))
 	}
@@ -212,7 +248,13 @@ func Connect(cfg ConnConfig) (*nats.Conn, error) {
 	if cfg.CertFile != "" {
 		opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
 	}
-	nc, err := nats.Connect(urls, opts...)
+	nc, err := nats.Connect(urls, append(opts, identity...)...)
+	if errors.Is(err, nats.ErrNkeysNotSupported) && identity != nil {
+		// A server that authenticates no one sends no nonce to sign: the
+		// fleet identity is only for kvmesh's embedded server, so join
+		// without it. Discovery records stay signed either way.
+		nc, err = nats.Connect(urls, opts...)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("nats: connect %s: %w", redactURLs(urls), err)
 	}

@@ -2,12 +2,12 @@ package worker
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -16,30 +16,44 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/internal/fleetkey"
 	"github.com/kvmesh/kvmesh/workerclient"
 )
 
-// errUnauthenticated answers a worker API call without the fleet token.
-var errUnauthenticated = status.Error(codes.Unauthenticated, "worker API: this worker requires the fleet token")
+// errUnauthenticated answers a worker API call without a valid fleet proof.
+var errUnauthenticated = status.Error(codes.Unauthenticated, "worker API: this worker requires proof of the fleet token")
 
-// tokenGuard checks the fleet token on every worker API call before the
-// handler runs, so a caller without it reaches neither Generate nor the
-// event and dump queries. Refusals are counted and logged once per host.
-type tokenGuard struct {
+// proofGuard checks the fleet proof (workerclient.ProofMetadataKey) on
+// every worker API call before the handler runs, so a caller without the
+// fleet token reaches neither Generate nor the event and dump queries. A
+// proof counts only for this worker's advertised address, within
+// workerclient.ProofWindow, and once. Refusals are counted and logged once
+// per host.
+type proofGuard struct {
 	w    *Worker
-	want [sha256.Size]byte
+	key  []byte
+	addr string // the advertised address proofs must name
 	log  onceper
+
+	mu sync.Mutex
+	// seen and prev are the nonces accepted since the last rotation and in
+	// the span before it; rotations are 2×ProofWindow apart, so a nonce is
+	// remembered as long as its proof's time is acceptable.
+	seen, prev map[string]struct{}
+	rotated    time.Time
 }
 
-func (g *tokenGuard) check(ctx context.Context) error {
+func newProofGuard(w *Worker, token, addr string) *proofGuard {
+	return &proofGuard{w: w, key: fleetkey.Derive(token, fleetkey.WorkerAPI), addr: addr, seen: map[string]struct{}{}}
+}
+
+func (g *proofGuard) check(ctx context.Context, method string) error {
 	md, _ := metadata.FromIncomingContext(ctx)
-	ok := 0
-	for _, v := range md.Get(workerclient.TokenMetadataKey) {
-		sum := sha256.Sum256([]byte(v))
-		ok |= subtle.ConstantTimeCompare(sum[:], g.want[:])
-	}
-	if ok == 1 {
-		return nil
+	now := time.Now()
+	for _, v := range md.Get(workerclient.ProofMetadataKey) {
+		if g.accept(v, method, now) {
+			return nil
+		}
 	}
 	g.w.unauthenticated.Add(1)
 	var addr net.Addr
@@ -47,9 +61,41 @@ func (g *tokenGuard) check(ctx context.Context) error {
 		addr = p.Addr
 	}
 	if host, first := g.log.first(addr); first {
-		g.w.log.Warn("worker API: refused a caller without the fleet token (logged once per host)", "peer", host)
+		g.w.log.Warn("worker API: refused a caller without a valid proof of the fleet token (logged once per host)", "peer", host)
 	}
 	return errUnauthenticated
+}
+
+func (g *proofGuard) accept(v, method string, now time.Time) bool {
+	p, err := workerclient.ParseProof(v)
+	if err != nil {
+		return false
+	}
+	if d := now.Sub(p.At); d > workerclient.ProofWindow || d < -workerclient.ProofWindow {
+		return false
+	}
+	// gRPC drops a :443 from the authority it signs.
+	if !p.Valid(g.key, g.addr, method) && !p.Valid(g.key, strings.TrimSuffix(g.addr, ":443"), method) {
+		return false
+	}
+	return g.fresh(p.Nonce, now)
+}
+
+// fresh records nonce, false when it was already used.
+func (g *proofGuard) fresh(nonce string, now time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if now.Sub(g.rotated) >= 2*workerclient.ProofWindow {
+		g.prev, g.seen, g.rotated = g.seen, map[string]struct{}{}, now
+	}
+	if _, used := g.seen[nonce]; used {
+		return false
+	}
+	if _, used := g.prev[nonce]; used {
+		return false
+	}
+	g.seen[nonce] = struct{}{}
+	return true
 }
 
 // onceper remembers the hosts already logged (at most maxWarnedHosts).
@@ -105,8 +151,8 @@ func (c countingTLS) Clone() credentials.TransportCredentials {
 }
 
 // authOptions are the gRPC server options that enforce Config.TLS and
-// Config.FleetToken.
-func (w *Worker) authOptions() []grpc.ServerOption {
+// Config.FleetToken; addr is the advertised address proofs must name.
+func (w *Worker) authOptions(addr string) []grpc.ServerOption {
 	var opts []grpc.ServerOption
 	if w.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(countingTLS{TransportCredentials: credentials.NewTLS(w.cfg.TLS), w: w, log: &onceper{}}))
@@ -114,16 +160,16 @@ func (w *Worker) authOptions() []grpc.ServerOption {
 	if w.cfg.FleetToken == "" {
 		return opts
 	}
-	g := &tokenGuard{w: w, want: sha256.Sum256([]byte("Bearer " + w.cfg.FleetToken))}
+	g := newProofGuard(w, w.cfg.FleetToken, addr)
 	return append(opts,
-		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			if err := g.check(ctx); err != nil {
+		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if err := g.check(ctx, info.FullMethod); err != nil {
 				return nil, err
 			}
 			return h(ctx, req)
 		}),
-		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-			if err := g.check(ss.Context()); err != nil {
+		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			if err := g.check(ss.Context(), info.FullMethod); err != nil {
 				return err
 			}
 			return h(srv, ss)

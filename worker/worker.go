@@ -26,6 +26,7 @@ import (
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/eventplane"
+	"github.com/kvmesh/kvmesh/internal/fleetkey"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/workerclient"
@@ -89,7 +90,8 @@ type Config struct {
 	// instance) from Start until Close; nil keeps them unregistered.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
-	// FleetToken, when set, is required on every worker API call (auth.go);
+	// FleetToken, when set, must be proven on every worker API call
+	// (auth.go) and signs the discovery record;
 	// give the Peer the same token for its control endpoints.
 	FleetToken string
 	// TLS, when set, serves the worker API over TLS (mutual when it
@@ -205,6 +207,11 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Discovery.Key == nil {
+		// A worker with a fleet token signs its record, so frontends
+		// holding the token can tell it from a forgery.
+		cfg.Discovery.Key = fleetkey.Derive(cfg.FleetToken, fleetkey.Discovery)
+	}
 	if cfg.Discovery.Logger == nil {
 		cfg.Discovery.Logger = cfg.Logger
 	}
@@ -280,7 +287,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: %w (set an advertise address)", err)
 	}
 	w.srv = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(workerclient.MaxMessageBytes), grpc.MaxSendMsgSize(workerclient.MaxMessageBytes)},
-		w.authOptions()...)...)
+		w.authOptions(adv)...)...)
 	api.RegisterWorkerServer(w.srv, &server{w: w})
 	w.wg.Go(func() {
 		if err := w.srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {

@@ -89,7 +89,8 @@ func (p *Pool) Close() {
 // workers over the worker API.
 type Repairer struct{ Clients *Pool }
 
-// Events fetches [from, to], following truncated answers.
+// Events fetches [from, to], following truncated answers; the answer is
+// short (a prefix, maybe empty) when the worker's last id is below to.
 func (r Repairer) Events(ctx context.Context, in discovery.Instance, w kv.WorkerKey, from, to uint64) ([]kv.Event, bool, error) {
 	wc, err := r.Clients.Get(in)
 	if err != nil {
@@ -103,6 +104,11 @@ func (r Repairer) Events(ctx context.Context, in discovery.Instance, w kv.Worker
 		}
 		if resp.TooOld {
 			return nil, true, nil
+		}
+		if len(resp.Events) == 0 && resp.LastId < from {
+			// The worker's ids end before the range: what it has is all
+			// there is (the feed resets it from a dump).
+			return out, false, nil
 		}
 		if len(resp.Events) == 0 {
 			return nil, false, fmt.Errorf("events %v [%d,%d] from %s: empty answer (worker's last id %d)", w, from, to, in.GRPCAddr, resp.LastId)

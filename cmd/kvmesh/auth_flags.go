@@ -7,6 +7,9 @@ import (
 	"os"
 	"strings"
 
+	"crypto/rand"
+	"encoding/hex"
+
 	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/frontend"
@@ -98,8 +101,23 @@ func warnOpenListen(log *slog.Logger, ff *frontendFlags) {
 	log.Warn("the API listens beyond loopback without API keys: "+why+" (set --api-key-file or "+apiKeysEnv+", or --listen 127.0.0.1:PORT)", "listen", ff.listen)
 }
 
+// warnInsecureNATS prints one warning line when serve's embedded NATS runs
+// without authentication (--insecure-nats) where more than this host can
+// reach it.
+func warnInsecureNATS(log *slog.Logger, insecure bool, listen string) {
+	if !insecure || isLoopbackListen(listen) {
+		return
+	}
+	log.Warn("--insecure-nats: the embedded NATS server listens beyond loopback without authentication: anyone who can reach it can read the fleet's discovery and events and publish forged ones", "nats_listen", listen)
+}
+
 // fleetFlags are the credentials between kvmesh processes.
-type fleetFlags struct{ tokenFile string }
+type fleetFlags struct {
+	tokenFile string
+	// generated is serve's own random token when none is configured, so
+	// its in-process workers still answer only their own frontend.
+	generated string
+}
 
 func (fl *fleetFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&fl.tokenFile, "fleet-token-file", "", "file holding the shared fleet token: the worker API and the control endpoints then serve only peers that present it (frontends, serve and workers must share it)")
@@ -108,7 +126,7 @@ func (fl *fleetFlags) register(f *pflag.FlagSet) {
 // token reads the fleet token ("" when none is configured).
 func (fl *fleetFlags) token() (string, error) {
 	if fl.tokenFile == "" {
-		return "", nil
+		return fl.generated, nil
 	}
 	b, err := os.ReadFile(fl.tokenFile)
 	if err != nil {
@@ -122,4 +140,17 @@ func (fl *fleetFlags) token() (string, error) {
 		return "", fmt.Errorf("--fleet-token-file %s: the token must be printable ASCII without spaces", fl.tokenFile)
 	}
 	return tok, nil
+}
+
+// tokenOrRandom is token, or when none is configured a random one that
+// token returns from then on (serve: nothing outside the process holds it).
+func (fl *fleetFlags) tokenOrRandom() (string, error) {
+	tok, err := fl.token()
+	if err != nil || tok != "" {
+		return tok, err
+	}
+	var b [32]byte
+	rand.Read(b[:])
+	fl.generated = hex.EncodeToString(b[:])
+	return fl.generated, nil
 }

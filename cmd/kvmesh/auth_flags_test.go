@@ -83,11 +83,11 @@ func TestFleetTokenFlag(t *testing.T) {
 	if tok, err := (&fleetFlags{}).token(); tok != "" || err != nil {
 		t.Fatalf("none: %q %v", tok, err)
 	}
-	if tok, err := (&fleetFlags{write("good", "  0123456789abcdef-xyz\n")}).token(); tok != "0123456789abcdef-xyz" || err != nil {
+	if tok, err := (&fleetFlags{tokenFile: write("good", "  0123456789abcdef-xyz\n")}).token(); tok != "0123456789abcdef-xyz" || err != nil {
 		t.Fatalf("good: %q %v", tok, err)
 	}
 	for _, bad := range []string{write("short", "abc\n"), write("space", "0123456789 abcdef\n"), filepath.Join(dir, "missing")} {
-		if _, err := (&fleetFlags{bad}).token(); err == nil || !strings.Contains(err.Error(), "--fleet-token-file") {
+		if _, err := (&fleetFlags{tokenFile: bad}).token(); err == nil || !strings.Contains(err.Error(), "--fleet-token-file") {
 			t.Errorf("%s: %v, want an error naming --fleet-token-file", bad, err)
 		}
 	}
@@ -135,6 +135,29 @@ func TestWarnOpenListen(t *testing.T) {
 		warnOpenListen(slog.New(slog.NewTextHandler(&buf, nil)), &c.ff)
 		if got := buf.String(); (c.warn == "") != (got == "") || !strings.Contains(got, c.warn) {
 			t.Errorf("%+v: logged %q, want %q", c.ff, got, c.warn)
+		}
+	}
+}
+
+// Unauthenticated NATS is warned about exactly when it reaches beyond
+// loopback (probe 9 of issue 23, its NATS half).
+func TestWarnInsecureNATS(t *testing.T) {
+	for _, c := range []struct {
+		insecure bool
+		listen   string
+		warn     bool
+	}{
+		{true, "0.0.0.0:4222", true},
+		{true, "10.1.2.3:4222", true},
+		{true, "[::]:4222", true},
+		{true, "127.0.0.1:4222", false},
+		{true, "localhost:0", false},
+		{false, "0.0.0.0:4222", false},
+	} {
+		var buf strings.Builder
+		warnInsecureNATS(slog.New(slog.NewTextHandler(&buf, nil)), c.insecure, c.listen)
+		if got := strings.Contains(buf.String(), "--insecure-nats"); got != c.warn {
+			t.Errorf("insecure %v listen %s: warned %v, want %v (%q)", c.insecure, c.listen, got, c.warn, buf.String())
 		}
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/internal/fleetkey"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/workerclient"
@@ -44,8 +47,26 @@ type served struct {
 	natsURL string
 }
 
+// e2eFleetToken is the token startServe gives serve (unless the test
+// gives its own), so a test joins serve's embedded NATS and calls its
+// workers as serve's own frontend does (watchWorkers).
+const e2eFleetToken = "e2e-fleet-token-0123456789"
+
+// e2eTokenFile writes e2eFleetToken for --fleet-token-file.
+func e2eTokenFile(t *testing.T) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "fleet.token")
+	if err := os.WriteFile(f, []byte(e2eFleetToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 func startServe(t *testing.T, args ...string) *served {
 	t.Helper()
+	if !slices.Contains(args, "--fleet-token-file") {
+		args = append([]string{"--fleet-token-file", e2eTokenFile(t)}, args...)
+	}
 	p := startProc(t, "kvmesh serve", append([]string{"serve", "--listen", "127.0.0.1:0", "--log-level", "warn"}, args...)...)
 	m := p.Expect(serveLine, 30*time.Second)
 	return &served{Proc: p, base: m[1], natsURL: m[2]}
@@ -78,12 +99,19 @@ type workerSet struct {
 
 func watchWorkers(t *testing.T, natsURL, model string, want int) *workerSet {
 	t.Helper()
-	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: natsURL, Name: "e2e-test"})
+	// The identity and proofs e2eFleetToken gives are what serve's
+	// embedded NATS and workers require; other servers and workers
+	// ignore them.
+	cred, err := natsbus.FleetCredential(fleetkey.Derive(e2eFleetToken, fleetkey.NATS), natsbus.FrontendIdentity())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: natsURL, Name: "e2e-test", Credential: cred})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	ws := &workerSet{nc: nc, clients: workerclient.NewPool(), cancel: cancel}
+	ws := &workerSet{nc: nc, clients: workerclient.NewPool(workerclient.WithFleetToken(e2eFleetToken)), cancel: cancel}
 	t.Cleanup(ws.close)
 	d, err := discovery.Open(ctx, nc, discovery.Config{})
 	if err != nil {

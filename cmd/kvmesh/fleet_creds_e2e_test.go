@@ -56,7 +56,7 @@ func TestFleetCredentialsProcesses(t *testing.T) {
 			"refused a caller that failed the TLS handshake"},
 		{"fleet token", []string{"--fleet-token-file", tokenFile},
 			[]grpc.DialOption{workerclient.WithFleetToken(token)}, "kvmesh_worker_unauthenticated_total",
-			"refused a caller without the fleet token"},
+			"refused a caller without a valid proof of the fleet token"},
 	} {
 		t.Run(mode.name, func(t *testing.T) { credentialedFleet(t, mode.flags, mode.dial, mode.refused, mode.logged) })
 	}

@@ -9,6 +9,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kvmesh/kvmesh/natsbus"
 )
 
 func init() { rootCmd.AddCommand(newFrontendCmd()) }
@@ -48,6 +50,13 @@ On startup it prints one line to stdout:
 			ff.tracer = tracer
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			token, err := ff.fleet.token()
+			if err != nil {
+				return err
+			}
+			if err := nf.identify(token, natsbus.FrontendIdentity()); err != nil {
+				return err
+			}
 			nc, disc, err := nf.controlPlane(ctx, "kvmesh-frontend", log)
 			if err != nil {
 				return err

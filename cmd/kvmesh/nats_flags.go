@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/internal/fleetkey"
 	"github.com/kvmesh/kvmesh/natsbus"
 )
 
@@ -21,6 +22,31 @@ import (
 // they read the same everywhere.
 type natsFlags struct {
 	url, creds, ca, cert, key string
+	// cred proves this process's identity to a kvmesh embedded server
+	// (identify); discoveryKey signs and checks discovery records.
+	cred         *natsbus.Credential
+	discoveryKey []byte
+}
+
+// identify derives what the fleet token proves: the NATS identity id (for
+// the embedded server of a `serve` with the same token; any other server
+// ignores it) and the discovery key. Credentials of the user's own
+// (--nats-creds, user:password@ in the URL) take precedence over the
+// identity; without a token there is neither.
+func (n *natsFlags) identify(token string, id natsbus.Identity) error {
+	if token == "" {
+		return nil
+	}
+	n.discoveryKey = fleetkey.Derive(token, fleetkey.Discovery)
+	if n.creds != "" || strings.Contains(n.url, "@") {
+		return nil
+	}
+	cred, err := natsbus.FleetCredential(fleetkey.Derive(token, fleetkey.NATS), id)
+	if err != nil {
+		return err
+	}
+	n.cred = cred
+	return nil
 }
 
 func (n *natsFlags) register(f *pflag.FlagSet) {
@@ -38,7 +64,7 @@ func (n *natsFlags) registerURL(f *pflag.FlagSet, def, help string) {
 
 // conn returns the connection settings for a client called name.
 func (n *natsFlags) conn(name string, log *slog.Logger) natsbus.ConnConfig {
-	return natsbus.ConnConfig{URLs: n.url, Name: name, CredsFile: n.creds,
+	return natsbus.ConnConfig{URLs: n.url, Name: name, CredsFile: n.creds, Credential: n.cred,
 		CAFile: n.ca, CertFile: n.cert, KeyFile: n.key, Logger: log}
 }
 
@@ -49,7 +75,7 @@ func (nf *natsFlags) controlPlane(ctx context.Context, name string, log *slog.Lo
 	if err != nil {
 		return nil, nil, err
 	}
-	disc, err := discovery.Open(ctx, nc, discovery.Config{Logger: log})
+	disc, err := discovery.Open(ctx, nc, discovery.Config{Key: nf.discoveryKey, Logger: log})
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
@@ -76,7 +102,10 @@ func (n *natsFlags) explain(err error) error {
 		if n.creds != "" {
 			return fmt.Errorf("--nats-creds %s: the NATS server refused these credentials: %w", n.creds, err)
 		}
-		return fmt.Errorf("--nats: the NATS server requires credentials (--nats-creds, or user:password@ in the URL): %w", err)
+		if n.cred != nil {
+			return fmt.Errorf("--fleet-token-file: the NATS server refused the identity this fleet token proves (a kvmesh serve's embedded server takes the token that serve was given): %w", err)
+		}
+		return fmt.Errorf("--nats: the NATS server requires credentials (--fleet-token-file for a kvmesh serve's embedded server, --nats-creds, or user:password@ in the URL): %w", err)
 	case errors.Is(err, nats.ErrSecureConnRequired):
 		return fmt.Errorf("--nats: the NATS server requires TLS (a tls:// URL, and --nats-ca for a private CA): %w", err)
 	case errors.As(err, &verify), errors.As(err, &unknownCA), errors.As(err, &host):

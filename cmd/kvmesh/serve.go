@@ -22,6 +22,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/fleet"
 	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/internal/fleetkey"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
@@ -245,6 +246,7 @@ func newServeCmd() *cobra.Command {
 	var stallTimeout time.Duration
 	var nf natsFlags
 	var dataDir, natsListen string
+	var insecureNATS bool
 	var kf kvbmFlags
 	var loras []string
 	ef := &serveEngineFlags{}
@@ -275,7 +277,7 @@ On startup it prints one line to stdout:
 			}
 			sf.KVBM = kf.sim()
 			ff.simTierLoad = sim.KVBMTierLoadMS(sf)
-			return runServe(cmd, ff, sf, workers, pd, stallTimeout, nf, dataDir, natsListen, ef, loras)
+			return runServe(cmd, ff, sf, workers, pd, stallTimeout, nf, dataDir, natsListen, insecureNATS, ef, loras)
 		},
 	}
 	f := cmd.Flags()
@@ -287,7 +289,8 @@ On startup it prints one line to stdout:
 	registerStallTimeout(f, &stallTimeout)
 	nf.registerURL(f, "", "external NATS URL(s), comma-separated; empty starts an embedded server")
 	f.StringVar(&dataDir, "data-dir", "", "embedded NATS JetStream directory (default: a temporary one)")
-	f.StringVar(&natsListen, "nats-listen", "127.0.0.1:0", "embedded NATS client address (port 0: a free one; 127.0.0.1:4222 lets worker and frontend join with their default --nats)")
+	f.StringVar(&natsListen, "nats-listen", "127.0.0.1:0", "embedded NATS client address (port 0: a free one; 127.0.0.1:4222 lets worker and frontend join with their default --nats, given the same --fleet-token-file)")
+	f.BoolVar(&insecureNATS, "insecure-nats", false, "run the embedded NATS server without authentication (by default each client proves an identity derived from the fleet token; docs/security.md)")
 	f.IntVar(&sf.BlockSize, "block-size", sf.BlockSize, "tokens per KV block (real engine: when set, every engine's must agree)")
 	f.IntVar(&sf.Blocks, "blocks", sf.Blocks, "sim: device KV capacity in blocks per worker")
 	f.IntVar(&sf.MaxBatchedTokens, "max-batched-tokens", sf.MaxBatchedTokens, "sim: token budget per scheduler step")
@@ -304,7 +307,7 @@ On startup it prints one line to stdout:
 // pdFlags are serve's disaggregated pools.
 type pdFlags struct{ prefill, decode int }
 
-func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, pd pdFlags, stallTimeout time.Duration, nf natsFlags, dataDir, natsListen string, ef *serveEngineFlags, loras []string) error {
+func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int, pd pdFlags, stallTimeout time.Duration, nf natsFlags, dataDir, natsListen string, insecureNATS bool, ef *serveEngineFlags, loras []string) error {
 	log, err := workerLogger(ff.logLevel, os.Stderr)
 	if err != nil {
 		return err
@@ -367,7 +370,9 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		}
 	}()
 	warnOpenListen(log, ff)
-	fleetToken, err := ff.fleet.token()
+	// Without a configured token serve draws one: its workers' API and
+	// transfer ports and its NATS server then answer only this process.
+	fleetToken, err := ff.fleet.tokenOrRandom()
 	if err != nil {
 		return err
 	}
@@ -385,13 +390,21 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	defer stop()
 
 	if nf.url == "" {
-		ns, err := natsbus.StartEmbedded(natsbus.EmbeddedConfig{Host: natsHost, Port: natsPort, DataDir: dataDir, Logger: log})
+		nc := natsbus.EmbeddedConfig{Host: natsHost, Port: natsPort, DataDir: dataDir, Logger: log}
+		if !insecureNATS {
+			nc.FleetKey = fleetkey.Derive(fleetToken, fleetkey.NATS)
+		}
+		warnInsecureNATS(log, insecureNATS, natsListen)
+		ns, err := natsbus.StartEmbedded(nc)
 		if err != nil {
 			return err
 		}
 		defer ns.Shutdown()
-		nf.url = ns.URL()
+		nf.url, nf.cred = ns.URL(), ns.Admin()
+	} else if insecureNATS {
+		return fmt.Errorf("--insecure-nats turns off the embedded NATS server's authentication; with --nats there is none")
 	}
+	nf.discoveryKey = fleetkey.Derive(fleetToken, fleetkey.Discovery)
 	nc, disc, err := nf.controlPlane(ctx, "kvmesh-serve", log)
 	if err != nil {
 		return err

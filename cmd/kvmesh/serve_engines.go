@@ -36,6 +36,12 @@ func startEngineWorkers(ctx context.Context, cmd *cobra.Command, ef *serveEngine
 	if cmd.Flags().Changed("model") {
 		model = ff.models[0]
 	}
+	// serve's token (its own random one when none is given): the workers
+	// sign their records with it and require it of their callers.
+	token, err := ff.fleet.token()
+	if err != nil {
+		return nil, err
+	}
 	var ws []*worker.Worker
 	closeAll := func() {
 		for _, w := range ws {
@@ -69,7 +75,7 @@ func startEngineWorkers(ctx context.Context, cmd *cobra.Command, ef *serveEngine
 		}
 		w, err := worker.New(worker.Config{Model: model, Role: se.role, Logger: wlog, ControlEndpoints: se.flags.peers,
 			AcceptsHints: ef.opts.acceptsHints(), StallTimeout: stallTimeoutConfig(stallTimeout), Registerer: reg, Tracer: ff.tracer, Engine: ef.engine,
-			DecodeOnly: decodeOnly(ef.engine, se.role), Discovery: discovery.Config{Logger: log}}, eng, nc)
+			DecodeOnly: decodeOnly(ef.engine, se.role), Discovery: discovery.Config{Logger: log}, FleetToken: token}, eng, nc)
 		if err != nil {
 			eng.Close()
 			closeAll()

@@ -186,8 +186,9 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	if wf.sim.Disagg.TTL <= 0 {
 		return fmt.Errorf("--disagg-handoff-ttl %v: want > 0", wf.sim.Disagg.TTL)
 	}
-	if id == 0 && wf.kvbm.connector != "" {
-		// The disk tier's file is named by the instance: pick it here.
+	if id == 0 {
+		// Picked here: the disk tier's file and the NATS identity are
+		// named by the instance.
 		id = randomInstanceID()
 	}
 	if wf.controlListen != "" && len(wf.controlEndpoints) > 0 {
@@ -319,6 +320,10 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		}
 	}
 
+	if err := wf.nats.identify(fleetToken, natsbus.WorkerIdentity(id)); err != nil {
+		eng.Close()
+		return err
+	}
 	nc, err := wf.nats.connect("kvmesh-worker "+wf.model, log)
 	if err != nil {
 		eng.Close()
