@@ -205,11 +205,40 @@ type Index struct {
 	// a system prompt every query starts in that run.
 	rootRun atomic.Uint32
 	scratch sync.Pool
+	cfg     Config
 }
 
-// New returns an empty index.
-func New() *Index {
-	ix := &Index{workers: map[kv.WorkerKey]*wstate{}, next: 1, ovfNext: 1, sets: map[uint64]uint32{}, seed: 0x2545F4914F6CDD1D}
+// Config tunes an index. The zero value is today's behaviour.
+type Config struct {
+	// BindAfterSlots is the engine-table size (slots of 5 bytes) from
+	// which a new chain is created first and its engine hashes bound
+	// after, rather than node by node: past the cache each binding is a
+	// miss that newNode's atomic store would wait for. 0: 64k slots; a
+	// negative value binds after at every size (tests use it to cover
+	// that path on small indexes).
+	BindAfterSlots int
+}
+
+// defaultBindAfterSlots is where a 5-byte-slot engine table outgrows a
+// typical L2.
+const defaultBindAfterSlots = 1 << 16
+
+func (c Config) bindAfter() int {
+	switch {
+	case c.BindAfterSlots < 0:
+		return 0
+	case c.BindAfterSlots == 0:
+		return defaultBindAfterSlots
+	}
+	return c.BindAfterSlots
+}
+
+// New returns an empty index with the default Config.
+func New() *Index { return NewWith(Config{}) }
+
+// NewWith returns an empty index tuned by cfg.
+func NewWith(cfg Config) *Index {
+	ix := &Index{workers: map[kv.WorkerKey]*wstate{}, next: 1, ovfNext: 1, sets: map[uint64]uint32{}, seed: 0x2545F4914F6CDD1D, cfg: cfg}
 	d := []*chunk{newChunk()} // id 0 is the root
 	ix.dir.Store(&d)
 	od := []*ovfChunk{new(ovfChunk)}
@@ -715,7 +744,7 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	ids := ix.fresh[:0]
 	p0 := p
 	hw := uint64(ws.slot<<4 | 1<<tier)
-	small := len(ix.etab.tags) < warmEtabMin
+	small := len(ix.etab.tags) < ix.cfg.bindAfter()
 	for _, b := range blocks {
 		p = ix.newNode(p, uint64(b.LocalHash), hw)
 		ids = append(ids, p)
@@ -759,11 +788,6 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	ws.counts[tier] += int64(len(blocks))
 	return p
 }
-
-// warmEtabMin is the engine-table size (slots of 5 bytes) from which
-// storeFresh binds a chain after creating it rather than node by node
-// (a variable so tests can run either way on small indexes).
-var warmEtabMin = 1 << 16
 
 // bindAll binds the engine hashes of blocks to ids, the nodes just
 // created for them, after warming every table probe so the misses overlap.
