@@ -42,6 +42,7 @@
 package index
 
 import (
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -191,6 +192,7 @@ type Index struct {
 	workers       map[kv.WorkerKey]*wstate
 	slots         []*wstate
 	freeSlots     []uint32
+	order         []uint32 // the live slots by ascending worker key (the next view's slotOf)
 	cand          []uint32 // nodes that may have become empty during an event
 	found         []uint32 // prefind's answers, by position in the event
 	fresh         []uint32 // storeFresh's new nodes, by position in its run
@@ -606,24 +608,30 @@ func (ix *Index) worker(w kv.WorkerKey, create bool) *wstate {
 		ix.slots = append(ix.slots, ws)
 	}
 	ix.workers[w] = ws
+	ix.order = slices.Insert(ix.order, ix.rankIn(w), ws.slot)
 	ix.publishView()
 	return ws
 }
 
+// rankIn is where worker key w sits (or would) in ix.order.
+func (ix *Index) rankIn(w kv.WorkerKey) int {
+	return sort.Search(len(ix.order), func(i int) bool { return !less(ix.slots[ix.order[i]].key, w) })
+}
+
+// publishView gives readers a fresh view of the worker table. ix.order is
+// kept sorted as workers come and go, so a view costs copies, no sort: at
+// thousands of workers a sort per new worker dominated the whole replay.
 func (ix *Index) publishView() {
-	v := &view{keys: make([]kv.WorkerKey, len(ix.slots)), rankOf: make([]uint32, len(ix.slots)), words: (len(ix.slots) + 63) / 64}
+	n := len(ix.slots)
+	v := &view{keys: make([]kv.WorkerKey, n), rankOf: make([]uint32, n), words: (n + 63) / 64, slotOf: slices.Clone(ix.order)}
 	for s, ws := range ix.slots {
 		if ws != nil {
 			v.keys[s] = ws.key
-			v.slotOf = append(v.slotOf, uint32(s))
 		}
 	}
 	v.live = make([]uint64, v.words)
-	for _, s := range v.slotOf {
-		v.live[s>>6] |= 1 << (s & 63)
-	}
-	sort.Slice(v.slotOf, func(i, j int) bool { return less(v.keys[v.slotOf[i]], v.keys[v.slotOf[j]]) })
 	for r, s := range v.slotOf {
+		v.live[s>>6] |= 1 << (s & 63)
 		v.rankOf[s] = uint32(r)
 	}
 	ix.vw.Store(v)
@@ -1018,6 +1026,8 @@ func (ix *Index) RemoveWorker(w kv.WorkerKey) {
 	}
 	ix.cand = ix.cand[:0]
 	delete(ix.workers, w)
+	r := ix.rankIn(w)
+	ix.order = slices.Delete(ix.order, r, r+1)
 	ix.slots[ws.slot] = nil
 	ix.freeSlots = append(ix.freeSlots, ws.slot)
 	ix.publishView()
