@@ -488,8 +488,11 @@ func RunIndex(ctx context.Context, c IndexConfig, out io.Writer) (*IndexResult, 
 			return nil, fmt.Errorf("bench index: --offered-rates: %v is not a rate in ops/s (want > 0)", r)
 		}
 	}
-	if c.EventGroups > maxThreads || c.FindThreads > maxThreads {
-		return nil, fmt.Errorf("bench index: --event-groups %d, --find-threads %d: want at most %d each", c.EventGroups, c.FindThreads, maxThreads)
+	if c.EventGroups > maxThreads {
+		return nil, fmt.Errorf("bench index: --event-groups %d: want at most %d", c.EventGroups, maxThreads)
+	}
+	if c.FindThreads > maxThreads {
+		return nil, fmt.Errorf("bench index: --find-threads %d: want at most %d", c.FindThreads, maxThreads)
 	}
 	res := &IndexResult{}
 	ops, err := buildTimeline(ctx, c, res)
