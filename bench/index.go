@@ -72,6 +72,31 @@ type IndexPhase struct {
 	BytesPerHold  float64
 	HeapBytes     uint64
 	FindsMeasured int
+	// CPU is the phase's critical path in thread CPU time: the longest
+	// thread's, or all threads' over GOMAXPROCS cores if that is longer.
+	// On idle cores it is the wall time; on a busy machine the wall time
+	// also counts other processes' turns. Zero off Linux.
+	CPU time.Duration
+}
+
+// BlockOpsPerCPUS is block ops per second of the phase's critical path
+// in thread CPU time (0 when not measured).
+func (p IndexPhase) BlockOpsPerCPUS() float64 {
+	if p.CPU <= 0 {
+		return 0
+	}
+	return float64(p.BlockOps) / p.CPU.Seconds()
+}
+
+// criticalCPU is the critical path of threads that ran for cpu each on
+// procs cores.
+func criticalCPU(cpu []time.Duration, procs int) time.Duration {
+	var longest, sum time.Duration
+	for _, c := range cpu {
+		longest = max(longest, c)
+		sum += c
+	}
+	return max(longest, sum/time.Duration(max(1, procs)))
 }
 
 // IndexResult is what RunIndex measured.
@@ -328,6 +353,9 @@ func percentile(d []time.Duration, p float64) time.Duration {
 func replay(ctx context.Context, name string, ops []op, f finder, cold bool) (IndexPhase, error) {
 	lat := make([]time.Duration, 0, len(ops)/2)
 	var warm time.Duration // reading queries before their finds: bench work, not index work
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu0 := threadCPU()
 	start := time.Now()
 	for i := range ops {
 		if i%4096 == 0 && ctx.Err() != nil {
@@ -350,9 +378,10 @@ func replay(ctx context.Context, name string, ops []op, f finder, cold bool) (In
 		}
 	}
 	wall := time.Since(start) - warm
+	cpu := threadCPU() - cpu0
 	bo := blockOps(ops)
 	return IndexPhase{Name: name, Threads: 1, Ops: len(ops), BlockOps: bo, Wall: wall, OpsPerSec: float64(len(ops)) / wall.Seconds(),
-		BlockOpsPerS: float64(bo) / wall.Seconds(), FindP50: percentile(lat, 0.5), FindP99: percentile(lat, 0.99), FindsMeasured: len(lat)}, nil
+		BlockOpsPerS: float64(bo) / wall.Seconds(), FindP50: percentile(lat, 0.5), FindP99: percentile(lat, 0.99), FindsMeasured: len(lat), CPU: cpu}, nil
 }
 
 // replayParallel applies events from one goroutine per worker group, each
@@ -415,12 +444,17 @@ func replayParallel(ctx context.Context, ops []op, groups, readers int, cold boo
 		return true
 	}
 	lats := make([][]time.Duration, readers)
+	cpu := make([]time.Duration, groups+readers)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for g := range evs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			c0 := threadCPU()
+			defer func() { cpu[g] = threadCPU() - c0 }()
 			for i, ev := range evs[g] {
 				if i%4096 == 0 && ctx.Err() != nil {
 					mu.Lock()
@@ -441,6 +475,10 @@ func replayParallel(ctx context.Context, ops []op, groups, readers int, cold boo
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			c0 := threadCPU()
+			defer func() { cpu[groups+r] = threadCPU() - c0 }()
 			var dst []index.Match
 			lat := make([]time.Duration, 0, len(finds)/readers+1)
 			for i := r; i < len(finds); i += readers {
@@ -469,7 +507,8 @@ func replayParallel(ctx context.Context, ops []op, groups, readers int, cold boo
 	}
 	bo := blockOps(ops)
 	return IndexPhase{Name: "index, parallel", Threads: groups + readers, Ops: len(ops), BlockOps: bo, Wall: wall, OpsPerSec: float64(len(ops)) / wall.Seconds(),
-		BlockOpsPerS: float64(bo) / wall.Seconds(), FindP50: percentile(all, 0.5), FindP99: percentile(all, 0.99), FindsMeasured: len(all)}, ix, nil
+		BlockOpsPerS: float64(bo) / wall.Seconds(), FindP50: percentile(all, 0.5), FindP99: percentile(all, 0.99), FindsMeasured: len(all),
+		CPU: criticalCPU(cpu, runtime.GOMAXPROCS(0))}, ix, nil
 }
 
 // maxThreads bounds --event-groups and --find-threads.
@@ -558,10 +597,11 @@ func RunIndex(ctx context.Context, c IndexConfig, out io.Writer) (*IndexResult, 
 	} else {
 		fmt.Fprintln(out, "find latency starts with the query read once (in cache, as after a router hashes the prompt)")
 	}
-	fmt.Fprintln(tw, "phase\tthreads\tops/s\tblock-ops/s\twall ms\tfind p50 µs\tfind p99 µs\tB/holding\t")
+	fmt.Fprintln(out, "cpu ms = the phase's critical path in thread CPU time (its wall time on idle cores; a busy machine's wall time also counts other processes)")
+	fmt.Fprintln(tw, "phase\tthreads\tops/s\tblock-ops/s\twall ms\tcpu ms\tblock-ops/cpu-s\tfind p50 µs\tfind p99 µs\tB/holding\t")
 	for _, p := range res.Phases {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.1f\t%.2f\t%.2f\t%.1f\t\n", p.Name, p.Threads, p.OpsPerSec, p.BlockOpsPerS, float64(p.Wall.Microseconds())/1000,
-			float64(p.FindP50.Nanoseconds())/1000, float64(p.FindP99.Nanoseconds())/1000, p.BytesPerHold)
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.1f\t%.1f\t%.0f\t%.2f\t%.2f\t%.1f\t\n", p.Name, p.Threads, p.OpsPerSec, p.BlockOpsPerS, float64(p.Wall.Microseconds())/1000,
+			float64(p.CPU.Microseconds())/1000, p.BlockOpsPerCPUS(), float64(p.FindP50.Nanoseconds())/1000, float64(p.FindP99.Nanoseconds())/1000, p.BytesPerHold)
 	}
 	tw.Flush()
 	ratio := 0.0

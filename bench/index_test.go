@@ -7,6 +7,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -100,7 +101,7 @@ func TestBenchIndexOfferedRates(t *testing.T) {
 	if err != nil || !res.Verified {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	if len(res.Offered) != 2 || res.Phases[1].Threads != 3+1 {
+	if len(res.Offered) != 2 || res.Phases[1].Threads != 3+1 || runtime.GOOS == "linux" && (res.Phases[0].CPU <= 0 || res.Phases[1].CPU <= 0) {
 		t.Fatalf("offered %+v, parallel phase %+v", res.Offered, res.Phases[1])
 	}
 	line := regexp.MustCompile(`(?m)^offered (\d+) ops/s: achieved \d+ ops/s, find p50 \d+\.\d µs, p99 \d+\.\d µs$`)
@@ -128,6 +129,23 @@ func TestScheduleRescalesTheTimeline(t *testing.T) {
 	for i := range s {
 		if s[i].due != want[i] || s[i].op != &ops[i] {
 			t.Fatalf("op %d due %v, want %v", i, s[i].due, want[i])
+		}
+	}
+}
+
+func TestCriticalCPU(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		cpu   []time.Duration
+		procs int
+		want  time.Duration
+	}{
+		{[]time.Duration{5 * ms, 3 * ms}, 2, 5 * ms},          // the longest thread
+		{[]time.Duration{4 * ms, 4 * ms, 4 * ms}, 2, 6 * ms},  // three threads on two cores
+		{[]time.Duration{4 * ms, 4 * ms, 4 * ms}, 0, 12 * ms}, // no cores reads as one
+	} {
+		if got := criticalCPU(c.cpu, c.procs); got != c.want {
+			t.Fatalf("criticalCPU(%v, %d) = %v, want %v", c.cpu, c.procs, got, c.want)
 		}
 	}
 }
