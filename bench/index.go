@@ -384,6 +384,20 @@ func replay(ctx context.Context, name string, ops []op, f finder, cold bool) (In
 		BlockOpsPerS: float64(bo) / wall.Seconds(), FindP50: percentile(lat, 0.5), FindP99: percentile(lat, 0.99), FindsMeasured: len(lat), CPU: cpu}, nil
 }
 
+// goMeasured runs f on a goroutine locked to its thread and stores the
+// thread CPU time f took in *cpu.
+func goMeasured(wg *sync.WaitGroup, cpu *time.Duration, f func()) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		c0 := threadCPU()
+		f()
+		*cpu = threadCPU() - c0
+	}()
+}
+
 // replayParallel applies events from one goroutine per worker group, each
 // the only writer of its own index shard, while readers run the finds
 // concurrently, lock-free; each find still waits for the events that
@@ -448,13 +462,7 @@ func replayParallel(ctx context.Context, ops []op, groups, readers int, cold boo
 	var wg sync.WaitGroup
 	start := time.Now()
 	for g := range evs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			c0 := threadCPU()
-			defer func() { cpu[g] = threadCPU() - c0 }()
+		goMeasured(&wg, &cpu[g], func() {
 			for i, ev := range evs[g] {
 				if i%4096 == 0 && ctx.Err() != nil {
 					mu.Lock()
@@ -469,16 +477,10 @@ func replayParallel(ctx context.Context, ops []op, groups, readers int, cold boo
 					wake()
 				}
 			}
-		}()
+		})
 	}
 	for r := 0; r < readers; r++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			c0 := threadCPU()
-			defer func() { cpu[groups+r] = threadCPU() - c0 }()
+		goMeasured(&wg, &cpu[groups+r], func() {
 			var dst []index.Match
 			lat := make([]time.Duration, 0, len(finds)/readers+1)
 			for i := r; i < len(finds); i += readers {
@@ -494,7 +496,7 @@ func replayParallel(ctx context.Context, ops []op, groups, readers int, cold boo
 				lat = append(lat, time.Since(t))
 			}
 			lats[r] = lat
-		}()
+		})
 	}
 	wg.Wait()
 	wall := time.Since(start)
