@@ -34,7 +34,9 @@
 // directory are replaced copy-on-write and reclaimed by the GC (RCU), and a
 // node carries a generation next to its parent id that changes whenever it
 // is freed or reused, so a reader that raced a recycle notices and retries;
-// a holders word carries its set's generation the same way.
+// a holders word carries its set's generation the same way. Sharded
+// (sharded.go) gives groups of workers an index and a writer each, so
+// events of different groups apply in parallel.
 //
 // It imports only kv and internal helpers: it is a pure core fed by whoever
 // holds the events (the fleet's event feed, the twin), and must not import
@@ -210,7 +212,7 @@ type Index struct {
 	cfg     Config
 }
 
-// Config tunes an index. The zero value is today's behaviour.
+// Config tunes an index. The zero value gives the defaults.
 type Config struct {
 	// BindAfterSlots is the engine-table size (slots of 5 bytes) from
 	// which a new chain is created first and its engine hashes bound
