@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/internal/cputime"
 	"github.com/kvmesh/kvmesh/internal/quantile"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/trace"
@@ -355,7 +356,7 @@ func replay(ctx context.Context, name string, ops []op, f finder, cold bool) (In
 	var warm time.Duration // reading queries before their finds: bench work, not index work
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	cpu0 := threadCPU()
+	cpu0 := cputime.Thread()
 	start := time.Now()
 	for i := range ops {
 		if i%4096 == 0 && ctx.Err() != nil {
@@ -378,7 +379,7 @@ func replay(ctx context.Context, name string, ops []op, f finder, cold bool) (In
 		}
 	}
 	wall := time.Since(start) - warm
-	cpu := threadCPU() - cpu0
+	cpu := cputime.Thread() - cpu0
 	bo := blockOps(ops)
 	return IndexPhase{Name: name, Threads: 1, Ops: len(ops), BlockOps: bo, Wall: wall, OpsPerSec: float64(len(ops)) / wall.Seconds(),
 		BlockOpsPerS: float64(bo) / wall.Seconds(), FindP50: percentile(lat, 0.5), FindP99: percentile(lat, 0.99), FindsMeasured: len(lat), CPU: cpu}, nil
@@ -392,9 +393,9 @@ func goMeasured(wg *sync.WaitGroup, cpu *time.Duration, f func()) {
 		defer wg.Done()
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		c0 := threadCPU()
+		c0 := cputime.Thread()
 		f()
-		*cpu = threadCPU() - c0
+		*cpu = cputime.Thread() - c0
 	}()
 }
 
