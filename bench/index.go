@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/index/ref"
+	"github.com/kvmesh/kvmesh/internal/cputime"
 	"github.com/kvmesh/kvmesh/internal/quantile"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/trace"
@@ -42,6 +43,14 @@ type IndexConfig struct {
 	// it is ~35 MB, while a router hashes the prompt just before it asks,
 	// so its query is in cache.
 	ColdQuery bool
+	// OfferedRates, when set, adds one replay per rate (ops/s) on the
+	// trace's own timeline rescaled to that rate (index_offered.go).
+	OfferedRates []float64
+	// EventGroups is how many goroutines apply events, each for its own
+	// group of workers (one index shard each), in the parallel and the
+	// offered replays; FindThreads how many issue finds in the offered
+	// replays. Defaults: GOMAXPROCS, and max(2, GOMAXPROCS).
+	EventGroups, FindThreads int
 }
 
 // IndexPhase is one measured replay.
@@ -64,6 +73,31 @@ type IndexPhase struct {
 	BytesPerHold  float64
 	HeapBytes     uint64
 	FindsMeasured int
+	// CPU is the phase's critical path in thread CPU time: the longest
+	// thread's, or all threads' over GOMAXPROCS cores if that is longer.
+	// On idle cores it is the wall time; on a busy machine the wall time
+	// also counts other processes' turns. Zero off Linux.
+	CPU time.Duration
+}
+
+// BlockOpsPerCPUS is block ops per second of the phase's critical path
+// in thread CPU time (0 when not measured).
+func (p IndexPhase) BlockOpsPerCPUS() float64 {
+	if p.CPU <= 0 {
+		return 0
+	}
+	return float64(p.BlockOps) / p.CPU.Seconds()
+}
+
+// criticalCPU is the critical path of threads that ran for cpu each on
+// procs cores.
+func criticalCPU(cpu []time.Duration, procs int) time.Duration {
+	var longest, sum time.Duration
+	for _, c := range cpu {
+		longest = max(longest, c)
+		sum += c
+	}
+	return max(longest, sum/time.Duration(max(1, procs)))
 }
 
 // IndexResult is what RunIndex measured.
@@ -76,11 +110,13 @@ type IndexResult struct {
 	Verified                                             bool
 	Index                                                *index.Index // the single-thread replay's final state
 	Ref                                                  *ref.Index
+	Offered                                              []OfferedRun
 }
 
 type op struct {
 	find  []kv.LocalHash // a FindMatches query, or
 	event kv.Event       // an event batch
+	at    int64          // the request's arrival in the trace, ms
 }
 
 // blocks is the op's block-op count.
@@ -114,6 +150,12 @@ func (c *IndexConfig) defaults() {
 	}
 	if c.Seed == 0 {
 		c.Seed = 42
+	}
+	if c.EventGroups <= 0 {
+		c.EventGroups = runtime.GOMAXPROCS(0)
+	}
+	if c.FindThreads <= 0 {
+		c.FindThreads = max(2, runtime.GOMAXPROCS(0))
 	}
 }
 
@@ -210,7 +252,7 @@ func buildTimeline(ctx context.Context, c IndexConfig, res *IndexResult) ([]op, 
 		if len(local) == 0 {
 			continue
 		}
-		ops = append(ops, op{find: local})
+		ops = append(ops, op{find: local, at: req.TimestampMS})
 		res.Finds++
 		res.QueryBlocks += len(local)
 		if len(local) > c.CacheBlocks {
@@ -246,12 +288,12 @@ func buildTimeline(ctx context.Context, c IndexConfig, res *IndexResult) ([]op, 
 			l.touch(seq[i])
 		}
 		if len(removed) > 0 {
-			ops = append(ops, op{event: kv.Removed(w, kv.TierDevice, removed)})
+			ops = append(ops, op{event: kv.Removed(w, kv.TierDevice, removed), at: req.TimestampMS})
 			res.Events++
 			res.RemovedBlocks += len(removed)
 		}
 		for _, ev := range stores {
-			ops = append(ops, op{event: ev})
+			ops = append(ops, op{event: ev, at: req.TimestampMS})
 			res.Events++
 			res.StoredBlocks += len(ev.Blocks)
 		}
@@ -312,6 +354,9 @@ func percentile(d []time.Duration, p float64) time.Duration {
 func replay(ctx context.Context, name string, ops []op, f finder, cold bool) (IndexPhase, error) {
 	lat := make([]time.Duration, 0, len(ops)/2)
 	var warm time.Duration // reading queries before their finds: bench work, not index work
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu0 := cputime.Thread()
 	start := time.Now()
 	for i := range ops {
 		if i%4096 == 0 && ctx.Err() != nil {
@@ -334,43 +379,70 @@ func replay(ctx context.Context, name string, ops []op, f finder, cold bool) (In
 		}
 	}
 	wall := time.Since(start) - warm
+	cpu := cputime.Thread() - cpu0
 	bo := blockOps(ops)
 	return IndexPhase{Name: name, Threads: 1, Ops: len(ops), BlockOps: bo, Wall: wall, OpsPerSec: float64(len(ops)) / wall.Seconds(),
-		BlockOpsPerS: float64(bo) / wall.Seconds(), FindP50: percentile(lat, 0.5), FindP99: percentile(lat, 0.99), FindsMeasured: len(lat)}, nil
+		BlockOpsPerS: float64(bo) / wall.Seconds(), FindP50: percentile(lat, 0.5), FindP99: percentile(lat, 0.99), FindsMeasured: len(lat), CPU: cpu}, nil
 }
 
-// replayParallel applies events on one goroutine (writers serialise in the
-// index anyway) while readers run the finds concurrently, lock-free; each
-// find still waits for the events that precede it in the timeline.
-func replayParallel(ctx context.Context, ops []op, readers int, cold bool) (IndexPhase, error) {
-	ix := index.New()
+// goMeasured runs f on a goroutine locked to its thread and stores the
+// thread CPU time f took in *cpu.
+func goMeasured(wg *sync.WaitGroup, cpu *time.Duration, f func()) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		c0 := cputime.Thread()
+		f()
+		*cpu = cputime.Thread() - c0
+	}()
+}
+
+// replayParallel applies events from one goroutine per worker group, each
+// the only writer of its own index shard, while readers run the finds
+// concurrently, lock-free; each find still waits for the events that
+// precede it in the timeline.
+func replayParallel(ctx context.Context, ops []op, groups, readers int, cold bool) (IndexPhase, *index.Sharded, error) {
+	ix := index.NewSharded(groups, index.Config{})
+	evs := make([][]kv.Event, groups)
 	var finds [][]kv.LocalHash
-	var after []int64 // events that precede each find in the timeline
-	var evs []kv.Event
+	var after []int64 // per find and group: the group's events that precede it
 	for i := range ops {
 		if ops[i].find != nil {
 			finds = append(finds, ops[i].find)
-			after = append(after, int64(len(evs)))
+			for g := range evs {
+				after = append(after, int64(len(evs[g])))
+			}
 		} else {
-			evs = append(evs, ops[i].event)
+			g := ix.ShardOf(ops[i].event.Worker)
+			evs[g] = append(evs[g], ops[i].event)
 		}
 	}
-	// A reader that runs ahead of the writer sleeps on a condition
+	// A reader that runs ahead of the writers sleeps on a condition
 	// variable instead of spinning: on a small machine a spinning reader
-	// takes the writer's core.
-	var applied atomic.Int64
+	// takes a writer's core.
+	applied := make([]atomic.Int64, groups)
 	var waiting atomic.Int32
 	var mu sync.Mutex
 	cond := sync.NewCond(&mu)
-	writerDone := false
+	stopped := false // a writer gave up (cancelled)
 	wake := func() {
 		mu.Lock()
 		cond.Broadcast()
 		mu.Unlock()
 	}
-	waitFor := func(n int64) bool {
+	caughtUp := func(need []int64) bool {
+		for g, n := range need {
+			if applied[g].Load() < n {
+				return false
+			}
+		}
+		return true
+	}
+	waitFor := func(need []int64) bool {
 		for spin := 0; spin < 64; spin++ {
-			if applied.Load() >= n {
+			if caughtUp(need) {
 				return true
 			}
 		}
@@ -378,8 +450,8 @@ func replayParallel(ctx context.Context, ops []op, readers int, cold bool) (Inde
 		defer mu.Unlock()
 		waiting.Add(1)
 		defer waiting.Add(-1)
-		for applied.Load() < n {
-			if writerDone {
+		for !caughtUp(need) {
+			if stopped {
 				return false
 			}
 			cond.Wait()
@@ -387,41 +459,35 @@ func replayParallel(ctx context.Context, ops []op, readers int, cold bool) (Inde
 		return true
 	}
 	lats := make([][]time.Duration, readers)
+	cpu := make([]time.Duration, groups+readers)
 	var wg sync.WaitGroup
 	start := time.Now()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		defer func() {
-			mu.Lock()
-			writerDone = true
-			cond.Broadcast()
-			mu.Unlock()
-		}()
-		for i, ev := range evs {
-			if i%4096 == 0 && ctx.Err() != nil {
-				return
+	for g := range evs {
+		goMeasured(&wg, &cpu[g], func() {
+			for i, ev := range evs[g] {
+				if i%4096 == 0 && ctx.Err() != nil {
+					mu.Lock()
+					stopped = true
+					cond.Broadcast()
+					mu.Unlock()
+					return
+				}
+				ix.Apply(ev)
+				applied[g].Store(int64(i + 1))
+				if waiting.Load() != 0 {
+					wake()
+				}
 			}
-			ix.Apply(ev)
-			applied.Store(int64(i + 1))
-			if waiting.Load() != 0 {
-				wake()
-			}
-		}
-	}()
+		})
+	}
 	for r := 0; r < readers; r++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		goMeasured(&wg, &cpu[groups+r], func() {
 			var dst []index.Match
 			lat := make([]time.Duration, 0, len(finds)/readers+1)
 			for i := r; i < len(finds); i += readers {
-				if i%4096 == r && ctx.Err() != nil {
-					return
-				}
 				// Keep timeline order: a find waits for the events before it.
-				if !waitFor(after[i]) {
-					return // the writer stopped (cancelled)
+				if !waitFor(after[i*groups : (i+1)*groups]) {
+					return // a writer stopped (cancelled)
 				}
 				if !cold {
 					warmQuery(finds[i])
@@ -431,21 +497,25 @@ func replayParallel(ctx context.Context, ops []op, readers int, cold bool) (Inde
 				lat = append(lat, time.Since(t))
 			}
 			lats[r] = lat
-		}()
+		})
 	}
 	wg.Wait()
 	wall := time.Since(start)
 	if err := ctx.Err(); err != nil {
-		return IndexPhase{}, err
+		return IndexPhase{}, nil, err
 	}
 	var all []time.Duration
 	for _, l := range lats {
 		all = append(all, l...)
 	}
 	bo := blockOps(ops)
-	return IndexPhase{Name: "index, parallel", Threads: 1 + readers, Ops: len(ops), BlockOps: bo, Wall: wall, OpsPerSec: float64(len(ops)) / wall.Seconds(),
-		BlockOpsPerS: float64(bo) / wall.Seconds(), FindP50: percentile(all, 0.5), FindP99: percentile(all, 0.99), FindsMeasured: len(all)}, nil
+	return IndexPhase{Name: "index, parallel", Threads: groups + readers, Ops: len(ops), BlockOps: bo, Wall: wall, OpsPerSec: float64(len(ops)) / wall.Seconds(),
+		BlockOpsPerS: float64(bo) / wall.Seconds(), FindP50: percentile(all, 0.5), FindP99: percentile(all, 0.99), FindsMeasured: len(all),
+		CPU: criticalCPU(cpu, runtime.GOMAXPROCS(0))}, ix, nil
 }
+
+// maxThreads bounds --event-groups and --find-threads.
+const maxThreads = 1024
 
 // RunIndex builds the timeline, replays it against the index (one thread,
 // then writer + readers in parallel) and the reference model, checks they
@@ -454,6 +524,17 @@ func RunIndex(ctx context.Context, c IndexConfig, out io.Writer) (*IndexResult, 
 	c.defaults()
 	if c.TracePath == "" {
 		return nil, errors.New("bench index: --trace is required")
+	}
+	for _, r := range c.OfferedRates {
+		if !(r > 0) || r > 1e12 {
+			return nil, fmt.Errorf("bench index: --offered-rates: %v is not a rate in ops/s (want > 0)", r)
+		}
+	}
+	if c.EventGroups > maxThreads {
+		return nil, fmt.Errorf("bench index: --event-groups %d: want at most %d", c.EventGroups, maxThreads)
+	}
+	if c.FindThreads > maxThreads {
+		return nil, fmt.Errorf("bench index: --find-threads %d: want at most %d", c.FindThreads, maxThreads)
 	}
 	res := &IndexResult{}
 	ops, err := buildTimeline(ctx, c, res)
@@ -477,11 +558,15 @@ func RunIndex(ctx context.Context, c IndexConfig, out io.Writer) (*IndexResult, 
 	res.Phases = append(res.Phases, single)
 
 	readers := max(1, runtime.GOMAXPROCS(0)-1)
-	par, err := replayParallel(ctx, ops, readers, c.ColdQuery)
+	base = heapNow()
+	par, sharded, err := replayParallel(ctx, ops, c.EventGroups, readers, c.ColdQuery)
 	if err != nil {
 		return nil, err
 	}
-	par.BytesPerHold = single.BytesPerHold
+	par.HeapBytes = heapNow() - base
+	if h := sharded.Stats().Holdings; h > 0 {
+		par.BytesPerHold = float64(par.HeapBytes) / float64(h)
+	}
 	res.Phases = append(res.Phases, par)
 
 	if !c.SkipReference {
@@ -497,7 +582,10 @@ func RunIndex(ctx context.Context, c IndexConfig, out io.Writer) (*IndexResult, 
 		}
 		res.Phases = append(res.Phases, rp)
 		res.Ref = rr.rf
-		res.Verified = verify(ir.ix, rr.rf, ops)
+		res.Verified = verify(ir.ix, rr.rf, ops) && verify(sharded, rr.rf, ops)
+	}
+	if res.Offered, err = runOffered(ctx, c, ops); err != nil {
+		return nil, err
 	}
 	runtime.KeepAlive(ops)
 
@@ -512,17 +600,19 @@ func RunIndex(ctx context.Context, c IndexConfig, out io.Writer) (*IndexResult, 
 	} else {
 		fmt.Fprintln(out, "find latency starts with the query read once (in cache, as after a router hashes the prompt)")
 	}
-	fmt.Fprintln(tw, "phase\tthreads\tops/s\tblock-ops/s\twall ms\tfind p50 µs\tfind p99 µs\tB/holding\t")
+	fmt.Fprintln(out, "cpu ms = the phase's critical path in thread CPU time (its wall time on idle cores; a busy machine's wall time also counts other processes)")
+	fmt.Fprintln(tw, "phase\tthreads\tops/s\tblock-ops/s\twall ms\tcpu ms\tblock-ops/cpu-s\tfind p50 µs\tfind p99 µs\tB/holding\t")
 	for _, p := range res.Phases {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.1f\t%.2f\t%.2f\t%.1f\t\n", p.Name, p.Threads, p.OpsPerSec, p.BlockOpsPerS, float64(p.Wall.Microseconds())/1000,
-			float64(p.FindP50.Nanoseconds())/1000, float64(p.FindP99.Nanoseconds())/1000, p.BytesPerHold)
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.1f\t%.1f\t%.0f\t%.2f\t%.2f\t%.1f\t\n", p.Name, p.Threads, p.OpsPerSec, p.BlockOpsPerS, float64(p.Wall.Microseconds())/1000,
+			float64(p.CPU.Microseconds())/1000, p.BlockOpsPerCPUS(), float64(p.FindP50.Nanoseconds())/1000, float64(p.FindP99.Nanoseconds())/1000, p.BytesPerHold)
 	}
 	tw.Flush()
 	ratio := 0.0
 	if len(res.Phases) > 2 && res.Phases[2].OpsPerSec > 0 {
 		ratio = single.OpsPerSec / res.Phases[2].OpsPerSec
-		fmt.Fprintf(out, "reference check: %v (block counts of every worker and every find of the trace)\n", map[bool]string{true: "index equals reference", false: "MISMATCH"}[res.Verified])
+		fmt.Fprintf(out, "reference check: %v (block counts of every worker and every find of the trace, 1-thread and sharded)\n", map[bool]string{true: "index equals reference", false: "MISMATCH"}[res.Verified])
 	}
+	printOffered(out, c, res.Offered)
 	best := single
 	if par.OpsPerSec > best.OpsPerSec {
 		best = par
@@ -536,7 +626,7 @@ func RunIndex(ctx context.Context, c IndexConfig, out io.Writer) (*IndexResult, 
 }
 
 // verify compares final block counts and re-runs every query on both.
-func verify(ix *index.Index, rf *ref.Index, ops []op) bool {
+func verify(ix matcher, rf *ref.Index, ops []op) bool {
 	ws := rf.Workers()
 	if len(ws) != len(ix.Workers()) {
 		return false

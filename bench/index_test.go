@@ -3,11 +3,14 @@ package bench
 import (
 	"bytes"
 	"context"
+	"math"
 	"os"
 	"reflect"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/index/ref"
 	"github.com/kvmesh/kvmesh/kv"
@@ -85,5 +88,64 @@ func TestLRUEvictsLeastRecent(t *testing.T) {
 	}
 	if _, ok := l.pos[1]; !ok {
 		t.Fatal("1 must stay")
+	}
+}
+
+func TestBenchIndexOfferedRates(t *testing.T) {
+	if _, err := os.Stat(tracePath); err != nil {
+		t.Skip("trace not present")
+	}
+	var out bytes.Buffer
+	c := IndexConfig{TracePath: tracePath, MaxLines: 400, Workers: 700, CacheBlocks: 1024, EventGroups: 3, FindThreads: 2, OfferedRates: []float64{2000, 1e6}}
+	res, err := RunIndex(context.Background(), c, &out)
+	if err != nil || !res.Verified {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if len(res.Offered) != 2 || res.Phases[1].Threads != 3+1 || runtime.GOOS == "linux" && (res.Phases[0].CPU <= 0 || res.Phases[1].CPU <= 0) {
+		t.Fatalf("offered %+v, parallel phase %+v", res.Offered, res.Phases[1])
+	}
+	line := regexp.MustCompile(`(?m)^offered (\d+) ops/s: achieved \d+ ops/s, find p50 \d+\.\d µs, p99 \d+\.\d µs$`)
+	got := line.FindAllStringSubmatch(out.String(), -1)
+	if len(got) != 2 || got[0][1] != "2000" || got[1][1] != "1000000" {
+		t.Fatalf("rate lines %q in\n%s", got, out.String())
+	}
+	// At 2,000 ops/s the ~800 ops are due over ~0.4 s: the replay cannot
+	// end before its last op is due, nor run far past it on any machine.
+	if r := res.Offered[0]; r.Ops != res.Finds+res.Events || r.Wall < time.Duration(float64(r.Ops)/2000*0.95*float64(time.Second)) || r.FindP99 <= 0 || r.Achieved > 2000*1.06 {
+		t.Fatalf("offered run %+v", r)
+	}
+	for _, bad := range [][]float64{{0}, {-5}, {math.NaN()}, {math.Inf(1)}} {
+		c := IndexConfig{TracePath: tracePath, MaxLines: 10, OfferedRates: bad}
+		if _, err := RunIndex(context.Background(), c, &out); err == nil || !strings.Contains(err.Error(), "--offered-rates") {
+			t.Fatalf("rate %v: %v", bad, err)
+		}
+	}
+}
+
+func TestScheduleRescalesTheTimeline(t *testing.T) {
+	ops := []op{{at: 1000}, {at: 1000}, {at: 3000}, {at: 5000}}
+	s := schedule(ops, 2) // 4 ops at 2 ops/s: due over 2 s
+	want := []time.Duration{0, 0, time.Second, 2 * time.Second}
+	for i := range s {
+		if s[i].due != want[i] || s[i].op != &ops[i] {
+			t.Fatalf("op %d due %v, want %v", i, s[i].due, want[i])
+		}
+	}
+}
+
+func TestCriticalCPU(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		cpu   []time.Duration
+		procs int
+		want  time.Duration
+	}{
+		{[]time.Duration{5 * ms, 3 * ms}, 2, 5 * ms},          // the longest thread
+		{[]time.Duration{4 * ms, 4 * ms, 4 * ms}, 2, 6 * ms},  // three threads on two cores
+		{[]time.Duration{4 * ms, 4 * ms, 4 * ms}, 0, 12 * ms}, // no cores reads as one
+	} {
+		if got := criticalCPU(c.cpu, c.procs); got != c.want {
+			t.Fatalf("criticalCPU(%v, %d) = %v, want %v", c.cpu, c.procs, got, c.want)
+		}
 	}
 }

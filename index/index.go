@@ -34,7 +34,9 @@
 // directory are replaced copy-on-write and reclaimed by the GC (RCU), and a
 // node carries a generation next to its parent id that changes whenever it
 // is freed or reused, so a reader that raced a recycle notices and retries;
-// a holders word carries its set's generation the same way.
+// a holders word carries its set's generation the same way. Sharded
+// (sharded.go) gives groups of workers an index and a writer each, so
+// events of different groups apply in parallel.
 //
 // It imports only kv and internal helpers: it is a pure core fed by whoever
 // holds the events (the fleet's event feed, the twin), and must not import
@@ -42,6 +44,7 @@
 package index
 
 import (
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -191,6 +194,7 @@ type Index struct {
 	workers       map[kv.WorkerKey]*wstate
 	slots         []*wstate
 	freeSlots     []uint32
+	order         []uint32 // the live slots by ascending worker key (the next view's slotOf)
 	cand          []uint32 // nodes that may have become empty during an event
 	found         []uint32 // prefind's answers, by position in the event
 	fresh         []uint32 // storeFresh's new nodes, by position in its run
@@ -205,11 +209,40 @@ type Index struct {
 	// a system prompt every query starts in that run.
 	rootRun atomic.Uint32
 	scratch sync.Pool
+	cfg     Config
 }
 
-// New returns an empty index.
-func New() *Index {
-	ix := &Index{workers: map[kv.WorkerKey]*wstate{}, next: 1, ovfNext: 1, sets: map[uint64]uint32{}, seed: 0x2545F4914F6CDD1D}
+// Config tunes an index. The zero value gives the defaults.
+type Config struct {
+	// BindAfterSlots is the engine-table size (slots of 5 bytes) from
+	// which a new chain is created first and its engine hashes bound
+	// after, rather than node by node: past the cache each binding is a
+	// miss that newNode's atomic store would wait for. 0: 64k slots; a
+	// negative value binds after at every size (tests use it to cover
+	// that path on small indexes).
+	BindAfterSlots int
+}
+
+// defaultBindAfterSlots is where a 5-byte-slot engine table outgrows a
+// typical L2.
+const defaultBindAfterSlots = 1 << 16
+
+func (c Config) bindAfter() int {
+	switch {
+	case c.BindAfterSlots < 0:
+		return 0
+	case c.BindAfterSlots == 0:
+		return defaultBindAfterSlots
+	}
+	return c.BindAfterSlots
+}
+
+// New returns an empty index with the default Config.
+func New() *Index { return NewWith(Config{}) }
+
+// NewWith returns an empty index tuned by cfg.
+func NewWith(cfg Config) *Index {
+	ix := &Index{workers: map[kv.WorkerKey]*wstate{}, next: 1, ovfNext: 1, sets: map[uint64]uint32{}, seed: 0x2545F4914F6CDD1D, cfg: cfg}
 	d := []*chunk{newChunk()} // id 0 is the root
 	ix.dir.Store(&d)
 	od := []*ovfChunk{new(ovfChunk)}
@@ -577,24 +610,30 @@ func (ix *Index) worker(w kv.WorkerKey, create bool) *wstate {
 		ix.slots = append(ix.slots, ws)
 	}
 	ix.workers[w] = ws
+	ix.order = slices.Insert(ix.order, ix.rankIn(w), ws.slot)
 	ix.publishView()
 	return ws
 }
 
+// rankIn is where worker key w sits (or would) in ix.order.
+func (ix *Index) rankIn(w kv.WorkerKey) int {
+	return sort.Search(len(ix.order), func(i int) bool { return !less(ix.slots[ix.order[i]].key, w) })
+}
+
+// publishView gives readers a fresh view of the worker table. ix.order is
+// kept sorted as workers come and go, so a view costs copies, no sort: at
+// thousands of workers a sort per new worker dominated the whole replay.
 func (ix *Index) publishView() {
-	v := &view{keys: make([]kv.WorkerKey, len(ix.slots)), rankOf: make([]uint32, len(ix.slots)), words: (len(ix.slots) + 63) / 64}
+	n := len(ix.slots)
+	v := &view{keys: make([]kv.WorkerKey, n), rankOf: make([]uint32, n), words: (n + 63) / 64, slotOf: slices.Clone(ix.order)}
 	for s, ws := range ix.slots {
 		if ws != nil {
 			v.keys[s] = ws.key
-			v.slotOf = append(v.slotOf, uint32(s))
 		}
 	}
 	v.live = make([]uint64, v.words)
-	for _, s := range v.slotOf {
-		v.live[s>>6] |= 1 << (s & 63)
-	}
-	sort.Slice(v.slotOf, func(i, j int) bool { return less(v.keys[v.slotOf[i]], v.keys[v.slotOf[j]]) })
 	for r, s := range v.slotOf {
+		v.live[s>>6] |= 1 << (s & 63)
 		v.rankOf[s] = uint32(r)
 	}
 	ix.vw.Store(v)
@@ -715,7 +754,7 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	ids := ix.fresh[:0]
 	p0 := p
 	hw := uint64(ws.slot<<4 | 1<<tier)
-	small := len(ix.etab.tags) < warmEtabMin
+	small := len(ix.etab.tags) < ix.cfg.bindAfter()
 	for _, b := range blocks {
 		p = ix.newNode(p, uint64(b.LocalHash), hw)
 		ids = append(ids, p)
@@ -759,11 +798,6 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	ws.counts[tier] += int64(len(blocks))
 	return p
 }
-
-// warmEtabMin is the engine-table size (slots of 5 bytes) from which
-// storeFresh binds a chain after creating it rather than node by node
-// (a variable so tests can run either way on small indexes).
-var warmEtabMin = 1 << 16
 
 // bindAll binds the engine hashes of blocks to ids, the nodes just
 // created for them, after warming every table probe so the misses overlap.
@@ -994,6 +1028,8 @@ func (ix *Index) RemoveWorker(w kv.WorkerKey) {
 	}
 	ix.cand = ix.cand[:0]
 	delete(ix.workers, w)
+	r := ix.rankIn(w)
+	ix.order = slices.Delete(ix.order, r, r+1)
 	ix.slots[ws.slot] = nil
 	ix.freeSlots = append(ix.freeSlots, ws.slot)
 	ix.publishView()

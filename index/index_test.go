@@ -104,7 +104,15 @@ func convert(ms []Match) []ref.Match {
 	return out
 }
 
-func compareAll(t *testing.T, ix *Index, rf *ref.Index, g *gen, step int) {
+// underTest is what compareAll checks against the model: an Index or a
+// Sharded.
+type underTest interface {
+	FindMatches([]kv.LocalHash, []Match) []Match
+	BlockCounts(kv.WorkerKey) [kv.NumTiers]int
+	Stats() Stats
+}
+
+func compareAll(t *testing.T, ix underTest, rf *ref.Index, g *gen, step int) {
 	t.Helper()
 	for q := 0; q < 40; q++ {
 		query := g.query()
@@ -164,6 +172,40 @@ func TestMatchesReferenceOnRandomStreams(t *testing.T) {
 				}
 				if s := ix.Stats(); s.Nodes != 0 || s.Holdings != 0 || s.Overflow != 0 || s.HolderSets != 0 {
 					t.Fatalf("after removing all workers: %+v", s)
+				}
+			})
+		}
+	}
+}
+
+// Sharded is the model too: the same hostile streams over three shards,
+// worker removals included; its worker list is every shard's, in order.
+func TestShardedMatchesReferenceOnRandomStreams(t *testing.T) {
+	for _, nw := range []int{3, 70} {
+		for seed := uint64(1); seed <= 2; seed++ {
+			t.Run(fmt.Sprintf("w%d/s%d", nw, seed), func(t *testing.T) {
+				g := newGen(seed*1000+uint64(nw), nw)
+				ix, rf := NewSharded(3, Config{}), ref.New()
+				for i := 0; i < 1500; i++ {
+					ev := g.event()
+					if g.r.IntN(400) == 0 {
+						w := g.workers[g.r.IntN(len(g.workers))]
+						ix.RemoveWorker(w)
+						rf.RemoveWorker(w)
+						continue
+					}
+					ix.Apply(ev)
+					rf.Apply(ev)
+					if i%50 == 0 {
+						compareAll(t, ix, rf, g, i)
+					}
+				}
+				compareAll(t, ix, rf, g, 1500)
+				if got, want := ix.Workers(), rf.Workers(); !reflect.DeepEqual(got, want) {
+					t.Fatalf("workers %v, want %v", got, want)
+				}
+				if nw > 3 && ix.Stats().Holdings == ix.shards[0].Stats().Holdings {
+					t.Fatal("every holding landed in one shard")
 				}
 			})
 		}

@@ -209,23 +209,21 @@ func checkInternals(t *testing.T, ix *Index) {
 }
 
 func TestConversationsMatchReference(t *testing.T) {
-	testConversations(t)
+	testConversations(t, Config{})
 }
 
 // The same with storeFresh binding chains after creating them, as it does
 // once the engine table outgrows the cache.
 func TestConversationsMatchReferenceBindAfter(t *testing.T) {
-	defer func(m int) { warmEtabMin = m }(warmEtabMin)
-	warmEtabMin = 0
-	testConversations(t)
+	testConversations(t, Config{BindAfterSlots: -1})
 }
 
-func testConversations(t *testing.T) {
+func testConversations(t *testing.T, cfg Config) {
 	for _, c := range []struct{ workers, convs, maxLen int }{{4, 6, 40}, {40, 30, 120}, {300, 60, 160}, {1500, 12, 60}} {
 		for seed := uint64(1); seed <= 2; seed++ {
 			t.Run(fmt.Sprintf("w%d/s%d", c.workers, seed), func(t *testing.T) {
 				g := newConvGen(seed, c.workers, c.convs, c.maxLen)
-				ix, rf := New(), ref.New()
+				ix, rf := NewWith(cfg), ref.New()
 				steps := 2500
 				if testing.Short() {
 					steps = 800

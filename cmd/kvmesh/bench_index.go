@@ -25,12 +25,24 @@ An op is one event batch (one Stored or Removed event, whatever its block
 count) or one FindMatches; the block-ops/s column counts every stored or
 removed block and every query block instead. At block size 64 a Stored
 event of this trace averages ~180 blocks, so the two rates differ ~100x.
-Dynamo's mooncake_bench defaults to --block-size 512.`,
+Dynamo's mooncake_bench defaults to --block-size 512.
+
+The parallel row applies events from one goroutine per worker group
+(--event-groups, each the only writer of its own index shard) while a
+reader runs the finds, each after the events that precede it.
+
+--offered-rates R1,R2,... adds one replay per rate on the trace's own
+timeline rescaled to R ops/s, events from --event-groups goroutines and
+finds from --find-threads, none waiting for another, one line per rate:
+"offered R ops/s: achieved A ops/s, find p50 X µs, p99 Y µs", find latency
+counted from the op's due time, so falling behind shows. Dynamo's indexer
+benchmark spreads the trace over --workers 7000.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkInts(intFlag{"workers", int64(c.Workers), 1}, intFlag{"block-size", int64(c.BlockSize), 1},
 				intFlag{"trace-block-size", int64(c.TraceBlockSize), 1}, intFlag{"cache-blocks", int64(c.CacheBlocks), 1},
-				intFlag{"limit", int64(c.MaxLines), 0}); err != nil {
+				intFlag{"limit", int64(c.MaxLines), 0}, intFlag{"event-groups", int64(c.EventGroups), 0},
+				intFlag{"find-threads", int64(c.FindThreads), 0}); err != nil {
 				return fmt.Errorf("bench index: %w", err)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
@@ -52,5 +64,8 @@ Dynamo's mooncake_bench defaults to --block-size 512.`,
 	f.Uint64Var(&c.Seed, "seed", 42, "seed of the request-to-worker partition")
 	f.BoolVar(&c.SkipReference, "skip-reference", false, "do not replay the naive reference model")
 	f.BoolVar(&c.ColdQuery, "cold-query", false, "time each find's first read of its query too (by default the query is read before the timer, as a router has just hashed it)")
+	f.Float64SliceVar(&c.OfferedRates, "offered-rates", nil, "comma-separated offered rates in ops/s: one replay each on the rescaled trace timeline")
+	f.IntVar(&c.EventGroups, "event-groups", 0, "goroutines applying events, one per worker group and index shard (0: GOMAXPROCS)")
+	f.IntVar(&c.FindThreads, "find-threads", 0, "goroutines issuing finds in the offered replays (0: max(2, GOMAXPROCS))")
 	benchCmd.AddCommand(cmd)
 }

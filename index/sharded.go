@@ -1,0 +1,142 @@
+package index
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/kvmesh/kvmesh/internal/mix"
+	"github.com/kvmesh/kvmesh/kv"
+)
+
+// Sharded spreads workers over independent indexes by worker key. One
+// Index serialises every writer on its lock, and applying events is most
+// of an index's work; shards apply in parallel, one writer each, and a
+// worker's events stay in order because they all reach the same shard.
+// Finds stay lock-free: a find asks every shard and merges the answers,
+// which are disjoint (a worker lives in exactly one shard).
+//
+// The price is memory: a block held by workers of several shards has a
+// node in each (docs/benchmarks.md has the figures).
+type Sharded struct {
+	shards []*Index
+	merge  sync.Pool // *mergeScratch
+}
+
+type mergeScratch struct{ a, b []Match }
+
+// NewSharded returns n empty shards (at least one) tuned by cfg.
+func NewSharded(n int, cfg Config) *Sharded {
+	s := &Sharded{shards: make([]*Index, max(1, n))}
+	for i := range s.shards {
+		s.shards[i] = NewWith(cfg)
+	}
+	s.merge.New = func() any { return new(mergeScratch) }
+	return s
+}
+
+// Shards is the number of shards.
+func (s *Sharded) Shards() int { return len(s.shards) }
+
+// ShardOf is the shard that holds w's blocks. Callers that apply events
+// from several goroutines give each shard its own, so no writer ever
+// waits on another.
+func (s *Sharded) ShardOf(w kv.WorkerKey) int {
+	if len(s.shards) == 1 {
+		return 0
+	}
+	return int(mix.Mix64(w.Instance*mix.Golden^uint64(w.DPRank)) % uint64(len(s.shards)))
+}
+
+// Apply applies one KV event to its worker's shard.
+func (s *Sharded) Apply(ev kv.Event) { s.shards[s.ShardOf(ev.Worker)].Apply(ev) }
+
+// RemoveWorker drops everything w holds and forgets w.
+func (s *Sharded) RemoveWorker(w kv.WorkerKey) { s.shards[s.ShardOf(w)].RemoveWorker(w) }
+
+// BlockCounts returns how many blocks w holds on each tier.
+func (s *Sharded) BlockCounts(w kv.WorkerKey) [kv.NumTiers]int {
+	return s.shards[s.ShardOf(w)].BlockCounts(w)
+}
+
+// FindMatches is Index.FindMatches over every shard: one Match per worker
+// holding the query's first block, in ascending WorkerKey order. Each
+// shard's answer is read atomically as Index.FindMatches reads it; shards
+// are read one after another.
+func (s *Sharded) FindMatches(local []kv.LocalHash, dst []Match) []Match {
+	start := len(dst)
+	dst = s.shards[0].FindMatches(local, dst)
+	if len(s.shards) == 1 {
+		return dst
+	}
+	sc := s.merge.Get().(*mergeScratch)
+	for _, sh := range s.shards[1:] {
+		sc.b = sh.FindMatches(local, sc.b[:0])
+		if len(sc.b) == 0 {
+			continue
+		}
+		sc.a = append(sc.a[:0], dst[start:]...)
+		dst = mergeMatches(dst[:start], sc.a, sc.b)
+	}
+	s.merge.Put(sc)
+	return dst
+}
+
+// mergeMatches appends the union of a and b, both in ascending WorkerKey
+// order and disjoint, to dst in that order.
+func mergeMatches(dst, a, b []Match) []Match {
+	i, j := 0, 0
+	for i < len(a) && j < len(b) {
+		if less(a[i].Worker, b[j].Worker) {
+			dst = append(dst, a[i])
+			i++
+		} else {
+			dst = append(dst, b[j])
+			j++
+		}
+	}
+	dst = append(dst, a[i:]...)
+	return append(dst, b[j:]...)
+}
+
+// Workers lists the workers of every shard, ascending.
+func (s *Sharded) Workers() []kv.WorkerKey {
+	var out []kv.WorkerKey
+	for _, sh := range s.shards {
+		out = append(out, sh.Workers()...)
+	}
+	slices.SortFunc(out, func(a, b kv.WorkerKey) int {
+		switch {
+		case less(a, b):
+			return -1
+		case less(b, a):
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Stats sums the shards' counters (Nodes counts a node per shard that
+// has it).
+func (s *Sharded) Stats() Stats {
+	var t Stats
+	for _, sh := range s.shards {
+		x := sh.Stats()
+		t.Events += x.Events
+		t.Blocks += x.Blocks
+		t.ParentNotFound += x.ParentNotFound
+		t.DuplicateStore += x.DuplicateStore
+		t.RemoveUnknown += x.RemoveUnknown
+		t.Rebound += x.Rebound
+		t.BadTier += x.BadTier
+		t.BadKind += x.BadKind
+		t.UnknownWorkerCleared += x.UnknownWorkerCleared
+		t.TooManyWorkers += x.TooManyWorkers
+		t.Nodes += x.Nodes
+		t.Holdings += x.Holdings
+		t.Overflow += x.Overflow
+		t.HolderSets += x.HolderSets
+		t.ReadRetries += x.ReadRetries
+	}
+	return t
+}

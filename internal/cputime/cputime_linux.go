@@ -1,0 +1,21 @@
+// Package cputime reads the calling thread's CPU time, which benchmarks on
+// a shared machine compare where wall time mostly measures the scheduler.
+// It imports nothing of kvmesh; benchmarks (bench, kvbm's) use it.
+package cputime
+
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Thread is the calling thread's CPU time (user + system). Unlike wall
+// time it leaves out the turns other processes take; the caller locks its
+// goroutine to the thread for as long as it measures.
+func Thread() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
+}

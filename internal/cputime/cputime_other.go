@@ -1,0 +1,11 @@
+//go:build !linux
+
+// Package cputime reads the calling thread's CPU time, which benchmarks on
+// a shared machine compare where wall time mostly measures the scheduler.
+// It imports nothing of kvmesh; benchmarks (bench, kvbm's) use it.
+package cputime
+
+import "time"
+
+// Thread is not measured off Linux: it reads 0.
+func Thread() time.Duration { return 0 }
