@@ -5,8 +5,11 @@
 "use strict";
 
 const WINDOW_MS = 5 * 60 * 1000;
+// A fresh page draws its first minute across the whole width, then widens
+// to the window as points accumulate.
+const MIN_SPAN_MS = 60 * 1000;
 const SVG_NS = "http://www.w3.org/2000/svg";
-const W = 400, H = 140, PAD_L = 40, PAD_R = 6, PAD_T = 8, PAD_B = 16;
+const W = 400, H = 150, PAD_L = 40, PAD_R = 6, PAD_T = 10, PAD_B = 18;
 
 // Series is one line: points [time ms, value] of the last window; a NaN
 // value (nothing happened in that interval) breaks the line.
@@ -43,14 +46,17 @@ class Chart {
   }
   // draw renders every series over the window ending at now.
   draw(now) {
-    const t0 = now - WINDOW_MS;
+    let first = now;
     let max = this.opts.max || 0;
     for (const s of this.series.values()) {
+      if (s.points.length && s.points[0][0] < first) first = s.points[0][0];
       for (const [, v] of s.points) if (isFinite(v) && v > max) max = v;
     }
+    const span = Math.min(WINDOW_MS, Math.max(MIN_SPAN_MS, now - first));
+    const t0 = now - span;
     if (!(max > 0)) max = 1;
     max = niceCeil(max);
-    const x = t => PAD_L + (W - PAD_L - PAD_R) * (t - t0) / WINDOW_MS;
+    const x = t => PAD_L + (W - PAD_L - PAD_R) * (t - t0) / span;
     const y = v => H - PAD_B - (H - PAD_T - PAD_B) * Math.min(v, max) / max;
     const kids = [
       line(PAD_L, y(0), W - PAD_R, y(0), "axis"),
@@ -58,8 +64,8 @@ class Chart {
       line(PAD_L, y(max / 2), W - PAD_R, y(max / 2), "grid"),
       text(PAD_L - 4, y(max) + 4, fmtAxis(max), "end"),
       text(PAD_L - 4, y(0) + 4, "0", "end"),
-      text(PAD_L, H - 2, "−5 min", "start"),
-      text(W - PAD_R, H - 2, "now", "end"),
+      text(PAD_L, H - 3, "−" + fmtSpan(span), "start"),
+      text(W - PAD_R, H - 3, "now", "end"),
     ];
     const items = [];
     let i = 0;
@@ -116,6 +122,11 @@ function niceCeil(v) {
   const p = Math.pow(10, Math.floor(Math.log10(v)));
   for (const m of [1, 2, 5, 10]) if (v <= m * p) return m * p;
   return 10 * p;
+}
+
+function fmtSpan(ms) {
+  const s = Math.round(ms / 1000);
+  return s % 60 === 0 ? `${s / 60} min` : s > 60 ? `${Math.floor(s / 60)} min ${s % 60} s` : `${s} s`;
 }
 
 function fmtAxis(v) { return v >= 1000 ? (v / 1000) + "k" : String(+v.toPrecision(3)); }
