@@ -188,7 +188,7 @@ cannot reach: python3 is in every engine image. */}}
   command: ["trtllm-serve"]
   {{- end }}
   args:
-    {{- include "kvmesh.engine.args" . | nindent 4 }}
+    {{- include "kvmesh.engine.args" . | trim | nindent 4 }}
   env:
   - name: POD_IP
     valueFrom:
