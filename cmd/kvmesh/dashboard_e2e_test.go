@@ -135,6 +135,21 @@ func TestDashboardInBrowser(t *testing.T) {
 		hit := text("#hit")
 		return text("#req-total") != before && hit != "–" && hit != "0.0 %"
 	})
+	// The charts draw the polls over time: request rate, TTFT and the hit
+	// ratio each have a line through several points of this load.
+	drawn := func() map[string]int {
+		pts, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]int](`Object.fromEntries([...document.querySelectorAll("figure.chart")]
+			.filter(f => !f.hidden && f.querySelector("svg polyline"))
+			.map(f => [f.id, Number(f.dataset.points || 0)]))`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pts
+	}
+	testutil.WaitFor(t, 30*time.Second, "the charts to draw the load", func() bool {
+		pts := drawn()
+		return pts["chart-requests"] >= 3 && pts["chart-ttft"] >= 3 && pts["chart-hit"] >= 3
+	})
 	// A second of polls for the rates and percentiles of a busy interval.
 	time.Sleep(1500 * time.Millisecond)
 	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
@@ -151,6 +166,12 @@ func TestDashboardInBrowser(t *testing.T) {
 	t.Logf("dashboard screenshot: %s (%d bytes)", path, len(shot))
 	if err := <-loadDone; err != nil {
 		t.Fatalf("bench load: %v\n%s", err, loadOut.String())
+	}
+	if pts := drawn(); len(pts) < 3 {
+		t.Errorf("charts with lines: %v, want at least 3", pts)
+	}
+	if legend := text("#chart-hit .legend"); !strings.Contains(legend, "achieved") || !strings.Contains(legend, "predicted") || strings.Contains(legend, "achieved –") {
+		t.Errorf("hit ratio chart legend: %q", legend)
 	}
 	time.Sleep(1500 * time.Millisecond) // a poll after the load's last request
 	workerReqs, err := chromedp.Run(ctx, chromedp.Evaluate[int](`(() => {

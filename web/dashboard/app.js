@@ -6,6 +6,17 @@
 const POLL_MS = 1000;
 let prev = null;
 
+// The time-series charts (charts.js), fed one point per poll.
+const charts = {
+  requests: new Chart("chart-requests", { unit: "/s" }),
+  ttft: new Chart("chart-ttft", { unit: " ms" }),
+  itl: new Chart("chart-itl", { unit: " ms" }),
+  hit: new Chart("chart-hit", { unit: " %", max: 100 }),
+  kv: new Chart("chart-kv", { unit: " %", max: 100 }),
+  queue: new Chart("chart-queue"),
+  hints: new Chart("chart-hints", { unit: "/s" }),
+};
+
 function $(id) { return document.getElementById(id); }
 
 // sum adds the values of a family's series whose labels match pred.
@@ -161,6 +172,7 @@ function render(snap) {
 
   renderWorkers(snap);
   const ws = (snap.fleet && snap.fleet.workers) || [];
+  recordCharts(snap, ws, rate, hq, isErr);
   renderPairs("router", [
     ["decisions", int(sum(snap, "kvmesh_router_decisions_total"))],
     ["decisions/s", num(rate("kvmesh_router_decisions_total"), 2)],
@@ -245,6 +257,41 @@ function render(snap) {
     }
     renderPairs("engines", rows);
   }
+}
+
+// recordCharts adds this poll's point to every chart and redraws them.
+// Rates and percentiles are over the interval since the previous poll; the
+// first poll has none.
+function recordCharts(snap, ws, rate, hq, isErr) {
+  const t = snap.time_unix_ms;
+  if (prev) {
+    const c = charts;
+    c.requests.record(t, "requests", rate("kvmesh_frontend_requests_total"));
+    c.requests.record(t, "errors", rate("kvmesh_frontend_requests_total", isErr));
+    for (const [chart, name] of [[c.ttft, "kvmesh_frontend_time_to_first_token_seconds"], [c.itl, "kvmesh_frontend_inter_token_latency_seconds"]]) {
+      chart.record(t, "p50", 1000 * hq(name, 0.5));
+      chart.record(t, "p99", 1000 * hq(name, 0.99));
+    }
+    const ratio = (num, den) => {
+      const d = sum(snap, den) - sum(prev, den);
+      return d > 0 ? 100 * (sum(snap, num) - sum(prev, num)) / d : NaN;
+    };
+    c.hit.record(t, "achieved", ratio("kvmesh_fleet_worker_cached_prompt_tokens_total", "kvmesh_fleet_worker_prompt_tokens_total"));
+    c.hit.record(t, "predicted", ratio("kvmesh_router_predicted_cached_tokens_total", "kvmesh_router_isl_tokens_total"));
+    if (ws.some(w => w.hints)) {
+      c.hints.fig.hidden = false;
+      for (const r of ["fetched", "partial", "fallback"]) c.hints.record(t, r, rate("kvmesh_kv_hint_results_total", l => l.result === r));
+    }
+  }
+  for (const w of ws) {
+    charts.kv.record(t, `${w.instance}/${w.dp_rank}`, w.total_blocks > 0 ? 100 * w.used_blocks / w.total_blocks : NaN);
+  }
+  charts.queue.record(t, "waiting on engines", ws.reduce((n, w) => n + (w.waiting || 0), 0));
+  // A router-side queue, where the frontend exports one.
+  for (const name of Object.keys(snap.metrics)) {
+    if (name.startsWith("kvmesh_router_queue") && !name.endsWith("_total")) charts.queue.record(t, name.slice("kvmesh_router_".length).replace(/_/g, " "), sum(snap, name));
+  }
+  for (const chart of Object.values(charts)) if (!chart.fig.hidden) chart.draw(t);
 }
 
 async function poll() {
