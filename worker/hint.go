@@ -21,7 +21,7 @@ func (w *Worker) admitHint(req *api.GenerateRequest, t *hintTicket) *kv.Hint {
 	if req.KvFetch != nil {
 		h = api.HintFromProto(req.KvFetch)
 	} else {
-		env, err := hints.Parse(req.KvHint)
+		env, err := w.hintParser.Parse(req.KvHint)
 		switch {
 		case errors.Is(err, hints.ErrIgnored):
 			w.hintEnded(t, HintIgnored, req.RequestId, nil)

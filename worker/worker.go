@@ -26,6 +26,7 @@ import (
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/eventplane"
+	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/workerclient"
@@ -131,6 +132,7 @@ type Worker struct {
 	decodeHints           atomic.Int64 // hints dropped on decode handoffs
 	foreignParams         atomic.Int64 // connector parameters dropped on legs that take none
 	hintWarned            atomic.Bool  // a malformed hint was logged
+	hintParser            *hints.Parser
 	unauthenticated       atomic.Int64 // worker API calls refused for want of the fleet token
 	tlsRefused            atomic.Int64 // worker API connections that failed the TLS handshake
 	blockSize             int
@@ -224,6 +226,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	w := &Worker{cfg: cfg, eng: eng, nc: nc, log: cfg.Logger.With("instance", natsbus.InstanceToken(cfg.InstanceID), "model", cfg.Model), evlog: evlog, wd: newWatchdog(), blockSize: ec.BlockSize}
+	w.hintParser = hints.NewParser(w.log)
 	w.pub = eventplane.NewPublisher(nc, cfg.Model, evlog, w.log)
 	w.met = newMetrics(w)
 	w.inst = discovery.Instance{
