@@ -442,7 +442,7 @@ func (c *Core) Step(now time.Time) *StepResult {
 	budget := c.cfg.MaxBatchedTokens
 	if c.kb != nil {
 		c.kb.promote(now) // onboarded requests run from this pass on
-		if c.kb.async != nil {
+		if c.kb.ready != nil {
 			c.kb.mgr.Settle() // object writes done since the last pass
 		}
 	}
