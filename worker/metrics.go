@@ -88,7 +88,7 @@ func newMetrics(w *Worker) *metrics {
 		counterFunc("kvmesh_worker_event_publish_failures_total", "KV event batches that could not be published (routers repair the gap).", pub(2)),
 	}
 	m.all = append(m.all, hintParseMetrics(cl, w.hintParser)...)
-	if hs, ok := w.eng.(handoffStatser); ok {
+	if hs, ok := w.eng.(engine.Handoffs); ok {
 		m.all = append(m.all, handoffMetrics(cl, hs)...)
 	}
 	return m

@@ -81,7 +81,8 @@ type Config struct {
 	// state agent): each gets the worker's sink at Start, so their events
 	// flow through the same log and publisher as the engine's.
 	EventSources []EventSource
-	// Peer, when set, is the engine's peer-transfer side (NewSimPeer): the
+	// Peer, when set, is the engine's peer-transfer side (NewPeer, attached
+	// to by the engine's side, e.g. engine/sim/simpeer.New): the
 	// worker serves its blocks on one control endpoint per DP rank and
 	// advertises them (see startControl).
 	Peer      *Peer
