@@ -359,13 +359,5 @@ func generateOn(t *testing.T, eng engine.Engine, req *engine.Request) turnResult
 
 // newSimPeer starts a sim engine whose peer side is a new worker.Peer of pc.
 func newSimPeer(cfg sim.Config, pc worker.PeerConfig) (*sim.Engine, *worker.Peer, error) {
-	p, err := worker.NewPeer(pc)
-	if err != nil {
-		return nil, nil, err
-	}
-	eng, err := simpeer.New(cfg, p)
-	if err != nil {
-		return nil, nil, err
-	}
-	return eng, p, nil
+	return worker.StartWithPeer(pc, func(p *worker.Peer) (*sim.Engine, error) { return simpeer.New(cfg, p) })
 }

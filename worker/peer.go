@@ -165,6 +165,21 @@ func NewPeer(pc PeerConfig) (*Peer, error) {
 	return newPeer(pc), nil
 }
 
+// StartWithPeer makes a Peer of pc, then the engine that attaches to it
+// (start; engine/sim/simpeer.New for the sim), and returns both.
+func StartWithPeer[E any](pc PeerConfig, start func(*Peer) (E, error)) (E, *Peer, error) {
+	var none E
+	p, err := NewPeer(pc)
+	if err != nil {
+		return none, nil, err
+	}
+	e, err := start(p)
+	if err != nil {
+		return none, nil, err
+	}
+	return e, p, nil
+}
+
 func newPeer(pc PeerConfig) *Peer {
 	if pc.Timeout <= 0 {
 		pc.Timeout = transfer.DefaultTimeout

@@ -580,13 +580,5 @@ func assertNotRegistered(t *testing.T, nc *nats.Conn, model string) {
 
 // newSimPeer starts a sim engine whose peer side is a new Peer of pc.
 func newSimPeer(cfg sim.Config, pc PeerConfig) (*sim.Engine, *Peer, error) {
-	p, err := NewPeer(pc)
-	if err != nil {
-		return nil, nil, err
-	}
-	eng, err := simpeer.New(cfg, p)
-	if err != nil {
-		return nil, nil, err
-	}
-	return eng, p, nil
+	return StartWithPeer(pc, func(p *Peer) (*sim.Engine, error) { return simpeer.New(cfg, p) })
 }
