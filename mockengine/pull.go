@@ -3,6 +3,8 @@ package mockengine
 import (
 	"context"
 	"errors"
+	"sync/atomic"
+	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
@@ -62,4 +64,16 @@ func pullBlocks(ctx context.Context, c *transfer.Client, p blockPull, req *engin
 		err = errors.Join(err, ierr)
 	}
 	return inserted, len(p.ids), err
+}
+
+// notifyProducer tells the producer at addr (host:port) that this consumer
+// is done with requestID's blocks, once per handoff (done); sent is false
+// when it was told already.
+func notifyProducer(ctx context.Context, done *atomic.Bool, addr, requestID string) (sent bool, err error) {
+	if done.Swap(true) {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	return true, Notify(ctx, addr, requestID, 1)
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strconv"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
@@ -210,12 +209,10 @@ func (t *TRTLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, 
 }
 
 func (t *TRTLLM) notify(ctx context.Context, ps *trtPull) {
-	if ps.notified.Swap(true) {
+	sent, err := notifyProducer(ctx, &ps.notified, net.JoinHostPort(ps.o.Host, strconv.Itoa(ps.o.Port)), ps.o.RequestID)
+	if !sent {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	err := Notify(ctx, net.JoinHostPort(ps.o.Host, strconv.Itoa(ps.o.Port)), ps.o.RequestID, 1)
 	t.pullMu.Lock()
 	if err != nil {
 		t.pull.NotifyFailures++

@@ -7,7 +7,6 @@ import (
 	"net"
 	"strconv"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
@@ -184,19 +183,16 @@ func (v *VLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 // notify tells the producer that this consumer is done with the handoff's
 // blocks, once.
 func (v *VLLM) notify(ctx context.Context, ps *pullState) {
-	if ps.notified.Swap(true) {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	addr := net.JoinHostPort(ps.p.host, strconv.Itoa(ps.p.port))
-	if err := Notify(ctx, addr, ps.p.requestID, 1); err != nil {
+	sent, err := notifyProducer(ctx, &ps.notified, net.JoinHostPort(ps.p.host, strconv.Itoa(ps.p.port)), ps.p.requestID)
+	switch {
+	case !sent:
+	case err != nil:
 		v.stats.notifyFailed.Add(1)
 		v.log.Warn("kv notification failed; the producer frees its blocks when the lease runs out",
 			"remote_request", ps.p.requestID, "err", err)
-		return
+	default:
+		v.stats.notified.Add(1)
 	}
-	v.stats.notified.Add(1)
 }
 
 // afterPrefill notifies a decode's producer when the sim never called the
