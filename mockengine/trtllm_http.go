@@ -405,19 +405,6 @@ type trtChatResp struct {
 	Usage   *trtUsage       `json:"usage"`
 }
 
-// trtFinish is TensorRT-LLM's name for a finish.
-func trtFinish(f kv.FinishReason) string {
-	switch f {
-	case kv.FinishStop:
-		return "stop"
-	case kv.FinishLength:
-		return "length"
-	case kv.FinishCancelled:
-		return "cancelled"
-	}
-	return "error"
-}
-
 func (t *TRTLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	if t.closed.Load() {
 		writeTRTError(w, http.StatusServiceUnavailable, "The engine is shut down.")
@@ -534,7 +521,7 @@ func (t *TRTLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		tokens = append(tokens, c.Tokens...)
 		var fr *string
 		if c.Finish != kv.FinishNone {
-			fin = trtFinish(c.Finish)
+			fin = finishName(c.Finish, "cancelled")
 			fr = &fin
 			if c.Usage != nil {
 				u = *c.Usage

@@ -15,6 +15,17 @@ import (
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
+// serveMetricsAndHints serves c's series at GET /metrics and the hints
+// the engine saw (hints) at GET /debug/kv_hints.
+func serveMetricsAndHints(m *http.ServeMux, c prometheus.Collector, hints func() any) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	m.HandleFunc("GET /debug/kv_hints", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"hints": hints()})
+	})
+}
+
 func (v *VLLM) routes() {
 	m := http.NewServeMux()
 	m.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { v.serveGenerate(w, r, false) })
@@ -34,12 +45,7 @@ func (v *VLLM) routes() {
 		s := v.eng.Stats()
 		writeJSON(w, http.StatusOK, map[string]int{"server_load": s.Running + s.Waiting})
 	})
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(&vllmCollector{v: v})
-	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	m.HandleFunc("GET /debug/kv_hints", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"hints": v.Hints()})
-	})
+	serveMetricsAndHints(m, &vllmCollector{v: v}, func() any { return v.Hints() })
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, &APIError{Status: http.StatusNotFound, Message: "Not Found"})
 	})
@@ -282,7 +288,7 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 		var fr *string
 		if c.Finish != kv.FinishNone {
 			delta += dec.Flush()
-			res.finish = finishReason(c.Finish)
+			res.finish = finishName(c.Finish, "abort")
 			fr = &res.finish
 			if c.Usage != nil {
 				res.usage = *c.Usage
