@@ -28,16 +28,7 @@ func (t *TRTLLM) trtRoutes() {
 		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{map[string]any{
 			"id": t.cfg.Sim.Model, "object": "model", "created": t.created, "owned_by": "tensorrt_llm"}}})
 	})
-	m.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
-		if t.closed.Load() {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	})
-	m.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"version": TRTLLMVersion})
-	})
+	serveHealthAndVersion(m, &t.closed, TRTLLMVersion)
 	m.HandleFunc("GET /metrics", t.serveIterStats)
 	m.HandleFunc("POST /kv_cache_events", t.serveEvents)
 	m.HandleFunc("GET /debug/disaggregated_params", func(w http.ResponseWriter, _ *http.Request) {

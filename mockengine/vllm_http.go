@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +15,21 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
+
+// serveHealthAndVersion answers GET /health (503 once closed) and GET
+// /version.
+func serveHealthAndVersion(m *http.ServeMux, closed *atomic.Bool, version string) {
+	m.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		if closed.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	m.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"version": version})
+	})
+}
 
 // serveMetricsAndHints serves c's series at GET /metrics and the hints
 // the engine saw (hints) at GET /debug/kv_hints.
@@ -31,16 +47,7 @@ func (v *VLLM) routes() {
 	m.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { v.serveGenerate(w, r, false) })
 	m.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { v.serveGenerate(w, r, true) })
 	m.HandleFunc("GET /v1/models", v.serveModels)
-	m.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
-		if v.closed.Load() {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	})
-	m.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"version": VLLMVersion})
-	})
+	serveHealthAndVersion(m, &v.closed, VLLMVersion)
 	m.HandleFunc("GET /load", func(w http.ResponseWriter, _ *http.Request) {
 		s := v.eng.Stats()
 		writeJSON(w, http.StatusOK, map[string]int{"server_load": s.Running + s.Waiting})
