@@ -2,6 +2,7 @@ package remote
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -20,6 +21,7 @@ type Base struct {
 	ecfg   engine.Config
 	log    *slog.Logger
 	client *http.Client
+	url    string
 	health *HealthMonitor
 	relay  *Relay
 
@@ -34,8 +36,44 @@ type Base struct {
 // Config.WithDefaults) and waits until the server's /health answers,
 // bounded by ctx.
 func (b *Base) Attach(ctx context.Context, cfg Config) error {
-	b.client, b.log = cfg.Client, cfg.Logger.With("engine", cfg.URL)
+	b.client, b.log, b.url = cfg.Client, cfg.Logger.With("engine", cfg.URL), cfg.URL
 	return WaitHealthy(ctx, b.client, cfg.URL+"/health")
+}
+
+// BlockSizeRule says how an adapter names its engine's block size when it
+// settles it (Base.SettleBlockSize).
+type BlockSizeRule struct {
+	Default int    // the engine's own default
+	Engine  string // "vLLM engine", in "the vLLM engine at URL"
+	Uses    string // what the engine does with it, a format of its size: "uses blocks of %d tokens"
+	Unknown string // the warning when neither the server nor --block-size gives it
+	Key     string // the warning's attribute: "block_size"
+}
+
+// SettleBlockSize is the block size of a server that reported reported
+// (0: nothing) under --block-size pinned (0: not pinned): the server's,
+// else the pinned one, else the engine's default (warned). A pinned size
+// the server contradicts is an error.
+func (b *Base) SettleBlockSize(reported, pinned int, r BlockSizeRule) (int, error) {
+	switch {
+	case reported == 0 && pinned == 0:
+		b.log.Warn(r.Unknown, r.Key, r.Default)
+		return r.Default, nil
+	case reported == 0:
+		return pinned, nil
+	case pinned != 0 && pinned != reported:
+		return 0, fmt.Errorf("--block-size %d but the %s at %s "+r.Uses, pinned, r.Engine, b.url, reported)
+	}
+	return reported, nil
+}
+
+// AttachModel is Attach, then PickModel: the /v1/models entry of
+// cfg.Model (or the first); kind names the engine in errors.
+func (b *Base) AttachModel(ctx context.Context, cfg Config, kind string) (ServedModel, error) {
+	if err := b.Attach(ctx, cfg); err != nil {
+		return ServedModel{}, err
+	}
+	return PickModel(ctx, b.client, cfg.URL, cfg.Model, kind)
 }
 
 // Logger is the adapter's logger, naming the engine.

@@ -147,15 +147,13 @@ func (e *Engine) readServerInfo(ctx context.Context) error {
 	if e.bootstrapPort == 0 {
 		e.bootstrapPort = DefaultBootstrapPort
 	}
-	switch pinned := e.cfg.BlockSize; {
-	case in.PageSize == 0 && pinned == 0:
-		in.PageSize = DefaultPageSize
-		e.Logger().Warn("sglang engine reports no page_size; assuming SGLang's default", "page_size", in.PageSize)
-	case in.PageSize == 0:
-		in.PageSize = pinned
-	case pinned != 0 && pinned != in.PageSize:
-		return fmt.Errorf("--block-size %d but the SGLang engine at %s runs --page-size %d", pinned, e.cfg.URL, in.PageSize)
+	ps, err := e.SettleBlockSize(in.PageSize, e.cfg.BlockSize, remote.BlockSizeRule{Default: DefaultPageSize,
+		Engine: "SGLang engine", Uses: "runs --page-size %d", Key: "page_size",
+		Unknown: "sglang engine reports no page_size; assuming SGLang's default"})
+	if err != nil {
+		return err
 	}
+	in.PageSize = ps
 	return nil
 }
 

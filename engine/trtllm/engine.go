@@ -57,7 +57,6 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if cfg.Config, err = cfg.WithDefaults("trtllm"); err != nil {
 		return nil, err
 	}
-	base := cfg.URL
 	if cfg.DPSize > 1 {
 		return nil, fmt.Errorf("trtllm DP size %d: a TensorRT-LLM server is one rank to kvmesh", cfg.DPSize)
 	}
@@ -76,10 +75,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		cfg.EventsHintAfter = 8
 	}
 	e := &Engine{cfg: cfg}
-	if err := e.Attach(ctx, cfg.Config); err != nil {
-		return nil, err
-	}
-	m, err := remote.PickModel(ctx, e.Client(), base, cfg.Model, "trtllm")
+	m, err := e.AttachModel(ctx, cfg.Config, "trtllm")
 	if err != nil {
 		return nil, err
 	}
@@ -92,14 +88,11 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if last != nil && last.KVCacheStats != nil {
 		blockSize, blocks = last.KVCacheStats.TokensPerBlock, last.KVCacheStats.MaxNumBlocks
 	}
-	switch pinned := cfg.BlockSize; {
-	case blockSize == 0 && pinned == 0:
-		blockSize = DefaultBlockSize
-		e.Logger().Warn("trtllm engine reports no tokensPerBlock yet (its /metrics is empty until it has iterated; enable_iter_perf_stats); assuming TensorRT-LLM's default", "block_size", blockSize)
-	case blockSize == 0:
-		blockSize = pinned
-	case pinned != 0 && pinned != blockSize:
-		return nil, fmt.Errorf("--block-size %d but the TensorRT-LLM engine at %s uses blocks of %d tokens", pinned, base, blockSize)
+	blockSize, err = e.SettleBlockSize(blockSize, cfg.BlockSize, remote.BlockSizeRule{Default: DefaultBlockSize,
+		Engine: "TensorRT-LLM engine", Uses: "uses blocks of %d tokens", Key: "block_size",
+		Unknown: "trtllm engine reports no tokensPerBlock yet (its /metrics is empty until it has iterated; enable_iter_perf_stats); assuming TensorRT-LLM's default"})
+	if err != nil {
+		return nil, err
 	}
 	cfg = e.cfg
 	e.conv = newConverter(blockSize)

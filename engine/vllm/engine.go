@@ -32,15 +32,11 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if cfg.Config, err = cfg.WithDefaults("vllm"); err != nil {
 		return nil, err
 	}
-	base := cfg.URL
 	if cfg.HintForm, err = cfg.HintForm.WithDefault(); err != nil {
 		return nil, fmt.Errorf("vllm hint form %w", err)
 	}
 	e := &Engine{cfg: cfg}
-	if err := e.Attach(ctx, cfg.Config); err != nil {
-		return nil, err
-	}
-	m, err := remote.PickModel(ctx, e.Client(), base, cfg.Model, "vllm")
+	m, err := e.AttachModel(ctx, cfg.Config, "vllm")
 	if err != nil {
 		return nil, err
 	}
@@ -77,14 +73,11 @@ func (e *Engine) readCacheConfig(ctx context.Context) (blockSize, blocks int, er
 		blocks, _ = strconv.Atoi(s.Labels["num_gpu_blocks"])
 		break
 	}
-	switch pinned := e.cfg.BlockSize; {
-	case blockSize == 0 && pinned == 0:
-		blockSize = DefaultBlockSize
-		e.Logger().Warn("vllm engine reports no block size (vllm:cache_config_info); assuming vLLM's default", "block_size", blockSize)
-	case blockSize == 0:
-		blockSize = pinned
-	case pinned != 0 && pinned != blockSize:
-		return 0, 0, fmt.Errorf("--block-size %d but the vLLM engine at %s uses blocks of %d tokens", pinned, e.cfg.URL, blockSize)
+	blockSize, err = e.SettleBlockSize(blockSize, e.cfg.BlockSize, remote.BlockSizeRule{Default: DefaultBlockSize,
+		Engine: "vLLM engine", Uses: "uses blocks of %d tokens", Key: "block_size",
+		Unknown: "vllm engine reports no block size (vllm:cache_config_info); assuming vLLM's default"})
+	if err != nil {
+		return 0, 0, err
 	}
 	return blockSize, blocks, nil
 }
