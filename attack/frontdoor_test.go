@@ -380,7 +380,7 @@ func TestFrontDoorShortAPIKey(t *testing.T) {
 	}
 }
 
-// `kvmesh hints validate` (hints.Validate) refuses what the wire refuses.
+// `kvmesh hints validate` (hints.Parse) refuses what the wire refuses.
 func TestFrontDoorHintsValidateLimits(t *testing.T) {
 	envelope := func(mid string, hashes, actions int) string {
 		h := strings.TrimSuffix(strings.Repeat("7,", hashes), ",")
@@ -389,7 +389,7 @@ func TestFrontDoorHintsValidateLimits(t *testing.T) {
 		mj, _ := json.Marshal(mid)
 		return `{"protocol_version":"0.1","message_id":` + string(mj) + `,"actions":[` + acts + `]}`
 	}
-	if _, err := hints.Validate([]byte(envelope("sel-1", kv.MaxHintBlocks, 1))); err != nil {
+	if _, err := hints.Parse([]byte(envelope("sel-1", kv.MaxHintBlocks, 1))); err != nil {
 		t.Fatalf("a fetch of %d hashes: %v", kv.MaxHintBlocks, err)
 	}
 	for name, env := range map[string]string{
@@ -399,7 +399,7 @@ func TestFrontDoorHintsValidateLimits(t *testing.T) {
 		"control characters":  envelope("sel\x1b[2J", 1, 1),
 		"duplicate key":       `{"protocol_version":"0.1","message_id":"a","message_id":"b","actions":[]}`,
 	} {
-		if _, err := hints.Validate([]byte(env)); !errors.Is(err, hints.ErrMalformed) {
+		if _, err := hints.Parse([]byte(env)); !errors.Is(err, hints.ErrMalformed) {
 			t.Errorf("%s: %v, want refused as malformed", name, err)
 		}
 	}

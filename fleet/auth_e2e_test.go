@@ -40,7 +40,7 @@ func TestFleetTokenGuardsWorker(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg := sim.DefaultConfig()
 	cfg.Model = hintedModel
-	eng, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Token: token})
+	eng, p, err := newSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Token: token})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestMutualTLSGuardsWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1",
+	eng, p, err := newSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1",
 		ServerTLS: pki.Server, ClientTLS: pki.Client, Metrics: pm})
 	if err != nil {
 		t.Fatal(err)

@@ -152,7 +152,7 @@ func startPDWith(t *testing.T, np, nd, na int, ttl time.Duration, wc worker.Conf
 		cfg.Model, cfg.Role = pdModel, role
 		cfg.SpeedupRatio = 10
 		cfg.Disagg.TTL = ttl
-		eng, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Metrics: pm})
+		eng, p, err := newSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Metrics: pm})
 		if err != nil {
 			t.Fatal(err)
 		}

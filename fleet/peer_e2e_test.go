@@ -17,6 +17,7 @@ import (
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/engine/sim/simpeer"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
@@ -139,7 +140,7 @@ func startHintedWorkers(t *testing.T, ctx context.Context, nc *nats.Conn, disc d
 		if tune != nil {
 			tune(&cfg)
 		}
-		eng, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Metrics: pm})
+		eng, p, err := newSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Metrics: pm})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -354,4 +355,9 @@ func generateOn(t *testing.T, eng engine.Engine, req *engine.Request) turnResult
 		r.toks = append(r.toks, c.Tokens...)
 	}
 	return r
+}
+
+// newSimPeer starts a sim engine whose peer side is a new worker.Peer of pc.
+func newSimPeer(cfg sim.Config, pc worker.PeerConfig) (*sim.Engine, *worker.Peer, error) {
+	return worker.StartWithPeer(pc, func(p *worker.Peer) (*sim.Engine, error) { return simpeer.New(cfg, p) })
 }

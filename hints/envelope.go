@@ -225,23 +225,10 @@ func appendString(b []byte, s string) []byte {
 
 // Parse validates a hint envelope. It returns an *Error (ErrMalformed) naming
 // the first offending field, an *IgnoredError (ErrIgnored) for an unknown
-// protocol_version, or the envelope. It never panics on input.
-func Parse(data []byte) (*Envelope, error) {
-	env, err := parse(data, true)
-	switch {
-	case errors.Is(err, ErrIgnored):
-		stats.ignoredVersion.Add(1)
-	case err != nil:
-		stats.malformed.Add(1)
-	}
-	return env, err
-}
-
-// Validate is Parse for a tool that reports the outcome itself (kvmesh
-// hints validate): the same checks and result, but it neither logs the
-// once-per-value warnings (the user would see each problem twice) nor
-// counts in Stats (a check is not traffic).
-func Validate(data []byte) (*Envelope, error) { return parse(data, false) }
+// protocol_version, or the envelope. It never panics on input. It neither
+// logs nor counts: a consumer serving hints parses with its Parser, a tool
+// (kvmesh hints validate) reports the outcome itself.
+func Parse(data []byte) (*Envelope, error) { return parse(data, nil) }
 
 // invalidJSON explains why data is not exactly one JSON value.
 func invalidJSON(data []byte) error {
@@ -256,8 +243,9 @@ func invalidJSON(data []byte) error {
 	return &Error{"envelope", "invalid JSON"}
 }
 
-// parse validates; serving logs and counts what a consumer ignores.
-func parse(data []byte, serving bool) (*Envelope, error) {
+// parse validates; a non-nil serving Parser logs and counts what its
+// consumer ignores.
+func parse(data []byte, serving *Parser) (*Envelope, error) {
 	// One validating pass; everything below splits trusted JSON.
 	if !json.Valid(data) {
 		return nil, invalidJSON(data)
@@ -273,10 +261,10 @@ func parse(data []byte, serving bool) (*Envelope, error) {
 		return nil, err
 	}
 	if pv != ProtocolVersion {
-		if !serving {
+		if serving == nil {
 			return nil, &IgnoredError{Version: pv}
 		}
-		warnOnce("protocol:"+clip(pv), "KV hint protocol_version mismatch; hint ignored", "supported", ProtocolVersion, "received", clip(pv))
+		serving.warnOnce("protocol:"+clip(pv), "KV hint protocol_version mismatch; hint ignored", "supported", ProtocolVersion, "received", clip(pv))
 		return nil, &IgnoredError{Version: pv}
 	}
 	mid, err := stringField(top, "", "message_id")
@@ -318,16 +306,16 @@ func parse(data []byte, serving bool) (*Envelope, error) {
 			env.Actions = append(env.Actions, a)
 		}
 	}
-	if !serving {
+	if serving == nil {
 		return env, nil
 	}
 	// Count only once the whole envelope is accepted.
 	for _, a := range skippedActs {
-		stats.skippedActions.Add(1)
-		warnOnce("action:"+a.Type+"@"+clip(a.Version), "KV hint action_version not supported; action skipped",
+		serving.skippedActions.Add(1)
+		serving.warnOnce("action:"+a.Type+"@"+clip(a.Version), "KV hint action_version not supported; action skipped",
 			"action_type", a.Type, "supported", FetchVersion, "received", clip(a.Version))
 	}
-	stats.legacyConverted.Add(uint64(legacy))
+	serving.legacyConverted.Add(uint64(legacy))
 	return env, nil
 }
 

@@ -103,8 +103,8 @@ func TestParseMalformed(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			before := Stats().Malformed
-			env, err := Parse([]byte(c.in))
+			p := NewParser(nil)
+			env, err := p.Parse([]byte(c.in))
 			if err == nil {
 				t.Fatalf("Parse accepted %s: %s", c.in, env.Marshal())
 			}
@@ -121,7 +121,7 @@ func TestParseMalformed(t *testing.T) {
 			if !errors.As(err, &pe) || !strings.HasPrefix(c.want, pe.Path+": ") {
 				t.Errorf("error path %q does not lead the message", pe.Path)
 			}
-			if got := Stats().Malformed - before; got != 1 {
+			if got := p.Counters().Malformed; got != 1 {
 				t.Errorf("Malformed counter advanced by %d, want 1", got)
 			}
 		})
@@ -181,12 +181,12 @@ func TestParseValid(t *testing.T) {
 }
 
 func TestLegacyCounted(t *testing.T) {
-	before := Stats().LegacyConverted
-	_, err := Parse([]byte(withAction(`{"action_id":"a","action_type":"kv.source_locations","action_version":"1.0","payload":{"block_hashes":[1]}}`)))
+	p := NewParser(nil)
+	_, err := p.Parse([]byte(withAction(`{"action_id":"a","action_type":"kv.source_locations","action_version":"1.0","payload":{"block_hashes":[1]}}`)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := Stats().LegacyConverted - before; d != 1 {
+	if d := p.Counters().LegacyConverted; d != 1 {
 		t.Errorf("LegacyConverted advanced by %d", d)
 	}
 }
@@ -257,26 +257,20 @@ func TestUnknownActionsRoundTripByteForByte(t *testing.T) {
 	}
 }
 
-// forgetWarnings clears warnOnce's memory, which outlives a test run (so
-// `go test -count=N` sees every warning again).
-func forgetWarnings() {
-	warned.Lock()
-	warned.seen = nil
-	warned.Unlock()
+// newLoggingParser is a Parser whose warnings land in the returned buffer.
+func newLoggingParser() (*Parser, *bytes.Buffer) {
+	var logs bytes.Buffer
+	return NewParser(slog.New(slog.NewTextHandler(&logs, nil))), &logs
 }
 
 func TestVersionPolicy(t *testing.T) {
-	forgetWarnings()
-	var logs bytes.Buffer
-	prev := slog.Default()
-	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
-	defer slog.SetDefault(prev)
+	p, logs := newLoggingParser()
 
 	t.Run("unknown protocol ignored and warned once", func(t *testing.T) {
-		before := Stats()
+		before := p.Counters()
 		in := []byte(`{"protocol_version":"9.9-test","message_id":"m","actions":"anything goes in a future protocol"}`)
 		for range 3 {
-			env, err := Parse(in)
+			env, err := p.Parse(in)
 			if env != nil || !errors.Is(err, ErrIgnored) || errors.Is(err, ErrMalformed) {
 				t.Fatalf("got %v, %v; want ErrIgnored", env, err)
 			}
@@ -284,7 +278,7 @@ func TestVersionPolicy(t *testing.T) {
 				t.Errorf("error %q, want %q", err, want)
 			}
 		}
-		after := Stats()
+		after := p.Counters()
 		if after.IgnoredVersion-before.IgnoredVersion != 3 || after.Malformed != before.Malformed {
 			t.Errorf("counters before %+v after %+v", before, after)
 		}
@@ -294,14 +288,14 @@ func TestVersionPolicy(t *testing.T) {
 	})
 
 	t.Run("fetch with unknown action_version skipped but carried", func(t *testing.T) {
-		before := Stats().SkippedActions
+		before := p.Counters().SkippedActions
 		future := `{"action_id":"a2","action_type":"kv.fetch","action_version":"2.0","payload":{"block_hashes":"a new schema"}}`
 		in := withAction(future + `,{"action_id":"a1","action_type":"kv.fetch","action_version":"1.0","payload":{"block_hashes":[4]}}`)
-		env, err := Parse([]byte(in))
+		env, err := p.Parse([]byte(in))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d := Stats().SkippedActions - before; d != 1 {
+		if d := p.Counters().SkippedActions - before; d != 1 {
 			t.Errorf("SkippedActions advanced by %d", d)
 		}
 		f, ok := env.Fetch()
@@ -314,12 +308,12 @@ func TestVersionPolicy(t *testing.T) {
 	})
 
 	t.Run("legacy with unknown action_version dropped", func(t *testing.T) {
-		before := Stats().SkippedActions
-		env, err := Parse([]byte(withAction(`{"action_id":"a1","action_type":"kv.source_locations","action_version":"0.9","payload":{}}`)))
+		before := p.Counters().SkippedActions
+		env, err := p.Parse([]byte(withAction(`{"action_id":"a1","action_type":"kv.source_locations","action_version":"0.9","payload":{}}`)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(env.Actions) != 0 || Stats().SkippedActions-before != 1 {
+		if len(env.Actions) != 0 || p.Counters().SkippedActions-before != 1 {
 			t.Errorf("actions %d; legacy name must never be emitted", len(env.Actions))
 		}
 		if bytes.Contains(env.Marshal(), []byte("source_locations")) {
@@ -382,16 +376,17 @@ func TestHandBuiltAction(t *testing.T) {
 }
 
 func TestCountersOnlyForAcceptedEnvelopes(t *testing.T) {
-	before := Stats()
+	p := NewParser(nil)
+	before := p.Counters()
 	// A skippable action and a legacy one, then a malformed action: the
 	// envelope is rejected, so only Malformed moves.
 	in := withAction(`{"action_id":"a","action_type":"kv.fetch","action_version":"3.0","payload":{}},` +
 		`{"action_id":"b","action_type":"kv.source_locations","action_version":"1.0","payload":{"block_hashes":[1]}},` +
 		`{"action_id":"c"}`)
-	if _, err := Parse([]byte(in)); err == nil {
+	if _, err := p.Parse([]byte(in)); err == nil {
 		t.Fatal("accepted")
 	}
-	after := Stats()
+	after := p.Counters()
 	want := before
 	want.Malformed++
 	if after != want {
@@ -415,7 +410,7 @@ func TestParseDoesNotAliasInput(t *testing.T) {
 }
 
 func TestParseConcurrent(t *testing.T) {
-	// Counters and the warn-once set are shared; run under -race.
+	// One Parser serves many requests at once; run under -race.
 	defer goleak.VerifyNone(t)
 	inputs := [][]byte{
 		[]byte(withPayload(`{"block_hashes":[1]}`)),
@@ -423,22 +418,23 @@ func TestParseConcurrent(t *testing.T) {
 		[]byte(withAction(`{"action_id":"a","action_type":"kv.fetch","action_version":"1.1","payload":{}}`)),
 		[]byte(`[]`),
 	}
-	before := Stats()
+	p := NewParser(nil)
+	before := p.Counters()
 	done := make(chan struct{})
 	const workers, rounds = 4, 50
 	for w := range workers {
 		go func() {
 			defer func() { done <- struct{}{} }()
 			for r := range rounds {
-				_, _ = Parse(inputs[(w+r)%len(inputs)])
-				_ = Stats()
+				_, _ = p.Parse(inputs[(w+r)%len(inputs)])
+				_ = p.Counters()
 			}
 		}()
 	}
 	for range workers {
 		<-done
 	}
-	after := Stats()
+	after := p.Counters()
 	per := uint64(workers * rounds / len(inputs))
 	if after.IgnoredVersion-before.IgnoredVersion != per || after.SkippedActions-before.SkippedActions != per ||
 		after.Malformed-before.Malformed != per {
@@ -446,42 +442,48 @@ func TestParseConcurrent(t *testing.T) {
 	}
 }
 
-// Validate (kvmesh hints validate) gives Parse's result with no log line
+// Parse (kvmesh hints validate) gives a Parser's result with no log line
 // and no count: its caller shows the error, which is the one message.
-func TestValidateQuiet(t *testing.T) {
-	forgetWarnings()
-	var logs bytes.Buffer
-	prev := slog.Default()
-	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
-	defer slog.SetDefault(prev)
-
-	before := Stats()
-	env, err := Validate([]byte(`{"protocol_version":"9.8-validate","message_id":"m","actions":[]}`))
+func TestParseQuiet(t *testing.T) {
+	p, logs := newLoggingParser()
+	env, err := Parse([]byte(`{"protocol_version":"9.8-validate","message_id":"m","actions":[]}`))
 	if env != nil || !errors.Is(err, ErrIgnored) || err.Error() != `protocol_version: unsupported "9.8-validate" (supported "0.1"); hint ignored` {
 		t.Fatalf("got %v, %v; want the ErrIgnored error", env, err)
 	}
 	future := `{"action_id":"a2","action_type":"kv.fetch","action_version":"2.7-validate","payload":{}}`
-	env, err = Validate([]byte(withAction(future + `,{"action_id":"a1","action_type":"kv.fetch","action_version":"1.0","payload":{"block_hashes":[4]}}`)))
+	in := []byte(withAction(future + `,{"action_id":"a1","action_type":"kv.fetch","action_version":"1.0","payload":{"block_hashes":[4]}}`))
+	env, err = Parse(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f, ok := env.Fetch(); !ok || !reflect.DeepEqual(f.BlockHashes, []uint64{4}) || len(env.Actions) != 2 {
-		t.Fatalf("Validate's envelope differs from Parse's: %+v", env)
+	served, err := p.Parse(in)
+	if err != nil || !reflect.DeepEqual(env, served) {
+		t.Fatalf("Parse's envelope %+v differs from the Parser's %+v (%v)", env, served, err)
 	}
-	if _, err := Validate([]byte(`{"protocol_version":"0.1"}`)); !errors.Is(err, ErrMalformed) {
+	if _, err := Parse([]byte(`{"protocol_version":"0.1"}`)); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("malformed: %v", err)
 	}
-	if logs.Len() != 0 {
-		t.Fatalf("Validate logged:\n%s", logs.String())
+	// The Parser, the serving path, warns once and counts.
+	if n := strings.Count(logs.String(), "received=2.7-validate"); n != 1 {
+		t.Fatalf("the Parser warned %d times, want 1:\n%s", n, logs.String())
 	}
-	if after := Stats(); after != before {
-		t.Fatalf("Validate counted: before %+v after %+v", before, after)
+	if c := p.Counters(); c.SkippedActions != 1 || c.IgnoredVersion != 0 || c.Malformed != 0 {
+		t.Fatalf("counters %+v", c)
 	}
-	// Parse, the serving path, still warns once.
-	if _, err := Parse([]byte(`{"protocol_version":"9.8-validate","message_id":"m","actions":[]}`)); !errors.Is(err, ErrIgnored) {
-		t.Fatal(err)
+}
+
+// Two Parsers share nothing: each warns and counts on its own.
+func TestParsersIndependent(t *testing.T) {
+	a, alogs := newLoggingParser()
+	b, blogs := newLoggingParser()
+	in := []byte(`{"protocol_version":"9.7-pair","message_id":"m","actions":[]}`)
+	_, _ = a.Parse(in)
+	_, _ = a.Parse(in)
+	_, _ = b.Parse(in)
+	if a.Counters().IgnoredVersion != 2 || b.Counters().IgnoredVersion != 1 {
+		t.Fatalf("counters %+v / %+v", a.Counters(), b.Counters())
 	}
-	if n := strings.Count(logs.String(), "received=9.8-validate"); n != 1 {
-		t.Fatalf("Parse warned %d times, want 1", n)
+	if strings.Count(alogs.String(), "received=9.7-pair") != 1 || strings.Count(blogs.String(), "received=9.7-pair") != 1 {
+		t.Fatalf("warnings:\n%s\n%s", alogs, blogs)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// FuzzParse: Parse never panics; Validate (the tool's entry) agrees with it;
+// FuzzParse: Parse never panics; a Parser (the serving entry) agrees with it;
 // anything accepted marshals to valid JSON that parses back to the same
 // envelope (Marshal is a fixed point), and every engine's wire form (Encode)
 // reads back unchanged.
@@ -23,9 +23,9 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkSplitters(t, data)
 		env, err := Parse(data)
-		venv, verr := Validate(data)
+		venv, verr := NewParser(nil).Parse(data)
 		if (err == nil) != (verr == nil) || (err != nil && err.Error() != verr.Error()) || !reflect.DeepEqual(env, venv) {
-			t.Fatalf("Parse and Validate disagree: %v / %v", err, verr)
+			t.Fatalf("Parse and a Parser disagree: %v / %v", err, verr)
 		}
 		if err != nil {
 			if env != nil {

@@ -20,7 +20,7 @@ func TestFromHint(t *testing.T) {
 	if got := string(env.Marshal()); got != want {
 		t.Fatalf("envelope\n got %s\nwant %s", got, want)
 	}
-	parsed, err := Validate(env.Marshal())
+	parsed, err := Parse(env.Marshal())
 	if err != nil {
 		t.Fatal(err)
 	}

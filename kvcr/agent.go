@@ -1,13 +1,13 @@
 package kvcr
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/events"
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -51,21 +51,16 @@ type heldKey struct {
 // releases exactly those blocks, tier by tier, instead of clearing the
 // worker's other holdings or leaving stale ones beside the re-announced.
 type Agent struct {
-	cfg AgentConfig
-	log *slog.Logger
-	sub *events.Subscriber
+	cfg  AgentConfig
+	log  *slog.Logger
+	sub  *events.Subscriber
+	feed *remote.Feed
 
-	sink             atomic.Pointer[engine.EventSink]
 	epochs, released atomic.Uint64
 
 	heldMu sync.Mutex
 	held   map[heldKey]map[kv.EngineHash]struct{}
 	lost   uint64 // the subscriber's Lost when last looked at
-
-	mu      sync.Mutex
-	started bool
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
 }
 
 // NewAgent validates the descriptor and the endpoints, then prepares the
@@ -92,6 +87,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, err
 	}
 	a.sub = sub
+	a.feed = remote.NewFeed(a.log, "kvcr inventory subscription stopped", sub)
 	return a, nil
 }
 
@@ -101,26 +97,7 @@ func (a *Agent) Owner() string { return a.cfg.Descriptor.CacheOwner }
 // SetEventSink installs where the owner's events go (the worker's sink;
 // nil drops them). The first non-nil sink starts the subscription, so no
 // event is taken before someone listens.
-func (a *Agent) SetEventSink(s engine.EventSink) {
-	if s == nil {
-		a.sink.Store(nil)
-		return
-	}
-	a.sink.Store(&s)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.started {
-		return
-	}
-	a.started = true
-	ctx, cancel := context.WithCancel(context.Background())
-	a.cancel = cancel
-	a.wg.Go(func() {
-		if err := a.sub.Run(ctx); err != nil {
-			a.log.Error("kvcr inventory subscription stopped", "err", err)
-		}
-	})
-}
+func (a *Agent) SetEventSink(s engine.EventSink) { a.feed.SetSink(s) }
 
 // deliver runs on the subscriber's goroutine, one delivery at a time.
 func (a *Agent) deliver(d events.Delivery) {
@@ -165,9 +142,7 @@ func (a *Agent) deliver(d events.Delivery) {
 	if len(out) == 0 {
 		return
 	}
-	if p := a.sink.Load(); p != nil {
-		(*p)(out)
-	}
+	a.feed.Send(out)
 }
 
 // releaseLocked removes everything the owner holds on w's rank, one
@@ -204,12 +179,6 @@ func (a *Agent) Stats() AgentStats {
 
 // Close stops the subscription.
 func (a *Agent) Close() error {
-	a.mu.Lock()
-	cancel := a.cancel
-	a.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
-	a.wg.Wait()
+	a.feed.Close()
 	return nil
 }

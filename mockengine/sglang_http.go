@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/hints"
@@ -54,12 +53,7 @@ func (s *SGLang) routes() {
 		}
 		writeJSON(w, http.StatusOK, out)
 	})
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(&sglangCollector{s: s})
-	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	m.HandleFunc("GET /debug/kv_hints", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"hints": s.Hints()})
-	})
+	serveMetricsAndHints(m, &sglangCollector{s: s}, func() any { return s.Hints() })
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		sglError(w, http.StatusNotFound, "Not Found")
 	})

@@ -28,16 +28,7 @@ func (t *TRTLLM) trtRoutes() {
 		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{map[string]any{
 			"id": t.cfg.Sim.Model, "object": "model", "created": t.created, "owned_by": "tensorrt_llm"}}})
 	})
-	m.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
-		if t.closed.Load() {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	})
-	m.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"version": TRTLLMVersion})
-	})
+	serveHealthAndVersion(m, &t.closed, TRTLLMVersion)
 	m.HandleFunc("GET /metrics", t.serveIterStats)
 	m.HandleFunc("POST /kv_cache_events", t.serveEvents)
 	m.HandleFunc("GET /debug/disaggregated_params", func(w http.ResponseWriter, _ *http.Request) {
@@ -405,19 +396,6 @@ type trtChatResp struct {
 	Usage   *trtUsage       `json:"usage"`
 }
 
-// trtFinish is TensorRT-LLM's name for a finish.
-func trtFinish(f kv.FinishReason) string {
-	switch f {
-	case kv.FinishStop:
-		return "stop"
-	case kv.FinishLength:
-		return "length"
-	case kv.FinishCancelled:
-		return "cancelled"
-	}
-	return "error"
-}
-
 func (t *TRTLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	if t.closed.Load() {
 		writeTRTError(w, http.StatusServiceUnavailable, "The engine is shut down.")
@@ -534,7 +512,7 @@ func (t *TRTLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		tokens = append(tokens, c.Tokens...)
 		var fr *string
 		if c.Finish != kv.FinishNone {
-			fin = trtFinish(c.Finish)
+			fin = finishName(c.Finish, "cancelled")
 			fr = &fin
 			if c.Usage != nil {
 				u = *c.Usage

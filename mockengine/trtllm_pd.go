@@ -4,17 +4,14 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"net"
 	"net/http"
 	"strconv"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // Disaggregated serving the TensorRT-LLM way: a context_only request
@@ -184,7 +181,6 @@ func (t *TRTLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, 
 	}
 	ps := val.(*trtPull)
 	ps.attempted.Store(true)
-	bs := t.cfg.Sim.BlockSize
 	n := min(len(m.Seq), len(ps.o.BlockIDs)-m.Start)
 	if n <= 0 {
 		t.pullMu.Lock()
@@ -193,33 +189,9 @@ func (t *TRTLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, 
 		t.notify(ctx, ps)
 		return nil
 	}
-	hashes := make([]uint64, 0, n)
-	for _, id := range ps.o.BlockIDs[m.Start : m.Start+n] {
-		if id < 0 {
-			break
-		}
-		hashes = append(hashes, uint64(id))
-	}
-	addr := net.JoinHostPort(ps.o.Host, strconv.Itoa(ps.o.Port))
-	res, err := t.client.Fetch(ctx, "tcp://"+addr, transfer.FetchRequest{Hashes: hashes, Digest: sideDigest(ps.o.EngineID, t.digest),
-		Domain: kv.Seed(req.LoRA, req.CacheSalt)})
-	defer res.Release()
-	inserted := 0
-	if len(res.Blocks) > 0 {
-		ch := sim.Chain{HasParent: m.HasParent, Parent: m.Parent, Blocks: make([]sim.BlockData, 0, len(res.Blocks))}
-		for i, b := range res.Blocks {
-			layers, sums, lerr := b.Layers(t.cfg.Sim.PayloadSize)
-			if lerr != nil {
-				err = errors.Join(err, lerr)
-				break
-			}
-			at := (m.Start + i) * bs
-			ch.Blocks = append(ch.Blocks, sim.BlockData{Local: m.Local[i], Seq: m.Seq[i], Tokens: req.Tokens[at : at+bs], Layers: layers, Sums: sums})
-		}
-		k, ierr := into.Insert(ch)
-		inserted = k
-		err = errors.Join(err, ierr)
-	}
+	// TensorRT-LLM's events carry no LoRA name or cache salt.
+	inserted, wanted, err := pullBlocks(ctx, t.client, blockPull{addr: net.JoinHostPort(ps.o.Host, strconv.Itoa(ps.o.Port)),
+		digest: sideDigest(ps.o.EngineID, t.digest), ids: leadingIDs(ps.o.BlockIDs[m.Start : m.Start+n])}, req, m, t.cfg.Sim, into)
 	t.pullMu.Lock()
 	t.pull.Blocks += uint64(inserted)
 	if err != nil {
@@ -229,7 +201,7 @@ func (t *TRTLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, 
 	}
 	t.pullMu.Unlock()
 	if err != nil {
-		t.log.Warn("kv pull failed; recomputing the rest", "request", req.ID, "ctx_request", ps.o.RequestID, "pulled", inserted, "wanted", len(hashes), "err", err)
+		t.log.Warn("kv pull failed; recomputing the rest", "request", req.ID, "ctx_request", ps.o.RequestID, "pulled", inserted, "wanted", wanted, "err", err)
 		return err
 	}
 	t.notify(ctx, ps)
@@ -237,12 +209,10 @@ func (t *TRTLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, 
 }
 
 func (t *TRTLLM) notify(ctx context.Context, ps *trtPull) {
-	if ps.notified.Swap(true) {
+	sent, err := notifyProducer(ctx, &ps.notified, net.JoinHostPort(ps.o.Host, strconv.Itoa(ps.o.Port)), ps.o.RequestID)
+	if !sent {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	err := Notify(ctx, net.JoinHostPort(ps.o.Host, strconv.Itoa(ps.o.Port)), ps.o.RequestID, 1)
 	t.pullMu.Lock()
 	if err != nil {
 		t.pull.NotifyFailures++

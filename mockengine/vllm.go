@@ -336,15 +336,16 @@ func (v *VLLM) noteFinish(rank int, reason string) {
 	v.stats.mu.Unlock()
 }
 
-// finishReason is vLLM's name for a finish.
-func finishReason(f kv.FinishReason) string {
+// finishName is an OpenAI-style finish_reason; engines name a cancelled
+// request differently (vLLM "abort", TensorRT-LLM "cancelled").
+func finishName(f kv.FinishReason, cancelled string) string {
 	switch f {
 	case kv.FinishStop:
 		return "stop"
 	case kv.FinishLength:
 		return "length"
 	case kv.FinishCancelled:
-		return "abort"
+		return cancelled
 	}
 	return "error"
 }

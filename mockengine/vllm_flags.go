@@ -11,14 +11,8 @@ import (
 
 // VLLMKVEventsConfig is vLLM's --kv-events-config JSON (KVEventsConfig).
 type VLLMKVEventsConfig struct {
-	EnableKVCacheEvents bool    `json:"enable_kv_cache_events"`
-	Publisher           string  `json:"publisher"`
-	Endpoint            string  `json:"endpoint"`
-	ReplayEndpoint      *string `json:"replay_endpoint"`
-	BufferSteps         int     `json:"buffer_steps"`
-	HWM                 int     `json:"hwm"`
-	MaxQueueSize        int     `json:"max_queue_size"`
-	Topic               string  `json:"topic"`
+	EnableKVCacheEvents bool `json:"enable_kv_cache_events"`
+	ZMQEventsConfig
 }
 
 // ParseKVEventsConfig reads --kv-events-config as vLLM does: events are
@@ -41,15 +35,7 @@ func ParseKVEventsConfig(data string) (*EventsConfig, error) {
 	default:
 		return nil, fmt.Errorf("--kv-events-config: publisher %q: the mock speaks zmq (or null)", c.Publisher)
 	}
-	ec := &EventsConfig{Endpoint: c.Endpoint, BindMode: events.BindAuto, Topic: c.Topic,
-		BufferSteps: c.BufferSteps, HWM: c.HWM, Shape: events.ShapeMap}
-	if ec.Endpoint == "" {
-		ec.Endpoint = "tcp://*:5557"
-	}
-	if c.ReplayEndpoint != nil {
-		ec.ReplayEndpoint = *c.ReplayEndpoint
-	}
-	return ec, nil
+	return c.events(events.ShapeMap), nil
 }
 
 // VLLMKVTransferConfig is the part of vLLM's --kv-transfer-config JSON

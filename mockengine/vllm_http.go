@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,31 +16,43 @@ import (
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
-func (v *VLLM) routes() {
-	m := http.NewServeMux()
-	m.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { v.serveGenerate(w, r, false) })
-	m.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { v.serveGenerate(w, r, true) })
-	m.HandleFunc("GET /v1/models", v.serveModels)
+// serveHealthAndVersion answers GET /health (503 once closed) and GET
+// /version.
+func serveHealthAndVersion(m *http.ServeMux, closed *atomic.Bool, version string) {
 	m.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
-		if v.closed.Load() {
+		if closed.Load() {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return
 		}
 		w.WriteHeader(http.StatusOK)
 	})
 	m.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"version": VLLMVersion})
+		writeJSON(w, http.StatusOK, map[string]string{"version": version})
 	})
+}
+
+// serveMetricsAndHints serves c's series at GET /metrics and the hints
+// the engine saw (hints) at GET /debug/kv_hints.
+func serveMetricsAndHints(m *http.ServeMux, c prometheus.Collector, hints func() any) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	m.HandleFunc("GET /debug/kv_hints", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"hints": hints()})
+	})
+}
+
+func (v *VLLM) routes() {
+	m := http.NewServeMux()
+	m.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { v.serveGenerate(w, r, false) })
+	m.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { v.serveGenerate(w, r, true) })
+	m.HandleFunc("GET /v1/models", v.serveModels)
+	serveHealthAndVersion(m, &v.closed, VLLMVersion)
 	m.HandleFunc("GET /load", func(w http.ResponseWriter, _ *http.Request) {
 		s := v.eng.Stats()
 		writeJSON(w, http.StatusOK, map[string]int{"server_load": s.Running + s.Waiting})
 	})
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(&vllmCollector{v: v})
-	m.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	m.HandleFunc("GET /debug/kv_hints", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"hints": v.Hints()})
-	})
+	serveMetricsAndHints(m, &vllmCollector{v: v}, func() any { return v.Hints() })
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, &APIError{Status: http.StatusNotFound, Message: "Not Found"})
 	})
@@ -282,7 +295,7 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 		var fr *string
 		if c.Finish != kv.FinishNone {
 			delta += dec.Flush()
-			res.finish = finishReason(c.Finish)
+			res.finish = finishName(c.Finish, "abort")
 			fr = &res.finish
 			if c.Usage != nil {
 				res.usage = *c.Usage

@@ -7,7 +7,6 @@ import (
 	"net"
 	"strconv"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
@@ -156,7 +155,6 @@ func (v *VLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 	}
 	ps := val.(*pullState)
 	ps.attempted.Store(true)
-	bs := v.cfg.Sim.BlockSize
 	n := min(len(m.Seq), len(ps.p.blockIDs)-m.Start)
 	if n <= 0 {
 		// Nothing the producer holds is missing here: only notify.
@@ -164,37 +162,9 @@ func (v *VLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 		v.notify(ctx, ps)
 		return nil
 	}
-	hashes := make([]uint64, 0, n)
-	for _, id := range ps.p.blockIDs[m.Start : m.Start+n] {
-		if id < 0 {
-			break
-		}
-		hashes = append(hashes, uint64(id))
-	}
-	addr := net.JoinHostPort(ps.p.host, strconv.Itoa(ps.p.port))
-	// In the request's own salt domain: the producer serves no block
-	// computed under another tenant's cache_salt.
-	res, err := v.client.Fetch(ctx, "tcp://"+addr, transfer.FetchRequest{Hashes: hashes,
-		Digest: sideDigest(ps.p.engineID, v.digest), Domain: kv.Seed(req.LoRA, req.CacheSalt)})
-	defer res.Release()
-	inserted := 0
-	if len(res.Blocks) > 0 {
-		ch := sim.Chain{HasParent: m.HasParent, Parent: m.Parent, LoRA: req.LoRA, Salt: req.CacheSalt,
-			Blocks: make([]sim.BlockData, 0, len(res.Blocks))}
-		for i, b := range res.Blocks {
-			layers, sums, lerr := b.Layers(v.cfg.Sim.PayloadSize)
-			if lerr != nil {
-				err = errors.Join(err, lerr)
-				break
-			}
-			at := (m.Start + i) * bs
-			ch.Blocks = append(ch.Blocks, sim.BlockData{Local: m.Local[i], Seq: m.Seq[i],
-				Tokens: req.Tokens[at : at+bs], Layers: layers, Sums: sums})
-		}
-		k, ierr := into.Insert(ch)
-		inserted = k
-		err = errors.Join(err, ierr)
-	}
+	inserted, wanted, err := pullBlocks(ctx, v.client, blockPull{addr: net.JoinHostPort(ps.p.host, strconv.Itoa(ps.p.port)),
+		digest: sideDigest(ps.p.engineID, v.digest), ids: leadingIDs(ps.p.blockIDs[m.Start : m.Start+n]), lora: req.LoRA, salt: req.CacheSalt},
+		req, m, v.cfg.Sim, into)
 	v.stats.pullBlocks.Add(uint64(inserted))
 	if err != nil {
 		v.stats.pullFailed.Add(1)
@@ -202,7 +172,7 @@ func (v *VLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 			v.stats.pullNotHeld.Add(1)
 		}
 		v.log.Warn("kv pull failed; recomputing the rest", "request", req.ID, "remote_request", ps.p.requestID,
-			"pulled", inserted, "wanted", len(hashes), "err", err)
+			"pulled", inserted, "wanted", wanted, "err", err)
 		return err
 	}
 	v.stats.pullOK.Add(1)
@@ -213,19 +183,16 @@ func (v *VLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, in
 // notify tells the producer that this consumer is done with the handoff's
 // blocks, once.
 func (v *VLLM) notify(ctx context.Context, ps *pullState) {
-	if ps.notified.Swap(true) {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	addr := net.JoinHostPort(ps.p.host, strconv.Itoa(ps.p.port))
-	if err := Notify(ctx, addr, ps.p.requestID, 1); err != nil {
+	sent, err := notifyProducer(ctx, &ps.notified, net.JoinHostPort(ps.p.host, strconv.Itoa(ps.p.port)), ps.p.requestID)
+	switch {
+	case !sent:
+	case err != nil:
 		v.stats.notifyFailed.Add(1)
 		v.log.Warn("kv notification failed; the producer frees its blocks when the lease runs out",
 			"remote_request", ps.p.requestID, "err", err)
-		return
+	default:
+		v.stats.notified.Add(1)
 	}
-	v.stats.notified.Add(1)
 }
 
 // afterPrefill notifies a decode's producer when the sim never called the

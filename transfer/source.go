@@ -9,6 +9,15 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 )
 
+// RankSources is an engine's caches as a worker serves them to peers:
+// one BlockSource per data-parallel rank, all of one KV layout (Digest).
+type RankSources interface {
+	DPSize() int
+	// RankSource is rank r's cache, or nil when the engine has no rank r.
+	RankSource(r int) BlockSource
+	Digest() string
+}
+
 // BlockSource is what a control endpoint serves from: the engine (or its
 // block manager) implements it.
 type BlockSource interface {

@@ -24,11 +24,11 @@ type KVBM struct {
 	DiskBandwidth float64 `json:"disk_bandwidth,omitempty"`
 	// DiskFilterOff admits every host block to disk.
 	DiskFilterOff bool `json:"disk_filter_off,omitempty"`
-	// The object tier (G4): bucket URL (each worker under its own
+	// The object tier (G4): its opener (each worker under its own
 	// prefix), blocks per worker, onboarding bandwidth.
-	ObjectURL       string  `json:"-"`
-	ObjectBlocks    int     `json:"object_blocks,omitempty"`
-	ObjectBandwidth float64 `json:"object_bandwidth,omitempty"`
+	Objects         sim.ObjectOpener `json:"-"`
+	ObjectBlocks    int              `json:"object_blocks,omitempty"`
+	ObjectBandwidth float64          `json:"object_bandwidth,omitempty"`
 	// RecomputePerToken is the prefill cost per token a tier load is
 	// weighed against (0: load every match, sim.RecomputeAuto: the sim's
 	// timing model).
@@ -61,8 +61,8 @@ func (k *KVBM) check() error {
 		return errors.New("twin: the kvbm connector needs host or disk blocks")
 	case k.DiskBlocks > 0 && k.DiskDir == "":
 		return errors.New("twin: kvbm disk blocks need a disk directory")
-	case k.ObjectBlocks < 0 || (k.ObjectBlocks > 0) != (k.ObjectURL != ""):
-		return errors.New("twin: a kvbm object tier needs both its URL and its blocks")
+	case k.ObjectBlocks < 0 || (k.ObjectBlocks > 0) != (k.Objects != nil):
+		return errors.New("twin: a kvbm object tier needs both its opener and its blocks")
 	}
 	return nil
 }
@@ -73,7 +73,7 @@ func (k *KVBM) sim(vc clock.Clock) *sim.KVBMConfig {
 	return &sim.KVBMConfig{HostBlocks: k.HostBlocks, DiskBlocks: k.DiskBlocks, DiskDir: k.DiskDir,
 		HostBandwidth: k.HostBandwidth, DiskBandwidth: k.DiskBandwidth,
 		DiskFilter: kvbm.FilterConfig{Disabled: k.DiskFilterOff}, Clock: vc,
-		ObjectURL: k.ObjectURL, ObjectBlocks: k.ObjectBlocks, ObjectBandwidth: k.ObjectBandwidth,
+		Objects: k.Objects, ObjectBlocks: k.ObjectBlocks, ObjectBandwidth: k.ObjectBandwidth,
 		RecomputePerToken: k.RecomputePerToken}
 }
 

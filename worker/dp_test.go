@@ -23,7 +23,7 @@ func TestWorkerDPRanks(t *testing.T) {
 
 	cfg := peerSimConfig(128)
 	cfg.DPSize = 2
-	eng, p, err := NewSimPeer(cfg, PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Timeout: 2 * time.Second})
+	eng, p, err := newSimPeer(cfg, PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

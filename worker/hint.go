@@ -21,7 +21,7 @@ func (w *Worker) admitHint(req *api.GenerateRequest, t *hintTicket) *kv.Hint {
 	if req.KvFetch != nil {
 		h = api.HintFromProto(req.KvFetch)
 	} else {
-		env, err := hints.Parse(req.KvHint)
+		env, err := w.hintParser.Parse(req.KvHint)
 		switch {
 		case errors.Is(err, hints.ErrIgnored):
 			w.hintEnded(t, HintIgnored, req.RequestId, nil)
@@ -69,9 +69,10 @@ func withHintTicket(ctx context.Context, t *hintTicket) context.Context {
 	return context.WithValue(ctx, ticketKey{}, t)
 }
 
-// ended counts the fetcher's result for the request whose context is ctx
+// HintEnded counts the fetcher's result (HintFetched, HintPartial,
+// HintFallback or HintUnused) for the request whose context is ctx
 // (directly when no worker opened a ticket: the engine used on its own).
-func (p *Peer) ended(ctx context.Context, result string) {
+func (p *Peer) HintEnded(ctx context.Context, result string) {
 	if t, ok := ctx.Value(ticketKey{}).(*hintTicket); ok && !t.settled.CompareAndSwap(false, true) {
 		return
 	}

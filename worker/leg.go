@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/api"
-	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -94,22 +94,19 @@ func paramsDigest(b []byte) string {
 	return hex.EncodeToString(s[:8])
 }
 
-// handoffStatser is an engine that counts its prefill/decode legs (the sim).
-type handoffStatser interface{ HandoffStats() sim.HandoffStats }
-
 // handoffMetrics are the disaggregation series of an engine that counts
 // its legs: handoff bytes and time, pull failures and recomputes (decode
 // side), pinned prefill blocks (prefill side).
-func handoffMetrics(cl prometheus.Labels, e handoffStatser) []prometheus.Collector {
-	f := func(name, help string, v func(sim.HandoffStats) float64) prometheus.Collector {
+func handoffMetrics(cl prometheus.Labels, e engine.Handoffs) []prometheus.Collector {
+	f := func(name, help string, v func(engine.HandoffStats) float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: cl},
 			func() float64 { return v(e.HandoffStats()) })
 	}
-	g := func(name, help string, v func(sim.HandoffStats) float64) prometheus.Collector {
+	g := func(name, help string, v func(engine.HandoffStats) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: cl},
 			func() float64 { return v(e.HandoffStats()) })
 	}
-	by := func(how string, v func(sim.HandoffStats) uint64) prometheus.Collector {
+	by := func(how string, v func(engine.HandoffStats) uint64) prometheus.Collector {
 		l := prometheus.Labels{"by": how}
 		for k, v := range cl {
 			l[k] = v
@@ -119,17 +116,17 @@ func handoffMetrics(cl prometheus.Labels, e handoffStatser) []prometheus.Collect
 			ConstLabels: l}, func() float64 { return float64(v(e.HandoffStats())) })
 	}
 	return []prometheus.Collector{
-		by("release", func(s sim.HandoffStats) uint64 { return s.Released }),
-		by("read", func(s sim.HandoffStats) uint64 { return s.Read }),
-		f("kvmesh_disagg_release_failures_total", "Release messages a decode leg could not deliver (the prefill side's handoff TTL frees those pins).", func(s sim.HandoffStats) float64 { return float64(s.ReleaseErrors) }),
-		f("kvmesh_disagg_prefill_handoffs_total", "Prefill legs answered with connector parameters.", func(s sim.HandoffStats) float64 { return float64(s.Prefills) }),
-		g("kvmesh_disagg_pinned_blocks", "Prefill blocks pinned until a decode worker reads them or the handoff expires.", func(s sim.HandoffStats) float64 { return float64(s.PinnedBlocks) }),
-		f("kvmesh_disagg_handoffs_expired_total", "Pinned handoffs released at their expiry, unread.", func(s sim.HandoffStats) float64 { return float64(s.Expired) }),
-		f("kvmesh_disagg_decode_legs_total", "Decode legs served.", func(s sim.HandoffStats) float64 { return float64(s.Decodes) }),
-		f("kvmesh_disagg_handoff_bytes_total", "KV bytes pulled from prefill workers by decode legs.", func(s sim.HandoffStats) float64 { return float64(s.PullBytes) }),
-		f("kvmesh_disagg_handoff_seconds_total", "Time decode legs spent pulling KV from prefill workers.", func(s sim.HandoffStats) float64 { return float64(s.PullNanos) / 1e9 }),
-		f("kvmesh_disagg_handoff_blocks_total", "KV blocks pulled from prefill workers by decode legs.", func(s sim.HandoffStats) float64 { return float64(s.PulledBlks) }),
-		f("kvmesh_disagg_pull_failures_total", "Decode-leg pulls that failed (fewer blocks arrived than the handoff named).", func(s sim.HandoffStats) float64 { return float64(s.Failures) }),
-		f("kvmesh_disagg_recomputes_total", "Decode legs that recomputed part of the prompt (pull failure, bad or sourceless parameters).", func(s sim.HandoffStats) float64 { return float64(s.Recomputes) }),
+		by("release", func(s engine.HandoffStats) uint64 { return s.Released }),
+		by("read", func(s engine.HandoffStats) uint64 { return s.Read }),
+		f("kvmesh_disagg_release_failures_total", "Release messages a decode leg could not deliver (the prefill side's handoff TTL frees those pins).", func(s engine.HandoffStats) float64 { return float64(s.ReleaseErrors) }),
+		f("kvmesh_disagg_prefill_handoffs_total", "Prefill legs answered with connector parameters.", func(s engine.HandoffStats) float64 { return float64(s.Prefills) }),
+		g("kvmesh_disagg_pinned_blocks", "Prefill blocks pinned until a decode worker reads them or the handoff expires.", func(s engine.HandoffStats) float64 { return float64(s.PinnedBlocks) }),
+		f("kvmesh_disagg_handoffs_expired_total", "Pinned handoffs released at their expiry, unread.", func(s engine.HandoffStats) float64 { return float64(s.Expired) }),
+		f("kvmesh_disagg_decode_legs_total", "Decode legs served.", func(s engine.HandoffStats) float64 { return float64(s.Decodes) }),
+		f("kvmesh_disagg_handoff_bytes_total", "KV bytes pulled from prefill workers by decode legs.", func(s engine.HandoffStats) float64 { return float64(s.PullBytes) }),
+		f("kvmesh_disagg_handoff_seconds_total", "Time decode legs spent pulling KV from prefill workers.", func(s engine.HandoffStats) float64 { return float64(s.PullNanos) / 1e9 }),
+		f("kvmesh_disagg_handoff_blocks_total", "KV blocks pulled from prefill workers by decode legs.", func(s engine.HandoffStats) float64 { return float64(s.PulledBlks) }),
+		f("kvmesh_disagg_pull_failures_total", "Decode-leg pulls that failed (fewer blocks arrived than the handoff named).", func(s engine.HandoffStats) float64 { return float64(s.Failures) }),
+		f("kvmesh_disagg_recomputes_total", "Decode legs that recomputed part of the prompt (pull failure, bad or sourceless parameters).", func(s engine.HandoffStats) float64 { return float64(s.Recomputes) }),
 	}
 }

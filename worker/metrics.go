@@ -2,10 +2,12 @@ package worker
 
 import (
 	"fmt"
+	"maps"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 )
@@ -85,10 +87,34 @@ func newMetrics(w *Worker) *metrics {
 		counterFunc("kvmesh_worker_events_published_total", "KV events published on NATS.", pub(1)),
 		counterFunc("kvmesh_worker_event_publish_failures_total", "KV event batches that could not be published (routers repair the gap).", pub(2)),
 	}
-	if hs, ok := w.eng.(handoffStatser); ok {
+	m.all = append(m.all, hintParseMetrics(cl, w.hintParser)...)
+	if hs, ok := w.eng.(engine.Handoffs); ok {
 		m.all = append(m.all, handoffMetrics(cl, hs)...)
 	}
 	return m
+}
+
+// hintParseMetrics export what the worker's hint parser dropped or
+// converted in the legacy kv_hint envelopes it was sent.
+func hintParseMetrics(cl prometheus.Labels, p *hints.Parser) []prometheus.Collector {
+	labelled := func(name, help, label, value string, f func(hints.Counters) uint64) prometheus.Collector {
+		l := prometheus.Labels{label: value}
+		maps.Copy(l, cl)
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: l},
+			func() float64 { return float64(f(p.Counters())) })
+	}
+	const (
+		dropped     = "kvmesh_worker_kv_hint_envelopes_dropped_total"
+		droppedHelp = "KV hint envelopes dropped before the engine saw them, by reason: ignored_version (an unknown protocol_version) or malformed."
+		actions     = "kvmesh_worker_kv_hint_actions_total"
+		actionsHelp = "KV hint actions the worker did not take as sent, by outcome: skipped (an unsupported action_version) or legacy_converted (kv.source_locations read as kv.fetch)."
+	)
+	return []prometheus.Collector{
+		labelled(dropped, droppedHelp, "reason", "ignored_version", func(c hints.Counters) uint64 { return c.IgnoredVersion }),
+		labelled(dropped, droppedHelp, "reason", "malformed", func(c hints.Counters) uint64 { return c.Malformed }),
+		labelled(actions, actionsHelp, "outcome", "skipped", func(c hints.Counters) uint64 { return c.SkippedActions }),
+		labelled(actions, actionsHelp, "outcome", "legacy_converted", func(c hints.Counters) uint64 { return c.LegacyConverted }),
+	}
 }
 
 // register adds every series to reg; on failure none stays registered.

@@ -74,14 +74,16 @@ func TestWorkerMetrics(t *testing.T) {
 	got := testutil.Metrics(t, reg)
 	_, events, _ := w1.pub.Counts()
 	for k, v := range map[string]float64{
-		`kvmesh_worker_requests_total{` + l1 + `,result="finished"}`: 2,
-		`kvmesh_worker_requests_total{` + l1 + `,result="rejected"}`: 1,
-		`kvmesh_worker_requests_total{` + l1 + `,result="error"}`:    0,
-		`kvmesh_worker_inflight_requests{` + l1 + `}`:                0,
-		`kvmesh_worker_kv_hints_total{` + l1 + `}`:                   1,
-		`kvmesh_worker_kv_transfer_params_total{` + l1 + `}`:         1,
-		`kvmesh_worker_prompt_tokens_total{` + l1 + `}`:              20,
-		`kvmesh_worker_events_published_total{` + l1 + `}`:           float64(events),
+		`kvmesh_worker_requests_total{` + l1 + `,result="finished"}`:                         2,
+		`kvmesh_worker_requests_total{` + l1 + `,result="rejected"}`:                         1,
+		`kvmesh_worker_requests_total{` + l1 + `,result="error"}`:                            0,
+		`kvmesh_worker_inflight_requests{` + l1 + `}`:                                        0,
+		`kvmesh_worker_kv_hints_total{` + l1 + `}`:                                           1,
+		`kvmesh_worker_kv_hint_envelopes_dropped_total{` + l1 + `,reason="malformed"}`:       1,
+		`kvmesh_worker_kv_hint_envelopes_dropped_total{` + l1 + `,reason="ignored_version"}`: 0,
+		`kvmesh_worker_kv_transfer_params_total{` + l1 + `}`:                                 1,
+		`kvmesh_worker_prompt_tokens_total{` + l1 + `}`:                                      20,
+		`kvmesh_worker_events_published_total{` + l1 + `}`:                                   float64(events),
 	} {
 		if g, ok := got[k]; !ok || g != v {
 			t.Errorf("%s = %v (present %v), want %v", k, g, ok, v)
@@ -96,6 +98,9 @@ func TestWorkerMetrics(t *testing.T) {
 	l2 := fmt.Sprintf(`instance="%s",model="m"`, natsbus.InstanceToken(w2.InstanceID()))
 	if g := got[`kvmesh_worker_requests_total{`+l2+`,result="finished"}`]; g != 0 {
 		t.Errorf("second worker counted %v requests", g)
+	}
+	if g, ok := got[`kvmesh_worker_kv_hint_envelopes_dropped_total{`+l2+`,reason="malformed"}`]; !ok || g != 0 {
+		t.Errorf("second worker counted %v malformed hints (present %v), want its own 0", g, ok)
 	}
 	w1.Close()
 	for k := range testutil.Metrics(t, reg) {

@@ -17,11 +17,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"go.opentelemetry.io/otel/attribute"
-
-	"github.com/kvmesh/kvmesh/engine"
-	"github.com/kvmesh/kvmesh/engine/sim"
-	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
@@ -113,14 +108,16 @@ type PeerStats struct {
 	Blocks, Bytes uint64
 }
 
-// Peer is a worker's side of peer KV transfer for a simulated engine. As
-// the engine's sim.Fetcher it consumes kv.fetch hints: it pulls the hinted
-// blocks the engine lacks from the source's control endpoint (checksum and
-// every payload byte verified), inserts the longest verified contiguous
-// prefix, and leaves the rest to be recomputed. As a block source it lets
-// the worker serve the engine's cache on control endpoints (PeerConfig.
-// Listen). A hint never fails a request: whatever goes wrong is counted and
-// the request proceeds with what was fetched, possibly nothing.
+// Peer is a worker's side of peer KV transfer: the transfer client, the
+// hint results, and the control endpoints that serve the engine's caches
+// (PeerConfig.Listen). The engine's own side attaches to it
+// (engine/sim/simpeer for the sim): as the engine's fetcher it consumes
+// kv.fetch hints, pulling the hinted blocks the engine lacks from the
+// source's control endpoint (checksum and every payload byte verified),
+// inserting the longest verified contiguous prefix and leaving the rest to
+// be recomputed; it reports each hint's end here (HintEnded). A hint never
+// fails a request: whatever goes wrong is counted and the request proceeds
+// with what was fetched, possibly nothing.
 //
 // Failure handling: the worker validates a hint where it enters (admitHint)
 // and counts through the Peer those that end there (malformed, ignored,
@@ -145,11 +142,8 @@ type Peer struct {
 	client *transfer.Client
 	log    *slog.Logger
 
-	// Set once by attach, before the engine can call Fetch.
-	eng                *sim.Engine
-	bs, layers, psize  int
-	digest             string
-	verify             func(hash uint64, payload []byte) error
+	// Set once by Attach, before the engine can fetch.
+	caches             transfer.RankSources
 	self               atomic.Pointer[[]string] // own advertised endpoints
 	closeOnce          sync.Once
 	n                  [7]atomic.Uint64 // by hintResults index
@@ -158,35 +152,32 @@ type Peer struct {
 	metricsInitialised bool
 }
 
-// NewSimPeer starts a simulated engine whose fetcher is a new Peer, and
-// returns both. Pass the Peer in worker.Config.Peer so the worker serves
-// the engine's blocks and advertises its control endpoints. A serving
-// peer's engine (pc.Listen set) keeps each block's checksum from when it
-// was stored (sim.Config.StoreChecksums), which the server then sends.
-func NewSimPeer(cfg sim.Config, pc PeerConfig) (*sim.Engine, *Peer, error) {
+// NewPeer checks pc and returns a Peer for the engine side to attach to
+// (engine/sim/simpeer.New). Pass it in worker.Config.Peer so the worker
+// serves the engine's blocks and advertises its control endpoints.
+func NewPeer(pc PeerConfig) (*Peer, error) {
 	if pc.Listen != "" {
 		// Fail before starting anything on a host that cannot be advertised.
 		if _, err := transfer.AdvertiseEndpoint(pc.AdvertiseHost, 1); err != nil {
-			return nil, nil, fmt.Errorf("peer: %w", err)
+			return nil, fmt.Errorf("peer: %w", err)
 		}
 	}
-	p := newPeer(pc)
-	cfg.Fetcher = p.Fetch
-	cfg.Disagg.Puller = p.PullHandoff
-	cfg.Disagg.Release = p.ReleaseHandoff
-	if cfg.Disagg.Endpoint == nil {
-		cfg.Disagg.Endpoint = p.endpoint
-	}
-	if pc.Listen != "" {
-		// Served blocks carry the checksums taken when they were stored.
-		cfg.StoreChecksums = true
-	}
-	eng, err := sim.New(cfg)
+	return newPeer(pc), nil
+}
+
+// StartWithPeer makes a Peer of pc, then the engine that attaches to it
+// (start; engine/sim/simpeer.New for the sim), and returns both.
+func StartWithPeer[E any](pc PeerConfig, start func(*Peer) (E, error)) (E, *Peer, error) {
+	var none E
+	p, err := NewPeer(pc)
 	if err != nil {
-		return nil, nil, err
+		return none, nil, err
 	}
-	p.attach(eng)
-	return eng, p, nil
+	e, err := start(p)
+	if err != nil {
+		return none, nil, err
+	}
+	return e, p, nil
 }
 
 func newPeer(pc PeerConfig) *Peer {
@@ -213,26 +204,42 @@ func newPeer(pc PeerConfig) *Peer {
 	return p
 }
 
-func (p *Peer) attach(e *sim.Engine) {
-	c := e.SimConfig()
-	p.eng, p.bs, p.layers, p.psize, p.digest = e, c.BlockSize, c.Layers, c.PayloadSize, c.Digest
-	p.verify = transfer.PayloadVerifier(c.Layers, c.PayloadSize)
+// Attach installs the engine's caches, once, before the engine can fetch.
+func (p *Peer) Attach(c transfer.RankSources) { p.caches = c }
+
+// Serving is true when the worker serves the engine's blocks to peers
+// (PeerConfig.Listen): the engine then keeps each block's checksum.
+func (p *Peer) Serving() bool { return p.cfg.Listen != "" }
+
+// Client is the transfer client fetches go through.
+func (p *Peer) Client() *transfer.Client { return p.client }
+
+// Logger is the peer's logger.
+func (p *Peer) Logger() *slog.Logger { return p.log }
+
+// Inserted counts blocks and bytes a fetch inserted into the engine.
+func (p *Peer) Inserted(blocks, bytes int) {
+	p.nBlocks.Add(uint64(blocks))
+	p.nBytes.Add(uint64(bytes))
 }
 
-// Source is the engine's cache (rank 0's) as a transfer.BlockSource.
-func (p *Peer) Source() transfer.BlockSource { return NewSimSource(p.eng) }
-
-// RankSource is DP rank r's cache as a transfer.BlockSource, or nil if the
-// engine has no rank r.
-func (p *Peer) RankSource(r int) transfer.BlockSource {
-	if e := p.eng.Rank(r); e != nil {
-		return NewSimSource(e)
+// Endpoint is DP rank r's advertised control endpoint ("" before the
+// worker serves them, or when it serves none).
+func (p *Peer) Endpoint(r int) string {
+	if s := p.self.Load(); s != nil && r >= 0 && r < len(*s) {
+		return (*s)[r]
 	}
-	return nil
+	return ""
 }
 
-// Digest is the engine's compatibility digest (served and requested).
-func (p *Peer) Digest() string { return p.digest }
+// Digest is the engine's compatibility digest (served and requested); ""
+// before Attach.
+func (p *Peer) Digest() string {
+	if p.caches == nil {
+		return ""
+	}
+	return p.caches.Digest()
+}
 
 // Endpoints are the control endpoints the worker advertised, by DP rank
 // (nil before the worker started serving them).
@@ -263,104 +270,9 @@ func (p *Peer) count(result string) {
 	}
 }
 
-// Fetch is the engine's sim.Fetcher. missing is the run of full prompt
-// blocks the engine lacks; the hint (validated where it entered the worker)
-// names the source's blocks by the source's engine hashes, so the blocks to
-// fetch are the leading missing blocks whose engine hashes, were the source
-// a sim like this one (sim.EngineHash), the hint names, and they are asked
-// of the source by those hashes. The fetch is bounded by the operation
-// timeout and by ctx (the request's), and its error is advisory: the
-// engine counts it and recomputes what was not inserted.
-func (p *Peer) Fetch(ctx context.Context, req *engine.Request, m sim.Missing, into sim.Inserter) error {
-	h := req.KVHint
-	if h == nil || p.eng == nil {
-		return nil
-	}
-	if p.isSelf(h.Endpoint, req.DPRank) {
-		p.ended(ctx, HintUnused)
-		return nil
-	}
-	want := hintedRun(m.Seq, h.Hashes)
-	if want == 0 {
-		p.ended(ctx, HintUnused)
-		return nil
-	}
-	ask := make([]uint64, want)
-	for i := range ask {
-		ask[i] = uint64(sim.EngineHash(m.Seq[i]))
-	}
-	ctx, sp := childSpan(ctx, "hint.fetch")
-	res, ferr := p.client.Fetch(ctx, h.Endpoint, transfer.FetchRequest{Hashes: ask, Digest: p.digest, Verify: p.verify,
-		Domain: kv.Seed(req.LoRA, req.CacheSalt)})
-	inserted, ierr := 0, error(nil)
-	if len(res.Blocks) > 0 {
-		inserted, ierr = into.Insert(p.chain(req, m, res.Blocks))
-	}
-	if sp.IsRecording() {
-		sp.SetAttributes(attribute.String("kvmesh.hint.source", h.Endpoint), attribute.Int("kvmesh.blocks.wanted", want),
-			attribute.Int("kvmesh.blocks.inserted", inserted), attribute.Int64("kvmesh.bytes", int64(inserted*p.layers*p.psize)),
-			attribute.String("kvmesh.transfer.outcome", res.Outcome.String()))
-	}
-	endChild(sp, errors.Join(ferr, ierr))
-	switch {
-	case inserted == want:
-		p.ended(ctx, HintFetched)
-	case inserted > 0:
-		p.ended(ctx, HintPartial)
-	default:
-		p.ended(ctx, HintFallback)
-	}
-	p.nBlocks.Add(uint64(inserted))
-	p.nBytes.Add(uint64(inserted * p.layers * p.psize))
-	p.log.Debug("kv hint fetch", "request", req.ID, "source", h.Endpoint, "wanted", want,
-		"received", len(res.Blocks), "inserted", inserted, "outcome", res.Outcome.String(), "took", res.Duration, "err", errors.Join(ferr, ierr))
-	if ferr != nil || ierr != nil {
-		return fmt.Errorf("kv hint: %d of %d blocks inserted: %w", inserted, want, errors.Join(ferr, ierr))
-	}
-	return nil
-}
-
-// hintedRun counts the leading missing blocks the hint names. Membership,
-// not position: a router may send the root-aligned prefix or a suffix.
-func hintedRun(missing []kv.SeqHash, hinted []kv.EngineHash) int {
-	if len(missing) == 0 || len(hinted) == 0 {
-		return 0
-	}
-	set := make(map[kv.EngineHash]struct{}, len(hinted))
-	for _, h := range hinted {
-		set[h] = struct{}{}
-	}
-	n := 0
-	for n < len(missing) {
-		if _, ok := set[sim.EngineHash(missing[n])]; !ok {
-			break
-		}
-		n++
-	}
-	return n
-}
-
-// chain turns a verified contiguous prefix of missing blocks into a sim
-// Chain. Payloads are aliased: Insert copies them into the pool.
-func (p *Peer) chain(req *engine.Request, m sim.Missing, blocks []transfer.Block) sim.Chain {
-	ch := sim.Chain{HasParent: m.HasParent, Parent: m.Parent, LoRA: req.LoRA, Salt: req.CacheSalt, Blocks: make([]sim.BlockData, len(blocks))}
-	for i, b := range blocks {
-		bd := sim.BlockData{Local: m.Local[i], Seq: m.Seq[i], Layers: make([][]byte, p.layers), Sums: make([]uint64, p.layers)}
-		if lo, hi := (m.Start+i)*p.bs, (m.Start+i+1)*p.bs; hi <= len(req.Tokens) {
-			bd.Tokens = req.Tokens[lo:hi:hi]
-		}
-		for l := range p.layers {
-			bd.Layers[l] = b.Payload[l*p.psize : (l+1)*p.psize : (l+1)*p.psize]
-			bd.Sums[l] = kv.Checksum(bd.Layers[l])
-		}
-		ch.Blocks[i] = bd
-	}
-	return ch
-}
-
-// isSelf: ep is the requesting rank's own endpoint. Another DP rank of
+// IsSelf: ep is the requesting rank's own endpoint. Another DP rank of
 // this worker is a separate cache, and a source like any peer.
-func (p *Peer) isSelf(ep string, rank int) bool {
+func (p *Peer) IsSelf(ep string, rank int) bool {
 	s := p.self.Load()
 	if s == nil {
 		return false
@@ -383,13 +295,13 @@ func (w *Worker) startControl(ctx context.Context) error {
 	if p == nil || p.cfg.Listen == "" {
 		return nil
 	}
-	if p.eng == nil {
-		return errors.New("peer: not attached to an engine (build it with NewSimPeer)")
+	if p.caches == nil {
+		return errors.New("peer: not attached to an engine (build it with simpeer.New)")
 	}
 	if len(w.cfg.ControlEndpoints) > 0 {
 		return errors.New("peer: set either Config.ControlEndpoints (served elsewhere) or PeerConfig.Listen, not both")
 	}
-	if n := p.eng.DPSize(); n != w.cfg.DPSize {
+	if n := p.caches.DPSize(); n != w.cfg.DPSize {
 		return fmt.Errorf("peer: the engine runs %d DP ranks, the worker %d", n, w.cfg.DPSize)
 	}
 	host, portText, err := net.SplitHostPort(p.cfg.Listen)
@@ -441,7 +353,7 @@ func (w *Worker) startControl(ctx context.Context) error {
 	}
 	for r, ln := range lns {
 		// Rank r's endpoint serves rank r's cache.
-		srv := &transfer.Server{Source: p.RankSource(r), Digest: p.digest, Metrics: tm, Logger: w.log, Token: []byte(p.cfg.Token), TLS: p.cfg.ServerTLS}
+		srv := &transfer.Server{Source: p.caches.RankSource(r), Digest: p.Digest(), Metrics: tm, Logger: w.log, Token: []byte(p.cfg.Token), TLS: p.cfg.ServerTLS}
 		w.wg.Go(func() {
 			if err := srv.Serve(ctx, ln); err != nil {
 				w.log.Error("control endpoint stopped", "addr", ln.Addr().String(), "err", err)
@@ -468,7 +380,7 @@ func (w *Worker) startControl(ctx context.Context) error {
 	// hint-capable) together or not at all, which is the stronger guarantee.
 	w.inst.ControlEndpoints = list
 	p.self.Store(&list)
-	w.log.Info("serving KV blocks to peers", "control_endpoints", list, "digest", p.digest)
+	w.log.Info("serving KV blocks to peers", "control_endpoints", list, "digest", p.Digest())
 	return nil
 }
 
@@ -481,7 +393,7 @@ func (p *Peer) probe(ctx context.Context, ep string) error {
 	_, _ = rand.Read(b[:])
 	c := transfer.NewClient(transfer.ClientOptions{Timeout: p.cfg.ProbeTimeout, MaxIdlePerEndpoint: -1, Token: []byte(p.cfg.Token), TLS: p.cfg.ClientTLS})
 	defer c.Close()
-	res, err := c.Fetch(ctx, ep, transfer.FetchRequest{Hashes: []uint64{binary.LittleEndian.Uint64(b[:])}, Digest: p.digest})
+	res, err := c.Fetch(ctx, ep, transfer.FetchRequest{Hashes: []uint64{binary.LittleEndian.Uint64(b[:])}, Digest: p.Digest()})
 	switch res.Outcome {
 	case transfer.OutcomeNotFound, transfer.OutcomeSuccess, transfer.OutcomePartial:
 		return nil

@@ -20,6 +20,7 @@ import (
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/engine/sim/simpeer"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -37,7 +38,7 @@ func peerSimConfig(blocks int) sim.Config {
 // that serves it on a loopback control endpoint.
 func servingPeer(t *testing.T, blocks int, m *PeerMetrics) (*Worker, *sim.Engine, *Peer) {
 	t.Helper()
-	eng, p, err := NewSimPeer(peerSimConfig(blocks), PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1",
+	eng, p, err := newSimPeer(peerSimConfig(blocks), PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1",
 		Timeout: 500 * time.Millisecond, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
@@ -299,7 +300,7 @@ func TestPeerFetchTimeout(t *testing.T) {
 		}
 		mu.Unlock()
 	})
-	eng, p, err := NewSimPeer(peerSimConfig(1024), PeerConfig{Timeout: 150 * time.Millisecond, Metrics: pm})
+	eng, p, err := newSimPeer(peerSimConfig(1024), PeerConfig{Timeout: 150 * time.Millisecond, Metrics: pm})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +326,7 @@ func TestPeerFetchTimeout(t *testing.T) {
 // kv.fetch action, or a hint naming the worker itself, is unused.
 func TestPeerBadHintsOverGRPC(t *testing.T) {
 	_, nc := startNATS(t)
-	eng, p, err := NewSimPeer(peerSimConfig(1024), PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1"})
+	eng, p, err := newSimPeer(peerSimConfig(1024), PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +398,7 @@ func TestPeerBadHintsOverGRPC(t *testing.T) {
 // and an endpoint that does not reach this worker is never registered.
 func TestControlEndpointAdvertisement(t *testing.T) {
 	for _, host := range []string{"0.0.0.0", "::", "", "[::]"} {
-		_, _, err := NewSimPeer(peerSimConfig(64), PeerConfig{Listen: "0.0.0.0:0", AdvertiseHost: host})
+		_, _, err := newSimPeer(peerSimConfig(64), PeerConfig{Listen: "0.0.0.0:0", AdvertiseHost: host})
 		if err == nil {
 			t.Errorf("advertise host %q accepted", host)
 			continue
@@ -410,7 +411,7 @@ func TestControlEndpointAdvertisement(t *testing.T) {
 	start := func(t *testing.T, dp int, pc PeerConfig, nc natsConn) (*Worker, error) {
 		cfg := peerSimConfig(64)
 		cfg.DPSize = dp
-		eng, p, err := NewSimPeer(cfg, pc)
+		eng, p, err := newSimPeer(cfg, pc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -575,4 +576,9 @@ func assertNotRegistered(t *testing.T, nc *nats.Conn, model string) {
 	if in := w.Instances(); len(in) != 0 {
 		t.Errorf("registered despite the failure: %+v", in)
 	}
+}
+
+// newSimPeer starts a sim engine whose peer side is a new Peer of pc.
+func newSimPeer(cfg sim.Config, pc PeerConfig) (*sim.Engine, *Peer, error) {
+	return StartWithPeer(pc, func(p *Peer) (*sim.Engine, error) { return simpeer.New(cfg, p) })
 }

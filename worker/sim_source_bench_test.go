@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/engine/sim/simpeer"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
@@ -54,7 +55,7 @@ func BenchmarkSimSourceVsRaw(b *testing.B) {
 	if n := e.Lookup(seqs); n != blocks {
 		b.Fatalf("%d of %d blocks cached", n, blocks)
 	}
-	sim := NewSimSource(e)
+	sim := simpeer.NewSimSource(e)
 	for _, src := range []struct {
 		name string
 		src  transfer.BlockSource

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/engine/sim/simpeer"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
 )
@@ -27,7 +28,7 @@ func TestSimSourceServesHostTier(t *testing.T) {
 	if n := e.Lookup(seqs); n != 0 {
 		t.Fatalf("the device still holds %d blocks", n)
 	}
-	src := NewSimSource(e)
+	src := simpeer.NewSimSource(e)
 	ep := serveSource(t, src, e.SimConfig().Digest)
 	c := transfer.NewClient(transfer.ClientOptions{})
 	defer c.Close()

@@ -10,6 +10,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/enginetest"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/engine/sim/simpeer"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/transfer"
 )
@@ -74,7 +75,7 @@ func TestSimSourceZeroCopyServe(t *testing.T) {
 	defer e.Close()
 	ctx := context.Background()
 	seqs := cachePrompt(t, ctx, e, tokens(10*peerBS+3, 1))
-	src := NewSimSource(e)
+	src := simpeer.NewSimSource(e)
 	// A view needs a pin (checked before the server holds any).
 	if _, err := src.ViewBlock(uint64(seqs[0])); err == nil {
 		t.Fatal("view of an unpinned block")
@@ -113,7 +114,7 @@ func TestSimSourceStoredChecksumCatchesRot(t *testing.T) {
 	defer e.Close()
 	ctx := context.Background()
 	seqs := cachePrompt(t, ctx, e, tokens(8*peerBS, 50))
-	ep := serveSource(t, NewSimSource(e), "")
+	ep := serveSource(t, simpeer.NewSimSource(e), "")
 	c := transfer.NewClient(transfer.ClientOptions{})
 	defer c.Close()
 
@@ -148,7 +149,7 @@ func TestSimSourceServesWhileEngineRuns(t *testing.T) {
 	defer e.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	src := NewSimSource(e)
+	src := simpeer.NewSimSource(e)
 	ep := serveSource(t, src, e.SimConfig().Digest)
 	c := transfer.NewClient(transfer.ClientOptions{Timeout: 5 * time.Second})
 	defer c.Close()
@@ -208,7 +209,7 @@ func TestServingPeerStoresChecksums(t *testing.T) {
 	if sum, ok := eng.BlockChecksum(kv.SeqHash(seqs[1])); !ok || sum == 0 {
 		t.Fatalf("stored checksum %016x %v", sum, ok)
 	}
-	e2, p2, err := NewSimPeer(peerSimConfig(64), PeerConfig{})
+	e2, p2, err := newSimPeer(peerSimConfig(64), PeerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

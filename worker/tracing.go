@@ -13,8 +13,8 @@ import (
 
 // Tracing: with Config.Tracer set, each Generate call is a server span
 // whose parent is the traceparent the fleet sent in the call's metadata
-// (api.TraceContextFrom); the peer side adds hint.fetch and handoff.pull
-// spans under it (peer.go, peer_handoff.go). Without a tracer nothing is
+// (api.TraceContextFrom); the sim's peer side adds hint.fetch and
+// handoff.pull spans under it (engine/sim/simpeer). Without a tracer nothing is
 // started.
 
 const tracerScope = "github.com/kvmesh/kvmesh"
@@ -54,24 +54,4 @@ func (s *server) startSpan(req *api.GenerateRequest, stream api.Worker_GenerateS
 		}
 		sp.End()
 	}
-}
-
-// childSpan starts a span under ctx's when that one records; otherwise it
-// returns ctx and its non-recording span (End does nothing). Callers set
-// attributes only on a recording span: building them allocates.
-func childSpan(ctx context.Context, name string) (context.Context, trace.Span) {
-	parent := trace.SpanFromContext(ctx)
-	if !parent.IsRecording() {
-		return ctx, parent
-	}
-	return parent.TracerProvider().Tracer(tracerScope).Start(ctx, name)
-}
-
-// endChild ends a child span with err's status, if any.
-func endChild(sp trace.Span, err error) {
-	if err != nil && sp.IsRecording() {
-		sp.RecordError(err)
-		sp.SetStatus(codes.Error, err.Error())
-	}
-	sp.End()
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/eventplane"
+	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/internal/fleetkey"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
@@ -81,7 +82,8 @@ type Config struct {
 	// state agent): each gets the worker's sink at Start, so their events
 	// flow through the same log and publisher as the engine's.
 	EventSources []EventSource
-	// Peer, when set, is the engine's peer-transfer side (NewSimPeer): the
+	// Peer, when set, is the engine's peer-transfer side (NewPeer, attached
+	// to by the engine's side, e.g. engine/sim/simpeer.New): the
 	// worker serves its blocks on one control endpoint per DP rank and
 	// advertises them (see startControl).
 	Peer      *Peer
@@ -133,6 +135,7 @@ type Worker struct {
 	decodeHints           atomic.Int64 // hints dropped on decode handoffs
 	foreignParams         atomic.Int64 // connector parameters dropped on legs that take none
 	hintWarned            atomic.Bool  // a malformed hint was logged
+	hintParser            *hints.Parser
 	unauthenticated       atomic.Int64 // worker API calls refused for want of the fleet token
 	tlsRefused            atomic.Int64 // worker API connections that failed the TLS handshake
 	blockSize             int
@@ -231,6 +234,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	w := &Worker{cfg: cfg, eng: eng, nc: nc, log: cfg.Logger.With("instance", natsbus.InstanceToken(cfg.InstanceID), "model", cfg.Model), evlog: evlog, wd: newWatchdog(), blockSize: ec.BlockSize}
+	w.hintParser = hints.NewParser(w.log)
 	w.pub = eventplane.NewPublisher(nc, cfg.Model, evlog, w.log)
 	w.met = newMetrics(w)
 	w.inst = discovery.Instance{

@@ -29,12 +29,6 @@ func init() {
 	}
 }
 
-// trtllmEngine is the adapter as serve and worker hold it: its events come
-// by polling, not through a ZMQ relay.
-type trtllmEngine struct{ *trtllm.Engine }
-
-func (trtllmEngine) Relay() *remote.Relay { return nil }
-
 // openTRTLLM attaches to one trtllm-serve.
 func openTRTLLM(ctx context.Context, a engineAttach) (attachedEngine, error) {
 	if a.dpSize > 1 {
@@ -50,7 +44,7 @@ func openTRTLLM(ctx context.Context, a engineAttach) (attachedEngine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return trtllmEngine{e}, nil
+	return e, nil // its events come by polling: no ZMQ relay
 }
 
 // The KV block manager connector as TensorRT-LLM loads it

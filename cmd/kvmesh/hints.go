@@ -74,7 +74,7 @@ func validateHint(stdin io.Reader, path, engine string, out io.Writer) error {
 	if len(data) > maxHintFile {
 		return fmt.Errorf("read %s: larger than %d bytes", path, maxHintFile)
 	}
-	env, err := hints.Validate(data)
+	env, err := hints.Parse(data)
 	if err != nil {
 		return err
 	}

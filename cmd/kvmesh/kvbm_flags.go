@@ -141,7 +141,7 @@ func (k *kvbmFlags) sim() *sim.KVBMConfig {
 	}
 	return &sim.KVBMConfig{HostBlocks: k.host, DiskBlocks: k.disk, DiskDir: k.dir,
 		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilter: kvbm.FilterConfig{Disabled: k.filterOff},
-		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW, ObjectQueue: k.objQueue,
+		Objects: k.objects(k.objQueue), ObjectBlocks: k.object, ObjectBandwidth: k.objBW,
 		RecomputePerToken: k.recomputeCost()}
 }
 
@@ -152,7 +152,22 @@ func (k *kvbmFlags) twin() *twin.KVBM {
 	}
 	return &twin.KVBM{HostBlocks: k.host, DiskBlocks: k.disk, DiskDir: k.dir,
 		HostBandwidth: k.hostBW, DiskBandwidth: k.diskBW, DiskFilterOff: k.filterOff,
-		ObjectURL: k.objURL, ObjectBlocks: k.object, ObjectBandwidth: k.objBW, RecomputePerToken: k.recomputeCost()}
+		Objects: k.objects(0), ObjectBlocks: k.object, ObjectBandwidth: k.objBW, RecomputePerToken: k.recomputeCost()}
+}
+
+// objects opens the object tier at --kvbm-object-url (nil without one),
+// its writes behind a queue of queue blocks (0: synchronous, as the twin
+// writes).
+func (k *kvbmFlags) objects(queue int) sim.ObjectOpener {
+	if k.objURL == "" {
+		return nil
+	}
+	url := k.objURL
+	return func(prefix string, slots, blockBytes int) (sim.ObjectTier, error) {
+		// Not the command's context: queued writes drain when the engine
+		// closes, after the command's context has ended.
+		return blobtier.OpenTier(context.Background(), url, prefix, slots, blockBytes, queue)
+	}
 }
 
 // randomInstanceID is a worker instance id chosen before the engine starts

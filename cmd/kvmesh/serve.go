@@ -468,7 +468,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		var eng *sim.Engine
 		var peer *worker.Peer
 		if ff.hints || role != kv.RoleAggregated {
-			eng, peer, err = worker.NewSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1",
+			eng, peer, err = newSimPeer(cfg, worker.PeerConfig{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1",
 				Metrics: pm, Logger: log.With("worker", i), Token: fleetToken, ServerTLS: serverTLS, ClientTLS: clientTLS})
 		} else {
 			eng, err = sim.New(cfg)

@@ -25,6 +25,7 @@ import (
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/engine/sim/simpeer"
 	"github.com/kvmesh/kvmesh/eventplane"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
@@ -254,7 +255,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 			if err != nil {
 				return err
 			}
-			s, p, err := worker.NewSimPeer(cfg, worker.PeerConfig{Listen: wf.controlListen, AdvertiseHost: wf.advertiseHost,
+			s, p, err := newSimPeer(cfg, worker.PeerConfig{Listen: wf.controlListen, AdvertiseHost: wf.advertiseHost,
 				Timeout: wf.transferTimeout, Metrics: pm, Logger: log, Token: fleetToken, ServerTLS: serverTLS, ClientTLS: clientTLS,
 				FaultAdvertise: faultAdvertise})
 			if err != nil {
@@ -409,4 +410,9 @@ func faultControlAdvertise() ([]string, error) {
 		}
 	}
 	return eps, nil
+}
+
+// newSimPeer starts a sim engine whose peer side is a new worker.Peer of pc.
+func newSimPeer(cfg sim.Config, pc worker.PeerConfig) (*sim.Engine, *worker.Peer, error) {
+	return worker.StartWithPeer(pc, func(p *worker.Peer) (*sim.Engine, error) { return simpeer.New(cfg, p) })
 }

@@ -1,10 +1,8 @@
 package remote
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/engine"
@@ -48,16 +46,11 @@ type Relay struct {
 	log  *slog.Logger
 	subs []*events.Subscriber
 	lost []uint64 // per rank, owned by that rank's subscriber goroutine
+	feed *Feed
 
-	sink              atomic.Pointer[engine.EventSink]
 	cleared, mismatch atomic.Uint64
 	lostWarned        atomic.Bool
 	mismatchWarned    atomic.Bool
-
-	mu      sync.Mutex
-	started bool
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
 }
 
 // NewRelay validates cfg and prepares one subscriber per rank; nothing is
@@ -92,6 +85,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		}
 		r.subs = append(r.subs, sub)
 	}
+	r.feed = NewFeed(r.log, "kv event relay stopped", r.subs...)
 	return r, nil
 }
 
@@ -99,28 +93,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 // sink starts the subscribers, so no event is relayed before someone
 // listens: with a replay endpoint, the relay then catches up on what the
 // engine still buffers.
-func (r *Relay) SetSink(s engine.EventSink) {
-	if s == nil {
-		r.sink.Store(nil)
-		return
-	}
-	r.sink.Store(&s)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.started {
-		return
-	}
-	r.started = true
-	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	for _, sub := range r.subs {
-		r.wg.Go(func() {
-			if err := sub.Run(ctx); err != nil {
-				r.log.Error("kv event relay stopped", "err", err)
-			}
-		})
-	}
-}
+func (r *Relay) SetSink(s engine.EventSink) { r.feed.SetSink(s) }
 
 // deliver runs on rank's subscriber goroutine.
 func (r *Relay) deliver(rank int, d events.Delivery) {
@@ -153,9 +126,7 @@ func (r *Relay) deliver(rank int, d events.Delivery) {
 	for i := range evs {
 		evs[i].Worker.DPRank = uint32(rank)
 	}
-	if p := r.sink.Load(); p != nil {
-		(*p)(evs)
-	}
+	r.feed.Send(evs)
 }
 
 // Stats sums the ranks' counters.
@@ -187,12 +158,6 @@ func (r *Relay) Stats() RelayStats {
 
 // Close stops the subscribers.
 func (r *Relay) Close() error {
-	r.mu.Lock()
-	cancel := r.cancel
-	r.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
-	r.wg.Wait()
+	r.feed.Close()
 	return nil
 }

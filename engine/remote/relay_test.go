@@ -70,7 +70,7 @@ func newTestRelay(t *testing.T, logs *logBuf) (*Relay, *sinkLog) {
 	}
 	s := &sinkLog{}
 	var sink engine.EventSink = s.sink
-	r.sink.Store(&sink)
+	r.feed.sink.Store(&sink) // installed without starting the subscribers
 	return r, s
 }
 

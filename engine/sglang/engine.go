@@ -3,13 +3,9 @@ package sglang
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"strconv"
-	"sync"
-	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/remote"
@@ -18,19 +14,10 @@ import (
 
 // Engine drives one SGLang server.
 type Engine struct {
+	remote.Ranks  // per rank, from /metrics
 	cfg           Config
-	ecfg          engine.Config
-	log           *slog.Logger
-	client        *http.Client
 	info          ServerInfo
 	bootstrapPort int
-	relay         *remote.Relay
-	health        *remote.HealthMonitor
-
-	load   remote.RankLoad // per rank, from /metrics
-	closed atomic.Bool
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
 }
 
 var (
@@ -73,8 +60,8 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		u, _ := url.Parse(base)
 		cfg.BootstrapHost = u.Hostname()
 	}
-	e := &Engine{cfg: cfg, client: cfg.Client, log: cfg.Logger.With("engine", base)}
-	if err := remote.WaitHealthy(ctx, e.client, base+"/health"); err != nil {
+	e := &Engine{cfg: cfg}
+	if err := e.Attach(ctx, cfg.Config); err != nil {
 		return nil, err
 	}
 	if err := e.readServerInfo(ctx); err != nil {
@@ -86,23 +73,17 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if e.info.MaxTotalTokens > 0 {
 		blocks = e.info.MaxTotalTokens / blockSize
 	}
-	e.ecfg = engine.Config{Model: cfg.Model, Role: cfg.Role, BlockSize: blockSize, Blocks: blocks, MaxModelLen: e.info.ContextLength,
+	ecfg := engine.Config{Model: cfg.Model, Role: cfg.Role, BlockSize: blockSize, Blocks: blocks, MaxModelLen: e.info.ContextLength,
 		// Hints and handoffs only make sense between engines serving the
 		// same model with the same page layout.
 		Digest: fmt.Sprintf("sglang/%s/ps%d", cfg.Model, blockSize)}
-	if cfg.Events != "" {
-		e.relay, err = remote.NewRelay(remote.RelayConfig{Endpoint: cfg.Events, ReplayEndpoint: cfg.ReplayEvents, Topic: cfg.Topic,
-			DPSize: cfg.DPSize, BlockSize: blockSize, Logger: e.log})
-		if err != nil {
-			return nil, err
-		}
+	if err := e.NewRelay(cfg.Config, blockSize); err != nil {
+		return nil, err
 	}
-	sctx, cancel := context.WithCancel(context.Background())
-	e.cancel = cancel
-	e.health = remote.NewHealthMonitor(remote.HealthConfig{URL: base + "/health", Interval: cfg.HealthInterval, Client: e.client, Logger: e.log})
+	e.Start(cfg.Config, ecfg)
 	e.scrape(ctx)
-	remote.Every(sctx, &e.wg, cfg.StatsInterval, e.scrape)
-	e.log.Info("sglang engine attached", "model", cfg.Model, "version", e.info.Version, "context_length", e.info.ContextLength,
+	e.ReadLoad(e.scrape)
+	e.Logger().Info("sglang engine attached", "model", cfg.Model, "version", e.info.Version, "context_length", e.info.ContextLength,
 		"page_size", blockSize, "blocks", blocks, "dp_size", cfg.DPSize, "disaggregation_mode", e.info.DisaggMode,
 		"bootstrap", e.bootstrapAddr(), "incremental_streaming", e.incremental(), "hint_form", cfg.HintForm, "kv_events", cfg.Events)
 	return e, nil
@@ -112,7 +93,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 // the server does not report served_model_name) and checks the configured
 // model, role, DP size and block size against it.
 func (e *Engine) readServerInfo(ctx context.Context) error {
-	if err := remote.GetJSON(ctx, e.client, e.cfg.URL+"/get_server_info", &e.info); err != nil {
+	if err := remote.GetJSON(ctx, e.Client(), e.cfg.URL+"/get_server_info", &e.info); err != nil {
 		return fmt.Errorf("sglang engine server info: %w", err)
 	}
 	in := &e.info
@@ -124,7 +105,7 @@ func (e *Engine) readServerInfo(ctx context.Context) error {
 				MaxModelLen int    `json:"max_model_len"`
 			} `json:"data"`
 		}
-		if err := remote.GetJSON(ctx, e.client, e.cfg.URL+"/v1/models", &list); err == nil && len(list.Data) > 0 {
+		if err := remote.GetJSON(ctx, e.Client(), e.cfg.URL+"/v1/models", &list); err == nil && len(list.Data) > 0 {
 			name = list.Data[0].ID
 			if in.ContextLength == 0 {
 				in.ContextLength = list.Data[0].MaxModelLen
@@ -166,15 +147,13 @@ func (e *Engine) readServerInfo(ctx context.Context) error {
 	if e.bootstrapPort == 0 {
 		e.bootstrapPort = DefaultBootstrapPort
 	}
-	switch pinned := e.cfg.BlockSize; {
-	case in.PageSize == 0 && pinned == 0:
-		in.PageSize = DefaultPageSize
-		e.log.Warn("sglang engine reports no page_size; assuming SGLang's default", "page_size", in.PageSize)
-	case in.PageSize == 0:
-		in.PageSize = pinned
-	case pinned != 0 && pinned != in.PageSize:
-		return fmt.Errorf("--block-size %d but the SGLang engine at %s runs --page-size %d", pinned, e.cfg.URL, in.PageSize)
+	ps, err := e.SettleBlockSize(in.PageSize, e.cfg.BlockSize, remote.BlockSizeRule{Default: DefaultPageSize,
+		Engine: "SGLang engine", Uses: "runs --page-size %d", Key: "page_size",
+		Unknown: "sglang engine reports no page_size; assuming SGLang's default"})
+	if err != nil {
+		return err
 	}
+	in.PageSize = ps
 	return nil
 }
 
@@ -192,16 +171,16 @@ func (e *Engine) bootstrapAddr() string {
 // with the rank that reports them (dp_rank, tp_rank); only attention-TP
 // rank 0 of each DP rank speaks for it.
 func (e *Engine) scrape(ctx context.Context) {
-	fams, err := remote.Scrape(ctx, e.client, e.cfg.URL+"/metrics")
+	fams, err := remote.Scrape(ctx, e.Client(), e.cfg.URL+"/metrics")
 	if err != nil {
 		if ctx.Err() == nil {
-			e.log.Debug("sglang metrics", "err", err)
+			e.Logger().Debug("sglang metrics", "err", err)
 		}
 		return
 	}
 	series := remote.LoadSeries{Running: "sglang:num_running_reqs", Waiting: "sglang:num_queue_reqs", Usage: "sglang:token_usage"}
 	dpRank := remote.ModelRank(e.cfg.Model, "dp_rank")
-	e.load.Store(remote.ReadRankLoad(fams, e.cfg.DPSize, e.ecfg.Blocks, series, func(s remote.Sample) (int, bool) {
+	e.StoreLoad(remote.ReadRankLoad(fams, e.cfg.DPSize, e.Config().Blocks, series, func(s remote.Sample) (int, bool) {
 		if tp := s.Labels["tp_rank"]; tp != "" && tp != "0" {
 			return 0, false
 		}
@@ -209,51 +188,8 @@ func (e *Engine) scrape(ctx context.Context) {
 	}))
 }
 
-// Config is the engine's description (model and page size from the
-// server).
-func (e *Engine) Config() engine.Config { return e.ecfg }
-
 // Info is what the server reported at attach.
 func (e *Engine) Info() ServerInfo { return e.info }
 
 // MaxModelLen is the server's context length.
 func (e *Engine) MaxModelLen() int { return e.info.ContextLength }
-
-// DPSize is the number of data-parallel ranks behind the server.
-func (e *Engine) DPSize() int { return e.cfg.DPSize }
-
-// RankStats is one rank's load as last read from /metrics.
-func (e *Engine) RankStats(rank int) engine.Stats { return e.load.Rank(rank, e.ecfg.Blocks) }
-
-// Stats sums the ranks' load.
-func (e *Engine) Stats() engine.Stats { return e.load.Sum() }
-
-// SetEventSink installs the worker's sink; the first one starts the
-// KV-event relay.
-func (e *Engine) SetEventSink(s engine.EventSink) {
-	if e.relay != nil {
-		e.relay.SetSink(s)
-	}
-}
-
-// Relay is the KV-event relay, or nil without --kv-events.
-func (e *Engine) Relay() *remote.Relay { return e.relay }
-
-// Health is the engine's /health verdict after start (engine.Health).
-func (e *Engine) Health() (bool, <-chan struct{}) { return e.health.Health() }
-
-// Close stops the load reader and the relay; the server keeps running.
-func (e *Engine) Close() error {
-	if !e.closed.CompareAndSwap(false, true) {
-		return nil
-	}
-	e.cancel()
-	e.wg.Wait()
-	e.health.Close()
-	var err error
-	if e.relay != nil {
-		err = e.relay.Close()
-	}
-	e.client.CloseIdleConnections()
-	return err
-}

@@ -170,7 +170,7 @@ func ParseBootstrap(raw []byte) (Bootstrap, error) {
 // the same request at the same time, and the prefill answers only once
 // the decode has taken its KV. Its last chunk ends the leg.
 func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
-	if e.closed.Load() {
+	if e.Closed() {
 		return nil, engine.ErrClosed
 	}
 	if req.DPRank < 0 || req.DPRank >= e.cfg.DPSize {
@@ -192,7 +192,7 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engi
 		return nil, err
 	}
 	hr.Header.Set("Content-Type", "application/json")
-	resp, err := e.client.Do(hr)
+	resp, err := e.Client().Do(hr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

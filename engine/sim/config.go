@@ -81,6 +81,11 @@ type Config struct {
 	// KVBM, when set, puts a KV block manager (host and disk tiers) behind
 	// the device pool, driven through its connector (kvbm.go).
 	KVBM *KVBMConfig
+	// FullAdmitMatch makes admission match a waiting request's prefix every
+	// time, where it would otherwise refuse without one when the answer is
+	// known (a remembered refusal, the one-lookup bound): a check that
+	// those shortcuts change nothing.
+	FullAdmitMatch bool
 	// Clock drives the Engine wrapper (nil means wall time). Core ignores it:
 	// its driver passes the time in.
 	Clock clock.Clock

@@ -106,11 +106,6 @@ type Core struct {
 	shortcut uint64 // refusals made without matching the prefix (tests)
 }
 
-// admitShortcuts lets admit refuse without matching a prefix where the
-// answer is known (refusal, cannotAdmit); tests turn it off to check that
-// the shortcuts change nothing.
-var admitShortcuts = true
-
 // refusal is admit's last refusal for want of blocks. Admit refuses the
 // same request again, without matching its prefix, while the pool and the
 // number of active requests are unchanged and its budget is no smaller
@@ -447,7 +442,7 @@ func (c *Core) Step(now time.Time) *StepResult {
 	budget := c.cfg.MaxBatchedTokens
 	if c.kb != nil {
 		c.kb.promote(now) // onboarded requests run from this pass on
-		if c.kb.async != nil {
+		if c.kb.ready != nil {
 			c.kb.mgr.Settle() // object writes done since the last pass
 		}
 	}
@@ -612,7 +607,7 @@ func (c *Core) cannotAdmit(s *Seq, total, maxHit, budget int) bool {
 func (c *Core) admit(s *Seq, budget int) (int, bool) {
 	total := s.total()
 	maxHit := min((total-1)/c.bs, len(s.seqh))
-	if c.kb == nil && admitShortcuts {
+	if c.kb == nil && !c.cfg.FullAdmitMatch {
 		// Without a connector a refusal depends on nothing else.
 		if r := &c.refused; r.s == s && r.version == c.pool.version && r.active == c.active() && r.total == total && budget >= r.budget ||
 			c.cannotAdmit(s, total, maxHit, budget) {

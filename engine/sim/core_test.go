@@ -557,10 +557,9 @@ func TestAdmitShortcutsChangeNothing(t *testing.T) {
 		outs                             string
 	}
 	run := func(seed uint64, on bool) ([]pass, Counters, uint64) {
-		defer func(v bool) { admitShortcuts = v }(admitShortcuts)
-		admitShortcuts = on
 		r := rand.New(rand.NewPCG(seed, 8))
 		cfg := testConfig()
+		cfg.FullAdmitMatch = !on
 		cfg.Blocks, cfg.MaxBatchedTokens, cfg.MaxSeqs = 64, 24, 8
 		c := mustCore(t, cfg)
 		prefixes := make([][]kv.Token, 3)
@@ -597,7 +596,10 @@ func TestAdmitShortcutsChangeNothing(t *testing.T) {
 	}
 	for seed := uint64(1); seed <= 4; seed++ {
 		got, gc, n := run(seed, true)
-		want, wc, _ := run(seed, false)
+		want, wc, off := run(seed, false)
+		if off != 0 {
+			t.Fatalf("seed %d: %d refusals by a shortcut with FullAdmitMatch set", seed, off)
+		}
 		if n == 0 {
 			t.Fatalf("seed %d: no admission was refused by a shortcut: the load is not tight enough to test them", seed)
 		}

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -14,7 +13,6 @@ import (
 	"github.com/kvmesh/kvmesh/internal/u64map"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/kvbm"
-	"github.com/kvmesh/kvmesh/kvbm/blobtier"
 )
 
 // The sim behind a KV block manager (Config.KVBM): host, disk and object tiers
@@ -69,17 +67,14 @@ type KVBMConfig struct {
 	// HostBandwidth and DiskBandwidth (bytes/s) price onboarding; 0 takes
 	// the defaults, < 0 makes it free.
 	HostBandwidth, DiskBandwidth float64
-	// ObjectURL is the object tier's bucket (G4, kvbm/blobtier: file:///dir
-	// or mem://) and ObjectBlocks its capacity: what the last local tier
-	// evicts goes there, under the prefix kvbm/<instance>-<rank>/; a
-	// worker with the same key recovers what it finds there at start.
-	ObjectURL    string
+	// Objects opens the object tier (G4) and ObjectBlocks is its capacity:
+	// what the last local tier evicts goes there, under the prefix
+	// kvbm/<instance>-<rank>/; a worker with the same key recovers what it
+	// finds there at start. The command that builds the sim supplies the
+	// opener (kvmesh opens kvbm/blobtier buckets by URL): the sim itself
+	// does no network I/O.
+	Objects      ObjectOpener
 	ObjectBlocks int
-	// ObjectQueue is how many evicted blocks may wait for their object
-	// writes, staged in memory, while writer goroutines put them (a full
-	// queue drops the object copy, counted); 0 writes synchronously,
-	// inside the step that evicts (the twin's deterministic mode).
-	ObjectQueue int
 	// ObjectBandwidth prices object→device onboarding (bytes/s; 0: the
 	// default, < 0: free).
 	ObjectBandwidth float64
@@ -92,6 +87,26 @@ type KVBMConfig struct {
 	DiskFilter kvbm.FilterConfig
 	// Clock drives the disk filter's decay (nil: wall time).
 	Clock clock.Clock
+}
+
+// ObjectOpener opens the object tier of one worker key: slots blocks of
+// blockBytes bytes under prefix, holding what a worker with the same key
+// left there (kvbm.Scanner finds it). The sim closes what it returns. A
+// tier that writes behind the engine's back (kvbm/blobtier.Async) is
+// returned as such: the block manager drives its queue.
+type ObjectOpener func(prefix string, slots, blockBytes int) (ObjectTier, error)
+
+// ObjectTier is an object tier the sim owns.
+type ObjectTier interface {
+	kvbm.Storage
+	Close() error
+}
+
+// asyncTier is an ObjectTier that writes behind the engine: Ready is
+// signalled when a write completes, for the manager to settle it.
+type asyncTier interface {
+	kvbm.AsyncPutter
+	Ready() <-chan struct{}
 }
 
 // KVBMStats are a Core's block-manager totals.
@@ -113,8 +128,8 @@ type kbCore struct {
 	lead   *kvbm.TRTLLMLeader
 	wk     *kvbm.Worker
 	disk   *kvbm.DiskFile
-	obj    *blobtier.Store
-	async  *blobtier.Async // ObjectQueue > 0: obj's writer
+	obj    ObjectTier
+	ready  <-chan struct{} // an asynchronous obj's completions; nil: writes are synchronous
 	bpb    float64         // modelled bytes per block
 	hostBW float64
 	diskBW float64
@@ -166,10 +181,8 @@ func (cfg *KVBMConfig) check(c Config) error {
 		return errors.New("sim config: kvbm needs host or disk blocks")
 	case k.DiskBlocks > 0 && k.DiskDir == "":
 		return errors.New("sim config: kvbm disk blocks need a disk directory")
-	case k.ObjectBlocks < 0 || (k.ObjectBlocks > 0) != (k.ObjectURL != ""):
-		return fmt.Errorf("sim config: kvbm object tier of %d blocks at %q: give both or neither", k.ObjectBlocks, k.ObjectURL)
-	case k.ObjectQueue < 0:
-		return fmt.Errorf("sim config: kvbm object queue of %d blocks, want ≥ 0", k.ObjectQueue)
+	case k.ObjectBlocks < 0 || (k.ObjectBlocks > 0) != (k.Objects != nil):
+		return fmt.Errorf("sim config: kvbm object tier of %d blocks, opener given %v: give both or neither", k.ObjectBlocks, k.Objects != nil)
 	case c.Role == kv.RoleDecode:
 		return errors.New("sim config: kvbm runs on prefill and aggregated workers only: a decode worker's prompt KV comes from its prefill peer")
 	case c.Layers*c.PayloadSize == 0:
@@ -214,19 +227,14 @@ func newKB(c *Core) (*kbCore, error) {
 	}
 	if cfg.ObjectBlocks > 0 {
 		prefix := fmt.Sprintf("kvbm/%016x-%d/", c.cfg.Worker.Instance, c.cfg.Worker.DPRank)
-		o, err := blobtier.Open(context.Background(), cfg.ObjectURL, prefix, cfg.ObjectBlocks, bb)
+		o, err := cfg.Objects(prefix, cfg.ObjectBlocks, bb)
 		if err != nil {
 			k.close()
 			return nil, err
 		}
 		k.obj, mc.Object = o, o
-		if cfg.ObjectQueue > 0 {
-			a, err := blobtier.NewAsync(o, blobtier.AsyncConfig{Depth: cfg.ObjectQueue, Drain: objectDrain})
-			if err != nil {
-				k.close()
-				return nil, err
-			}
-			k.async, mc.Object = a, a
+		if a, ok := o.(asyncTier); ok {
+			k.ready = a.Ready()
 		}
 	}
 	m, err := kvbm.NewManager(mc)
@@ -279,13 +287,10 @@ func (k *kbCore) close() error {
 		errs = append(errs, k.disk.Close())
 		k.disk = nil
 	}
-	switch {
-	case k.async != nil:
-		errs = append(errs, k.async.Close()) // closes obj too
-	case k.obj != nil:
+	if k.obj != nil {
 		errs = append(errs, k.obj.Close())
+		k.obj = nil
 	}
-	k.obj, k.async = nil, nil
 	return errors.Join(errs...)
 }
 
@@ -638,24 +643,20 @@ func RecomputeCost(tm TimingModel, chunk int) time.Duration {
 	return msToDuration((tm.PrefillMS(chunk) - tm.PrefillMS(1)) / float64(chunk-1))
 }
 
-// objectDrain is how long closing a core waits for its queued object
-// writes before it cancels them (they cost a recompute, not correctness).
-const objectDrain = 2 * time.Second
-
 // TierReady is signalled when an asynchronous object write completes
 // (nil without one): the engine then calls SettleTiers, so the block is
 // announced even while no request runs.
 func (c *Core) TierReady() <-chan struct{} {
-	if c.kb == nil || c.kb.async == nil {
+	if c.kb == nil {
 		return nil
 	}
-	return c.kb.async.Ready()
+	return c.kb.ready
 }
 
 // SettleTiers registers the object writes completed since the last call
 // and delivers their events.
 func (c *Core) SettleTiers() {
-	if c.kb == nil || c.kb.async == nil {
+	if c.kb == nil || c.kb.ready == nil {
 		return
 	}
 	c.kb.mgr.Settle()

@@ -15,6 +15,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/kvbm"
+	"github.com/kvmesh/kvmesh/kvbm/blobtier"
 )
 
 // tierLog replays a core's event stream per tier, checking one gap-free
@@ -453,7 +454,7 @@ func TestKVBMOnboardingOverlapsOtherRequests(t *testing.T) {
 func TestKVBMObjectTierServesHostEvictionsAndSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
 	cfg := kvbmConfig(8, 0, "")
-	cfg.KVBM.ObjectURL, cfg.KVBM.ObjectBlocks = "file://"+dir, 64
+	cfg.KVBM.Objects, cfg.KVBM.ObjectBlocks = objectsAt("file://"+dir, 0), 64
 	c := mustCore(t, cfg)
 	log := newTierLog(t)
 	c.SetEventSink(log.sink)
@@ -508,7 +509,7 @@ func TestKVBMObjectTierServesHostEvictionsAndSurvivesRestart(t *testing.T) {
 func TestKVBMAsyncObjectWrites(t *testing.T) {
 	cfg := kvbmConfig(8, 0, "")
 	cfg.SpeedupRatio = 0
-	cfg.KVBM.ObjectURL, cfg.KVBM.ObjectBlocks, cfg.KVBM.ObjectQueue = "mem://", 64, 32
+	cfg.KVBM.Objects, cfg.KVBM.ObjectBlocks = objectsAt("mem://", 32), 64
 	e := mustEngine(t, cfg)
 	var mu sync.Mutex
 	log := newTierLog(t)
@@ -601,5 +602,13 @@ func TestRecomputeCost(t *testing.T) {
 	}
 	if got := RecomputeCost(nil, 1); got != msToDuration(PrefillMS(1)) {
 		t.Fatalf("a one-token chunk: %v", got)
+	}
+}
+
+// objectsAt opens object tiers in the bucket at url, as kvmesh does, with
+// writes behind a queue of queue blocks (0: synchronous).
+func objectsAt(url string, queue int) ObjectOpener {
+	return func(prefix string, slots, blockBytes int) (ObjectTier, error) {
+		return blobtier.OpenTier(context.Background(), url, prefix, slots, blockBytes, queue)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -18,11 +17,8 @@ import (
 
 // Engine drives one trtllm-serve.
 type Engine struct {
-	cfg    Config
-	ecfg   engine.Config
-	log    *slog.Logger
-	client *http.Client
-	health *remote.HealthMonitor
+	remote.Base
+	cfg Config
 
 	stats     atomic.Pointer[engine.Stats]
 	finished  atomic.Uint64 // generations that ended, for the event-buffer hint
@@ -33,11 +29,6 @@ type Engine struct {
 	evMu    sync.Mutex // guards conv's stats for readers
 	conv    *converter
 	started atomic.Bool
-
-	closed atomic.Bool
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
 }
 
 var (
@@ -66,7 +57,6 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if cfg.Config, err = cfg.WithDefaults("trtllm"); err != nil {
 		return nil, err
 	}
-	base := cfg.URL
 	if cfg.DPSize > 1 {
 		return nil, fmt.Errorf("trtllm DP size %d: a TensorRT-LLM server is one rank to kvmesh", cfg.DPSize)
 	}
@@ -84,43 +74,35 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if cfg.EventsHintAfter <= 0 {
 		cfg.EventsHintAfter = 8
 	}
-	e := &Engine{cfg: cfg, client: cfg.Client, log: cfg.Logger.With("engine", base)}
-	if err := remote.WaitHealthy(ctx, e.client, base+"/health"); err != nil {
-		return nil, err
-	}
-	m, err := remote.PickModel(ctx, e.client, base, cfg.Model, "trtllm")
+	e := &Engine{cfg: cfg}
+	m, err := e.AttachModel(ctx, cfg.Config, "trtllm")
 	if err != nil {
 		return nil, err
 	}
 	e.cfg.Model = m.ID
 	last, err := e.readStats(ctx)
 	if err != nil {
-		e.log.Warn("trtllm /metrics unreadable; block size and capacity unknown", "err", err)
+		e.Logger().Warn("trtllm /metrics unreadable; block size and capacity unknown", "err", err)
 	}
 	blockSize, blocks := 0, 0
 	if last != nil && last.KVCacheStats != nil {
 		blockSize, blocks = last.KVCacheStats.TokensPerBlock, last.KVCacheStats.MaxNumBlocks
 	}
-	switch pinned := cfg.BlockSize; {
-	case blockSize == 0 && pinned == 0:
-		blockSize = DefaultBlockSize
-		e.log.Warn("trtllm engine reports no tokensPerBlock yet (its /metrics is empty until it has iterated; enable_iter_perf_stats); assuming TensorRT-LLM's default", "block_size", blockSize)
-	case blockSize == 0:
-		blockSize = pinned
-	case pinned != 0 && pinned != blockSize:
-		return nil, fmt.Errorf("--block-size %d but the TensorRT-LLM engine at %s uses blocks of %d tokens", pinned, base, blockSize)
+	blockSize, err = e.SettleBlockSize(blockSize, cfg.BlockSize, remote.BlockSizeRule{Default: DefaultBlockSize,
+		Engine: "TensorRT-LLM engine", Uses: "uses blocks of %d tokens", Key: "block_size",
+		Unknown: "trtllm engine reports no tokensPerBlock yet (its /metrics is empty until it has iterated; enable_iter_perf_stats); assuming TensorRT-LLM's default"})
+	if err != nil {
+		return nil, err
 	}
 	cfg = e.cfg
-	e.ecfg = engine.Config{Model: cfg.Model, Role: cfg.Role, BlockSize: blockSize, Blocks: blocks,
-		Digest: fmt.Sprintf("trtllm/%s/bs%d", cfg.Model, blockSize)}
 	e.conv = newConverter(blockSize)
-	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.health = remote.NewHealthMonitor(remote.HealthConfig{URL: base + "/health", Interval: cfg.HealthInterval, Client: e.client, Logger: e.log})
+	e.Start(cfg.Config, engine.Config{Model: cfg.Model, Role: cfg.Role, BlockSize: blockSize, Blocks: blocks,
+		Digest: fmt.Sprintf("trtllm/%s/bs%d", cfg.Model, blockSize)})
 	if last != nil {
 		e.apply(last)
 	}
-	remote.Every(e.ctx, &e.wg, cfg.StatsInterval, e.scrape)
-	e.log.Info("trtllm engine attached", "model", cfg.Model, "block_size", blockSize, "blocks", blocks, "kv_events", cfg.Events)
+	e.ReadLoad(e.scrape)
+	e.Logger().Info("trtllm engine attached", "model", cfg.Model, "block_size", blockSize, "blocks", blocks, "kv_events", cfg.Events)
 	return e, nil
 }
 
@@ -128,7 +110,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 // engine ran no iteration since the last read).
 func (e *Engine) readStats(ctx context.Context) (*iterStats, error) {
 	var list []iterStats
-	if err := remote.GetJSON(ctx, e.client, e.cfg.URL+"/metrics", &list); err != nil {
+	if err := remote.GetJSON(ctx, e.Client(), e.cfg.URL+"/metrics", &list); err != nil {
 		return nil, err
 	}
 	if len(list) == 0 {
@@ -144,7 +126,7 @@ func (e *Engine) scrape(ctx context.Context) {
 	last, err := e.readStats(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			e.log.Debug("trtllm metrics", "err", err)
+			e.Logger().Debug("trtllm metrics", "err", err)
 		}
 		return
 	}
@@ -158,30 +140,26 @@ func (e *Engine) scrape(ctx context.Context) {
 }
 
 func (e *Engine) apply(s *iterStats) {
-	st := engine.Stats{Running: s.NumActiveRequests, Waiting: s.NumQueuedRequests, TotalBlocks: e.ecfg.Blocks}
+	st := engine.Stats{Running: s.NumActiveRequests, Waiting: s.NumQueuedRequests, TotalBlocks: e.Config().Blocks}
 	if k := s.KVCacheStats; k != nil {
 		st.UsedBlocks = k.UsedNumBlocks
 		if k.MaxNumBlocks > 0 {
 			st.TotalBlocks = k.MaxNumBlocks
 		}
-		if k.TokensPerBlock != 0 && k.TokensPerBlock != e.ecfg.BlockSize && e.sizeWarn.CompareAndSwap(false, true) {
-			e.log.Error("the TensorRT-LLM engine's tokensPerBlock differs from this worker's block size; KV events and routing will not match (pin --block-size to the engine's)",
-				"engine_block_size", k.TokensPerBlock, "block_size", e.ecfg.BlockSize)
+		if k.TokensPerBlock != 0 && k.TokensPerBlock != e.Config().BlockSize && e.sizeWarn.CompareAndSwap(false, true) {
+			e.Logger().Error("the TensorRT-LLM engine's tokensPerBlock differs from this worker's block size; KV events and routing will not match (pin --block-size to the engine's)",
+				"engine_block_size", k.TokensPerBlock, "block_size", e.Config().BlockSize)
 		}
 	}
 	e.stats.Store(&st)
 }
-
-// Config is the engine's description (model and block size from the
-// server).
-func (e *Engine) Config() engine.Config { return e.ecfg }
 
 // Stats is the load as last read from /metrics.
 func (e *Engine) Stats() engine.Stats {
 	if p := e.stats.Load(); p != nil {
 		return *p
 	}
-	return engine.Stats{TotalBlocks: e.ecfg.Blocks}
+	return engine.Stats{TotalBlocks: e.Config().Blocks}
 }
 
 // SetEventSink installs the worker's sink; the first one starts polling
@@ -192,10 +170,10 @@ func (e *Engine) SetEventSink(s engine.EventSink) {
 		return
 	}
 	e.sink.Store(&s)
-	if e.cfg.Events == "" || e.closed.Load() || !e.started.CompareAndSwap(false, true) {
+	if e.cfg.Events == "" || e.Closed() || !e.started.CompareAndSwap(false, true) {
 		return
 	}
-	e.wg.Go(e.poll)
+	e.Go(e.poll)
 }
 
 // poll drains POST /kv_cache_events every PollInterval, converts the
@@ -208,11 +186,11 @@ func (e *Engine) poll() {
 	for {
 		body, err := e.post(url)
 		switch {
-		case err != nil && e.ctx.Err() != nil:
+		case err != nil && e.Context().Err() != nil:
 			return
 		case err != nil:
 			if !failing {
-				e.log.Warn("polling TensorRT-LLM's KV events failed; retrying", "url", url, "err", err)
+				e.Logger().Warn("polling TensorRT-LLM's KV events failed; retrying", "url", url, "err", err)
 			}
 			failing = true
 		default:
@@ -221,7 +199,7 @@ func (e *Engine) poll() {
 			evs, cerr := e.conv.batch(body)
 			e.evMu.Unlock()
 			if cerr != nil {
-				e.log.Warn("bad KV events from TensorRT-LLM", "err", cerr)
+				e.Logger().Warn("bad KV events from TensorRT-LLM", "err", cerr)
 			}
 			if len(evs) > 0 {
 				if p := e.sink.Load(); p != nil {
@@ -231,7 +209,7 @@ func (e *Engine) poll() {
 			e.checkBuffer()
 		}
 		select {
-		case <-e.ctx.Done():
+		case <-e.Context().Done():
 			return
 		case <-t.C:
 		}
@@ -239,11 +217,11 @@ func (e *Engine) poll() {
 }
 
 func (e *Engine) post(url string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(e.ctx, http.MethodPost, url, nil)
+	req, err := http.NewRequestWithContext(e.Context(), http.MethodPost, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := e.client.Do(req)
+	resp, err := e.Client().Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +243,7 @@ func (e *Engine) checkBuffer() {
 	saw := e.conv.sawAny
 	e.evMu.Unlock()
 	if !saw && e.bufWarned.CompareAndSwap(false, true) {
-		e.log.Error("TensorRT-LLM returns no KV events: set kv_cache_config.event_buffer_max_size > 0 (and enable_block_reuse) in the engine's --extra_llm_api_options YAML; until then routing sees none of its cache",
+		e.Logger().Error("TensorRT-LLM returns no KV events: set kv_cache_config.event_buffer_max_size > 0 (and enable_block_reuse) in the engine's --extra_llm_api_options YAML; until then routing sees none of its cache",
 			"url", e.cfg.Events+"/kv_cache_events", "generations", e.finished.Load())
 	}
 }
@@ -282,22 +260,6 @@ func (e *Engine) EventStats() remote.RelayStats {
 	e.evMu.Lock()
 	defer e.evMu.Unlock()
 	return e.conv.stats
-}
-
-// Health is the engine's /health verdict after start (engine.Health).
-func (e *Engine) Health() (bool, <-chan struct{}) { return e.health.Health() }
-
-// Close stops the load reader and the event poller; the server keeps
-// running.
-func (e *Engine) Close() error {
-	if !e.closed.CompareAndSwap(false, true) {
-		return nil
-	}
-	e.cancel()
-	e.wg.Wait()
-	e.health.Close()
-	e.client.CloseIdleConnections()
-	return nil
 }
 
 var errNoChoice = errors.New("trtllm response without a choice")

@@ -144,7 +144,7 @@ func (e *Engine) body(req *engine.Request) (*completionRequest, error) {
 // 5xx or a stream cut short wraps engine.ErrUnavailable, so the request
 // migrates.
 func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
-	if e.closed.Load() {
+	if e.Closed() {
 		return nil, engine.ErrClosed
 	}
 	if req.DPRank != 0 {
@@ -169,7 +169,7 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engi
 	if req.ID != "" {
 		hr.Header.Set("X-Request-Id", req.ID)
 	}
-	resp, err := e.client.Do(hr)
+	resp, err := e.Client().Do(hr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

@@ -115,7 +115,7 @@ func (e *Engine) body(req *engine.Request) (*completionRequest, error) {
 // 5xx or a stream cut short wraps engine.ErrUnavailable, so the request
 // migrates.
 func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Chunk, error) {
-	if e.closed.Load() {
+	if e.Closed() {
 		return nil, engine.ErrClosed
 	}
 	if req.DPRank < 0 || req.DPRank >= e.cfg.DPSize {
@@ -143,7 +143,7 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engi
 	if e.cfg.DPSize > 1 {
 		hr.Header.Set("X-data-parallel-rank", strconv.Itoa(req.DPRank))
 	}
-	resp, err := e.client.Do(hr)
+	resp, err := e.Client().Do(hr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

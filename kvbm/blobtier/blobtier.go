@@ -221,6 +221,37 @@ func Open(ctx context.Context, rawURL, prefix string, slots, blockBytes int) (*S
 	return s, nil
 }
 
+// Tier is an object tier its opener owns: a Store, or an Async over one.
+type Tier interface {
+	kvbm.Storage
+	Close() error
+}
+
+// TierDrain is how long closing an OpenTier's Async waits for its queued
+// writes before it cancels them (they cost a recompute, not correctness).
+const TierDrain = 2 * time.Second
+
+// OpenTier is Open, with the writes behind an Async of queue blocks when
+// queue > 0 (0: synchronous writes, the twin's deterministic mode).
+func OpenTier(ctx context.Context, rawURL, prefix string, slots, blockBytes, queue int) (Tier, error) {
+	if queue < 0 {
+		return nil, fmt.Errorf("kvbm object tier: a queue of %d blocks, want ≥ 0", queue)
+	}
+	s, err := Open(ctx, rawURL, prefix, slots, blockBytes)
+	switch {
+	case err != nil:
+		return nil, err
+	case queue == 0:
+		return s, nil
+	}
+	a, err := NewAsync(s, AsyncConfig{Depth: queue, Drain: TierDrain})
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
 // New is a Store over an open bucket (Close leaves the bucket open).
 func New(ctx context.Context, b *blob.Bucket, prefix string, slots, blockBytes int) (*Store, error) {
 	if slots <= 0 || blockBytes <= 0 {

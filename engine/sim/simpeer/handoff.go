@@ -1,4 +1,4 @@
-package worker
+package simpeer
 
 import (
 	"context"
@@ -12,15 +12,6 @@ import (
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
-// endpoint is DP rank r's advertised control endpoint ("" before the
-// worker serves them, or when it serves none).
-func (p *Peer) endpoint(r int) string {
-	if s := p.self.Load(); s != nil && r >= 0 && r < len(*s) {
-		return (*s)[r]
-	}
-	return ""
-}
-
 // PullHandoff is the engine's sim.HandoffPuller: a decode leg pulls the
 // prompt blocks it lacks from the prefill rank named in the handoff, over
 // the transfer protocol exactly as a hint's fetch does (the same client,
@@ -29,7 +20,7 @@ func (p *Peer) endpoint(r int) string {
 // asked for are the leading missing blocks it names. A pull error, short
 // answer or digest mismatch is returned: the engine counts it and
 // recomputes the rest.
-func (p *Peer) PullHandoff(ctx context.Context, req *engine.Request, h *sim.Handoff, m sim.Missing, into sim.Inserter) (int, int64, error) {
+func (p *fetcher) PullHandoff(ctx context.Context, req *engine.Request, h *sim.Handoff, m sim.Missing, into sim.Inserter) (int, int64, error) {
 	if p.eng == nil {
 		return 0, 0, errors.New("peer: not attached to an engine")
 	}
@@ -45,7 +36,7 @@ func (p *Peer) PullHandoff(ctx context.Context, req *engine.Request, h *sim.Hand
 		ask[i] = uint64(sim.EngineHash(m.Seq[i]))
 	}
 	ctx, sp := childSpan(ctx, "handoff.pull")
-	res, ferr := p.client.Fetch(ctx, h.Endpoint, transfer.FetchRequest{Hashes: ask, Digest: p.digest, Verify: p.verify})
+	res, ferr := p.h.Client().Fetch(ctx, h.Endpoint, transfer.FetchRequest{Hashes: ask, Digest: p.digest, Verify: p.verify})
 	inserted, ierr := 0, error(nil)
 	if len(res.Blocks) > 0 {
 		inserted, ierr = into.Insert(p.chain(req, m, res.Blocks))
@@ -68,8 +59,8 @@ func (p *Peer) PullHandoff(ctx context.Context, req *engine.Request, h *sim.Hand
 // prefill rank that pinned h that this decode leg is done with it, over
 // the transfer protocol's release frame. An older source refuses the frame
 // and keeps its pin until the handoff's expiry.
-func (p *Peer) ReleaseHandoff(ctx context.Context, h *sim.Handoff) error {
-	released, err := p.client.Release(ctx, h.Endpoint, h.RequestID)
+func (p *fetcher) ReleaseHandoff(ctx context.Context, h *sim.Handoff) error {
+	released, err := p.h.Client().Release(ctx, h.Endpoint, h.RequestID)
 	p.log.Debug("disagg handoff release", "request", h.RequestID, "source", h.Endpoint, "released", released, "err", err)
 	return err
 }

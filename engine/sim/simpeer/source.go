@@ -1,4 +1,4 @@
-package worker
+package simpeer
 
 import (
 	"slices"
@@ -14,7 +14,7 @@ import (
 // block's bytes do not change until its pin is released (see
 // sim.Engine.ViewBlock), so the server writes them to the socket straight
 // from the slab. When the engine keeps stored checksums
-// (sim.Config.StoreChecksums, which NewSimPeer sets for a serving peer) the
+// (sim.Config.StoreChecksums, which New sets for a serving peer) the
 // server sends those instead of hashing every payload, and a block that
 // changed in the source's memory fails the target's check.
 type SimSource struct {
