@@ -25,7 +25,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/cputime"
 	"github.com/kvmesh/kvmesh/internal/quantile"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/trace"
+	"github.com/kvmesh/kvmesh/tracefile"
 )
 
 // IndexConfig configures the index benchmark.
@@ -143,7 +143,7 @@ func (c *IndexConfig) defaults() {
 		c.BlockSize = 64
 	}
 	if c.TraceBlockSize <= 0 {
-		c.TraceBlockSize = trace.DefaultTraceBlockSize
+		c.TraceBlockSize = tracefile.DefaultTraceBlockSize
 	}
 	if c.CacheBlocks <= 0 {
 		c.CacheBlocks = 16384
@@ -226,7 +226,7 @@ func (l *lru) insert(s kv.SeqHash) (evicted kv.SeqHash, did bool) {
 
 // buildTimeline loads the trace and generates every op (untimed).
 func buildTimeline(ctx context.Context, c IndexConfig, res *IndexResult) ([]op, error) {
-	reqs, errs, err := trace.Load(c.TracePath, trace.Options{TraceBlockSize: c.TraceBlockSize, MaxLines: c.MaxLines})
+	reqs, errs, err := tracefile.Load(c.TracePath, tracefile.Options{TraceBlockSize: c.TraceBlockSize, MaxLines: c.MaxLines})
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +239,7 @@ func buildTimeline(ctx context.Context, c IndexConfig, res *IndexResult) ([]op, 
 	for i := range caches {
 		caches[i] = newLRU(c.CacheBlocks)
 	}
-	exp := trace.NewExpander(c.TraceBlockSize, c.BlockSize, kv.BaseSeed)
+	exp := tracefile.NewExpander(c.TraceBlockSize, c.BlockSize, kv.BaseSeed)
 	ops := make([]op, 0, 3*len(reqs))
 	var seq []kv.SeqHash
 	for n, req := range reqs {

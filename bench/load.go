@@ -22,7 +22,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvmesh/kvmesh/trace"
+	"github.com/kvmesh/kvmesh/tracefile"
 )
 
 // LoadConfig configures RunLoad. Exactly one workload (TracePath or
@@ -102,7 +102,7 @@ func (c *LoadConfig) defaults() error {
 		return fmt.Errorf("--speedup must be > 0, not %v", c.Speedup)
 	}
 	if c.TraceBlockSize == 0 {
-		c.TraceBlockSize = trace.DefaultTraceBlockSize
+		c.TraceBlockSize = tracefile.DefaultTraceBlockSize
 	}
 	if c.TraceBlockSize < 1 {
 		return fmt.Errorf("trace block size must be > 0, not %d", c.TraceBlockSize)
@@ -266,7 +266,7 @@ func loadWorkload(c *LoadConfig) ([]loadItem, int, error) {
 	if c.Synthetic != nil {
 		items = syntheticItems(*c.Synthetic, c.TraceBlockSize, c.Seed)
 	} else {
-		reqs, errs, err := trace.Load(c.TracePath, trace.Options{Strict: c.Strict, TraceBlockSize: c.TraceBlockSize})
+		reqs, errs, err := tracefile.Load(c.TracePath, tracefile.Options{Strict: c.Strict, TraceBlockSize: c.TraceBlockSize})
 		if err != nil {
 			return nil, 0, err
 		}

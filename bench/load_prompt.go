@@ -12,7 +12,7 @@ import (
 	"math/rand/v2"
 	"strings"
 
-	"github.com/kvmesh/kvmesh/trace"
+	"github.com/kvmesh/kvmesh/tracefile"
 )
 
 // promptWords are lowercase words that o200k/cl100k-style tokenizers encode
@@ -48,8 +48,8 @@ var promptWords = [...]string{
 
 // promptWord is word j of the text block with id h.
 func promptWord(h uint64, j int) string {
-	// trace.Token is the project's splitmix64 stream keyed by (id, position).
-	return promptWords[uint64(trace.Token(h, j))%uint64(len(promptWords))]
+	// tracefile.Token is the project's splitmix64 stream keyed by (id, position).
+	return promptWords[uint64(tracefile.Token(h, j))%uint64(len(promptWords))]
 }
 
 // segment is the first Tokens words of the text block with id ID.
@@ -83,9 +83,9 @@ func promptText(segs []segment) string {
 
 // traceSegments maps a trace request to text segments: one per hash id,
 // the last one holding the remainder of the input length.
-func traceSegments(req *trace.Request, tbs int) []segment {
+func traceSegments(req *tracefile.Request, tbs int) []segment {
 	segs := make([]segment, 0, len(req.HashIDs))
-	left := trace.TokenLen(req, tbs)
+	left := tracefile.TokenLen(req, tbs)
 	for _, id := range req.HashIDs {
 		if left <= 0 {
 			break
@@ -109,7 +109,7 @@ func traceSegments(req *trace.Request, tbs int) []segment {
 // group g, 1: question q of group g) of the synthetic workload. Top bit set
 // keeps synthetic ids apart from trace ids.
 func synthID(k, g, q, b int) uint64 {
-	x := uint64(trace.Token(uint64(k)<<56^uint64(g)<<28^uint64(q), b))
+	x := uint64(tracefile.Token(uint64(k)<<56^uint64(g)<<28^uint64(q), b))
 	return x | 1<<63
 }
 
@@ -174,7 +174,7 @@ func syntheticItems(s SyntheticConfig, tbs int, seed uint64) []loadItem {
 
 // traceItems converts trace requests, with send times relative to the first
 // timestamp divided by speedup.
-func traceItems(reqs []trace.Request, tbs int, speedup float64) []loadItem {
+func traceItems(reqs []tracefile.Request, tbs int, speedup float64) []loadItem {
 	items := make([]loadItem, 0, len(reqs))
 	var t0 int64
 	if len(reqs) > 0 {
@@ -187,7 +187,7 @@ func traceItems(reqs []trace.Request, tbs int, speedup float64) []loadItem {
 		r := &reqs[i]
 		out := max(r.OutputLength, 1)
 		items = append(items, loadItem{
-			segs: traceSegments(r, tbs), inputTokens: trace.TokenLen(r, tbs), outputTokens: out,
+			segs: traceSegments(r, tbs), inputTokens: tracefile.TokenLen(r, tbs), outputTokens: out,
 			atMS: float64(r.TimestampMS-t0) / speedup, traceLine: r.Line, group: -1,
 		})
 	}

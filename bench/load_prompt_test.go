@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/tokenizer"
-	"github.com/kvmesh/kvmesh/trace"
+	"github.com/kvmesh/kvmesh/tracefile"
 )
 
 func TestPromptTextByHashIDs(t *testing.T) {
@@ -46,12 +46,12 @@ func TestPromptTextByHashIDs(t *testing.T) {
 }
 
 func TestTraceSegments(t *testing.T) {
-	req := trace.Request{InputLength: 1100, OutputLength: 0, HashIDs: []uint64{3, 4, 5}}
+	req := tracefile.Request{InputLength: 1100, OutputLength: 0, HashIDs: []uint64{3, 4, 5}}
 	segs := traceSegments(&req, 512)
 	if len(segs) != 3 || segs[0] != (segment{3, 512}) || segs[2] != (segment{5, 76}) {
 		t.Fatalf("segments %v", segs)
 	}
-	items := traceItems([]trace.Request{{TimestampMS: 1000, InputLength: 10, HashIDs: []uint64{1}}, {TimestampMS: 4000, InputLength: 0, HashIDs: nil, OutputLength: 7}}, 512, 2)
+	items := traceItems([]tracefile.Request{{TimestampMS: 1000, InputLength: 10, HashIDs: []uint64{1}}, {TimestampMS: 4000, InputLength: 0, HashIDs: nil, OutputLength: 7}}, 512, 2)
 	if items[0].atMS != 0 || items[1].atMS != 1500 {
 		t.Fatalf("send times %v %v", items[0].atMS, items[1].atMS)
 	}

@@ -10,14 +10,14 @@ import (
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/trace"
+	"github.com/kvmesh/kvmesh/tracefile"
 )
 
 // arrivals issues the trace's requests: open loop at their timestamps
 // divided by the speedup, or a closed loop of Concurrency clients, each
 // issuing its next request when its last one ends (or is rejected).
 type arrivals struct {
-	reqs    []trace.Request
+	reqs    []tracefile.Request
 	speedup float64
 	closed  bool  // a closed loop
 	ts0     int64 // first trace timestamp
@@ -96,7 +96,7 @@ func (t *twin) arrive(ctx context.Context, atNS int64) error {
 		t.firstAt = at
 	}
 	rq := &t.wl.Requests[i]
-	plen := trace.TokenLen(rq, t.wl.TraceBlockSize)
+	plen := tracefile.TokenLen(rq, t.wl.TraceBlockSize)
 	if plen == 0 {
 		t.reject(&t.res.RejectedInvalid, atNS, fmt.Sprintf("trace line %d: empty prompt", rq.Line))
 		return nil
@@ -164,7 +164,7 @@ type promptBufs struct {
 // request is trace request rq's router request (plen tokens): its
 // full-block hashes from the hasher, or else its expanded tokens (kept in
 // tok for tail).
-func (b *promptBufs) request(rq *trace.Request, plen, traceBlockSize int) router.Request {
+func (b *promptBufs) request(rq *tracefile.Request, plen, traceBlockSize int) router.Request {
 	rr := router.Request{Model: model}
 	if b.ph != nil {
 		rr.Local, rr.PromptLen = b.ph.local(rq, plen), plen
@@ -177,7 +177,7 @@ func (b *promptBufs) request(rq *trace.Request, plen, traceBlockSize int) router
 
 // tail is rq's partial last block, tokens [from, plen) with from an engine
 // block boundary, carved for the sim; after request.
-func (b *promptBufs) tail(rq *trace.Request, from, plen int) []kv.Token {
+func (b *promptBufs) tail(rq *tracefile.Request, from, plen int) []kv.Token {
 	if b.ph != nil {
 		b.tok = b.ph.appendTail(b.tok[:0], rq, from, plen)
 	} else {

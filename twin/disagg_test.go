@@ -9,10 +9,10 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/trace"
+	"github.com/kvmesh/kvmesh/tracefile"
 )
 
-func pdWorkload(t *testing.T, reqs ...trace.Request) *Workload {
+func pdWorkload(t *testing.T, reqs ...tracefile.Request) *Workload {
 	t.Helper()
 	for i := range reqs {
 		reqs[i].Line = i + 1
@@ -54,10 +54,10 @@ func checkPD(t *testing.T, r *Result) {
 // first pass.
 func TestPDPaths(t *testing.T) {
 	wl := pdWorkload(t,
-		trace.Request{TimestampMS: 0, InputLength: 4096, OutputLength: 10, HashIDs: ids(1, 8)},
-		trace.Request{TimestampMS: 2000, InputLength: 4352, OutputLength: 10, HashIDs: ids(1, 9)},
-		trace.Request{TimestampMS: 4000, InputLength: 1024, OutputLength: 1, HashIDs: ids(100, 2)},
-		trace.Request{TimestampMS: 6000, InputLength: 100, OutputLength: 5, HashIDs: ids(200, 1)},
+		tracefile.Request{TimestampMS: 0, InputLength: 4096, OutputLength: 10, HashIDs: ids(1, 8)},
+		tracefile.Request{TimestampMS: 2000, InputLength: 4352, OutputLength: 10, HashIDs: ids(1, 9)},
+		tracefile.Request{TimestampMS: 4000, InputLength: 1024, OutputLength: 1, HashIDs: ids(100, 2)},
+		tracefile.Request{TimestampMS: 6000, InputLength: 100, OutputLength: 5, HashIDs: ids(200, 1)},
 	)
 	for _, bw := range []float64{0, -1} {
 		r := run(t, wl, Config{Mode: string(router.ModeKV), PrefillWorkers: 2, DecodeWorkers: 2, TransferBandwidth: bw})
@@ -97,9 +97,9 @@ func TestPDPaths(t *testing.T) {
 // When every prefill worker is past the busy threshold the request
 // prefills on a decode worker.
 func TestPDPrefillBusy(t *testing.T) {
-	var reqs []trace.Request
+	var reqs []tracefile.Request
 	for i := range 3 {
-		reqs = append(reqs, trace.Request{InputLength: 4096, OutputLength: 4, HashIDs: ids(uint64(100*i+1), 8)})
+		reqs = append(reqs, tracefile.Request{InputLength: 4096, OutputLength: 4, HashIDs: ids(uint64(100*i+1), 8)})
 	}
 	wl := pdWorkload(t, reqs...)
 	// Two decode workers: the local prefill makes one busy, and decode
@@ -181,8 +181,8 @@ func TestPDConfig(t *testing.T) {
 // request still completes.
 func TestPDShortPullRecomputes(t *testing.T) {
 	wl := pdWorkload(t,
-		trace.Request{TimestampMS: 0, InputLength: 4096, OutputLength: 200, HashIDs: ids(1, 8)},
-		trace.Request{TimestampMS: 300, InputLength: 3072, OutputLength: 10, HashIDs: ids(50, 6)},
+		tracefile.Request{TimestampMS: 0, InputLength: 4096, OutputLength: 200, HashIDs: ids(1, 8)},
+		tracefile.Request{TimestampMS: 300, InputLength: 3072, OutputLength: 10, HashIDs: ids(50, 6)},
 	)
 	r := run(t, wl, Config{Mode: string(router.ModeKV), PrefillWorkers: 1, DecodeWorkers: 1, Blocks: 100})
 	checkResult(t, r)

@@ -2,7 +2,7 @@ package twin
 
 import (
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/trace"
+	"github.com/kvmesh/kvmesh/tracefile"
 )
 
 // promptHasher gives a trace request's full-block local hashes and its
@@ -93,8 +93,8 @@ func (p *promptHasher) hash(id uint64) int32 {
 }
 
 // local returns a new slice of the full-block local hashes of rq's first
-// plen tokens (plen ≤ trace.TokenLen).
-func (p *promptHasher) local(rq *trace.Request, plen int) []kv.LocalHash {
+// plen tokens (plen ≤ tracefile.TokenLen).
+func (p *promptHasher) local(rq *tracefile.Request, plen int) []kv.LocalHash {
 	out := make([]kv.LocalHash, plen/p.bs)
 	for i := 0; i*p.per < len(out); i++ {
 		copy(out[i*p.per:], p.blocksOf(rq.HashIDs[i]))
@@ -105,7 +105,7 @@ func (p *promptHasher) local(rq *trace.Request, plen int) []kv.LocalHash {
 // appendTail appends rq's tokens [from, plen) to dst, where from is an
 // engine block boundary and plen−from < the engine block size, so they lie
 // in one trace block.
-func (p *promptHasher) appendTail(dst []kv.Token, rq *trace.Request, from, plen int) []kv.Token {
+func (p *promptHasher) appendTail(dst []kv.Token, rq *tracefile.Request, from, plen int) []kv.Token {
 	if from >= plen {
 		return dst
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
-	"github.com/kvmesh/kvmesh/trace"
+	"github.com/kvmesh/kvmesh/tracefile"
 )
 
 const slicePath = "testdata/conversation_300.jsonl"
@@ -156,8 +156,8 @@ func TestSeedMatters(t *testing.T) {
 }
 
 // req builds a trace request.
-func req(line int, tsMS int64, out int, ids ...uint64) trace.Request {
-	return trace.Request{Line: line, TimestampMS: tsMS, InputLength: len(ids) * 512, OutputLength: out, HashIDs: ids}
+func req(line int, tsMS int64, out int, ids ...uint64) tracefile.Request {
+	return tracefile.Request{Line: line, TimestampMS: tsMS, InputLength: len(ids) * 512, OutputLength: out, HashIDs: ids}
 }
 
 func ids(from uint64, n int) []uint64 {
@@ -168,7 +168,7 @@ func ids(from uint64, n int) []uint64 {
 	return out
 }
 
-func workload(t *testing.T, reqs []trace.Request) *Workload {
+func workload(t *testing.T, reqs []tracefile.Request) *Workload {
 	t.Helper()
 	wl, err := NewWorkload(reqs, nil, 512)
 	if err != nil {
@@ -182,7 +182,7 @@ func workload(t *testing.T, reqs []trace.Request) *Workload {
 // over four workers spreads every group over every worker and thrashes; kv
 // keeps each group on a worker that holds its prefix.
 func TestKVBeatsRoundRobinOnSharedPrefixes(t *testing.T) {
-	var reqs []trace.Request
+	var reqs []tracefile.Request
 	const groups, rounds = 3, 16
 	for r := range rounds {
 		for g := range groups {
@@ -218,7 +218,7 @@ func TestKVBeatsRoundRobinOnSharedPrefixes(t *testing.T) {
 // arrives. kv sends Z to the idle worker, which recomputes P; kv+hints
 // sends it there too, with a hint to copy P from Y's worker.
 func TestHintsFetchFromPeer(t *testing.T) {
-	var reqs []trace.Request
+	var reqs []tracefile.Request
 	const groups = 10
 	for g := range groups {
 		base := uint64(100_000 * (g + 1))
@@ -284,7 +284,7 @@ func TestClosedLoop(t *testing.T) {
 }
 
 func TestArrivalSpeedup(t *testing.T) {
-	var reqs []trace.Request
+	var reqs []tracefile.Request
 	for i := range 20 {
 		reqs = append(reqs, req(i+1, int64(i)*10_000, 2, uint64(i)))
 	}
@@ -298,7 +298,7 @@ func TestArrivalSpeedup(t *testing.T) {
 }
 
 func TestRejections(t *testing.T) {
-	reqs := []trace.Request{
+	reqs := []tracefile.Request{
 		req(1, 0, 4, 1, 2),
 		{Line: 2, TimestampMS: 0, InputLength: 0, OutputLength: 4, HashIDs: []uint64{}},
 		req(3, 0, 4, ids(10, 40)...), // 20480 tokens: more than 2 × 64 × 64 blocks hold
@@ -339,7 +339,7 @@ func TestMalformedLines(t *testing.T) {
 		t.Fatalf("%d completed", r.Requests)
 	}
 	_, err = LoadWorkload(path, LoadOptions{Strict: true})
-	var le trace.LineError
+	var le tracefile.LineError
 	if !errors.As(err, &le) || le.Line != 2 || !strings.Contains(err.Error(), "line 2") {
 		t.Fatalf("strict: %v", err)
 	}
@@ -366,8 +366,8 @@ func TestBadConfigAndCancel(t *testing.T) {
 // TestTokenExpansion: equal hash ids give equal engine blocks, distinct
 // ids and distinct offsets inside one id give distinct ones.
 func TestTokenExpansion(t *testing.T) {
-	a := trace.Request{InputLength: 1000, HashIDs: []uint64{7, 8}}
-	b := trace.Request{InputLength: 700, HashIDs: []uint64{7, 9}}
+	a := tracefile.Request{InputLength: 1000, HashIDs: []uint64{7, 8}}
+	b := tracefile.Request{InputLength: 700, HashIDs: []uint64{7, 9}}
 	ta, tb := appendTokens(nil, &a, 512), appendTokens(nil, &b, 512)
 	if len(ta) != 1000 || len(tb) != 700 {
 		t.Fatalf("lengths %d %d", len(ta), len(tb))
@@ -436,7 +436,7 @@ func TestPromptHasher(t *testing.T) {
 	small := newPromptHasher(512, 64)
 	small.cbits = 4 // chunks of two hash ids: most ids start a new chunk
 	seed := kv.Seed("", "")
-	for _, rq := range []trace.Request{
+	for _, rq := range []tracefile.Request{
 		{InputLength: 1000, HashIDs: []uint64{7, 8}},
 		{InputLength: 700, HashIDs: []uint64{7, 9}},
 		{InputLength: 1024, HashIDs: []uint64{8, 7}},
@@ -445,7 +445,7 @@ func TestPromptHasher(t *testing.T) {
 		{InputLength: 1100, HashIDs: []uint64{1 << 40, 7, 1 << 40}}, // ids past the dense range
 	} {
 		toks := appendTokens(nil, &rq, 512)
-		plen := trace.TokenLen(&rq, 512)
+		plen := tracefile.TokenLen(&rq, 512)
 		want := kv.LocalHashes(nil, toks, 64, seed)
 		for _, p := range []*promptHasher{p, small} {
 			got := p.local(&rq, plen)

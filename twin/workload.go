@@ -7,15 +7,15 @@ import (
 
 	"github.com/kvmesh/kvmesh/internal/mix"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/trace"
+	"github.com/kvmesh/kvmesh/tracefile"
 )
 
 // Workload is a parsed trace ready to replay: its requests in arrival order
 // (stable by timestamp) and the lines that were skipped as malformed.
 type Workload struct {
 	TraceBlockSize int
-	Requests       []trace.Request
-	Skipped        []trace.LineError
+	Requests       []tracefile.Request
+	Skipped        []tracefile.LineError
 
 	// Prompt hashers kept between runs, by (trace, engine) block size: a
 	// hash id's block hashes do not depend on the run, so runs after the
@@ -69,12 +69,12 @@ type LoadOptions struct {
 // is the error.
 func LoadWorkload(path string, opt LoadOptions) (*Workload, error) {
 	if opt.TraceBlockSize == 0 {
-		opt.TraceBlockSize = trace.DefaultTraceBlockSize
+		opt.TraceBlockSize = tracefile.DefaultTraceBlockSize
 	}
 	if opt.TraceBlockSize < 0 || opt.MaxRequests < 0 {
 		return nil, fmt.Errorf("twin: trace block size %d and max requests %d must not be negative", opt.TraceBlockSize, opt.MaxRequests)
 	}
-	reqs, errs, err := trace.Load(path, trace.Options{Strict: opt.Strict, TraceBlockSize: opt.TraceBlockSize, MaxLines: opt.MaxRequests})
+	reqs, errs, err := tracefile.Load(path, tracefile.Options{Strict: opt.Strict, TraceBlockSize: opt.TraceBlockSize, MaxLines: opt.MaxRequests})
 	if err != nil {
 		return nil, fmt.Errorf("twin: %w", err)
 	}
@@ -83,12 +83,12 @@ func LoadWorkload(path string, opt LoadOptions) (*Workload, error) {
 
 // NewWorkload wraps already parsed requests (copied, then sorted stably by
 // timestamp).
-func NewWorkload(reqs []trace.Request, skipped []trace.LineError, traceBlockSize int) (*Workload, error) {
+func NewWorkload(reqs []tracefile.Request, skipped []tracefile.LineError, traceBlockSize int) (*Workload, error) {
 	if traceBlockSize <= 0 {
 		return nil, fmt.Errorf("twin: trace block size %d, want ≥ 1", traceBlockSize)
 	}
 	rs := slices.Clone(reqs)
-	slices.SortStableFunc(rs, func(a, b trace.Request) int {
+	slices.SortStableFunc(rs, func(a, b tracefile.Request) int {
 		switch {
 		case a.TimestampMS < b.TimestampMS:
 			return -1
@@ -106,12 +106,12 @@ func NewWorkload(reqs []trace.Request, skipped []trace.LineError, traceBlockSize
 // Every run of two or more tokens thus carries all of k and its offset, so
 // distinct (id, offset) pairs give distinct engine blocks with
 // overwhelming probability, and equal ids give equal tokens. This is the
-// twin's own expansion, not trace.Token: the router rehashes every prompt
-// in every mode, and trace.Token's two mixing rounds per token cost about a
+// twin's own expansion, not tracefile.Token: the router rehashes every prompt
+// in every mode, and tracefile.Token's two mixing rounds per token cost about a
 // quarter of a second per pass over the conversation trace; this costs one
 // mix per 512 tokens.
-func appendTokens(dst []kv.Token, req *trace.Request, tbs int) []kv.Token {
-	n := trace.TokenLen(req, tbs)
+func appendTokens(dst []kv.Token, req *tracefile.Request, tbs int) []kv.Token {
+	n := tracefile.TokenLen(req, tbs)
 	dst = slices.Grow(dst, n)
 	for i := 0; n > 0; i++ {
 		m := min(n, tbs)

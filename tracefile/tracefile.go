@@ -1,8 +1,8 @@
-// Package trace loads Mooncake-style request traces and expands their
+// Package tracefile loads Mooncake-style request traces and expands their
 // 512-token hash-id blocks into engine tokens and block hashes. It is the
 // low-level reader the index benchmark, the load generator and the twin
 // share; it imports only kv and internal/mix.
-package trace
+package tracefile
 
 import (
 	"bufio"
