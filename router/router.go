@@ -30,8 +30,10 @@ type Router struct {
 	lastSweep time.Time
 
 	nworkers atomic.Int64
-	seq      atomic.Uint64
-	scratch  sync.Pool // *scratch
+	// blind counts the workers without KV events (WorkerInfo.NoKVEvents).
+	blind   atomic.Int64
+	seq     atomic.Uint64
+	scratch sync.Pool // *scratch
 }
 
 // active is one open request's contribution to a worker's load.
@@ -205,6 +207,13 @@ func (r *Router) route(ctx context.Context, req Request, book bool) (*Decision, 
 		switch r.cfg.Mode {
 		case ModeKV:
 			sc.matches = r.cfg.Matcher.FindMatches(local, sc.matches)
+			if r.blind.Load() > 0 {
+				// Workers without KV events: what the router sent them.
+				if e, ok := r.cfg.Approx.(approxExpirer); ok {
+					e.Expire(now)
+				}
+				sc.matches = r.cfg.Approx.FindMatches(local, sc.matches)
+			}
 		case ModeKVApprox:
 			if e, ok := r.cfg.Approx.(approxExpirer); ok {
 				e.Expire(now)
@@ -246,6 +255,7 @@ func (r *Router) route(ctx context.Context, req Request, book bool) (*Decision, 
 	}
 	w := p.workers[chosen]
 	d.Worker = w.info.Key
+	predicted := r.cfg.Mode == ModeKVApprox || r.cfg.Mode == ModeKV && w.info.NoKVEvents
 	d.Overlap = sc.depth[chosen]
 	cachedBlocks := int(d.Overlap[kv.NumTiers-1])
 	d.CachedTokens = min(cachedBlocks*bs, d.ISL)
@@ -282,7 +292,7 @@ func (r *Router) route(ctx context.Context, req Request, book bool) (*Decision, 
 	if hinted {
 		d.Hint = r.resolveHint(d.ID, hint, local)
 	}
-	if r.cfg.Mode == ModeKVApprox && n > 0 {
+	if predicted && n > 0 {
 		if si, ok := r.cfg.Approx.(approxSeqInserter); ok {
 			si.InsertSeq(d.Worker, local, seq, now)
 		} else {
