@@ -62,6 +62,10 @@ type Instance struct {
 	TLS bool `json:"tls,omitempty"`
 	// FleetToken: the worker API answers only calls bearing the fleet token.
 	FleetToken bool `json:"fleet_token,omitempty"`
+	// NoKVEvents: the worker relays no KV events (a real engine started
+	// without --kv-events), so routers cannot see its cache: they credit
+	// it with what they sent it (kv-approx) and say so.
+	NoKVEvents bool `json:"no_kv_events,omitempty"`
 }
 
 // ServesLoRA reports whether the worker serves adapter name ("" is the

@@ -114,9 +114,10 @@ func (p pools) unservable(model string) string {
 }
 
 // Warnings names the models served by their aggregated workers while a
-// disaggregated pool lacks its other half.
+// disaggregated pool lacks its other half, and workers routed kv-approx
+// for want of KV events.
 func (c *Cluster) Warnings() []string {
-	var out []string
+	out := c.noEventsWarnings()
 	for _, m := range c.cfg.Models {
 		p := c.pools(m)
 		if p.agg > 0 && !p.disagg() && (p.prefill > 0 || p.decode > 0) {

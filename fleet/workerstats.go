@@ -320,10 +320,12 @@ func (t *instances) snapshot() []discovery.Instance {
 // FleetStatus is the dashboard's view of the fleet: every worker key.
 type FleetStatus struct {
 	Workers []WorkerStatus `json:"workers"`
+	// Warnings are /health's (Cluster.Warnings), shown above the workers.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // FleetStatus reports every worker the frontend knows, with its latest
 // load and what this frontend sent it (the dashboard's data).
 func (c *Cluster) FleetStatus() any {
-	return FleetStatus{Workers: c.stats.status()}
+	return FleetStatus{Workers: c.stats.status(), Warnings: c.Warnings()}
 }
