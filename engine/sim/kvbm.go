@@ -69,8 +69,8 @@ type KVBMConfig struct {
 	// HostBandwidth and DiskBandwidth (bytes/s) price onboarding; 0 takes
 	// the defaults, < 0 makes it free.
 	HostBandwidth, DiskBandwidth float64
-	// ObjectURL is the object tier's bucket (G4, kvbm/blobtier: file:///dir
-	// or mem://) and ObjectBlocks its capacity: what the last local tier
+	// ObjectURL is the object tier's bucket (G4, kvbm/blobtier: file:///dir,
+	// mem:// or s3://bucket[/prefix]?region=…) and ObjectBlocks its capacity: what the last local tier
 	// evicts goes there, under the prefix kvbm/<instance>-<rank>/; a
 	// worker with the same key recovers what it finds there at start.
 	ObjectURL    string
