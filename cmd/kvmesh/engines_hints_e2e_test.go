@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -64,6 +67,65 @@ func TestKVCRWorkerIsHintSource(t *testing.T) {
 	src := endpoints[1-target]
 	if hint.Field != "kv_hints" || len(env.Actions) != 1 || env.Actions[0].ActionType != "kv.fetch" ||
 		env.Actions[0].Payload.Source != src || env.Actions[0].Payload.Mode != "copy" || len(hint.BlockHashes) == 0 {
-		t.Fatalf("hint at mock %d: %+v %s\nwant kv_hints, one kv.fetch from %s, mode copy", target, hint, hint.Envelope, src)
+		t.Fatalf("hint at mock %d in %s: %s\nwant kv_hints, one kv.fetch from %s, mode copy", target, hint.Field, hint.Envelope, src)
 	}
+}
+
+// pdHintBurst runs serve --engine kind over two prefill stand-ins, each
+// with a peer endpoint (a KV hint source), and one decode stand-in; after
+// the shared prompt is served once, bursts of concurrent requests
+// extending it go out until the router sends one to the other prefill
+// engine with a hint (--router-temperature 1 samples the choice, so some
+// go to the engine that lacks the prefix). Hints reach prefill legs (> 0) and never the
+// decode leg (= 0).
+func pdHintBurst(t *testing.T, kind string, start func(t *testing.T, name string, args ...string) *mockProc, preArgs, decArgs []string) {
+	pre := []*mockProc{start(t, "prefill mock A", preArgs...), start(t, "prefill mock B", preArgs...)}
+	dec := start(t, "decode mock", decArgs...)
+	s := startServe(t, "--engine", kind, "--prefill-engine-url", pre[0].url+","+pre[1].url, "--prefill-kv-events", pre[0].events+","+pre[1].events,
+		"--prefill-peer-endpoint", peerService(t)+","+peerService(t), "--decode-engine-url", dec.url, "--decode-kv-events", dec.events,
+		"--disagg-local-prefill-tokens", "0", "--router-temperature", "1")
+	defer s.stop(t)
+	shared := tokenPrompt(24*16, 52000)
+	if st, c := completeOnce(t, s.base, map[string]any{"model": "mock-model", "prompt": shared, "max_tokens": 2}); st != 200 {
+		t.Fatalf("shared prompt: %d %+v", st, c)
+	}
+	hinted := func() int { return len(mockHints(t, pre[0])) + len(mockHints(t, pre[1])) }
+	for round := 0; hinted() == 0 && round < 5; round++ {
+		var wg sync.WaitGroup
+		for i := range 48 {
+			p := append(append([]uint32(nil), shared...), tokenPrompt(16, uint32(80000+1000*round+16*i))...)
+			wg.Go(func() {
+				resp, err := tryCompletion(context.Background(), s.base, map[string]any{"model": "mock-model", "prompt": p, "max_tokens": 2})
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if hinted() == 0 {
+		t.Fatal("no hint reached a prefill leg")
+	}
+	if hs := mockHints(t, dec); len(hs) != 0 {
+		t.Fatalf("%d hints reached the decode leg: %+v", len(hs), hs[0])
+	}
+}
+
+// vLLM P/D with two prefill workers that are hint sources.
+func TestServeVLLMPDHintsOnPrefillLegsOnly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	pdHintBurst(t, "vllm", startMockVLLM, []string{"--kv-role", "kv_producer", "--side-channel-port", "0"},
+		[]string{"--speedup-ratio", "0", "--kv-role", "kv_consumer", "--side-channel-port", "0"})
+}
+
+// SGLang P/D with two prefill workers that are hint sources.
+func TestServeSGLangPDHintsOnPrefillLegsOnly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	pdHintBurst(t, "sglang", startMockSGLang, []string{"--disaggregation-mode", "prefill"},
+		[]string{"--speedup-ratio", "0", "--disaggregation-mode", "decode"})
 }
