@@ -108,7 +108,7 @@ func pdHintBurst(t *testing.T, kind string, start func(t *testing.T, name string
 		t.Fatal("no hint reached a prefill leg")
 	}
 	if hs := mockHints(t, dec); len(hs) != 0 {
-		t.Fatalf("%d hints reached the decode leg: %+v", len(hs), hs[0])
+		t.Fatalf("%d hints reached the decode leg, the first from %s", len(hs), hs[0].SourceEndpoint)
 	}
 }
 
