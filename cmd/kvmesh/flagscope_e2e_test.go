@@ -1,14 +1,7 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"errors"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
@@ -68,23 +61,11 @@ func TestIgnoredFlagsRefused(t *testing.T) {
 		{with(serve, "--engine", "trtllm", "--engine-url", "http://127.0.0.1:1", "--kv-events", "off", "--router-mode", "kv"),
 			"kvmesh: --router-mode kv: no engine relays KV events; give --kv-events (or --prefill-kv-events and --decode-kv-events), or --router-mode kv-approx\n"},
 	}
+	// No AWS credentials: a probe of the s3:// bucket would fail slowly or differently.
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("KVMESH_TRACE", "")
 	for _, c := range cases {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		cmd := exec.CommandContext(ctx, bin, c.args...)
-		// No AWS credentials: a probe of the s3:// bucket would fail slowly or differently.
-		cmd.Env = append(os.Environ(), "KVMESH_TRACE=", "AWS_EC2_METADATA_DISABLED=true")
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		cancel()
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
-			t.Errorf("%q: exit %v, want status 1; stderr %q", c.args, err, stderr.String())
-			continue
-		}
-		if stderr.String() != c.want {
-			t.Errorf("%s:\nstderr %q\nwant   %q", strings.Join(c.args, " "), stderr.String(), c.want)
-		}
+		runExit1(t, bin, c.args, c.want)
 	}
 }
 

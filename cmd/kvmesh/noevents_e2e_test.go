@@ -15,6 +15,20 @@ import (
 
 var serveModeLine = regexp.MustCompile(`^kvmesh serve: model \S+ on .* \(router ([^)]*)\); OpenAI API at (http://\S+/v1) `)
 
+// startServeOver runs serve --engine kind over the mocks with no event
+// flags; it returns serve and the router part of its start-up line.
+func startServeOver(t *testing.T, kind string, mocks []*mockProc) (*served, string) {
+	t.Helper()
+	urls := make([]string, len(mocks))
+	for i, m := range mocks {
+		urls[i] = m.url
+	}
+	p := startProc(t, "kvmesh serve", "serve", "--listen", "127.0.0.1:0", "--log-level", "warn", "--engine", kind,
+		"--engine-url", strings.Join(urls, ","))
+	m := p.Expect(serveModeLine, 30*time.Second)
+	return &served{Proc: p, base: m[2]}, m[1]
+}
+
 // sharedPrefixBurst sends n completions, one after another, that share a
 // prompt of prefix tokens (each with its own 16-token tail); between them
 // settle waits for what the router learns from the last one.
@@ -55,14 +69,11 @@ func TestServeVLLMWithoutEventsRoutesKVApprox(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	mocks := []*mockProc{startMockVLLM(t, "mock A", "--speedup-ratio", "0"), startMockVLLM(t, "mock B", "--speedup-ratio", "0")}
-	p := startProc(t, "kvmesh serve", "serve", "--listen", "127.0.0.1:0", "--log-level", "warn", "--engine", "vllm",
-		"--engine-url", mocks[0].url+","+mocks[1].url)
-	m := p.Expect(serveModeLine, 30*time.Second)
-	if m[1] != "kv-approx: no KV events from the engines" {
-		t.Fatalf("start-up line's router %q", m[1])
-	}
-	s := &served{Proc: p, base: m[2]}
+	s, mode := startServeOver(t, "vllm", mocks)
 	defer s.stop(t)
+	if mode != "kv-approx: no KV events from the engines" {
+		t.Fatalf("start-up line's router %q", mode)
+	}
 	root := strings.TrimSuffix(s.base, "/v1")
 	var health struct {
 		Status   string
@@ -92,14 +103,11 @@ func TestServeTRTLLMPollsEventsByDefault(t *testing.T) {
 	}
 	a, b := startMockTRTLLM(t, "mock A", "--speedup-ratio", "0"), startMockTRTLLM(t, "mock B", "--speedup-ratio", "0")
 	mocks := []*mockProc{a(), b()}
-	p := startProc(t, "kvmesh serve", "serve", "--listen", "127.0.0.1:0", "--log-level", "warn", "--engine", "trtllm",
-		"--engine-url", mocks[0].url+","+mocks[1].url)
-	m := p.Expect(serveModeLine, 30*time.Second)
-	if m[1] != "kv" {
-		t.Fatalf("start-up line's router %q, want kv", m[1])
-	}
-	s := &served{Proc: p, base: m[2]}
+	s, mode := startServeOver(t, "trtllm", mocks)
 	defer s.stop(t)
+	if mode != "kv" {
+		t.Fatalf("start-up line's router %q, want kv", mode)
+	}
 	root := strings.TrimSuffix(s.base, "/v1")
 	var health struct{ Warnings []string }
 	getJSON(t, root+"/health", &health)
