@@ -67,6 +67,10 @@ type Instance struct {
 	// Register sets them.
 	SignedAt int64  `json:"signed_at,omitempty"`
 	Sig      string `json:"sig,omitempty"`
+	// NoKVEvents: the worker relays no KV events (a real engine started
+	// without --kv-events), so routers cannot see its cache: they credit
+	// it with what they sent it (kv-approx) and say so.
+	NoKVEvents bool `json:"no_kv_events,omitempty"`
 }
 
 // ServesLoRA reports whether the worker serves adapter name ("" is the

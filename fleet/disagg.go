@@ -83,9 +83,10 @@ func (m *disaggMetrics) path(p router.DisaggPath, reason router.LocalReason) {
 }
 
 // Warnings names the models served by their aggregated workers while a
-// disaggregated pool lacks its other half.
+// disaggregated pool lacks its other half, and workers routed kv-approx
+// for want of KV events.
 func (c *Cluster) Warnings() []string {
-	var out []string
+	out := c.noEventsWarnings()
 	for _, m := range c.cfg.Models {
 		p := c.router.PoolSizes(m)
 		if p.Agg > 0 && !p.Disagg() && (p.Prefill > 0 || p.Decode > 0) {

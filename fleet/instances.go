@@ -108,6 +108,7 @@ func (t *instances) update(ev discovery.Event) {
 		info.LoRAs = in.LoRAs
 		info.TierLoad = t.tierLoad
 		info.DecodeOnly = in.DecodeOnly && in.Role == kv.RoleDecode
+		info.NoKVEvents = in.NoKVEvents
 		if err := t.router.AddWorker(info); err != nil {
 			t.log.Warn("worker not routable", "instance", fmt.Sprintf("%x", in.ID), "err", err)
 		}

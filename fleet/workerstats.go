@@ -320,6 +320,8 @@ func (t *instances) snapshot() []discovery.Instance {
 // FleetStatus is the dashboard's view of the fleet: every worker key.
 type FleetStatus struct {
 	Workers []WorkerStatus `json:"workers"`
+	// Warnings are /health's (Cluster.Warnings), shown above the workers.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // FleetStatus reports every worker the frontend knows, with its latest
@@ -332,5 +334,5 @@ func (c *Cluster) FleetStatus(addresses bool) any {
 			ws[i].GRPC = ""
 		}
 	}
-	return FleetStatus{Workers: ws}
+	return FleetStatus{Workers: ws, Warnings: c.Warnings()}
 }

@@ -17,6 +17,9 @@
 //   - the legacy action type kv.source_locations is accepted and converted to
 //     kv.fetch; it is never emitted (an unknown-version legacy action is dropped);
 //   - unknown actions round-trip byte for byte;
+//   - action_id, action_type and action_version that are JSON numbers are
+//     read as Python's str() of them ("123", "1.0"), as vLLM's envelope
+//     builder does; objects, lists, booleans and null are rejected;
 //   - anything else malformed is rejected with one precise error naming the
 //     field (*Error, errors.Is(err, ErrMalformed)).
 //
@@ -39,6 +42,10 @@
 //	vllm-bridge  body.kv_transfer_params.kv_hint = envelope (older merged path)
 //	sglang       body.kv_hints = envelope, fetch payloads with explicit "mode":"copy"
 //	trtllm       body.kv_hints = envelope                  (RFC: GenerationRequest.kv_hints)
+//
+// The trtllm form is the RFC's, for `kvmesh hints validate` and a server
+// that implements it: the TensorRT-LLM adapter itself takes only hint form
+// off, so no TensorRT-LLM engine is sent a hint today.
 //
 // Prefill/decode: only the prefill (or aggregated) leg carries a hint; the
 // worker (worker/leg.go) strips KeyKVHint/KeyRouterHint from a decode leg's

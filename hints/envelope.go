@@ -335,16 +335,16 @@ func parseAction(path string, raw json.RawMessage) (Action, disposition, error) 
 		return Action{}, kept, err
 	}
 	var a Action
-	if a.ID, err = stringField(m, path+".", "action_id"); err != nil {
+	if a.ID, err = actionField(m, path+".", "action_id"); err != nil {
 		return a, kept, err
 	}
-	if a.Type, err = stringField(m, path+".", "action_type"); err != nil {
+	if a.Type, err = actionField(m, path+".", "action_type"); err != nil {
 		return a, kept, err
 	}
 	if a.Type == "" {
 		return a, kept, &Error{path + ".action_type", "must not be empty"}
 	}
-	if a.Version, err = stringField(m, path+".", "action_version"); err != nil {
+	if a.Version, err = actionField(m, path+".", "action_version"); err != nil {
 		return a, kept, err
 	}
 	for _, f := range [...]struct{ name, v string }{{"action_id", a.ID}, {"action_type", a.Type}, {"action_version", a.Version}} {

@@ -53,8 +53,9 @@ type Config struct {
 
 	// Matcher is the event-fed index (kv mode; required there).
 	Matcher Matcher
-	// Approx is the approximate index of kv-approx mode. Nil: the router
-	// builds one with NewApprox(ApproxTTL).
+	// Approx is the approximate index of kv-approx mode, and of kv mode's
+	// workers without KV events. Nil: the router builds one with
+	// NewApprox(ApproxTTL).
 	Approx ApproxIndex
 	// NewApprox builds the approximate index when Approx is nil; default
 	// DefaultApprox (index.NewApprox).
@@ -240,7 +241,8 @@ func (c *Config) fillMode() error {
 	if c.ApproxTTL < 0 {
 		return fmt.Errorf("%w: ApproxTTL %v is negative", errConfig, c.ApproxTTL)
 	}
-	if c.Mode == ModeKVApprox && c.Approx == nil {
+	// kv mode keeps one too, for workers without KV events (NoKVEvents).
+	if (c.Mode == ModeKVApprox || c.Mode == ModeKV) && c.Approx == nil {
 		if c.NewApprox == nil {
 			c.NewApprox = DefaultApprox
 		}

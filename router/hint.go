@@ -21,7 +21,8 @@ type hintPlan struct {
 // compatibility digest with a control endpoint.
 func eligibleSource(target WorkerInfo, s *WorkerInfo) bool {
 	return s.Key != target.Key && s.Role.Norm() == target.Role.Norm() &&
-		s.Model == target.Model && s.Digest == target.Digest && s.ControlEndpoint != ""
+		s.Model == target.Model && s.Digest == target.Digest && s.ControlEndpoint != "" &&
+		!s.NoKVEvents // its overlap is a prediction, with no engine hashes to name
 }
 
 func makePlan(src WorkerInfo, targetDepth, srcDepth uint32, nblocks int) (hintPlan, bool) {

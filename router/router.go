@@ -29,9 +29,11 @@ type Router struct {
 	lastSweep time.Time
 
 	nworkers atomic.Int64
-	seq      atomic.Uint64
-	scratch  sync.Pool // *selection
-	prof     profile
+	// blind counts the workers without KV events (WorkerInfo.NoKVEvents).
+	blind   atomic.Int64
+	seq     atomic.Uint64
+	scratch sync.Pool // *selection
+	prof    profile
 }
 
 // active is one open request's contribution to a worker's load.
@@ -242,6 +244,13 @@ func (r *Router) match(s *selection, local []kv.LocalHash, now time.Time) {
 	switch r.cfg.Mode {
 	case ModeKV:
 		s.matches = r.cfg.Matcher.FindMatches(local, s.matches)
+		if r.blind.Load() > 0 {
+			// Workers without KV events: what the router sent them.
+			if e, ok := r.cfg.Approx.(approxExpirer); ok {
+				e.Expire(now)
+			}
+			s.matches = r.cfg.Approx.FindMatches(local, s.matches)
+		}
 	case ModeKVApprox:
 		if e, ok := r.cfg.Approx.(approxExpirer); ok {
 			e.Expire(now)
@@ -259,6 +268,9 @@ type booked struct {
 	hinted bool
 	ev     ReplicaEvent
 	emit   bool
+	// predicted: the worker's cache is known only from what was routed
+	// to it (kv-approx, or a worker without KV events in kv mode).
+	predicted bool
 }
 
 // selectLocked runs the stages for req over its pool and fills d's worker
@@ -311,7 +323,7 @@ func (r *Router) bookLocked(s *selection, chosen int, d *Decision) booked {
 	w.load.add(a)
 	r.active[d.ID] = a
 	d.a = a
-	var b booked
+	b := booked{predicted: r.cfg.Mode == ModeKVApprox || r.cfg.Mode == ModeKV && w.info.NoKVEvents}
 	if r.engHashes != nil && !s.req.NoOverlapCredit {
 		b.hint, b.hinted = planHint(s.p, chosen, s.depth, len(d.Seq), s.req.Exclude, r.cfg.HintPolicy, r.cfg.Logger)
 	}
@@ -330,7 +342,7 @@ func (r *Router) afterBooking(d *Decision, b booked, now time.Time) {
 	if b.hinted {
 		d.Hint = r.resolveHint(d.ID, b.hint, d.Local)
 	}
-	if r.cfg.Mode == ModeKVApprox && len(d.Local) > 0 {
+	if b.predicted && len(d.Local) > 0 {
 		if si, ok := r.cfg.Approx.(approxSeqInserter); ok {
 			si.InsertSeq(d.Worker, d.Local, d.Seq, now)
 		} else {

@@ -34,6 +34,12 @@ type WorkerInfo struct {
 	// TierLoad is the worker's per-block onboarding time per tier, read
 	// by the time cost; zero (unknown) keeps the fixed tier credits.
 	TierLoad TierLoad
+	// NoKVEvents: the worker's engine publishes no KV events (a real
+	// engine started without an event source), so the event index never
+	// sees its cache. In kv mode its overlap comes from the approximate
+	// index of its own routing history, as in kv-approx mode, instead of
+	// reading as always cold.
+	NoKVEvents bool
 }
 
 type poolKey struct {
@@ -177,6 +183,7 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 		} else {
 			w.info = info
 			p.blockSize = info.BlockSize
+			r.countBlind()
 			return nil
 		}
 	}
@@ -200,6 +207,7 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 	i, _ := slices.BinarySearchFunc(p.workers, info.Key, func(x *worker, k kv.WorkerKey) int { return cmpKey(x.info.Key, k) })
 	p.workers = slices.Insert(p.workers, i, w)
 	r.nworkers.Store(int64(len(r.workers)))
+	r.countBlind()
 	return nil
 }
 
@@ -207,7 +215,7 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 // view is dropped (decisions still open on it free nothing when they end).
 // Removing an unknown key is a no-op.
 func (r *Router) RemoveWorker(key kv.WorkerKey) {
-	if rm, ok := r.cfg.Approx.(approxRemover); ok && r.cfg.Mode == ModeKVApprox {
+	if rm, ok := r.cfg.Approx.(approxRemover); ok {
 		rm.RemoveWorker(key) // its predicted holdings leave with it
 	}
 	r.mu.Lock()
@@ -223,6 +231,19 @@ func (r *Router) RemoveWorker(key kv.WorkerKey) {
 	}
 	w.load.registered = false
 	r.nworkers.Store(int64(len(r.workers)))
+	r.countBlind()
+}
+
+// countBlind recounts the workers without KV events (kv mode consults the
+// approximate index while there are any). Called with r.mu held.
+func (r *Router) countBlind() {
+	n := int64(0)
+	for _, w := range r.workers {
+		if w.info.NoKVEvents {
+			n++
+		}
+	}
+	r.blind.Store(n)
 }
 
 func (r *Router) dropFromPool(pk poolKey, key kv.WorkerKey) {

@@ -75,6 +75,9 @@ type Config struct {
 	// DecodeOnly registers a decode worker whose engine cannot prefill
 	// alone (discovery's decode_only): it is sent decode legs only.
 	DecodeOnly bool
+	// NoKVEvents registers that the engine publishes no KV events
+	// (discovery's no_kv_events): routers predict its cache instead.
+	NoKVEvents bool
 	// LoRAs are the LoRA adapters the engine serves (registered in
 	// discovery); a request naming another adapter is InvalidArgument.
 	LoRAs []string
@@ -242,6 +245,7 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		BlockSize: ec.BlockSize, KVCapacity: cfg.KVCapacity, MaxBatchedTokens: ec.MaxBatchedTokens,
 		MaxModelLen: ec.MaxModelLen, Digest: ec.Digest, ControlEndpoints: cfg.ControlEndpoints, AcceptsHints: cfg.AcceptsHints, Engine: cfg.Engine,
 		LoRAs: cfg.LoRAs, TLS: cfg.TLS != nil, FleetToken: cfg.FleetToken != "", DecodeOnly: cfg.DecodeOnly,
+		NoKVEvents: cfg.NoKVEvents,
 	}
 	return w, nil
 }

@@ -33,6 +33,10 @@ type engineAdapter struct {
 	// checkEvents validates a --kv-events value; nil: a ZMQ publisher,
 	// tcp://HOST:PORT, with --kv-events-replay beside it.
 	checkEvents func(string) error
+	// eventsAtEngineURL: the engine serves its KV events on its own HTTP
+	// server (TensorRT-LLM's POST /kv_cache_events), so an unset
+	// --kv-events polls --engine-url and --kv-events off polls nothing.
+	eventsAtEngineURL bool
 	// hintForms are the --hint-form values the engine takes, the first
 	// its default; nil: native (default), bridge and off.
 	hintForms []string
@@ -104,6 +108,10 @@ const (
 	hintOff    = "off"
 )
 
+// eventsOff is the --kv-events value that turns off events an engine would
+// otherwise serve by default (TensorRT-LLM's, at --engine-url).
+const eventsOff = "off"
+
 // realEngineFlags are one engine's endpoints.
 type realEngineFlags struct {
 	url, events, replay string
@@ -153,7 +161,7 @@ func (o *engineOpts) check(kind string) error {
 // --kv-events-replay and --peer-endpoint.
 func registerWorkerEngineFlags(f *pflag.FlagSet, e *realEngineFlags, o *engineOpts) {
 	f.StringVar(&e.url, "engine-url", "", "real engine: the engine's base URL, http://HOST:PORT")
-	f.StringVar(&e.events, "kv-events", "", "real engine: where the engine's KV events come from: its ZMQ publisher, tcp://HOST:PORT (DP rank r on port+r), or for trtllm the base URL whose POST /kv_cache_events is polled, http://HOST:PORT")
+	f.StringVar(&e.events, "kv-events", "", "real engine: where the engine's KV events come from: its ZMQ publisher, tcp://HOST:PORT (DP rank r on port+r), or for trtllm the base URL whose POST /kv_cache_events is polled, http://HOST:PORT (default: --engine-url; off: none). Without events the router predicts the engine's cache from what it sent it (kv-approx)")
 	f.StringVar(&e.replay, "kv-events-replay", "", "real engine: the engine's KV-event replay endpoint, tcp://HOST:PORT (rank r on port+r); repairs gaps")
 	f.StringSliceVar(&e.peers, "peer-endpoint", nil, "real engine: the engine's KV peer service, tcp://HOST:PORT per DP rank; makes this worker a KV hint source")
 	o.register(f)
@@ -173,6 +181,14 @@ func (e *realEngineFlags) check(kind, prefix string, i, dpSize int) error {
 	}
 	if _, err := remote.CheckURL(e.url); err != nil {
 		return fmt.Errorf("%s: %w", at("engine-url"), err)
+	}
+	if a, ok := engineAdapters[kind]; ok && a.eventsAtEngineURL {
+		switch e.events {
+		case "":
+			e.events = e.url
+		case eventsOff:
+			e.events = ""
+		}
 	}
 	if a, ok := engineAdapters[kind]; ok && a.checkEvents != nil {
 		if e.events != "" {
@@ -242,7 +258,7 @@ type serveEngineFlags struct {
 func (s *serveEngineFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&s.engine, "engine", "sim", "engine behind the workers: sim (started here) or a real engine's kind, "+engineKinds()[len("sim, "):]+" (running servers, one worker each)")
 	f.StringSliceVar(&s.urls, "engine-url", nil, "real engine: aggregated engines' base URLs, http://HOST:PORT,…")
-	f.StringSliceVar(&s.events, "kv-events", nil, "real engine: their KV-event publishers, tcp://HOST:PORT,… (aligned with --engine-url)")
+	f.StringSliceVar(&s.events, "kv-events", nil, "real engine: their KV-event publishers, tcp://HOST:PORT,… (aligned with --engine-url); trtllm: the URLs polled, default each --engine-url (off: none). Engines without events are routed kv-approx")
 	f.StringSliceVar(&s.replays, "kv-events-replay", nil, "real engine: their KV-event replay endpoints (aligned)")
 	f.StringSliceVar(&s.peers, "peer-endpoint", nil, "real engine: their KV peer services (aligned); makes them KV hint sources")
 	f.StringSliceVar(&s.prefillURLs, "prefill-engine-url", nil, "real engine P/D: prefill engines' base URLs")

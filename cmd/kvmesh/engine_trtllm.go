@@ -24,8 +24,9 @@ func init() {
 			}
 			return nil
 		},
-		hintForms:       []string{hintOff},
-		connectorConfig: trtllmConnectorYAML,
+		eventsAtEngineURL: true,
+		hintForms:         []string{hintOff},
+		connectorConfig:   trtllmConnectorYAML,
 	}
 }
 

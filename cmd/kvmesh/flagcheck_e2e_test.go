@@ -54,7 +54,7 @@ func TestBadFlagsExitEarly(t *testing.T) {
 		{append(serve, "--decode-workers", "-1"), "kvmesh: --decode-workers -1: want at least 0\n"},
 		{append(serve, "--disagg-local-prefill-ratio", "1.5"), "kvmesh: --disagg-local-prefill-ratio 1.5: want a fraction in (0, 1]\n"},
 		{append(serve, "--disagg-local-prefill-tokens", "-1"), "kvmesh: --disagg-local-prefill-tokens -1: want ≥ 0 (0: never for length)\n"},
-		{append(serve, "--disagg-handoff-ttl", "0s"), "kvmesh: --disagg-handoff-ttl 0s: want > 0\n"},
+		{append(serve, "--prefill-workers", "1", "--decode-workers", "1", "--disagg-handoff-ttl", "0s"), "kvmesh: --disagg-handoff-ttl 0s: want > 0\n"},
 		{[]string{"frontend", "--listen", "127.0.0.1:0", "--nats", "nats://127.0.0.1:1", "--disagg-local-prefill-ratio", "0"}, "kvmesh: --disagg-local-prefill-ratio 0: want a fraction in (0, 1]\n"},
 		{[]string{"worker", "--nats", "nats://127.0.0.1:1", "--role", "prefill"}, "kvmesh: --role prefill needs --control-listen (and --advertise-host): decode workers pull the prompt's KV from it\n"},
 		{[]string{"frontend", "--listen", "127.0.0.1:0", "--nats", "nats://127.0.0.1:1", "--max-body-bytes", "-5"}, "kvmesh: --max-body-bytes -5: want at least 1\n"},

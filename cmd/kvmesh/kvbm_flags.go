@@ -53,9 +53,14 @@ func addKVBMFlags(f *pflag.FlagSet, k *kvbmFlags) {
 	f.Float64Var(&k.objBW, "kvbm-object-bandwidth", sim.DefaultObjectBandwidth, "kvbm: object→device onboarding bandwidth, bytes/s (negative: free)")
 }
 
-// check validates the flags; role is the worker's (decode workers run no
-// connector).
-func (k *kvbmFlags) check(role kv.Role) error {
+// check validates the flags of the sim's in-process KVBM; role is the
+// worker's (decode workers run no connector).
+func (k *kvbmFlags) check(role kv.Role) error { return k.checkFor("sim", role) }
+
+// checkFor validates the flags for an engine kind: a real engine's
+// connector takes only the tiers' sizes (flagScopes refuses the rest), so
+// only the sim's are checked further, and a bucket probed.
+func (k *kvbmFlags) checkFor(engine string, role kv.Role) error {
 	switch k.connector {
 	case "":
 		if k.host != 0 || k.disk != 0 || k.dir != "" || k.filterOff ||
@@ -77,6 +82,9 @@ func (k *kvbmFlags) check(role kv.Role) error {
 	}
 	if k.host == 0 && k.disk == 0 {
 		return fmt.Errorf("--connector kvbm: give --kvbm-host-blocks or --kvbm-disk-blocks")
+	}
+	if engine != "sim" {
+		return nil
 	}
 	if k.disk > 0 && k.dir == "" {
 		return fmt.Errorf("--kvbm-disk-blocks %d: give --kvbm-disk-dir", k.disk)

@@ -272,6 +272,10 @@ On startup it prints one line to stdout:
 			if ef.engine != "sim" && kf.connector != "" {
 				return fmt.Errorf("--connector %s with --engine %s: a real engine loads its connector itself (kvmesh worker --connector … --connector-config-out prints its configuration where kvmesh has one)", kf.connector, ef.engine)
 			}
+			if err := refuseIgnoredFlags(cmd.Flags(), flagUse{command: "serve", engine: ef.engine, role: kv.RoleAggregated, connector: kf.connector,
+				prefillWorkers: pd.prefill, decodeWorkers: pd.decode}); err != nil {
+				return err
+			}
 			if err := kf.check(kv.RoleAggregated); err != nil {
 				return err
 			}
@@ -348,9 +352,15 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if len(ff.models) != 1 {
 		return fmt.Errorf("--model: serve runs one model, got %d", len(ff.models))
 	}
-	if list, err := ef.engines(); err != nil {
+	list, err := ef.engines()
+	if err != nil {
 		return err
-	} else if err := ef.refuseLocalPrefill(cmd, list, ff); err != nil {
+	}
+	if err := ef.refuseLocalPrefill(cmd, list, ff); err != nil {
+		return err
+	}
+	modeNote, err := serveRouterMode(cmd, ff, list)
+	if err != nil {
 		return err
 	}
 	natsHost, natsPort, err := parseNATSListen(natsListen)
@@ -456,9 +466,6 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		cfg := sf
 		cfg.Model, cfg.Role = ff.models[0], role
 		cfg.OutputTokens = simOutputTokens()
-		if role == kv.RoleDecode {
-			cfg.KVBM = nil // KVBM runs on the prefill side only
-		}
 		var instance uint64
 		if cfg.KVBM != nil {
 			// The disk tier's file is named by the instance.
@@ -520,8 +527,8 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	if engineDesc != "" {
 		fleet = engineDesc
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh serve: model %s on %s (router %s); OpenAI API at %s (NATS %s)\n",
-		ff.models[0], fleet, ff.routerMode, rf.url(), nf.url)
+	fmt.Fprintf(cmd.OutOrStdout(), "kvmesh serve: model %s on %s (router %s%s); OpenAI API at %s (NATS %s)\n",
+		ff.models[0], fleet, ff.routerMode, modeNote, rf.url(), nf.url)
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")

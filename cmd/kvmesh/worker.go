@@ -171,7 +171,10 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	if err != nil {
 		return fmt.Errorf("--role: %w", err)
 	}
-	if err := wf.kvbm.check(role); err != nil {
+	if err := refuseIgnoredFlags(cmd.Flags(), flagUse{command: "worker", engine: wf.engine, role: role, connector: wf.kvbm.connector}); err != nil {
+		return err
+	}
+	if err := wf.kvbm.checkFor(wf.engine, role); err != nil {
 		return err
 	}
 	var id uint64
@@ -234,6 +237,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	var peer *worker.Peer
 	var acceptsHints *bool
 	var sources []worker.EventSource
+	noEvents := false
 	switch wf.engine {
 	case "sim":
 		if wf.connectorOut != "" {
@@ -310,6 +314,9 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 				wf.controlEndpoints, acceptsHints = nil, &off
 			}
 		}
+		if noEvents = wf.real.events == "" && sources == nil; noEvents {
+			warnNoEvents(log, wf.engine)
+		}
 	}
 	if s, ok := eng.(*sim.Engine); ok && wf.kvbm.connector != "" {
 		if err := registerKVBMMetrics(reg, s, wf.model, id); err != nil {
@@ -335,7 +342,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	w, err := worker.New(worker.Config{
 		Model: wf.model, Role: role, ListenAddr: wf.listen, AdvertiseAddr: wf.advertise, InstanceID: id,
 		DPSize: wf.dpSize, RingSize: wf.ringSize, LoadInterval: wf.loadInterval, StallTimeout: stallTimeoutConfig(wf.stallTimeout), ControlEndpoints: wf.controlEndpoints, AcceptsHints: acceptsHints, LoRAs: wf.loras, EventSources: sources, Peer: peer, Registerer: reg,
-		FleetToken: fleetToken, TLS: serverTLS, Tracer: tracer, Engine: wf.engine, DecodeOnly: decodeOnly(wf.engine, role),
+		FleetToken: fleetToken, TLS: serverTLS, Tracer: tracer, Engine: wf.engine, DecodeOnly: decodeOnly(wf.engine, role), NoKVEvents: noEvents,
 		Discovery: discovery.Config{TTL: wf.discoveryTTL, Logger: log}, Logger: log,
 	}, eng, nc)
 	if err != nil {

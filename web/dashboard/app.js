@@ -96,6 +96,19 @@ function usageBar(used, total) {
   return bar;
 }
 
+// The fleet's warnings, as /health lists them (e.g. router kv-approx: no
+// KV events from the engines).
+function renderWarnings(snap) {
+  const ws = (snap.fleet && snap.fleet.warnings) || [];
+  const ul = $("warnings");
+  ul.replaceChildren(...ws.map(w => {
+    const li = document.createElement("li");
+    li.textContent = w;
+    return li;
+  }));
+  ul.hidden = ws.length === 0;
+}
+
 function renderWorkers(snap) {
   const ws = (snap.fleet && snap.fleet.workers) || [];
   $("worker-count").textContent = `(${ws.length})`;
@@ -170,6 +183,7 @@ function render(snap) {
   const isl = sum(snap, "kvmesh_router_isl_tokens_total");
   $("hit-pred").textContent = isl > 0 ? `router predicted ${pct(sum(snap, "kvmesh_router_predicted_cached_tokens_total") / isl)}` : "";
 
+  renderWarnings(snap);
   renderWorkers(snap);
   const ws = (snap.fleet && snap.fleet.workers) || [];
   recordCharts(snap, ws, rate, hq, isErr);
