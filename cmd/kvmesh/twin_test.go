@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-var twinLastLine = regexp.MustCompile(`^twin: mode=(\S+) requests=(\d+) hit=\d+\.\d{4} ttft_p50_ms=\d+\.\d ttft_mean_ms=\d+\.\d wall_s=\d+\.\d{3}$`)
+var twinLastLine = regexp.MustCompile(`^twin: mode=(\S+) requests=(\d+) hit=\d+\.\d{4} reachable=\d+\.\d{4} ttft_p50_ms=\d+\.\d ttft_mean_ms=\d+\.\d wall_s=\d+\.\d{3}$`)
 
 func runTwinCmd(t *testing.T, args ...string) (string, string, error) {
 	t.Helper()
@@ -119,7 +119,7 @@ func TestTwinInterrupted(t *testing.T) {
 	}
 }
 
-var twinPDLastLine = regexp.MustCompile(`^twin: mode=(\S+) fleet=(\S+) requests=(\d+) disagg=(\d+) local_prefill=(\d+) hit=\d+\.\d{4} ttft_p50_ms=\d+\.\d ttft_mean_ms=\d+\.\d itl_p99_ms=\d+\.\d\d wall_s=\d+\.\d{3}$`)
+var twinPDLastLine = regexp.MustCompile(`^twin: mode=(\S+) fleet=(\S+) requests=(\d+) disagg=(\d+) local_prefill=(\d+) hit=\d+\.\d{4} reachable=\d+\.\d{4} ttft_p50_ms=\d+\.\d ttft_mean_ms=\d+\.\d itl_p99_ms=\d+\.\d\d wall_s=\d+\.\d{3}$`)
 
 // --fleets compares an aggregated fleet with P/D fleets: each block ends
 // with its summary line (P/D ones naming the fleet and the paths), the
