@@ -186,3 +186,42 @@ func TestTwinRejectsBadPDFlags(t *testing.T) {
 		}
 	}
 }
+
+// --ladder prints a row per speedup and mode and a capacity line per mode,
+// and writes its two charts; its bad values fail with the flag named.
+func TestTwinLadder(t *testing.T) {
+	const trace = "../../twin/testdata/conversation_300.jsonl"
+	outDir := t.TempDir()
+	out, _, err := runTwinCmd(t, "--trace", trace, "--requests", "60", "--workers", "2", "--compare", "round-robin,kv",
+		"--ladder", "4,1", "--ladder-slo-ms", "1e9", "--out", outDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"twin: capacity mode=round-robin p90_ttft_le_ms=1e+09 max_speedup=4\n",
+		"twin: capacity mode=kv p90_ttft_le_ms=1e+09 max_speedup=4\n", "reachable"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "\n"); n != 1+1+4+2 {
+		t.Errorf("%d lines:\n%s", n, out)
+	}
+	for _, f := range []string{"ladder_ttft.svg", "ladder_hit.svg"} {
+		if st, err := os.Stat(filepath.Join(outDir, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	for args, want := range map[string]string{
+		"--ladder 1,x":                   "--ladder: speedup",
+		"--ladder 1,1":                   "listed twice",
+		"--ladder 1 --arrival-speedup 2": "replaces --arrival-speedup",
+		"--ladder 1 --concurrency 4":     "--concurrency",
+		"--ladder 1 --ladder-slo-ms 0":   "--ladder-slo-ms 0",
+		"--ladder 1 --fleets 2,1+1":      "--fleets",
+	} {
+		_, _, err := runTwinCmd(t, append([]string{"--trace", trace}, strings.Fields(args)...)...)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", args, err, want)
+		}
+	}
+}
