@@ -125,9 +125,9 @@ func (l *Ladder) WriteTable(w io.Writer) error {
 	return nil
 }
 
-// WriteCharts writes p90 TTFT (log scale) and the hit ratio against the
-// speedup, a line per mode (and a dashed reachable line per mode on the
-// hit chart), into dir, and returns the paths written.
+// WriteCharts writes p90 TTFT (log scale) against the speedup, a line per
+// mode, and the hit ratio, a hit and a reachable line per mode, into dir,
+// and returns the paths written.
 func (l *Ladder) WriteCharts(dir string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("twin: %w", err)
