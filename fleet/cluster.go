@@ -36,7 +36,7 @@ type Config struct {
 	Models []string
 	// Router configures worker selection, and how long a worker that failed
 	// a request stays out of it (InhibitFor). Matcher is set by the cluster
-	// (its event-fed index) unless the mode needs none.
+	// (its event-fed index) in every mode but kv-approx.
 	Router router.Config
 	// TierLoad is every worker's per-block onboarding time per tier, for
 	// the router's time cost (router.WorkerInfo.TierLoad); zero: the
@@ -100,7 +100,9 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: workerclient.NewPool(fleetDialOptions(cfg)...),
 		feeds: map[string]*eventplane.Feed{}, dmet: newDisaggMetrics(), hintDrops: newHintDrops(), creds: newCredRefusals()}
 	rc := cfg.Router
-	if rc.Mode == router.ModeKV || rc.Mode == "" {
+	if rc.Mode != router.ModeKVApprox {
+		// kv routes by it; round-robin and random measure their routing
+		// regret against it (kvmesh_router_prefix_tokens_total).
 		rc.Matcher = c.index
 	}
 	rc.Registerer = cfg.Registerer

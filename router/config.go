@@ -51,7 +51,9 @@ func ParseMode(s string) (Mode, error) {
 type Config struct {
 	Mode Mode // default ModeKV when Matcher is set, else ModeRoundRobin
 
-	// Matcher is the event-fed index (kv mode; required there).
+	// Matcher is the event-fed index (kv mode; required there). Round-robin
+	// and random only read it to measure routing regret
+	// (Decision.ReachableTokens).
 	Matcher Matcher
 	// Approx is the approximate index of kv-approx mode, and of kv mode's
 	// workers without KV events. Nil: the router builds one with

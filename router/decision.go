@@ -26,6 +26,13 @@ type Decision struct {
 	// what it booked as prefill load.
 	CachedTokens  int
 	PrefillTokens int
+	// ReachableTokens is the longest prefix any eligible worker holds (any
+	// tier, clamped to the prompt) and RoutedTokens what the chosen one
+	// holds: their gap is the cache hit this decision gave away. Both are
+	// measured even where the mode gives no overlap credit (round-robin
+	// with a Matcher), so CachedTokens may be less than RoutedTokens.
+	ReachableTokens int
+	RoutedTokens    int
 	// Hint, when non-nil, names a peer holding a longer prefix than the
 	// chosen worker (Config.Hints), by the peer's own engine hashes; the
 	// chosen worker holds Overlap[kv.NumTiers-1] of those blocks already.

@@ -16,6 +16,7 @@ type metrics struct {
 	expired                   prometheus.Counter
 	hints                     prometheus.Counter
 	islTokens, cachedTokens   prometheus.Counter
+	prefixTokens              *prometheus.CounterVec // by model and kind (reachable, routed)
 }
 
 // newMetrics builds the router's metrics and registers them on reg (if not
@@ -38,6 +39,9 @@ func newMetrics(reg prometheus.Registerer, mode Mode) (*metrics, error) {
 	hints := counter("kvmesh_router_hints_planned_total", "Decisions that carry a KV hint plan.")
 	isl := counter("kvmesh_router_isl_tokens_total", "Prompt tokens routed.")
 	cached := counter("kvmesh_router_predicted_cached_tokens_total", "Prompt tokens the router predicted cached on the chosen worker; divided by kvmesh_router_isl_tokens_total it is the predicted KV hit rate.")
+	prefix := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_router_prefix_tokens_total",
+		Help: "Routing regret, in prompt tokens: kind=reachable is the longest prefix any eligible worker held, kind=routed what the chosen worker held (any tier, per decision)."},
+		[]string{"model", "kind"})
 
 	if reg != nil {
 		var err error
@@ -48,6 +52,7 @@ func newMetrics(reg prometheus.Registerer, mode Mode) (*metrics, error) {
 		hints = register(reg, hints, &err)
 		isl = register(reg, isl, &err)
 		cached = register(reg, cached, &err)
+		prefix = register(reg, prefix, &err)
 		if err != nil {
 			return nil, fmt.Errorf("router: registering metrics: %w", err)
 		}
@@ -62,6 +67,7 @@ func newMetrics(reg prometheus.Registerer, mode Mode) (*metrics, error) {
 		hints:        hints,
 		islTokens:    isl,
 		cachedTokens: cached,
+		prefixTokens: prefix,
 	}
 	for p := range m.decisions {
 		// Every path of this mode exists from the start, at zero.
@@ -118,7 +124,7 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *erro
 	return c
 }
 
-func (m *metrics) observe(d *Decision, path decisionPath) {
+func (m *metrics) observe(d *Decision, model string, path decisionPath) {
 	m.hash.Observe(d.Timing.Hash.Seconds())
 	m.match.Observe(d.Timing.Match.Seconds())
 	m.score.Observe(d.Timing.Score.Seconds())
@@ -126,6 +132,8 @@ func (m *metrics) observe(d *Decision, path decisionPath) {
 	m.decisions[path].Inc()
 	m.islTokens.Add(float64(d.ISL))
 	m.cachedTokens.Add(float64(d.CachedTokens))
+	m.prefixTokens.WithLabelValues(model, "reachable").Add(float64(d.ReachableTokens))
+	m.prefixTokens.WithLabelValues(model, "routed").Add(float64(d.RoutedTokens))
 	if d.Hint != nil {
 		m.hints.Inc()
 	}

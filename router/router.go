@@ -181,7 +181,7 @@ func (r *Router) route(ctx context.Context, req Request, book bool) (*Decision, 
 	r.afterBooking(d, bk, now)
 	t3 := time.Now()
 	d.Timing = Timing{Hash: t1.Sub(t0), Match: t2.Sub(t1), Score: t3.Sub(t2), Total: t3.Sub(t0)}
-	r.met.observe(d, pathOf(&req))
+	r.met.observe(d, req.Model, pathOf(&req))
 	return d, nil
 }
 
@@ -256,6 +256,12 @@ func (r *Router) match(s *selection, local []kv.LocalHash, now time.Time) {
 			e.Expire(now)
 		}
 		s.matches = r.cfg.Approx.FindMatches(local, s.matches)
+	default:
+		// Round-robin and random ignore the index for choosing; with one
+		// they still measure what they could have reached (routing regret).
+		if r.cfg.Matcher != nil {
+			s.matches = r.cfg.Matcher.FindMatches(local, s.matches)
+		}
 	}
 	if !slices.IsSortedFunc(s.matches, func(a, b Match) int { return cmpKey(a.Worker, b.Worker) }) {
 		slices.SortFunc(s.matches, func(a, b Match) int { return cmpKey(a.Worker, b.Worker) })
@@ -299,7 +305,10 @@ func (r *Router) selectLocked(s *selection, pk poolKey, req Request, d *Decision
 		return booked{}, err
 	}
 	d.Worker = p.workers[chosen].info.Key
-	d.Overlap = s.depth[chosen]
+	d.ReachableTokens, d.RoutedTokens = s.regret(chosen, d.BlockSize, d.ISL)
+	if r.prof.scorer != nil { // a mode without a scorer credits no overlap
+		d.Overlap = s.depth[chosen]
+	}
 	d.CachedTokens = min(int(d.Overlap[kv.NumTiers-1])*d.BlockSize, d.ISL)
 	d.PrefillTokens = d.ISL - d.CachedTokens
 	if req.NoPrefillCharge {

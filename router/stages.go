@@ -91,3 +91,14 @@ func (s *selection) mergeDepth() {
 		}
 	}
 }
+
+// regret is the prefix (tokens, clamped to the prompt of isl tokens) the
+// best-placed candidate holds, and what pool worker chosen holds.
+func (s *selection) regret(chosen, blockSize, isl int) (reachable, routed int) {
+	const all = kv.NumTiers - 1 // depths are cumulative: the last tier counts them all
+	var best uint32
+	for _, i := range s.cand {
+		best = max(best, s.depth[i][all])
+	}
+	return min(int(best)*blockSize, isl), min(int(s.depth[chosen][all])*blockSize, isl)
+}

@@ -139,6 +139,7 @@ func (t *twin) arrive(ctx context.Context, atNS int64) error {
 	st.dec, st.seq, st.arrival = d, s, at
 	s.Tag = st
 	t.predicted += int64(d.CachedTokens)
+	t.reachable += int64(d.ReachableTokens)
 	t.wake(w, atNS)
 	return nil
 }

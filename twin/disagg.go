@@ -201,6 +201,7 @@ func (t *twin) startWhole(step router.Step, d *router.Decision, st *request, pro
 		return
 	}
 	t.predicted += int64(d.CachedTokens)
+	t.reachable += int64(d.ReachableTokens)
 	ps := t.res.Paths
 	switch {
 	case step.Path == router.PathAggregated:
@@ -228,6 +229,7 @@ func (t *twin) startPrefill(plan router.LegPlan, pre *router.Decision, st *reque
 	p.preSeq = s
 	s.Tag = p
 	t.predicted += int64(pre.CachedTokens)
+	t.reachable += int64(pre.ReachableTokens)
 	st.pd = p
 	t.res.Paths.Disagg++
 }

@@ -11,6 +11,7 @@ type results struct {
 	ttft, itl, e2e   []float64
 	firstAt, lastFin time.Time
 	predicted        int64 // prompt tokens the router expected cached
+	reachable        int64 // prompt tokens the best eligible holders held
 }
 
 // complete records a finished request's latencies and prefix hits.
@@ -73,6 +74,7 @@ func (t *twin) finishResult() {
 		h.Host, h.Disk, h.Object = float64(h.HostTokens)/p, float64(h.DiskTokens)/p, float64(h.ObjectTokens)/p
 		h.Total = float64(h.DeviceTokens+h.PeerTokens+h.HostTokens+h.DiskTokens+h.ObjectTokens) / p
 		r.PredictedHit = float64(t.predicted) / p
+		r.Reachable = float64(t.reachable) / p
 	}
 	t.finishPD()
 	for i := range t.ws {

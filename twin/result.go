@@ -45,6 +45,11 @@ type Result struct {
 	ReqPerS       float64 `json:"req_per_s"`
 
 	Hit HitSplit `json:"hit"`
+	// Reachable is the hit ratio had every request gone to the eligible
+	// worker holding its longest prefix (Decision.ReachableTokens, any
+	// tier, as the router's index saw it); its gap to Hit is the routing's
+	// regret. Round-robin and random measure it against an index too.
+	Reachable float64 `json:"reachable"`
 	// PredictedHit is the prefix the router expected the chosen workers to
 	// hold (Decision.CachedTokens) over all prompt tokens; kv-approx's gap
 	// to Hit.Device is its index's error.
@@ -162,11 +167,11 @@ type HintStats struct {
 // LastLine is the one-line summary every mode's output ends with.
 func (r *Result) LastLine() string {
 	if r.Paths != nil {
-		return fmt.Sprintf("twin: mode=%s fleet=%s requests=%d disagg=%d local_prefill=%d hit=%.4f ttft_p50_ms=%.1f ttft_mean_ms=%.1f itl_p99_ms=%.2f wall_s=%.3f",
-			r.Mode, r.Fleet(), r.Requests, r.Paths.Disagg, r.Paths.LocalPrefill, r.Hit.Total, r.TTFT.P50, r.TTFT.Mean, r.ITL.P99, r.Wall.Seconds())
+		return fmt.Sprintf("twin: mode=%s fleet=%s requests=%d disagg=%d local_prefill=%d hit=%.4f reachable=%.4f ttft_p50_ms=%.1f ttft_mean_ms=%.1f itl_p99_ms=%.2f wall_s=%.3f",
+			r.Mode, r.Fleet(), r.Requests, r.Paths.Disagg, r.Paths.LocalPrefill, r.Hit.Total, r.Reachable, r.TTFT.P50, r.TTFT.Mean, r.ITL.P99, r.Wall.Seconds())
 	}
-	return fmt.Sprintf("twin: mode=%s requests=%d hit=%.4f ttft_p50_ms=%.1f ttft_mean_ms=%.1f wall_s=%.3f",
-		r.Mode, r.Requests, r.Hit.Total, r.TTFT.P50, r.TTFT.Mean, r.Wall.Seconds())
+	return fmt.Sprintf("twin: mode=%s requests=%d hit=%.4f reachable=%.4f ttft_p50_ms=%.1f ttft_mean_ms=%.1f wall_s=%.3f",
+		r.Mode, r.Requests, r.Hit.Total, r.Reachable, r.TTFT.P50, r.TTFT.Mean, r.Wall.Seconds())
 }
 
 // WriteSummary prints a mode's measurements, ending with LastLine.

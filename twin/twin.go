@@ -312,7 +312,9 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 		MaxRequestAge: 1000 * time.Hour,
 	}
 	rc.Mode = mode
-	if kvMode {
+	if mode != router.ModeKVApprox {
+		// kv routes by the index; round-robin and random measure their
+		// routing regret against it.
 		t.ix = index.New()
 		rc.Matcher = t.ix
 	}
@@ -366,12 +368,14 @@ func (t *twin) addCore(i int, hints, kvMode bool) error {
 	if err != nil {
 		return fmt.Errorf("twin: worker %d: %w", i+1, err)
 	}
-	if kvMode {
-		ix := t.ix
+	if ix := t.ix; ix != nil {
 		// Apply copies what it keeps, so the core may reuse the batch.
+		// Only kv routes by the index: the others' count stays 0.
 		core.SetTransientEventSink(func(batch []kv.Event) {
 			ix.ApplyBatch(batch)
-			t.res.IndexEvents += uint64(len(batch))
+			if kvMode {
+				t.res.IndexEvents += uint64(len(batch))
+			}
 		})
 	}
 	t.ws[i] = worker{core: core, key: sc.Worker}

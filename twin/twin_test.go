@@ -69,7 +69,7 @@ func checkResult(t *testing.T, r *Result) {
 	}
 }
 
-var lastLine = regexp.MustCompile(`^twin: mode=(\S+) requests=(\d+) hit=(\d+\.\d{4}) ttft_p50_ms=(\d+\.\d) ttft_mean_ms=(\d+\.\d) wall_s=(\d+\.\d{3})$`)
+var lastLine = regexp.MustCompile(`^twin: mode=(\S+) requests=(\d+) hit=(\d+\.\d{4}) reachable=(\d+\.\d{4}) ttft_p50_ms=(\d+\.\d) ttft_mean_ms=(\d+\.\d) wall_s=(\d+\.\d{3})$`)
 
 // TestTraceSliceAllModes runs the first 300 trace lines on 4 workers in
 // every mode, twice, and checks invariants, the summary's last line and

@@ -36,6 +36,8 @@ type twinFlags struct {
 	temperature    float64
 	kvbm           kvbmFlags
 	fleets         string
+	ladder         string
+	ladderSLOMS    float64
 }
 
 func init() { rootCmd.AddCommand(newTwinCmd()) }
@@ -70,7 +72,12 @@ Open loop by default (trace timestamps divided by --arrival-speedup);
 --concurrency C runs a closed loop of C clients instead. --compare runs
 several modes side by side; --out writes twin.json and two SVG charts.
 Results are deterministic for a given --seed. Each mode's output ends with
-  twin: mode=<m> requests=<n> hit=<ratio> ttft_p50_ms=<x> ttft_mean_ms=<y> wall_s=<z>
+  twin: mode=<m> requests=<n> hit=<ratio> reachable=<ratio> ttft_p50_ms=<x> ttft_mean_ms=<y> wall_s=<z>
+--ladder 1,2,4,6,8,12 replays the trace at each arrival speedup in every
+mode and prints one row per speedup and mode (hit, reachable, TTFT
+p50/p90/p99/mean, req/s, preemptions), then per mode
+  twin: capacity mode=<m> p90_ttft_le_ms=<slo> max_speedup=<x>
+the highest speedup whose p90 TTFT stays under --ladder-slo-ms (0: none).
 Malformed trace lines are reported with their line numbers and skipped
 (--strict fails on the first). It exits 1 when a mode completes no request
 (every one rejected, e.g. longer than --blocks holds). Every flag has a KVMESH_TWIN_* environment
@@ -117,6 +124,8 @@ variable (--trace also reads KVMESH_TRACE).`,
 	f.IntVar(&tf.cfg.LocalPrefillTokens, "disagg-local-prefill-tokens", router.DefaultLocalPrefillTokens, "P/D: prefill on the decode worker when the net new prompt is under this many tokens (and under the ratio); negative: never for length")
 	f.Float64Var(&tf.cfg.LocalPrefillRatio, "disagg-local-prefill-ratio", router.DefaultLocalPrefillRatio, "P/D: … and under this fraction of the prompt, in (0, 1]")
 	f.StringVar(&tf.fleets, "fleets", "", `comma-separated fleets to compare, each N (aggregated), P+D (prefill+decode) or A+P+D (mixed), e.g. "8,4+4,2+6"; overrides --workers and --prefill/decode-workers`)
+	f.StringVar(&tf.ladder, "ladder", "", `comma-separated arrival speedups, e.g. "1,2,4,6,8,12": replay the trace at each, in every mode, print a row per speedup and mode and each mode's capacity (replaces --arrival-speedup; --out writes ladder_ttft.svg and ladder_hit.svg)`)
+	f.Float64Var(&tf.ladderSLOMS, "ladder-slo-ms", twin.DefaultLadderSLOMS, "ladder: the p90 TTFT (ms) a speedup must stay under to count as within capacity")
 	return withEnv(cmd, "TWIN_")
 }
 
@@ -197,6 +206,12 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 			return fmt.Errorf("twin: --%s %v, want > 0", v.name, v.v)
 		}
 	}
+	var speedups []float64
+	if strings.TrimSpace(tf.ladder) != "" {
+		if speedups, err = twinLadderFlags(tf, fs, fleets); err != nil {
+			return fmt.Errorf("twin: %w", err)
+		}
+	}
 	if tf.cfg.KVBytesPerToken <= 0 {
 		return fmt.Errorf("twin: --kv-bytes-per-token %d, want ≥ 1", tf.cfg.KVBytesPerToken)
 	}
@@ -268,6 +283,9 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 	}
 	if len(wl.Requests) == 0 {
 		return fmt.Errorf("twin: %s holds no valid requests (%d malformed lines skipped)", tf.trace, len(wl.Skipped))
+	}
+	if speedups != nil {
+		return runTwinLadder(ctx, tf, wl, modes, speedups, out, errOut)
 	}
 	shape := fmt.Sprintf("%d workers", tf.cfg.Workers)
 	switch {
@@ -374,4 +392,48 @@ func fleetsLabel(tf twinFlags, fleets []twin.Config) string {
 		return ""
 	}
 	return tf.fleets
+}
+
+// twinLadderFlags checks the flags --ladder runs with and parses it.
+func twinLadderFlags(tf twinFlags, fs *pflag.FlagSet, fleets []twin.Config) ([]float64, error) {
+	switch {
+	case fs.Changed("arrival-speedup"):
+		return nil, errors.New("--ladder replaces --arrival-speedup; give one of them")
+	case tf.cfg.Concurrency != 0:
+		return nil, errors.New("--ladder steps the open loop's arrival speedup; it cannot run with --concurrency")
+	case len(fleets) > 1:
+		return nil, errors.New("--ladder runs one fleet; drop --fleets")
+	case !(tf.ladderSLOMS > 0) || math.IsInf(tf.ladderSLOMS, 0):
+		return nil, fmt.Errorf("--ladder-slo-ms %g, want a finite number > 0", tf.ladderSLOMS)
+	}
+	sp, err := twin.ParseLadder(tf.ladder)
+	if err != nil {
+		return nil, fmt.Errorf("--ladder: %w", err)
+	}
+	return sp, nil
+}
+
+// runTwinLadder replays wl at every speedup in every mode and prints the
+// ladder and each mode's capacity; --out gets its two charts.
+func runTwinLadder(ctx context.Context, tf twinFlags, wl *twin.Workload, modes []string, speedups []float64, out, errOut io.Writer) error {
+	fmt.Fprintf(out, "trace %s: %d requests (%d malformed lines skipped); ladder %s × modes %s\n",
+		tf.trace, len(wl.Requests), len(wl.Skipped), tf.ladder, strings.Join(modes, ","))
+	l, err := twin.RunLadder(ctx, wl, tf.cfg, modes, speedups, tf.ladderSLOMS, errOut)
+	if err != nil && ctx.Err() != nil {
+		return errors.New("twin: ladder interrupted")
+	}
+	if err != nil {
+		return err
+	}
+	if err := l.WriteTable(out); err != nil {
+		return err
+	}
+	if tf.out == "" {
+		return nil
+	}
+	paths, err := l.WriteCharts(tf.out)
+	for _, p := range paths {
+		fmt.Fprintf(errOut, "twin: wrote %s\n", p)
+	}
+	return err
 }

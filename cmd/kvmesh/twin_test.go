@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-var twinLastLine = regexp.MustCompile(`^twin: mode=(\S+) requests=(\d+) hit=\d+\.\d{4} ttft_p50_ms=\d+\.\d ttft_mean_ms=\d+\.\d wall_s=\d+\.\d{3}$`)
+var twinLastLine = regexp.MustCompile(`^twin: mode=(\S+) requests=(\d+) hit=\d+\.\d{4} reachable=\d+\.\d{4} ttft_p50_ms=\d+\.\d ttft_mean_ms=\d+\.\d wall_s=\d+\.\d{3}$`)
 
 func runTwinCmd(t *testing.T, args ...string) (string, string, error) {
 	t.Helper()
@@ -119,7 +119,7 @@ func TestTwinInterrupted(t *testing.T) {
 	}
 }
 
-var twinPDLastLine = regexp.MustCompile(`^twin: mode=(\S+) fleet=(\S+) requests=(\d+) disagg=(\d+) local_prefill=(\d+) hit=\d+\.\d{4} ttft_p50_ms=\d+\.\d ttft_mean_ms=\d+\.\d itl_p99_ms=\d+\.\d\d wall_s=\d+\.\d{3}$`)
+var twinPDLastLine = regexp.MustCompile(`^twin: mode=(\S+) fleet=(\S+) requests=(\d+) disagg=(\d+) local_prefill=(\d+) hit=\d+\.\d{4} reachable=\d+\.\d{4} ttft_p50_ms=\d+\.\d ttft_mean_ms=\d+\.\d itl_p99_ms=\d+\.\d\d wall_s=\d+\.\d{3}$`)
 
 // --fleets compares an aggregated fleet with P/D fleets: each block ends
 // with its summary line (P/D ones naming the fleet and the paths), the
@@ -183,6 +183,45 @@ func TestTwinRejectsBadPDFlags(t *testing.T) {
 		args = append([]string{"--trace", tr, "--requests", "5"}, args...)
 		if _, _, err := runTwinCmd(t, args...); err == nil {
 			t.Fatalf("%q accepted", args)
+		}
+	}
+}
+
+// --ladder prints a row per speedup and mode and a capacity line per mode,
+// and writes its two charts; its bad values fail with the flag named.
+func TestTwinLadder(t *testing.T) {
+	const trace = "../../twin/testdata/conversation_300.jsonl"
+	outDir := t.TempDir()
+	out, _, err := runTwinCmd(t, "--trace", trace, "--requests", "60", "--workers", "2", "--compare", "round-robin,kv",
+		"--ladder", "4,1", "--ladder-slo-ms", "1e9", "--out", outDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"twin: capacity mode=round-robin p90_ttft_le_ms=1e+09 max_speedup=4\n",
+		"twin: capacity mode=kv p90_ttft_le_ms=1e+09 max_speedup=4\n", "reachable"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "\n"); n != 1+1+4+2 {
+		t.Errorf("%d lines:\n%s", n, out)
+	}
+	for _, f := range []string{"ladder_ttft.svg", "ladder_hit.svg"} {
+		if st, err := os.Stat(filepath.Join(outDir, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	for args, want := range map[string]string{
+		"--ladder 1,x":                   "--ladder: speedup",
+		"--ladder 1,1":                   "listed twice",
+		"--ladder 1 --arrival-speedup 2": "replaces --arrival-speedup",
+		"--ladder 1 --concurrency 4":     "--concurrency",
+		"--ladder 1 --ladder-slo-ms 0":   "--ladder-slo-ms 0",
+		"--ladder 1 --fleets 2,1+1":      "--fleets",
+	} {
+		_, _, err := runTwinCmd(t, append([]string{"--trace", trace}, strings.Fields(args)...)...)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", args, err, want)
 		}
 	}
 }
