@@ -118,11 +118,12 @@ start_mock() { # engine logfile
 			return
 		fi
 		"$(dirname "$0")/vllm-tiny-model.sh" "$OUT/tiny" >/dev/null
-		# Its own process group: the engine core it forks ends with it.
+		# Its own process group: the engine core it forks ends with it. vLLM's
+		# publisher binds only a wildcard endpoint (it connects to any other).
 		VLLM_SERVER_DEV_MODE=1 setsid "$(dirname "$KVMESH_VLLM_PYTHON")/vllm" serve "$OUT/tiny" --served-model-name tiny \
 			--host 127.0.0.1 --port $ENG --load-format dummy --dtype float32 --block-size "$(block_of vllm-real)" --enable-prefix-caching \
 			--enforce-eager --enable-prompt-tokens-details --max-model-len 2048 --uvicorn-log-level warning \
-			--kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://127.0.0.1:$EV\",\"replay_endpoint\":\"tcp://127.0.0.1:$REP\"}" \
+			--kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:$EV\",\"replay_endpoint\":\"tcp://127.0.0.1:$REP\"}" \
 			>"$OUT/vllm-real.log" 2>&1 &
 		VLLM_REAL_PID=$!
 		wait_for "http://127.0.0.1:$ENG/v1/models" tiny $VLLM_REAL_PID 6000

@@ -177,10 +177,15 @@ func TestRealVLLM(t *testing.T) {
 				t.Fatalf("with %v: %d %v, without: %v", form, st, ids, plain)
 			}
 		}
-		// kvmesh plans hints only to workers with a KV peer service
-		// (--peer-endpoint); without one nothing reaches vLLM.
+		// A hint names a source worker with a KV peer service
+		// (--peer-endpoint); without one no worker is a source, so the
+		// default form never sends vLLM a hint at all.
 		ws := watchWorkers(t, s.natsURL, realModel, 2)
-		checkRegistered(t, ws, realBlock, false)
+		for _, in := range ws.watcher.Instances() {
+			if len(in.ControlEndpoints) != 0 {
+				t.Fatalf("registration %+v: a hint source without --peer-endpoint", in)
+			}
+		}
 	})
 
 	t.Run("health polling", func(t *testing.T) {

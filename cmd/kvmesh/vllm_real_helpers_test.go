@@ -99,7 +99,10 @@ func startRealVLLM(t *testing.T, python, model, name string, extra ...string) *r
 	port, ev, rep := freePort(t), freePort(t), freePort(t)
 	v.url = fmt.Sprintf("http://127.0.0.1:%d", port)
 	v.events, v.replay = fmt.Sprintf("tcp://127.0.0.1:%d", ev), fmt.Sprintf("tcp://127.0.0.1:%d", rep)
-	events, _ := json.Marshal(map[string]any{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": v.events,
+	// vLLM's publisher binds only a wildcard (or ipc) endpoint and connects
+	// to any other; kvmesh's relay connects, so vLLM binds tcp://*:port,
+	// as its own default does.
+	events, _ := json.Marshal(map[string]any{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": fmt.Sprintf("tcp://*:%d", ev),
 		"replay_endpoint": v.replay, "topic": ""})
 	args := append([]string{"serve", model, "--served-model-name", realModel, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 		"--load-format", "dummy", "--dtype", "float32", "--block-size", strconv.Itoa(realBlock), "--enable-prefix-caching", "--enforce-eager",
