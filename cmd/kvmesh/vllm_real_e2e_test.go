@@ -119,6 +119,9 @@ func TestRealVLLM(t *testing.T) {
 	}
 
 	t.Run("replay of events before kvmesh", func(t *testing.T) {
+		// Before any prompt through kvmesh could put it on B: only the
+		// replay socket tells the router what A stored.
+		checkIndexAgainstVLLM(t, py, s, vs)
 		awaitCached(t, early, "the early prompt (stored before kvmesh listened) routed to vLLM A's cache")
 	})
 
