@@ -388,7 +388,8 @@ func TestMigrationLimitSpent(t *testing.T) {
 }
 
 func TestClientDisconnectCancelsWork(t *testing.T) {
-	b := &fakeBackend{reply: strings.Repeat("z", 1000), delay: 5 * time.Millisecond, started: make(chan struct{}), cancelled: make(chan struct{})}
+	// The stream would run 20 s; the disconnect must end it well before.
+	b := &fakeBackend{reply: strings.Repeat("z", 1000), delay: 20 * time.Millisecond, started: make(chan struct{}), cancelled: make(chan struct{})}
 	ts := newTestServer(t, b, DefaultConfig())
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/chat/completions",
@@ -404,7 +405,7 @@ func TestClientDisconnectCancelsWork(t *testing.T) {
 	resp.Body.Close()
 	select {
 	case <-b.cancelled:
-	case <-time.After(5 * time.Second):
+	case <-time.After(15 * time.Second):
 		t.Fatal("client disconnect did not cancel the backend stream")
 	}
 }
