@@ -23,8 +23,9 @@ func startServeOver(t *testing.T, kind string, mocks []*mockProc) (*served, stri
 	for i, m := range mocks {
 		urls[i] = m.url
 	}
-	p := startProc(t, "kvmesh serve", "serve", "--listen", "127.0.0.1:0", "--log-level", "warn", "--engine", kind,
-		"--engine-url", strings.Join(urls, ","))
+	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--log-level", "warn", "--engine", kind,
+		"--engine-url", strings.Join(urls, ",")}, adminKeyArgs(t)...)
+	p := startProc(t, "kvmesh serve", args...)
 	m := p.Expect(serveModeLine, 30*time.Second)
 	return &served{Proc: p, base: m[2]}, m[1]
 }
@@ -121,7 +122,7 @@ func TestServeTRTLLMPollsEventsByDefault(t *testing.T) {
 		// The first prompt's blocks reach the router through the poll.
 		testutil.WaitFor(t, 10*time.Second, "the router's index to hold the first prompt", func() bool {
 			var v fleet.IndexView
-			getJSON(t, root+"/debug/kv-index", &v)
+			getAdminJSON(t, root+"/debug/kv-index", &v)
 			for _, w := range v.Workers {
 				if len(w.Blocks["device"]) > 0 {
 					return true

@@ -41,7 +41,7 @@ func TestRealVLLM(t *testing.T) {
 	startKVMesh := func() *served {
 		return startServe(t, "--engine", "vllm", "--engine-url", a.url+","+b.url, "--kv-events", a.events+","+b.events,
 			"--kv-events-replay", a.replay+","+b.replay, "--block-size", strconv.Itoa(realBlock), "--tokenizer", model, "--engine-health-interval", "300ms",
-			"--router-temperature", "0")
+			"--router-temperature", "0", "--admin-key-file", adminKeyArgs(t)[1])
 	}
 	s := startKVMesh()
 	defer func() { s.stop(t) }()

@@ -269,14 +269,7 @@ func kvIndexView(t *testing.T, base string) map[string][]kv.EngineHash {
 			Blocks   map[string][]kv.EngineHash `json:"blocks"`
 		} `json:"workers"`
 	}
-	r, err := http.Get(strings.TrimSuffix(base, "/v1") + "/debug/kv-index")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Body.Close()
-	if err := json.NewDecoder(r.Body).Decode(&v); err != nil {
-		t.Fatal(err)
-	}
+	getAdminJSON(t, strings.TrimSuffix(base, "/v1")+"/debug/kv-index", &v)
 	out := map[string][]kv.EngineHash{}
 	for _, w := range v.Workers {
 		out[w.Instance] = w.Blocks["device"]
