@@ -35,7 +35,9 @@ type metrics struct {
 	// engineDowns counts an engine's transitions to unhealthy (engine.Health).
 	engineDowns prometheus.Counter
 	healthy     prometheus.Gauge
-	all         []prometheus.Collector
+	// hintOutcomes settles every hinted request (hint.go's tickets).
+	hintOutcomes *prometheus.CounterVec
+	all          []prometheus.Collector
 }
 
 func newMetrics(w *Worker) *metrics {
@@ -60,10 +62,16 @@ func newMetrics(w *Worker) *metrics {
 		output:      counter("kvmesh_worker_output_tokens_total", "Tokens streamed to callers."),
 		stalls:      counter("kvmesh_worker_engine_stalls_total", "Times the watchdog found the engine stalled (streams in flight, no output for the stall timeout)."),
 		engineDowns: counter("kvmesh_worker_engine_unhealthy_total", "Times the engine's health check started failing (a real engine's /health); the worker leaves discovery until it passes again."),
+		hintOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_worker_kv_hint_outcomes_total",
+			Help:        "Hinted requests by how their KV hint ended: delivered, dropped or failed, and why; each hinted request counts once.",
+			ConstLabels: cl}, []string{"outcome", "reason"}),
 		healthy: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvmesh_worker_healthy",
 			Help: "1 while the worker serves; 0 once its engine stalled and it left service, or while its engine fails its health check.", ConstLabels: cl}),
 	}
 	m.healthy.Set(1)
+	for _, l := range hintOutcomeLabels {
+		m.hintOutcomes.WithLabelValues(l[0], l[1])
+	}
 	for _, r := range []string{resultFinished, resultError, resultRejected, resultUnavailable, resultCanceled, resultAborted} {
 		m.requests.WithLabelValues(r) // every series exists from the start
 	}
@@ -76,7 +84,7 @@ func newMetrics(w *Worker) *metrics {
 	for _, t := range []string{"device", "host", "disk"} {
 		m.byTier.WithLabelValues(t)
 	}
-	m.all = []prometheus.Collector{m.requests, m.inflight, m.prompt, m.cached, m.byTier, m.output, m.stalls, m.engineDowns, m.healthy,
+	m.all = []prometheus.Collector{m.requests, m.inflight, m.prompt, m.cached, m.byTier, m.output, m.stalls, m.engineDowns, m.healthy, m.hintOutcomes,
 		counterFunc("kvmesh_worker_kv_hints_total", "Requests that carried a KV hint.", func() float64 { return float64(w.hints.Load()) }),
 		counterFunc("kvmesh_worker_unauthenticated_total", "Worker API calls refused for want of the fleet token.", func() float64 { return float64(w.unauthenticated.Load()) }),
 		counterFunc("kvmesh_worker_tls_handshake_failures_total", "Worker API connections refused because the caller failed the TLS handshake (no client certificate, one of another CA, plaintext).", func() float64 { return float64(w.tlsRefused.Load()) }),

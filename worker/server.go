@@ -41,10 +41,8 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	var t *hintTicket
 	if req.KvFetch != nil || len(req.KvHint) > 0 {
 		w.hints.Add(1)
-		if p := w.cfg.Peer; p != nil {
-			t = new(hintTicket)
-			defer func() { p.settle(t, result) }()
-		}
+		t = &hintTicket{outcomes: w.met.hintOutcomes}
+		defer func() { w.settleHint(t, result) }()
 		// Acknowledged at once: the fleet holds back a hinted stream's
 		// cancellation until the worker has it (or a timeout), so the
 		// hint is counted here rather than lost in flight.
@@ -75,9 +73,11 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	var hint *kv.Hint
 	if req.KvFetch != nil || len(req.KvHint) > 0 {
 		if la.dropHint {
-			// Applied once, on the leg that computed the prompt; its
-			// ticket settles as unused when the stream ends.
+			// Applied once, on the leg that computed the prompt.
 			w.decodeHints.Add(1)
+			if t.end(outcomeDropped, reasonDecodeLeg) && w.cfg.Peer != nil {
+				w.cfg.Peer.count(HintUnused)
+			}
 		} else {
 			// A bad hint only costs the fetch, never the request.
 			hint = w.admitHint(req, t)
@@ -107,9 +107,7 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	// the engine stops working on the request with it.
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	if t != nil {
-		ctx = withHintTicket(ctx, t)
-	}
+	ctx = withHintTicket(ctx, t)
 	ch, err := startGenerate(ctx, w.eng, ereq, wd.stallCh)
 	switch {
 	case err == errStalled:
@@ -125,6 +123,11 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	}
 	if err != nil {
 		return resultRejected, status.Errorf(codes.InvalidArgument, "generate: %v", err)
+	}
+	if hint != nil && w.cfg.Peer == nil {
+		// An engine without a fetcher reports no use: the hint is
+		// delivered once the engine accepted the request it was lowered into.
+		t.end(outcomeDelivered, reasonLowered)
 	}
 	w.met.inflight.Inc()
 	defer w.met.inflight.Dec()
