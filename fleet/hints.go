@@ -14,8 +14,8 @@ import (
 // Reasons a planned hint never reached a worker, the label of
 // kvmesh_fleet_kv_hints_dropped_total. With the router's
 // kvmesh_router_hints_planned_total and the workers'
-// kvmesh_kv_hint_results_total they account for every hint: planned =
-// dropped here + the results counted by the workers the rest reached (a
+// kvmesh_worker_kv_hint_outcomes_total they account for every hint: planned =
+// dropped here + the outcomes counted by the workers the rest reached (a
 // worker process that dies takes its own counts with it).
 const (
 	hintDropWorkerLeft  = "worker_left" // discovery dropped the chosen worker between routing and dispatch

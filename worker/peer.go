@@ -22,8 +22,9 @@ import (
 
 // Hint results, the label of kvmesh_kv_hint_results_total. Every hint that
 // reaches a worker with a Peer ends in exactly one of them (a hint ticket,
-// hint.go, settles it where it ended); the fleet counts those that never
-// reached a worker (kvmesh_fleet_kv_hints_dropped_total).
+// hint.go, settles it where it ended, and counts the worker's outcome with
+// it); the fleet counts those that never reached a worker
+// (kvmesh_fleet_kv_hints_dropped_total).
 const (
 	HintFetched   = "fetched"   // every hinted block the engine lacked was fetched and inserted
 	HintPartial   = "partial"   // a shorter verified prefix was inserted; the rest is recomputed

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -189,6 +191,22 @@ func TestDashboardInBrowser(t *testing.T) {
 	if d := text("#decisions"); !strings.Contains(d, "kv · aggregated") {
 		t.Errorf("decisions by mode and path: %q", d)
 	}
+	// Every planned hint is accounted: the hints panel's ledger balances
+	// once the load's last streams ended.
+	ledger := regexp.MustCompile(`hints planned = delivered \+ dropped \+ failed\s*([\d,]+) = ([\d,]+) \+ ([\d,]+) \+ ([\d,]+)`)
+	var row string
+	testutil.WaitFor(t, 10*time.Second, "the hint ledger to balance", func() bool {
+		row = text("#transfers")
+		m := ledger.FindStringSubmatch(row)
+		if m == nil {
+			return false
+		}
+		n := make([]int, 4)
+		for i := range n {
+			n[i], _ = strconv.Atoi(strings.ReplaceAll(m[i+1], ",", ""))
+		}
+		return n[0] == n[1]+n[2]+n[3]
+	}, func() string { return row })
 	// Beside it, what the workers actually served, by tier: from the device.
 	for _, head := range []string{"credited by tier", "hits by tier"} {
 		col, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(() => {

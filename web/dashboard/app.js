@@ -248,9 +248,12 @@ function render(snap) {
   show("panel-hints", hinted > 0);
   if (hinted > 0) {
     const hint = r => int(sum(snap, "kvmesh_kv_hint_results_total", l => l.result === r));
+    const outcome = o => sum(snap, "kvmesh_worker_kv_hint_outcomes_total", l => l.outcome === o);
     renderPairs("transfers", [
       ["workers taking hints or serving peers", `${hinted} of ${ws.length}`],
       ["hints fetched / partial / fallback", `${hint("fetched")} / ${hint("partial")} / ${hint("fallback")}`],
+      // Every planned hint ends once: dropped counts the fleet's drops too.
+      ["hints planned = delivered + dropped + failed", `${int(sum(snap, "kvmesh_fleet_worker_kv_hints_planned_total"))} = ${int(outcome("delivered"))} + ${int(outcome("dropped") + sum(snap, "kvmesh_fleet_kv_hints_dropped_total"))} + ${int(outcome("failed"))}`],
       ["bytes fetched", bytes(sum(snap, "kvmesh_transfer_bytes_total", l => l.operation === "fetch"))],
       ["bytes served", bytes(sum(snap, "kvmesh_transfer_bytes_total", l => l.operation === "serve"))],
       ["fetch rate", bytes(rate("kvmesh_transfer_bytes_total", l => l.operation === "fetch")) + "/s"],
