@@ -519,3 +519,33 @@ func TestCloseWithNATSAway(t *testing.T) {
 		t.Fatalf("Close with NATS away: %v", err)
 	}
 }
+
+// sinkSource is an event source beside the engine (as the KVCR agent is).
+type sinkSource struct{ sink engine.EventSink }
+
+func (s *sinkSource) SetEventSink(sink engine.EventSink) { s.sink = sink }
+
+// Another event source's blocks are not in the engine's inventory, though
+// they take the same event ids: a dump would mark them reflected and drop
+// them for good, so the worker gives none.
+func TestNoDumpBesideAnotherEventSource(t *testing.T) {
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.BlockSize, cfg.Blocks, cfg.SpeedupRatio = "m", 4, 48, 0
+	eng, err := sim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &sinkSource{}
+	w, c := startWorkerWith(t, nil, eng, Config{EventSources: []EventSource{src}})
+	if src.sink == nil {
+		t.Fatal("the source got no sink")
+	}
+	src.sink([]kv.Event{kv.Stored(kv.WorkerKey{}, kv.TierHost, nil, []kv.StoredBlock{{EngineHash: 5}})})
+	wk := kv.WorkerKey{Instance: w.InstanceID()}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d, err := c.Dump(ctx, &api.DumpRequest{Worker: api.KeyToProto(wk)})
+	if err != nil || !d.NoInventory || d.LastId != 1 {
+		t.Fatalf("dump %v %v", d, err)
+	}
+}
