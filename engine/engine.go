@@ -148,8 +148,9 @@ type Health interface {
 }
 
 // Inventory is implemented by an engine that can list the KV blocks it
-// holds, as the sim does from its block table; the worker answers dump
-// queries (the event plane's gap repair) from it. Without it a worker has
+// holds, as the sim does from its block table and a remote adapter from
+// its relayed KV events; the worker answers dump queries (the event
+// plane's gap repair) from it. Without it a worker has
 // no dumps to give, and a router repairing a gap too old for the event ring
 // clears that worker's holdings and relearns them from later events.
 type Inventory interface {

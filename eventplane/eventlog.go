@@ -7,8 +7,9 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 )
 
-// Holdings lists what the worker holds, to answer Dump: the engine's own
-// inventory (engine.Inventory), not a copy of it kept from the events.
+// Holdings lists what the worker holds, to answer Dump: the engine's
+// inventory (engine.Inventory): the sim's block table, or for a remote
+// engine what its relayed KV events built.
 type Holdings interface {
 	// Holdings returns w's holdings as Stored events (ID 0) that rebuild
 	// them when applied in order to an empty index, or false when they

@@ -227,9 +227,11 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 		cfg.InstanceID = binary.LittleEndian.Uint64(b[:]) >> 1 // positive as int64 too
 	}
 	// Dumps list the engine's own inventory; without one the worker has
-	// none to give (see eventplane.EventLog.Dump).
+	// none to give (see eventplane.EventLog.Dump). Nor with other event
+	// sources: their blocks share the engine's event ids but not its list,
+	// so a dump would drop them for good.
 	var holdings eventplane.Holdings
-	if inv, ok := eng.(engine.Inventory); ok {
+	if inv, ok := eng.(engine.Inventory); ok && len(cfg.EventSources) == 0 {
 		holdings = inventoryHoldings{inv}
 	}
 	evlog, err := eventplane.NewEventLog(cfg.InstanceID, cfg.RingSize, holdings)

@@ -312,12 +312,7 @@ func TestEventsPlaneAndRepairAnswers(t *testing.T) {
 // cached prefix, as the sim's own lookup finds it) and what its events
 // built, up to the dump's last event id.
 func TestDumpIsTheSimsInventory(t *testing.T) {
-	cfg := sim.DefaultConfig()
-	cfg.Model, cfg.BlockSize, cfg.Blocks, cfg.SpeedupRatio = "m", 4, 48, 0
-	eng, err := sim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	eng := smallSim(t)
 	w, c := startWorker(t, nil, eng)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -506,16 +501,48 @@ func subscribeLoads(t *testing.T, nc *nats.Conn, n int) <-chan eventplane.LoadRe
 // (the record expires with its TTL), so Close answers nil.
 func TestCloseWithNATSAway(t *testing.T) {
 	e, nc := startNATS(t)
-	cfg := sim.DefaultConfig()
-	cfg.Model, cfg.BlockSize, cfg.Blocks, cfg.SpeedupRatio = "m", 4, 48, 0
-	eng, err := sim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	eng := smallSim(t)
 	w, _ := startWorker(t, nc, eng)
 	e.Shutdown()
 	testutil.WaitFor(t, 10*time.Second, "the connection to notice NATS is gone", func() bool { return !nc.IsConnected() })
 	if err := w.Close(); err != nil {
 		t.Fatalf("Close with NATS away: %v", err)
 	}
+}
+
+// sinkSource is an event source beside the engine (as the KVCR agent is).
+type sinkSource struct{ sink engine.EventSink }
+
+func (s *sinkSource) SetEventSink(sink engine.EventSink) { s.sink = sink }
+
+// Another event source's blocks are not in the engine's inventory, though
+// they take the same event ids: a dump would mark them reflected and drop
+// them for good, so the worker gives none.
+func TestNoDumpBesideAnotherEventSource(t *testing.T) {
+	eng := smallSim(t)
+	src := &sinkSource{}
+	w, c := startWorkerWith(t, nil, eng, Config{EventSources: []EventSource{src}})
+	if src.sink == nil {
+		t.Fatal("the source got no sink")
+	}
+	src.sink([]kv.Event{kv.Stored(kv.WorkerKey{}, kv.TierHost, nil, []kv.StoredBlock{{EngineHash: 5}})})
+	wk := kv.WorkerKey{Instance: w.InstanceID()}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d, err := c.Dump(ctx, &api.DumpRequest{Worker: api.KeyToProto(wk)})
+	if err != nil || !d.NoInventory || d.LastId != 1 {
+		t.Fatalf("dump %v %v", d, err)
+	}
+}
+
+// smallSim is a sim of 48 blocks of 4 tokens that answers at once.
+func smallSim(t *testing.T) *sim.Engine {
+	t.Helper()
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.BlockSize, cfg.Blocks, cfg.SpeedupRatio = "m", 4, 48, 0
+	eng, err := sim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eng
 }

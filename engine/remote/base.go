@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // Base is the part of an adapter every engine shares: the engine's
@@ -132,6 +133,16 @@ func (b *Base) SetEventSink(s engine.EventSink) {
 	if b.relay != nil {
 		b.relay.SetSink(s)
 	}
+}
+
+// Inventory lists what rank holds as the relayed KV events built it
+// (engine.Inventory), so the worker can answer dumps; false without a
+// relay.
+func (b *Base) Inventory(rank int, at func()) ([]kv.Event, bool) {
+	if b.relay == nil {
+		return nil, false
+	}
+	return b.relay.Inventory(rank, at)
 }
 
 // Relay is the KV-event relay, or nil when the engine relays none.

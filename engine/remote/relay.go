@@ -3,6 +3,7 @@ package remote
 import (
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/engine"
@@ -47,10 +48,19 @@ type Relay struct {
 	subs []*events.Subscriber
 	lost []uint64 // per rank, owned by that rank's subscriber goroutine
 	feed *Feed
+	held []rankState
 
 	cleared, mismatch atomic.Uint64
 	lostWarned        atomic.Bool
 	mismatchWarned    atomic.Bool
+}
+
+// rankState is what one rank's relayed events built; its lock is held
+// while they reach the sink, so a listing of it matches the worker's event
+// log exactly.
+type rankState struct {
+	mu       sync.Mutex
+	holdings *rankHoldings
 }
 
 // NewRelay validates cfg and prepares one subscriber per rank; nothing is
@@ -65,7 +75,10 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger, lost: make([]uint64, cfg.DPSize)}
+	r := &Relay{cfg: cfg, log: cfg.Logger, lost: make([]uint64, cfg.DPSize), held: make([]rankState, cfg.DPSize)}
+	for i := range r.held {
+		r.held[i].holdings = newRankHoldings()
+	}
 	for rank := range cfg.DPSize {
 		ep, err := events.RankEndpoint(cfg.Endpoint, rank)
 		if err != nil {
@@ -126,7 +139,28 @@ func (r *Relay) deliver(rank int, d events.Delivery) {
 	for i := range evs {
 		evs[i].Worker.DPRank = uint32(rank)
 	}
+	st := &r.held[rank]
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.holdings.apply(evs)
 	r.feed.Send(evs)
+}
+
+// Inventory lists what rank holds according to its relayed events, as
+// Stored events (engine.Inventory); at runs while the list matches the
+// events handed to the sink.
+func (r *Relay) Inventory(rank int, at func()) ([]kv.Event, bool) {
+	if rank < 0 || rank >= len(r.held) {
+		return nil, false
+	}
+	st := &r.held[rank]
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	evs := st.holdings.list(kv.WorkerKey{DPRank: uint32(rank)})
+	if at != nil {
+		at()
+	}
+	return evs, true
 }
 
 // Stats sums the ranks' counters.

@@ -18,9 +18,10 @@ type Engine struct {
 }
 
 var (
-	_ engine.Engine = (*Engine)(nil)
-	_ engine.Ranked = (*Engine)(nil)
-	_ engine.Health = (*Engine)(nil)
+	_ engine.Engine    = (*Engine)(nil)
+	_ engine.Ranked    = (*Engine)(nil)
+	_ engine.Health    = (*Engine)(nil)
+	_ engine.Inventory = (*Engine)(nil) // from its relayed events: dumps
 )
 
 // New waits until the server is healthy (bounded by ctx), reads its model
