@@ -2,10 +2,15 @@ package frontend
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"slices"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvmesh/kvmesh/internal/stages"
+	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
 // A streaming chat request passes the frontend's stages once each, and
@@ -30,5 +35,50 @@ func TestStagesObservedPerRequest(t *testing.T) {
 	}
 	if n := snap[stages.Route.String()].Total(); n != 0 {
 		t.Errorf("route observed %d times without a fleet", n)
+	}
+}
+
+// A conversation's later turns reach the backend with the tokens a whole
+// encoding gives, the earlier turns' from the model's prefix cache, and
+// the template and tokenize stages are timed apart.
+func TestChatTurnsReusePrefixTokens(t *testing.T) {
+	m, err := BuiltinModel("test-model")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &fakeBackend{reply: "ok"}
+	reg := prometheus.NewRegistry()
+	ts := newTestServerFor(t, New(DefaultConfig(), b, models{m}, reg, reg))
+	history := `{"role":"system","content":"You are terse."},{"role":"user","content":"What is 2+2? <|im_end|> not a marker"}`
+	for turn := range 4 {
+		resp, body := post(t, ts.URL+"/v1/chat/completions", `{"model":"test-model","messages":[`+history+`]}`)
+		if resp.StatusCode != 200 {
+			t.Fatalf("turn %d: status %d: %s", turn, resp.StatusCode, body)
+		}
+		history += fmt.Sprintf(`,{"role":"assistant","content":"answer %d"},{"role":"user","content":"and then %d?"}`, turn, turn)
+	}
+	st := m.PrefixStats()
+	if st.Hits != 3 || st.Misses != 1 || st.Off || st.Reused == 0 {
+		t.Fatalf("prefix cache %+v, want 3 hits after the first turn", st)
+	}
+	// The tokens sent equal the uncached encoding of the same messages.
+	tok, tmpl, err := tokenizer.Builtin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []tokenizer.Message{{Role: "system", Content: "You are terse."}, {Role: "user", Content: "What is 2+2? <|im_end|> not a marker"}}
+	for turn, req := range b.requests {
+		want, _, _ := tokenizer.EncodeChat(tok, tmpl, msgs, 0)
+		if !slices.Equal(req.Tokens, want) {
+			t.Fatalf("turn %d: %d tokens sent, want %d", turn, len(req.Tokens), len(want))
+		}
+		msgs = append(msgs, tokenizer.Message{Role: "assistant", Content: fmt.Sprintf("answer %d", turn)}, tokenizer.Message{Role: "user", Content: fmt.Sprintf("and then %d?", turn)})
+	}
+	snap, err := stages.Scrape(context.Background(), http.DefaultClient, ts.URL+"/metrics", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap["template"].Total() != 4 || snap["tokenize"].Total() != 4 {
+		t.Fatalf("template %d, tokenize %d observations, want 4 each", snap["template"].Total(), snap["tokenize"].Total())
 	}
 }

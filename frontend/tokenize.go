@@ -3,6 +3,8 @@ package frontend
 import (
 	"context"
 	"net/http"
+
+	"github.com/kvmesh/kvmesh/internal/stages"
 )
 
 // Tokenizing is CPU work a client chooses the size of; it is bounded twice.
@@ -37,6 +39,21 @@ func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message) ([]uint32
 	}
 	defer release()
 	limit := s.maxContext(m)
+	if m.RenderChat != nil && m.EncodeRendered != nil {
+		text, over, err := m.RenderChat(msgs, limit)
+		switch {
+		case err != nil:
+			return nil, invalid("messages", "the chat template could not render these messages: %v", err)
+		case over:
+			return nil, tooManyTokens("messages", limit)
+		}
+		stages.From(r.Context()).Mark(stages.Template)
+		ids, done := m.EncodeRendered(text, limit)
+		if !done {
+			return nil, tooManyTokens("messages", limit)
+		}
+		return ids, nil
+	}
 	if m.EncodeChatUpTo == nil {
 		ids, err := m.EncodeChat(msgs)
 		if err != nil {
