@@ -32,14 +32,13 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 	}
 	// A conversation's later turns resend its history: they tokenize only
 	// what follows the longest start an earlier prompt had.
-	if cache := tokenizer.NewPrefixCache(tok, PrefixCacheTokens); cache != nil {
-		m.prefixCache = cache
-		m.EncodeRendered = func(text string, max int) ([]uint32, bool) {
-			ids, done, _ := cache.EncodeUpTo(text, max)
+	m.prefixCache = tokenizer.NewPrefixCache(tok, PrefixCacheTokens)
+	m.EncodeRendered = func(text string, max int) ([]uint32, bool) {
+		if c := m.prefixCache; c != nil {
+			ids, done, _ := c.EncodeUpTo(text, max)
 			return ids, done
 		}
-	} else {
-		m.EncodeRendered = func(text string, max int) ([]uint32, bool) { return tok.EncodeUpTo(text, true, max) }
+		return tok.EncodeUpTo(text, true, max)
 	}
 	m.EncodeChatUpTo = func(msgs []Message, max int) ([]uint32, bool, error) {
 		text, over, err := m.RenderChat(msgs, max)

@@ -42,6 +42,10 @@ type BPE struct {
 	// a special token starts with (setAdded sets both).
 	longest      int
 	specialFirst string
+	// addedByte is the one byte every added token starts with ("<" in
+	// most vocabularies) when addedJump, so the scan for them can jump.
+	addedByte byte
+	addedJump bool
 }
 
 type addedToken struct {
@@ -142,6 +146,9 @@ func (t *BPE) encodeMarked(text string, special bool, max int, mark func(at, tok
 	e.yield = e.piece
 	seg := 0
 	for i := 0; i < len(text) && !e.full(); {
+		if i = t.nextAdded(text, i); i == len(text) {
+			break
+		}
 		a, ok := t.addedAt(text, i, special)
 		if !ok {
 			i++
@@ -162,6 +169,18 @@ func (t *BPE) encodeMarked(text string, special bool, max int, mark func(at, tok
 		e.ordinary(text[seg:], special)
 	}
 	return e.out, !e.full()
+}
+
+// nextAdded is the first offset from i where an added token may start
+// (len(text): none).
+func (t *BPE) nextAdded(text string, i int) int {
+	if !t.addedJump {
+		return i
+	}
+	if j := strings.IndexByte(text[i:], t.addedByte); j >= 0 {
+		return i + j
+	}
+	return len(text)
 }
 
 // addedAt is the added token the encoder matches at text[i:] (leftmost
@@ -545,6 +564,14 @@ func (t *BPE) setAdded(tokens []addedToken) {
 		}
 		t.addedByFirst[f] = append(t.addedByFirst[f], a)
 	}
+	firsts := 0
+	for i, l := range t.addedByFirst {
+		if len(l) > 0 {
+			firsts++
+			t.addedByte = byte(i)
+		}
+	}
+	t.addedJump = firsts == 1
 	for i := range t.addedByFirst {
 		l := t.addedByFirst[i]
 		sort.SliceStable(l, func(a, b int) bool { return len(l[a].content) > len(l[b].content) })

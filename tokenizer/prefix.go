@@ -73,6 +73,14 @@ func NewPrefixCache(t Tokenizer, budget int) *PrefixCache {
 	return &PrefixCache{t: b, budget: budget, keys: map[xxh3.Uint128]*list.Element{}, toCheck: prefixChecks}
 }
 
+// Verify sets how many of the next hits are checked against a whole
+// encoding (prefixChecks at first).
+func (c *PrefixCache) Verify(hits int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.toCheck = hits
+}
+
 // PrefixStats are a cache's counts so far.
 type PrefixStats struct {
 	Hits, Misses int64
@@ -139,6 +147,9 @@ func (c *PrefixCache) cutKeys(text string) (keys []xxh3.Uint128, offs []int) {
 	var h xxh3.Hasher
 	last := 0
 	for i := 0; i < len(text); {
+		if i = c.t.nextAdded(text, i); i == len(text) {
+			break
+		}
 		a, ok := c.t.addedAt(text, i, true)
 		if !ok {
 			i++

@@ -195,7 +195,7 @@ func BenchmarkChatTurns(b *testing.B) {
 			for b.Loop() {
 				b.StopTimer()
 				c := NewPrefixCache(tok, 1<<22)
-				c.toCheck = 0
+				c.Verify(0)
 				if turn > 1 {
 					c.EncodeUpTo(texts[turn-2], 0)
 				}
