@@ -24,8 +24,9 @@ const (
 	TRTLLM Engine = "trtllm"
 )
 
-// Engines lists every wire form.
-var Engines = []Engine{VLLM, VLLMBridge, SGLang, TRTLLM}
+// Engines lists every wire form (a fresh slice: the package keeps no
+// state a caller could change).
+func Engines() []Engine { return []Engine{VLLM, VLLMBridge, SGLang, TRTLLM} }
 
 // Keys inside kv_transfer_params (vLLM connector metadata).
 const (
@@ -38,7 +39,7 @@ const (
 
 // ParseEngine maps a name (as in flags) to an Engine.
 func ParseEngine(s string) (Engine, error) {
-	for _, e := range Engines {
+	for _, e := range Engines() {
 		if string(e) == s {
 			return e, nil
 		}

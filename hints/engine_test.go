@@ -25,7 +25,7 @@ func testEnvelope(t *testing.T) *Envelope {
 
 func TestEncodeGolden(t *testing.T) {
 	env := testEnvelope(t)
-	for _, engine := range Engines {
+	for _, engine := range Engines() {
 		t.Run(string(engine), func(t *testing.T) {
 			got, err := Encode(engine, env)
 			if err != nil {
@@ -57,7 +57,7 @@ func TestEncodeGolden(t *testing.T) {
 }
 
 func TestEngineNames(t *testing.T) {
-	for _, e := range Engines {
+	for _, e := range Engines() {
 		if got, err := ParseEngine(string(e)); err != nil || got != e {
 			t.Errorf("ParseEngine(%q) = %q, %v", e, got, err)
 		}

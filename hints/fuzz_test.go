@@ -50,7 +50,7 @@ func FuzzParse(f *testing.F) {
 		if out2 := again.Marshal(); !bytes.Equal(out, out2) {
 			t.Fatalf("Marshal not a fixed point\n%s\n%s", out, out2)
 		}
-		for _, engine := range Engines {
+		for _, engine := range Engines() {
 			wire, err := Encode(engine, env)
 			if err != nil {
 				t.Fatalf("%s: %v", engine, err)

@@ -27,12 +27,15 @@
 // answers the decode's lookup on its side channel (LookupRoom), the decode
 // pulls them and notifies.
 //
-// Shared pieces of the three stand-ins:
-// SideChannel (a port that serves leased blocks by pool id through package
-// transfer and takes "request_id:consumers" notifications), Leases (blocks
-// pinned for a peer, freed on notification or when the lease runs out),
-// Pull (the consumer side), RankPublishers (one vLLM-wire publisher per DP
-// rank, with the engine-hash mapping) and the OpenAI error and SSE helpers.
+// Shared pieces of the three stand-ins: the core each embeds (core.go:
+// the sim's set-up, tokenizer and stop tokens, the context bound, the
+// producer's leases and side channels, the consumer's pulls and
+// notifications), SideChannel (a port that serves leased blocks by pool id
+// through package transfer and takes "request_id:consumers"
+// notifications), Leases (blocks pinned for a peer, freed on notification
+// or when the lease runs out), RankPublishers (one vLLM-wire publisher per
+// DP rank, with the engine-hash mapping), the per-rank metric figures
+// (metrics.go) and the OpenAI request, response, error and SSE helpers.
 //
 // It imports engine/sim, events, transfer, hints, tokenizer and kv; it must
 // not import frontend, worker, router, the fleet layer or cmd: it stands

@@ -75,6 +75,38 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(b)
 }
 
+// respHead opens every response and stream chunk, vLLM's and
+// TensorRT-LLM's alike, in this order.
+type respHead struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+}
+
+// choiceEnd closes a choice: how it finished (logprobs, which the
+// stand-ins refuse, are null).
+type choiceEnd struct {
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+	StopReason   any     `json:"stop_reason"`
+}
+
+func ended(finish *string, stopReason any) choiceEnd {
+	return choiceEnd{FinishReason: finish, StopReason: stopReason}
+}
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+type usageInfo struct {
+	PromptTokens        int            `json:"prompt_tokens"`
+	TotalTokens         int            `json:"total_tokens"`
+	CompletionTokens    int            `json:"completion_tokens"`
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details"`
+}
+
 // sse writes a server-sent-event stream as vLLM does: "data: {json}\n\n"
 // per chunk, "data: [DONE]\n\n" at the end, flushed per event.
 type sse struct {

@@ -167,7 +167,7 @@ func NewSGLang(ctx context.Context, cfg SGLangConfig) (*SGLang, error) {
 		}
 		v.eng.SetEventSink(s.inv.Split(next))
 	}
-	s.cfg.MaxModelLen = v.maxModelLen
+	s.cfg.MaxModelLen = v.maxLen
 	if cfg.DisaggMode == DisaggPrefill {
 		for _, sc := range v.sides {
 			sc.SetRooms(s.rooms.lookup)

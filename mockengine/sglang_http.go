@@ -2,10 +2,7 @@ package mockengine
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -273,22 +270,10 @@ func (s *SGLang) parse(r *http.Request) (*sglJob, int, string) {
 	if sp.PresencePenalty != nil {
 		req.PresencePenalty = *sp.PresencePenalty
 	}
-	switch {
-	case sp.SamplingSeed != nil:
-		req.Seed = uint64(*sp.SamplingSeed)
-	case temp > 0:
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		req.Seed = binary.LittleEndian.Uint64(b[:])
-	}
-	if sp.IgnoreEOS == nil || !*sp.IgnoreEOS {
-		req.StopTokens = append(req.StopTokens, s.v.eos...)
-	}
-	for _, t := range sp.StopTokenIDs {
-		if t < 0 || t > math.MaxUint32 {
-			return nil, http.StatusBadRequest, fmt.Sprintf("stop_token_ids: %d is not a token id", t)
-		}
-		req.StopTokens = append(req.StopTokens, kv.Token(t))
+	req.Seed = seedFor(sp.SamplingSeed, temp)
+	var err error
+	if req.StopTokens, _, err = s.v.stopTokens(sp.IgnoreEOS != nil && *sp.IgnoreEOS, sp.StopTokenIDs); err != nil {
+		return nil, http.StatusBadRequest, err.Error()
 	}
 
 	// Hints: the native envelope (malformed is a 400, as SGLang's
@@ -469,22 +454,14 @@ func (s *SGLang) serveGenerate(w http.ResponseWriter, r *http.Request) {
 		}
 		if len(a.IDs) > 0 {
 			host, _, _ := net.SplitHostPort(j.boot)
-			ids := make([]int64, len(a.IDs))
-			for i, id := range a.IDs {
-				ids[i] = int64(id)
-			}
-			ps = &pullState{p: decodeParams{engineID: a.EngineID, requestID: RoomLeaseID(*j.room), host: host, port: a.Port, blockIDs: ids}}
+			ps = &pullState{p: decodeParams{engineID: a.EngineID, requestID: RoomLeaseID(*j.room), host: host, port: a.Port, blockIDs: poolIDs(a.IDs)}}
 			s.v.pulls.Store(j.rid, ps)
 			defer s.v.pulls.Delete(j.rid)
 		}
 	}
-	ch, err := s.v.eng.Generate(ctx, j.req)
+	ch, code, err := s.v.generate(ctx, j.req)
 	if err != nil {
-		if errors.Is(err, engine.ErrClosed) {
-			abort(http.StatusServiceUnavailable, err.Error())
-			return
-		}
-		abort(http.StatusBadRequest, err.Error())
+		abort(code, err.Error())
 		return
 	}
 	var (
@@ -598,43 +575,23 @@ func (s *SGLang) holdForDecode(ctx context.Context, j *sglJob) {
 // sim at scrape time.
 type sglangCollector struct{ s *SGLang }
 
-var (
-	sglLabels      = []string{"model_name", "engine_type", "tp_rank", "pp_rank", "dp_rank"}
-	descSGLRunning = prometheus.NewDesc("sglang:num_running_reqs", "The number of running requests.", sglLabels, nil)
-	descSGLQueue   = prometheus.NewDesc("sglang:num_queue_reqs", "The number of requests in the waiting queue.", sglLabels, nil)
-	descSGLUsage   = prometheus.NewDesc("sglang:token_usage", "The token usage.", sglLabels, nil)
-	descSGLUsed    = prometheus.NewDesc("sglang:num_used_tokens", "The number of used tokens.", sglLabels, nil)
-	descSGLHitRate = prometheus.NewDesc("sglang:cache_hit_rate", "The prefix cache hit rate.", sglLabels, nil)
-	descSGLPrompt  = prometheus.NewDesc("sglang:prompt_tokens_total", "Number of prefill tokens processed.", sglLabels, nil)
-	descSGLGen     = prometheus.NewDesc("sglang:generation_tokens_total", "Number of generation tokens processed.", sglLabels, nil)
-	descSGLCached  = prometheus.NewDesc("sglang:cached_tokens_total", "Number of cached prompt tokens.", sglLabels, nil)
-)
+var sglSeries = rankTable([]string{"model_name", "engine_type", "tp_rank", "pp_rank", "dp_rank"}, []seriesDef{
+	{"sglang:num_running_reqs", "The number of running requests.", figRunning},
+	{"sglang:num_queue_reqs", "The number of requests in the waiting queue.", figWaiting},
+	{"sglang:token_usage", "The token usage.", figKVUsage},
+	{"sglang:num_used_tokens", "The number of used tokens.", figUsedTokens},
+	{"sglang:cache_hit_rate", "The prefix cache hit rate.", figHitRate},
+	{"sglang:prompt_tokens_total", "Number of prefill tokens processed.", figPromptTokens},
+	{"sglang:generation_tokens_total", "Number of generation tokens processed.", figOutputTokens},
+	{"sglang:cached_tokens_total", "Number of cached prompt tokens.", figCachedTokens},
+})
 
 func (c *sglangCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
 
 func (c *sglangCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
 	engineType := map[string]string{DisaggNull: "unified", DisaggPrefill: "prefill", DisaggDecode: "decode"}[s.cfg.DisaggMode]
-	counters := s.v.rankCounters()
-	bs := s.cfg.Sim.BlockSize
-	for r := range s.v.eng.DPSize() {
-		lv := []string{s.cfg.Sim.Model, engineType, "0", "0", strconv.Itoa(r)}
-		st := s.v.eng.RankStats(r)
-		ct := counters[r]
-		usage, hit := 0.0, 0.0
-		if st.TotalBlocks > 0 {
-			usage = float64(st.UsedBlocks) / float64(st.TotalBlocks)
-		}
-		if ct.PromptTokens > 0 {
-			hit = float64(ct.CachedTokens) / float64(ct.PromptTokens)
-		}
-		ch <- prometheus.MustNewConstMetric(descSGLRunning, prometheus.GaugeValue, float64(st.Running), lv...)
-		ch <- prometheus.MustNewConstMetric(descSGLQueue, prometheus.GaugeValue, float64(st.Waiting), lv...)
-		ch <- prometheus.MustNewConstMetric(descSGLUsage, prometheus.GaugeValue, usage, lv...)
-		ch <- prometheus.MustNewConstMetric(descSGLUsed, prometheus.GaugeValue, float64(st.UsedBlocks*bs), lv...)
-		ch <- prometheus.MustNewConstMetric(descSGLHitRate, prometheus.GaugeValue, hit, lv...)
-		ch <- prometheus.MustNewConstMetric(descSGLPrompt, prometheus.CounterValue, float64(ct.PromptTokens), lv...)
-		ch <- prometheus.MustNewConstMetric(descSGLGen, prometheus.CounterValue, float64(ct.OutputTokens), lv...)
-		ch <- prometheus.MustNewConstMetric(descSGLCached, prometheus.CounterValue, float64(ct.CachedTokens), lv...)
-	}
+	s.v.collectRanks(ch, sglSeries, func(r int) []string {
+		return []string{s.cfg.Sim.Model, engineType, "0", "0", strconv.Itoa(r)}
+	})
 }

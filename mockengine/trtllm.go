@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,7 +16,6 @@ import (
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/tokenizer"
-	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // TRTLLMVersion is what the TensorRT-LLM stand-in's /version reports: the
@@ -98,22 +95,9 @@ type TransceiverConfig struct {
 
 // TRTLLM is the TensorRT-LLM stand-in: serve Handler on an HTTP listener.
 type TRTLLM struct {
-	cfg       TRTLLMConfig
-	log       *slog.Logger
-	eng       *sim.Engine
-	tok       tokenizer.Tokenizer
-	tmpl      tokenizer.ChatTemplate
-	eos       []kv.Token
-	maxSeqLen int
-	created   int64
-	mux       *http.ServeMux
-
-	leases *Leases
-	side   *SideChannel
-	client *transfer.Client
-	engID  string
-	digest string
-	pulls  sync.Map
+	core
+	cfg    TRTLLMConfig
+	mux    *http.ServeMux
 	reqSeq atomic.Int64
 
 	evMu        sync.Mutex
@@ -128,89 +112,26 @@ type TRTLLM struct {
 
 	recMu   sync.Mutex
 	records []DisaggRecord
-
-	closed atomic.Bool
-	pull   PullStats
-	pullMu sync.Mutex
 }
 
 // NewTRTLLM starts the engine and its cache transceiver.
 func NewTRTLLM(ctx context.Context, cfg TRTLLMConfig) (*TRTLLM, error) {
-	t := &TRTLLM{cfg: cfg, log: cfg.Logger, tok: cfg.Tokenizer, tmpl: cfg.Template, created: time.Now().Unix()}
-	if t.log == nil {
-		t.log = slog.New(slog.DiscardHandler)
-	}
-	if t.tok == nil || t.tmpl == nil {
-		tok, tmpl, err := tokenizer.Builtin()
-		if err != nil {
-			return nil, err
-		}
-		if t.tok == nil {
-			t.tok = tok
-		}
-		if t.tmpl == nil {
-			t.tmpl = tmpl
-		}
-	}
-	for _, s := range []string{"<|endoftext|>", "<|im_end|>"} {
-		if id, ok := t.tok.TokenID(s); ok {
-			t.eos = append(t.eos, id)
-		}
-	}
-	sc := cfg.Sim
-	if sc.DPSize > 1 {
+	if cfg.Sim.DPSize > 1 {
 		return nil, errors.New("the TensorRT-LLM stand-in runs one rank")
 	}
-	if sc.VocabSize == 0 {
-		sc.VocabSize = t.tok.VocabSize()
-	}
-	sc.StoreChecksums = true
-	if sc.Layers == 0 {
-		sc.Layers = sim.DefaultLayers
-	}
-	if sc.PayloadSize == 0 {
-		sc.PayloadSize = sim.DefaultPayloadSize
-	}
-	if cfg.Transceiver != nil {
-		sc.Fetcher = t.fetch
-	}
-	eng, err := sim.New(sc)
-	if err != nil {
+	t := &TRTLLM{cfg: cfg}
+	if err := t.start(coreConfig{sim: cfg.Sim, maxLen: cfg.MaxSeqLen, maxLenArg: "max_seq_len", tok: cfg.Tokenizer,
+		tmpl: cfg.Template, log: cfg.Logger, pulls: cfg.Transceiver != nil}); err != nil {
 		return nil, err
 	}
-	t.eng = eng
-	t.cfg.Sim = eng.SimConfig()
-	sc = t.cfg.Sim
-	t.digest = sc.Digest
-	capTokens := sc.Blocks * sc.BlockSize
-	t.maxSeqLen = cfg.MaxSeqLen
-	if t.maxSeqLen <= 0 {
-		t.maxSeqLen = min(capTokens, 32768)
-	}
-	if t.maxSeqLen > capTokens {
-		eng.Close()
-		return nil, fmt.Errorf("max_seq_len %d exceeds the KV capacity of %d tokens (%d blocks of %d)", t.maxSeqLen, capTokens, sc.Blocks, sc.BlockSize)
-	}
+	t.cfg.Sim = t.sc
 	if cfg.EventBufferMaxSize > 0 {
 		t.blockTokens = make(map[kv.SeqHash][]kv.Token)
 		t.queueCreated()
-		eng.SetEventSink(t.sink)
+		t.eng.SetEventSink(t.sink)
 	}
 	if tc := cfg.Transceiver; tc != nil {
-		if tc.Host == "" {
-			tc.Host = "127.0.0.1"
-		}
-		if tc.LeaseDuration <= 0 {
-			tc.LeaseDuration = DefaultLeaseDuration
-		}
-		if tc.PullTimeout <= 0 {
-			tc.PullTimeout = DefaultPullTimeout
-		}
-		t.engID = randomHex(16)
-		t.client = transfer.NewClient(transfer.ClientOptions{Timeout: tc.PullTimeout})
-		t.leases = NewLeases(eng, sc.Layers, sc.PayloadSize, tc.LeaseDuration)
-		t.side, err = ServeSideChannel(net.JoinHostPort(tc.Host, strconv.Itoa(tc.Port)), t.leases, sideDigest(t.engID, t.digest), t.log)
-		if err != nil {
+		if err := t.startHandoffs(handoffConfig{host: tc.Host, port: tc.Port, lease: tc.LeaseDuration, pullTimeout: tc.PullTimeout}); err != nil {
 			t.Close()
 			return nil, fmt.Errorf("cache transceiver: %w", err)
 		}
@@ -226,46 +147,16 @@ func (t *TRTLLM) Handler() http.Handler { return t.mux }
 func (t *TRTLLM) Engine() *sim.Engine { return t.eng }
 
 // MaxSeqLen is the context length.
-func (t *TRTLLM) MaxSeqLen() int { return t.maxSeqLen }
+func (t *TRTLLM) MaxSeqLen() int { return t.maxLen }
 
 // TransceiverPort is the cache transceiver's port (0 without one).
-func (t *TRTLLM) TransceiverPort() int {
-	if t.side == nil {
-		return 0
-	}
-	return t.side.Port()
-}
+func (t *TRTLLM) TransceiverPort() int { return t.sidePort(0) }
 
 // LeaseStats is the context side's lease table.
-func (t *TRTLLM) LeaseStats() LeaseStats {
-	if t.leases == nil {
-		return LeaseStats{}
-	}
-	return t.leases.Stats()
-}
-
-// PullStats counts the generation side's pulls.
-func (t *TRTLLM) PullStats() PullStats {
-	t.pullMu.Lock()
-	defer t.pullMu.Unlock()
-	return t.pull
-}
+func (t *TRTLLM) LeaseStats() LeaseStats { return t.leaseStats(0) }
 
 // Close stops everything; /health answers 503 afterwards.
 func (t *TRTLLM) Close() error {
-	if t.closed.Swap(true) {
-		return nil
-	}
-	var errs []error
-	if t.side != nil {
-		errs = append(errs, t.side.Close())
-	}
-	if t.leases != nil {
-		t.leases.Close()
-	}
-	errs = append(errs, t.eng.Close())
-	if t.client != nil {
-		errs = append(errs, t.client.Close())
-	}
-	return errors.Join(errs...)
+	_, err := t.stop()
+	return err
 }

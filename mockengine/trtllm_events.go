@@ -55,7 +55,7 @@ func (t *TRTLLM) push(data any) {
 	if len(t.evBuf) >= t.cfg.EventBufferMaxSize {
 		t.evBuf = append(t.evBuf[:0], t.evBuf[1:]...)
 	}
-	t.evBuf = append(t.evBuf, trtEvent{EventID: t.evNext, Data: data, WindowSize: t.maxSeqLen})
+	t.evBuf = append(t.evBuf, trtEvent{EventID: t.evNext, Data: data, WindowSize: t.maxLen})
 	t.evNext++
 }
 

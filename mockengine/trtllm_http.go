@@ -2,12 +2,9 @@ package mockengine
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"sort"
@@ -114,24 +111,10 @@ func init() {
 }
 
 type trtRequest struct {
-	Model               string          `json:"model"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Messages            []chatMessage   `json:"messages"`
-	MaxTokens           json.RawMessage `json:"max_tokens"`
-	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
-	MinTokens           int             `json:"min_tokens"`
-	Stream              bool            `json:"stream"`
-	StreamOptions       *streamOptions  `json:"stream_options"`
-	Temperature         *float64        `json:"temperature"`
-	TopP                *float64        `json:"top_p"`
+	openAIRequest
 	Seed                *uint64         `json:"seed"`
-	IgnoreEOS           bool            `json:"ignore_eos"`
-	StopTokenIDs        []int64         `json:"stop_token_ids"`
 	Stop                json.RawMessage `json:"stop"`
-	N                   *int            `json:"n"`
 	BestOf              *int            `json:"best_of"`
-	Echo                bool            `json:"echo"`
-	Logprobs            json.RawMessage `json:"logprobs"`
 	UseBeamSearch       bool            `json:"use_beam_search"`
 	LoRARequest         json.RawMessage `json:"lora_request"`
 	Detokenize          *bool           `json:"detokenize"`
@@ -152,24 +135,18 @@ type trtDisagg struct {
 }
 
 type trtJob struct {
-	chat       bool
-	id         string
-	prompt     []kv.Token
-	maxTokens  int
-	stream     bool
-	usage      bool
-	detok      bool
-	req        *engine.Request
-	disagg     *trtDisagg
-	first      []kv.Token // generation_only: the context's first tokens
-	pull       *trtPull   // generation_only: where the context's blocks are
-	stopReason map[kv.Token]bool
+	openAIJob
+	id     string
+	detok  bool
+	disagg *trtDisagg
+	first  []kv.Token // generation_only: the context's first tokens
+	pull   *pullState // generation_only: where the context's blocks are
 }
 
 func (t *TRTLLM) parse(r *http.Request, chat bool) (*trtJob, int, string) {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
+	body, err := readBody(r)
 	if err != nil {
-		return nil, http.StatusBadRequest, "cannot read the request body: " + err.Error()
+		return nil, http.StatusBadRequest, err.Error()
 	}
 	if !chat {
 		var fields map[string]json.RawMessage
@@ -217,7 +194,7 @@ func (t *TRTLLM) parse(r *http.Request, chat bool) (*trtJob, int, string) {
 	case q.MinTokens < 0:
 		return nil, http.StatusBadRequest, "min_tokens must be non-negative"
 	}
-	j := &trtJob{chat: chat, stream: q.Stream, detok: q.Detokenize == nil || *q.Detokenize}
+	j := &trtJob{openAIJob: openAIJob{chat: chat, stream: q.Stream}, detok: q.Detokenize == nil || *q.Detokenize}
 	if q.StreamOptions != nil {
 		j.usage = q.StreamOptions.IncludeUsage == nil || *q.StreamOptions.IncludeUsage
 	}
@@ -229,14 +206,11 @@ func (t *TRTLLM) parse(r *http.Request, chat bool) (*trtJob, int, string) {
 	if err != nil {
 		return nil, http.StatusBadRequest, err.Error()
 	}
-	if len(j.prompt) >= t.maxSeqLen {
-		return nil, http.StatusBadRequest, fmt.Sprintf("The prompt length (%d) plus max_tokens exceeds max_seq_len (%d).", len(j.prompt), t.maxSeqLen)
+	if len(j.prompt) >= t.maxLen {
+		return nil, http.StatusBadRequest, fmt.Sprintf("The prompt length (%d) plus max_tokens exceeds max_seq_len (%d).", len(j.prompt), t.maxLen)
 	}
-	room := t.maxSeqLen - len(j.prompt)
-	raw := q.MaxTokens
-	if chat && !isNull(q.MaxCompletionTokens) {
-		raw = q.MaxCompletionTokens
-	}
+	room := t.maxLen - len(j.prompt)
+	raw := q.maxTokens(chat)
 	j.maxTokens = room
 	if !isNull(raw) {
 		n, err := strconv.Atoi(string(bytes.TrimSpace(raw)))
@@ -244,7 +218,7 @@ func (t *TRTLLM) parse(r *http.Request, chat bool) (*trtJob, int, string) {
 			return nil, http.StatusBadRequest, "max_tokens must be a positive integer"
 		}
 		if n > room {
-			return nil, http.StatusBadRequest, fmt.Sprintf("The prompt length (%d) plus max_tokens (%d) exceeds max_seq_len (%d).", len(j.prompt), n, t.maxSeqLen)
+			return nil, http.StatusBadRequest, fmt.Sprintf("The prompt length (%d) plus max_tokens (%d) exceeds max_seq_len (%d).", len(j.prompt), n, t.maxLen)
 		}
 		j.maxTokens = n
 	}
@@ -252,35 +226,12 @@ func (t *TRTLLM) parse(r *http.Request, chat bool) (*trtJob, int, string) {
 		return nil, http.StatusBadRequest, "min_tokens must not exceed max_tokens"
 	}
 	j.id = fmt.Sprintf("%d", t.reqSeq.Add(1))
-	req := &engine.Request{ID: "trtllm-" + j.id + "-" + randomHex(8), Tokens: j.prompt, Sampling: kv.Sampling{MaxTokens: j.maxTokens, MinTokens: q.MinTokens}}
-	req.Temperature = 1
-	if q.Temperature != nil {
-		req.Temperature = *q.Temperature
+	sampling, stops, err := openAISampling(&t.core, &q.openAIRequest, q.Seed, j.maxTokens)
+	if err != nil {
+		return nil, http.StatusBadRequest, err.Error()
 	}
-	if q.TopP != nil {
-		req.TopP = *q.TopP
-	}
-	switch {
-	case q.Seed != nil:
-		req.Seed = *q.Seed
-	case req.Temperature > 0:
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		req.Seed = binary.LittleEndian.Uint64(b[:])
-	}
-	if !q.IgnoreEOS {
-		req.StopTokens = append(req.StopTokens, t.eos...)
-	}
-	for _, id := range q.StopTokenIDs {
-		if id < 0 || id > math.MaxUint32 {
-			return nil, http.StatusBadRequest, fmt.Sprintf("stop_token_ids: %d is not a token id", id)
-		}
-		if j.stopReason == nil {
-			j.stopReason = map[kv.Token]bool{}
-		}
-		j.stopReason[kv.Token(id)] = true
-		req.StopTokens = append(req.StopTokens, kv.Token(id))
-	}
+	j.stopIDs = stops
+	req := &engine.Request{ID: "trtllm-" + j.id + "-" + randomHex(8), Tokens: j.prompt, Sampling: sampling}
 	j.req = req
 	if !isNull(q.DisaggregatedParams) {
 		if code, msg := t.disaggParams(j, q.DisaggregatedParams); code != 0 {
@@ -312,44 +263,14 @@ func (t *TRTLLM) prompt(raw json.RawMessage) ([]kv.Token, error) {
 	if len(ids) == 0 {
 		return nil, errors.New("the prompt cannot be empty")
 	}
-	vocab := int64(max(t.cfg.Sim.VocabSize, t.tok.VocabSize()))
-	out := make([]kv.Token, len(ids))
-	for i, id := range ids {
-		if id < 0 || id >= vocab {
-			return nil, fmt.Errorf("token id %d is out of vocabulary", id)
-		}
-		out[i] = kv.Token(id)
+	out, bad, ok := t.tokenIDs(ids)
+	if !ok {
+		return nil, fmt.Errorf("token id %d is out of vocabulary", bad)
 	}
 	return out, nil
 }
 
-func (t *TRTLLM) renderChat(msgs []chatMessage) ([]kv.Token, error) {
-	if len(msgs) == 0 {
-		return nil, errors.New("messages must be a non-empty list")
-	}
-	tm := make([]tokenizer.Message, len(msgs))
-	for i, m := range msgs {
-		text, err := messageText(m.Content)
-		if err != nil {
-			return nil, fmt.Errorf("messages[%d].content: %v", i, err)
-		}
-		tm[i] = tokenizer.Message{Role: m.Role, Content: text, Name: m.Name}
-	}
-	s, err := t.tmpl.Render(tm, true)
-	if err != nil {
-		return nil, err
-	}
-	return t.tok.EncodeWithSpecial(s), nil
-}
-
 // TensorRT-LLM's response shapes (exclude_unset=False: every field).
-
-type trtUsage struct {
-	PromptTokens        int            `json:"prompt_tokens"`
-	TotalTokens         int            `json:"total_tokens"`
-	CompletionTokens    int            `json:"completion_tokens"`
-	PromptTokensDetails *promptDetails `json:"prompt_tokens_details"`
-}
 
 type trtChoice struct {
 	Index               int        `json:"index"`
@@ -364,12 +285,9 @@ type trtChoice struct {
 }
 
 type trtResp struct {
-	ID             string      `json:"id"`
-	Object         string      `json:"object"`
-	Created        int64       `json:"created"`
-	Model          string      `json:"model"`
+	respHead
 	Choices        []trtChoice `json:"choices"`
-	Usage          *trtUsage   `json:"usage"`
+	Usage          *usageInfo  `json:"usage"`
 	PromptTokenIDs []kv.Token  `json:"prompt_token_ids,omitempty"`
 }
 
@@ -379,21 +297,16 @@ type trtChatDelta struct {
 }
 
 type trtChatChoice struct {
-	Index        int           `json:"index"`
-	Message      *trtChatDelta `json:"message,omitempty"`
-	Delta        *trtChatDelta `json:"delta,omitempty"`
-	Logprobs     any           `json:"logprobs"`
-	FinishReason *string       `json:"finish_reason"`
-	StopReason   any           `json:"stop_reason"`
+	Index   int           `json:"index"`
+	Message *trtChatDelta `json:"message,omitempty"`
+	Delta   *trtChatDelta `json:"delta,omitempty"`
+	choiceEnd
 }
 
 type trtChatResp struct {
-	ID      string          `json:"id"`
-	Object  string          `json:"object"`
-	Created int64           `json:"created"`
-	Model   string          `json:"model"`
+	respHead
 	Choices []trtChatChoice `json:"choices"`
-	Usage   *trtUsage       `json:"usage"`
+	Usage   *usageInfo      `json:"usage"`
 }
 
 func (t *TRTLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
@@ -414,13 +327,9 @@ func (t *TRTLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		defer t.pulls.Delete(j.req.ID)
 	}
 	if j.req.MaxTokens > 0 {
-		ch, err := t.eng.Generate(ctx, j.req)
+		ch, code, err := t.generate(ctx, j.req)
 		if err != nil {
-			if errors.Is(err, engine.ErrClosed) {
-				writeTRTError(w, http.StatusServiceUnavailable, err.Error())
-				return
-			}
-			writeTRTError(w, http.StatusBadRequest, err.Error())
+			writeTRTError(w, code, err.Error())
 			return
 		}
 		out = ch
@@ -431,6 +340,9 @@ func (t *TRTLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		prefix = "chatcmpl-"
 	}
 	respID := prefix + randomHex(32)
+	head := func(object string) respHead {
+		return respHead{ID: respID, Object: object, Created: created, Model: t.cfg.Sim.Model}
+	}
 	var (
 		sse    *sse
 		dec    = tokenizer.NewDecoder(t.tok, true)
@@ -443,8 +355,7 @@ func (t *TRTLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	if j.stream {
 		sse = newSSE(w)
 		if chat {
-			sse.event(trtChatResp{ID: respID, Object: "chat.completion.chunk", Created: created, Model: t.cfg.Sim.Model,
-				Choices: []trtChatChoice{{Delta: &trtChatDelta{Role: "assistant"}}}})
+			sse.event(trtChatResp{respHead: head("chat.completion.chunk"), Choices: []trtChatChoice{{Delta: &trtChatDelta{Role: "assistant"}}}})
 		}
 	}
 	emit := func(toks []kv.Token, fr *string) {
@@ -460,8 +371,8 @@ func (t *TRTLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 			return
 		}
 		if chat {
-			sse.event(trtChatResp{ID: respID, Object: "chat.completion.chunk", Created: created, Model: t.cfg.Sim.Model,
-				Choices: []trtChatChoice{{Delta: &trtChatDelta{Content: delta}, FinishReason: fr, StopReason: stopR}}})
+			sse.event(trtChatResp{respHead: head("chat.completion.chunk"),
+				Choices: []trtChatChoice{{Delta: &trtChatDelta{Content: delta}, choiceEnd: ended(fr, stopR)}}})
 			return
 		}
 		c := trtChoice{Text: delta, FinishReason: fr, StopReason: stopR}
@@ -471,7 +382,7 @@ func (t *TRTLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 				c.TokenIDs = []kv.Token{}
 			}
 		}
-		sse.event(trtResp{ID: respID, Object: "text_completion", Created: created, Model: t.cfg.Sim.Model, Choices: []trtChoice{c}})
+		sse.event(trtResp{respHead: head("text_completion"), Choices: []trtChoice{c}})
 	}
 	// A generation leg starts with the context's first tokens.
 	if len(j.first) > 0 {
@@ -517,9 +428,7 @@ func (t *TRTLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 			if c.Usage != nil {
 				u = *c.Usage
 			}
-			if c.Finish == kv.FinishStop && len(tokens) > 0 && j.stopReason[tokens[len(tokens)-1]] {
-				stopR = tokens[len(tokens)-1]
-			}
+			stopR = j.stopReason(c.Finish, tokens)
 		}
 		emit(c.Tokens, fr)
 		if sse != nil && sse.err != nil {
@@ -532,29 +441,29 @@ func (t *TRTLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	if fin == "" {
 		return
 	}
-	usage := &trtUsage{PromptTokens: len(j.prompt), CompletionTokens: len(tokens), TotalTokens: len(j.prompt) + len(tokens),
+	usage := &usageInfo{PromptTokens: len(j.prompt), CompletionTokens: len(tokens), TotalTokens: len(j.prompt) + len(tokens),
 		PromptTokensDetails: &promptDetails{CachedTokens: min(u.CachedTokens, len(j.prompt))}}
 	if sse != nil {
 		if j.usage {
 			if chat {
-				sse.event(trtChatResp{ID: respID, Object: "chat.completion.chunk", Created: created, Model: t.cfg.Sim.Model, Choices: []trtChatChoice{}, Usage: usage})
+				sse.event(trtChatResp{respHead: head("chat.completion.chunk"), Choices: []trtChatChoice{}, Usage: usage})
 			} else {
-				sse.event(trtResp{ID: respID, Object: "text_completion", Created: created, Model: t.cfg.Sim.Model, Choices: []trtChoice{}, Usage: usage})
+				sse.event(trtResp{respHead: head("text_completion"), Choices: []trtChoice{}, Usage: usage})
 			}
 		}
 		sse.done()
 		return
 	}
 	if chat {
-		writeJSON(w, http.StatusOK, trtChatResp{ID: respID, Object: "chat.completion", Created: created, Model: t.cfg.Sim.Model,
-			Choices: []trtChatChoice{{Message: &trtChatDelta{Role: "assistant", Content: string(text)}, FinishReason: &fin, StopReason: stopR}}, Usage: usage})
+		writeJSON(w, http.StatusOK, trtChatResp{respHead: head("chat.completion"),
+			Choices: []trtChatChoice{{Message: &trtChatDelta{Role: "assistant", Content: string(text)}, choiceEnd: ended(&fin, stopR)}}, Usage: usage})
 		return
 	}
 	c := trtChoice{Text: string(text), FinishReason: &fin, StopReason: stopR}
 	if !j.detok {
 		c.Text, c.TokenIDs = "", tokens
 	}
-	resp := trtResp{ID: respID, Object: "text_completion", Created: created, Model: t.cfg.Sim.Model, Choices: []trtChoice{c}, Usage: usage}
+	resp := trtResp{respHead: head("text_completion"), Choices: []trtChoice{c}, Usage: usage}
 	if ctxOnly {
 		c.DisaggregatedParams = t.contextAnswer(j, tokens, fin)
 		resp.Choices[0] = c

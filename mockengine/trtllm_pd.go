@@ -1,16 +1,11 @@
 package mockengine
 
 import (
-	"context"
 	"encoding/base64"
 	"encoding/json"
-	"net"
 	"net/http"
 	"strconv"
-	"sync/atomic"
 
-	"github.com/kvmesh/kvmesh/engine"
-	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -39,14 +34,6 @@ type trtOpaque struct {
 	Port      int     `json:"port"`
 	RequestID string  `json:"request_id"`
 	BlockIDs  []int32 `json:"block_ids"`
-}
-
-// trtPull is one generation request's handoff, looked up by the sim's
-// Fetcher under the request's id.
-type trtPull struct {
-	o         trtOpaque
-	attempted atomic.Bool
-	notified  atomic.Bool
 }
 
 // trtCtxParams is a context answer's disaggregated_params, every field of
@@ -136,7 +123,7 @@ func (t *TRTLLM) disaggParams(j *trtJob, raw json.RawMessage) (int, string) {
 		return http.StatusBadRequest, "disaggregated_params.encoded_opaque_state is not a context state this server can read"
 	}
 	j.first = d.FirstGenTokens
-	j.pull = &trtPull{o: o}
+	j.pull = &pullState{p: decodeParams{engineID: o.EngineID, requestID: o.RequestID, host: o.Host, port: o.Port, blockIDs: poolIDs(o.BlockIDs)}}
 	t.record(DisaggRecord{RequestType: d.RequestType, Params: append(json.RawMessage(nil), raw...), Prompt: j.prompt})
 	j.req.Tokens = append(append([]kv.Token(nil), j.prompt...), j.first...)
 	j.req.MaxTokens = max(j.maxTokens-len(j.first), 0)
@@ -160,79 +147,12 @@ func (t *TRTLLM) contextAnswer(j *trtJob, tokens []kv.Token, fin string) *trtCtx
 		return p // final: nothing to hand off
 	}
 	_, seqs := kv.NewHasher(t.cfg.Sim.BlockSize, j.req.LoRA, j.req.CacheSalt).Blocks(j.prompt)
-	ids := t.leases.Grant(j.req.ID, kv.Seed(j.req.LoRA, j.req.CacheSalt), seqs)
+	ids := t.leases[0].Grant(j.req.ID, kv.Seed(j.req.LoRA, j.req.CacheSalt), seqs)
 	if ids == nil {
 		ids = []int32{}
 	}
-	b, _ := json.Marshal(trtOpaque{EngineID: t.engID, Host: t.cfg.Transceiver.Host, Port: t.side.Port(), RequestID: j.req.ID, BlockIDs: ids})
+	b, _ := json.Marshal(trtOpaque{EngineID: t.engID, Host: t.host, Port: t.sidePort(0), RequestID: j.req.ID, BlockIDs: ids})
 	s := base64.StdEncoding.EncodeToString(b)
 	p.EncodedOpaqueState = &s
 	return p
-}
-
-// fetch is the sim's Fetcher: a generation request pulls the prompt blocks
-// it lacks by the context server's pool ids, inserts them (every byte
-// checked against the block's derivation) and notifies the context
-// server. Whatever fails is recomputed.
-func (t *TRTLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, into sim.Inserter) error {
-	val, ok := t.pulls.Load(req.ID)
-	if !ok {
-		return nil
-	}
-	ps := val.(*trtPull)
-	ps.attempted.Store(true)
-	n := min(len(m.Seq), len(ps.o.BlockIDs)-m.Start)
-	if n <= 0 {
-		t.pullMu.Lock()
-		t.pull.LocalHits++
-		t.pullMu.Unlock()
-		t.notify(ctx, ps)
-		return nil
-	}
-	// TensorRT-LLM's events carry no LoRA name or cache salt.
-	inserted, wanted, err := pullBlocks(ctx, t.client, blockPull{addr: net.JoinHostPort(ps.o.Host, strconv.Itoa(ps.o.Port)),
-		digest: sideDigest(ps.o.EngineID, t.digest), ids: leadingIDs(ps.o.BlockIDs[m.Start : m.Start+n])}, req, m, t.cfg.Sim, into)
-	t.pullMu.Lock()
-	t.pull.Blocks += uint64(inserted)
-	if err != nil {
-		t.pull.Failed++
-	} else {
-		t.pull.OK++
-	}
-	t.pullMu.Unlock()
-	if err != nil {
-		t.log.Warn("kv pull failed; recomputing the rest", "request", req.ID, "ctx_request", ps.o.RequestID, "pulled", inserted, "wanted", wanted, "err", err)
-		return err
-	}
-	t.notify(ctx, ps)
-	return nil
-}
-
-func (t *TRTLLM) notify(ctx context.Context, ps *trtPull) {
-	sent, err := notifyProducer(ctx, &ps.notified, net.JoinHostPort(ps.o.Host, strconv.Itoa(ps.o.Port)), ps.o.RequestID)
-	if !sent {
-		return
-	}
-	t.pullMu.Lock()
-	if err != nil {
-		t.pull.NotifyFailures++
-	} else {
-		t.pull.Notified++
-	}
-	t.pullMu.Unlock()
-	if err != nil {
-		t.log.Warn("kv notification failed; the context server frees its blocks when the lease runs out", "ctx_request", ps.o.RequestID, "err", err)
-	}
-}
-
-// afterPrefill notifies the context server when the sim never called the
-// Fetcher (everything was cached here, or nothing was left to generate).
-func (t *TRTLLM) afterPrefill(ctx context.Context, ps *trtPull) {
-	if ps == nil || ps.attempted.Load() {
-		return
-	}
-	t.pullMu.Lock()
-	t.pull.LocalHits++
-	t.pullMu.Unlock()
-	t.notify(ctx, ps)
 }

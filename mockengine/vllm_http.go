@@ -1,7 +1,6 @@
 package mockengine
 
 import (
-	"errors"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -11,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvmesh/kvmesh/engine"
-	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
@@ -63,7 +61,7 @@ func (v *VLLM) serveModels(w http.ResponseWriter, _ *http.Request) {
 	name := v.cfg.Sim.Model
 	card := func(id, root string, parent any) map[string]any {
 		return map[string]any{"id": id, "object": "model", "created": v.created, "owned_by": "vllm", "root": root,
-			"parent": parent, "max_model_len": v.maxModelLen,
+			"parent": parent, "max_model_len": v.maxLen,
 			"permission": []any{map[string]any{"id": "modelperm-" + randomHex(32), "object": "model_permission",
 				"created": v.created, "allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true,
 				"allow_search_indices": false, "allow_view": true, "allow_fine_tuning": false, "organization": "*",
@@ -82,17 +80,6 @@ func (v *VLLM) serveModels(w http.ResponseWriter, _ *http.Request) {
 // streamed chunks keep the fields vLLM sets explicitly (null included),
 // the final usage chunk drops nulls, whole responses keep every field.
 
-type promptDetails struct {
-	CachedTokens int `json:"cached_tokens"`
-}
-
-type usageInfo struct {
-	PromptTokens        int            `json:"prompt_tokens"`
-	TotalTokens         int            `json:"total_tokens"`
-	CompletionTokens    int            `json:"completion_tokens"`
-	PromptTokensDetails *promptDetails `json:"prompt_tokens_details"`
-}
-
 type streamUsage struct {
 	PromptTokens        int            `json:"prompt_tokens"`
 	TotalTokens         int            `json:"total_tokens"`
@@ -100,54 +87,46 @@ type streamUsage struct {
 	PromptTokensDetails *promptDetails `json:"prompt_tokens_details,omitempty"`
 }
 
+// respTail closes a whole (not streamed) response.
+type respTail struct {
+	ServiceTier       any       `json:"service_tier"`
+	SystemFingerprint any       `json:"system_fingerprint"`
+	Usage             usageInfo `json:"usage"`
+}
+
 type cmplStreamChoice struct {
-	Index          int        `json:"index"`
-	Text           string     `json:"text"`
-	Logprobs       any        `json:"logprobs"`
-	FinishReason   *string    `json:"finish_reason"`
-	StopReason     any        `json:"stop_reason"`
+	Index int    `json:"index"`
+	Text  string `json:"text"`
+	choiceEnd
 	PromptTokenIDs []kv.Token `json:"prompt_token_ids"`
 	TokenIDs       []kv.Token `json:"token_ids"`
 }
 
 type cmplStreamResp struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
+	respHead
 	Choices []cmplStreamChoice `json:"choices"`
 }
 
 type usageChunk struct {
-	ID      string      `json:"id"`
-	Object  string      `json:"object"`
-	Created int64       `json:"created"`
-	Model   string      `json:"model"`
+	respHead
 	Choices []struct{}  `json:"choices"`
 	Usage   streamUsage `json:"usage"`
 }
 
 type cmplChoice struct {
-	Index          int        `json:"index"`
-	Text           string     `json:"text"`
-	Logprobs       any        `json:"logprobs"`
-	FinishReason   *string    `json:"finish_reason"`
-	StopReason     any        `json:"stop_reason"`
+	Index int    `json:"index"`
+	Text  string `json:"text"`
+	choiceEnd
 	TokenIDs       []kv.Token `json:"token_ids"`
 	PromptLogprobs any        `json:"prompt_logprobs"`
 	PromptTokenIDs []kv.Token `json:"prompt_token_ids"`
 }
 
 type cmplResp struct {
-	ID                string         `json:"id"`
-	Object            string         `json:"object"`
-	Created           int64          `json:"created"`
-	Model             string         `json:"model"`
-	Choices           []cmplChoice   `json:"choices"`
-	ServiceTier       any            `json:"service_tier"`
-	SystemFingerprint any            `json:"system_fingerprint"`
-	Usage             usageInfo      `json:"usage"`
-	KVTransferParams  *prefillParams `json:"kv_transfer_params"`
+	respHead
+	Choices []cmplChoice `json:"choices"`
+	respTail
+	KVTransferParams *prefillParams `json:"kv_transfer_params"`
 }
 
 type chatMsgOut struct {
@@ -158,26 +137,19 @@ type chatMsgOut struct {
 }
 
 type chatChoice struct {
-	Index        int        `json:"index"`
-	Message      chatMsgOut `json:"message"`
-	Logprobs     any        `json:"logprobs"`
-	FinishReason *string    `json:"finish_reason"`
-	StopReason   any        `json:"stop_reason"`
-	TokenIDs     []kv.Token `json:"token_ids"`
+	Index   int        `json:"index"`
+	Message chatMsgOut `json:"message"`
+	choiceEnd
+	TokenIDs []kv.Token `json:"token_ids"`
 }
 
 type chatResp struct {
-	ID                string         `json:"id"`
-	Object            string         `json:"object"`
-	Created           int64          `json:"created"`
-	Model             string         `json:"model"`
-	Choices           []chatChoice   `json:"choices"`
-	ServiceTier       any            `json:"service_tier"`
-	SystemFingerprint any            `json:"system_fingerprint"`
-	Usage             usageInfo      `json:"usage"`
-	PromptLogprobs    any            `json:"prompt_logprobs"`
-	PromptTokenIDs    []kv.Token     `json:"prompt_token_ids"`
-	KVTransferParams  *prefillParams `json:"kv_transfer_params"`
+	respHead
+	Choices []chatChoice `json:"choices"`
+	respTail
+	PromptLogprobs   any            `json:"prompt_logprobs"`
+	PromptTokenIDs   []kv.Token     `json:"prompt_token_ids"`
+	KVTransferParams *prefillParams `json:"kv_transfer_params"`
 }
 
 type chatDelta struct {
@@ -195,10 +167,7 @@ type chatStreamChoice struct {
 }
 
 type chatStreamResp struct {
-	ID             string             `json:"id"`
-	Object         string             `json:"object"`
-	Created        int64              `json:"created"`
-	Model          string             `json:"model"`
+	respHead
 	Choices        []chatStreamChoice `json:"choices"`
 	PromptTokenIDs []kv.Token         `json:"prompt_token_ids,omitempty"`
 }
@@ -233,16 +202,15 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 	}
 	// A client that hangs up cancels ctx, and the sim aborts the request.
 	ctx := r.Context()
-	ch, err := v.eng.Generate(ctx, j.req)
+	ch, code, err := v.generate(ctx, j.req)
 	if err != nil {
-		if errors.Is(err, engine.ErrClosed) {
-			WriteError(w, &APIError{Status: http.StatusServiceUnavailable, Message: err.Error()})
-			return
-		}
-		WriteError(w, badRequest(err.Error(), ""))
+		WriteError(w, &APIError{Status: code, Message: err.Error()})
 		return
 	}
 	created := time.Now().Unix()
+	head := func(object string) respHead {
+		return respHead{ID: j.respID, Object: object, Created: created, Model: j.model}
+	}
 	var (
 		res   result
 		sse   *sse
@@ -253,7 +221,7 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 	if j.stream {
 		sse = newSSE(w)
 		if chat {
-			role := chatStreamResp{ID: j.respID, Object: "chat.completion.chunk", Created: created, Model: j.model,
+			role := chatStreamResp{respHead: head("chat.completion.chunk"),
 				Choices: []chatStreamChoice{{Delta: chatDelta{Role: "assistant", Content: new(string)}}}}
 			if j.tokenIDs {
 				role.PromptTokenIDs = j.prompt
@@ -300,9 +268,7 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 			if c.Usage != nil {
 				res.usage = *c.Usage
 			}
-			if c.Finish == kv.FinishStop && len(res.tokens) > 0 && j.stopReasons[res.tokens[len(res.tokens)-1]] {
-				res.stopReason = res.tokens[len(res.tokens)-1]
-			}
+			res.stopReason = j.stopReason(c.Finish, res.tokens)
 			v.noteFinish(j.rank, res.finish)
 			// vLLM's connector answers a prefill that ended by length or
 			// stop; any other end frees its blocks at once.
@@ -321,18 +287,16 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 				if j.tokenIDs {
 					ch.TokenIDs = toks
 				}
-				sse.event(chatStreamResp{ID: j.respID, Object: "chat.completion.chunk", Created: created, Model: j.model,
-					Choices: []chatStreamChoice{ch}})
+				sse.event(chatStreamResp{respHead: head("chat.completion.chunk"), Choices: []chatStreamChoice{ch}})
 			} else {
-				ch := cmplStreamChoice{Text: delta, FinishReason: fr, StopReason: res.stopReason}
+				ch := cmplStreamChoice{Text: delta, choiceEnd: ended(fr, res.stopReason)}
 				if j.tokenIDs {
 					ch.TokenIDs = toks
 					if first {
 						ch.PromptTokenIDs = j.prompt
 					}
 				}
-				sse.event(cmplStreamResp{ID: j.respID, Object: "text_completion", Created: created, Model: j.model,
-					Choices: []cmplStreamChoice{ch}})
+				sse.event(cmplStreamResp{respHead: head("text_completion"), Choices: []cmplStreamChoice{ch}})
 			}
 			if sse.err != nil {
 				return // the write failed: the client is gone, ctx cancels the request
@@ -358,7 +322,7 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 			if chat {
 				obj = "chat.completion.chunk"
 			}
-			sse.event(usageChunk{ID: j.respID, Object: obj, Created: created, Model: j.model, Choices: []struct{}{},
+			sse.event(usageChunk{respHead: head(obj), Choices: []struct{}{},
 				Usage: streamUsage(u)})
 		}
 		sse.done()
@@ -373,16 +337,16 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 	}
 	fr := res.finish
 	if chat {
-		writeJSON(w, http.StatusOK, chatResp{ID: j.respID, Object: "chat.completion", Created: created, Model: j.model,
+		writeJSON(w, http.StatusOK, chatResp{respHead: head("chat.completion"),
 			Choices: []chatChoice{{Message: chatMsgOut{Role: "assistant", Content: string(text), ToolCalls: []any{}},
-				FinishReason: &fr, StopReason: res.stopReason, TokenIDs: tokenIDs}},
-			Usage: u, PromptTokenIDs: promptIDs, KVTransferParams: res.params})
+				choiceEnd: ended(&fr, res.stopReason), TokenIDs: tokenIDs}},
+			respTail: respTail{Usage: u}, PromptTokenIDs: promptIDs, KVTransferParams: res.params})
 		return
 	}
-	writeJSON(w, http.StatusOK, cmplResp{ID: j.respID, Object: "text_completion", Created: created, Model: j.model,
-		Choices: []cmplChoice{{Text: string(text), FinishReason: &fr, StopReason: res.stopReason,
+	writeJSON(w, http.StatusOK, cmplResp{respHead: head("text_completion"),
+		Choices: []cmplChoice{{Text: string(text), choiceEnd: ended(&fr, res.stopReason),
 			TokenIDs: tokenIDs, PromptTokenIDs: promptIDs}},
-		Usage: u, KVTransferParams: res.params})
+		respTail: respTail{Usage: u}, KVTransferParams: res.params})
 }
 
 // vllmCollector exports vLLM's metric names, per DP rank (label engine),
@@ -391,15 +355,17 @@ func (v *VLLM) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) 
 type vllmCollector struct{ v *VLLM }
 
 var (
-	vllmLabels   = []string{"model_name", "engine"}
-	descRunning  = prometheus.NewDesc("vllm:num_requests_running", "Number of requests in model execution batches.", vllmLabels, nil)
-	descWaiting  = prometheus.NewDesc("vllm:num_requests_waiting", "Number of requests waiting to be processed.", vllmLabels, nil)
-	descKVUsage  = prometheus.NewDesc("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", vllmLabels, nil)
-	descQueries  = prometheus.NewDesc("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", vllmLabels, nil)
-	descHits     = prometheus.NewDesc("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", vllmLabels, nil)
-	descPrompt   = prometheus.NewDesc("vllm:prompt_tokens_total", "Number of prefill tokens processed.", vllmLabels, nil)
-	descGen      = prometheus.NewDesc("vllm:generation_tokens_total", "Number of generation tokens processed.", vllmLabels, nil)
-	descPreempt  = prometheus.NewDesc("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", vllmLabels, nil)
+	vllmLabels = []string{"model_name", "engine"}
+	vllmSeries = rankTable(vllmLabels, []seriesDef{
+		{"vllm:num_requests_running", "Number of requests in model execution batches.", figRunning},
+		{"vllm:num_requests_waiting", "Number of requests waiting to be processed.", figWaiting},
+		{"vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", figKVUsage},
+		{"vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", figPromptTokens},
+		{"vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", figCachedTokens},
+		{"vllm:prompt_tokens_total", "Number of prefill tokens processed.", figPromptTokens},
+		{"vllm:generation_tokens_total", "Number of generation tokens processed.", figOutputTokens},
+		{"vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", figPreemptions},
+	})
 	descSuccess  = prometheus.NewDesc("vllm:request_success_total", "Count of successfully processed requests.", append(vllmLabels[:2:2], "finished_reason"), nil)
 	descCacheCfg = prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", []string{"block_size", "num_gpu_blocks", "enable_prefix_caching"}, nil)
 )
@@ -409,24 +375,7 @@ func (c *vllmCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.Descri
 func (c *vllmCollector) Collect(ch chan<- prometheus.Metric) {
 	v := c.v
 	model := v.cfg.Sim.Model
-	counters := v.rankCounters()
-	for r := range v.eng.DPSize() {
-		lv := []string{model, strconv.Itoa(r)}
-		s := v.eng.RankStats(r)
-		ct := counters[r]
-		usage := 0.0
-		if s.TotalBlocks > 0 {
-			usage = float64(s.UsedBlocks) / float64(s.TotalBlocks)
-		}
-		ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(s.Running), lv...)
-		ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(s.Waiting), lv...)
-		ch <- prometheus.MustNewConstMetric(descKVUsage, prometheus.GaugeValue, usage, lv...)
-		ch <- prometheus.MustNewConstMetric(descQueries, prometheus.CounterValue, float64(ct.PromptTokens), lv...)
-		ch <- prometheus.MustNewConstMetric(descHits, prometheus.CounterValue, float64(ct.CachedTokens), lv...)
-		ch <- prometheus.MustNewConstMetric(descPrompt, prometheus.CounterValue, float64(ct.PromptTokens), lv...)
-		ch <- prometheus.MustNewConstMetric(descGen, prometheus.CounterValue, float64(ct.OutputTokens), lv...)
-		ch <- prometheus.MustNewConstMetric(descPreempt, prometheus.CounterValue, float64(ct.Preemptions), lv...)
-	}
+	v.collectRanks(ch, vllmSeries, func(r int) []string { return []string{model, strconv.Itoa(r)} })
 	v.stats.mu.Lock()
 	for k, n := range v.stats.finished {
 		if k[1] == "error" || k[1] == "abort" {
@@ -438,23 +387,4 @@ func (c *vllmCollector) Collect(ch chan<- prometheus.Metric) {
 	sc := v.cfg.Sim
 	ch <- prometheus.MustNewConstMetric(descCacheCfg, prometheus.GaugeValue, 1,
 		strconv.Itoa(sc.BlockSize), strconv.Itoa(sc.Blocks), "True")
-}
-
-// rankCounters splits the sim's counters by rank: the front engine sums
-// every rank, so rank 0's own are the total less the others'.
-func (v *VLLM) rankCounters() []sim.Counters {
-	n := v.eng.DPSize()
-	out := make([]sim.Counters, n)
-	total := v.eng.Counters()
-	out[0] = total
-	for r := 1; r < n; r++ {
-		out[r] = v.eng.Rank(r).Counters()
-		o := &out[0]
-		o.PromptTokens -= out[r].PromptTokens
-		o.CachedTokens -= out[r].CachedTokens
-		o.PrefillTokens -= out[r].PrefillTokens
-		o.OutputTokens -= out[r].OutputTokens
-		o.Preemptions -= out[r].Preemptions
-	}
-	return out
 }

@@ -1,36 +1,10 @@
 package mockengine
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
-	"net"
-	"strconv"
-	"sync/atomic"
 
-	"github.com/kvmesh/kvmesh/engine"
-	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/transfer"
 )
-
-// decodeParams is a usable do_remote_prefill handoff: the prefill
-// response's kv_transfer_params as vLLM's decode side reads them.
-type decodeParams struct {
-	engineID  string
-	requestID string
-	host      string
-	port      int
-	blockIDs  []int64 // group 0 (the sim has one KV-cache group)
-}
-
-// pullState is one decode request's handoff, looked up by the sim's
-// Fetcher under the request's id.
-type pullState struct {
-	p         decodeParams
-	attempted atomic.Bool
-	notified  atomic.Bool
-}
 
 // prefillParams is the prefill response's top-level kv_transfer_params, in
 // the order and with the fields of vLLM's pull-mode NixlConnector
@@ -133,7 +107,7 @@ func (v *VLLM) grant(j *job) *prefillParams {
 		RemoteBlockIDs:  [][]int32{ids},
 		RemoteEngineID:  v.engID,
 		RemoteRequestID: j.internalID,
-		RemoteHost:      v.cfg.KVTransfer.SideChannelHost,
+		RemoteHost:      v.host,
 		RemotePort:      v.sides[j.rank].Port(),
 		TPSize:          1,
 		DCPSize:         1,
@@ -141,67 +115,4 @@ func (v *VLLM) grant(j *job) *prefillParams {
 		RemoteNumTokens: len(ids) * v.cfg.Sim.BlockSize,
 		TransferMode:    "pull",
 	}
-}
-
-// fetch is the sim's Fetcher: for a decode request with a handoff it pulls
-// the missing prompt blocks by the producer's block ids over the side
-// channel, inserts them (the sim checks every byte against the block's
-// own derivation), and notifies the producer. Whatever fails is
-// recomputed; the producer's lease then frees its blocks.
-func (v *VLLM) fetch(ctx context.Context, req *engine.Request, m sim.Missing, into sim.Inserter) error {
-	val, ok := v.pulls.Load(req.ID)
-	if !ok {
-		return nil
-	}
-	ps := val.(*pullState)
-	ps.attempted.Store(true)
-	n := min(len(m.Seq), len(ps.p.blockIDs)-m.Start)
-	if n <= 0 {
-		// Nothing the producer holds is missing here: only notify.
-		v.stats.localHits.Add(1)
-		v.notify(ctx, ps)
-		return nil
-	}
-	inserted, wanted, err := pullBlocks(ctx, v.client, blockPull{addr: net.JoinHostPort(ps.p.host, strconv.Itoa(ps.p.port)),
-		digest: sideDigest(ps.p.engineID, v.digest), ids: leadingIDs(ps.p.blockIDs[m.Start : m.Start+n]), lora: req.LoRA, salt: req.CacheSalt},
-		req, m, v.cfg.Sim, into)
-	v.stats.pullBlocks.Add(uint64(inserted))
-	if err != nil {
-		v.stats.pullFailed.Add(1)
-		if re := (*transfer.RemoteError)(nil); errors.As(err, &re) && re.Code == transfer.CodeNotFound {
-			v.stats.pullNotHeld.Add(1)
-		}
-		v.log.Warn("kv pull failed; recomputing the rest", "request", req.ID, "remote_request", ps.p.requestID,
-			"pulled", inserted, "wanted", wanted, "err", err)
-		return err
-	}
-	v.stats.pullOK.Add(1)
-	v.notify(ctx, ps)
-	return nil
-}
-
-// notify tells the producer that this consumer is done with the handoff's
-// blocks, once.
-func (v *VLLM) notify(ctx context.Context, ps *pullState) {
-	sent, err := notifyProducer(ctx, &ps.notified, net.JoinHostPort(ps.p.host, strconv.Itoa(ps.p.port)), ps.p.requestID)
-	switch {
-	case !sent:
-	case err != nil:
-		v.stats.notifyFailed.Add(1)
-		v.log.Warn("kv notification failed; the producer frees its blocks when the lease runs out",
-			"remote_request", ps.p.requestID, "err", err)
-	default:
-		v.stats.notified.Add(1)
-	}
-}
-
-// afterPrefill notifies a decode's producer when the sim never called the
-// Fetcher (every full prompt block was cached here, or the prompt has
-// none): vLLM's full-prefix-hit path sends only the notification.
-func (v *VLLM) afterPrefill(ctx context.Context, ps *pullState) {
-	if ps == nil || ps.attempted.Load() {
-		return
-	}
-	v.stats.localHits.Add(1)
-	v.notify(ctx, ps)
 }

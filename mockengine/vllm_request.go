@@ -2,8 +2,6 @@ package mockengine
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,16 +16,36 @@ import (
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/kv"
-	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
 // maxBody bounds a request body (a long prompt as token ids is ~10 bytes a
 // token).
 const maxBody = 64 << 20
 
+func readBody(r *http.Request) ([]byte, error) {
+	b, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the request body: %w", err)
+	}
+	return b, nil
+}
+
 // vllmRequest is the union of the completion and chat request fields the
-// stand-in reads; unknown fields are ignored, as vLLM ignores them.
+// stand-in reads, vLLM's own besides the common ones; unknown fields are
+// ignored, as vLLM ignores them.
 type vllmRequest struct {
+	openAIRequest
+	ReturnTokenIDs   bool            `json:"return_token_ids"`
+	Seed             *int64          `json:"seed"`
+	CacheSalt        *string         `json:"cache_salt"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	KVHints          json.RawMessage `json:"kv_hints"`
+	RequestID        string          `json:"request_id"`
+}
+
+// openAIRequest are the completion and chat request fields both OpenAI
+// stand-ins (vLLM, TensorRT-LLM) read.
+type openAIRequest struct {
 	Model               string          `json:"model"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Messages            []chatMessage   `json:"messages"`
@@ -36,19 +54,39 @@ type vllmRequest struct {
 	MinTokens           int             `json:"min_tokens"`
 	Stream              bool            `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
-	ReturnTokenIDs      bool            `json:"return_token_ids"`
 	Temperature         *float64        `json:"temperature"`
 	TopP                *float64        `json:"top_p"`
-	Seed                *int64          `json:"seed"`
 	IgnoreEOS           bool            `json:"ignore_eos"`
 	StopTokenIDs        []int64         `json:"stop_token_ids"`
 	N                   *int            `json:"n"`
 	Echo                bool            `json:"echo"`
 	Logprobs            json.RawMessage `json:"logprobs"`
-	CacheSalt           *string         `json:"cache_salt"`
-	KVTransferParams    json.RawMessage `json:"kv_transfer_params"`
-	KVHints             json.RawMessage `json:"kv_hints"`
-	RequestID           string          `json:"request_id"`
+}
+
+// maxTokens is the output bound's field as given: chat's
+// max_completion_tokens wins over the older max_tokens.
+func (q *openAIRequest) maxTokens(chat bool) json.RawMessage {
+	if chat && !isNull(q.MaxCompletionTokens) {
+		return q.MaxCompletionTokens
+	}
+	return q.MaxTokens
+}
+
+// openAISampling is an OpenAI request's sampling: temperature 1 unless
+// set, top_p as set, the seed (seedFor), min_tokens, and the stop tokens
+// (stopTokens; stop_token_ids also come back as a set).
+func openAISampling[S int64 | uint64](c *core, q *openAIRequest, seed *S, maxTokens int) (kv.Sampling, map[kv.Token]bool, error) {
+	s := kv.Sampling{MaxTokens: maxTokens, MinTokens: q.MinTokens, Temperature: 1}
+	if q.Temperature != nil {
+		s.Temperature = *q.Temperature
+	}
+	if q.TopP != nil {
+		s.TopP = *q.TopP
+	}
+	s.Seed = seedFor(seed, s.Temperature)
+	stopTokens, stops, err := c.stopTokens(q.IgnoreEOS, q.StopTokenIDs)
+	s.StopTokens = stopTokens
+	return s, stops, err
 }
 
 type streamOptions struct {
@@ -62,23 +100,39 @@ type chatMessage struct {
 	Name    string          `json:"name"`
 }
 
-// job is a validated request, ready for the engine.
+// openAIJob is what an OpenAI request comes to in either stand-in (vLLM,
+// TensorRT-LLM).
+type openAIJob struct {
+	chat      bool
+	prompt    []kv.Token
+	maxTokens int
+	stream    bool
+	usage     bool // stream_options.include_usage (the default is the engine's)
+	req       *engine.Request
+	stopIDs   map[kv.Token]bool // stop_token_ids
+}
+
+// stopReason is what a choice that ended by f, its output toks, reports as
+// stop_reason: the stop token when it was one of stop_token_ids, else
+// null (an EOS stop, or no stop).
+func (j *openAIJob) stopReason(f kv.FinishReason, toks []kv.Token) any {
+	if f == kv.FinishStop && len(toks) > 0 && j.stopIDs[toks[len(toks)-1]] {
+		return toks[len(toks)-1]
+	}
+	return nil
+}
+
+// job is a validated vLLM request, ready for the engine.
 type job struct {
-	chat        bool
+	openAIJob
 	respID      string // "cmpl-…" / "chatcmpl-…"
 	internalID  string // the engine's request id (remote_request_id)
 	rank        int
-	prompt      []kv.Token
-	maxTokens   int
 	salt        string
-	model, lora string // the model named (the served one, or an adapter) and the adapter
-	stream      bool
-	usage       bool // stream_options.include_usage
-	tokenIDs    bool // return_token_ids
-	req         *engine.Request
+	model, lora string        // the model named (the served one, or an adapter) and the adapter
+	tokenIDs    bool          // return_token_ids
 	prefill     bool          // kv_transfer_params.do_remote_decode
 	decode      *decodeParams // a usable do_remote_prefill handoff
-	stopReasons map[kv.Token]bool
 }
 
 func isNull(raw json.RawMessage) bool {
@@ -149,16 +203,16 @@ func isString(raw json.RawMessage) bool {
 
 // parse reads and validates a request into a job.
 func (v *VLLM) parse(r *http.Request, chat bool) (*job, *APIError) {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
+	body, err := readBody(r)
 	if err != nil {
-		return nil, badRequest("cannot read the request body: "+err.Error(), "")
+		return nil, badRequest(err.Error(), "")
 	}
 	var q vllmRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&q); err != nil {
 		return nil, badRequest("invalid request body: "+err.Error(), "")
 	}
-	j := &job{chat: chat, stream: q.Stream, tokenIDs: q.ReturnTokenIDs, model: v.cfg.Sim.Model}
+	j := &job{openAIJob: openAIJob{chat: chat, stream: q.Stream}, tokenIDs: q.ReturnTokenIDs, model: v.cfg.Sim.Model}
 	if q.Model != "" && q.Model != v.cfg.Sim.Model {
 		// vLLM serves a LoRA adapter under its own name, its blocks hashed
 		// with the adapter (lora_name in the KV events).
@@ -194,29 +248,25 @@ func (v *VLLM) parse(r *http.Request, chat bool) (*job, *APIError) {
 
 	// The prompt.
 	if chat {
-		j.prompt, err = v.renderChat(q.Messages)
-	} else {
-		j.prompt, err = v.promptTokens(q.Prompt)
-	}
-	if err != nil {
+		if j.prompt, err = v.renderChat(q.Messages); err != nil {
+			return nil, badRequest(err.Error(), "messages")
+		}
+	} else if j.prompt, err = v.promptTokens(q.Prompt); err != nil {
 		var ae *APIError
 		if errors.As(err, &ae) {
 			return nil, ae
 		}
 		return nil, badRequest(err.Error(), "prompt")
 	}
-	if len(j.prompt) >= v.maxModelLen {
+	if len(j.prompt) >= v.maxLen {
 		return nil, badRequest(fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.",
-			v.maxModelLen, len(j.prompt)), "input_tokens")
+			v.maxLen, len(j.prompt)), "input_tokens")
 	}
 
 	// max_tokens: completions default to 16 when absent; null (and chat's
 	// absent) means whatever the context leaves.
-	room := v.maxModelLen - len(j.prompt)
-	raw := q.MaxTokens
-	if chat && !isNull(q.MaxCompletionTokens) {
-		raw = q.MaxCompletionTokens
-	}
+	room := v.maxLen - len(j.prompt)
+	raw := q.maxTokens(chat)
 	j.maxTokens = room
 	switch {
 	case len(raw) == 0 && !chat:
@@ -286,27 +336,15 @@ func (v *VLLM) parse(r *http.Request, chat bool) (*job, *APIError) {
 		}
 	}
 
-	// Sampling. The sim samples deterministically from its context and seed:
-	// a seed (or temperature 0) gives repeatable output, else each request
-	// draws one, as a sampling engine's output varies.
-	req := &engine.Request{ID: j.internalID, Tokens: j.prompt, Sampling: kv.Sampling{MaxTokens: j.maxTokens}, LoRA: j.lora, CacheSalt: j.salt,
-		DPRank: j.rank}
-	if q.Temperature != nil {
-		req.Temperature = *q.Temperature
-	} else {
-		req.Temperature = 1
+	// Sampling (seedFor says how the sim's output varies).
+	// Stop tokens are held back until min_tokens by the sim itself. vLLM's
+	// ignore_eos drops only the EOS token; stop_token_ids still stop.
+	sampling, stops, err := openAISampling(&v.core, &q.openAIRequest, q.Seed, j.maxTokens)
+	if err != nil {
+		return nil, badRequest(err.Error(), "stop_token_ids")
 	}
-	if q.TopP != nil {
-		req.TopP = *q.TopP
-	}
-	switch {
-	case q.Seed != nil:
-		req.Seed = uint64(*q.Seed)
-	case req.Temperature > 0:
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		req.Seed = binary.LittleEndian.Uint64(b[:])
-	}
+	j.stopIDs = stops
+	req := &engine.Request{ID: j.internalID, Tokens: j.prompt, Sampling: sampling, LoRA: j.lora, CacheSalt: j.salt, DPRank: j.rank}
 	if !isNull(q.KVHints) {
 		// Recorded and validated above; the engine takes the typed form.
 		if env, err := hints.Parse(q.KVHints); err == nil {
@@ -314,22 +352,6 @@ func (v *VLLM) parse(r *http.Request, chat bool) (*job, *APIError) {
 				req.KVHint = h
 			}
 		}
-	}
-	// Stop tokens, held back until min_tokens by the sim itself. vLLM's
-	// ignore_eos drops only the EOS token; stop_token_ids still stop.
-	req.MinTokens = q.MinTokens
-	if !q.IgnoreEOS {
-		req.StopTokens = append(req.StopTokens, v.eos...)
-	}
-	for _, t := range q.StopTokenIDs {
-		if t < 0 || t > math.MaxUint32 {
-			return nil, badRequest(fmt.Sprintf("stop_token_ids: %d is not a token id", t), "stop_token_ids")
-		}
-		if j.stopReasons == nil {
-			j.stopReasons = make(map[kv.Token]bool)
-		}
-		j.stopReasons[kv.Token(t)] = true
-		req.StopTokens = append(req.StopTokens, kv.Token(t))
 	}
 	j.req = req
 	return j, nil
@@ -376,38 +398,11 @@ func (v *VLLM) checkIDs(ids []int64) ([]kv.Token, error) {
 	if len(ids) == 0 {
 		return nil, badRequest("The prompt cannot be empty.", "prompt")
 	}
-	// The tokenizer's ids (chat markers and other special tokens
-	// included) are the model's; the sim only bounds what it generates.
-	vocab := int64(max(v.cfg.Sim.VocabSize, v.tok.VocabSize()))
-	out := make([]kv.Token, len(ids))
-	for i, id := range ids {
-		if id < 0 || id >= vocab {
-			return nil, badRequest(fmt.Sprintf("Token id %d is out of vocabulary", id), "prompt")
-		}
-		out[i] = kv.Token(id)
+	out, bad, ok := v.tokenIDs(ids)
+	if !ok {
+		return nil, badRequest(fmt.Sprintf("Token id %d is out of vocabulary", bad), "prompt")
 	}
 	return out, nil
-}
-
-// renderChat applies the chat template (generation prompt added) and
-// tokenizes the result with its special tokens.
-func (v *VLLM) renderChat(msgs []chatMessage) ([]kv.Token, error) {
-	if len(msgs) == 0 {
-		return nil, badRequest("messages must be a non-empty list", "messages")
-	}
-	tm := make([]tokenizer.Message, len(msgs))
-	for i, m := range msgs {
-		text, err := messageText(m.Content)
-		if err != nil {
-			return nil, badRequest(fmt.Sprintf("messages[%d].content: %v", i, err), "messages")
-		}
-		tm[i] = tokenizer.Message{Role: m.Role, Content: text, Name: m.Name}
-	}
-	s, err := v.tmpl.Render(tm, true)
-	if err != nil {
-		return nil, badRequest(err.Error(), "messages")
-	}
-	return v.tok.EncodeWithSpecial(s), nil
 }
 
 // messageText reads content as a string or a list of text parts.

@@ -145,10 +145,9 @@ func (l *load) free(a *active) {
 
 func (l *load) idle() bool { return l.requests == 0 }
 
-// AddWorker adds or updates a worker key. A key moves pools when its model
-// or role changes; its load view is kept. Adding a key that was not
-// registered lifts its inhibition; updating a registered one does not.
-func (r *Router) AddWorker(info WorkerInfo) error {
+// validate checks what a worker registers on its own, before it meets
+// its pool.
+func (info *WorkerInfo) validate() error {
 	if info.Model == "" {
 		return fmt.Errorf("router: worker %v: empty model", info.Key)
 	}
@@ -163,6 +162,16 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 	}
 	if err := info.TierLoad.validate(); err != nil {
 		return fmt.Errorf("router: worker %v: %w", info.Key, err)
+	}
+	return nil
+}
+
+// AddWorker adds or updates a worker key. A key moves pools when its model
+// or role changes; its load view is kept. Adding a key that was not
+// registered lifts its inhibition; updating a registered one does not.
+func (r *Router) AddWorker(info WorkerInfo) error {
+	if err := info.validate(); err != nil {
+		return err
 	}
 	info.Role = info.Role.Norm()
 	pk := poolKey{info.Model, info.Role}
