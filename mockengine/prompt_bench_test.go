@@ -20,7 +20,7 @@ func BenchmarkIDPrompt(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	v := &VLLM{cfg: VLLMConfig{Sim: testSim()}, tok: tok}
+	v := &VLLM{core: core{sc: testSim(), tok: tok}}
 	raw := []byte{'['}
 	for i := range 65536 {
 		if i > 0 {
