@@ -131,6 +131,9 @@ func New(cfg Config, backend Backend, models ModelSource, reg prometheus.Registe
 		panic(err) // as MustRegister: a registry holding another kind of collector under the name
 	}
 	s.stages = rec
+	if reg != nil {
+		reg.MustRegister(newPrefixCollector(models))
+	}
 	s.limiter, _ = backend.(ContextLimiter)
 	s.adapters, _ = backend.(AdapterLister)
 	s.unauthorized = newUnauthorized(reg)

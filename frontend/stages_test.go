@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -77,6 +78,21 @@ func TestChatTurnsReusePrefixTokens(t *testing.T) {
 	snap, err := stages.Scrape(context.Background(), http.DefaultClient, ts.URL+"/metrics", "")
 	if err != nil {
 		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range mfs {
+		if strings.HasPrefix(f.GetName(), "kvmesh_frontend_prefix_cache_") {
+			m := f.GetMetric()[0]
+			got[f.GetName()] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	if got["kvmesh_frontend_prefix_cache_hits_total"] != 3 || got["kvmesh_frontend_prefix_cache_misses_total"] != 1 ||
+		got["kvmesh_frontend_prefix_cache_reused_tokens_total"] != float64(st.Reused) || got["kvmesh_frontend_prefix_cache_off"] != 0 {
+		t.Fatalf("prefix cache series %v", got)
 	}
 	if snap["template"].Total() != 4 || snap["tokenize"].Total() != 4 {
 		t.Fatalf("template %d, tokenize %d observations, want 4 each", snap["template"].Total(), snap["tokenize"].Total())
