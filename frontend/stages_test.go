@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/internal/stages"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
@@ -79,20 +79,11 @@ func TestChatTurnsReusePrefixTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	v := func(name string) float64 {
+		return testutil.Value(t, reg, "kvmesh_frontend_prefix_cache_"+name, "model", "test-model")
 	}
-	got := map[string]float64{}
-	for _, f := range mfs {
-		if strings.HasPrefix(f.GetName(), "kvmesh_frontend_prefix_cache_") {
-			m := f.GetMetric()[0]
-			got[f.GetName()] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	if got["kvmesh_frontend_prefix_cache_hits_total"] != 3 || got["kvmesh_frontend_prefix_cache_misses_total"] != 1 ||
-		got["kvmesh_frontend_prefix_cache_reused_tokens_total"] != float64(st.Reused) || got["kvmesh_frontend_prefix_cache_off"] != 0 {
-		t.Fatalf("prefix cache series %v", got)
+	if v("hits_total") != 3 || v("misses_total") != 1 || v("reused_tokens_total") != float64(st.Reused) || v("off") != 0 {
+		t.Fatalf("prefix cache series: hits %v, misses %v, reused %v, off %v", v("hits_total"), v("misses_total"), v("reused_tokens_total"), v("off"))
 	}
 	if snap["template"].Total() != 4 || snap["tokenize"].Total() != 4 {
 		t.Fatalf("template %d, tokenize %d observations, want 4 each", snap["template"].Total(), snap["tokenize"].Total())
