@@ -51,10 +51,11 @@ type Model struct {
 	// RenderChat and EncodeRendered, when both are set, are
 	// EncodeChatUpTo's two halves, which the frontend times apart: the
 	// template's text (over: the messages' length alone is past max), and
-	// its tokens. The ids EncodeRendered returns may be shared with a
-	// cache: nothing writes to a prompt.
+	// its tokens. EncodeRendered reuses tokens only of prompts with the
+	// same cache salt (a tenant's), and the ids it returns may be shared
+	// with its cache: nothing writes to a prompt.
 	RenderChat     func(msgs []Message, max int) (text string, over bool, err error)
-	EncodeRendered func(text string, max int) (ids []uint32, done bool)
+	EncodeRendered func(text, salt string, max int) (ids []uint32, done bool)
 	// NewDetokenizer returns an incremental, UTF-8-safe decoder.
 	NewDetokenizer func() Detokenizer
 	// EOS token ids end a generation with finish reason "stop".

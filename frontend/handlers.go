@@ -55,7 +55,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 		return ""
 	}
 	_, tsp := childSpan(r.Context(), "tokenize")
-	prompt, aerr := s.encodeChat(r, m, req.Messages)
+	prompt, aerr := s.encodeChat(r, m, req.Messages, req.CacheSalt)
 	if tsp.IsRecording() { // the variadic attributes would allocate even for a no-op span
 		tsp.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", len(prompt)))
 	}

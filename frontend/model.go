@@ -33,9 +33,9 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 	// A conversation's later turns resend its history: they tokenize only
 	// what follows the longest start an earlier prompt had.
 	m.prefixCache = tokenizer.NewPrefixCache(tok, PrefixCacheTokens)
-	m.EncodeRendered = func(text string, max int) ([]uint32, bool) {
+	m.EncodeRendered = func(text, salt string, max int) ([]uint32, bool) {
 		if c := m.prefixCache; c != nil {
-			ids, done, _ := c.EncodeUpTo(text, max)
+			ids, done, _ := c.EncodeUpTo(salt, text, max)
 			return ids, done
 		}
 		return tok.EncodeUpTo(text, true, max)
@@ -45,7 +45,7 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 		if err != nil || over {
 			return nil, false, err
 		}
-		ids, done := m.EncodeRendered(text, max)
+		ids, done := m.EncodeRendered(text, "", max)
 		return ids, done, nil
 	}
 	m.EncodeChat = func(msgs []Message) ([]uint32, error) {

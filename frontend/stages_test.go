@@ -62,6 +62,15 @@ func TestChatTurnsReusePrefixTokens(t *testing.T) {
 	if st.Hits != 3 || st.Misses != 1 || st.Off || st.Reused == 0 {
 		t.Fatalf("prefix cache %+v, want 3 hits after the first turn", st)
 	}
+	// Another tenant (cache salt) sending the same history reuses nothing.
+	resp, body := post(t, ts.URL+"/v1/chat/completions", `{"model":"test-model","cache_salt":"tenant-b","messages":[`+history+`]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("salted turn: status %d: %s", resp.StatusCode, body)
+	}
+	if st2 := m.PrefixStats(); st2.Hits != 3 || st2.Misses != 2 {
+		t.Fatalf("a salted request reused another tenant's prompt: %+v", st2)
+	}
+	b.requests = b.requests[:4]
 	// The tokens sent equal the uncached encoding of the same messages.
 	tok, tmpl, err := tokenizer.Builtin()
 	if err != nil {
@@ -82,10 +91,10 @@ func TestChatTurnsReusePrefixTokens(t *testing.T) {
 	v := func(name string) float64 {
 		return testutil.Value(t, reg, "kvmesh_frontend_prefix_cache_"+name, "model", "test-model")
 	}
-	if v("hits_total") != 3 || v("misses_total") != 1 || v("reused_tokens_total") != float64(st.Reused) || v("off") != 0 {
+	if v("hits_total") != 3 || v("misses_total") != 2 || v("reused_tokens_total") != float64(st.Reused) || v("off") != 0 {
 		t.Fatalf("prefix cache series: hits %v, misses %v, reused %v, off %v", v("hits_total"), v("misses_total"), v("reused_tokens_total"), v("off"))
 	}
-	if snap["template"].Total() != 4 || snap["tokenize"].Total() != 4 {
-		t.Fatalf("template %d, tokenize %d observations, want 4 each", snap["template"].Total(), snap["tokenize"].Total())
+	if snap["template"].Total() != 5 || snap["tokenize"].Total() != 5 {
+		t.Fatalf("template %d, tokenize %d observations, want 5 each", snap["template"].Total(), snap["tokenize"].Total())
 	}
 }

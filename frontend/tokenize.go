@@ -31,8 +31,9 @@ func tooManyTokens(param string, limit int) *apiError {
 		limit, param, limit, param)
 }
 
-// encodeChat tokenizes a chat request's messages up to the context limit.
-func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message) ([]uint32, *apiError) {
+// encodeChat tokenizes a chat request's messages up to the context limit;
+// salt is the request's cache salt.
+func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message, salt string) ([]uint32, *apiError) {
 	release, aerr := s.tokenizing(r.Context())
 	if aerr != nil {
 		return nil, aerr
@@ -48,7 +49,7 @@ func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message) ([]uint32
 			return nil, tooManyTokens("messages", limit)
 		}
 		stages.From(r.Context()).Mark(stages.Template)
-		ids, done := m.EncodeRendered(text, limit)
+		ids, done := m.EncodeRendered(text, salt, limit)
 		if !done {
 			return nil, tooManyTokens("messages", limit)
 		}

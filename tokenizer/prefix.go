@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"container/list"
+	"encoding/binary"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -94,14 +95,17 @@ func (c *PrefixCache) Stats() PrefixStats {
 }
 
 // EncodeUpTo is the tokenizer's EncodeUpTo(text, true, max) reusing the
-// longest cached start of text; reused is how many of ids came from the
-// cache. The caller must not write to ids: the cache keeps them.
-func (c *PrefixCache) EncodeUpTo(text string, max int) (ids []uint32, done bool, reused int) {
+// longest cached start of text that was encoded under the same scope;
+// reused is how many of ids came from the cache. A scope keeps tenants
+// apart (the frontend passes the request's cache salt): a hit is faster,
+// so across scopes it would tell one tenant what another sent. The caller
+// must not write to ids: the cache keeps them.
+func (c *PrefixCache) EncodeUpTo(scope, text string, max int) (ids []uint32, done bool, reused int) {
 	if c.off.Load() {
 		ids, done = c.t.EncodeUpTo(text, true, max)
 		return ids, done, 0
 	}
-	keys, offs := c.cutKeys(text)
+	keys, offs := c.cutKeys(scope, text)
 	prefix, at := c.lookup(keys, offs)
 	if prefix == nil || (max > 0 && len(prefix) >= max) {
 		c.misses.Add(1)
@@ -142,9 +146,13 @@ func (c *PrefixCache) EncodeUpTo(text string, max int) (ids []uint32, done bool,
 }
 
 // cutKeys finds the cuts of text (the offsets where the encoder matches an
-// added token) and the hash of the text before each, in one pass.
-func (c *PrefixCache) cutKeys(text string) (keys []xxh3.Uint128, offs []int) {
+// added token) and the hash of scope and the text before each, in one pass.
+func (c *PrefixCache) cutKeys(scope, text string) (keys []xxh3.Uint128, offs []int) {
 	var h xxh3.Hasher
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(scope))) // length first: no scope is another's prefix
+	_, _ = h.Write(n[:])
+	_, _ = h.WriteString(scope)
 	last := 0
 	for i := 0; i < len(text); {
 		if i = c.t.nextAdded(text, i); i == len(text) {

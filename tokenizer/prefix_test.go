@@ -57,7 +57,7 @@ func TestPrefixCacheMatchesWholeEncoding(t *testing.T) {
 	for seed := range uint64(20) {
 		for turn, text := range conversation(tok, tmpl, 6, seed) {
 			want, _ := tok.EncodeUpTo(text, true, 0)
-			got, done, reused := c.EncodeUpTo(text, 0)
+			got, done, reused := c.EncodeUpTo("", text, 0)
 			if !done || !slices.Equal(got, want) {
 				t.Fatalf("seed %d turn %d: %d tokens, want %d (done %v)", seed, turn, len(got), len(want), done)
 			}
@@ -83,10 +83,10 @@ func TestPrefixCacheLimit(t *testing.T) {
 	for _, max := range []int{1, len(whole) / 2, len(whole) - 1, len(whole), len(whole) + 1} {
 		c := NewPrefixCache(tok, 1<<20)
 		for _, text := range texts[:3] {
-			c.EncodeUpTo(text, 0)
+			c.EncodeUpTo("", text, 0)
 		}
 		_, wantDone := tok.EncodeUpTo(texts[3], true, max)
-		got, done, _ := c.EncodeUpTo(texts[3], max)
+		got, done, _ := c.EncodeUpTo("", texts[3], max)
 		if done != wantDone {
 			t.Fatalf("max %d of %d: done %v, want %v", max, len(whole), done, wantDone)
 		}
@@ -103,20 +103,20 @@ func TestPrefixCacheVerificationTurnsOff(t *testing.T) {
 	tok, tmpl := chatBPE(t)
 	texts := conversation(tok, tmpl, 2, 5)
 	c := NewPrefixCache(tok, 1<<20)
-	c.EncodeUpTo(texts[0], 0)
+	c.EncodeUpTo("", texts[0], 0)
 	for el := c.lru.Front(); el != nil; el = el.Next() {
 		ids := el.Value.(*cached).ids
 		ids[1]++ // poison
 	}
 	want, _ := tok.EncodeUpTo(texts[1], true, 0)
-	got, done, reused := c.EncodeUpTo(texts[1], 0)
+	got, done, reused := c.EncodeUpTo("", texts[1], 0)
 	if !done || reused != 0 || !slices.Equal(got, want) {
 		t.Fatalf("a poisoned entry was served (reused %d)", reused)
 	}
 	if !c.Stats().Off || c.lru.Len() != 0 || len(c.keys) != 0 {
 		t.Fatalf("the cache stayed on: %+v, %d entries", c.Stats(), c.lru.Len())
 	}
-	if got, _, reused := c.EncodeUpTo(texts[1], 0); reused != 0 || !slices.Equal(got, want) {
+	if got, _, reused := c.EncodeUpTo("", texts[1], 0); reused != 0 || !slices.Equal(got, want) {
 		t.Fatal("an off cache reused tokens")
 	}
 }
@@ -127,7 +127,7 @@ func TestPrefixCacheBudget(t *testing.T) {
 	c := NewPrefixCache(tok, 2000)
 	for seed := range uint64(30) {
 		for _, text := range conversation(tok, tmpl, 3, seed) {
-			c.EncodeUpTo(text, 0)
+			c.EncodeUpTo("", text, 0)
 			if c.held > c.budget {
 				t.Fatalf("holding %d tokens over a budget of %d", c.held, c.budget)
 			}
@@ -197,11 +197,29 @@ func BenchmarkChatTurns(b *testing.B) {
 				c := NewPrefixCache(tok, 1<<22)
 				c.Verify(0)
 				if turn > 1 {
-					c.EncodeUpTo(texts[turn-2], 0)
+					c.EncodeUpTo("", texts[turn-2], 0)
 				}
 				b.StartTimer()
-				c.EncodeUpTo(text, 0)
+				c.EncodeUpTo("", text, 0)
 			}
 		})
+	}
+}
+
+// A start cached under one scope (a tenant's cache salt) is not found
+// under another.
+func TestPrefixCacheScopes(t *testing.T) {
+	tok, tmpl := chatBPE(t)
+	texts := conversation(tok, tmpl, 2, 11)
+	c := NewPrefixCache(tok, 1<<20)
+	c.EncodeUpTo("tenant-a", texts[0], 0)
+	if _, _, reused := c.EncodeUpTo("tenant-b", texts[1], 0); reused != 0 {
+		t.Fatalf("tenant-b reused %d tokens of tenant-a's prompt", reused)
+	}
+	if _, _, reused := c.EncodeUpTo("", texts[1], 0); reused != 0 {
+		t.Fatalf("no scope reused %d tokens of tenant-a's prompt", reused)
+	}
+	if _, _, reused := c.EncodeUpTo("tenant-a", texts[1], 0); reused == 0 {
+		t.Fatal("tenant-a did not reuse its own prompt")
 	}
 }
