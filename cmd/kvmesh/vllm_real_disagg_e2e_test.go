@@ -1,11 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/engine/vllm"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
@@ -31,7 +39,10 @@ func TestRealVLLMDisagg(t *testing.T) {
 		return startServe(t, append([]string{"--engine", "vllm", "--block-size", "32", "--tokenizer", model,
 			"--router-temperature", "0"}, args...)...)
 	}
-	pd := []string{"--prefill-engine-url", pre.url, "--decode-engine-url", dec.url, "--prefill-kv-events", pre.events,
+	// kvmesh's workers reach the engines through recorders of what each
+	// leg asked.
+	preLegs, decLegs := recordCompletions(t, pre.url), recordCompletions(t, dec.url)
+	pd := []string{"--prefill-engine-url", preLegs.url, "--decode-engine-url", decLegs.url, "--prefill-kv-events", pre.events,
 		"--decode-kv-events", dec.events, "--disagg-local-prefill-tokens", "0"}
 	// Prompt tokens by where the engine got their KV: local_compute,
 	// local_cache_hit or external_kv_transfer (the connector's load).
@@ -52,6 +63,9 @@ func TestRealVLLMDisagg(t *testing.T) {
 		t.Helper()
 		st, c := completeOnce(t, s.base, map[string]any{"model": realModel, "prompt": p, "max_tokens": 8, "temperature": 0, "ignore_eos": true})
 		if st != 200 || len(c.Choices) != 1 {
+			if c.Error != nil {
+				t.Fatalf("greedy request: %d %s", st, c.Error.Message)
+			}
 			t.Fatalf("greedy request: %d %+v", st, c)
 		}
 		return c
@@ -67,6 +81,8 @@ func TestRealVLLMDisagg(t *testing.T) {
 		defer s.stop(t)
 		for i, p := range prompts {
 			computed, loaded, decComputed, paths := bySource(pre, "local_compute"), bySource(dec, "external_kv_transfer"), bySource(dec, "local_compute"), disaggPaths(s)
+			preLegs.reset()
+			decLegs.reset()
 			c := greedy(t, s, p)
 			texts[i] = c.Choices[0].Text
 			if c.Usage.CompletionTokens != 8 || c.Usage.PromptTokens != promptLen {
@@ -74,6 +90,22 @@ func TestRealVLLMDisagg(t *testing.T) {
 			}
 			if d := disaggPaths(s) - paths; d != 1 {
 				t.Fatalf("prompt %d: %v disaggregated attempts, want 1", i, d)
+			}
+			// The prefill leg asked for a remote decode and one token; the
+			// decode leg carried its answer's parameters unchanged.
+			pl, dl := preLegs.bodies(), decLegs.bodies()
+			if len(pl) != 1 || len(dl) != 1 {
+				t.Fatalf("prompt %d: %d prefill and %d decode legs, want 1 each", i, len(pl), len(dl))
+			}
+			var asked struct {
+				DoRemoteDecode bool `json:"do_remote_decode"`
+			}
+			json.Unmarshal(pl[0]["kv_transfer_params"], &asked)
+			if !asked.DoRemoteDecode || string(pl[0]["max_tokens"]) != "1" {
+				t.Fatalf("prompt %d: prefill leg kv_transfer_params %s, max_tokens %s", i, pl[0]["kv_transfer_params"], pl[0]["max_tokens"])
+			}
+			if got := string(dl[0]["kv_transfer_params"]); got != vllm.SharedStorageParams || string(dl[0]["max_tokens"]) != "8" {
+				t.Fatalf("prompt %d: decode leg kv_transfer_params %s, max_tokens %s; the prefill answered %s", i, got, dl[0]["max_tokens"], vllm.SharedStorageParams)
 			}
 			// The prefill engine computed the whole prompt; the decode
 			// engine loaded its whole blocks through the connector and
@@ -122,4 +154,50 @@ func TestRealVLLMDisagg(t *testing.T) {
 			t.Fatalf("without --kv-transfer the decode engine loaded %d tokens", d)
 		}
 	})
+}
+
+// completionRecorder is a loopback reverse proxy to an engine that keeps
+// the bodies of its POST /v1/completions.
+type completionRecorder struct {
+	url string
+	mu  sync.Mutex
+	got []map[string]json.RawMessage
+}
+
+func recordCompletions(t *testing.T, engine string) *completionRecorder {
+	t.Helper()
+	target, err := url.Parse(engine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &completionRecorder{}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.FlushInterval = -1 // streams pass as they come
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method == http.MethodPost && req.URL.Path == "/v1/completions" {
+			b, _ := io.ReadAll(req.Body)
+			var body map[string]json.RawMessage
+			json.Unmarshal(b, &body)
+			r.mu.Lock()
+			r.got = append(r.got, body)
+			r.mu.Unlock()
+			req.Body = io.NopCloser(bytes.NewReader(b))
+		}
+		proxy.ServeHTTP(w, req)
+	}))
+	t.Cleanup(srv.Close)
+	r.url = srv.URL
+	return r
+}
+
+func (r *completionRecorder) reset() {
+	r.mu.Lock()
+	r.got = nil
+	r.mu.Unlock()
+}
+
+func (r *completionRecorder) bodies() []map[string]json.RawMessage {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]map[string]json.RawMessage(nil), r.got...)
 }
