@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus/natstest"
@@ -96,43 +94,11 @@ func TestRealVLLMLoRA(t *testing.T) {
 	if fmt.Sprint(truth.LoRAs) != fmt.Sprintf("[None %s]", adapter) {
 		t.Fatalf("vLLM's events name LoRAs %v", truth.LoRAs)
 	}
-	parents := truth.parentOf()
-	c, err := ws.clients.Get(ws.watcher.Instances()[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	d, err := c.Dump(ctx, &api.DumpRequest{Worker: api.KeyToProto(kv.WorkerKey{Instance: ws.watcher.Instances()[0].ID})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	evs, err := api.EventsFromProto(d.Events)
-	if err != nil {
-		t.Fatal(err)
-	}
-	byLoRA := map[string]int{}
-	for _, e := range evs {
-		if e.Kind != kv.EventStored {
-			continue
-		}
-		prev := (*kv.EngineHash)(nil)
-		if e.HasParent {
-			prev = &e.Parent
-		}
-		for _, b := range e.Blocks {
-			vp, ok := parents[b.EngineHash]
-			if !ok || (vp == nil) != (prev == nil) || (vp != nil && *vp != *prev) {
-				t.Fatalf("block %d (LoRA %q): kvmesh's parent %v, vLLM's %v (known %v)", b.EngineHash, e.LoRA, prev, vp, ok)
-			}
-			h := b.EngineHash
-			prev = &h
-			byLoRA[e.LoRA]++
-		}
-	}
+	held := inventoryAgainstVLLM(t, ws, truth.parentOf())
 	// 3 blocks stored for the adapter, 3 for the base model.
-	if byLoRA[adapter] != 3 || byLoRA[""] != 3 || len(byLoRA) != 2 {
-		t.Fatalf("the worker's inventory holds blocks by LoRA %v, want 3 %s and 3 base", byLoRA, adapter)
+	want := map[inventoryKey]int{{kv.TierDevice, adapter}: 3, {kv.TierDevice, ""}: 3}
+	if fmt.Sprint(held) != fmt.Sprint(want) {
+		t.Fatalf("the worker's inventory holds blocks %v, want %v (3 of %s, 3 of the base model)", held, want, adapter)
 	}
 }
 
