@@ -73,13 +73,21 @@ var flagScopes = []flagScope{
 			return "only simulated prefill workers (--prefill-workers) pin handoff blocks"
 		}},
 	{flags: []string{"kv-events", "kv-events-replay", "peer-endpoint", "kv-events-topic", "hint-form", "engine-timeout", "engine-health-interval",
-		"prefill-kv-events", "prefill-kv-events-replay", "prefill-peer-endpoint", "decode-kv-events", "decode-kv-events-replay"},
+		"kv-transfer", "prefill-kv-events", "prefill-kv-events-replay", "prefill-peer-endpoint", "decode-kv-events", "decode-kv-events-replay"},
 		applies: func(u flagUse) bool { return !u.sim() },
 		why:     func(flagUse) string { return "a real engine's flag, no effect with --engine sim" }},
 	{flags: []string{"kv-events-topic"},
 		applies: func(u flagUse) bool { return !engineAdapters[u.engine].eventsAtEngineURL },
 		why: func(u flagUse) string {
 			return fmt.Sprintf("--engine %s's KV events are polled over HTTP, with no ZMQ topic", u.engine)
+		}},
+	{flags: []string{"kv-transfer"},
+		applies: func(u flagUse) bool { return u.engine == "vllm" && (u.command == "serve" || u.role == kv.RolePrefill) },
+		why: func(u flagUse) string {
+			if u.engine != "vllm" {
+				return fmt.Sprintf("a vLLM flag: --engine %s's prefill answers always carry the connector's parameters", u.engine)
+			}
+			return "only a --role prefill worker's engine hands KV over"
 		}},
 	{command: "serve", flags: []string{"connector"},
 		applies: func(u flagUse) bool { return u.decodeWorkers == 0 },
