@@ -126,12 +126,12 @@ type getFinishedReply struct {
 }
 
 type statsReply struct {
-	Registered     bool           `json:"registered"`
-	Stats          kvbm.Stats     `json:"stats"`
-	ProtocolErrors uint64         `json:"protocol_errors"`
-	StagingDropped uint64         `json:"staging_dropped"`
-	Slots          int            `json:"slots"`
-	Slot           *wireSlotInfo  `json:"slot,omitempty"`
+	Registered     bool          `json:"registered"`
+	Stats          kvbm.Stats    `json:"stats"`
+	ProtocolErrors uint64        `json:"protocol_errors"`
+	StagingDropped uint64        `json:"staging_dropped"`
+	Slots          int           `json:"slots"`
+	Slot           *wireSlotInfo `json:"slot,omitempty"`
 }
 
 type wireSlotInfo struct {

@@ -40,7 +40,7 @@ type Config struct {
 	DiskFilter kvbm.FilterConfig
 	// OpenObject opens the object tier (nil: none); its blocks are
 	// recovered at registration.
-	OpenObject func(slots, blockBytes int) (Storage, error)
+	OpenObject   func(slots, blockBytes int) (Storage, error)
 	ObjectBlocks int
 
 	// BlockSize, if non-zero, is the engine's tokens per block; a
