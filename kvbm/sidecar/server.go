@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -52,8 +53,7 @@ type Config struct {
 	RecomputePerToken time.Duration
 	Bandwidth         [kv.NumTiers]float64
 
-	Worker kv.WorkerKey   // stamped on the tiers' events
-	Events kvbm.EventSink // the tiers' KV events (nil: dropped)
+	Worker kv.WorkerKey // stamped on the tiers' events (SetEventSink says where they go)
 	// Timeout bounds reading a frame's payload once its header arrived and
 	// writing a reply; 5 s if zero.
 	Timeout time.Duration
@@ -88,6 +88,24 @@ type Server struct {
 	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup
 	closed bool
+	sink   atomic.Pointer[func([]kv.Event)]
+}
+
+// SetEventSink installs where the tiers' KV events go (nil drops them);
+// it is called with the server's lock held, from whichever connection's
+// call moved the blocks.
+func (s *Server) SetEventSink(f func([]kv.Event)) {
+	if f == nil {
+		s.sink.Store(nil)
+		return
+	}
+	s.sink.Store(&f)
+}
+
+func (s *Server) emit(batch []kv.Event) {
+	if f := s.sink.Load(); f != nil {
+		(*f)(batch)
+	}
 }
 
 // binding is one bound step's staging slots, freed at the first
@@ -441,7 +459,7 @@ func (s *Server) open(bb, bs int) (err error) {
 			a.close()
 		}
 	}()
-	mc := kvbm.Config{BlockSize: bs, BlockBytes: bb, DiskFilter: s.cfg.DiskFilter, Worker: s.cfg.Worker, Events: s.cfg.Events}
+	mc := kvbm.Config{BlockSize: bs, BlockBytes: bb, DiskFilter: s.cfg.DiskFilter, Worker: s.cfg.Worker, Events: s.emit}
 	if s.cfg.HostBlocks > 0 {
 		h, err := kvbm.NewHostArenaOver(a.host(), s.cfg.HostBlocks, bb)
 		if err != nil {
