@@ -4,8 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -82,4 +85,20 @@ func (a *arena) close() error {
 		err = errors.Join(err, rerr)
 	}
 	return err
+}
+
+// removeStaleArenas removes the arena files of earlier sidecars of this
+// name (name-PID.arena) whose process is gone: a killed sidecar cannot
+// remove its own, and shared memory is not freed until someone does.
+func removeStaleArenas(dir, name string, log *slog.Logger) {
+	paths, _ := filepath.Glob(filepath.Join(dir, name+"-*.arena"))
+	for _, p := range paths {
+		pid, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), name+"-"), ".arena"))
+		if err != nil || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
+			continue
+		}
+		if err := os.Remove(p); err == nil {
+			log.Info("kvbm sidecar: removed a dead sidecar's arena", "path", p)
+		}
+	}
 }

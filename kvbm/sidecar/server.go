@@ -153,6 +153,7 @@ func Listen(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("sidecar: stale socket: %w", err)
 		}
 	}
+	removeStaleArenas(cfg.ShmDir, cfg.Name, cfg.Logger)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Socket, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("sidecar: %w", err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -327,5 +328,29 @@ func TestStagingExhausted(t *testing.T) {
 	}
 	if len(s.free) != 1 {
 		t.Fatalf("%d staging slots free after the step, want 1", len(s.free))
+	}
+}
+
+// An arena left by a sidecar that died is removed by the next one of the
+// same name; a live one's is kept.
+func TestStaleArenaRemoved(t *testing.T) {
+	dir := t.TempDir()
+	dead := filepath.Join(dir, "test-2147483646.arena") // no such pid
+	live := filepath.Join(dir, fmt.Sprintf("test-%d.arena", os.Getpid()))
+	for _, p := range []string{dead, live} {
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := Listen(Config{Socket: filepath.Join(dir, "s.sock"), ShmDir: dir, Name: "test", HostBlocks: 1, StagingBlocks: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Fatalf("the dead sidecar's arena is still there: %v", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Fatalf("a live sidecar's arena was removed: %v", err)
 	}
 }

@@ -18,7 +18,8 @@ log = logging.getLogger("kvmesh_kvbm")
 
 class Metadata:
     """One scheduler step's connector metadata, as the engine hands it to
-    its workers (pickled): the sidecar keeps the ops, keyed by iteration;
+    its workers (pickled): the sidecar keeps the ops, keyed by iteration
+    (0: the step was not built, the sidecar being away);
     ``loads`` are the device blocks of the loads the scheduler expects
     (request id → block ids), reported as load errors if the step cannot
     be bound."""
@@ -119,10 +120,11 @@ class WorkerCore:
             return
         expected = dict(md.loads)
         self.loading.update(expected)
-        if md.ops == 0:
-            return
+        registered = self._ensure_registered()
+        if md.ops == 0 and md.iteration != 0:
+            return  # built, with nothing to move
         r = None
-        if self._ensure_registered():
+        if registered and md.iteration != 0:  # iteration 0: the build failed
             r = self.client.try_call("bind", iteration=md.iteration)
         if r is None:
             # The step's loads will not happen: their blocks are recomputed.
