@@ -61,6 +61,20 @@ class Sidecar:
         for line in self.proc.stderr:
             self.stderr.append(line)
 
+    def stop(self):
+        """SIGSTOP, returning once the process is stopped (signals land
+        asynchronously)."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        for _ in range(1000):
+            with open("/proc/%d/stat" % self.proc.pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                    return
+            time.sleep(0.005)
+        raise RuntimeError("the sidecar did not stop")
+
+    def cont(self):
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     def kill(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)

@@ -1,7 +1,6 @@
 """The engines' connector call sequences against a real kvmesh sidecar."""
 
 import os
-import signal
 import sys
 import unittest
 from types import SimpleNamespace
@@ -172,7 +171,7 @@ class SidecarFailures(unittest.TestCase):
         self.addCleanup(sc.close)
         eng = VllmEngine(sc.socket, timeout_s=0.3)
         self.addCleanup(eng.close)
-        os.kill(sc.proc.pid, signal.SIGSTOP)
+        sc.stop()
         try:
             r = VReq("r", prompt(9, 2 * BS))
             self.assertEqual(eng.admit(r), 0)  # no answer within the timeout: no match
@@ -182,7 +181,7 @@ class SidecarFailures(unittest.TestCase):
             self.assertEqual(eng.sched.sched.client.errors.get("timeout"), 1)
             self.assertGreaterEqual(eng.sched.sched.client.errors.get("unavailable", 0), 1)
         finally:
-            os.kill(sc.proc.pid, signal.SIGCONT)
+            sc.cont()
 
 
 class TRTLLMSequences(unittest.TestCase):
