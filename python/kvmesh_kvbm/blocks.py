@@ -43,6 +43,17 @@ class Arena:
             pass  # views still alive: the mapping goes with them
 
 
+def _runs(device_ids, slots):
+    """Splits the pairs into runs of consecutive staging slots."""
+    i, n = 0, len(slots)
+    while i < n:
+        j = i + 1
+        while j < n and slots[j] == slots[j - 1] + 1:
+            j += 1
+        yield device_ids[i:j], slots[i], j - i
+        i = j
+
+
 class NumpyOps:
     """The tensor interface over numpy arrays."""
 
@@ -57,38 +68,43 @@ class NumpyOps:
                                  offset=arena.staging_offset)
         return buf.reshape(arena.staging_slots, arena.block_bytes)
 
-    def index(self, ids, like=None):
-        return self.np.asarray(ids, dtype=self.np.int64)
-
     def blocks_first(self, t, axis):
         return self.np.moveaxis(t, axis, 0)
 
     def nbytes_per_block(self, t):
         return t.nbytes // t.shape[0]
 
-    def gather_bytes(self, t, idx):
-        """Blocks idx of t (block axis first) as a (k, bytes) uint8 matrix."""
-        chunk = self.np.ascontiguousarray(t[idx])
-        return chunk.reshape(len(idx), -1).view(self.np.uint8)
+    def typed(self, rows, t):
+        """rows, (slots, bytes) columns of the arena, seen as slots blocks
+        of t, without a copy."""
+        v = rows.view(t.dtype)
+        v.shape = (rows.shape[0],) + t.shape[1:]  # raises rather than copy
+        return v
 
-    def put_rows(self, staging, slots, lo, hi, rows):
-        staging[slots, lo:hi] = rows
+    # Block by block: one strided copy each runs at memcpy speed, where
+    # numpy's take or fancy indexing over the same views is several times
+    # slower (docs/benchmarks.md).
 
-    def take_rows(self, staging, slots, lo, hi):
-        return staging[slots, lo:hi]
+    def save_blocks(self, t, ids, staged, slots):
+        """Blocks ids of t (block axis first) into staging slots."""
+        cp = self.np.copyto
+        for b, s in zip(ids, slots):
+            cp(staged[s], t[b])
 
-    def scatter_bytes(self, t, idx, rows):
-        """Writes the (k, bytes) matrix rows into blocks idx of t."""
-        k = len(idx)
-        t[idx] = self.np.ascontiguousarray(rows).view(t.dtype).reshape((k,) + t.shape[1:])
+    def load_blocks(self, t, ids, staged, slots):
+        """Staging slots into blocks ids of t."""
+        cp = self.np.copyto
+        for b, s in zip(ids, slots):
+            cp(t[b], staged[s])
 
     def synchronize(self):
         pass
 
 
 class TorchOps:
-    """The tensor interface over torch tensors (any device): gathers on the
-    device, one copy across into the mapping, and back."""
+    """The tensor interface over torch tensors (any device): gathers with
+    index_select on the device, one copy across into the mapping per run
+    of consecutive slots, and back with index_copy_."""
 
     def __init__(self):
         import torch
@@ -100,30 +116,25 @@ class TorchOps:
                                   offset=arena.staging_offset)
         return t.view(arena.staging_slots, arena.block_bytes)
 
-    def index(self, ids, like=None):
-        dev = like.device if like is not None else "cpu"
-        return self.torch.as_tensor(ids, dtype=self.torch.long, device=dev)
-
     def blocks_first(self, t, axis):
         return t.movedim(axis, 0)
 
     def nbytes_per_block(self, t):
         return t.numel() * t.element_size() // t.shape[0]
 
-    def gather_bytes(self, t, idx):
-        chunk = t.index_select(0, idx).contiguous()
-        return chunk.view(self.torch.uint8).reshape(len(idx), -1).cpu()
+    def typed(self, rows, t):
+        return rows.view(t.dtype).view((rows.shape[0],) + tuple(t.shape[1:]))
 
-    def put_rows(self, staging, slots, lo, hi, rows):
-        staging[slots.cpu(), lo:hi] = rows
+    def _index(self, ids, t):
+        return self.torch.as_tensor(ids, dtype=self.torch.long, device=t.device)
 
-    def take_rows(self, staging, slots, lo, hi):
-        return staging[slots.cpu(), lo:hi]
+    def save_blocks(self, t, ids, staged, slots):
+        for run, s0, k in _runs(list(ids), list(slots)):
+            staged[s0:s0 + k].copy_(t.index_select(0, self._index(run, t)))
 
-    def scatter_bytes(self, t, idx, rows):
-        k = len(idx)
-        src = rows.to(t.device, non_blocking=True).contiguous().view(t.dtype).reshape((k,) + tuple(t.shape[1:]))
-        t.index_copy_(0, idx, src)
+    def load_blocks(self, t, ids, staged, slots):
+        for run, s0, k in _runs(list(ids), list(slots)):
+            t.index_copy_(0, self._index(run, t), staged[s0:s0 + k].to(t.device, non_blocking=True))
 
     def synchronize(self):
         if self.torch.cuda.is_available():
@@ -164,26 +175,25 @@ class BlockCopier:
             self.spans.append((off, off + n))
             off += n
         self.block_bytes, self.num_blocks = off, nblocks
-        self.staging = None
+        self.staged = None
 
     def attach(self, arena):
         if arena.block_bytes != self.block_bytes:
             raise ValueError("arena of %d-byte blocks for %d-byte device blocks" % (arena.block_bytes, self.block_bytes))
-        self.staging = self.ops.staging(arena)
+        rows = self.ops.staging(arena)
+        # Each tensor's columns of the staging slots, typed like it.
+        self.staged = [self.ops.typed(rows[:, lo:hi], v) for v, (lo, hi) in zip(self.views, self.spans)]
 
     def save(self, device_ids, slots):
         """Device blocks → staging slots."""
-        if not device_ids:
-            return
-        sl = self.ops.index(slots)
-        for v, (lo, hi) in zip(self.views, self.spans):
-            self.ops.put_rows(self.staging, sl, lo, hi, self.ops.gather_bytes(v, self.ops.index(device_ids, v)))
+        ids, slots = [int(i) for i in device_ids], [int(s) for s in slots]
+        for v, st in zip(self.views, self.staged):
+            self.ops.save_blocks(v, ids, st, slots)
+        self.ops.synchronize()
 
     def load(self, device_ids, slots):
         """Staging slots → device blocks."""
-        if not device_ids:
-            return
-        sl = self.ops.index(slots)
-        for v, (lo, hi) in zip(self.views, self.spans):
-            self.ops.scatter_bytes(v, self.ops.index(device_ids, v), self.ops.take_rows(self.staging, sl, lo, hi))
+        ids, slots = [int(i) for i in device_ids], [int(s) for s in slots]
+        for v, st in zip(self.views, self.staged):
+            self.ops.load_blocks(v, ids, st, slots)
         self.ops.synchronize()
