@@ -200,8 +200,10 @@ func (s *Server) Serve() error {
 	}
 }
 
-// checkPeer admits only processes of this user: the socket's mode already
-// does for others, this closes the window between bind and chmod.
+// checkPeer admits only processes of this user, and root (which the
+// socket's mode does not stop either: an engine container often runs as
+// root beside a non-root worker). The mode keeps others out; this closes
+// the window between bind and chmod.
 func checkPeer(c *net.UnixConn) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
@@ -217,7 +219,7 @@ func checkPeer(c *net.UnixConn) error {
 	if cerr != nil {
 		return cerr
 	}
-	if int(cred.Uid) != os.Getuid() {
+	if int(cred.Uid) != os.Getuid() && cred.Uid != 0 {
 		return fmt.Errorf("peer uid %d, this sidecar runs as %d", cred.Uid, os.Getuid())
 	}
 	return nil
