@@ -14,12 +14,28 @@ def prompt(seed, n):
     return [(seed * 1000 + i * 7) % 32000 + 1 for i in range(n)]
 
 
+def started(test, host=64, disk=0, timeout_s=1.0):
+    """A vLLM-shaped sidecar and engine, closed with the test."""
+    sc = Sidecar("vllm", host=host, disk=disk)
+    test.addCleanup(sc.close)
+    eng = VllmEngine(sc.socket, timeout_s)
+    test.addCleanup(eng.close)
+    return sc, eng
+
+
+def computed_and_evicted(eng, req):
+    """Prefills req in one step, finishes it and frees its device blocks:
+    its full blocks are in the tiers only."""
+    eng.admit(req)
+    n = len(req.all_token_ids)
+    eng.step(vllm_output(new=[(req, 0)], num={req.request_id: n}), compute=[(req, 0, n)])
+    eng.finish(req)
+    eng.dev.release(req.blocks)
+
+
 class VllmSequences(unittest.TestCase):
     def setUp(self):
-        self.sc = Sidecar("vllm", host=64)
-        self.addCleanup(self.sc.close)
-        self.eng = VllmEngine(self.sc.socket)
-        self.addCleanup(self.eng.close)
+        self.sc, self.eng = started(self)
 
     def compute_whole(self, req):
         """Admits and prefills req in one step; returns the step's metadata."""
@@ -113,16 +129,9 @@ class TieredRoundTrip(unittest.TestCase):
     def test_host_and_disk(self):
         # 2 host blocks, 16 on disk (every host block goes on to disk):
         # early blocks are evicted from host and come back from disk.
-        sc = Sidecar("vllm", host=2, disk=16)
-        self.addCleanup(sc.close)
-        eng = VllmEngine(sc.socket)
-        self.addCleanup(eng.close)
+        _, eng = started(self, host=2, disk=16)
         toks = prompt(6, 4 * BS + 1)
-        a = VReq("a", toks)
-        eng.admit(a)
-        eng.step(vllm_output(new=[(a, 0)], num={"a": len(toks)}), compute=[(a, 0, len(toks))])
-        eng.finish(a)
-        eng.dev.release(a.blocks)
+        computed_and_evicted(eng, VReq("a", toks))
         st = eng.stats()["stats"]
         self.assertEqual(st["OffloadedDisk"], 4, st)
         self.assertEqual(st["HostBlocks"], 2)
@@ -141,16 +150,9 @@ class TieredRoundTrip(unittest.TestCase):
 
 class SidecarFailures(unittest.TestCase):
     def test_kill_mid_request(self):
-        sc = Sidecar("vllm", host=64)
-        self.addCleanup(sc.close)
-        eng = VllmEngine(sc.socket, timeout_s=0.5)
-        self.addCleanup(eng.close)
+        sc, eng = started(self, timeout_s=0.5)
         toks = prompt(7, 2 * BS + 3)
-        a = VReq("a", toks)
-        eng.admit(a)
-        eng.step(vllm_output(new=[(a, 0)], num={"a": len(toks)}), compute=[(a, 0, len(toks))])
-        eng.finish(a)
-        eng.dev.release(a.blocks)
+        computed_and_evicted(eng, VReq("a", toks))
         b = VReq("b", toks)
         self.assertEqual(eng.admit(b), 2 * BS)  # an async load is promised ...
         sc.kill()  # ... and the sidecar dies before it runs
@@ -167,10 +169,7 @@ class SidecarFailures(unittest.TestCase):
         self.assertGreater(eng.work.worker.client.error_count(), 0)
 
     def test_stalled_sidecar_times_out(self):
-        sc = Sidecar("vllm", host=64)
-        self.addCleanup(sc.close)
-        eng = VllmEngine(sc.socket, timeout_s=0.3)
-        self.addCleanup(eng.close)
+        sc, eng = started(self, timeout_s=0.3)
         sc.stop()
         try:
             r = VReq("r", prompt(9, 2 * BS))
