@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,6 +29,14 @@ func TestRealVLLMKVBMConnector(t *testing.T) {
 	t.Setenv("VLLM_SERVER_DEV_MODE", "1") // POST /reset_prefix_cache
 	kvt := strings.TrimSpace(vllmConnectorJSON(&kvbmFlags{socket: sock}, kv.RoleAggregated))
 	v := startRealVLLM(t, py, model, "vllm", "--kv-transfer-config", kvt)
+	t.Cleanup(func() {
+		// The engine core's own error comes long before the log's tail.
+		if b, err := os.ReadFile(v.log); t.Failed() && err == nil {
+			if i := bytes.Index(b, []byte("Traceback")); i >= 0 {
+				t.Logf("vllm's first traceback:\n%s", b[i:min(len(b), i+12<<10)])
+			}
+		}
+	})
 	mport := freePort(t)
 	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", mport)
 	w := startProc(t, "worker", "worker", "--engine", "vllm", "--engine-url", v.url, "--kv-events", v.events, "--kv-events-replay", v.replay,

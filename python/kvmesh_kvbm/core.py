@@ -24,8 +24,6 @@ class Metadata:
     (request id → block ids), reported as load errors if the step cannot
     be bound."""
 
-    __slots__ = ("iteration", "ops", "loads")
-
     def __init__(self, iteration=0, ops=0, loads=None):
         self.iteration, self.ops, self.loads = iteration, ops, loads or {}
 

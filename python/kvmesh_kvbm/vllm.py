@@ -125,9 +125,7 @@ class _KvmeshConnector:
                            "new_block_ids": _first_group(c.new_block_ids[i]) if c.new_block_ids else [],
                            "num_computed": c.num_computed_tokens[i]})
         md = self.sched.build(new, cached, dict(scheduler_output.num_scheduled_tokens))
-        if self._vllm_base:
-            md = _build()["md"](md.iteration, md.ops, md.loads)  # vLLM's KVConnectorMetadata
-        return md
+        return _build()["md"](md.iteration, md.ops, md.loads)
 
     def request_finished(self, request, block_ids):
         rid = request.request_id
@@ -193,15 +191,22 @@ def _build():
         try:
             from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata
         except ImportError:
-            _built["cls"] = type("KvmeshConnector", (_KvmeshConnector,), {})
-            _built["md"] = Metadata
+            cls = type("KvmeshConnector", (_KvmeshConnector,), {})
+            md = type("KvmeshMetadata", (Metadata,), {})
         else:
-            _built["cls"] = type("KvmeshConnector", (_KvmeshConnector, KVConnectorBase_V1), {"_vllm_base": True})
-            _built["md"] = type("KvmeshMetadata", (Metadata, KVConnectorMetadata), {"__slots__": ()})
+            cls = type("KvmeshConnector", (_KvmeshConnector, KVConnectorBase_V1), {"_vllm_base": True})
+            md = type("KvmeshMetadata", (Metadata, KVConnectorMetadata), {})
+        # Named as this module's attributes: vLLM pickles the metadata to
+        # its workers, and pickle finds a class by module and name.
+        for c in (cls, md):
+            c.__module__, c.__qualname__ = __name__, c.__name__
+        _built["cls"], _built["md"] = cls, md
     return _built
 
 
 def __getattr__(name):
     if name == "KvmeshConnector":
         return _build()["cls"]
+    if name == "KvmeshMetadata":
+        return _build()["md"]
     raise AttributeError(name)
