@@ -19,13 +19,15 @@ log = logging.getLogger("kvmesh_kvbm")
 class Metadata:
     """One scheduler step's connector metadata, as the engine hands it to
     its workers (pickled): the sidecar keeps the ops, keyed by iteration
-    (0: the step was not built, the sidecar being away);
+    (0: the step was not built, the sidecar being away); ``delayed`` the
+    requests whose free the scheduler delayed since the last step (only
+    those may be reported finished sending);
     ``loads`` are the device blocks of the loads the scheduler expects
     (request id → block ids), reported as load errors if the step cannot
     be bound."""
 
-    def __init__(self, iteration=0, ops=0, loads=None):
-        self.iteration, self.ops, self.loads = iteration, ops, loads or {}
+    def __init__(self, iteration=0, ops=0, loads=None, delayed=()):
+        self.iteration, self.ops, self.loads, self.delayed = iteration, ops, loads or {}, list(delayed)
 
     def __repr__(self):
         return "kvmesh_kvbm.Metadata(iteration=%d, ops=%d, loads=%d)" % (self.iteration, self.ops, len(self.loads))
@@ -38,6 +40,7 @@ class SchedulerCore:
         self.client = Client(socket_path, shape=shape, role="scheduler", timeout_s=timeout_s)
         self.expected_loads = {}  # request id → device blocks an async match will load into
         self.matched = {}  # request id → tokens the last match staged
+        self.delayed = []  # requests request_finished delayed since the last build
 
     def match(self, req, num_computed):
         r = self.client.try_call("match", req=req, num_computed=num_computed)
@@ -60,15 +63,19 @@ class SchedulerCore:
 
     def build(self, new, cached, num_scheduled):
         loads, self.expected_loads = self.expected_loads, {}
+        delayed, self.delayed = self.delayed, []
         r = self.client.try_call("build", new=new, cached=cached, num_scheduled=num_scheduled)
         if r is None:
-            return Metadata(0, 0, loads)
-        return Metadata(int(r.get("iteration", 0)), int(r.get("loads", 0)) + int(r.get("stores", 0)), loads)
+            return Metadata(0, 0, loads, delayed)
+        return Metadata(int(r.get("iteration", 0)), int(r.get("loads", 0)) + int(r.get("stores", 0)), loads, delayed)
 
     def finished(self, rid, block_ids):
         self.matched.pop(rid, None)
         r = self.client.try_call("finished", id=rid, block_ids=list(block_ids))
-        return bool(r and r.get("delay"))
+        delay = bool(r and r.get("delay"))
+        if delay:
+            self.delayed.append(rid)
+        return delay
 
     def stats(self, slot=None):
         return self.client.try_call("stats", slot=slot or "")
@@ -87,7 +94,8 @@ class WorkerCore:
         self._stores = []  # (device ids, slots) to copy after the forward pass
         self.load_errors = set()
         self.loading = set()  # ids whose loads were issued and not yet reported
-        self.finishing = set()  # ids the engine said finished, not yet reported
+        self.delayed = set()  # ids whose free the scheduler delayed, not yet named finished
+        self.finishing = set()  # delayed ids the engine said finished, not yet reported
         self.recved = set()
         self.sent = set()
 
@@ -118,6 +126,7 @@ class WorkerCore:
             return
         expected = dict(md.loads)
         self.loading.update(expected)
+        self.delayed.update(getattr(md, "delayed", ()))
         registered = self._ensure_registered()
         if md.ops == 0 and md.iteration != 0:
             return  # built, with nothing to move
@@ -161,10 +170,16 @@ class WorkerCore:
                 log.exception("kvmesh_kvbm: save")
         self.client.try_call("saved", iteration=max(bound))
 
-    def finished(self, finishing=()):
+    def finished(self, finishing=(), all_delayed=False):
         """Returns (finished sending, finished receiving) as sets of the
-        sidecar's string ids."""
-        self.finishing.update(finishing)
+        sidecar's string ids. finishing are the requests the engine says
+        finished: vLLM names every finished request, only the delayed ones
+        may be reported (all_delayed: the engine names only those, as
+        TensorRT-LLM does)."""
+        for rid in finishing:
+            if all_delayed or rid in self.delayed:
+                self.delayed.discard(rid)
+                self.finishing.add(rid)
         r = self.client.try_call("get_finished") if self.arena is not None else None
         if r is None:
             # Nothing in flight can complete without the sidecar: report it

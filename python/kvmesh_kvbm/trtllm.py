@@ -144,7 +144,7 @@ class KvmeshConnectorWorker:
         for i in list(finished_gen_req_ids) + list(started_loading_req_ids):
             self._ids[str(i)] = i
         self.core.loading.update(str(i) for i in started_loading_req_ids)
-        sending, recving = self.core.finished(str(i) for i in finished_gen_req_ids)
+        sending, recving = self.core.finished([str(i) for i in finished_gen_req_ids], all_delayed=True)
         return [self._ids.pop(s, s) for s in sending], [self._ids.pop(r, r) for r in recving]
 
     def kvmesh_errors(self):

@@ -125,7 +125,7 @@ class _KvmeshConnector:
                            "new_block_ids": _first_group(c.new_block_ids[i]) if c.new_block_ids else [],
                            "num_computed": c.num_computed_tokens[i]})
         md = self.sched.build(new, cached, dict(scheduler_output.num_scheduled_tokens))
-        return _build()["md"](md.iteration, md.ops, md.loads)
+        return _build()["md"](md.iteration, md.ops, md.loads, md.delayed)
 
     def request_finished(self, request, block_ids):
         rid = request.request_id
