@@ -79,6 +79,7 @@ func TestRealVLLMKVBMConnector(t *testing.T) {
 	if n1 == 0 || float64(n1) != on*realBlock {
 		t.Fatalf("vLLM cached %d tokens, the sidecar onboarded %v blocks of %d", n1, on, realBlock)
 	}
+	t.Logf("after vLLM's prefix cache reset: vLLM cached %d tokens, the sidecar onboarded %v host blocks", n1, on)
 	if fmt.Sprint(first) != fmt.Sprint(again) {
 		t.Fatalf("continuation %v after the host load, %v when computed", again, first)
 	}
