@@ -55,7 +55,8 @@ func pythonDir(t *testing.T) string {
 // The connector package driven with each engine's call sequences (chunked
 // prefill, preemption, async onboarding, a request finishing while it
 // offloads, TensorRT-LLM's context-only and generation-only requests,
-// host and disk round trips, a killed and a stalled sidecar) against real
+// host and disk round trips, a disk block corrupted in its pool file, a
+// killed and a stalled sidecar) against real
 // `kvmesh worker --connector kvbm` sidecars, which the tests start and
 // kill themselves: python/tests.
 func TestKVBMPythonConnector(t *testing.T) {

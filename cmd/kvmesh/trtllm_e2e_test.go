@@ -362,14 +362,14 @@ func TestServeTRTLLMEngines(t *testing.T) {
 	} {
 		expectRefused(t, tc.want, append([]string{"serve", "--listen", "127.0.0.1:0"}, tc.args...)...)
 	}
-	// The worker: a decode worker runs no connector; vLLM gets no
+	// The worker: a decode worker runs no connector; SGLang gets no
 	// connector configuration from kvmesh.
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"--engine", "trtllm", "--engine-url", a, "--role", "decode", "--connector", "kvbm", "--kvbm-host-blocks", "8"}, "a decode worker runs no connector"},
-		{[]string{"--engine", "vllm", "--engine-url", a, "--connector", "kvbm", "--kvbm-host-blocks", "8"}, "--connector kvbm with --engine vllm"},
+		{[]string{"--engine", "sglang", "--engine-url", a, "--connector", "kvbm", "--kvbm-host-blocks", "8"}, "--connector kvbm with --engine sglang"},
 		{[]string{"--engine", "trtllm", "--engine-url", a, "--connector-config-out", "-"}, "--connector-config-out needs --connector"},
 	} {
 		expectRefused(t, tc.want, append([]string{"worker", "--nats", s.natsURL}, tc.args...)...)

@@ -46,6 +46,9 @@ class Client:
     """
 
     def __init__(self, path=None, shape="vllm", role="scheduler", timeout_s=None, retry_s=1.0):
+        # A path someone configured is trusted as given; the default one
+        # (in a shared /tmp) only if this user or root owns the socket.
+        self.explicit = bool(path or os.environ.get("KVMESH_KVBM_SOCKET"))
         self.path = path or default_socket()
         self.shape, self.role = shape, role
         if timeout_s is None:
@@ -77,6 +80,11 @@ class Client:
         return sum(self.errors.values())
 
     def _dial(self):
+        if not self.explicit:
+            owner = os.stat(self.path).st_uid
+            if owner not in (os.getuid(), 0):
+                raise SidecarError("%s is owned by uid %d, not this user: set KVMESH_KVBM_SOCKET to trust it" % (self.path, owner),
+                                   "untrusted")
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.timeout_s)
         try:

@@ -1,5 +1,6 @@
 """The engines' connector call sequences against a real kvmesh sidecar."""
 
+import glob
 import os
 import sys
 import unittest
@@ -148,6 +149,32 @@ class TieredRoundTrip(unittest.TestCase):
         self.assertEqual(st["slot"]["loaded_disk"], 4 * BS, st)
         self.assertEqual(st["stats"]["Corrupt"], 0)
         self.assertEqual(st["stats"]["OnboardedDisk"], 4)
+
+
+    def test_corrupt_disk_block_is_recomputed(self):
+        # Every block on disk (2 host slots), the first one's bytes flipped
+        # in the pool file: its checksum fails at the load, it is dropped,
+        # and the engine recomputes it and what follows.
+        sc, eng = started(self, host=2, disk=16)
+        toks = prompt(12, 4 * BS + 1)
+        computed_and_evicted(eng, VReq("a", toks))
+        pool = glob.glob(os.path.join(sc.dir, "disk", "kvbm-*.g3"))
+        self.assertEqual(len(pool), 1, pool)
+        # Slot 0's payload: the data region starts on the first 2 MiB
+        # boundary (kvbm's disk layout).
+        with open(pool[0], "r+b") as f:
+            f.seek(2 << 20)
+            b = f.read(1)
+            f.seek(2 << 20)
+            f.write(bytes([b[0] ^ 0xFF]))
+        b = VReq("b", toks)
+        self.assertEqual(eng.admit(b), 4 * BS)
+        _, _, recving = eng.step(vllm_output())
+        self.assertEqual(recving, {"b"})
+        self.assertEqual(eng.work.get_block_ids_with_load_errors(), set(b.blocks[:4]))
+        st = eng.stats("b")["stats"]
+        self.assertEqual(st["Corrupt"], 1, st)
+        self.assertEqual(st["OnboardedDisk"], 0)
 
 
 class SidecarFailures(unittest.TestCase):
