@@ -13,6 +13,9 @@ import (
 	"github.com/kvmesh/kvmesh/natsbus/natstest"
 )
 
+// realKVBMInstance names the test worker's arena file.
+const realKVBMInstance = "00000000000c0b30"
+
 // kvmesh's connector inside a real vLLM (CPU): a prompt's blocks are
 // offloaded to the worker's host tier; with vLLM's own prefix cache reset,
 // the same prompt is loaded back from the host tier: vLLM's cached_tokens
@@ -40,7 +43,7 @@ func TestRealVLLMKVBMConnector(t *testing.T) {
 	mport := freePort(t)
 	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", mport)
 	w := startProc(t, "worker", "worker", "--engine", "vllm", "--engine-url", v.url, "--kv-events", v.events, "--kv-events-replay", v.replay,
-		"--nats", ns.URL(), "--connector", "kvbm", "--kvbm-host-blocks", "256", "--kvbm-socket", sock,
+		"--nats", ns.URL(), "--connector", "kvbm", "--kvbm-host-blocks", "256", "--kvbm-socket", sock, "--instance-id", realKVBMInstance,
 		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", mport), "--engine-timeout", "300s", "--log-level", "info")
 	v.ready(t, 5*time.Minute)
 	w.Expect(workerLine, 60*time.Second)
@@ -89,6 +92,11 @@ func TestRealVLLMKVBMConnector(t *testing.T) {
 	// The sidecar dies; vLLM serves on (each connector call times out or
 	// fails fast, and its loads are recomputed).
 	w.Kill()
+	// A killed worker cannot remove its arena (the next of its instance would).
+	arenas, _ := filepath.Glob("/dev/shm/kvmesh-kvbm-" + realKVBMInstance + "-*.arena")
+	for _, a := range arenas {
+		os.Remove(a)
+	}
 	if st, ids := greedyIDs(t, v.url, realPrompt(3*realBlock, 9), nil); st != 200 || len(ids) == 0 {
 		t.Fatalf("after the sidecar died: %d %v", st, ids)
 	}
