@@ -57,6 +57,7 @@ func BenchmarkConversation8(b *testing.B) {
 			b.ReportMetric(r.Hit.Total, "hit-ratio")
 			b.ReportMetric(r.TTFT.Mean, "ttft-mean-ms")
 			b.ReportMetric(float64(r.Passes), "passes")
+			b.ReportMetric(r.IndexOffLoop, "index-off-loop")
 		})
 	}
 }
