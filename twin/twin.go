@@ -19,6 +19,8 @@
 // core's pass ends. At a pass end the twin hands the pass's outputs to the
 // router (Decision.FirstToken / Done) at that virtual time, reports the
 // worker's load (UpdateLoad) periodically, and starts the next pass.
+// With a second core the index applies the cores' KV events on a goroutine
+// of its own, synchronised before every read of the index (feed.go).
 //
 // It imports router, index, engine/sim, clock, kv, trace and plot, and must
 // not import the live fleet, worker, NATS or gRPC: the twin is the same cores
