@@ -129,12 +129,7 @@ func (f *indexFeed) run() {
 		if f.closed {
 			return
 		}
-		c := f.take()
-		f.mu.Unlock()
-		f.ix.ApplyBatch(c.events)
-		f.mu.Lock()
-		f.offLoop += uint64(len(c.events))
-		f.put(c)
+		f.applyPending(&f.offLoop)
 		f.idle.Broadcast()
 	}
 }
@@ -146,14 +141,20 @@ func (f *indexFeed) sync() {
 		f.idle.Wait()
 	}
 	if len(f.fill.events) > 0 {
-		c := f.take()
-		f.mu.Unlock()
-		f.ix.ApplyBatch(c.events)
-		f.mu.Lock()
-		f.onLoop += uint64(len(c.events))
-		f.put(c)
+		f.applyPending(&f.onLoop)
 	}
 	f.mu.Unlock()
+}
+
+// applyPending applies the pending chunk outside the lock and counts its
+// events in n. Called with mu held, when not busy.
+func (f *indexFeed) applyPending(n *uint64) {
+	c := f.take()
+	f.mu.Unlock()
+	f.ix.ApplyBatch(c.events)
+	f.mu.Lock()
+	*n += uint64(len(c.events))
+	f.put(c)
 }
 
 // close stops the applier and waits for it; events still pending are
