@@ -99,6 +99,17 @@ func NewHostArena(slots, blockBytes int) (*HostArena, error) {
 	return &HostArena{buf: make([]byte, slots*blockBytes), bb: blockBytes, n: slots}, nil
 }
 
+// NewHostArenaOver is a host arena over memory the caller owns and keeps
+// alive (kvmesh's engine connector maps it from a shared-memory file, so
+// the engine's worker process can reach it); buf holds at least slots
+// blocks of blockBytes.
+func NewHostArenaOver(buf []byte, slots, blockBytes int) (*HostArena, error) {
+	if slots <= 0 || blockBytes <= 0 || len(buf) < slots*blockBytes {
+		return nil, fmt.Errorf("kvbm: host arena of %d slots × %d bytes over %d bytes", slots, blockBytes, len(buf))
+	}
+	return &HostArena{buf: buf[:slots*blockBytes], bb: blockBytes, n: slots}, nil
+}
+
 func (h *HostArena) Slots() int      { return h.n }
 func (h *HostArena) BlockBytes() int { return h.bb }
 

@@ -73,6 +73,10 @@ type Result struct {
 	// CPU is the process CPU time over the same span (GC included; 0 where
 	// the platform does not report it): the figure to trust on a shared host.
 	CPU time.Duration `json:"-"`
+	// IndexOffLoop is the share of KV events the index applied on its own
+	// goroutine rather than the event loop's (feed.go); it depends on the
+	// host's scheduling, so it stays out of the JSON too.
+	IndexOffLoop float64 `json:"-"`
 	// TTFTSamples are the completed requests' TTFTs (ms) in completion order.
 	TTFTSamples []float64 `json:"-"`
 	// ITLSamples are their ITLs (ms, requests of two or more tokens), for

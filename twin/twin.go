@@ -19,6 +19,8 @@
 // core's pass ends. At a pass end the twin hands the pass's outputs to the
 // router (Decision.FirstToken / Done) at that virtual time, reports the
 // worker's load (UpdateLoad) periodically, and starts the next pass.
+// With a second core the index applies the cores' KV events on a goroutine
+// of its own, synchronised before every read of the index (feed.go).
 //
 // It imports router, index, engine/sim, clock, kv, trace and plot, and must
 // not import the live fleet, worker, NATS or gRPC: the twin is the same cores
@@ -136,6 +138,10 @@ type Config struct {
 	DecodeWorkers      int     `json:"decode_workers,omitempty"`
 	LocalPrefillTokens int     `json:"local_prefill_tokens,omitempty"`
 	LocalPrefillRatio  float64 `json:"local_prefill_ratio,omitempty"`
+
+	// serialIndex applies KV events on the event loop's goroutine even
+	// with a second core (feed.go); tests compare both ways.
+	serialIndex bool
 }
 
 // Normalize fills zero fields with their defaults and checks the rest.
@@ -228,7 +234,10 @@ type twin struct {
 	vc  *clock.Virtual
 	r   *router.Router
 	ix  *index.Index
-	ws  []worker
+	// feed applies ix's events on a second goroutine (nil: the event
+	// loop applies them as they are flushed).
+	feed *indexFeed
+	ws   []worker
 
 	// Event times are nanoseconds since t0.
 	reqs  []request
@@ -261,6 +270,9 @@ func Run(ctx context.Context, wl *Workload, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	defer wl.putHasher(t.prompt.ph)
+	if t.feed != nil {
+		defer t.feed.close()
+	}
 	if err := t.loop(ctx); err != nil {
 		t.kvbmResult()
 		return nil, err
@@ -276,6 +288,9 @@ func Run(ctx context.Context, wl *Workload, cfg Config) (*Result, error) {
 		}
 	}
 	t.finishResult()
+	if t.feed != nil {
+		t.res.IndexOffLoop = t.feed.offLoopShare()
+	}
 	t.res.Wall = time.Since(start)
 	if c := cpuTime(); c > 0 {
 		t.res.CPU = c - cpu0
@@ -317,6 +332,10 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 		// routing regret against it.
 		t.ix = index.New()
 		rc.Matcher = t.ix
+		if asyncIndexFeed(cfg) {
+			t.feed = newIndexFeed(t.ix)
+			rc.Matcher = syncedIndex{t.feed}
+		}
 	}
 	r, err := router.New(rc)
 	if err != nil {
@@ -328,6 +347,9 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 		if err := t.addCore(i, hints, kvMode); err != nil {
 			return nil, err
 		}
+	}
+	if t.feed != nil {
+		t.feed.start()
 	}
 	return t, nil
 }
@@ -368,11 +390,16 @@ func (t *twin) addCore(i int, hints, kvMode bool) error {
 	if err != nil {
 		return fmt.Errorf("twin: worker %d: %w", i+1, err)
 	}
-	if ix := t.ix; ix != nil {
-		// Apply copies what it keeps, so the core may reuse the batch.
-		// Only kv routes by the index: the others' count stays 0.
+	if ix, feed := t.ix, t.feed; ix != nil {
+		// Apply and the feed copy what they keep, so the core may reuse
+		// the batch. Only kv routes by the index: the others' count
+		// stays 0.
 		core.SetTransientEventSink(func(batch []kv.Event) {
-			ix.ApplyBatch(batch)
+			if feed != nil {
+				feed.add(batch)
+			} else {
+				ix.ApplyBatch(batch)
+			}
 			if kvMode {
 				t.res.IndexEvents += uint64(len(batch))
 			}

@@ -215,3 +215,13 @@ func metric(t *testing.T, base, name string) (float64, bool) {
 	v, ok := testutil.Scrape(t, strings.TrimSuffix(base, "/v1")+"/metrics")[name]
 	return v, ok
 }
+
+// missingTool skips a test that needs a tool this machine lacks, naming
+// it, or fails it under KVMESH_REQUIRE_TOOLS=1 (CI installs every tool).
+func missingTool(t *testing.T, msg string) {
+	t.Helper()
+	if os.Getenv("KVMESH_REQUIRE_TOOLS") == "1" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}

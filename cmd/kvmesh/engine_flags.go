@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/remote"
+	"github.com/kvmesh/kvmesh/engine/vllm"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -121,13 +122,16 @@ type realEngineFlags struct {
 // engineOpts are the options every adapter shares.
 type engineOpts struct {
 	topic, hintForm string
-	timeout         time.Duration
-	healthInterval  time.Duration
+	// kvTransfer is vLLM's --kv-transfer ("" until given).
+	kvTransfer     string
+	timeout        time.Duration
+	healthInterval time.Duration
 }
 
 func (o *engineOpts) register(f *pflag.FlagSet) {
 	f.StringVar(&o.topic, "kv-events-topic", "", "real engine: ZMQ topic of the engine's KV events (its kv-events-config topic)")
 	f.StringVar(&o.hintForm, "hint-form", "", "real engine: how KV hints reach the engine: native (its own hint field: kv_hints), bridge (the older form: vLLM's kv_transfer_params.kv_hint, SGLang's kv_router_hint) or off (take no hints); default: native, or off for an engine without a hint field (trtllm)")
+	f.StringVar(&o.kvTransfer, "kv-transfer", "", "real engine P/D (vllm): how the prefill engine's KV connector hands the prompt's KV to the decode engine: params (it answers with kv_transfer_params, which the decode leg carries: NixlConnector) or shared-storage (it saves the KV where the decode engine reads it, found by the prompt, and answers none: vLLM's ExampleConnector with one shared_storage_path on both engines); default params")
 	f.DurationVar(&o.timeout, "engine-timeout", 10*time.Minute, "real engine: how long to wait for the engine's /health at start (model loading takes minutes)")
 	f.DurationVar(&o.healthInterval, "engine-health-interval", remote.DefaultHealthInterval, "real engine: how often the engine's /health is polled once attached; two failed checks in a row take its worker out of discovery (streams migrate) until one passes")
 }
@@ -147,6 +151,9 @@ func (o *engineOpts) check(kind string) error {
 			return fmt.Errorf("--hint-form %q: --engine %s takes only %s", o.hintForm, kind, forms[0])
 		}
 		return fmt.Errorf("--hint-form %q: want %s", o.hintForm, strings.Join(forms, ", "))
+	}
+	if _, err := vllm.Transfer(o.kvTransfer).WithDefault(); err != nil {
+		return fmt.Errorf("--kv-transfer %w", err)
 	}
 	if o.timeout <= 0 {
 		return fmt.Errorf("--engine-timeout %v: want > 0", o.timeout)
@@ -339,6 +346,8 @@ func (s *serveEngineFlags) engines() ([]servedEngine, error) {
 	switch {
 	case len(pre) > 0 != (len(dec) > 0):
 		return nil, errors.New("--prefill-engine-url and --decode-engine-url come together (a P/D fleet needs both)")
+	case s.opts.kvTransfer != "" && len(pre) == 0:
+		return nil, errors.New("--kv-transfer: only prefill engines (--prefill-engine-url) hand KV over")
 	case len(agg)+len(pre) == 0:
 		return nil, fmt.Errorf("--engine %s needs --engine-url (aggregated) or --prefill-engine-url and --decode-engine-url (P/D)", s.engine)
 	}

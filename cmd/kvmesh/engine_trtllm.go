@@ -49,28 +49,27 @@ func openTRTLLM(ctx context.Context, a engineAttach) (attachedEngine, error) {
 }
 
 // The KV block manager connector as TensorRT-LLM loads it
-// (KvCacheConnectorConfig): Dynamo's KVBM Python integration.
+// (KvCacheConnectorConfig): kvmesh's own Python package (python/), a thin
+// client of this worker's sidecar.
 const (
-	trtllmConnectorModule    = "kvbm.trtllm_integration.connector"
-	trtllmConnectorScheduler = "DynamoKVBMConnectorLeader"
-	trtllmConnectorWorker    = "DynamoKVBMConnectorWorker"
+	trtllmConnectorModule    = "kvmesh_kvbm.trtllm"
+	trtllmConnectorScheduler = "KvmeshConnectorScheduler"
+	trtllmConnectorWorker    = "KvmeshConnectorWorker"
 )
 
 // trtllmConnectorYAML is the LLM API options YAML a TensorRT-LLM server
 // needs to run the KV block manager behind this worker: the connector,
 // the KV events and iteration stats kvmesh reads, and for a context
-// (prefill) server its cache transceiver. The tiers' sizes go in the
-// connector's environment.
+// (prefill) server its cache transceiver. The tiers live in this worker's
+// sidecar; TensorRT-LLM's connector config takes no extra keys, so the
+// socket goes in the server's environment.
 func trtllmConnectorYAML(k *kvbmFlags, role kv.Role) string {
 	var b strings.Builder
 	b.WriteString("# trtllm-serve --extra_llm_api_options (or --config) for a kvmesh worker with --connector kvbm.\n")
-	b.WriteString("# Merge with your own options. The connector's tiers are sized by its environment:\n")
-	if k.host > 0 {
-		fmt.Fprintf(&b, "#   DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS=%d\n", k.host)
-	}
-	if k.disk > 0 {
-		fmt.Fprintf(&b, "#   DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS=%d\n", k.disk)
-	}
+	b.WriteString("# Merge with your own options. Install kvmesh's connector into the server's Python\n")
+	b.WriteString("# (pip install ./python, or PYTHONPATH=<kvmesh>/python) and run it with the sidecar's socket:\n")
+	fmt.Fprintf(&b, "#   KVMESH_KVBM_SOCKET=%s\n", k.socketPath())
+	fmt.Fprintf(&b, "# Tiers (in the kvmesh worker): %d host blocks, %d disk blocks, %d object blocks.\n", k.host, k.disk, k.object)
 	fmt.Fprintf(&b, "kv_connector_config:\n  connector_module: %s\n  connector_scheduler_class: %s\n  connector_worker_class: %s\n",
 		trtllmConnectorModule, trtllmConnectorScheduler, trtllmConnectorWorker)
 	b.WriteString("kv_cache_config:\n  enable_block_reuse: true\n  enable_partial_reuse: false\n  event_buffer_max_size: 1024\n")

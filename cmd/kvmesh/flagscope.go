@@ -37,11 +37,10 @@ type flagScope struct {
 	why     func(flagUse) string
 }
 
-// kvbmSimFlags are the KV block manager flags only the sim's in-process
-// KVBM reads: a real engine's connector (its engine-side configuration,
-// --connector-config-out) is sized by --kvbm-host-blocks and
-// --kvbm-disk-blocks alone.
-var kvbmSimFlags = []string{"kvbm-disk-dir", "kvbm-host-bandwidth", "kvbm-disk-bandwidth", "kvbm-disk-filter-off",
+// kvbmTierFlags are the KV block manager flags beside the tiers' sizes:
+// the sim's in-process KVBM and a real engine's connector sidecar read
+// them alike.
+var kvbmTierFlags = []string{"kvbm-disk-dir", "kvbm-host-bandwidth", "kvbm-disk-bandwidth", "kvbm-disk-filter-off",
 	"kvbm-object-url", "kvbm-object-blocks", "kvbm-object-queue", "kvbm-object-bandwidth", "kvbm-recompute-per-token"}
 
 var flagScopes = []flagScope{
@@ -73,7 +72,7 @@ var flagScopes = []flagScope{
 			return "only simulated prefill workers (--prefill-workers) pin handoff blocks"
 		}},
 	{flags: []string{"kv-events", "kv-events-replay", "peer-endpoint", "kv-events-topic", "hint-form", "engine-timeout", "engine-health-interval",
-		"prefill-kv-events", "prefill-kv-events-replay", "prefill-peer-endpoint", "decode-kv-events", "decode-kv-events-replay"},
+		"kv-transfer", "prefill-kv-events", "prefill-kv-events-replay", "prefill-peer-endpoint", "decode-kv-events", "decode-kv-events-replay"},
 		applies: func(u flagUse) bool { return !u.sim() },
 		why:     func(flagUse) string { return "a real engine's flag, no effect with --engine sim" }},
 	{flags: []string{"kv-events-topic"},
@@ -81,18 +80,26 @@ var flagScopes = []flagScope{
 		why: func(u flagUse) string {
 			return fmt.Sprintf("--engine %s's KV events are polled over HTTP, with no ZMQ topic", u.engine)
 		}},
+	{flags: []string{"kv-transfer"},
+		applies: func(u flagUse) bool { return u.engine == "vllm" && (u.command == "serve" || u.role == kv.RolePrefill) },
+		why: func(u flagUse) string {
+			if u.engine != "vllm" {
+				return fmt.Sprintf("a vLLM flag: --engine %s's prefill answers always carry the connector's parameters", u.engine)
+			}
+			return "only a --role prefill worker's engine hands KV over"
+		}},
 	{command: "serve", flags: []string{"connector"},
 		applies: func(u flagUse) bool { return u.decodeWorkers == 0 },
 		why: func(flagUse) string {
 			return "decode workers run no connector (their prompt KV comes from their prefill peers) and serve would start them without it; run kvbm on prefill workers with kvmesh worker --role prefill --connector kvbm"
 		}},
-	{flags: append([]string{"kvbm-host-blocks", "kvbm-disk-blocks"}, kvbmSimFlags...),
+	{flags: append([]string{"kvbm-host-blocks", "kvbm-disk-blocks", "kvbm-socket", "kvbm-staging-blocks"}, kvbmTierFlags...),
 		applies: func(u flagUse) bool { return u.connector != "" },
 		why:     func(flagUse) string { return "needs --connector kvbm" }},
-	{flags: kvbmSimFlags,
-		applies: flagUse.sim,
-		why: func(u flagUse) string {
-			return fmt.Sprintf("no effect with --engine %s: the engine runs its own connector, which kvmesh sizes by --kvbm-host-blocks and --kvbm-disk-blocks only", u.engine)
+	{command: "worker", flags: []string{"kvbm-socket", "kvbm-staging-blocks"},
+		applies: func(u flagUse) bool { return !u.sim() },
+		why: func(flagUse) string {
+			return "a real engine's connector sidecar flag; the sim runs its KV block manager in-process"
 		}},
 }
 

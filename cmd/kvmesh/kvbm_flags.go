@@ -32,6 +32,8 @@ type kvbmFlags struct {
 	objBW          float64
 	objQueue       int
 	recompute      string
+	socket         string // a real engine's connector: the sidecar's Unix socket
+	staging        int
 }
 
 // defaultObjectQueue is --kvbm-object-queue's default: blocks staged in
@@ -53,13 +55,20 @@ func addKVBMFlags(f *pflag.FlagSet, k *kvbmFlags) {
 	f.Float64Var(&k.objBW, "kvbm-object-bandwidth", sim.DefaultObjectBandwidth, "kvbm: object→device onboarding bandwidth, bytes/s (negative: free)")
 }
 
+// addKVBMSidecarFlags are the flags of a real engine's connector sidecar
+// (worker only).
+func addKVBMSidecarFlags(f *pflag.FlagSet, k *kvbmFlags) {
+	f.StringVar(&k.socket, "kvbm-socket", "", "kvbm, real engine: the Unix socket (mode 0600) the engine's kvmesh_kvbm connector calls (default /tmp/kvmesh-kvbm-<uid>.sock, what the package dials without KVMESH_KVBM_SOCKET)")
+	f.IntVar(&k.staging, "kvbm-staging-blocks", defaultStagingBlocks, "kvbm, real engine: blocks of the shared arena (/dev/shm) one engine step loads or stores through; a step's excess is recomputed or left uncached, counted")
+}
+
 // check validates the flags of the sim's in-process KVBM; role is the
 // worker's (decode workers run no connector).
 func (k *kvbmFlags) check(role kv.Role) error { return k.checkFor("sim", role) }
 
-// checkFor validates the flags for an engine kind: a real engine's
-// connector takes only the tiers' sizes (flagScopes refuses the rest), so
-// only the sim's are checked further, and a bucket probed.
+// checkFor validates the flags for an engine kind: the sim runs the block
+// manager in-process, a real engine through its connector sidecar
+// (startSidecar); both take every tier flag, and a bucket is probed.
 func (k *kvbmFlags) checkFor(engine string, role kv.Role) error {
 	switch k.connector {
 	case "":
@@ -84,7 +93,12 @@ func (k *kvbmFlags) checkFor(engine string, role kv.Role) error {
 		return fmt.Errorf("--connector kvbm: give --kvbm-host-blocks or --kvbm-disk-blocks")
 	}
 	if engine != "sim" {
-		return nil
+		if k.recompute == "auto" {
+			return fmt.Errorf("--kvbm-recompute-per-token auto: the sim's prefill model; with --engine %s give the engine's prefill cost per token (e.g. 20us) or off", engine)
+		}
+		if err := checkInts(intFlag{"kvbm-staging-blocks", int64(k.staging), 1}); err != nil {
+			return err
+		}
 	}
 	if k.disk > 0 && k.dir == "" {
 		return fmt.Errorf("--kvbm-disk-blocks %d: give --kvbm-disk-dir", k.disk)
@@ -186,9 +200,10 @@ func randomInstanceID() uint64 {
 	return binary.LittleEndian.Uint64(b[:])>>1 | 1
 }
 
-// registerKVBMMetrics exposes a sim engine's block-manager totals on reg,
-// labelled like the worker's own series.
-func registerKVBMMetrics(reg prometheus.Registerer, eng *sim.Engine, model string, instance uint64) error {
+// registerKVBMMetrics exposes block-manager totals (a sim engine's, or a
+// real engine's connector sidecar's) on reg, labelled like the worker's
+// own series.
+func registerKVBMMetrics(reg prometheus.Registerer, stats func() sim.KVBMStats, model string, instance uint64) error {
 	cl := prometheus.Labels{"model": model, "instance": natsbus.InstanceToken(instance)}
 	type series struct {
 		name, help string
@@ -218,7 +233,7 @@ func registerKVBMMetrics(reg prometheus.Registerer, eng *sim.Engine, model strin
 		{"kvmesh_kvbm_corrupt_blocks_total", "Blocks whose bytes failed their checksum (at onboarding or recovery), dropped.", false, func(s sim.KVBMStats) uint64 { return s.Corrupt }},
 		{"kvmesh_kvbm_errors_total", "Block-manager storage, device or connector errors.", false, func(s sim.KVBMStats) uint64 { return s.Errors + s.ConnectorErrors }},
 	} {
-		f := func() float64 { return float64(s.v(eng.KVBMStats())) }
+		f := func() float64 { return float64(s.v(stats())) }
 		if s.gauge {
 			cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: s.name, Help: s.help, ConstLabels: cl}, f))
 		} else {

@@ -488,7 +488,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}
 		if cfg.KVBM != nil {
 			wc.InstanceID = instance
-			if err := registerKVBMMetrics(reg, eng, cfg.Model, instance); err != nil {
+			if err := registerKVBMMetrics(reg, eng.KVBMStats, cfg.Model, instance); err != nil {
 				eng.Close()
 				return err
 			}

@@ -262,16 +262,17 @@ func TestTRTLLMKVBMDisaggE2E(t *testing.T) {
 	ln.Close()
 	ctxURL := "http://" + ctxAddr
 	yamlPath := filepath.Join(t.TempDir(), "llm_api_options.yaml")
+	sock := filepath.Join(t.TempDir(), "kvbm.sock")
 	pw := startProc(t, "prefill worker", "worker", "--engine", "trtllm", "--role", "prefill", "--engine-url", ctxURL, "--kv-events", ctxURL,
-		"--connector", "kvbm", "--kvbm-host-blocks", "4096", "--connector-config-out", yamlPath,
+		"--connector", "kvbm", "--kvbm-host-blocks", "4096", "--connector-config-out", yamlPath, "--kvbm-socket", sock,
 		"--nats", ns.URL(), "--log-level", "warn", "--engine-timeout", "30s")
 	testutil.WaitFor(t, 10*time.Second, "the connector YAML", func() bool {
 		_, err := os.Stat(yamlPath)
 		return err == nil
 	})
 	yml, _ := os.ReadFile(yamlPath)
-	for _, want := range []string{"connector_module: kvbm.trtllm_integration.connector", "connector_scheduler_class: DynamoKVBMConnectorLeader",
-		"connector_worker_class: DynamoKVBMConnectorWorker", "event_buffer_max_size:", "cache_transceiver_config:", "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS=4096"} {
+	for _, want := range []string{"connector_module: kvmesh_kvbm.trtllm", "connector_scheduler_class: KvmeshConnectorScheduler",
+		"connector_worker_class: KvmeshConnectorWorker", "event_buffer_max_size:", "cache_transceiver_config:", "KVMESH_KVBM_SOCKET=" + sock, "4096 host blocks"} {
 		if !strings.Contains(string(yml), want) {
 			t.Fatalf("connector YAML lacks %q:\n%s", want, yml)
 		}
@@ -361,14 +362,14 @@ func TestServeTRTLLMEngines(t *testing.T) {
 	} {
 		expectRefused(t, tc.want, append([]string{"serve", "--listen", "127.0.0.1:0"}, tc.args...)...)
 	}
-	// The worker: a decode worker runs no connector; vLLM gets no
+	// The worker: a decode worker runs no connector; SGLang gets no
 	// connector configuration from kvmesh.
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"--engine", "trtllm", "--engine-url", a, "--role", "decode", "--connector", "kvbm", "--kvbm-host-blocks", "8"}, "a decode worker runs no connector"},
-		{[]string{"--engine", "vllm", "--engine-url", a, "--connector", "kvbm", "--kvbm-host-blocks", "8"}, "--connector kvbm with --engine vllm"},
+		{[]string{"--engine", "sglang", "--engine-url", a, "--connector", "kvbm", "--kvbm-host-blocks", "8"}, "--connector kvbm with --engine sglang"},
 		{[]string{"--engine", "trtllm", "--engine-url", a, "--connector-config-out", "-"}, "--connector-config-out needs --connector"},
 	} {
 		expectRefused(t, tc.want, append([]string{"worker", "--nats", s.natsURL}, tc.args...)...)

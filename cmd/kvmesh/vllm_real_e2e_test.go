@@ -259,8 +259,32 @@ func checkIndexAgainstVLLM(t *testing.T, py string, s *served, vs []*realVLLM) {
 			parents[b] = p
 		}
 	}
-	ws := watchWorkers(t, s.natsURL, realModel, len(vs))
+	held := inventoryAgainstVLLM(t, watchWorkers(t, s.natsURL, realModel, len(vs)), parents)
 	checked := 0
+	for k, n := range held {
+		if k.tier != kv.TierDevice || k.lora != "" {
+			t.Fatalf("%d blocks stored on tier %v, LoRA %q: vLLM published medium GPU, no LoRA", n, k.tier, k.lora)
+		}
+		checked += n
+	}
+	if checked == 0 {
+		t.Fatal("the workers' inventories hold no stored block")
+	}
+}
+
+// inventoryKey is where a worker's inventory holds a block.
+type inventoryKey struct {
+	tier kv.Tier
+	lora string
+}
+
+// inventoryAgainstVLLM dumps every worker's inventory (its gRPC Dump),
+// checks each stored block's parent is the one vLLM's events give it
+// (parents: vllmHoldings.parentOf), and counts the blocks by tier and
+// LoRA name.
+func inventoryAgainstVLLM(t *testing.T, ws *workerSet, parents map[kv.EngineHash]*kv.EngineHash) map[inventoryKey]int {
+	t.Helper()
+	held := map[inventoryKey]int{}
 	for _, in := range ws.watcher.Instances() {
 		c, err := ws.clients.Get(in)
 		if err != nil {
@@ -280,9 +304,6 @@ func checkIndexAgainstVLLM(t *testing.T, py string, s *served, vs []*realVLLM) {
 			if e.Kind != kv.EventStored {
 				continue
 			}
-			if e.Tier != kv.TierDevice || e.LoRA != "" {
-				t.Fatalf("stored event on tier %v, LoRA %q: vLLM published medium GPU, no LoRA", e.Tier, e.LoRA)
-			}
 			prev := (*kv.EngineHash)(nil)
 			if e.HasParent {
 				prev = &e.Parent
@@ -290,15 +311,13 @@ func checkIndexAgainstVLLM(t *testing.T, py string, s *served, vs []*realVLLM) {
 			for _, blk := range e.Blocks {
 				p, ok := parents[blk.EngineHash]
 				if !ok || (p == nil) != (prev == nil) || (p != nil && *p != *prev) {
-					t.Fatalf("block %d: kvmesh's parent %v, vLLM's %v (known %v)", blk.EngineHash, prev, p, ok)
+					t.Fatalf("block %d (LoRA %q): kvmesh's parent %v, vLLM's %v (known %v)", blk.EngineHash, e.LoRA, prev, p, ok)
 				}
 				h := blk.EngineHash
 				prev = &h
-				checked++
+				held[inventoryKey{e.Tier, e.LoRA}]++
 			}
 		}
 	}
-	if checked == 0 {
-		t.Fatal("the workers' inventories hold no stored block")
-	}
+	return held
 }

@@ -109,7 +109,8 @@ On startup it prints one line to stdout:
 	f.IntVar(&s.Layers, "layers", s.Layers, "sim: payload layers per block")
 	f.IntVar(&s.PayloadSize, "payload-size", s.PayloadSize, "sim: payload bytes per block and layer")
 	addKVBMFlags(f, &wf.kvbm)
-	f.StringVar(&wf.connectorOut, "connector-config-out", "", "real engine with --connector: write the engine-side configuration that loads the connector (trtllm: the --extra_llm_api_options YAML) to this file ('-': stdout); it is logged either way")
+	addKVBMSidecarFlags(f, &wf.kvbm)
+	f.StringVar(&wf.connectorOut, "connector-config-out", "", "real engine with --connector: write the engine-side configuration that loads the connector (trtllm: the --extra_llm_api_options YAML naming kvmesh_kvbm.trtllm; vllm: the --kv-transfer-config JSON naming kvmesh_kvbm.vllm) to this file ('-': stdout); it is logged either way")
 	registerWorkerEngineFlags(f, &wf.real, &wf.realOpts)
 	wf.kvcr.register(f)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
@@ -237,6 +238,7 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 	var peer *worker.Peer
 	var acceptsHints *bool
 	var sources []worker.EventSource
+	var sidecarSource worker.EventSource // a real engine's connector tiers' events
 	noEvents := false
 	switch wf.engine {
 	case "sim":
@@ -281,6 +283,19 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		if err := emitConnectorConfig(cmd, wf, role, log); err != nil {
 			return err
 		}
+		if wf.kvbm.connector != "" {
+			// Before the engine: it registers its KV cache with the
+			// sidecar as it starts.
+			sc, err := wf.kvbm.startSidecar(id, log)
+			if err != nil {
+				return err
+			}
+			defer sc.Close()
+			sidecarSource = sidecarEvents{sc}
+			if err := registerKVBMMetrics(reg, sidecarStats(sc), wf.model, id); err != nil {
+				return err
+			}
+		}
 		ve, err := startRealWorkerEngine(cmd, wf, model, role, log)
 		if err != nil {
 			return err
@@ -317,9 +332,12 @@ func runWorker(cmd *cobra.Command, wf *workerFlags) error {
 		if noEvents = wf.real.events == "" && sources == nil; noEvents {
 			warnNoEvents(log, wf.engine)
 		}
+		if sidecarSource != nil {
+			sources = append(sources, sidecarSource)
+		}
 	}
 	if s, ok := eng.(*sim.Engine); ok && wf.kvbm.connector != "" {
-		if err := registerKVBMMetrics(reg, s, wf.model, id); err != nil {
+		if err := registerKVBMMetrics(reg, s.KVBMStats, wf.model, id); err != nil {
 			eng.Close()
 			return err
 		}

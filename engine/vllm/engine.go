@@ -36,6 +36,9 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if cfg.HintForm, err = cfg.HintForm.WithDefault(); err != nil {
 		return nil, fmt.Errorf("vllm hint form %w", err)
 	}
+	if cfg.Transfer, err = cfg.Transfer.WithDefault(); err != nil {
+		return nil, fmt.Errorf("vllm kv transfer %w", err)
+	}
 	e := &Engine{cfg: cfg}
 	m, err := e.AttachModel(ctx, cfg.Config, "vllm")
 	if err != nil {
@@ -58,7 +61,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	e.scrape(ctx)
 	e.ReadLoad(e.scrape)
 	e.Logger().Info("vllm engine attached", "model", cfg.Model, "max_model_len", e.maxModelLen, "block_size", blockSize,
-		"blocks", blocks, "dp_size", cfg.DPSize, "hint_form", cfg.HintForm, "kv_events", cfg.Events)
+		"blocks", blocks, "dp_size", cfg.DPSize, "hint_form", cfg.HintForm, "kv_transfer", cfg.Transfer, "kv_events", cfg.Events)
 	return e, nil
 }
 

@@ -251,6 +251,49 @@ func TestPrefillAndDecodeLegShapes(t *testing.T) {
 	}
 }
 
+// vLLM's ExampleConnector answers a prefill with no kv_transfer_params
+// (the decode engine finds the KV in shared storage by the prompt): by
+// default such an answer is final; with TransferSharedStorage a prefill
+// cut at its one token answers SharedStorageParams so a decode leg
+// follows, and one that stopped stays final.
+func TestSharedStorageTransfer(t *testing.T) {
+	answer := func(finish string) string {
+		return `{"choices":[{"index":0,"text":"a","token_ids":[5],"finish_reason":"` + finish + `"}],"usage":{"prompt_tokens":3,"completion_tokens":1},"kv_transfer_params":null}`
+	}
+	r := &recorder{}
+	url := r.start(t)
+	for _, tc := range []struct {
+		transfer Transfer
+		finish   string
+		want     string
+	}{
+		{"", "length", ""},
+		{TransferParams, "length", ""},
+		{TransferSharedStorage, "length", SharedStorageParams},
+		{TransferSharedStorage, "stop", ""},
+	} {
+		r.answer = answer(tc.finish)
+		e := newEngine(t, Config{Config: remote.Config{URL: url}, Transfer: tc.transfer})
+		ch, err := e.Generate(context.Background(), &engine.Request{Tokens: []kv.Token{1, 2, 3}, Leg: kv.LegPrefill, Sampling: kv.Sampling{MaxTokens: 50}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, last, _ := enginetest.Collect(t, ch); string(last.TransferParams) != tc.want {
+			t.Fatalf("%q, finish %s: prefill answer's parameters %s, want %q", tc.transfer, tc.finish, last.TransferParams, tc.want)
+		}
+		// The prefill leg asks for a remote decode whatever the connector.
+		b, _ := r.last()
+		var p map[string]json.RawMessage
+		json.Unmarshal(b["kv_transfer_params"], &p)
+		if string(p["do_remote_decode"]) != "true" {
+			t.Fatalf("%q: prefill body kv_transfer_params %s", tc.transfer, b["kv_transfer_params"])
+		}
+	}
+	if _, err := Transfer("nixl").WithDefault(); err == nil || err.Error() != `"nixl": want params or shared-storage` {
+		t.Fatalf("unknown transfer: %v", err)
+	}
+}
+
 func TestErrorsClassified(t *testing.T) {
 	r := &recorder{status: 400, answer: `{"error":{"message":"This model's maximum context length is 4096 tokens.","type":"BadRequestError","param":null,"code":400}}`}
 	url := r.start(t)

@@ -253,10 +253,13 @@ func (e *Engine) readWhole(ctx context.Context, body io.Reader, leg kv.Leg, ch c
 	}
 	// Only a prefill cut by its one-token budget continues on a decode
 	// engine; one that stopped (EOS, a stop token) is final, and so is one
-	// the connector gave no parameters for.
+	// the connector gave no parameters for, unless the connector never
+	// gives any (shared storage).
 	if leg == kv.LegPrefill && f == kv.FinishLength {
 		if p := bytes.TrimSpace(r.KVTransferParams); len(p) > 0 && string(p) != "null" {
 			out.TransferParams = append([]byte(nil), r.KVTransferParams...)
+		} else if e.cfg.Transfer == TransferSharedStorage {
+			out.TransferParams = []byte(SharedStorageParams)
 		}
 	}
 	remote.Send(ctx, ch, out)

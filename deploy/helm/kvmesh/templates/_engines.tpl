@@ -213,14 +213,9 @@ cannot reach: python3 is in every engine image. */}}
   {{- end }}
   {{- end }}
   {{- if and (eq $w.engine "trtllm") $w.kvbm.enabled }}
-  {{- if $w.kvbm.hostBlocks }}
-  - name: DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS
-    value: {{ int $w.kvbm.hostBlocks | quote }}
-  {{- end }}
-  {{- if $w.kvbm.diskBlocks }}
-  - name: DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS
-    value: {{ int $w.kvbm.diskBlocks | quote }}
-  {{- end }}
+  # kvmesh's connector (kvmesh_kvbm, in the engine image) calls the worker's sidecar here.
+  - name: KVMESH_KVBM_SOCKET
+    value: {{ include "kvmesh.engine.connectorDir" . }}/kvbm.sock
   {{- end }}
   {{- with $e.env }}
   {{- toYaml . | nindent 2 }}
@@ -327,6 +322,9 @@ worker writes the connector's options to. */}}
 - --kvbm-disk-blocks={{ int $w.kvbm.diskBlocks }}
 - --kvbm-disk-dir={{ include "kvmesh.engine.kvbmDiskDir" . }}
 {{- end }}
+{{- if ne $w.engine "sim" }}
+- --kvbm-socket={{ include "kvmesh.engine.connectorDir" . }}/kvbm.sock
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -340,6 +338,9 @@ worker writes the connector's options to. */}}
 {{- if ne $w.engine "sim" }}
 - name: connector
   mountPath: {{ include "kvmesh.engine.connectorDir" . }}
+# The sidecar's arena (/dev/shm) is the engine container's shared memory.
+- name: shm
+  mountPath: /dev/shm
 {{- end }}
 {{- end }}
 {{- end }}
