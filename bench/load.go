@@ -238,6 +238,8 @@ func RunLoad(ctx context.Context, c LoadConfig, stdout io.Writer) (*LoadReport, 
 	}
 	r := &loadRunner{c: &c, client: client, url: c.URL + path, items: items,
 		recs: make([]RequestRecord, len(items)), sent: make([]bool, len(items))}
+	// A kvmesh server's per-stage breakdown: its histogram before and after.
+	before, stagesErr := scrapeStages(ctx, client, &c)
 	interrupted := r.run(ctx)
 	var recs []RequestRecord
 	for i := range r.recs {
@@ -246,6 +248,11 @@ func RunLoad(ctx context.Context, c LoadConfig, stdout io.Writer) (*LoadReport, 
 		}
 	}
 	rep := buildReport(&c, recs, len(items))
+	if stagesErr == nil {
+		if after, err := scrapeStages(context.WithoutCancel(ctx), client, &c); err == nil {
+			rep.Stages = stageRows(after.Since(before))
+		}
+	}
 	rep.TraceErrors = traceErrs
 	rep.Interrupted = interrupted
 	if c.OutDir != "" {

@@ -198,6 +198,9 @@ type LoadReport struct {
 	InputTokens  Stats         `json:"input_tokens"`
 	OutputTokens Stats         `json:"output_tokens"`
 	Goodput      GoodputReport `json:"goodput"`
+	// Stages is a kvmesh server's breakdown of its request path over the
+	// run (its /metrics); empty for anything else.
+	Stages []StageRow `json:"stages,omitempty"`
 
 	records []RequestRecord
 }
@@ -362,6 +365,15 @@ func (rep *LoadReport) printSummary(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t\n", m.name, s.Count, s.Mean, s.P50, s.P90, s.P99, s.Min, s.Max)
 	}
 	tw.Flush()
+	if len(rep.Stages) > 0 {
+		fmt.Fprintln(w, "server request path by stage (kvmesh_request_stage_seconds, first attempts; ms from its buckets, ±25%):")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "stage\tcount\tp50\tp99\t")
+		for _, s := range rep.Stages {
+			fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t\n", s.Stage, s.Count, s.P50ms, s.P99ms)
+		}
+		tw.Flush()
+	}
 	fmt.Fprintln(w, rep.SummaryLine())
 }
 
@@ -389,6 +401,12 @@ func (rep *LoadReport) markdown(w io.Writer) {
 	for _, m := range rep.metricRows() {
 		s := m.s
 		fmt.Fprintf(w, "| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", m.name, s.Count, s.Mean, s.P50, s.P90, s.P99, s.Min, s.Max)
+	}
+	if len(rep.Stages) > 0 {
+		fmt.Fprintf(w, "\nThe server's request path by stage (ms, from its histogram buckets, ±25%%):\n\n| stage | count | p50 | p99 |\n| --- | ---: | ---: | ---: |\n")
+		for _, s := range rep.Stages {
+			fmt.Fprintf(w, "| %s | %d | %.3f | %.3f |\n", s.Stage, s.Count, s.P50ms, s.P99ms)
+		}
 	}
 	fmt.Fprintf(w, "\n![TTFT CDF](%s)\n\n![latency over time](%s)\n", LoadTTFTPlot, LoadLatencyPlot)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"sync"
 
@@ -26,6 +27,7 @@ const maxSkipDepth = 64
 
 type decoder struct {
 	r     bytes.Reader
+	buf   []byte // what r reads, for tokens' fast path
 	d     *msgpack.Decoder
 	stats DecodeStats
 }
@@ -46,6 +48,8 @@ func DecodeBatch(payload []byte) (*Batch, DecodeStats, error) {
 	dec := decoderPool.Get().(*decoder)
 	defer decoderPool.Put(dec)
 	dec.r.Reset(payload)
+	dec.buf = payload
+	defer func() { dec.buf = nil }() // the pool keeps no payload
 	dec.d.Reset(&dec.r)
 	dec.stats = DecodeStats{}
 	b, err := dec.batch()
@@ -317,7 +321,17 @@ func (dec *decoder) tokens(what string) ([]uint32, error) {
 		return nil, err
 	}
 	out := make([]uint32, n)
-	for i := range out {
+	i := 0
+	if dec.buf != nil {
+		// The ids straight from the bytes: a block's worth of tokens per
+		// stored block makes this most of a batch's decoding.
+		pos := len(dec.buf) - dec.r.Len()
+		i, pos = plainTokens(dec.buf, pos, out)
+		if _, err := dec.r.Seek(int64(pos), io.SeekStart); err != nil {
+			return nil, err
+		}
+	}
+	for ; i < len(out); i++ {
 		c, err := dec.peek()
 		if err != nil {
 			return nil, err
@@ -343,6 +357,50 @@ func (dec *decoder) tokens(what string) ([]uint32, error) {
 		}
 	}
 	return out, nil
+}
+
+// plainTokens decodes the msgpack unsigned integers (any width, up to
+// u32's range) at b[pos:] into out, stopping at the first element that is
+// anything else (a pair, a negative or too large id, the end): the caller
+// decodes from there. It returns how many it decoded and where it stopped.
+func plainTokens(b []byte, pos int, out []uint32) (int, int) {
+	for i := range out {
+		if pos >= len(b) {
+			return i, pos
+		}
+		c := b[pos]
+		var v uint64
+		var w int // bytes after the code
+		switch {
+		case c <= 0x7f: // positive fixint
+			out[i] = uint32(c)
+			pos++
+			continue
+		case c == msgpcode.Uint8 || c == msgpcode.Int8:
+			w = 1
+		case c == msgpcode.Uint16 || c == msgpcode.Int16:
+			w = 2
+		case c == msgpcode.Uint32 || c == msgpcode.Int32:
+			w = 4
+		case c == msgpcode.Uint64 || c == msgpcode.Int64:
+			w = 8
+		default:
+			return i, pos
+		}
+		if pos+1+w > len(b) {
+			return i, pos
+		}
+		for _, x := range b[pos+1 : pos+1+w] {
+			v = v<<8 | uint64(x)
+		}
+		signed := c >= msgpcode.Int8 && c <= msgpcode.Int64
+		if signed && b[pos+1]&0x80 != 0 || v > math.MaxUint32 {
+			return i, pos // negative or out of range: the slow path says so
+		}
+		out[i] = uint32(v)
+		pos += 1 + w
+	}
+	return len(out), pos
 }
 
 // skipN skips n values iteratively (no recursion), bounding nesting depth.

@@ -21,6 +21,7 @@ import (
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/eventplane"
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/internal/stages"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
@@ -353,6 +354,7 @@ func (c *Cluster) open(ctx context.Context, d *router.Decision, greq *api.Genera
 		d.Fail()
 		return nil, fmt.Errorf("worker %v: %v: %w", d.Worker, err, kv.ErrWorkerLost)
 	}
+	stages.From(ctx).Mark(stages.Dispatch)
 	ws := &workerStream{d: d, st: st, ctx: ctx, cancel: cancel, counts: c.stats.routed(d, greq.Leg != api.Leg_LEG_DECODE), span: sp,
 		cl: c, in: in}
 	if d.Hint != nil {

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/internal/stages"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
 )
@@ -157,6 +158,9 @@ func (c *Cluster) routeLeg(ctx context.Context, req *kv.GenerateRequest, step ro
 	rctx, sp := routeSpan(ctx, req, step.Leg, step.Path)
 	d, err := c.router.Route(rctx, step.Req)
 	endRoute(sp, d, err)
+	if err == nil {
+		stages.From(ctx).MarkSplit(stages.Hash, d.Timing.Hash, stages.Route)
+	}
 	return d, err
 }
 

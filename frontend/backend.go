@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
 // Backend runs preprocessed (tokenized) requests and streams their tokens
@@ -47,6 +48,14 @@ type Model struct {
 	// tokenizing the limit, not the prompt.
 	EncodeUpTo     func(text string, max int) (ids []uint32, done bool)
 	EncodeChatUpTo func(msgs []Message, max int) (ids []uint32, done bool, err error)
+	// RenderChat and EncodeRendered, when both are set, are
+	// EncodeChatUpTo's two halves, which the frontend times apart: the
+	// template's text (over: the messages' length alone is past max), and
+	// its tokens. EncodeRendered reuses tokens only of prompts with the
+	// same cache salt (a tenant's), and the ids it returns may be shared
+	// with its cache: nothing writes to a prompt.
+	RenderChat     func(msgs []Message, max int) (text string, over bool, err error)
+	EncodeRendered func(text, salt string, max int) (ids []uint32, done bool)
 	// NewDetokenizer returns an incremental, UTF-8-safe decoder.
 	NewDetokenizer func() Detokenizer
 	// EOS token ids end a generation with finish reason "stop".
@@ -58,6 +67,8 @@ type Model struct {
 	VocabSize int
 	// DefaultMaxTokens applies when the request sets no limit.
 	DefaultMaxTokens int
+
+	prefixCache *tokenizer.PrefixCache // NewModel's, for PrefixStats
 }
 
 // base is the served model a request for m goes to.

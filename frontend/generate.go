@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvmesh/kvmesh/internal/stages"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
@@ -72,12 +73,23 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 		stops = tokenizer.NewStopMatcher(p.Stop)
 	}
 	// Resolved once: a label lookup per token costs more than the observation.
-	obs := latencyObs{ttft: s.metrics.ttft.WithLabelValues(m.Name), itl: s.metrics.itl.WithLabelValues(m.Name)}
+	obs := latencyObs{ttft: s.metrics.ttft.WithLabelValues(m.Name), itl: s.metrics.itl.WithLabelValues(m.Name), clk: stages.From(ctx)}
 	out := genOutcome{Usage: usage{PromptTokens: len(prompt)}}
 	var generated []uint32
 	started := time.Now()
 	var lastToken time.Time
 	stopHit := false
+	if flush != nil && obs.clk != nil {
+		// The first flush after the first token put it on the wire.
+		inner := flush
+		flush = func() error {
+			err := inner()
+			if !lastToken.IsZero() {
+				obs.clk.Mark(stages.FirstWrite)
+			}
+			return err
+		}
+	}
 
 	emitText := func(t string) error {
 		if t == "" {
@@ -186,6 +198,7 @@ func (s *Server) drain(ctx context.Context, rd *chunkReader, m *Model, obs laten
 		for _, id := range ch.Tokens {
 			if lastToken.IsZero() {
 				obs.ttft.Observe(now.Sub(started).Seconds())
+				obs.clk.Mark(stages.FirstToken)
 			} else {
 				obs.itl.Observe(now.Sub(*lastToken).Seconds())
 			}
@@ -335,8 +348,12 @@ func (p *pump) stop() {
 	<-p.exited
 }
 
-// latencyObs are one request's token-latency histograms.
-type latencyObs struct{ ttft, itl prometheus.Observer }
+// latencyObs are one request's token-latency histograms and its stage
+// clock (nil: none).
+type latencyObs struct {
+	ttft, itl prometheus.Observer
+	clk       *stages.Clock
+}
 
 // clientGone marks a failure to write to, or a cancellation by, the client;
 // there is nobody left to answer.

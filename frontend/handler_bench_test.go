@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
 // The frontend's own cost per streamed chat request, without a network:
@@ -122,3 +124,74 @@ type discardSpans struct{}
 
 func (discardSpans) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
 func (discardSpans) Shutdown(context.Context) error                             { return nil }
+
+// BenchmarkChatTurns is the frontend's cost of one turn of a growing
+// conversation (about 1,200 tokens a turn, built-in o200k tokenizer and
+// ChatML): parse, template, tokenize, a backend that answers one token at
+// once. cached: the model's prefix cache holds the turn before (as when
+// the client sent it), whole: no cache.
+//
+//	go test ./frontend -run '^$' -bench ChatTurns
+func BenchmarkChatTurns(b *testing.B) {
+	m, err := BuiltinModel("test-model")
+	if err != nil {
+		b.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	s := New(DefaultConfig(), &fakeBackend{reply: "x"}, models{m}, reg, reg)
+	var bodies []string
+	history := ""
+	para := func(turn int, who string) string {
+		var sb strings.Builder
+		for i := range 90 {
+			sb.WriteString(who + " " + strconv.Itoa(turn*1000+i) + " is " + strconv.Itoa(i*7) + ", ")
+		}
+		return sb.String()
+	}
+	for turn := range 16 {
+		if history != "" {
+			history += ","
+		}
+		history += `{"role":"user","content":"` + para(turn, "question") + `"}`
+		bodies = append(bodies, `{"model":"test-model","stream":true,"max_tokens":1,"messages":[`+history+`]}`)
+		history += `,{"role":"assistant","content":"` + para(turn, "answer") + `"}`
+	}
+	serveOnce := func(body string) {
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body)))
+		if w.Code != http.StatusOK {
+			b.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+	}
+	for _, turn := range []int{1, 2, 4, 8, 16} {
+		for _, cached := range []bool{false, true} {
+			name := "turn=" + strconv.Itoa(turn) + "/whole"
+			if cached {
+				name = "turn=" + strconv.Itoa(turn) + "/cached"
+			}
+			b.Run(name, func(b *testing.B) {
+				for b.Loop() {
+					b.StopTimer()
+					m.prefixCache = nil
+					if cached {
+						m.prefixCache = tokenizer.NewPrefixCache(tokenizerOf(b), PrefixCacheTokens)
+						m.prefixCache.Verify(0) // as after its first hits
+						if turn > 1 {
+							serveOnce(bodies[turn-2])
+						}
+					}
+					b.StartTimer()
+					serveOnce(bodies[turn-1])
+				}
+			})
+		}
+	}
+}
+
+func tokenizerOf(b *testing.B) tokenizer.Tokenizer {
+	tok, _, err := tokenizer.Builtin()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return tok
+}

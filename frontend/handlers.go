@@ -8,6 +8,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/kvmesh/kvmesh/internal/stages"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -29,13 +30,16 @@ func toUsage(u usage) *usageJSON {
 // accept reads and parses a request and resolves its model; when anything
 // is wrong it has already answered, and ok is false.
 func accept[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func([]byte) (T, *apiError), model func(T) string) (req T, m *Model, ok bool) {
+	clk := stages.From(r.Context())
 	body, aerr := s.readBody(w, r)
+	clk.Mark(stages.ReadBody)
 	if aerr == nil {
 		req, aerr = parse(body)
 	}
 	if aerr == nil {
 		m, aerr = s.lookupModel(model(req))
 	}
+	clk.Mark(stages.Parse)
 	if aerr != nil {
 		if aerr != errAnswered {
 			writeError(w, aerr)
@@ -51,11 +55,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 		return ""
 	}
 	_, tsp := childSpan(r.Context(), "tokenize")
-	prompt, aerr := s.encodeChat(r, m, req.Messages)
+	prompt, aerr := s.encodeChat(r, m, req.Messages, req.CacheSalt)
 	if tsp.IsRecording() { // the variadic attributes would allocate even for a no-op span
 		tsp.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", len(prompt)))
 	}
 	tsp.End()
+	stages.From(r.Context()).Mark(stages.Tokenize)
 	if aerr != nil {
 		writeError(w, aerr)
 		return m.Name
@@ -131,6 +136,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 			tsp.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", n))
 		}
 		tsp.End()
+		stages.From(r.Context()).Mark(stages.Tokenize)
 	}
 	for i, ids := range req.TokenPrompts {
 		if aerr := checkVocab(m, i, len(req.TokenPrompts) > 1, ids); aerr != nil {

@@ -40,3 +40,44 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	return m
 }
+
+// prefixCollector reports every served model's prefix-tokenization cache
+// (models come and go with the fleet, so they are read at each scrape).
+type prefixCollector struct {
+	models                    ModelSource
+	hits, misses, reused, off *prometheus.Desc
+}
+
+func newPrefixCollector(models ModelSource) *prefixCollector {
+	l := []string{"model"}
+	return &prefixCollector{models: models,
+		hits:   prometheus.NewDesc("kvmesh_frontend_prefix_cache_hits_total", "Chat prompts that reused an earlier prompt's tokens.", l, nil),
+		misses: prometheus.NewDesc("kvmesh_frontend_prefix_cache_misses_total", "Chat prompts tokenized whole (no earlier prompt's start found).", l, nil),
+		reused: prometheus.NewDesc("kvmesh_frontend_prefix_cache_reused_tokens_total", "Prompt tokens taken from the cache instead of tokenized.", l, nil),
+		off:    prometheus.NewDesc("kvmesh_frontend_prefix_cache_off", "1 when a hit failed its check against a whole tokenization and the cache turned itself off.", l, nil),
+	}
+}
+
+func (c *prefixCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.hits
+	ch <- c.misses
+	ch <- c.reused
+	ch <- c.off
+}
+
+func (c *prefixCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c.models.Models() {
+		if m.prefixCache == nil {
+			continue
+		}
+		st := m.PrefixStats()
+		off := 0.0
+		if st.Off {
+			off = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.hits, prometheus.CounterValue, float64(st.Hits), m.Name)
+		ch <- prometheus.MustNewConstMetric(c.misses, prometheus.CounterValue, float64(st.Misses), m.Name)
+		ch <- prometheus.MustNewConstMetric(c.reused, prometheus.CounterValue, float64(st.Reused), m.Name)
+		ch <- prometheus.MustNewConstMetric(c.off, prometheus.GaugeValue, off, m.Name)
+	}
+}

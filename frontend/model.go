@@ -23,12 +23,30 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 		VocabSize:        tok.VocabSize(),
 	}
 	m.EncodeUpTo = func(text string, max int) ([]uint32, bool) { return tok.EncodeUpTo(text, false, max) }
-	m.EncodeChatUpTo = func(msgs []Message, max int) ([]uint32, bool, error) {
+	m.RenderChat = func(msgs []Message, max int) (string, bool, error) {
 		tm := make([]tokenizer.Message, len(msgs))
 		for i, msg := range msgs {
 			tm[i] = tokenizer.Message{Role: msg.Role, Content: msg.Content, Name: msg.Name}
 		}
-		return tokenizer.EncodeChat(tok, tmpl, tm, max)
+		return tokenizer.RenderChat(tok, tmpl, tm, max)
+	}
+	// A conversation's later turns resend its history: they tokenize only
+	// what follows the longest start an earlier prompt had.
+	m.prefixCache = tokenizer.NewPrefixCache(tok, PrefixCacheTokens)
+	m.EncodeRendered = func(text, salt string, max int) ([]uint32, bool) {
+		if c := m.prefixCache; c != nil {
+			ids, done, _ := c.EncodeUpTo(salt, text, max)
+			return ids, done
+		}
+		return tok.EncodeUpTo(text, true, max)
+	}
+	m.EncodeChatUpTo = func(msgs []Message, max int) ([]uint32, bool, error) {
+		text, over, err := m.RenderChat(msgs, max)
+		if err != nil || over {
+			return nil, false, err
+		}
+		ids, done := m.EncodeRendered(text, "", max)
+		return ids, done, nil
 	}
 	m.EncodeChat = func(msgs []Message) ([]uint32, error) {
 		ids, _, err := m.EncodeChatUpTo(msgs, 0)
@@ -43,6 +61,19 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 		return nil, fmt.Errorf("model %s: none of the end tokens %v is in the vocabulary", name, eos)
 	}
 	return m, nil
+}
+
+// PrefixCacheTokens is how many tokens of recent chat prompts a model
+// built by NewModel keeps for its prefix-tokenization cache (4 bytes each).
+const PrefixCacheTokens = 4 << 20
+
+// PrefixStats are the model's prefix-tokenization cache counts (zero
+// without one).
+func (m *Model) PrefixStats() tokenizer.PrefixStats {
+	if m.prefixCache == nil {
+		return tokenizer.PrefixStats{}
+	}
+	return m.prefixCache.Stats()
 }
 
 // BuiltinModel serves name with the built-in o200k tokenizer and ChatML.

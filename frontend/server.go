@@ -29,6 +29,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvmesh/kvmesh/internal/stages"
 )
 
 // Config tunes the frontend.
@@ -97,6 +99,7 @@ type Server struct {
 	backend  Backend
 	models   ModelSource
 	metrics  *metrics
+	stages   *stages.Recorder // kvmesh_request_stage_seconds, shared with serve's workers
 	gatherer prometheus.Gatherer
 	mux      *http.ServeMux
 	rng      func() uint64
@@ -123,6 +126,14 @@ func New(cfg Config, backend Backend, models ModelSource, reg prometheus.Registe
 	}
 	s := &Server{cfg: cfg, backend: backend, models: models, metrics: newMetrics(reg), gatherer: gatherer, rng: randomU64,
 		log: cfg.Logger, tokenSlots: make(chan struct{}, cfg.Tokenizers)}
+	rec, err := stages.New(reg)
+	if err != nil {
+		panic(err) // as MustRegister: a registry holding another kind of collector under the name
+	}
+	s.stages = rec
+	if reg != nil {
+		reg.MustRegister(newPrefixCollector(models))
+	}
 	s.limiter, _ = backend.(ContextLimiter)
 	s.adapters, _ = backend.(AdapterLister)
 	s.unauthorized = newUnauthorized(reg)
@@ -231,6 +242,7 @@ func (s *Server) instrument(endpoint string, h func(http.ResponseWriter, *http.R
 		sw := &statusWriter{ResponseWriter: w}
 		start := time.Now()
 		r, endSpan := s.startRequestSpan(r, endpoint)
+		r = r.WithContext(stages.With(r.Context(), s.stages.StartAt(start)))
 		model := h(sw, r)
 		if model == "" {
 			model = "unknown" // bounded label: never the client's unvalidated string

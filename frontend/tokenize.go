@@ -3,6 +3,8 @@ package frontend
 import (
 	"context"
 	"net/http"
+
+	"github.com/kvmesh/kvmesh/internal/stages"
 )
 
 // Tokenizing is CPU work a client chooses the size of; it is bounded twice.
@@ -29,14 +31,30 @@ func tooManyTokens(param string, limit int) *apiError {
 		limit, param, limit, param)
 }
 
-// encodeChat tokenizes a chat request's messages up to the context limit.
-func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message) ([]uint32, *apiError) {
+// encodeChat tokenizes a chat request's messages up to the context limit;
+// salt is the request's cache salt.
+func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message, salt string) ([]uint32, *apiError) {
 	release, aerr := s.tokenizing(r.Context())
 	if aerr != nil {
 		return nil, aerr
 	}
 	defer release()
 	limit := s.maxContext(m)
+	if m.RenderChat != nil && m.EncodeRendered != nil {
+		text, over, err := m.RenderChat(msgs, limit)
+		switch {
+		case err != nil:
+			return nil, invalid("messages", "the chat template could not render these messages: %v", err)
+		case over:
+			return nil, tooManyTokens("messages", limit)
+		}
+		stages.From(r.Context()).Mark(stages.Template)
+		ids, done := m.EncodeRendered(text, salt, limit)
+		if !done {
+			return nil, tooManyTokens("messages", limit)
+		}
+		return ids, nil
+	}
 	if m.EncodeChatUpTo == nil {
 		ids, err := m.EncodeChat(msgs)
 		if err != nil {

@@ -169,9 +169,11 @@ func (s *SGLang) parse(r *http.Request) (*sglJob, int, string) {
 	}
 	switch {
 	case len(q.InputIDs) > 0 && string(q.InputIDs) != "null":
-		var ids []int64
-		if err := json.Unmarshal(q.InputIDs, &ids); err != nil {
-			return nil, http.StatusBadRequest, "input_ids must be a list of token ids (the stand-in serves single requests)"
+		ids, ok := idList(q.InputIDs)
+		if !ok {
+			if err := json.Unmarshal(q.InputIDs, &ids); err != nil {
+				return nil, http.StatusBadRequest, "input_ids must be a list of token ids (the stand-in serves single requests)"
+			}
 		}
 		toks, err := s.v.checkIDs(ids)
 		if err != nil {

@@ -246,14 +246,14 @@ func (t *TRTLLM) prompt(raw json.RawMessage) ([]kv.Token, error) {
 		return nil, errors.New("prompt: Field required")
 	}
 	var text string
-	if json.Unmarshal(raw, &text) == nil {
+	if isString(raw) && json.Unmarshal(raw, &text) == nil {
 		if text == "" {
 			return nil, errors.New("the prompt cannot be empty")
 		}
 		return t.tok.Encode(text), nil
 	}
-	var ids []int64
-	if json.Unmarshal(raw, &ids) != nil {
+	ids, ok := idList(raw)
+	if !ok && json.Unmarshal(raw, &ids) != nil {
 		var batch [][]int64
 		if json.Unmarshal(raw, &batch) != nil || len(batch) != 1 {
 			return nil, errors.New("prompt must be a string or a list of token ids (one prompt: the kvmesh mock engine takes no batches)")

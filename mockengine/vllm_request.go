@@ -139,6 +139,68 @@ func isNull(raw json.RawMessage) bool {
 	return len(raw) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
 }
 
+// idList decodes a JSON list of integers, the shape of every token-id
+// prompt kvmesh sends, without encoding/json's reflection (tens of ms on a
+// 64k-token prompt, which would count as the engine's time). ok is false
+// for anything else, which the caller then decodes as before.
+func idList(raw json.RawMessage) (ids []int64, ok bool) {
+	b := bytes.TrimSpace(raw)
+	if len(b) < 2 || b[0] != '[' || b[len(b)-1] != ']' {
+		return nil, false
+	}
+	b = bytes.TrimSpace(b[1 : len(b)-1])
+	if len(b) == 0 {
+		return []int64{}, true
+	}
+	ids = make([]int64, 0, len(b)/4+1)
+	for i := 0; i < len(b); {
+		for i < len(b) && isSpace(b[i]) {
+			i++
+		}
+		if i == len(b) {
+			return nil, false // a trailing comma is not JSON
+		}
+		neg := b[i] == '-'
+		if neg {
+			i++
+		}
+		start := i
+		var v int64
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' && i-start < 18 {
+			v = v*10 + int64(b[i]-'0')
+			i++
+		}
+		if i == start || (b[start] == '0' && i-start > 1) || (i < len(b) && b[i] >= '0' && b[i] <= '9') {
+			return nil, false // not a number, a leading zero, or too long: the slow path says
+		}
+		if neg {
+			v = -v
+		}
+		ids = append(ids, v)
+		for i < len(b) && isSpace(b[i]) {
+			i++
+		}
+		if i == len(b) {
+			return ids, true
+		}
+		if b[i] != ',' {
+			return nil, false
+		}
+		i++
+	}
+	return nil, false // ended on a comma
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
+
+// isString reports whether raw is a JSON string. A prompt is decoded as
+// text only then: a failed string decode of a list of 64k token ids would
+// scan all of it for nothing (engines take kvmesh's ids at their cost).
+func isString(raw json.RawMessage) bool {
+	t := bytes.TrimLeft(raw, " \t\r\n")
+	return len(t) > 0 && t[0] == '"'
+}
+
 // parse reads and validates a request into a job.
 func (v *VLLM) parse(r *http.Request, chat bool) (*job, *APIError) {
 	body, err := readBody(r)
@@ -302,11 +364,14 @@ func (v *VLLM) promptTokens(raw json.RawMessage) ([]kv.Token, error) {
 		return nil, badRequest("prompt is required", "prompt")
 	}
 	var text string
-	if json.Unmarshal(raw, &text) == nil {
+	if isString(raw) && json.Unmarshal(raw, &text) == nil {
 		if text == "" {
 			return nil, badRequest("The prompt cannot be empty.", "prompt")
 		}
 		return v.tok.Encode(text), nil
+	}
+	if ids, ok := idList(raw); ok {
+		return v.checkIDs(ids)
 	}
 	var ids []int64
 	if json.Unmarshal(raw, &ids) == nil {

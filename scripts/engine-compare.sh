@@ -18,8 +18,17 @@
 # load's synthetic shared-prefix workload (VLLM_REAL_LOAD), in 32-token blocks
 # (the CPU attention backend's smallest).
 #
+# -z "4096 16384 65536" is the cost mode: kvmesh's own cost per request,
+# with the mock's modelled time at zero (--speedup-ratio 0), so whatever
+# "through kvmesh" adds over "directly" is kvmesh's. Each size is a
+# synthetic workload of -n distinct prompts of that many tokens (8 output
+# tokens each); besides the latencies it reports the CPU time the serve
+# process (and the mock) spent per request, read from /proc around the
+# load alone, so startup is left out.
+#
 # Usage: scripts/engine-compare.sh [-b BIN] [-t TRACE] [-n REQUESTS] [-c CONCURRENCY]
-#                                  [-r ROUNDS] [-p PORT_BASE] [-o OUTDIR] [-e "vllm sglang trtllm"] [-k BLOCKS] [-S]
+#                                  [-r ROUNDS] [-p PORT_BASE] [-o OUTDIR] [-e "vllm sglang trtllm"] [-k BLOCKS]
+#                                  [-z "SIZES"] [-S]
 # -S prints the tables again from OUTDIR/runs.jsonl without running anything.
 # BIN defaults to /tmp/kvm-cmp (go build -o /tmp/kvm-cmp ./cmd/kvmesh); needs curl and jq.
 set -euo pipefail
@@ -47,7 +56,8 @@ VLLM_REAL_LOAD="--synthetic --groups 4 --prompts-per-group 6 --system-len 96 --q
 VLLM_REAL_PID=
 
 SUMMARY_ONLY=
-while getopts "b:t:n:c:r:p:o:e:k:Sh" opt; do
+SIZES=
+while getopts "b:t:n:c:r:p:o:e:k:z:Sh" opt; do
 	case $opt in
 	b) BIN=$OPTARG ;;
 	t) TRACE=$OPTARG ;;
@@ -59,7 +69,8 @@ while getopts "b:t:n:c:r:p:o:e:k:Sh" opt; do
 	e) ENGINES=$OPTARG ;;
 	S) SUMMARY_ONLY=1 ;;
 	k) BLOCKS=$OPTARG ;;
-	*) sed -n '2,24p' "$0" >&2; exit 2 ;;
+	z) SIZES=$OPTARG ;;
+	*) sed -n '2,32p' "$0" >&2; exit 2 ;;
 	esac
 done
 for tool in curl jq "$BIN"; do
@@ -69,6 +80,15 @@ done
 case " $ENGINES " in *" vllm-real "*)
 	[ -x "${KVMESH_VLLM_PYTHON:-}" ] || { echo "engine-compare: vllm-real needs KVMESH_VLLM_PYTHON: eval \"\$(scripts/vllm-cpu-env.sh --env)\"" >&2; exit 2; } ;;
 esac
+
+if [ -n "$SIZES" ]; then
+	SPEEDUP=0
+	for size in $SIZES; do
+		case $size in '' | *[!0-9]*) echo "engine-compare: -z $SIZES: sizes are token counts" >&2; exit 2 ;; esac
+		[ "$size" -ge "$CTX" ] && CTX=$((size * 2))
+	done
+	case " $ENGINES " in *" vllm-real "*) echo "engine-compare: -z measures kvmesh over the mocks, not vllm-real" >&2; exit 2 ;; esac
+fi
 
 MODEL=mock-model
 ENG=$PORT          # mock HTTP
@@ -164,6 +184,12 @@ model_of() { if [ "$1" = vllm-real ]; then echo tiny; else echo $MODEL; fi; }
 load_of() { if [ "$1" = vllm-real ]; then echo "$VLLM_REAL_LOAD"; else echo "--trace $TRACE"; fi; }
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
+# cpu_ticks PID: the process's user + system CPU time in clock ticks.
+cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+TICK=$(getconf CLK_TCK)
+# cost_load SIZE: -n distinct prompts of SIZE tokens (a 16-token question
+# after a per-prompt system prompt), 8 output tokens each.
+cost_load() { echo "--synthetic --groups $REQUESTS --prompts-per-group 1 --system-len $(($1 - 16)) --question-len 16 --output-len 8 --ignore-eos"; }
 if [ -n "$SUMMARY_ONLY" ]; then
 	TABLE=/dev/null
 else
@@ -175,24 +201,38 @@ for round in $(seq 1 "$ROUNDS"); do
 	paths="direct kvmesh"
 	[ $((round % 2)) -eq 0 ] && paths="kvmesh direct"
 	for engine in $ENGINES; do
+	for size in ${SIZES:-0}; do
 		for path in $paths; do
 			name=r$round-$engine-$path
+			[ "$size" -gt 0 ] && name=r$round-$engine-$size-$path
 			rm -rf "${OUT:?}/$name"
 			start_mock "$engine" "$OUT/$name.mock.log"
+			mock=$VLLM_REAL_PID serve=
+			[ "$engine" = vllm-real ] || mock=${PIDS[-1]}
 			url=http://127.0.0.1:$ENG/v1
 			if [ "$path" = kvmesh ]; then
 				start_serve "$engine" "$OUT/$name.serve.log"
+				serve=${PIDS[-1]}
 				url=http://127.0.0.1:$FE/v1
 			fi
-			# shellcheck disable=SC2046 # load_of's words are flags
-			"$BIN" bench load --url "$url" --model "$(model_of "$engine")" $(load_of "$engine") --requests "$REQUESTS" \
+			work=$(load_of "$engine")
+			[ "$size" -gt 0 ] && work=$(cost_load "$size")
+			m0=$(cpu_ticks "$mock") s0=0 s1=0
+			[ -n "$serve" ] && s0=$(cpu_ticks "$serve")
+			# shellcheck disable=SC2086 # the workload's words are flags
+			"$BIN" bench load --url "$url" --model "$(model_of "$engine")" $work --requests "$REQUESTS" \
 				--concurrency "$CONC" --out "$OUT/$name" >"$OUT/$name.bench.log" 2>&1 || true
+			m1=$(cpu_ticks "$mock")
+			[ -n "$serve" ] && s1=$(cpu_ticks "$serve")
 			echo "engine-compare: $name: $(tail -n1 "$OUT/$name.bench.log") (load $(load))" >&2
-			jq -c --arg e "$engine" --arg p "$path" --argjson r "$round" \
-				'{engine:$e, path:$p, round:$r, hit:.cached_prompt_ratio, ttft50:.ttft_ms.p50, ttft99:.ttft_ms.p99,
-				  itl50:.itl_ms.p50, toks:.output_tok_s, ok:.ok, n:.requests}' "$OUT/$name/report.json" >>"$OUT/runs.jsonl.tmp"
+			jq -c --arg e "$engine" --arg p "$path" --argjson r "$round" --argjson size "$size" \
+				--argjson scpu "$(((s1 - s0) * 1000 / TICK))" --argjson mcpu "$(((m1 - m0) * 1000 / TICK))" \
+				'{engine:$e, path:$p, round:$r, size:$size, hit:.cached_prompt_ratio, ttft50:.ttft_ms.p50, ttft99:.ttft_ms.p99,
+				  itl50:.itl_ms.p50, lat50:.latency_ms.p50, toks:.output_tok_s, ok:.ok, n:.requests, in_tokens:.input_tokens.mean,
+				  serve_cpu_ms:$scpu, mock_cpu_ms:$mcpu}' "$OUT/$name/report.json" >>"$OUT/runs.jsonl.tmp"
 			cleanup
 		done
+	done
 	done
 done
 mv "$OUT/runs.jsonl.tmp" "$OUT/runs.jsonl"
@@ -204,6 +244,22 @@ JQDEFS='def f(n): (. * pow(10; n) | round) as $i | ($i | fabs | tostring) as $a 
 	(if ($a | length) <= n then ("0" * (n + 1 - ($a | length))) + $a else $a end) as $z |
 	(if $i < 0 then "-" else "" end) + $z[:-n] + "." + $z[-n:];
 	def ord: .engine as $e | ($order | split(" ") | index($e));'
+if jq -e -s 'any(.[]; (.size // 0) > 0)' "$OUT/runs.jsonl" >/dev/null; then
+{
+	echo "| engine | prompt tokens | round | TTFT p50 ms direct / through | added TTFT p50 | latency p50 ms direct / through | added latency p50 | kvmesh CPU ms/request | mock CPU ms/request direct / through | ok |"
+	echo "|---|---|---|---|---|---|---|---|---|---|"
+	jq -rs --arg order "$ENGINES" "$JQDEFS"'sort_by(ord, .size, .round) | group_by(ord, .size, .round) | .[] |
+		(map(select(.path == "direct"))[0]) as $d | (map(select(.path == "kvmesh"))[0]) as $k |
+		def ms(x; n): (if x >= 0 then "+" else "−" end) + (x|fabs|f(n)) + " ms";
+		def per(c; o): if o > 0 then (c / o | f(2)) else "–" end;
+		"| \($d.engine) | \($k.in_tokens|round) | \($d.round) | \($d.ttft50|f(2)) / \($k.ttft50|f(2)) | \(ms($k.ttft50 - $d.ttft50; 2)) | \($d.lat50|f(2)) / \($k.lat50|f(2)) | \(ms($k.lat50 - $d.lat50; 2)) | \(per($k.serve_cpu_ms; $k.ok)) | \(per($d.mock_cpu_ms; $d.ok)) / \(per($k.mock_cpu_ms; $k.ok)) | \($d.ok)/\($d.n), \($k.ok)/\($k.n) |"' "$OUT/runs.jsonl"
+	if [ -z "$SUMMARY_ONLY" ]; then
+		echo
+		echo "load average (1, 5, 15 min) $LOAD_START at start, $LOAD_END at end, $(nproc) cores; mock --speedup-ratio 0, concurrency $CONC"
+	fi
+} | tee "$TABLE"
+exit 0
+fi
 {
 	echo "| engine | round | path | hit ratio | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | output tok/s | ok |"
 	echo "|---|---|---|---|---|---|---|---|---|"

@@ -42,6 +42,10 @@ type BPE struct {
 	// a special token starts with (setAdded sets both).
 	longest      int
 	specialFirst string
+	// addedByte is the one byte every added token starts with ("<" in
+	// most vocabularies) when addedJump, so the scan for them can jump.
+	addedByte byte
+	addedJump bool
 }
 
 type addedToken struct {
@@ -121,6 +125,14 @@ func (t *BPE) EncodeWithSpecial(text string) []uint32 {
 // the tokens of the text's start read so far (none when its length alone
 // told).
 func (t *BPE) EncodeUpTo(text string, special bool, max int) (ids []uint32, done bool) {
+	return t.encodeMarked(text, special, max, nil)
+}
+
+// encodeMarked is EncodeUpTo that calls mark (nil: none) at every added
+// token it matches, with the token's offset in text and the number of
+// tokens before it: the places where text may be cut and each side encoded
+// alone (segments between added tokens are encoded independently).
+func (t *BPE) encodeMarked(text string, special bool, max int, mark func(at, tokens int)) (ids []uint32, done bool) {
 	// One state per call, not per segment: the splitter's callback escapes,
 	// so whatever it captures is a heap allocation each time it is made.
 	capacity := len(text)/4 + 4
@@ -134,29 +146,52 @@ func (t *BPE) EncodeUpTo(text string, special bool, max int) (ids []uint32, done
 	e.yield = e.piece
 	seg := 0
 	for i := 0; i < len(text) && !e.full(); {
-		cands := t.addedByFirst[text[i]]
-		matched := false
-		for _, a := range cands {
-			if (special || !a.special) && strings.HasPrefix(text[i:], a.content) {
-				e.ordinary(text[seg:i], special)
-				if e.full() {
-					return e.out, false
-				}
-				e.out = append(e.out, a.id)
-				i += len(a.content)
-				seg = i
-				matched = true
-				break
-			}
+		if i = t.nextAdded(text, i); i == len(text) {
+			break
 		}
-		if !matched {
+		a, ok := t.addedAt(text, i, special)
+		if !ok {
 			i++
+			continue
 		}
+		e.ordinary(text[seg:i], special)
+		if e.full() {
+			return e.out, false
+		}
+		if mark != nil {
+			mark(i, len(e.out))
+		}
+		e.out = append(e.out, a.id)
+		i += len(a.content)
+		seg = i
 	}
 	if !e.full() {
 		e.ordinary(text[seg:], special)
 	}
 	return e.out, !e.full()
+}
+
+// nextAdded is the first offset from i where an added token may start
+// (len(text): none).
+func (t *BPE) nextAdded(text string, i int) int {
+	if !t.addedJump {
+		return i
+	}
+	if j := strings.IndexByte(text[i:], t.addedByte); j >= 0 {
+		return i + j
+	}
+	return len(text)
+}
+
+// addedAt is the added token the encoder matches at text[i:] (leftmost
+// longest; special ones only in special mode).
+func (t *BPE) addedAt(text string, i int, special bool) (addedToken, bool) {
+	for _, a := range t.addedByFirst[text[i]] {
+		if (special || !a.special) && strings.HasPrefix(text[i:], a.content) {
+			return a, true
+		}
+	}
+	return addedToken{}, false
 }
 
 // surelyOver reports, from its length alone, that text yields more than max
@@ -529,6 +564,14 @@ func (t *BPE) setAdded(tokens []addedToken) {
 		}
 		t.addedByFirst[f] = append(t.addedByFirst[f], a)
 	}
+	firsts := 0
+	for i, l := range t.addedByFirst {
+		if len(l) > 0 {
+			firsts++
+			t.addedByte = byte(i)
+		}
+	}
+	t.addedJump = firsts == 1
 	for i := range t.addedByFirst {
 		l := t.addedByFirst[i]
 		sort.SliceStable(l, func(a, b int) bool { return len(l[a].content) > len(l[b].content) })

@@ -80,13 +80,26 @@ type ChatTemplate interface {
 // every string of the messages is defused first, so a "<|im_end|>" in a
 // message's content is text, not the end of its turn.
 func EncodeChat(tok Tokenizer, tmpl ChatTemplate, msgs []Message, max int) (ids []uint32, done bool, err error) {
+	text, over, err := RenderChat(tok, tmpl, msgs, max)
+	if err != nil || over {
+		return nil, false, err
+	}
+	ids, done = tok.EncodeUpTo(text, true, max)
+	return ids, done, nil
+}
+
+// RenderChat is EncodeChat's first half: the defused messages rendered
+// (encode the text with EncodeUpTo(text, true, max) or a PrefixCache).
+// over is true, and the text empty, when the messages' length alone tells
+// they yield more than max tokens.
+func RenderChat(tok Tokenizer, tmpl ChatTemplate, msgs []Message, max int) (text string, over bool, err error) {
 	if b, ok := tok.(lengthBounded); ok {
 		n := 0
 		for _, m := range msgs {
 			n += len(strings.TrimSpace(m.Content)) // templates may trim; none drops more
 		}
 		if b.lengthOver(n, max) {
-			return nil, false, nil
+			return "", true, nil
 		}
 	}
 	safe := make([]Message, len(msgs))
@@ -100,12 +113,8 @@ func EncodeChat(tok Tokenizer, tmpl ChatTemplate, msgs []Message, max int) (ids 
 			}
 		}
 	}
-	text, err := tmpl.Render(safe, true)
-	if err != nil {
-		return nil, false, err
-	}
-	ids, done = tok.EncodeUpTo(text, true, max)
-	return ids, done, nil
+	text, err = tmpl.Render(safe, true)
+	return text, false, err
 }
 
 // lengthBounded is a Tokenizer that can tell from a text's length alone

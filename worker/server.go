@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/internal/stages"
 	"github.com/kvmesh/kvmesh/kv"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -38,6 +39,7 @@ func (s *server) Generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 // generate serves one stream and says how it ended (the metrics' result).
 func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateServer) (result string, err error) {
 	w := s.w
+	clk := w.stages.Start()
 	var t *hintTicket
 	if req.KvFetch != nil || len(req.KvHint) > 0 {
 		w.hints.Add(1)
@@ -108,6 +110,8 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 	ctx = withHintTicket(ctx, t)
+	clk.Mark(stages.WorkerAdmit)
+	ctx = stages.With(ctx, clk) // an adapter marks its request's build and connect
 	ch, err := startGenerate(ctx, w.eng, ereq, wd.stallCh)
 	switch {
 	case err == errStalled:
@@ -144,6 +148,7 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 				return resultAborted, nil
 			}
 			wd.outputs.Add(1)
+			clk.Mark(stages.EngineFirst) // observed for the first output only
 			out := &api.GenerateChunk{Tokens: c.Tokens, FinishReason: string(c.Finish), KvTransferParams: c.TransferParams}
 			if len(c.TransferParams) > 0 {
 				w.log.Debug("disagg prefill answered", "request", req.RequestId, "params", paramsDigest(c.TransferParams))

@@ -28,6 +28,7 @@ import (
 	"github.com/kvmesh/kvmesh/eventplane"
 	"github.com/kvmesh/kvmesh/hints"
 	"github.com/kvmesh/kvmesh/internal/fleetkey"
+	"github.com/kvmesh/kvmesh/internal/stages"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/workerclient"
@@ -143,6 +144,7 @@ type Worker struct {
 	tlsRefused            atomic.Int64 // worker API connections that failed the TLS handshake
 	blockSize             int
 	met                   *metrics
+	stages                *stages.Recorder // nil without a Registerer
 	registered            bool
 
 	wd *watchdog
@@ -276,11 +278,18 @@ func (w *Worker) Start(ctx context.Context) error {
 		return errors.New("worker: already started or closed")
 	}
 	w.started = true
+	var err error
 	if reg := w.cfg.Registerer; reg != nil {
-		if err := w.met.register(reg); err != nil {
+		if err = w.met.register(reg); err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
 		w.registered = true
+		// Shared with the frontend under serve, so never unregistered.
+		if w.stages, err = stages.New(reg); err != nil {
+			w.met.unregister(reg)
+			w.registered = false
+			return fmt.Errorf("worker: %w", err)
+		}
 	}
 	ln, err := net.Listen("tcp", w.cfg.ListenAddr)
 	if err != nil {

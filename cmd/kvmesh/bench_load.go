@@ -45,7 +45,10 @@ Errors are counted by HTTP status (http_503 ...) and by kind (timeout,
 connection_refused, stream_error, empty_response, canceled). Ctrl-C stops
 sending, gives in-flight requests --grace to finish, then prints the partial
 report. --out DIR receives report.json, requests.jsonl, summary.md,
-ttft_cdf.svg and latency_over_time.svg. The last stdout line is
+ttft_cdf.svg and latency_over_time.svg. Against a kvmesh server whose
+/metrics it can read (with --api-key where that needs one), it also
+reports where the server's time went: each stage of its request path
+(kvmesh_request_stage_seconds) over the run, p50 and p99. The last stdout line is
 "load: requests=N ok=K ttft_p50_ms=... ttft_p99_ms=... itl_p50_ms=...
 output_tok_s=... goodput=...". It exits 1 when no request succeeded.`,
 		Args: cobra.NoArgs,

@@ -15,6 +15,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/hints"
+	"github.com/kvmesh/kvmesh/internal/stages"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -192,7 +193,10 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engi
 		return nil, err
 	}
 	hr.Header.Set("Content-Type", "application/json")
+	clk := stages.From(ctx)
+	clk.Mark(stages.AdapterBuild)
 	resp, err := e.Client().Do(hr)
+	clk.Mark(stages.EngineConnect)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/remote"
+	"github.com/kvmesh/kvmesh/internal/stages"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -169,7 +170,10 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engi
 	if req.ID != "" {
 		hr.Header.Set("X-Request-Id", req.ID)
 	}
+	clk := stages.From(ctx)
+	clk.Mark(stages.AdapterBuild)
 	resp, err := e.Client().Do(hr)
+	clk.Mark(stages.EngineConnect)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

@@ -13,6 +13,7 @@ import (
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/engine/remote"
 	"github.com/kvmesh/kvmesh/hints"
+	"github.com/kvmesh/kvmesh/internal/stages"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -143,7 +144,10 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engi
 	if e.cfg.DPSize > 1 {
 		hr.Header.Set("X-data-parallel-rank", strconv.Itoa(req.DPRank))
 	}
+	clk := stages.From(ctx)
+	clk.Mark(stages.AdapterBuild)
 	resp, err := e.Client().Do(hr)
+	clk.Mark(stages.EngineConnect)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

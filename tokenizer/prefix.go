@@ -1,0 +1,279 @@
+package tokenizer
+
+import (
+	"container/list"
+	"encoding/binary"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/zeebo/xxh3"
+)
+
+// PrefixCache makes a conversation's later turns tokenize only what is
+// new. Every turn resends the whole history, rendered by the chat template
+// into a text whose start is the previous turn's text; the cache keeps the
+// tokens of a rendered prompt's starts and reuses the longest one the next
+// prompt begins with.
+//
+// The cuts are where the encoder matches an added token (the template's
+// markers: <|im_start|>, <|eot_id|>, ...). The encoder tokenizes the text
+// between added tokens segment by segment, so tokens(text) is exactly
+// tokens(text[:cut]) followed by tokens(text[cut:]) there, whatever the
+// template. A start is found by the xxh3-128 of the text before the cut
+// (one pass over the prompt); nothing assumes the template is
+// prefix-stable: one that is not just misses. The first hits are checked
+// against a full tokenization anyway, and a mismatch turns the cache off.
+//
+// It holds the token arrays of the most recent prompts, up to a budget of
+// tokens, least recently used first out; a prompt's entry is found by its
+// last few cuts (the end of the previous turn is among them). Safe for
+// concurrent use.
+type PrefixCache struct {
+	t      *BPE
+	budget int
+
+	mu      sync.Mutex
+	keys    map[xxh3.Uint128]*list.Element // a cut's prefix hash → its prompt
+	lru     list.List                      // *cached, most recent first
+	held    int                            // tokens in lru
+	toCheck int                            // hits still verified by a full tokenization
+
+	off                       atomic.Bool
+	hits, misses, reusedTotal atomic.Int64
+}
+
+// cached is one prompt's tokens and the prefixes of it the cache finds.
+type cached struct {
+	ids  []uint32
+	cuts []cut
+}
+
+type cut struct {
+	key    xxh3.Uint128
+	tokens int // ids[:tokens] are the prefix's tokens
+}
+
+// prefixCuts is how many of a prompt's last cuts are kept: the previous
+// turn's end is the last or close to it (the generation prompt's markers
+// follow it).
+const prefixCuts = 4
+
+// prefixChecks is how many hits are verified by a full tokenization
+// before the cache is trusted.
+const prefixChecks = 16
+
+// NewPrefixCache returns a cache over t's special-token encoding holding up
+// to budget tokens, or nil when t is not one whose cuts it knows: the
+// caller then encodes whole.
+func NewPrefixCache(t Tokenizer, budget int) *PrefixCache {
+	b, ok := t.(*BPE)
+	if !ok || budget <= 0 {
+		return nil
+	}
+	return &PrefixCache{t: b, budget: budget, keys: map[xxh3.Uint128]*list.Element{}, toCheck: prefixChecks}
+}
+
+// Verify sets how many of the next hits are checked against a whole
+// encoding (prefixChecks at first).
+func (c *PrefixCache) Verify(hits int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.toCheck = hits
+}
+
+// PrefixStats are a cache's counts so far.
+type PrefixStats struct {
+	Hits, Misses int64
+	Reused       int64 // tokens taken from the cache instead of encoded
+	Off          bool  // a verification failed: the cache no longer serves
+}
+
+// Stats reports the cache's counts.
+func (c *PrefixCache) Stats() PrefixStats {
+	return PrefixStats{Hits: c.hits.Load(), Misses: c.misses.Load(), Reused: c.reusedTotal.Load(), Off: c.off.Load()}
+}
+
+// EncodeUpTo is the tokenizer's EncodeUpTo(text, true, max) reusing the
+// longest cached start of text that was encoded under the same scope;
+// reused is how many of ids came from the cache. A scope keeps tenants
+// apart (the frontend passes the request's cache salt): a hit is faster,
+// so across scopes it would tell one tenant what another sent. The caller
+// must not write to ids: the cache keeps them.
+func (c *PrefixCache) EncodeUpTo(scope, text string, max int) (ids []uint32, done bool, reused int) {
+	if c.off.Load() {
+		ids, done = c.t.EncodeUpTo(text, true, max)
+		return ids, done, 0
+	}
+	keys, offs := c.cutKeys(scope, text)
+	prefix, at := c.lookup(keys, offs)
+	if prefix == nil || (max > 0 && len(prefix) >= max) {
+		c.misses.Add(1)
+		var marks []cut
+		ids, done = c.t.encodeMarked(text, true, max, func(i, n int) {
+			marks = append(marks, cut{tokens: n, key: keyAt(keys, offs, i)})
+		})
+		if done {
+			c.store(ids, marks)
+		}
+		return ids, done, 0
+	}
+	rest := 0
+	if max > 0 {
+		rest = max - len(prefix) // ≥ 1: past it the whole would be past max
+	}
+	var marks []cut
+	tail, done := c.t.encodeMarked(text[at:], true, rest, func(i, n int) {
+		marks = append(marks, cut{tokens: len(prefix) + n, key: keyAt(keys, offs, at+i)})
+	})
+	ids = make([]uint32, len(prefix)+len(tail))
+	copy(ids, prefix)
+	copy(ids[len(prefix):], tail)
+	if !done {
+		return ids, false, len(prefix)
+	}
+	if c.verify() {
+		whole, _ := c.t.EncodeUpTo(text, true, max)
+		if !slices.Equal(whole, ids) {
+			c.turnOff()
+			return whole, true, 0
+		}
+	}
+	c.hits.Add(1)
+	c.reusedTotal.Add(int64(len(prefix)))
+	c.store(ids, marks)
+	return ids, true, len(prefix)
+}
+
+// cutKeys finds the cuts of text (the offsets where the encoder matches an
+// added token) and the hash of scope and the text before each, in one pass.
+func (c *PrefixCache) cutKeys(scope, text string) (keys []xxh3.Uint128, offs []int) {
+	var h xxh3.Hasher
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(scope))) // length first: no scope is another's prefix
+	_, _ = h.Write(n[:])
+	_, _ = h.WriteString(scope)
+	last := 0
+	for i := 0; i < len(text); {
+		if i = c.t.nextAdded(text, i); i == len(text) {
+			break
+		}
+		a, ok := c.t.addedAt(text, i, true)
+		if !ok {
+			i++
+			continue
+		}
+		if i > 0 {
+			_, _ = h.WriteString(text[last:i])
+			last = i
+			keys = append(keys, h.Sum128())
+			offs = append(offs, i)
+		}
+		i += len(a.content)
+	}
+	return keys, offs
+}
+
+// keyAt is the key of the cut at offset i (a zero key when the encoder
+// cut where the scan did not: it is never found).
+func keyAt(keys []xxh3.Uint128, offs []int, i int) xxh3.Uint128 {
+	if j, ok := slices.BinarySearch(offs, i); ok {
+		return keys[j]
+	}
+	return xxh3.Uint128{}
+}
+
+// lookup finds the longest cached start among the cuts: its tokens and
+// the offset in text where it ends.
+func (c *PrefixCache) lookup(keys []xxh3.Uint128, offs []int) ([]uint32, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for j := len(keys) - 1; j >= 0; j-- {
+		el, ok := c.keys[keys[j]]
+		if !ok {
+			continue
+		}
+		e := el.Value.(*cached)
+		for _, ct := range e.cuts {
+			if ct.key == keys[j] {
+				c.lru.MoveToFront(el)
+				return e.ids[:ct.tokens:ct.tokens], offs[j]
+			}
+		}
+	}
+	return nil, 0
+}
+
+// store keeps ids under their last cuts, evicting the least recently used
+// prompts past the budget.
+func (c *PrefixCache) store(ids []uint32, marks []cut) {
+	var zero xxh3.Uint128
+	marks = slices.DeleteFunc(marks, func(m cut) bool { return m.key == zero || m.tokens == 0 })
+	if len(marks) == 0 || len(ids) > c.budget {
+		return
+	}
+	if len(marks) > prefixCuts {
+		marks = marks[len(marks)-prefixCuts:]
+	}
+	e := &cached{ids: ids, cuts: slices.Clone(marks)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.off.Load() {
+		return
+	}
+	el := c.lru.PushFront(e)
+	c.held += len(ids)
+	for _, m := range e.cuts {
+		if old, ok := c.keys[m.key]; ok && old != el {
+			// A newer prompt with the same start: it answers from now on.
+			c.dropCut(old, m.key)
+		}
+		c.keys[m.key] = el
+	}
+	for c.held > c.budget {
+		back := c.lru.Back()
+		c.evict(back)
+	}
+}
+
+// dropCut forgets one cut of el's prompt; a prompt left with none goes.
+func (c *PrefixCache) dropCut(el *list.Element, key xxh3.Uint128) {
+	e := el.Value.(*cached)
+	e.cuts = slices.DeleteFunc(e.cuts, func(m cut) bool { return m.key == key })
+	if len(e.cuts) == 0 {
+		c.lru.Remove(el)
+		c.held -= len(e.ids)
+	}
+}
+
+func (c *PrefixCache) evict(el *list.Element) {
+	e := el.Value.(*cached)
+	for _, m := range e.cuts {
+		if c.keys[m.key] == el {
+			delete(c.keys, m.key)
+		}
+	}
+	c.lru.Remove(el)
+	c.held -= len(e.ids)
+}
+
+// verify reports whether this hit is one of the first, checked whole.
+func (c *PrefixCache) verify() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.toCheck > 0 {
+		c.toCheck--
+		return true
+	}
+	return false
+}
+
+// turnOff stops serving from the cache and drops what it holds.
+func (c *PrefixCache) turnOff() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.off.Store(true)
+	clear(c.keys)
+	c.lru.Init()
+	c.held = 0
+}
