@@ -38,6 +38,7 @@ type twinFlags struct {
 	fleets         string
 	ladder         string
 	ladderSLOMS    float64
+	queue          queueFlags
 }
 
 func init() { rootCmd.AddCommand(newTwinCmd()) }
@@ -126,6 +127,7 @@ variable (--trace also reads KVMESH_TRACE).`,
 	f.StringVar(&tf.fleets, "fleets", "", `comma-separated fleets to compare, each N (aggregated), P+D (prefill+decode) or A+P+D (mixed), e.g. "8,4+4,2+6"; overrides --workers and --prefill/decode-workers`)
 	f.StringVar(&tf.ladder, "ladder", "", `comma-separated arrival speedups, e.g. "1,2,4,6,8,12": replay the trace at each, in every mode, print a row per speedup and mode and each mode's capacity (replaces --arrival-speedup; --out writes ladder_ttft.svg and ladder_hit.svg)`)
 	f.Float64Var(&tf.ladderSLOMS, "ladder-slo-ms", twin.DefaultLadderSLOMS, "ladder: the p90 TTFT (ms) a speedup must stay under to count as within capacity")
+	addQueueFlags(f, &tf.queue, "off")
 	return withEnv(cmd, "TWIN_")
 }
 
@@ -266,6 +268,13 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 			c.Temperature = tf.temperature
 		}
 		tf.cfg.Cost = &c
+	}
+	qc, ac, err := tf.queue.config()
+	if err != nil {
+		return fmt.Errorf("twin: %w", err)
+	}
+	if qc != nil {
+		tf.cfg.Queue = &twin.Queue{QueueConfig: *qc, Admit: *ac}
 	}
 	if fleets, err = twinFleets(tf); err != nil {
 		return fmt.Errorf("twin: --fleets: %w", err)
