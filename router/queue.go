@@ -2,10 +2,11 @@ package router
 
 import (
 	"container/heap"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // The router queue holds requests no worker can admit yet (see
@@ -66,8 +67,8 @@ type QueueConfig struct {
 // DefaultQueueLookahead is QueueConfig.Lookahead's default.
 const DefaultQueueLookahead = 128
 
-// ErrQueueFull is Push's error past QueueConfig.Limit.
-var ErrQueueFull = errors.New("router queue is full")
+// ErrQueueFull is Push's error past QueueConfig.Limit (kv.ErrQueueFull).
+var ErrQueueFull = kv.ErrQueueFull
 
 func (c *QueueConfig) fill() error {
 	if c.Policy == "" {
