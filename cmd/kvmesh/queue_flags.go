@@ -21,11 +21,9 @@ type queueFlags struct {
 	kvUsage   float64
 	passes    float64
 	waiting   float64
-	defaultOn string
 }
 
 func addQueueFlags(f *pflag.FlagSet, q *queueFlags, defaultOn string) {
-	q.defaultOn = defaultOn
 	f.StringVar(&q.on, "router-queue", defaultOn, "on: requests no worker can admit wait in the router's queue and are routed when one can (off: straight to the engines)")
 	f.StringVar(&q.policy, "router-queue-policy", string(router.QueueFCFS), "router queue order: fcfs, wspt (shortest prefill first) or priority (the request's priority, lower first)")
 	f.IntVar(&q.limit, "router-queue-limit", 0, "most requests the router queue holds; past it a request is refused (0: unbounded)")
@@ -39,7 +37,7 @@ func addQueueFlags(f *pflag.FlagSet, q *queueFlags, defaultOn string) {
 // config is the queue's configuration, nil when --router-queue is off.
 func (q *queueFlags) config() (*router.QueueConfig, *router.AdmitConfig, error) {
 	switch strings.ToLower(strings.TrimSpace(q.on)) {
-	case "off", "false", "0":
+	case "off", "false", "0", "": // "": a flag set not registered (off)
 		return nil, nil, nil
 	case "on", "true", "1":
 	default:
