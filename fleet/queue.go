@@ -73,8 +73,8 @@ func (lq *liveQueue) collectors() []prometheus.Collector {
 // once), a routing error other than busy.
 func (lq *liveQueue) await(ctx context.Context, req router.Request) (*router.Decision, error) {
 	w := &waiter{ctx: ctx, req: req, done: make(chan queueAnswer, 1)}
-	start := time.Now()
 	lq.mu.Lock()
+	start := time.Now() // under the lock: the queue's age bound wants arrival order
 	e, err := lq.q.Push(w, start, float64(len(req.Tokens)), 0)
 	if err == nil {
 		lq.depth.Set(float64(lq.q.Len()))
