@@ -59,6 +59,10 @@ type Config struct {
 	// finds none waits for one to register (again) before it fails with
 	// kv.ErrNoWorkers; default DefaultRejoinWait, negative: never.
 	RejoinWait time.Duration
+	// Queue, when set, holds a whole request no worker admits
+	// (Router.Admit) in the router queue instead of answering busy
+	// (queue.go); it also turns on the router's routed-block credit.
+	Queue *router.QueueConfig
 }
 
 // replicaSyncScope names the replica-sync subject every frontend shares.
@@ -88,6 +92,7 @@ type Cluster struct {
 	bcast    *natsbus.Broadcast
 	// hintDrops counts planned hints that never reached a worker (hints.go).
 	hintDrops *prometheus.CounterVec
+	queue     *liveQueue // nil without Config.Queue
 }
 
 // New starts following the workers of every configured model.
@@ -107,6 +112,9 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 		rc.Matcher = c.index
 	}
 	rc.Registerer = cfg.Registerer
+	if cfg.Queue != nil {
+		rc.CreditRouted = true
+	}
 	if rc.Logger == nil {
 		rc.Logger = c.log
 	}
@@ -169,6 +177,26 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 		c.metrics = append(c.metrics, c.creds.count)
 	}
 	ctx, c.cancel = context.WithCancel(ctx)
+	if cfg.Queue != nil {
+		if c.queue, err = newLiveQueue(r, *cfg.Queue); err != nil {
+			c.Close()
+			return nil, err
+		}
+		for _, col := range c.queue.collectors() {
+			if reg := cfg.Registerer; reg != nil {
+				if err := reg.Register(col); err != nil {
+					c.Close()
+					return nil, fmt.Errorf("queue metrics: %w", err)
+				}
+				c.metrics = append(c.metrics, col)
+			}
+		}
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.queue.run(ctx)
+		}()
+	}
 	for _, m := range cfg.Models {
 		if err := c.follow(ctx, m); err != nil {
 			c.Close()
@@ -289,6 +317,8 @@ func routeErr(err error) error {
 	switch {
 	case errors.As(err, &busy):
 		return &kv.BusyError{RetryAfter: busy.RetryAfter}
+	case errors.Is(err, kv.ErrQueueFull):
+		return err
 	case errors.Is(err, router.ErrDecodeOnly):
 		return err // says why
 	case errors.Is(err, kv.ErrNoWorkers):

@@ -157,6 +157,9 @@ func (c *Cluster) wholeStep(ctx context.Context, req *kv.GenerateRequest, plan *
 func (c *Cluster) routeLeg(ctx context.Context, req *kv.GenerateRequest, step router.Step) (*router.Decision, error) {
 	rctx, sp := routeSpan(ctx, req, step.Leg, step.Path)
 	d, err := c.router.Route(rctx, step.Req)
+	if c.queue != nil && step.Leg == kv.LegWhole && errors.Is(err, kv.ErrAllBusy) {
+		d, err = c.queue.await(rctx, step.Req)
+	}
 	endRoute(sp, d, err)
 	if err == nil {
 		stages.From(ctx).MarkSplit(stages.Hash, d.Timing.Hash, stages.Route)

@@ -55,6 +55,12 @@ func unavailable(retryAfter int, format string, args ...any) *apiError {
 	return &apiError{Status: http.StatusServiceUnavailable, Type: "service_unavailable", RetryAfter: retryAfter, Message: fmt.Sprintf(format, args...)}
 }
 
+// queueFull is OpenAI's rate-limit answer (429, type "requests", code
+// "rate_limit_exceeded"), sent when the router's queue is at its limit.
+func queueFull(retryAfter int, format string, args ...any) *apiError {
+	return withCode(&apiError{Status: http.StatusTooManyRequests, Type: "requests", RetryAfter: retryAfter, Message: fmt.Sprintf(format, args...)}, "rate_limit_exceeded")
+}
+
 func internal(format string, args ...any) *apiError {
 	return &apiError{Status: http.StatusInternalServerError, Type: "internal_error", Message: fmt.Sprintf(format, args...)}
 }

@@ -387,7 +387,10 @@ func (s *Server) backendError(ctx context.Context, err error) *apiError {
 		return cancelled(ctx)
 	}
 	var busy *kv.BusyError
+	var full *kv.QueueFullError
 	switch {
+	case errors.As(err, &full):
+		return queueFull(max(int(full.RetryAfter/time.Second), 1), "the router queue for this model is full; retry after %d s", max(int(full.RetryAfter/time.Second), 1))
 	case errors.As(err, &busy):
 		secs := int(busy.RetryAfter / time.Second)
 		if secs < 1 {

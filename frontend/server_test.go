@@ -338,6 +338,16 @@ func TestBusyIs503WithRetryAfter(t *testing.T) {
 	}
 }
 
+func TestQueueFullIs429WithRetryAfter(t *testing.T) {
+	b := &fakeBackend{err: &kv.QueueFullError{Model: "test-model", Limit: 4, RetryAfter: 3 * time.Second}}
+	ts := newTestServer(t, b, DefaultConfig())
+	resp, body := post(t, ts.URL+"/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "3" ||
+		!strings.Contains(body, `"type":"requests"`) || !strings.Contains(body, `"code":"rate_limit_exceeded"`) {
+		t.Fatalf("%d %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+}
+
 func TestMigrationKeepsOneStream(t *testing.T) {
 	b := &fakeBackend{reply: "The quick brown fox jumps.", dieAfter: map[int]int{0: 4, 1: 6}}
 	ts := newTestServer(t, b, DefaultConfig())

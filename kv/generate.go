@@ -108,3 +108,20 @@ func (e *BusyError) Error() string {
 }
 
 func (e *BusyError) Unwrap() error { return ErrAllBusy }
+
+// ErrQueueFull is matched (errors.Is) by a *QueueFullError.
+var ErrQueueFull = errors.New("router queue is full")
+
+// QueueFullError says the router's queue of requests waiting for a worker
+// is at its limit (a 429) and when to retry.
+type QueueFullError struct {
+	Model      string
+	Limit      int
+	RetryAfter time.Duration
+}
+
+func (e *QueueFullError) Error() string {
+	return fmt.Sprintf("the router queue for model %q is full (%d waiting), retry after %v", e.Model, e.Limit, e.RetryAfter)
+}
+
+func (e *QueueFullError) Unwrap() error { return ErrQueueFull }

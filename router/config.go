@@ -73,6 +73,10 @@ type Config struct {
 	MaxPrefillTokens int64         // active prefill tokens
 	MaxPrefillFrac   float64       // active prefill tokens / worker's MaxBatchedTokens
 	BusyRetryAfter   time.Duration // suggestion in kv.BusyError, default 1 s
+	// Admit, when set, adds the admission stage (AdmitConfig): a request
+	// no candidate can admit gets a *kv.BusyError, which the owner of a
+	// router queue (Queue) answers by holding it until one can.
+	Admit *AdmitConfig
 	// InhibitFor is how long Inhibit (or Decision.Fail) keeps a worker out
 	// of selection and out of hint sources; default DefaultInhibitFor.
 	// Discovery removes a dead worker for good once its record lapses.
@@ -83,6 +87,15 @@ type Config struct {
 	// prefill pools, whose blocks leave with the request (Dynamo runs its
 	// prefill router with track_active_blocks off).
 	NoBlockTracking bool
+
+	// CreditRouted counts the prompt blocks of the requests routed to a
+	// worker and not yet done as held on its device, before its KV events
+	// say so (the index learns a block only once computed): a burst
+	// sharing a new prefix lands on the worker computing it, and a
+	// conversation's next turn follows its previous one while that one
+	// still runs. Its credit ends with the request (Done), when the
+	// index has the blocks, so no TTL is needed.
+	CreditRouted bool
 
 	// Hints turns on hint planning (kv mode only: the planner trusts the
 	// index to say who really holds blocks).
@@ -216,6 +229,13 @@ func (c *Config) fill() error {
 	}
 	if c.MaxKVUsage < 0 || c.MaxPrefillTokens < 0 || c.MaxPrefillFrac < 0 {
 		return fmt.Errorf("%w: busy thresholds must be ≥ 0", errConfig)
+	}
+	if c.Admit != nil {
+		a := *c.Admit // a private copy, as for Cost
+		if err := a.fill(); err != nil {
+			return err
+		}
+		c.Admit = &a
 	}
 	c.fillDefaults()
 	return nil

@@ -22,6 +22,7 @@ const (
 	dropDecodeOnly            // it cannot compute a prompt (a decode-only engine)
 	dropExcluded              // the request excludes it, or it is inhibited
 	dropBusy                  // it is over a busy threshold
+	dropFull                  // it cannot admit the request now (Config.Admit)
 	numDropReasons
 )
 
@@ -97,6 +98,17 @@ func (r *Router) busy(w *worker, now time.Time) bool {
 		return true
 	}
 	return false
+}
+
+// admitFilter drops the workers that cannot admit the request now
+// (Config.Admit): the request waits in the router queue instead.
+type admitFilter struct{}
+
+func (admitFilter) drop(s *selection, w *worker) dropReason {
+	if !s.r.cfg.Admit.admits(w, &s.req, s.seq, s.p.blockSize, s.r.reportedUsage(w.load, s.now), s.r.freshReport(w.load, s.now)) {
+		return dropFull
+	}
+	return kept
 }
 
 // drops counts the workers each reason removed.

@@ -65,7 +65,7 @@ func New(cfg Config) (*Router, error) {
 		active:  make(map[string]*active),
 
 		inhibited: make(map[kv.WorkerKey]time.Time),
-		prof:      profileOf(cfg.Mode),
+		prof:      profileOf(cfg.Mode, cfg.Admit != nil),
 	}
 	r.scratch.New = func() any { return new(selection) }
 	if cfg.Hints && cfg.Mode == ModeKV {
@@ -115,6 +115,11 @@ type Request struct {
 	// arrives from the prefill worker (see DecodeLegRequest).
 	NoOverlapCredit bool
 	NoPrefillCharge bool
+
+	// Aged: the request has waited in the router queue past its age bound
+	// (Queue.Aged). With Config.Admit it takes the best worker that
+	// admits it now instead of waiting for a better one.
+	Aged bool
 }
 
 // promptLen is the prompt's length in tokens.

@@ -15,19 +15,36 @@ type profile struct {
 	filters []filter
 	scorer  scorer
 	picker  picker
+	// holdFull: a pick that cannot admit the request (s.full) answers
+	// busy, so the request waits for it.
+	holdFull bool
 }
 
 // baseFilters are every mode's filters, in the order their reasons take
 // precedence when one worker fails several.
 var baseFilters = []filter{adapterFilter{}, decodeOnlyFilter{}, exclusionFilter{}, busyFilter{}}
 
-// profileOf is mode m's profile.
-func profileOf(m Mode) profile {
+// admitFilters are baseFilters and the admission stage (Config.Admit).
+var admitFilters = append(baseFilters[:len(baseFilters):len(baseFilters)], admitFilter{})
+
+// profileOf is mode m's profile; admit adds the admission stage. Modes
+// without a price filter out the workers that cannot admit; cost modes
+// price them with their wait for admission instead (admitScorer), and a
+// request whose cheapest worker is one of them waits in the queue for it.
+func profileOf(m Mode, admit bool) profile {
 	switch m {
-	case ModeRoundRobin:
-		return profile{filters: baseFilters, picker: roundRobin{}}
-	case ModeRandom:
-		return profile{filters: baseFilters, picker: uniformPick{}}
+	case ModeRoundRobin, ModeRandom:
+		fs := baseFilters
+		if admit {
+			fs = admitFilters
+		}
+		if m == ModeRandom {
+			return profile{filters: fs, picker: uniformPick{}}
+		}
+		return profile{filters: fs, picker: roundRobin{}}
+	}
+	if admit {
+		return profile{filters: baseFilters, scorer: admitScorer{}, picker: costPick{}, holdFull: true}
 	}
 	return profile{filters: baseFilters, scorer: costScorer{}, picker: costPick{}}
 }
@@ -46,6 +63,7 @@ type selection struct {
 	depth   [][kv.NumTiers]uint32 // per pool worker: cumulative cached prefix
 	cand    []int                 // pool indices still eligible
 	cost    []float64             // per candidate, from the scorer
+	full    []bool                // per pool worker: cannot admit now (admitScorer)
 }
 
 // release drops the selection's references before it goes back to the
@@ -64,7 +82,12 @@ func (r *Router) choose(s *selection) (int, error) {
 	if r.prof.scorer != nil {
 		r.prof.scorer.score(s)
 	}
-	return r.prof.picker.pick(s), nil
+	i := r.prof.picker.pick(s)
+	if r.prof.holdFull && s.full[i] {
+		return 0, &WaitError{BusyError: kv.BusyError{Model: s.req.Model, Workers: len(s.cand), RetryAfter: r.cfg.BusyRetryAfter},
+			Worker: s.p.workers[i].info.Key}
+	}
+	return i, nil
 }
 
 // mergeDepth merges the sorted matches with the sorted pool into s.depth.
@@ -81,11 +104,20 @@ func (s *selection) mergeDepth() {
 			mi++
 		}
 		s.depth[i] = [kv.NumTiers]uint32{}
-		if mi == len(s.matches) || s.matches[mi].Worker != w.info.Key || s.req.NoOverlapCredit || !servesAdapter(w, s.req.LoRA) {
+		if s.req.NoOverlapCredit || !servesAdapter(w, s.req.LoRA) {
 			continue
 		}
 		var prev uint32
-		for t, v := range s.matches[mi].Depth {
+		if s.r.cfg.CreditRouted {
+			// Blocks routed here and still active are on its device (or
+			// being computed there) before any KV event says so.
+			prev = uint32(w.load.activePrefix(s.seq))
+		}
+		var d [kv.NumTiers]uint32
+		if mi < len(s.matches) && s.matches[mi].Worker == w.info.Key {
+			d = s.matches[mi].Depth
+		}
+		for t, v := range d {
 			prev = max(prev, min(v, uint32(len(s.seq))))
 			s.depth[i][t] = prev
 		}

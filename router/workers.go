@@ -385,6 +385,15 @@ func (r *Router) reportedUsage(l *load, now time.Time) float64 {
 	return 0
 }
 
+// freshReport is the worker's last reported running and waiting requests,
+// while the report is younger than LoadReportTTL.
+func (r *Router) freshReport(l *load, now time.Time) report {
+	if !l.hasRep || now.Sub(l.repAt) > r.cfg.LoadReportTTL {
+		return report{}
+	}
+	return report{running: l.repRunning, waiting: l.repWaiting, ok: true}
+}
+
 func cmpKey(a, b kv.WorkerKey) int {
 	switch {
 	case a.Instance < b.Instance:

@@ -113,15 +113,20 @@ func (t *twin) arrive(ctx context.Context, atNS int64) error {
 		tail := t.prompt.tail(rq, kv.NumFullBlocks(plen, bs)*bs, plen)
 		return t.arrivePD(ctx, i, atNS, plen, rr, tail)
 	}
-	d, err := t.r.Route(ctx, rr)
-	if err != nil {
-		return t.routeFailed(err, atNS, rq.Line)
-	}
+	return t.route(ctx, i, rq, plen, rr, atNS)
+}
+
+// start hands trace request i (plen tokens), routed by d at atNS, to its
+// worker; it arrived at arrNS (earlier when it waited in the router
+// queue). The prompt buffers must hold its prompt (promptBufs.request).
+func (t *twin) start(i int, rq *tracefile.Request, plen int, d *router.Decision, atNS, arrNS int64) error {
 	w := int(d.Worker.Instance) - 1
 	if w < 0 || w >= len(t.ws) {
 		d.Done()
 		return fmt.Errorf("twin: router chose unknown worker %v", d.Worker)
 	}
+	bs := t.cfg.BlockSize
+	at := t.at(atNS)
 	tail := t.prompt.tail(rq, len(d.Local)*bs, plen)
 	st := &t.reqs[i]
 	st.er = engine.Request{ID: strconv.Itoa(rq.Line), Sampling: kv.Sampling{MaxTokens: max(rq.OutputLength, 1), Seed: rng64(t.cfg.Seed, i)}}
@@ -136,10 +141,13 @@ func (t *twin) arrive(ctx context.Context, atNS int64) error {
 		t.reject(&t.res.RejectedInvalid, atNS, err.Error())
 		return nil
 	}
-	st.dec, st.seq, st.arrival = d, s, at
+	st.dec, st.seq, st.arrival = d, s, t.at(arrNS)
 	s.Tag = st
 	t.predicted += int64(d.CachedTokens)
 	t.reachable += int64(d.ReachableTokens)
+	if t.q != nil {
+		t.qwait = append(t.qwait, ms(time.Duration(atNS-arrNS)))
+	}
 	t.wake(w, atNS)
 	return nil
 }

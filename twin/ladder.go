@@ -107,11 +107,15 @@ func (l *Ladder) MaxSpeedup(j int) float64 {
 //	twin: capacity mode=<m> p90_ttft_le_ms=<slo> max_speedup=<x>
 func (l *Ladder) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "speedup\tmode\trequests\trejected\thit\treachable\tttft p50\tttft p90\tttft p99\tttft mean\treq/s\tpreemptions\t")
+	fmt.Fprintln(tw, "speedup\tmode\trequests\trejected\thit\treachable\tttft p50\tttft p90\tttft p99\tttft mean\tqueue wait mean\treq/s\tpreemptions\t")
 	for i, sp := range l.Speedups {
 		for _, r := range l.Results[i] {
-			fmt.Fprintf(tw, "%g\t%s\t%d\t%d\t%.4f\t%.4f\t%.1f\t%.1f\t%.1f\t%.1f\t%.3f\t%d\t\n",
-				sp, r.Mode, r.Requests, r.Rejected, r.Hit.Total, r.Reachable, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.TTFT.Mean, r.ReqPerS, r.Preemptions)
+			wait := "-" // no router queue
+			if r.Queue != nil {
+				wait = strconv.FormatFloat(r.Queue.Wait.Mean, 'f', 1, 64)
+			}
+			fmt.Fprintf(tw, "%g\t%s\t%d\t%d\t%.4f\t%.4f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%.3f\t%d\t\n",
+				sp, r.Mode, r.Requests, r.Rejected, r.Hit.Total, r.Reachable, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.TTFT.Mean, wait, r.ReqPerS, r.Preemptions)
 		}
 	}
 	if err := tw.Flush(); err != nil {

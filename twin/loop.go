@@ -27,6 +27,9 @@ type worker struct {
 	res      *sim.StepResult
 	lastNS   int64
 	stalls   int
+	// ver counts the changes of the worker's state a queued request may
+	// wait for: passes that freed something, load reports.
+	ver uint64
 }
 
 // loop handles events in time order: the earliest of the next arrival and
@@ -68,6 +71,10 @@ func (t *twin) loop(ctx context.Context) error {
 			continue
 		}
 		if cw < 0 {
+			if t.q != nil && t.q.Len() > 0 {
+				// An idle fleet admits anything; only a bug leaves requests here.
+				return fmt.Errorf("twin: %d requests left in the router queue with every worker idle", t.q.Len())
+			}
 			return nil
 		}
 		// cw's events stay next while they come before the arrival and
@@ -92,10 +99,13 @@ func (t *twin) loop(ctx context.Context) error {
 		}
 		wk := &t.ws[cw]
 		for {
-			if err := t.workerEvent(cw); err != nil {
+			t.woke = false
+			if err := t.workerEvent(ctx, cw); err != nil {
 				return err
 			}
-			if !wk.active || wk.atNS >= limit {
+			// A request the queue dispatched may have woken a worker,
+			// whose next event then comes first.
+			if !wk.active || wk.atNS >= limit || t.woke {
 				break
 			}
 			if t.arr.closed {
@@ -149,7 +159,7 @@ func (t *twin) syncClock() {
 
 // workerEvent handles worker w's next event: the end of its pending pass
 // (outputs reach the router at that time), then the start of the next.
-func (t *twin) workerEvent(w int) error {
+func (t *twin) workerEvent(ctx context.Context, w int) error {
 	wk := &t.ws[w]
 	now, nowNS := wk.at, wk.atNS
 	t.advance(nowNS)
@@ -157,6 +167,12 @@ func (t *twin) workerEvent(w int) error {
 		wk.pending = false
 		if res := wk.res; res.FirstTokens > 0 || res.Finished > 0 {
 			t.handle(res, now, nowNS)
+			wk.ver++
+			// Capacity freed: the queue's requests go out before the
+			// worker's next pass starts, so they can join it.
+			if err := t.dispatch(ctx, nowNS); err != nil {
+				return err
+			}
 		}
 	}
 	if wk.core.Idle() {
@@ -188,6 +204,10 @@ func (t *twin) workerEvent(w int) error {
 			t.r.UpdateOnboarding(wk.key, wk.core.OnboardBacklog(now))
 		}
 		wk.lastNS, wk.reported = nowNS, true
+		wk.ver++
+		if t.q != nil && t.q.Len() > 0 {
+			return t.dispatch(ctx, nowNS) // the report may let it admit
+		}
 	}
 	return nil
 }
@@ -220,5 +240,6 @@ func (t *twin) handle(res *sim.StepResult, now time.Time, nowNS int64) {
 func (t *twin) wake(w int, atNS int64) {
 	if wk := &t.ws[w]; !wk.active {
 		wk.active, wk.pending, wk.at, wk.atNS = true, false, t.at(atNS), atNS
+		t.woke = true
 	}
 }

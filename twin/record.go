@@ -9,6 +9,7 @@ import (
 type results struct {
 	res              Result
 	ttft, itl, e2e   []float64
+	qwait            []float64 // router queue waits (ms), Config.Queue
 	firstAt, lastFin time.Time
 	predicted        int64 // prompt tokens the router expected cached
 	reachable        int64 // prompt tokens the best eligible holders held
@@ -58,6 +59,9 @@ func (t *twin) finishResult() {
 	r := &t.res
 	r.TTFT, r.ITL, r.E2E = newDist(t.ttft), newDist(t.itl), newDist(t.e2e)
 	r.TTFTSamples, r.ITLSamples = t.ttft, t.itl
+	if r.Queue != nil {
+		r.Queue.Wait = newDist(t.qwait)
+	}
 	r.Rejected = r.RejectedBusy + r.RejectedInvalid
 	if !t.lastFin.IsZero() {
 		r.SimSeconds = t.lastFin.Sub(t.firstAt).Seconds()

@@ -58,6 +58,8 @@ type Result struct {
 	Hints HintStats `json:"hints"`
 	// KVBM is the block managers' totals (Config.KVBM).
 	KVBM *KVBMResult `json:"kvbm,omitempty"`
+	// Queue is what the router queue did (Config.Queue; nil without).
+	Queue *QueueStats `json:"queue,omitempty"`
 	// Paths counts requests by path and measures handoffs (P/D runs only).
 	Paths *PathStats `json:"paths,omitempty"`
 
@@ -174,6 +176,10 @@ func (r *Result) LastLine() string {
 		return fmt.Sprintf("twin: mode=%s fleet=%s requests=%d disagg=%d local_prefill=%d hit=%.4f reachable=%.4f ttft_p50_ms=%.1f ttft_mean_ms=%.1f itl_p99_ms=%.2f wall_s=%.3f",
 			r.Mode, r.Fleet(), r.Requests, r.Paths.Disagg, r.Paths.LocalPrefill, r.Hit.Total, r.Reachable, r.TTFT.P50, r.TTFT.Mean, r.ITL.P99, r.Wall.Seconds())
 	}
+	if q := r.Queue; q != nil {
+		return fmt.Sprintf("twin: mode=%s requests=%d hit=%.4f reachable=%.4f ttft_p50_ms=%.1f ttft_mean_ms=%.1f queue_wait_mean_ms=%.1f wall_s=%.3f",
+			r.Mode, r.Requests, r.Hit.Total, r.Reachable, r.TTFT.P50, r.TTFT.Mean, q.Wait.Mean, r.Wall.Seconds())
+	}
 	return fmt.Sprintf("twin: mode=%s requests=%d hit=%.4f reachable=%.4f ttft_p50_ms=%.1f ttft_mean_ms=%.1f wall_s=%.3f",
 		r.Mode, r.Requests, r.Hit.Total, r.Reachable, r.TTFT.P50, r.TTFT.Mean, r.Wall.Seconds())
 }
@@ -216,6 +222,10 @@ func (r *Result) WriteSummary(w io.Writer) error {
 		hs := r.Hints
 		fmt.Fprintf(&b, "  hints       %d hints, %d blocks planned, %d fetched (%.2f GiB modelled, %d payload bytes verified), %d misses, %d errors\n",
 			hs.Hints, hs.PlannedBlocks, hs.FetchedBlocks, float64(hs.ModelledBytes)/(1<<30), hs.PayloadBytes, hs.Misses, hs.Errors)
+	}
+	if q := r.Queue; q != nil {
+		fmt.Fprintf(&b, "  queue       %s: %d requests waited (depth up to %d); wait ms  p50 %.1f  p90 %.1f  p99 %.1f  mean %.1f  max %.1f (part of TTFT)\n",
+			q.Policy, q.Queued, q.MaxDepth, q.Wait.P50, q.Wait.P90, q.Wait.P99, q.Wait.Mean, q.Wait.Max)
 	}
 	if p := r.Paths; p != nil {
 		fmt.Fprintf(&b, "  paths       %d aggregated, %d disagg (%d ended on the prefill token), %d local prefill (%d %s, %d %s)\n",

@@ -134,6 +134,10 @@ type Config struct {
 	// conditional-disaggregation thresholds on the net new prompt tokens
 	// (router.DisaggConfig: defaults 2048 and 0.7; negative tokens: never
 	// local for length).
+	// Queue, when set, puts the router queue with admission in front of
+	// the workers (aggregated fleets only; queue.go).
+	Queue *Queue `json:"queue,omitempty"`
+
 	PrefillWorkers     int     `json:"prefill_workers,omitempty"`
 	DecodeWorkers      int     `json:"decode_workers,omitempty"`
 	LocalPrefillTokens int     `json:"local_prefill_tokens,omitempty"`
@@ -213,6 +217,14 @@ func (c Config) Normalize() (Config, error) {
 	case c.MaxKVUsage < 0 || c.MaxPrefillTokens < 0:
 		return c, errors.New("twin: busy thresholds must not be negative")
 	}
+	if c.Queue != nil {
+		if pd {
+			return c, errors.New("twin: the router queue runs on aggregated fleets only (not yet with --prefill-workers/--decode-workers)")
+		}
+		if _, err := router.NewQueue[struct{}](c.Queue.QueueConfig); err != nil {
+			return c, fmt.Errorf("twin: %w", err)
+		}
+	}
 	return c, nil
 }
 
@@ -247,6 +259,8 @@ type twin struct {
 	iter  int       // events handled, for the context checks
 
 	arr    arrivals
+	q      *router.Queue[queued] // nil without Config.Queue
+	woke   bool                  // a worker was woken since the loop last looked
 	prompt promptBufs
 	copier blockCopier
 	pd     *pdState // nil without P/D
@@ -325,6 +339,15 @@ func newTwin(wl *Workload, cfg Config) (*twin, error) {
 		// Requests may queue for long in an overloaded fleet; never let the
 		// stale-request sweep free live load.
 		MaxRequestAge: 1000 * time.Hour,
+	}
+	if cfg.Queue != nil {
+		a := cfg.Queue.Admit
+		rc.Admit = &a
+		rc.CreditRouted = true
+		if t.q, err = router.NewQueue[queued](cfg.Queue.QueueConfig); err != nil {
+			return nil, fmt.Errorf("twin: %w", err)
+		}
+		t.res.Queue = &QueueStats{Policy: string(t.q.Config().Policy)}
 	}
 	rc.Mode = mode
 	if mode != router.ModeKVApprox {

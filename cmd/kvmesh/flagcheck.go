@@ -91,6 +91,9 @@ func (ff *frontendFlags) validate() error {
 	if ff.busyKVUsage < 0 || ff.busyKVUsage > 1 || math.IsNaN(ff.busyKVUsage) {
 		return fmt.Errorf("--busy-kv-usage %g: want a fraction in [0, 1]", ff.busyKVUsage)
 	}
+	if _, _, err := ff.queue.config(); err != nil {
+		return err
+	}
 	if ff.localPrefillTokens < 0 {
 		return fmt.Errorf("--disagg-local-prefill-tokens %d: want ≥ 0 (0: never for length)", ff.localPrefillTokens)
 	}

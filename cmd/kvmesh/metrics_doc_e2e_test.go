@@ -38,10 +38,11 @@ var metricName = regexp.MustCompile(`kvmesh_[a-z0-9_]+`)
 
 // optionalSeries are the families a plain `serve --workers N` does not
 // export: those of a P/D fleet, of the KVBM connector and of a real
-// engine's event relay and KVCR state agent.
+// engine's event relay and KVCR state agent, and the router queue's
+// (--router-queue on).
 func optionalSeries(name string) bool {
 	for _, p := range []string{"kvmesh_disagg_", "kvmesh_kvbm_", "kvmesh_kv_event_relay_", "kvmesh_kvcr_",
-		"kvmesh_fleet_disagg_", "kvmesh_fleet_prefill_retries"} {
+		"kvmesh_fleet_disagg_", "kvmesh_fleet_prefill_retries", "kvmesh_router_queue_"} {
 		if strings.HasPrefix(name, p) {
 			return true
 		}

@@ -59,6 +59,7 @@ type frontendFlags struct {
 	auth     authFlags
 	fleet    fleetFlags
 	tls      tlsFlags
+	queue    queueFlags
 	// tracer traces requests when OTEL_* asks for it (tracing.go); nil: off.
 	tracer trace.Tracer
 }
@@ -84,6 +85,7 @@ func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
 	f.DurationVar(&ff.timeouts.ReadHeader, "read-header-timeout", def.ReadHeader, "longest a client may take to send a request's headers (0: no limit)")
 	f.DurationVar(&ff.timeouts.ReadBody, "read-body-timeout", def.ReadBody, "longest a client may take to send a request's body once its headers are in: a slower body is cut with its connection (0: no limit); responses and streams are not bounded")
 	f.DurationVar(&ff.timeouts.Idle, "idle-timeout", def.Idle, "longest a keep-alive connection may wait for its next request (0: no limit)")
+	addQueueFlags(f, &ff.queue, "off")
 	ff.auth.register(f)
 	ff.fleet.register(f)
 	ff.tls.register(f)
@@ -160,14 +162,18 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	if err != nil {
 		return nil, err
 	}
+	queue, admit, err := ff.queue.config()
+	if err != nil {
+		return nil, err
+	}
 	_, clientTLS, err := ff.tls.configs()
 	if err != nil {
 		return nil, err
 	}
 	cl, err := fleet.New(ctx, fleet.Config{
 		NC: nc, Discovery: disc, Models: ff.models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log, Disagg: ff.disagg(),
-		FleetToken: token, TLS: clientTLS, TierLoad: tierLoad,
-		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage, Hints: ff.hints},
+		FleetToken: token, TLS: clientTLS, TierLoad: tierLoad, Queue: queue,
+		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage, Hints: ff.hints, Admit: admit},
 	})
 	if err != nil {
 		return nil, err

@@ -38,6 +38,7 @@ type twinFlags struct {
 	fleets         string
 	ladder         string
 	ladderSLOMS    float64
+	queue          queueFlags
 }
 
 func init() { rootCmd.AddCommand(newTwinCmd()) }
@@ -78,6 +79,15 @@ mode and prints one row per speedup and mode (hit, reachable, TTFT
 p50/p90/p99/mean, req/s, preemptions), then per mode
   twin: capacity mode=<m> p90_ttft_le_ms=<slo> max_speedup=<x>
 the highest speedup whose p90 TTFT stays under --ladder-slo-ms (0: none).
+--router-queue on puts the router's queue in front of an aggregated fleet:
+a worker is sent a request only while it can admit it (--admit-kv-usage,
+--admit-prefill-passes, --admit-waiting, each relative to the worker's own
+capacity); the rest wait in the router (--router-queue-policy fcfs, wspt or
+priority; --router-queue-limit; --router-queue-max-wait, the age bound) and
+are routed when a worker frees capacity, kv modes waiting for the worker
+that holds their prefix. The wait is part of TTFT and is reported on its own
+(queue_wait_mean_ms= in the last line). Off by default, which reproduces
+the runs without it byte for byte.
 Malformed trace lines are reported with their line numbers and skipped
 (--strict fails on the first). It exits 1 when a mode completes no request
 (every one rejected, e.g. longer than --blocks holds). Every flag has a KVMESH_TWIN_* environment
@@ -126,6 +136,7 @@ variable (--trace also reads KVMESH_TRACE).`,
 	f.StringVar(&tf.fleets, "fleets", "", `comma-separated fleets to compare, each N (aggregated), P+D (prefill+decode) or A+P+D (mixed), e.g. "8,4+4,2+6"; overrides --workers and --prefill/decode-workers`)
 	f.StringVar(&tf.ladder, "ladder", "", `comma-separated arrival speedups, e.g. "1,2,4,6,8,12": replay the trace at each, in every mode, print a row per speedup and mode and each mode's capacity (replaces --arrival-speedup; --out writes ladder_ttft.svg and ladder_hit.svg)`)
 	f.Float64Var(&tf.ladderSLOMS, "ladder-slo-ms", twin.DefaultLadderSLOMS, "ladder: the p90 TTFT (ms) a speedup must stay under to count as within capacity")
+	addQueueFlags(f, &tf.queue, "off")
 	return withEnv(cmd, "TWIN_")
 }
 
@@ -266,6 +277,13 @@ func runTwin(ctx context.Context, tf twinFlags, fs *pflag.FlagSet, out, errOut i
 			c.Temperature = tf.temperature
 		}
 		tf.cfg.Cost = &c
+	}
+	qc, ac, err := tf.queue.config()
+	if err != nil {
+		return fmt.Errorf("twin: %w", err)
+	}
+	if qc != nil {
+		tf.cfg.Queue = &twin.Queue{QueueConfig: *qc, Admit: *ac}
 	}
 	if fleets, err = twinFleets(tf); err != nil {
 		return fmt.Errorf("twin: --fleets: %w", err)

@@ -1,0 +1,125 @@
+package twin
+
+import (
+	"context"
+	"errors"
+	"slices"
+
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/tracefile"
+)
+
+// Queue is the twin's router queue (Config.Queue): a request no worker
+// can admit (router.AdmitConfig) waits in a router.Queue and is routed
+// when a pass ends or a load report frees capacity, with the fleet's
+// state at that moment. Its wait counts in its TTFT.
+type Queue struct {
+	router.QueueConfig
+	Admit router.AdmitConfig `json:"admit"`
+}
+
+// QueueStats is what the router queue did (Config.Queue).
+type QueueStats struct {
+	Policy string `json:"policy"`
+	// Queued counts the requests that waited; Wait is every dispatched
+	// request's wait (ms, 0 for those that did not), so its mean is the
+	// queue's share of the mean TTFT.
+	Queued   int  `json:"queued"`
+	MaxDepth int  `json:"max_depth"`
+	Wait     Dist `json:"wait_ms"`
+}
+
+// queued is one waiting trace request.
+type queued struct {
+	i     int // index in the workload
+	plen  int
+	rr    router.Request
+	arrNS int64
+	// waitW is the worker the router last said the request waits for
+	// (-1: none), as of that worker's version waitVer: until the worker
+	// changes, asking again would get the same answer.
+	waitW   int
+	waitVer uint64
+}
+
+// enqueue holds trace request i (router request rr of plen tokens,
+// arrived at atNS) in the router queue, or rejects it past the limit.
+func (t *twin) enqueue(i, plen int, rr router.Request, atNS int64) {
+	if rr.Tokens != nil {
+		rr.Tokens = slices.Clone(rr.Tokens) // the prompt buffer is the next arrival's
+	}
+	// WSPT's work: the prompt's tokens (the router predicts its cached
+	// part only when it routes).
+	if _, err := t.q.Push(queued{i: i, plen: plen, rr: rr, arrNS: atNS, waitW: -1}, t.at(atNS), float64(plen), 0); err != nil {
+		t.reject(&t.res.RejectedBusy, atNS, "router queue full")
+		return
+	}
+	t.res.Queue.Queued++
+	t.res.Queue.MaxDepth = max(t.res.Queue.MaxDepth, t.q.Len())
+}
+
+// dispatch routes waiting requests, in the queue's order, to the workers
+// that admit them; one whose best worker is busy stays, and those behind
+// it (up to the queue's lookahead) still go.
+func (t *twin) dispatch(ctx context.Context, nowNS int64) error {
+	if t.q == nil || t.q.Len() == 0 {
+		return nil
+	}
+	t.syncClock()
+	if !t.r.Admitting(model, "") {
+		return nil
+	}
+	var ferr error
+	now := t.at(nowNS)
+	t.q.Scan(now, t.q.Config().Lookahead, func(e *router.Queued[queued]) (take, stop bool) {
+		q := &e.Value
+		if !q.rr.Aged && t.q.Aged(e, now) {
+			q.rr.Aged, q.waitW = true, -1 // it now takes any worker that admits it
+		}
+		if q.waitW >= 0 && t.ws[q.waitW].ver == q.waitVer {
+			return false, false
+		}
+		d, err := t.r.Route(ctx, q.rr)
+		var we *router.WaitError
+		if errors.As(err, &we) {
+			q.waitW = int(we.Worker.Instance) - 1
+			q.waitVer = t.ws[q.waitW].ver
+			return false, false
+		}
+		if errors.Is(err, kv.ErrAllBusy) {
+			return false, false
+		}
+		rq := &t.wl.Requests[e.Value.i]
+		if err != nil {
+			ferr = t.routeFailed(err, nowNS, rq.Line)
+			return true, ferr != nil
+		}
+		if t.prompt.ph == nil {
+			// start reads the prompt's tail from the buffer: refill it.
+			t.prompt.request(rq, e.Value.plen, t.wl.TraceBlockSize)
+		}
+		ferr = t.start(e.Value.i, rq, e.Value.plen, d, nowNS, e.Value.arrNS)
+		return true, ferr != nil
+	})
+	return ferr
+}
+
+// route routes trace request i at atNS and starts it, or queues it when no
+// worker admits it (Config.Queue); with requests already waiting it queues
+// behind them, so it does not overtake them.
+func (t *twin) route(ctx context.Context, i int, rq *tracefile.Request, plen int, rr router.Request, atNS int64) error {
+	if t.q != nil && t.q.Len() > 0 {
+		t.enqueue(i, plen, rr, atNS)
+		return t.dispatch(ctx, atNS)
+	}
+	d, err := t.r.Route(ctx, rr)
+	if err != nil {
+		if t.q != nil && errors.Is(err, kv.ErrAllBusy) {
+			t.enqueue(i, plen, rr, atNS)
+			return nil
+		}
+		return t.routeFailed(err, atNS, rq.Line)
+	}
+	return t.start(i, rq, plen, d, atNS, atNS)
+}

@@ -1,0 +1,70 @@
+package twin
+
+import (
+	"testing"
+
+	"github.com/kvmesh/kvmesh/router"
+)
+
+// TestRouterQueueSlice overloads 2 small workers with the 300-request
+// slice: with the router queue requests wait in it (and the wait is part
+// of their TTFT), every one completes, and none is preempted on an
+// engine; without it the same run is what it always was.
+func TestRouterQueueSlice(t *testing.T) {
+	wl := loadSlice(t)
+	base := Config{Workers: 2, Blocks: 2048, Seed: 5, ArrivalSpeedup: 64}
+	for _, mode := range []string{"round-robin", "kv", ModeKVHints} {
+		c := base
+		c.Mode = mode
+		off := run(t, wl, c)
+		if off.Queue != nil {
+			t.Fatalf("%s: queue stats without a queue", mode)
+		}
+		c.Queue = &Queue{}
+		on := run(t, wl, c)
+		checkResult(t, on)
+		q := on.Queue
+		if q == nil || on.Requests != 300 || q.Policy != "fcfs" {
+			t.Fatalf("%s with the queue: %d completed, stats %+v", mode, on.Requests, q)
+		}
+		if q.Queued == 0 || q.MaxDepth == 0 || q.Wait.N != 300 || !(q.Wait.Max > 0) {
+			t.Fatalf("%s: the overload queued nothing: %+v", mode, q)
+		}
+		if on.TTFT.Mean < q.Wait.Mean {
+			t.Fatalf("%s: mean TTFT %.1f ms under the mean queue wait %.1f ms: the wait is not in the TTFT", mode, on.TTFT.Mean, q.Wait.Mean)
+		}
+		if off.Preemptions == 0 {
+			t.Fatalf("%s: the slice does not overload the engines (no preemptions without the queue)", mode)
+		}
+		if on.Preemptions >= off.Preemptions {
+			t.Errorf("%s: %d preemptions with the queue, %d without", mode, on.Preemptions, off.Preemptions)
+		}
+	}
+}
+
+// TestRouterQueueLimit: past the limit a request is refused (the frontend's
+// 429), and the rest still complete.
+func TestRouterQueueLimit(t *testing.T) {
+	wl := loadSlice(t)
+	c := Config{Mode: "kv", Workers: 2, Blocks: 2048, Seed: 5, ArrivalSpeedup: 64,
+		Queue: &Queue{QueueConfig: router.QueueConfig{Limit: 2}}}
+	r := run(t, wl, c)
+	checkResult(t, r)
+	if r.RejectedBusy == 0 || r.Queue.MaxDepth > 2 || r.Requests == 0 {
+		t.Fatalf("limit 2: %d refused, depth up to %d, %d completed", r.RejectedBusy, r.Queue.MaxDepth, r.Requests)
+	}
+	if r.RejectReasons[0] != "router queue full" {
+		t.Fatalf("refusal reason %q", r.RejectReasons[0])
+	}
+}
+
+func TestRouterQueueConfig(t *testing.T) {
+	for _, c := range []Config{
+		{Queue: &Queue{QueueConfig: router.QueueConfig{Policy: "lifo"}}},
+		{Queue: &Queue{}, PrefillWorkers: 1, DecodeWorkers: 1},
+	} {
+		if _, err := c.Normalize(); err == nil {
+			t.Errorf("%+v: no error", c)
+		}
+	}
+}
