@@ -83,10 +83,10 @@ func (s *Sharded) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 
 // mergeMatches appends the union of a and b, both in ascending WorkerKey
 // order and disjoint, to dst in that order. Workers of two shards
-// interleave at random, so the branch on which side comes next mispredicts
-// about every other step; the loop keeps each side's next key in registers
-// and writes into a presized dst so that a step costs little else
-// (at thousands of matches per find the merge cost more than the finds).
+// interleave at random, so the branch choosing a side mispredicts about
+// every other step whatever the loop looks like (a branch-free pick was
+// slower: its loads chain through the pick); this one at least writes
+// into a presized dst.
 func mergeMatches(dst, a, b []Match) []Match {
 	n0 := len(dst)
 	dst = slices.Grow(dst, len(a)+len(b))[:n0+len(a)+len(b)]
