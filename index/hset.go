@@ -73,8 +73,8 @@ func (hs *hset) mask(slot uint32) uint8 {
 
 // entHash is a set's content hash: a sum over its entries, so a set made
 // from another by one change hashes in O(1) (withMask adds and subtracts
-// entMix terms) rather than over
-// all its entries, which at thousands of holders was a pass per event.
+// entMix terms) rather than over all its entries, which at thousands of
+// holders was a pass per event.
 func entHash(ent []uint32) uint64 {
 	var h uint64
 	for _, e := range ent {
