@@ -381,7 +381,7 @@ func (ix *Index) find(local []uint64, dst []Match, s *scratch) ([]Match, bool) {
 		}
 	} else {
 		for _, e := range [2]uint32{uint32(h), uint32(h >> 32)} {
-			if e != 0 && int(e>>4) < len(v.rankOf) {
+			if e != 0 && int(e>>4) < len(v.keys) {
 				sl := e >> 4
 				cs[nc] = cand{slot: sl, cur: lowTier(uint8(e & 15))}
 				hit[sl>>6] |= 1 << (sl & 63)
@@ -518,7 +518,7 @@ func (ix *Index) find(local []uint64, dst []Match, s *scratch) ([]Match, bool) {
 				j++
 			}
 		}
-		if j == 2 && v.rankOf[sl[0]] > v.rankOf[sl[1]] {
+		if j == 2 && less(v.keys[sl[1]], v.keys[sl[0]]) {
 			sl[0], sl[1] = sl[1], sl[0]
 		}
 		for _, x := range sl[:j] {

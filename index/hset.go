@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/kvmesh/kvmesh/internal/mix"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -70,19 +71,25 @@ func (hs *hset) mask(slot uint32) uint8 {
 	return uint8(hs.ent[i] & 15)
 }
 
+// entHash is a set's content hash: a sum over its entries, so a set made
+// from another by one change hashes in O(1) (withMask adds and subtracts
+// entMix terms) rather than over all its entries, which at thousands of
+// holders was a pass per event.
 func entHash(ent []uint32) uint64 {
-	h := uint64(len(ent)) * 0x9E3779B97F4A7C15
+	var h uint64
 	for _, e := range ent {
-		h = (h ^ uint64(e)) * 0xff51afd7ed558ccd
-		h ^= h >> 29
+		h += entMix(e)
 	}
 	return h
 }
 
+func entMix(e uint32) uint64 { return mix.Mix64(uint64(e) + mix.Golden) }
+
 // intern returns the holders word of the set with entries ent (sorted,
-// more than two), taking a reference to it.
-func (ix *Index) intern(ent []uint32) uint64 {
-	hash := entHash(ent)
+// more than two) and content hash hash, taking a reference to it. base,
+// when not nil, is a set ent differs from in slot's entry alone: its
+// bitsets are copied and patched rather than rebuilt entry by entry.
+func (ix *Index) intern(ent []uint32, hash uint64, base *hset, slot uint32) uint64 {
 	idx, shared := ix.sets[hash]
 	if shared {
 		if hs := (*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Load(); slices.Equal(hs.ent, ent) {
@@ -115,12 +122,18 @@ func (ix *Index) intern(ent []uint32) uint64 {
 	// readers expand them on the fly.
 	hs.lo = int(ent[0] >> 10)
 	if span := int(ent[len(ent)-1]>>10) - hs.lo + 1; span <= len(ent)/8+8 {
-		if span*kv.NumTiers <= len(hs.cumBuf) {
-			hs.cum = hs.cumBuf[:span*kv.NumTiers]
+		n := span * kv.NumTiers
+		if n <= len(hs.cumBuf) {
+			hs.cum = hs.cumBuf[:n]
 		} else {
-			hs.cum = make([]uint64, span*kv.NumTiers)
+			hs.cum = make([]uint64, n)
 		}
-		fillCum(hs.cum, hs.lo, ent)
+		if base != nil && base.cum != nil && base.lo == hs.lo && len(base.cum) == n {
+			copy(hs.cum, base.cum)
+			patchCum(hs.cum, hs.lo, slot, hs.mask(slot))
+		} else {
+			fillCum(hs.cum, hs.lo, ent)
+		}
 	}
 	(*ix.ovfDir.Load())[idx>>chunkBits][idx&chunkMask].Store(hs)
 	if !shared {
@@ -142,6 +155,21 @@ func fillCum(cum []uint64, lo int, ent []uint32) {
 		bit := uint64(1) << (e >> 4 & 63)
 		for t := lowTier(uint8(e & 15)); t < kv.NumTiers; t++ {
 			cum[k+int(t)] |= bit
+		}
+	}
+}
+
+// patchCum sets slot's bits in bitsets cum (starting at 64-slot word lo)
+// to what tier mask m gives: set on each tier m holds or a slower one.
+func patchCum(cum []uint64, lo int, slot uint32, m uint8) {
+	k := (int(slot>>6) - lo) * kv.NumTiers
+	bit := uint64(1) << (slot & 63)
+	low := int(lowTier(m))
+	for t := 0; t < kv.NumTiers; t++ {
+		if t >= low {
+			cum[k+t] |= bit
+		} else {
+			cum[k+t] &^= bit
 		}
 	}
 }
@@ -192,8 +220,10 @@ func (ix *Index) withMask(h uint64, slot uint32, m uint8) uint64 {
 		}
 	}
 	ent := ix.entBuf[:0]
+	var base *hset
 	if h&ovfFlag != 0 {
-		ent = append(ent, ix.setOf(h).ent...)
+		base = ix.setOf(h)
+		ent = append(ent, base.ent...)
 	} else {
 		for _, e := range [2]uint32{uint32(h), uint32(h >> 32)} {
 			if e != 0 {
@@ -206,12 +236,19 @@ func (ix *Index) withMask(h uint64, slot uint32, m uint8) uint64 {
 	}
 	i, found := slices.BinarySearchFunc(ent, slot, func(e, s uint32) int { return int(e>>4) - int(s) })
 	ne := slot<<4 | uint32(m)
+	var hash uint64
+	if base != nil {
+		hash = base.hash
+	}
 	switch {
 	case found && m == 0:
+		hash -= entMix(ent[i])
 		ent = slices.Delete(ent, i, i+1)
 	case found:
+		hash += entMix(ne) - entMix(ent[i])
 		ent[i] = ne
 	case m != 0:
+		hash += entMix(ne)
 		ent = slices.Insert(ent, i, ne)
 	}
 	ix.entBuf = ent
@@ -223,7 +260,10 @@ func (ix *Index) withMask(h uint64, slot uint32, m uint8) uint64 {
 	case 2:
 		out = uint64(ent[0]) | uint64(ent[1])<<32
 	default:
-		out = ix.intern(ent)
+		if base == nil {
+			hash = entHash(ent)
+		}
+		out = ix.intern(ent, hash, base, slot)
 	}
 	if (h|out)&ovfFlag != 0 {
 		ix.memo = transition{from: h, to: out, slot: slot, m: m}

@@ -165,9 +165,8 @@ type wstate struct {
 
 // view is the readers' copy of the worker table.
 type view struct {
-	keys   []kv.WorkerKey // by slot
+	keys   []kv.WorkerKey // by slot; may share its array with later views (see publishView)
 	slotOf []uint32       // by rank (ascending WorkerKey)
-	rankOf []uint32       // by slot
 	words  int            // 64-slot words covering every slot
 	live   []uint64       // bitset of the slots in slotOf
 }
@@ -193,6 +192,7 @@ type Index struct {
 	entBuf        []uint32
 	workers       map[kv.WorkerKey]*wstate
 	slots         []*wstate
+	keys          []kv.WorkerKey // by slot: the views' keys, appended to in place
 	freeSlots     []uint32
 	order         []uint32 // the live slots by ascending worker key (the next view's slotOf)
 	cand          []uint32 // nodes that may have become empty during an event
@@ -611,7 +611,7 @@ func (ix *Index) worker(w kv.WorkerKey, create bool) *wstate {
 	}
 	ix.workers[w] = ws
 	ix.order = slices.Insert(ix.order, ix.rankIn(w), ws.slot)
-	ix.publishView()
+	ix.publishView(ws.slot, true)
 	return ws
 }
 
@@ -620,21 +620,32 @@ func (ix *Index) rankIn(w kv.WorkerKey) int {
 	return sort.Search(len(ix.order), func(i int) bool { return !less(ix.slots[ix.order[i]].key, w) })
 }
 
-// publishView gives readers a fresh view of the worker table. ix.order is
-// kept sorted as workers come and go, so a view costs copies, no sort: at
-// thousands of workers a sort per new worker dominated the whole replay.
-func (ix *Index) publishView() {
-	n := len(ix.slots)
-	v := &view{keys: make([]kv.WorkerKey, n), rankOf: make([]uint32, n), words: (n + 63) / 64, slotOf: slices.Clone(ix.order)}
-	for s, ws := range ix.slots {
-		if ws != nil {
-			v.keys[s] = ws.key
+// publishView gives readers a fresh view of the worker table after slot
+// joined (on) or left it. ix.order is kept sorted as workers come and go,
+// so a view costs a copy of it and of the live bitset, no sort and no pass
+// over the workers: at thousands of workers first a sort per new worker,
+// then rebuilding every per-slot array dominated the whole replay. Keys
+// are appended in place: an older view's slice ends before a new slot, so
+// its reader never sees it change; a reused slot gets a fresh copy.
+func (ix *Index) publishView(slot uint32, on bool) {
+	old := ix.vw.Load()
+	if on {
+		key := ix.slots[slot].key
+		if int(slot) < len(ix.keys) {
+			ix.keys = slices.Clone(ix.keys)
+			ix.keys[slot] = key
+		} else {
+			ix.keys = append(ix.keys, key)
 		}
 	}
+	n := len(ix.keys)
+	v := &view{keys: ix.keys[:n:n], words: (n + 63) / 64, slotOf: slices.Clone(ix.order)}
 	v.live = make([]uint64, v.words)
-	for r, s := range v.slotOf {
-		v.live[s>>6] |= 1 << (s & 63)
-		v.rankOf[s] = uint32(r)
+	copy(v.live, old.live)
+	if on {
+		v.live[slot>>6] |= 1 << (slot & 63)
+	} else {
+		v.live[slot>>6] &^= 1 << (slot & 63)
 	}
 	ix.vw.Store(v)
 }
@@ -1032,7 +1043,7 @@ func (ix *Index) RemoveWorker(w kv.WorkerKey) {
 	ix.order = slices.Delete(ix.order, r, r+1)
 	ix.slots[ws.slot] = nil
 	ix.freeSlots = append(ix.freeSlots, ws.slot)
-	ix.publishView()
+	ix.publishView(ws.slot, false)
 }
 
 // BlockCounts returns how many blocks w holds on each tier.

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 
@@ -388,5 +389,54 @@ func TestHostileInputNeverPanics(t *testing.T) {
 	s := ix.Stats()
 	if s.RemoveUnknown == 0 || s.UnknownWorkerCleared != 1 || s.BadTier != 1 || s.BadKind != 1 || s.Rebound == 0 {
 		t.Fatalf("stats %+v", s)
+	}
+}
+
+// Sharded merges wide answers (many workers holding a shared prefix, to
+// different depths and on different tiers): as workers join, leave and
+// rejoin in reused slots of several shards, its answers stay those of one
+// Index fed the same events, which the reference model proves elsewhere.
+func TestShardedWideAnswersMatchOneIndex(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 7))
+	sh, one := NewSharded(3, Config{}), New()
+	prefix := make([]kv.StoredBlock, 12)
+	query := make([]kv.LocalHash, 16)
+	for i := range prefix {
+		prefix[i] = kv.StoredBlock{EngineHash: kv.EngineHash(1000 + i), LocalHash: kv.LocalHash(5000 + i)}
+		query[i] = prefix[i].LocalHash
+	}
+	for i := len(prefix); i < len(query); i++ {
+		query[i] = kv.LocalHash(r.Uint64())
+	}
+	var live []kv.WorkerKey
+	wide := 0
+	for step := 0; step < 600; step++ {
+		switch {
+		case len(live) > 0 && r.IntN(5) == 0:
+			k := r.IntN(len(live))
+			sh.RemoveWorker(live[k])
+			one.RemoveWorker(live[k])
+			live = slices.Delete(live, k, k+1)
+		default:
+			w := kv.WorkerKey{Instance: r.Uint64N(400), DPRank: uint32(r.IntN(3))}
+			// Each stores a part of the prefix on a tier of its own, so
+			// the workers drop out at different depths and tiers.
+			ev := kv.Stored(w, kv.Tier(r.IntN(kv.NumTiers)), nil, prefix[:1+r.IntN(len(prefix))])
+			sh.Apply(ev)
+			one.Apply(ev)
+			if !slices.Contains(live, w) {
+				live = append(live, w)
+			}
+		}
+		got, want := sh.FindMatches(query, nil), one.FindMatches(query, nil)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d: sharded %v\n want %v", step, got, want)
+		}
+		if len(got) >= 64 {
+			wide++
+		}
+	}
+	if wide < 100 {
+		t.Fatalf("only %d answers of 64 workers or more: the test is not about wide answers", wide)
 	}
 }

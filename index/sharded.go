@@ -22,7 +22,7 @@ type Sharded struct {
 	merge  sync.Pool // *mergeScratch
 }
 
-type mergeScratch struct{ a, b []Match }
+type mergeScratch struct{ a, b, c []Match }
 
 // NewSharded returns n empty shards (at least one) tuned by cfg.
 func NewSharded(n int, cfg Config) *Sharded {
@@ -61,44 +61,64 @@ func (s *Sharded) BlockCounts(w kv.WorkerKey) [kv.NumTiers]int {
 // FindMatches is Index.FindMatches over every shard: one Match per worker
 // holding the query's first block, in ascending WorkerKey order. Each
 // shard's answer is read atomically as Index.FindMatches reads it; shards
-// are read one after another.
+// are read one after another, and the last merge writes into dst.
 func (s *Sharded) FindMatches(local []kv.LocalHash, dst []Match) []Match {
-	start := len(dst)
-	dst = s.shards[0].FindMatches(local, dst)
 	if len(s.shards) == 1 {
-		return dst
+		return s.shards[0].FindMatches(local, dst)
 	}
 	sc := s.merge.Get().(*mergeScratch)
-	for _, sh := range s.shards[1:] {
+	sc.a = s.shards[0].FindMatches(local, sc.a[:0])
+	for k, sh := range s.shards[1:] {
 		sc.b = sh.FindMatches(local, sc.b[:0])
-		if len(sc.b) == 0 {
-			continue
+		if k == len(s.shards)-2 {
+			dst = mergeMatches(dst, sc.a, sc.b)
+			break
 		}
-		sc.a = append(sc.a[:0], dst[start:]...)
-		dst = mergeMatches(dst[:start], sc.a, sc.b)
+		sc.c = mergeMatches(sc.c[:0], sc.a, sc.b)
+		sc.a, sc.c = sc.c, sc.a
 	}
 	s.merge.Put(sc)
 	return dst
 }
 
 // mergeMatches appends the union of a and b, both in ascending WorkerKey
-// order and disjoint, to dst in that order.
+// order and disjoint, to dst in that order. Workers of two shards
+// interleave at random, so the branch choosing a side mispredicts about
+// every other step whatever the loop looks like (a branch-free pick was
+// slower: its loads chain through the pick); this one at least writes
+// into a presized dst.
 func mergeMatches(dst, a, b []Match) []Match {
-	i, j := 0, 0
-	for i < len(a) && j < len(b) {
-		if less(a[i].Worker, b[j].Worker) {
-			dst = append(dst, a[i])
-			i++
-		} else {
-			dst = append(dst, b[j])
-			j++
+	n0 := len(dst)
+	dst = slices.Grow(dst, len(a)+len(b))[:n0+len(a)+len(b)]
+	out := dst[n0:]
+	i, j, k := 0, 0, 0
+	if len(a) > 0 && len(b) > 0 {
+		x, y := a[0].Worker, b[0].Worker
+		for {
+			if less(y, x) {
+				out[k] = b[j]
+				j++
+				k++
+				if j == len(b) {
+					break
+				}
+				y = b[j].Worker
+			} else {
+				out[k] = a[i]
+				i++
+				k++
+				if i == len(a) {
+					break
+				}
+				x = a[i].Worker
+			}
 		}
 	}
-	dst = append(dst, a[i:]...)
-	return append(dst, b[j:]...)
+	k += copy(out[k:], a[i:])
+	copy(out[k:], b[j:])
+	return dst
 }
 
-// Workers lists the workers of every shard, ascending.
 func (s *Sharded) Workers() []kv.WorkerKey {
 	var out []kv.WorkerKey
 	for _, sh := range s.shards {
