@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/mix"
 	"github.com/kvmesh/kvmesh/tracefile"
 )
 
@@ -46,6 +47,10 @@ type LoadConfig struct {
 	MaxInFlight int     // open-loop cap on requests in flight; default 4096
 	Requests    int     // stop after this many requests (0: the whole workload)
 	Seed        uint64  // Poisson arrivals and synthetic order
+	// Salt, when not 0, is mixed into every block id, so runs of different
+	// salts share no prompt prefix: each meets a cache cold for it (a
+	// ladder's steps against one server).
+	Salt uint64
 
 	IgnoreEOS bool  // send min_tokens = max_tokens and ignore_eos
 	Goodput   []SLO // SLOs a request must meet to count as good
@@ -292,6 +297,15 @@ func loadWorkload(c *LoadConfig) ([]loadItem, int, error) {
 	}
 	if c.Requests > 0 && len(items) > c.Requests {
 		items = items[:c.Requests]
+	}
+	if c.Salt != 0 {
+		// A xor with one value per salt keeps distinct ids distinct.
+		mix := mix.Mix64(c.Salt * mix.Golden)
+		for i := range items {
+			for j := range items[i].segs {
+				items[i].segs[j].ID ^= mix
+			}
+		}
 	}
 	if c.Rate > 0 {
 		poissonTimes(items, c.Rate, c.Seed)

@@ -45,6 +45,8 @@ type fakeOpenAI struct {
 	bodies []map[string]any
 	paths  []string
 	onReq  func(n int)
+	// metrics, when set, is the text of GET /metrics (a kvmesh server's).
+	metrics func() string
 }
 
 func newFake(t *testing.T, reply func(n int) fakeReply) *fakeOpenAI {
@@ -52,6 +54,13 @@ func newFake(t *testing.T, reply func(n int) fakeReply) *fakeOpenAI {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `{"object":"list","data":[{"id":"fake-model","object":"model"},{"id":"other"}]}`)
+	})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		if f.metrics == nil {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprint(w, f.metrics())
 	})
 	mux.HandleFunc("POST /v1/chat/completions", f.complete)
 	mux.HandleFunc("POST /v1/completions", f.complete)

@@ -104,6 +104,7 @@ func (c *Cluster) Warnings() []string {
 func (c *Cluster) generate(ctx context.Context, req *kv.GenerateRequest) (kv.TokenStream, error) {
 	base := router.Request{Model: req.Model, Tokens: req.Tokens, LoRA: req.LoRA, Salt: req.CacheSalt}
 	plan := router.NewLegPlan(base, c.cfg.Disagg)
+	plan.Queue = c.queue != nil
 	step := plan.Start(ctx, c.router)
 	var ans prefillAnswer
 	for {
@@ -153,11 +154,14 @@ func (c *Cluster) wholeStep(ctx context.Context, req *kv.GenerateRequest, plan *
 	return st, nil
 }
 
-// routeLeg routes step's leg in its span.
+// routeLeg routes step's leg in its span. With the router queue, a leg
+// whose pool admits no one waits there for a worker that does (a prefill
+// leg for a prefill worker, a decode leg, its prefill done, for a decode
+// worker), as the leg planner expects (LegPlan.Queue).
 func (c *Cluster) routeLeg(ctx context.Context, req *kv.GenerateRequest, step router.Step) (*router.Decision, error) {
 	rctx, sp := routeSpan(ctx, req, step.Leg, step.Path)
 	d, err := c.router.Route(rctx, step.Req)
-	if c.queue != nil && step.Leg == kv.LegWhole && errors.Is(err, kv.ErrAllBusy) {
+	if c.queue != nil && errors.Is(err, kv.ErrAllBusy) {
 		d, err = c.queue.await(rctx, step.Req)
 	}
 	endRoute(sp, d, err)

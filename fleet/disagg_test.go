@@ -135,7 +135,7 @@ func startPD(t *testing.T, np, nd, na int, ttl time.Duration) *pdFleet {
 }
 
 // startPDWith is startPD with every worker's config starting from wc.
-func startPDWith(t *testing.T, np, nd, na int, ttl time.Duration, wc worker.Config) *pdFleet {
+func startPDWith(t *testing.T, np, nd, na int, ttl time.Duration, wc worker.Config, opts ...func(*Config)) *pdFleet {
 	t.Helper()
 	_, nc, _ := controlPlane(t, 3*time.Second)
 	reg := prometheus.NewRegistry()
@@ -184,8 +184,12 @@ func startPDWith(t *testing.T, np, nd, na int, ttl time.Duration, wc worker.Conf
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.c, err = New(ctx, Config{NC: nc, Discovery: d, Models: []string{pdModel}, Registerer: reg,
-		Router: router.Config{Mode: router.ModeKV, Hints: true, MaxKVUsage: 0.9, InhibitFor: 100 * time.Millisecond}, Logger: slog.New(slog.DiscardHandler)})
+	cc := Config{NC: nc, Discovery: d, Models: []string{pdModel}, Registerer: reg,
+		Router: router.Config{Mode: router.ModeKV, Hints: true, MaxKVUsage: 0.9, InhibitFor: 100 * time.Millisecond}, Logger: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		o(&cc)
+	}
+	f.c, err = New(ctx, cc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,9 @@ import (
 	"github.com/kvmesh/kvmesh/router"
 )
 
-// liveQueue is the router queue of a live cluster (Config.Queue): a whole
-// request no worker admits (router.AdmitConfig) waits here, and a
+// liveQueue is the router queue of a live cluster (Config.Queue): a
+// request's leg (whole, or with P/D its prefill or decode leg) no worker
+// admits (router.AdmitConfig) waits here, and a
 // dispatcher offers the waiting ones to the router, in the queue's order,
 // whenever something may have freed capacity — a request arrived, or the
 // poll interval passed while any wait. Waiting requests are bound to no

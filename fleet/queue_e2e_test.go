@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
@@ -128,5 +130,50 @@ func TestLiveQueueThroughFrontend(t *testing.T) {
 	}
 	if waited != 2 {
 		t.Fatalf("kvmesh_router_queue_seconds counts %d waits, want 2 (the served ones)", waited)
+	}
+}
+
+// With P/D the queue holds prefill legs: the decode worker cannot prefill
+// alone (decode-only), and a booking the test holds keeps the only
+// prefill worker from admitting, so a request waits in the queue instead
+// of failing busy (a 503); once the booking ends its prefill leg runs and
+// its decode leg follows, with an aggregated engine's answer.
+func TestLiveQueuePrefillLeg(t *testing.T) {
+	f := startPDWith(t, 1, 1, 0, time.Minute, worker.Config{DecodeOnly: true}, func(c *Config) {
+		c.Queue = &router.QueueConfig{}
+		c.Router.Admit = &router.AdmitConfig{PrefillPasses: 1e-9, KVUsage: -1, Waiting: -1}
+	})
+	waitFor(t, 10*time.Second, "the decode worker registered decode-only", func() bool {
+		ws := f.c.router.Workers(pdModel, kv.RoleDecode)
+		return len(ws) == 1 && ws[0].DecodeOnly
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	hold, err := f.c.router.Route(ctx, router.PrefillLegRequest(router.Request{Model: pdModel, Tokens: make([]kv.Token, 64)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	depth := func() int {
+		f.c.queue.mu.Lock()
+		defer f.c.queue.mu.Unlock()
+		return f.c.queue.q.Len()
+	}
+	toks := prompt(40, 3000)
+	res := make(chan pdResult, 1)
+	go func() { res <- pdTurn(ctx, f.c, "queued", toks, 6) }()
+	waitFor(t, 10*time.Second, "the prefill leg queued", func() bool { return depth() == 1 })
+	if got := legsOf(f.prefill, "queued", kv.LegPrefill); len(got) != 0 {
+		t.Fatalf("the prefill leg reached the busy prefill worker")
+	}
+	hold.Done()
+	r := <-res
+	if r.err != nil || !slices.Equal(r.toks, reference(t, toks, 6)) {
+		t.Fatalf("queued request: %+v", r)
+	}
+	if pre, dec := legsOf(f.prefill, "queued", kv.LegPrefill), legsOf(f.decode, "queued", kv.LegDecode); len(pre) != 1 || len(dec) != 1 {
+		t.Fatalf("prefill legs %d, decode legs %d, want 1 each", len(pre), len(dec))
+	}
+	if n := testutil.Value(t, f.reg, "kvmesh_router_queue_seconds_count"); n != 1 {
+		t.Errorf("queue waits counted %v, want 1", n)
 	}
 }

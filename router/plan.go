@@ -26,6 +26,15 @@ import (
 // times (or run out), falls back to a local prefill; a lost prefill worker
 // is excluded and the leg retried on another. A prefill that answers with
 // the whole answer ends the request, else a decode leg follows.
+//
+// With a router queue (LegPlan.Queue), a leg whose pool cannot admit it
+// waits in the caller's queue instead of failing: the caller does not
+// report the busy answer (RouteFailed) but routes the same Step again when
+// a worker may admit it. The busy prefill pool's local-prefill fallback
+// then comes only from conditional disaggregation at Start, which also
+// plans a prefill leg when even the decode pool is busy (rather than
+// refusing), so a disaggregated request under overload waits for a
+// prefill worker, and its decode leg for a decode worker.
 
 // MaxPrefillTries bounds the prefill workers one request tries.
 const MaxPrefillTries = 3
@@ -108,6 +117,8 @@ type PlanView interface {
 // LegPlan is one request's planner. The zero value is not usable: make
 // one with NewLegPlan.
 type LegPlan struct {
+	// Queue: the caller holds busy legs in a router queue (see above).
+	Queue bool
 	cfg   DisaggConfig
 	base  Request
 	at    Step  // the step being carried out
@@ -137,6 +148,10 @@ func (l *LegPlan) Start(ctx context.Context, v PlanView) Step {
 	switch {
 	case err != nil && p.Agg > 0:
 		return l.whole(PathAggregated, "")
+	case err != nil && l.Queue && errors.Is(err, kv.ErrAllBusy):
+		// Every decode worker is busy: the prefill leg goes first (or
+		// waits for a prefill worker); its decode leg waits its turn.
+		return l.prefill(false)
 	case err != nil:
 		return l.routeFail(err)
 	case choice.Path == PathLocalPrefill:

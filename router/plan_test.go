@@ -69,6 +69,17 @@ func TestLegPlanStartFails(t *testing.T) {
 	if _, s := start(fakeView{sizes: pd, err: busy}); s.Do != ActFail || !s.RouterErr || s.Err != busy {
 		t.Errorf("decode pool busy: %+v", s)
 	}
+	// With a router queue the request goes on to its prefill leg (which
+	// waits for a prefill worker when that pool is busy too); other
+	// failures still fail.
+	l := NewLegPlan(Request{Model: "m", Tokens: prompt(1, 40)}, DisaggConfig{})
+	l.Queue = true
+	if s := l.Start(context.Background(), fakeView{sizes: pd, err: busy}); s.Do != ActRoute || s.Leg != kv.LegPrefill || s.Req.Role != kv.RolePrefill {
+		t.Errorf("queued, decode pool busy: %+v", s)
+	}
+	if s := l.Start(context.Background(), fakeView{sizes: pd, err: kv.ErrNoWorkers}); s.Do != ActFail || !errors.Is(s.Err, kv.ErrNoWorkers) {
+		t.Errorf("queued, decode pool gone: %+v", s)
+	}
 }
 
 // A prefill leg: answered with more to do is a decode leg, answered whole

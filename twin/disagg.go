@@ -86,7 +86,8 @@ type pdReq struct {
 	release func()       // unpins the prompt's blocks on the prefill core
 	pinned  int
 	dstW    int
-	at      int64 // when the decode leg reaches its core
+	step    router.Step // the decode leg's step
+	at      int64       // when the decode leg reaches its core
 	n       uint64
 }
 
@@ -94,6 +95,7 @@ type pdReq struct {
 type pdState struct {
 	agg, pre, dec int // pool sizes; ws is [agg | pre | dec]
 	pending       handoffHeap
+	waitDecode    []*pdReq // decode legs waiting in the router queue
 	n             uint64
 	cur           *pdReq // the handoff being added (read by the decode Fetcher)
 	pinned        int64
@@ -170,28 +172,61 @@ func (t *twin) setupCore(i int, sc *sim.Config, info *router.WorkerInfo, hints b
 
 // arrivePD serves trace request i (prompt plen tokens, routed as rr) the
 // way the shared leg planner (router.LegPlan) says, as the fleet does.
+// With the router queue a leg no worker admits waits there (routePD), and
+// a request arriving while others wait queues behind them.
 func (t *twin) arrivePD(ctx context.Context, i int, atNS int64, plen int, rr router.Request, tail []kv.Token) error {
 	rq := &t.wl.Requests[i]
 	st := &t.reqs[i]
 	st.arrival = t.at(atNS)
 	st.er = engine.Request{ID: strconv.Itoa(rq.Line), Sampling: kv.Sampling{MaxTokens: max(rq.OutputLength, 1), Seed: rng64(t.cfg.Seed, i)}}
-	prompt := sim.Prompt{Len: plen, Local: rr.Local, Tail: tail}
 	plan := router.NewLegPlan(rr, t.pd.policy)
-	step := plan.Start(ctx, t.r)
-	for step.Do == router.ActRoute {
-		d, err := t.r.Route(ctx, step.Req)
-		if err != nil {
-			step = plan.RouteFailed(err)
-			continue
-		}
-		if step.Leg == kv.LegPrefill {
-			t.startPrefill(plan, d, st, prompt, atNS)
-			return nil
-		}
-		t.startWhole(step, d, st, prompt, atNS)
+	plan.Queue = t.q != nil
+	q := queued{i: i, plen: plen, rr: rr, arrNS: atNS, plan: &plan, prompt: sim.Prompt{Len: plen, Local: rr.Local, Tail: tail}}
+	if t.q != nil && t.q.Len() > 0 {
+		t.push(q)
+		return t.dispatch(ctx, atNS)
+	}
+	err := t.routePD(ctx, &q, atNS)
+	if t.q != nil && errors.Is(err, kv.ErrAllBusy) {
+		t.push(q)
 		return nil
 	}
-	return t.routeFailed(step.Err, atNS, rq.Line)
+	if err != nil {
+		return t.routeFailed(err, atNS, rq.Line)
+	}
+	return nil
+}
+
+// routePD drives q's leg plan from its step (starting the plan first if
+// it has not) until a leg starts (nil) or the plan fails (its error). With
+// the router queue, a leg whose pool admits no one returns the router's
+// busy answer and q.step stays that leg, to be routed again.
+func (t *twin) routePD(ctx context.Context, q *queued, nowNS int64) error {
+	if q.step.Do == 0 {
+		q.step = q.plan.Start(ctx, t.r)
+	}
+	for q.step.Do == router.ActRoute {
+		q.step.Req.Aged = q.rr.Aged
+		d, err := t.r.Route(ctx, q.step.Req)
+		if err != nil {
+			if t.q != nil && errors.Is(err, kv.ErrAllBusy) {
+				return err
+			}
+			q.step = q.plan.RouteFailed(err)
+			continue
+		}
+		st := &t.reqs[q.i]
+		if q.step.Leg == kv.LegPrefill {
+			t.startPrefill(*q.plan, d, st, q.prompt, nowNS)
+		} else {
+			t.startWhole(q.step, d, st, q.prompt, nowNS)
+		}
+		if t.q != nil {
+			t.qwait = append(t.qwait, ms(time.Duration(nowNS-q.arrNS)))
+		}
+		return nil
+	}
+	return q.step.Err
 }
 
 // startWhole adds a request served in one leg (aggregated, or prefilled
@@ -300,21 +335,42 @@ func (t *twin) prefillDone(p *pdReq, o *sim.Output, now time.Time, nowNS int64) 
 	t.pd.pinned += int64(p.pinned)
 	t.res.Paths.PinnedPeak = max(t.res.Paths.PinnedPeak, t.pd.pinned)
 
+	p.step = step
 	t.syncClock()
 	d, err := t.r.Route(context.Background(), step.Req)
-	if err != nil {
-		err = p.plan.RouteFailed(err).Err
-		// Lost between the legs: a 503 when every decode worker is busy.
-		t.unpin(p)
-		st.pd, st.seq = nil, nil
-		var be *kv.BusyError
-		if errors.As(err, &be) {
-			t.reject(&t.res.RejectedBusy, nowNS+int64(be.RetryAfter), "")
-		} else {
-			t.reject(&t.res.RejectedInvalid, nowNS, "decode leg of request "+st.er.ID+": "+err.Error())
-		}
+	if err != nil && t.q != nil && errors.Is(err, kv.ErrAllBusy) {
+		// The router queue holds the decode leg (its blocks stay pinned)
+		// until a decode worker admits it.
+		t.pd.waitDecode = append(t.pd.waitDecode, p)
+		t.res.Queue.DecodeQueued++
 		return
 	}
+	if err != nil {
+		t.decodeFailed(p, err, nowNS)
+		return
+	}
+	t.handoff(p, d, nowNS)
+}
+
+// decodeFailed gives up a disaggregated request whose decode leg could
+// not be routed (err): a 503 when every decode worker is busy.
+func (t *twin) decodeFailed(p *pdReq, err error, nowNS int64) {
+	st := p.st
+	err = p.plan.RouteFailed(err).Err
+	t.unpin(p)
+	st.pd, st.seq = nil, nil
+	var be *kv.BusyError
+	if errors.As(err, &be) {
+		t.reject(&t.res.RejectedBusy, nowNS+int64(be.RetryAfter), "")
+	} else {
+		t.reject(&t.res.RejectedInvalid, nowNS, "decode leg of request "+st.er.ID+": "+err.Error())
+	}
+}
+
+// handoff schedules p's decode leg, routed by d at nowNS: it reaches its
+// core when the modelled pull of the blocks it lacks ends.
+func (t *twin) handoff(p *pdReq, d *router.Decision, nowNS int64) {
+	st := p.st
 	st.dec = d
 	p.dstW = int(d.Worker.Instance) - 1
 	held := 0
@@ -329,6 +385,27 @@ func (t *twin) prefillDone(p *pdReq, o *sim.Output, now time.Time, nowNS int64) 
 	p.n = t.pd.n
 	t.pd.n++
 	heap.Push(&t.pd.pending, p)
+}
+
+// dispatchDecodes routes the decode legs waiting for a decode worker, in
+// the order their prefills ended; the busy ones stay.
+func (t *twin) dispatchDecodes(nowNS int64) {
+	w := t.pd.waitDecode
+	k := 0
+	for _, p := range w {
+		d, err := t.r.Route(context.Background(), p.step.Req)
+		switch {
+		case err != nil && errors.Is(err, kv.ErrAllBusy):
+			w[k] = p
+			k++
+		case err != nil:
+			t.decodeFailed(p, err, nowNS)
+		default:
+			t.handoff(p, d, nowNS)
+		}
+	}
+	clear(w[k:])
+	t.pd.waitDecode = w[:k]
 }
 
 func msToDur(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }

@@ -71,9 +71,9 @@ func (t *twin) loop(ctx context.Context) error {
 			continue
 		}
 		if cw < 0 {
-			if t.q != nil && t.q.Len() > 0 {
+			if t.waiting() {
 				// An idle fleet admits anything; only a bug leaves requests here.
-				return fmt.Errorf("twin: %d requests left in the router queue with every worker idle", t.q.Len())
+				return fmt.Errorf("twin: requests left in the router queue with every worker idle")
 			}
 			return nil
 		}
@@ -205,7 +205,7 @@ func (t *twin) workerEvent(ctx context.Context, w int) error {
 		}
 		wk.lastNS, wk.reported = nowNS, true
 		wk.ver++
-		if t.q != nil && t.q.Len() > 0 {
+		if t.waiting() {
 			return t.dispatch(ctx, nowNS) // the report may let it admit
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 
+	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/tracefile"
@@ -28,6 +29,9 @@ type QueueStats struct {
 	Queued   int  `json:"queued"`
 	MaxDepth int  `json:"max_depth"`
 	Wait     Dist `json:"wait_ms"`
+	// DecodeQueued (P/D) counts the decode legs that waited for a decode
+	// worker after their prefill (their wait is in their TTFT, not Wait).
+	DecodeQueued int `json:"decode_queued,omitempty"`
 }
 
 // queued is one waiting trace request.
@@ -41,17 +45,30 @@ type queued struct {
 	// changes, asking again would get the same answer.
 	waitW   int
 	waitVer uint64
+	// P/D: the request's leg plan and the step it waits to route (Do 0:
+	// not started: the plan starts at dispatch, with the fleet's state
+	// then), and its prompt for the sim.
+	plan   *router.LegPlan
+	step   router.Step
+	prompt sim.Prompt
 }
 
 // enqueue holds trace request i (router request rr of plen tokens,
 // arrived at atNS) in the router queue, or rejects it past the limit.
 func (t *twin) enqueue(i, plen int, rr router.Request, atNS int64) {
-	if rr.Tokens != nil {
-		rr.Tokens = slices.Clone(rr.Tokens) // the prompt buffer is the next arrival's
+	t.push(queued{i: i, plen: plen, rr: rr, arrNS: atNS, waitW: -1})
+}
+
+// push holds q in the router queue, or rejects it past the limit.
+func (t *twin) push(q queued) {
+	if q.rr.Tokens != nil {
+		q.rr.Tokens = slices.Clone(q.rr.Tokens) // the prompt buffer is the next arrival's
 	}
+	q.waitW = -1
+	atNS := q.arrNS
 	// WSPT's work: the prompt's tokens (the router predicts its cached
 	// part only when it routes).
-	if _, err := t.q.Push(queued{i: i, plen: plen, rr: rr, arrNS: atNS, waitW: -1}, t.at(atNS), float64(plen), 0); err != nil {
+	if _, err := t.q.Push(q, t.at(atNS), float64(q.plen), 0); err != nil {
 		t.reject(&t.res.RejectedBusy, atNS, "router queue full")
 		return
 	}
@@ -63,11 +80,15 @@ func (t *twin) enqueue(i, plen int, rr router.Request, atNS int64) {
 // that admit them; one whose best worker is busy stays, and those behind
 // it (up to the queue's lookahead) still go.
 func (t *twin) dispatch(ctx context.Context, nowNS int64) error {
-	if t.q == nil || t.q.Len() == 0 {
+	if t.q == nil || !t.waiting() {
 		return nil
 	}
 	t.syncClock()
-	if !t.r.Admitting(model, "") {
+	if t.pd != nil {
+		// Decode legs first: their prefill is done and holds its blocks.
+		t.dispatchDecodes(nowNS)
+	}
+	if t.q.Len() == 0 || !t.admitting() {
 		return nil
 	}
 	var ferr error
@@ -80,7 +101,13 @@ func (t *twin) dispatch(ctx context.Context, nowNS int64) error {
 		if q.waitW >= 0 && t.ws[q.waitW].ver == q.waitVer {
 			return false, false
 		}
-		d, err := t.r.Route(ctx, q.rr)
+		var d *router.Decision
+		var err error
+		if q.plan != nil {
+			err = t.routePD(ctx, q, nowNS)
+		} else {
+			d, err = t.r.Route(ctx, q.rr)
+		}
 		var we *router.WaitError
 		if errors.As(err, &we) {
 			q.waitW = int(we.Worker.Instance) - 1
@@ -94,6 +121,9 @@ func (t *twin) dispatch(ctx context.Context, nowNS int64) error {
 		if err != nil {
 			ferr = t.routeFailed(err, nowNS, rq.Line)
 			return true, ferr != nil
+		}
+		if q.plan != nil {
+			return true, false // routePD started its leg
 		}
 		if t.prompt.ph == nil {
 			// start reads the prompt's tail from the buffer: refill it.
@@ -122,4 +152,20 @@ func (t *twin) route(ctx context.Context, i int, rq *tracefile.Request, plen int
 		return t.routeFailed(err, atNS, rq.Line)
 	}
 	return t.start(i, rq, plen, d, atNS, atNS)
+}
+
+// waiting reports whether anything waits for a worker: the queue, or
+// (P/D) decode legs.
+func (t *twin) waiting() bool {
+	return t.q != nil && (t.q.Len() > 0 || (t.pd != nil && len(t.pd.waitDecode) > 0))
+}
+
+// admitting reports whether some pool a queued request routes to could
+// admit one now (router.Admitting): when none can, a dispatch would place
+// nothing.
+func (t *twin) admitting() bool {
+	if t.pd == nil {
+		return t.r.Admitting(model, "")
+	}
+	return t.pd.agg > 0 && t.r.Admitting(model, "") || t.r.Admitting(model, kv.RolePrefill) || t.r.Admitting(model, kv.RoleDecode)
 }

@@ -61,10 +61,39 @@ func TestRouterQueueLimit(t *testing.T) {
 func TestRouterQueueConfig(t *testing.T) {
 	for _, c := range []Config{
 		{Queue: &Queue{QueueConfig: router.QueueConfig{Policy: "lifo"}}},
-		{Queue: &Queue{}, PrefillWorkers: 1, DecodeWorkers: 1},
+		{Queue: &Queue{QueueConfig: router.QueueConfig{Limit: -1}}, PrefillWorkers: 1, DecodeWorkers: 1},
 	} {
 		if _, err := c.Normalize(); err == nil {
 			t.Errorf("%+v: no error", c)
 		}
+	}
+}
+
+// TestRouterQueuePD overloads a 1+1 P/D fleet with the slice: with the
+// queue every request waits for its legs' workers and completes, prefill
+// legs and decode legs both having waited, and the engines preempt and
+// the decode legs recompute less than when everything is piled on them.
+func TestRouterQueuePD(t *testing.T) {
+	wl := loadSlice(t)
+	c := Config{Mode: "kv", PrefillWorkers: 1, DecodeWorkers: 1, Blocks: 2048, Seed: 5, ArrivalSpeedup: 64}
+	off := run(t, wl, c)
+	c.Queue = &Queue{}
+	on := run(t, wl, c)
+	checkResult(t, on)
+	q, ps := on.Queue, on.Paths
+	if on.Requests != 300 || on.RejectedBusy != 0 {
+		t.Fatalf("with the queue: %d completed, %d refused", on.Requests, on.RejectedBusy)
+	}
+	if q.Queued == 0 || q.Wait.N != 300 || q.DecodeQueued == 0 {
+		t.Fatalf("the overload queued no leg: %+v", q)
+	}
+	if ps.Disagg == 0 || ps.Handoffs == 0 || ps.Disagg+ps.LocalPrefill != 300 {
+		t.Fatalf("paths %+v", ps)
+	}
+	if on.TTFT.Mean < q.Wait.Mean {
+		t.Fatalf("mean TTFT %.1f ms under the mean queue wait %.1f ms", on.TTFT.Mean, q.Wait.Mean)
+	}
+	if off.Preemptions == 0 || on.Preemptions >= off.Preemptions || on.Paths.Recomputes >= off.Paths.Recomputes {
+		t.Errorf("preemptions %d → %d, recomputes %d → %d with the queue", off.Preemptions, on.Preemptions, off.Paths.Recomputes, on.Paths.Recomputes)
 	}
 }

@@ -135,7 +135,7 @@ type Config struct {
 	// (router.DisaggConfig: defaults 2048 and 0.7; negative tokens: never
 	// local for length).
 	// Queue, when set, puts the router queue with admission in front of
-	// the workers (aggregated fleets only; queue.go).
+	// the workers (queue.go; with P/D it holds the legs, disagg.go).
 	Queue *Queue `json:"queue,omitempty"`
 
 	PrefillWorkers     int     `json:"prefill_workers,omitempty"`
@@ -218,9 +218,6 @@ func (c Config) Normalize() (Config, error) {
 		return c, errors.New("twin: busy thresholds must not be negative")
 	}
 	if c.Queue != nil {
-		if pd {
-			return c, errors.New("twin: the router queue runs on aggregated fleets only (not yet with --prefill-workers/--decode-workers)")
-		}
 		if _, err := router.NewQueue[struct{}](c.Queue.QueueConfig); err != nil {
 			return c, fmt.Errorf("twin: %w", err)
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvmesh/kvmesh/bench"
+	"github.com/kvmesh/kvmesh/twin"
 )
 
 func init() { benchCmd.AddCommand(newBenchLoadCmd()) }
@@ -24,6 +26,9 @@ func newBenchLoadCmd() *cobra.Command {
 		synthetic bool
 		syn       bench.SyntheticConfig
 		goodput   string
+		ladder    string
+		ladderSLO float64
+		ladderTag string
 	)
 	cmd := &cobra.Command{
 		Use:   "load --url http://HOST:PORT/v1 (--trace PATH | --synthetic) [--concurrency C | --rate R]",
@@ -50,7 +55,17 @@ ttft_cdf.svg and latency_over_time.svg. Against a kvmesh server whose
 reports where the server's time went: each stage of its request path
 (kvmesh_request_stage_seconds) over the run, p50 and p99. The last stdout line is
 "load: requests=N ok=K ttft_p50_ms=... ttft_p99_ms=... itl_p50_ms=...
-output_tok_s=... goodput=...". It exits 1 when no request succeeded.`,
+output_tok_s=... goodput=...". It exits 1 when no request succeeded.
+
+--ladder 1,2,4,8 replays the trace once per speedup (ascending), each step
+with prompts of its own (a salt mixed into the block ids, so every step
+meets a cold cache, as each twin replay starts a fresh fleet), and prints
+the twin's ladder table for the server's mode (--ladder-mode names it):
+hit (the server's cached_tokens), reachable and the router queue's mean
+wait (from a kvmesh server's /metrics), TTFT p50/p90/p99/mean, req/s; then
+  load: capacity mode=<m> p90_ttft_le_ms=<slo> max_speedup=<x>
+the highest speedup whose p90 TTFT stayed under --ladder-slo-ms with every
+request served. With --out, step S writes its outputs to OUT/speedup-S.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if synthetic {
@@ -82,6 +97,9 @@ output_tok_s=... goodput=...". It exits 1 when no request succeeded.`,
 				<-ctx.Done()
 				stop()
 			}()
+			if ladder != "" {
+				return runLoadLadder(ctx, cmd, c, ladder, ladderTag, ladderSLO)
+			}
 			rep, err := bench.RunLoad(ctx, c, cmd.OutOrStdout())
 			if err != nil {
 				return err
@@ -123,7 +141,38 @@ output_tok_s=... goodput=...". It exits 1 when no request succeeded.`,
 	f.DurationVar(&c.Grace, "grace", 5*time.Second, "after Ctrl-C or --duration, how long in-flight requests may finish")
 	f.DurationVar(&c.ProgressEvery, "progress-every", 5*time.Second, "progress line interval when stderr is not a terminal")
 	f.StringVar(&c.OutDir, "out", "", "write report.json, requests.jsonl, summary.md and SVG plots here")
+	f.StringVar(&ladder, "ladder", "", "replay the trace once per speedup in this comma-separated list (e.g. 1,2,4,8) and print the capacity table")
+	f.Float64Var(&ladderSLO, "ladder-slo-ms", twin.DefaultLadderSLOMS, "ladder: a step is within capacity while its p90 TTFT stays under this (ms)")
+	f.StringVar(&ladderTag, "ladder-mode", "server", "ladder: the mode column, naming what the server runs (e.g. kv+queue)")
 	return cmd
+}
+
+// runLoadLadder runs `bench load --ladder`: a step per speedup, then the
+// table and the capacity line on stdout.
+func runLoadLadder(ctx context.Context, cmd *cobra.Command, c bench.LoadConfig, spec, mode string, sloMS float64) error {
+	speedups, err := twin.ParseLadder(spec)
+	if err != nil {
+		return fmt.Errorf("--ladder: %w", err)
+	}
+	if !(sloMS > 0) {
+		return fmt.Errorf("--ladder-slo-ms %v: want > 0", sloMS)
+	}
+	l, err := bench.RunLoadLadder(ctx, c, speedups, mode, sloMS, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	if err := l.WriteTable(cmd.OutOrStdout()); err != nil {
+		return err
+	}
+	for _, s := range l.Steps {
+		if s.Report.Interrupted != "" {
+			return errors.New("bench load interrupted (" + s.Report.Interrupted + "): the ladder above is partial")
+		}
+		if s.Report.Requests > 0 && s.Report.OK == 0 {
+			return fmt.Errorf("bench load: ladder speedup %g: none of %d requests succeeded (errors: %s)", s.Speedup, s.Report.Requests, errorKinds(s.Report.Errors))
+		}
+	}
+	return nil
 }
 
 // errorKinds lists error counts by kind, most frequent first.

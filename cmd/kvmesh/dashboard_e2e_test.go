@@ -42,7 +42,7 @@ func browserPath(t *testing.T) string {
 func TestDashboardInBrowser(t *testing.T) {
 	browser := browserPath(t)
 	const workers = 3
-	s := startServe(t, "--workers", fmt.Sprint(workers), "--speedup-ratio", "20")
+	s := startServe(t, "--workers", fmt.Sprint(workers), "--speedup-ratio", "20", "--router-queue", "on")
 	defer s.stop(t)
 	root := strings.TrimSuffix(s.base, "/v1")
 
@@ -170,6 +170,22 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	if legend := text("#chart-hit .legend"); !strings.Contains(legend, "achieved") || !strings.Contains(legend, "predicted") || strings.Contains(legend, "achieved –") {
 		t.Errorf("hit ratio chart legend: %q", legend)
+	}
+	// The router queue (serve --router-queue on) beside the engines'
+	// queues; routing regret per model, its line the served model's.
+	if legend := text("#chart-queue .legend"); !strings.Contains(legend, "waiting on engines") || !strings.Contains(legend, "in the router queue") || strings.Contains(legend, "seconds") {
+		t.Errorf("queue chart legend: %q", legend)
+	}
+	// Regret has a point for each poll whose interval routed a reachable
+	// prefix: at least one during the load, however fast it ran.
+	if pts := drawn(); pts["chart-regret"] < 1 {
+		t.Errorf("routing regret chart: %v points, want at least 1", pts["chart-regret"])
+	}
+	if legend := text("#chart-regret .legend"); legend == "" || strings.Contains(legend, "–") {
+		t.Errorf("routing regret chart legend: %q", legend)
+	}
+	if r := text("#router"); !regexp.MustCompile(`prefix routed / reachable \(\S+\)\s*\d+\.\d %`).MatchString(r) || !strings.Contains(r, "in the router queue now") {
+		t.Errorf("router panel without the regret or the queue: %q", r)
 	}
 	time.Sleep(1500 * time.Millisecond) // a poll after the load's last request
 	workerReqs, err := chromedp.Run(ctx, chromedp.Evaluate[int](`(() => {

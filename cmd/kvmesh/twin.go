@@ -79,13 +79,15 @@ mode and prints one row per speedup and mode (hit, reachable, TTFT
 p50/p90/p99/mean, req/s, preemptions), then per mode
   twin: capacity mode=<m> p90_ttft_le_ms=<slo> max_speedup=<x>
 the highest speedup whose p90 TTFT stays under --ladder-slo-ms (0: none).
---router-queue on puts the router's queue in front of an aggregated fleet:
+--router-queue on puts the router's queue in front of the fleet:
 a worker is sent a request only while it can admit it (--admit-kv-usage,
 --admit-prefill-passes, --admit-waiting, each relative to the worker's own
 capacity); the rest wait in the router (--router-queue-policy fcfs, wspt or
 priority; --router-queue-limit; --router-queue-max-wait, the age bound) and
 are routed when a worker frees capacity, kv modes waiting for the worker
-that holds their prefix. The wait is part of TTFT and is reported on its own
+that holds their prefix. With P/D it holds legs: a request whose prefill
+(or local prefill) no worker admits waits for one, and a decode leg whose
+decode pool is full waits after its prefill, its blocks pinned. The wait is part of TTFT and is reported on its own
 (queue_wait_mean_ms= in the last line). Off by default, which reproduces
 the runs without it byte for byte.
 Malformed trace lines are reported with their line numbers and skipped

@@ -34,6 +34,16 @@ func (h Hist) Total() uint64 {
 // Scrape reads the stage histogram from a Prometheus text endpoint. A
 // server without the family gives an empty snapshot and no error.
 func Scrape(ctx context.Context, c *http.Client, url, bearer string) (Snapshot, error) {
+	fams, err := Families(ctx, c, url, bearer)
+	if err != nil {
+		return nil, err
+	}
+	return fromFamily(fams[Metric]), nil
+}
+
+// Families reads every metric family of a Prometheus text endpoint (a
+// /metrics URL), sending bearer as a bearer token when set.
+func Families(ctx context.Context, c *http.Client, url, bearer string) (map[string]*dto.MetricFamily, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
@@ -56,7 +66,7 @@ func Scrape(ctx context.Context, c *http.Client, url, bearer string) (Snapshot, 
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", url, err)
 	}
-	return fromFamily(fams[Metric]), nil
+	return fams, nil
 }
 
 func fromFamily(f *dto.MetricFamily) Snapshot {

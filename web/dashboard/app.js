@@ -14,6 +14,8 @@ const charts = {
   hit: new Chart("chart-hit", { unit: " %", max: 100 }),
   kv: new Chart("chart-kv", { unit: " %", max: 100 }),
   queue: new Chart("chart-queue"),
+  qwait: new Chart("chart-qwait", { unit: " ms" }),
+  regret: new Chart("chart-regret", { unit: " %", max: 100 }),
   hints: new Chart("chart-hints", { unit: "/s" }),
 };
 
@@ -28,6 +30,28 @@ function sum(snap, name, pred) {
     if (!pred || pred(s.labels || {})) v += (s.value !== undefined ? s.value : s.count || 0);
   }
   return v;
+}
+
+// histMean is the mean of a histogram's observations between two
+// snapshots (Δsum / Δcount over its series), NaN when none arrived.
+function histMean(snap, old, name) {
+  const tot = (sn, f) => (sn && sn.metrics[name] || []).reduce((n, s) => n + (s[f] || 0), 0);
+  const n = tot(snap, "count") - tot(old, "count");
+  return n > 0 ? (tot(snap, "sum") - tot(old, "sum")) / n : NaN;
+}
+
+// prefixByModel is kvmesh_router_prefix_tokens_total per model: the tokens
+// the chosen workers held (routed) and the most any eligible worker held
+// (reachable), the router's regret being their gap.
+function prefixByModel(snap) {
+  const out = new Map();
+  for (const s of (snap && snap.metrics.kvmesh_router_prefix_tokens_total) || []) {
+    const l = s.labels || {};
+    const m = out.get(l.model) || { routed: 0, reachable: 0 };
+    if (l.kind === "routed" || l.kind === "reachable") m[l.kind] += s.value || 0;
+    out.set(l.model, m);
+  }
+  return out;
 }
 
 // buckets merges a histogram family's cumulative buckets over its series.
@@ -193,6 +217,11 @@ function render(snap) {
     ["with a KV hint", int(sum(snap, "kvmesh_router_hints_planned_total"))],
     ["busy rejections", int(sum(snap, "kvmesh_router_busy_rejections_total"))],
     ["prompt tokens routed", int(isl)],
+    ...[...prefixByModel(snap)].map(([model, c]) => [`prefix routed / reachable (${model})`, c.reachable > 0 ? pct(c.routed / c.reachable) : "–"]),
+    ...(snap.metrics.kvmesh_router_queue_depth ? [
+      ["in the router queue now", int(sum(snap, "kvmesh_router_queue_depth"))],
+      ["router queue waits (mean)", `${int(sum(snap, "kvmesh_router_queue_seconds"))} (${ms(histMean(snap, null, "kvmesh_router_queue_seconds"))})`],
+    ] : []),
     ["migrations", int(sum(snap, "kvmesh_frontend_migrations_total"))],
   ]);
   const decisions = (snap.metrics.kvmesh_router_decisions_total || [])
@@ -304,9 +333,30 @@ function recordCharts(snap, ws, rate, hq, isErr) {
     charts.kv.record(t, `${w.instance}/${w.dp_rank}`, w.total_blocks > 0 ? 100 * w.used_blocks / w.total_blocks : NaN);
   }
   charts.queue.record(t, "waiting on engines", ws.reduce((n, w) => n + (w.waiting || 0), 0));
-  // A router-side queue, where the frontend exports one.
-  for (const name of Object.keys(snap.metrics)) {
-    if (name.startsWith("kvmesh_router_queue") && !name.endsWith("_total")) charts.queue.record(t, name.slice("kvmesh_router_".length).replace(/_/g, " "), sum(snap, name));
+  // The router's own queue, where the fleet runs one (--router-queue on):
+  // its depth beside the engines' queues, and the wait of the requests it
+  // dispatched in the interval (mean from the histogram's sum and count,
+  // p99 from its buckets).
+  if (snap.metrics.kvmesh_router_queue_depth) {
+    charts.queue.record(t, "in the router queue", sum(snap, "kvmesh_router_queue_depth"));
+  }
+  if (snap.metrics.kvmesh_router_queue_seconds) {
+    charts.qwait.fig.hidden = false;
+    if (prev) {
+      charts.qwait.record(t, "mean", 1000 * histMean(snap, prev, "kvmesh_router_queue_seconds"));
+      charts.qwait.record(t, "p99", 1000 * hq("kvmesh_router_queue_seconds", 0.99));
+    }
+  }
+  // Routing regret per model: the prefix tokens the chosen workers held
+  // over the most any eligible worker held, in the interval.
+  if (prev && snap.metrics.kvmesh_router_prefix_tokens_total) {
+    charts.regret.fig.hidden = false;
+    const now = prefixByModel(snap), then = prefixByModel(prev);
+    for (const [model, c] of now) {
+      const o = then.get(model) || { routed: 0, reachable: 0 };
+      const reach = c.reachable - o.reachable;
+      charts.regret.record(t, model, reach > 0 ? 100 * (c.routed - o.routed) / reach : NaN);
+    }
   }
   for (const chart of Object.values(charts)) if (!chart.fig.hidden) chart.draw(t);
 }
