@@ -47,6 +47,8 @@ func (f *fakeWorker) Generate(req *api.GenerateRequest, st api.Worker_GenerateSe
 		return fmt.Errorf("outer: %w", status.Error(codes.InvalidArgument, "bad"))
 	case "ctxerr":
 		return context.DeadlineExceeded
+	case "one":
+		return st.Send(&api.GenerateChunk{Tokens: []uint32{uint32(len(req.Tokens))}, FinishReason: "stop"})
 	case "early-eof":
 		return nil
 	case "metadata":
@@ -249,5 +251,52 @@ func TestLocalOnlyAtItsAddress(t *testing.T) {
 	pool.Forget(1)
 	if wc, _ := pool.Get(discovery.Instance{ID: 1, GRPCAddr: "127.0.0.1:1"}); fmt.Sprintf("%T", wc) != "workerclient.localClient" {
 		t.Errorf("after Forget: %T", wc)
+	}
+}
+
+// BenchmarkGenerateRoundTrip is one worker call of a 14k-token prompt
+// answered by one chunk, as the fleet makes it, over loopback gRPC and in
+// process: what reaching serve's own workers in process saves per request.
+func BenchmarkGenerateRoundTrip(b *testing.B) {
+	toks := make([]uint32, 14000)
+	for i := range toks {
+		toks[i] = uint32(i * 7919 % 200000)
+	}
+	for _, path := range []string{"grpc", "local"} {
+		b.Run(path, func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			f := &fakeWorker{}
+			srv := grpc.NewServer(grpc.MaxRecvMsgSize(MaxMessageBytes))
+			api.RegisterWorkerServer(srv, f)
+			go srv.Serve(ln)
+			defer srv.Stop()
+			pool := NewPool()
+			defer pool.Close()
+			in := discovery.Instance{ID: 1, GRPCAddr: ln.Addr().String()}
+			if path == "local" {
+				pool.AddLocal(Local{ID: 1, Addr: in.GRPCAddr, Service: f})
+			}
+			wc, err := pool.Get(in)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			var m api.GenerateChunk
+			for b.Loop() {
+				st, err := wc.Generate(context.Background(), &api.GenerateRequest{RequestId: "one", Tokens: toks})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := st.RecvMsg(&m); err != nil || len(m.Tokens) != 1 {
+					b.Fatal(err, m.Tokens)
+				}
+				if err := st.RecvMsg(&m); err != io.EOF {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
