@@ -63,6 +63,9 @@ type Config struct {
 	// (Router.Admit) in the router queue instead of answering busy
 	// (queue.go); it also turns on the router's routed-block credit.
 	Queue *router.QueueConfig
+	// Local are workers of this process (serve's), called directly
+	// rather than over gRPC while discovery lists them at their address.
+	Local []workerclient.Local
 }
 
 // replicaSyncScope names the replica-sync subject every frontend shares.
@@ -105,6 +108,9 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, index: index.New(), clients: workerclient.NewPool(fleetDialOptions(cfg)...),
 		feeds: map[string]*eventplane.Feed{}, dmet: newDisaggMetrics(), hintDrops: newHintDrops(), creds: newCredRefusals()}
+	for _, l := range cfg.Local {
+		c.clients.AddLocal(l)
+	}
 	rc := cfg.Router
 	if rc.Mode != router.ModeKVApprox {
 		// kv routes by it; round-robin and random measure their routing

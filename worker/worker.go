@@ -386,6 +386,13 @@ func (w *Worker) Addr() string {
 	return w.inst.GRPCAddr
 }
 
+// Local is how a fleet in this process reaches the worker without gRPC
+// (after Start): its service, called directly. It skips the fleet proof,
+// which only strangers on the network need.
+func (w *Worker) Local() workerclient.Local {
+	return workerclient.Local{ID: w.cfg.InstanceID, Addr: w.Addr(), Service: &server{w: w}}
+}
+
 // InstanceID names this worker.
 func (w *Worker) InstanceID() uint64 { return w.cfg.InstanceID }
 

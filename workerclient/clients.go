@@ -17,12 +17,14 @@ import (
 const MaxMessageBytes = 256 << 20
 
 // Pool keeps one gRPC connection per worker instance, redialled
-// when the instance's address changes. Safe for concurrent use.
+// when the instance's address changes, or calls a worker of this process
+// directly (AddLocal). Safe for concurrent use.
 type Pool struct {
 	mu     sync.Mutex
 	conns  map[uint64]*workerConn
 	closed bool
 	opts   []grpc.DialOption
+	local  map[uint64]localWorker // AddLocal's, by instance
 }
 
 type workerConn struct {
@@ -47,6 +49,9 @@ func (p *Pool) Get(in discovery.Instance) (api.WorkerClient, error) {
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil, errors.New("worker clients: closed")
+	}
+	if l, ok := p.local[in.ID]; ok && l.addr == in.GRPCAddr {
+		return l.wc, nil
 	}
 	if c := p.conns[in.ID]; c != nil {
 		if c.addr == in.GRPCAddr {

@@ -27,6 +27,7 @@ import (
 	"github.com/kvmesh/kvmesh/natsbus"
 	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 // frontendFlags are shared by `serve` and `frontend`.
@@ -62,6 +63,9 @@ type frontendFlags struct {
 	queue    queueFlags
 	// tracer traces requests when OTEL_* asks for it (tracing.go); nil: off.
 	tracer trace.Tracer
+	// local are serve's own workers, called in process unless workerGRPC.
+	local      []workerclient.Local
+	workerGRPC bool
 }
 
 func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
@@ -172,7 +176,7 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	}
 	cl, err := fleet.New(ctx, fleet.Config{
 		NC: nc, Discovery: disc, Models: ff.models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log, Disagg: ff.disagg(),
-		FleetToken: token, TLS: clientTLS, TierLoad: tierLoad, Queue: queue,
+		FleetToken: token, TLS: clientTLS, TierLoad: tierLoad, Queue: queue, Local: ff.local,
 		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage, Hints: ff.hints, Admit: admit},
 	})
 	if err != nil {
@@ -308,6 +312,7 @@ On startup it prints one line to stdout:
 	f.IntVar(&sf.DPSize, "dp-size", 1, "data-parallel ranks per worker (sim: each its own engine, cache, load and KV events; real engine: the ranks behind every server, rank r's KV events on --kv-events' port + r); routed per rank")
 	f.Float64Var(&sf.SpeedupRatio, "speedup-ratio", sf.SpeedupRatio, "sim: divide modelled time by this (0: no waiting)")
 	f.StringSliceVar(&loras, "lora", nil, "sim: LoRA adapters every simulated worker serves, requested by name in the model field (each its own KV hash domain)")
+	f.BoolVar(&ff.workerGRPC, "worker-grpc", false, "reach serve's own workers over gRPC with protobuf, as remote ones are, instead of calling them in process (to compare the two paths)")
 	addKVBMFlags(f, &kf)
 	ef.register(f)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
@@ -511,6 +516,11 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		ws = append(ws, w)
 	}
 
+	if !ff.workerGRPC {
+		for _, w := range ws {
+			ff.local = append(ff.local, w.Local())
+		}
+	}
 	rf, err := startFrontendOn(ctx, ff, nc, disc, log, reg)
 	if err != nil {
 		return err

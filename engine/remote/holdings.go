@@ -27,13 +27,27 @@ type tierHash struct {
 // list its own events built, to answer the worker's dumps (without it, a
 // router that dumps a new or gapped worker learns nothing of what the
 // engine already holds).
+//
+// One map per tier, keyed by the hash alone: every block a prompt stores
+// and every one evicted passes through here, and a map of integer keys
+// takes the runtime's fast path where a struct key is hashed generically.
 type rankHoldings struct {
-	blocks map[tierHash]heldBlock
-	next   uint64
+	tiers map[kv.Tier]map[kv.EngineHash]heldBlock
+	next  uint64
 }
 
 func newRankHoldings() *rankHoldings {
-	return &rankHoldings{blocks: map[tierHash]heldBlock{}}
+	return &rankHoldings{tiers: map[kv.Tier]map[kv.EngineHash]heldBlock{}}
+}
+
+// tier is t's map, made on first use.
+func (h *rankHoldings) tier(t kv.Tier) map[kv.EngineHash]heldBlock {
+	m := h.tiers[t]
+	if m == nil {
+		m = map[kv.EngineHash]heldBlock{}
+		h.tiers[t] = m
+	}
+	return m
 }
 
 // apply updates the holdings with relayed events.
@@ -42,21 +56,23 @@ func (h *rankHoldings) apply(evs []kv.Event) {
 		e := &evs[i]
 		switch e.Kind {
 		case kv.EventStored:
+			m := h.tier(e.Tier)
 			parent, hasParent := e.Parent, e.HasParent
 			for _, b := range e.Blocks {
-				k := tierHash{e.Tier, b.EngineHash}
-				if _, ok := h.blocks[k]; !ok {
+				if _, ok := m[b.EngineHash]; !ok {
 					h.next++
-					h.blocks[k] = heldBlock{order: h.next, hasParent: hasParent, parent: parent, local: b.LocalHash, lora: e.LoRA, salt: e.Salt}
+					m[b.EngineHash] = heldBlock{order: h.next, hasParent: hasParent, parent: parent, local: b.LocalHash, lora: e.LoRA, salt: e.Salt}
 				}
 				parent, hasParent = b.EngineHash, true
 			}
 		case kv.EventRemoved:
-			for _, hash := range e.Removed {
-				delete(h.blocks, tierHash{e.Tier, hash})
+			if m := h.tiers[e.Tier]; m != nil {
+				for _, hash := range e.Removed {
+					delete(m, hash)
+				}
 			}
 		case kv.EventCleared:
-			clear(h.blocks)
+			clear(h.tiers)
 		}
 	}
 }
@@ -65,12 +81,18 @@ func (h *rankHoldings) apply(evs []kv.Event) {
 // parent the rank still holds listed before its children, so that applied
 // in order to an empty index they rebuild what the events built.
 func (h *rankHoldings) list(w kv.WorkerKey) []kv.Event {
-	keys := make([]tierHash, 0, len(h.blocks))
-	for k := range h.blocks {
-		keys = append(keys, k)
+	n := 0
+	for _, m := range h.tiers {
+		n += len(m)
+	}
+	keys := make([]tierHash, 0, n)
+	for t, m := range h.tiers {
+		for hash := range m {
+			keys = append(keys, tierHash{t, hash})
+		}
 	}
 	slices.SortFunc(keys, func(a, b tierHash) int {
-		oa, ob := h.blocks[a].order, h.blocks[b].order
+		oa, ob := h.tiers[a.tier][a.hash].order, h.tiers[b.tier][b.hash].order
 		switch {
 		case oa < ob:
 			return -1
@@ -87,9 +109,9 @@ func (h *rankHoldings) list(w kv.WorkerKey) []kv.Event {
 			return
 		}
 		listed[k] = true
-		b := h.blocks[k]
+		b := h.tiers[k.tier][k.hash]
 		if p := (tierHash{k.tier, b.parent}); b.hasParent {
-			if _, held := h.blocks[p]; held {
+			if _, held := h.tiers[k.tier][b.parent]; held {
 				emit(p) // re-stored after its child: list it first
 			}
 		}

@@ -305,6 +305,13 @@ var ErrStopped = errors.New("stream reader stopped")
 // drop [DONE]); ErrStopped when ctx ended; frame's own error; and a lost
 // engine for a frame that does not decode or a stream cut short.
 func ReadFrames[T any](ctx context.Context, body io.Reader, finished func() bool, frame func(*T) error) error {
+	return ReadFramesDropping(ctx, body, "", finished, frame)
+}
+
+// ReadFramesDropping is ReadFrames for frames that may carry an integer
+// list under drop that T does not read: it is cut out before decoding
+// (DropIntList), so a prompt's ids echoed back are not scanned twice.
+func ReadFramesDropping[T any](ctx context.Context, body io.Reader, drop string, finished func() bool, frame func(*T) error) error {
 	sse := NewSSE(body)
 	for {
 		data, err := sse.Next()
@@ -319,6 +326,9 @@ func ReadFrames[T any](ctx context.Context, body io.Reader, finished func() bool
 		}
 		if string(data) == "[DONE]" {
 			return nil
+		}
+		if drop != "" {
+			data = DropIntList(data, drop)
 		}
 		var f T
 		if err := json.Unmarshal(data, &f); err != nil {
@@ -409,3 +419,50 @@ func PickModel(ctx context.Context, c *http.Client, base, want, kind string) (Se
 	}
 	return ServedModel{}, fmt.Errorf("%s engine %s does not serve model %q (it serves %q)", kind, base, want, names)
 }
+
+// DropIntList returns data with the member "key":[…] of a flat list of
+// integers made "key":null, or data itself when it has none. encoding/json
+// validates a whole message before decoding it and then skips an unknown
+// member byte by byte: for a 64k-token prompt's ids, which vLLM sends back
+// in its first frame (prompt_token_ids, with return_token_ids), that is
+// two passes of a JSON scanner over ~400 KB; this is one byte search.
+// Inside a JSON string the quotes around key would be escaped, so a match
+// is always a member name.
+func DropIntList(data []byte, key string) []byte {
+	name := `"` + key + `"`
+	i := bytes.Index(data, []byte(name))
+	if i < 0 {
+		return data
+	}
+	j := i + len(name)
+	for j < len(data) && isJSONSpace(data[j]) {
+		j++
+	}
+	if j >= len(data) || data[j] != ':' {
+		return data
+	}
+	j++
+	for j < len(data) && isJSONSpace(data[j]) {
+		j++
+	}
+	if j >= len(data) || data[j] != '[' {
+		return data
+	}
+	start := j
+	end := bytes.IndexByte(data[start:], ']')
+	if end < 0 {
+		return data
+	}
+	end += start + 1
+	for _, c := range data[start+1 : end-1] {
+		if (c < '0' || c > '9') && c != ',' && c != '-' && !isJSONSpace(c) {
+			return data // not a flat integer list: the decoder judges it
+		}
+	}
+	out := make([]byte, 0, len(data)-(end-start)+4)
+	out = append(out, data[:start]...)
+	out = append(out, "null"...)
+	return append(out, data[end:]...)
+}
+
+func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

@@ -189,7 +189,9 @@ func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, 
 		u       *engine.Usage
 		n       int
 	)
-	err := remote.ReadFrames(ctx, body, func() bool { return fin != kv.FinishNone }, func(r *response) error {
+	// return_token_ids makes vLLM echo the prompt's ids in its first
+	// frame; nothing here reads them.
+	err := remote.ReadFramesDropping(ctx, body, "prompt_token_ids", func() bool { return fin != kv.FinishNone }, func(r *response) error {
 		if len(r.Error) > 0 && string(r.Error) != "null" {
 			return remote.StreamError(r.Error)
 		}
