@@ -97,8 +97,8 @@ class NumpyOps:
     # One strided copy per run of consecutive blocks and slots runs at
     # memcpy speed, where numpy's take or fancy indexing over the same
     # views is several times slower (docs/benchmarks.md §8). Runs rather
-    # than single blocks: each copyto costs about a microsecond of Python
-    # and numpy setup, a few percent of a 64 KiB block's copy.
+    # than single blocks: each copyto has a fixed Python and numpy setup
+    # cost, which a run pays once.
 
     def save_blocks(self, t, ids, staged, slots):
         """Blocks ids of t (block axis first) into staging slots."""
