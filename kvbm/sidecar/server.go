@@ -675,7 +675,11 @@ func (s *Server) getFinished() (any, error) {
 			keep = append(keep, b)
 			continue
 		}
-		for i, id := range b.devs {
+		// Back onto the stack in reverse, so the next step pops them in
+		// the order this one got them: a request's blocks then sit in
+		// ascending slots, which the Python worker copies as one run.
+		for i := len(b.devs) - 1; i >= 0; i-- {
+			id := b.devs[i]
 			if s.staged[id] == b.slots[i] {
 				delete(s.staged, id)
 			}

@@ -282,6 +282,11 @@ func TestRoundTripVLLM(t *testing.T) {
 	if len(bind.Loads) != 1 || len(bind.LoadErrors) != 0 {
 		t.Fatalf("bind: %+v", bind)
 	}
+	// The slots the first step freed come back in ascending order, so the
+	// worker copies the two blocks as one run.
+	if sl := bind.Loads[0].Slots; len(sl) != 2 || sl[1] != sl[0]+1 {
+		t.Fatalf("load slots %v, want two ascending consecutive slots", sl)
+	}
 	for i, d := range bind.Loads[0].Device {
 		want := blocks[int32(5+i)]
 		if got := slot(bind.Loads[0].Slots[i]); !bytes.Equal(got, want) {

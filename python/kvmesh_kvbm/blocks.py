@@ -54,6 +54,19 @@ def _runs(device_ids, slots):
         i = j
 
 
+def _spans(device_ids, slots):
+    """Splits the pairs into (first block, first slot, length) runs where
+    both the device blocks and the slots are consecutive: each run is one
+    strided copy instead of one per block."""
+    i, n = 0, len(slots)
+    while i < n:
+        j = i + 1
+        while j < n and slots[j] == slots[j - 1] + 1 and device_ids[j] == device_ids[j - 1] + 1:
+            j += 1
+        yield device_ids[i], slots[i], j - i
+        i = j
+
+
 class NumpyOps:
     """The tensor interface over numpy arrays."""
 
@@ -81,21 +94,29 @@ class NumpyOps:
         v.shape = (rows.shape[0],) + t.shape[1:]  # raises rather than copy
         return v
 
-    # Block by block: one strided copy each runs at memcpy speed, where
-    # numpy's take or fancy indexing over the same views is several times
-    # slower (docs/benchmarks.md).
+    # One strided copy per run of consecutive blocks and slots runs at
+    # memcpy speed, where numpy's take or fancy indexing over the same
+    # views is several times slower (docs/benchmarks.md §8). Runs rather
+    # than single blocks: each copyto has a fixed Python and numpy setup
+    # cost, which a run pays once.
 
     def save_blocks(self, t, ids, staged, slots):
         """Blocks ids of t (block axis first) into staging slots."""
         cp = self.np.copyto
-        for b, s in zip(ids, slots):
-            cp(staged[s], t[b])
+        for b, s, k in _spans(ids, slots):
+            if k == 1:
+                cp(staged[s], t[b])
+            else:
+                cp(staged[s:s + k], t[b:b + k])
 
     def load_blocks(self, t, ids, staged, slots):
         """Staging slots into blocks ids of t."""
         cp = self.np.copyto
-        for b, s in zip(ids, slots):
-            cp(t[b], staged[s])
+        for b, s, k in _spans(ids, slots):
+            if k == 1:
+                cp(t[b], staged[s])
+            else:
+                cp(t[b:b + k], staged[s:s + k])
 
     def synchronize(self):
         pass

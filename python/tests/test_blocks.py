@@ -27,13 +27,16 @@ class BlockCopierTest(unittest.TestCase):
         c = BlockCopier(tensors)
         self.assertEqual(c.block_bytes, sum(t.nbytes // t.shape[axis] for t, axis in tensors))
         a = self.arena(c, 8)
-        ids, slots = [5, 0, 3, 6], [2, 3, 7, 0]  # a run (2, 3) and strays
+        # A run of slots (2, 3) over scattered blocks, a run of both
+        # blocks and slots (7, 8 into 4, 5) and strays.
+        ids, slots = [5, 0, 3, 6, 7, 8], [2, 3, 7, 0, 4, 5]
         want = [np.take(t, ids, axis=axis).copy() for t, axis in tensors]
         c.save(ids, slots)
         # Each slot holds its block's bytes, tensor after tensor.
-        row = np.frombuffer(a.mem, np.uint8, count=c.block_bytes, offset=a.staging_offset + 2 * c.block_bytes)
-        self.assertEqual(row[: tensors[0][0].nbytes // tensors[0][0].shape[tensors[0][1]]].tobytes(),
-                         np.ascontiguousarray(np.take(tensors[0][0], 5, axis=tensors[0][1])).tobytes())
+        for b, s in zip(ids, slots):
+            row = np.frombuffer(a.mem, np.uint8, count=c.block_bytes, offset=a.staging_offset + s * c.block_bytes)
+            self.assertEqual(row.tobytes(), b"".join(
+                np.ascontiguousarray(np.take(t, b, axis=axis)).tobytes() for t, axis in tensors), (b, s))
         for t, axis in tensors:
             np.moveaxis(t, axis, 0)[ids] = 0
         c.load(ids, slots)
