@@ -428,7 +428,11 @@ func (t *twin) handoffEvent() error {
 	d := st.dec
 	er := &engine.Request{ID: st.er.ID, Leg: kv.LegDecode, Sampling: st.er.Sampling}
 	t.pd.cur = p
-	s, err := t.addSeq(d, er, p.prompt, p.at, nil)
+	// The pull's time is modelled already (handoff): with hints the decode
+	// core prices fetches in-pass, which must not charge this one again.
+	prompt := p.prompt
+	prompt.Prepaid = true
+	s, err := t.addSeq(d, er, prompt, p.at, nil)
 	t.pd.cur = nil
 	t.unpin(p)
 	if err != nil {
