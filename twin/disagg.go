@@ -362,6 +362,9 @@ func (t *twin) prefillDone(p *pdReq, o *sim.Output, now time.Time, nowNS int64) 
 	t.res.Paths.PinnedPeak = max(t.res.Paths.PinnedPeak, t.pd.pinned)
 
 	p.step = step
+	if p.step.Req.Local != nil {
+		p.step.Req.Seq = p.seq // hashed once, for every time the leg is routed
+	}
 	t.syncClock()
 	d, err := t.r.Route(context.Background(), step.Req)
 	if err != nil && t.q != nil && errors.Is(err, kv.ErrAllBusy) {
