@@ -204,6 +204,11 @@ func (t *twin) arrivePD(ctx context.Context, i int, atNS int64, plen int, rr rou
 	st := &t.reqs[i]
 	st.arrival = t.at(atNS)
 	st.er = engine.Request{ID: strconv.Itoa(rq.Line), Sampling: kv.Sampling{MaxTokens: max(rq.OutputLength, 1), Seed: rng64(t.cfg.Seed, i)}}
+	if t.q != nil && rr.Local != nil {
+		// A queued request's legs are routed again and again: chain its
+		// hashes once.
+		rr.Seq = kv.SeqHashes(make([]kv.SeqHash, 0, len(rr.Local)), rr.Local)
+	}
 	plan := router.NewLegPlan(rr, t.pd.policy)
 	plan.Queue = t.q != nil
 	q := queued{i: i, plen: plen, rr: rr, arrNS: atNS, plan: &plan, prompt: sim.Prompt{Len: plen, Local: rr.Local, Tail: tail}}
