@@ -206,6 +206,20 @@ func (a *AdmitConfig) waitMS(w *worker, req *Request, seq []kv.SeqHash, blockSiz
 // request now (Config.Admit; always true without it), counting no prompt
 // blocks: a queue's owner skips a dispatch that could place nothing.
 func (r *Router) Admitting(model string, role kv.Role) bool {
+	return r.admitting(model, role, Request{})
+}
+
+// AdmittingDecodeLeg is Admitting for a decode leg over model's decode
+// pool: its prompt arrives computed, so no prefill backlog keeps it out.
+// When it is false every decode leg of the model is busy, whatever its
+// prompt, so a queue's owner need not route them one by one.
+func (r *Router) AdmittingDecodeLeg(model string) bool {
+	return r.admitting(model, kv.RoleDecode, Request{NoPrefillCharge: true})
+}
+
+// admitting reports whether some worker of model and role admits req,
+// counting none of its prompt blocks (the least a request can need).
+func (r *Router) admitting(model string, role kv.Role, req Request) bool {
 	a := r.cfg.Admit
 	if a == nil {
 		return true
@@ -217,7 +231,6 @@ func (r *Router) Admitting(model string, role kv.Role) bool {
 	if p == nil {
 		return false
 	}
-	var req Request
 	for _, w := range p.workers {
 		if a.admits(w, &req, nil, p.blockSize, r.reportedUsage(w.load, now), r.freshReport(w.load, now)) {
 			return true

@@ -117,3 +117,31 @@ func TestAdmitWaitsForPrefixHolder(t *testing.T) {
 		t.Fatalf("cold request: %v on %v, want worker 2", err, d)
 	}
 }
+
+// A decode worker behind on prefill (a local prefill booked there) still
+// admits decode legs, which bring their prompt computed; a full KV cache
+// keeps every leg out.
+func TestAdmittingDecodeLeg(t *testing.T) {
+	r := newRouter(t, Config{Mode: ModeRoundRobin, Admit: &AdmitConfig{PrefillPasses: 1, KVUsage: 0.9, Waiting: -1}})
+	w := winfo(1)
+	w.Role = kv.RoleDecode
+	if err := r.AddWorker(w); err != nil {
+		t.Fatal(err)
+	}
+	if !r.AdmittingDecodeLeg("m") {
+		t.Fatal("an idle decode worker admits no decode leg")
+	}
+	d, err := routeReq(r, Request{Tokens: prompt(1, 9000), Role: kv.RoleDecode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Admitting("m", kv.RoleDecode) || !r.AdmittingDecodeLeg("m") {
+		t.Fatalf("a pass of prefill booked: Admitting %v, AdmittingDecodeLeg %v; want false, true",
+			r.Admitting("m", kv.RoleDecode), r.AdmittingDecodeLeg("m"))
+	}
+	d.FirstToken()
+	r.UpdateLoad(key(1), 950, 1000, 3, 0)
+	if r.AdmittingDecodeLeg("m") {
+		t.Fatal("a decode worker reporting 95% of its KV used admits decode legs at 90%")
+	}
+}

@@ -9,7 +9,7 @@ import (
 
 // A request carrying its local hashes (and only its length) routes exactly
 // like the same request given by its tokens: same worker, overlap, hashes
-// and booked load.
+// and booked load; so does one carrying its sequence hashes too.
 func TestRoutePrecomputedLocal(t *testing.T) {
 	toks := prompt(7, 5*testBS+3)
 	local, seq := kv.NewHasher(testBS, "lora", "salt").Blocks(toks)
@@ -33,6 +33,10 @@ func TestRoutePrecomputedLocal(t *testing.T) {
 	}
 	d1, l1 := run(Request{Model: "m", Tokens: toks, LoRA: "lora", Salt: "salt"})
 	d2, l2 := run(Request{Model: "m", Local: local, PromptLen: len(toks), LoRA: "lora", Salt: "salt"})
+	d3, l3 := run(Request{Model: "m", Local: local, Seq: seq, PromptLen: len(toks), LoRA: "lora", Salt: "salt"})
+	if d3.Worker != d1.Worker || d3.Overlap != d1.Overlap || d3.CachedTokens != d1.CachedTokens || &d3.Seq[0] != &seq[0] {
+		t.Fatalf("tokens: %+v\nlocal and seq: %+v", d1, d3)
+	}
 	if d1.Worker != key(2) || d2.Worker != d1.Worker || d2.Overlap != d1.Overlap || d2.ISL != d1.ISL ||
 		d2.CachedTokens != d1.CachedTokens || d2.PrefillTokens != d1.PrefillTokens {
 		t.Fatalf("tokens: %+v\nlocal: %+v", d1, d2)
@@ -46,21 +50,23 @@ func TestRoutePrecomputedLocal(t *testing.T) {
 		}
 	}
 	for i := range l1 {
-		if l1[i] != l2[i] {
-			t.Fatalf("load %d: %+v vs %+v", i, l1[i], l2[i])
+		if l1[i] != l2[i] || l1[i] != l3[i] {
+			t.Fatalf("load %d: %+v vs %+v vs %+v", i, l1[i], l2[i], l3[i])
 		}
 	}
 	d1.Done()
 	d2.Done()
+	d3.Done()
 }
 
 func TestRoutePrecomputedLocalErrors(t *testing.T) {
 	r := newRouter(t, Config{Matcher: newFakeIndex()}, 1)
-	local, _ := kv.NewHasher(testBS, "", "").Blocks(prompt(1, 4*testBS))
+	local, seq := kv.NewHasher(testBS, "", "").Blocks(prompt(1, 4*testBS))
 	for name, req := range map[string]Request{
-		"too few hashes":  {Model: "m", Local: local[:3], PromptLen: 4 * testBS},
-		"too many hashes": {Model: "m", Local: local, PromptLen: 4*testBS - 1},
-		"negative length": {Model: "m", Local: local[:0], PromptLen: -1},
+		"too few sequence hashes": {Model: "m", Local: local, Seq: seq[:3], PromptLen: 4 * testBS},
+		"too few hashes":          {Model: "m", Local: local[:3], PromptLen: 4 * testBS},
+		"too many hashes":         {Model: "m", Local: local, PromptLen: 4*testBS - 1},
+		"negative length":         {Model: "m", Local: local[:0], PromptLen: -1},
 	} {
 		if d, err := r.Route(context.Background(), req); err == nil {
 			d.Done()

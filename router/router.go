@@ -106,6 +106,10 @@ type Request struct {
 	// be nil, with PromptLen giving the prompt's length in tokens.
 	Local     []kv.LocalHash
 	PromptLen int
+	// Seq, optional with Local, are kv.SeqHashes of Local as an earlier
+	// decision on the same prompt carries them (Decision.Seq): Route uses
+	// them instead of chaining them again, and keeps them (do not modify).
+	Seq []kv.SeqHash
 
 	// NoOverlapCredit scores the request by load alone: cached prefixes
 	// earn no credit, the decision reports no overlap and plans no hint.
@@ -164,7 +168,12 @@ func (r *Router) route(ctx context.Context, req Request, book bool) (*Decision, 
 	t1 := time.Now()
 	s := r.scratch.Get().(*selection)
 	defer r.scratch.Put(s)
-	r.match(s, d.Local, now)
+	if req.NoOverlapCredit {
+		// Its depths are zero whatever the index holds (mergeDepth).
+		s.matches = s.matches[:0]
+	} else {
+		r.match(s, d.Local, now)
+	}
 	t2 := time.Now()
 
 	r.mu.Lock()
@@ -228,9 +237,15 @@ func (r *Router) hashPrompt(pk poolKey, req *Request, d *Decision) error {
 		if len(req.Local) != n {
 			return fmt.Errorf("router: %d precomputed local hashes for a prompt of %d tokens (%d full blocks of %d)", len(req.Local), d.ISL, n, bs)
 		}
+		if req.Seq != nil && len(req.Seq) != n {
+			return fmt.Errorf("router: %d precomputed sequence hashes for %d local hashes", len(req.Seq), n)
+		}
 		if n > 0 {
 			d.Local = req.Local
-			d.Seq = kv.SeqHashes(make([]kv.SeqHash, 0, n), d.Local)
+			d.Seq = req.Seq
+			if d.Seq == nil {
+				d.Seq = kv.SeqHashes(make([]kv.SeqHash, 0, n), d.Local)
+			}
 		}
 	case n > 0:
 		buf := make([]uint64, 2*n) // one allocation for both

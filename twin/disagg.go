@@ -89,6 +89,10 @@ type pdReq struct {
 	step    router.Step // the decode leg's step
 	at      int64       // when the decode leg reaches its core
 	n       uint64
+	// busyAt is pdState.epoch+1 when the router last said every decode
+	// worker is busy for this leg (0: not asked yet): until the decode
+	// pool changes, asking again gets the same answer.
+	busyAt uint64
 }
 
 // pdState is the run's P/D machinery; nil without P/D.
@@ -101,6 +105,27 @@ type pdState struct {
 	pinned        int64
 	xferMS        []float64
 	policy        router.DisaggConfig
+	// epoch counts the changes of the decode pool a waiting decode leg may
+	// wait for: a decode worker's passes that freed something, its load
+	// reports, and the requests booked on it.
+	epoch uint64
+}
+
+// changed notes a change of worker w's state (a pass that freed
+// something, a load report) for the requests waiting for it.
+func (t *twin) changed(w int) {
+	t.ws[w].ver++
+	if t.pd != nil && t.pd.role(w) == kv.RoleDecode {
+		t.pd.epoch++
+	}
+}
+
+// booked notes a request routed by d (P/D): one booked on a decode worker
+// changes what the waiting decode legs may be told.
+func (t *twin) booked(d *router.Decision) {
+	if w := int(d.Worker.Instance) - 1; w >= 0 && w < len(t.ws) && t.pd.role(w) == kv.RoleDecode {
+		t.pd.epoch++
+	}
 }
 
 type handoffHeap []*pdReq
@@ -179,6 +204,11 @@ func (t *twin) arrivePD(ctx context.Context, i int, atNS int64, plen int, rr rou
 	st := &t.reqs[i]
 	st.arrival = t.at(atNS)
 	st.er = engine.Request{ID: strconv.Itoa(rq.Line), Sampling: kv.Sampling{MaxTokens: max(rq.OutputLength, 1), Seed: rng64(t.cfg.Seed, i)}}
+	if t.q != nil && rr.Local != nil {
+		// A queued request's legs are routed again and again: chain its
+		// hashes once.
+		rr.Seq = kv.SeqHashes(make([]kv.SeqHash, 0, len(rr.Local)), rr.Local)
+	}
 	plan := router.NewLegPlan(rr, t.pd.policy)
 	plan.Queue = t.q != nil
 	q := queued{i: i, plen: plen, rr: rr, arrNS: atNS, plan: &plan, prompt: sim.Prompt{Len: plen, Local: rr.Local, Tail: tail}}
@@ -215,6 +245,7 @@ func (t *twin) routePD(ctx context.Context, q *queued, nowNS int64) error {
 			q.step = q.plan.RouteFailed(err)
 			continue
 		}
+		t.booked(d)
 		st := &t.reqs[q.i]
 		if q.step.Leg == kv.LegPrefill {
 			t.startPrefill(*q.plan, d, st, q.prompt, nowNS)
@@ -336,12 +367,16 @@ func (t *twin) prefillDone(p *pdReq, o *sim.Output, now time.Time, nowNS int64) 
 	t.res.Paths.PinnedPeak = max(t.res.Paths.PinnedPeak, t.pd.pinned)
 
 	p.step = step
+	if p.step.Req.Local != nil {
+		p.step.Req.Seq = p.seq // hashed once, for every time the leg is routed
+	}
 	t.syncClock()
 	d, err := t.r.Route(context.Background(), step.Req)
 	if err != nil && t.q != nil && errors.Is(err, kv.ErrAllBusy) {
 		// The router queue holds the decode leg (its blocks stay pinned)
 		// until a decode worker admits it.
 		t.pd.waitDecode = append(t.pd.waitDecode, p)
+		p.busyAt = t.pd.epoch + 1
 		t.res.Queue.DecodeQueued++
 		return
 	}
@@ -370,6 +405,7 @@ func (t *twin) decodeFailed(p *pdReq, err error, nowNS int64) {
 // handoff schedules p's decode leg, routed by d at nowNS: it reaches its
 // core when the modelled pull of the blocks it lacks ends.
 func (t *twin) handoff(p *pdReq, d *router.Decision, nowNS int64) {
+	t.booked(d)
 	st := p.st
 	st.dec = d
 	p.dstW = int(d.Worker.Instance) - 1
@@ -388,14 +424,25 @@ func (t *twin) handoff(p *pdReq, d *router.Decision, nowNS int64) {
 }
 
 // dispatchDecodes routes the decode legs waiting for a decode worker, in
-// the order their prefills ended; the busy ones stay.
+// the order their prefills ended; the busy ones stay, and are not asked
+// again until the decode pool changes (pdState.epoch): re-routing every
+// waiting leg on every dispatch made the queued replay ~30× slower.
 func (t *twin) dispatchDecodes(nowNS int64) {
 	w := t.pd.waitDecode
+	if len(w) == 0 || !t.r.AdmittingDecodeLeg(model) {
+		return // no decode worker admits even a leg with nothing to hold
+	}
 	k := 0
 	for _, p := range w {
+		if p.busyAt == t.pd.epoch+1 {
+			w[k] = p
+			k++
+			continue
+		}
 		d, err := t.r.Route(context.Background(), p.step.Req)
 		switch {
 		case err != nil && errors.Is(err, kv.ErrAllBusy):
+			p.busyAt = t.pd.epoch + 1
 			w[k] = p
 			k++
 		case err != nil:
@@ -428,7 +475,11 @@ func (t *twin) handoffEvent() error {
 	d := st.dec
 	er := &engine.Request{ID: st.er.ID, Leg: kv.LegDecode, Sampling: st.er.Sampling}
 	t.pd.cur = p
-	s, err := t.addSeq(d, er, p.prompt, p.at, nil)
+	// The pull's time is modelled already (handoff): with hints the decode
+	// core prices fetches in-pass, which must not charge this one again.
+	prompt := p.prompt
+	prompt.Prepaid = true
+	s, err := t.addSeq(d, er, prompt, p.at, nil)
 	t.pd.cur = nil
 	t.unpin(p)
 	if err != nil {

@@ -51,7 +51,8 @@ func checkPD(t *testing.T, r *Result) {
 // the prefix; a one-token request ends on the prefill token; a short cold
 // prompt still disaggregates (its net new part is all of it). The cold
 // request's TTFT is exactly prefill pass + handoff + the decode worker's
-// first pass.
+// first pass, with hints too (their decode cores price hint fetches
+// in-pass, never a handoff's modelled pull).
 func TestPDPaths(t *testing.T) {
 	wl := pdWorkload(t,
 		tracefile.Request{TimestampMS: 0, InputLength: 4096, OutputLength: 10, HashIDs: ids(1, 8)},
@@ -59,8 +60,12 @@ func TestPDPaths(t *testing.T) {
 		tracefile.Request{TimestampMS: 4000, InputLength: 1024, OutputLength: 1, HashIDs: ids(100, 2)},
 		tracefile.Request{TimestampMS: 6000, InputLength: 100, OutputLength: 5, HashIDs: ids(200, 1)},
 	)
-	for _, bw := range []float64{0, -1} {
-		r := run(t, wl, Config{Mode: string(router.ModeKV), PrefillWorkers: 2, DecodeWorkers: 2, TransferBandwidth: bw})
+	for _, c := range []struct {
+		mode string
+		bw   float64
+	}{{string(router.ModeKV), 0}, {string(router.ModeKV), -1}, {ModeKVHints, 0}} {
+		bw := c.bw
+		r := run(t, wl, Config{Mode: c.mode, PrefillWorkers: 2, DecodeWorkers: 2, TransferBandwidth: bw})
 		checkPD(t, r)
 		p := r.Paths
 		if r.Requests != 4 || p.Disagg != 3 || p.LocalPrefill != 1 || p.LocalISL != 1 || p.PrefillOnly != 1 || p.Handoffs != 2 {

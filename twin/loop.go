@@ -167,7 +167,7 @@ func (t *twin) workerEvent(ctx context.Context, w int) error {
 		wk.pending = false
 		if res := wk.res; res.FirstTokens > 0 || res.Finished > 0 {
 			t.handle(res, now, nowNS)
-			wk.ver++
+			t.changed(w)
 			// Capacity freed: the queue's requests go out before the
 			// worker's next pass starts, so they can join it.
 			if err := t.dispatch(ctx, nowNS); err != nil {
@@ -204,7 +204,7 @@ func (t *twin) workerEvent(ctx context.Context, w int) error {
 			t.r.UpdateOnboarding(wk.key, wk.core.OnboardBacklog(now))
 		}
 		wk.lastNS, wk.reported = nowNS, true
-		wk.ver++
+		t.changed(w)
 		if t.waiting() {
 			return t.dispatch(ctx, nowNS) // the report may let it admit
 		}

@@ -21,6 +21,7 @@ type queueFlags struct {
 	kvUsage   float64
 	passes    float64
 	waiting   float64
+	waitW     float64
 }
 
 func addQueueFlags(f *pflag.FlagSet, q *queueFlags, defaultOn string) {
@@ -32,6 +33,7 @@ func addQueueFlags(f *pflag.FlagSet, q *queueFlags, defaultOn string) {
 	f.Float64Var(&q.kvUsage, "admit-kv-usage", router.DefaultAdmitKVUsage, "admission: a worker admits while its KV in use plus the request's new blocks stay within this fraction of its capacity (negative: off)")
 	f.Float64Var(&q.passes, "admit-prefill-passes", router.DefaultAdmitPrefillPasses, "admission: a worker admits while the prefill queued on it is under this many passes of its max batched tokens (negative: off)")
 	f.Float64Var(&q.waiting, "admit-waiting", router.DefaultAdmitWaiting, "admission: a worker admits while its engine reports at most this many waiting requests per running one (negative: off)")
+	f.Float64Var(&q.waitW, "admit-wait-weight", router.DefaultAdmitWaitWeight, "admission (cost modes): weight of a busy worker's predicted wait for admission in its price; higher waits longer for the prefix holder, lower recomputes elsewhere sooner (negative: 0)")
 }
 
 // config is the queue's configuration, nil when --router-queue is off.
@@ -59,7 +61,7 @@ func (q *queueFlags) config() (*router.QueueConfig, *router.AdmitConfig, error) 
 	for _, v := range []struct {
 		name string
 		v    float64
-	}{{"admit-kv-usage", q.kvUsage}, {"admit-prefill-passes", q.passes}, {"admit-waiting", q.waiting}} {
+	}{{"admit-kv-usage", q.kvUsage}, {"admit-prefill-passes", q.passes}, {"admit-waiting", q.waiting}, {"admit-wait-weight", q.waitW}} {
 		if math.IsNaN(v.v) || math.IsInf(v.v, 0) || v.v == 0 {
 			return nil, nil, fmt.Errorf("--%s %g, want a finite number, not 0 (negative: off)", v.name, v.v)
 		}
@@ -68,5 +70,5 @@ func (q *queueFlags) config() (*router.QueueConfig, *router.AdmitConfig, error) 
 		return nil, nil, fmt.Errorf("--admit-kv-usage %g, want at most 1", q.kvUsage)
 	}
 	return &router.QueueConfig{Policy: pol, Limit: q.limit, MaxWait: q.maxWait, Lookahead: q.lookahead},
-		&router.AdmitConfig{KVUsage: q.kvUsage, PrefillPasses: q.passes, Waiting: q.waiting}, nil
+		&router.AdmitConfig{KVUsage: q.kvUsage, PrefillPasses: q.passes, Waiting: q.waiting, WaitWeight: q.waitW}, nil
 }

@@ -18,9 +18,9 @@ func TestQueueFlags(t *testing.T) {
 	if qc, ac, err := q.config(); qc != nil || ac != nil || err != nil {
 		t.Fatalf("default: %v %v %v, want off", qc, ac, err)
 	}
-	q, _ = parse("--router-queue", "on", "--router-queue-policy", "wspt", "--router-queue-limit", "7", "--admit-waiting", "-1")
+	q, _ = parse("--router-queue", "on", "--router-queue-policy", "wspt", "--router-queue-limit", "7", "--admit-waiting", "-1", "--admit-wait-weight", "-1")
 	qc, ac, err := q.config()
-	if err != nil || qc.Policy != "wspt" || qc.Limit != 7 || ac.Waiting != -1 || ac.KVUsage != 0.97 {
+	if err != nil || qc.Policy != "wspt" || qc.Limit != 7 || ac.Waiting != -1 || ac.KVUsage != 0.97 || ac.WaitWeight != -1 {
 		t.Fatalf("on: %+v %+v %v", qc, ac, err)
 	}
 	for _, bad := range [][]string{
@@ -32,6 +32,7 @@ func TestQueueFlags(t *testing.T) {
 		{"--router-queue", "on", "--admit-kv-usage", "1.5"},
 		{"--router-queue", "on", "--admit-prefill-passes", "0"},
 		{"--router-queue", "on", "--admit-waiting", "NaN"},
+		{"--router-queue", "on", "--admit-wait-weight", "0"},
 	} {
 		q, err := parse(bad...)
 		if err == nil {

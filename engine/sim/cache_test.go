@@ -60,15 +60,21 @@ func drain(c *Core) (steps []StepResult) {
 	return steps
 }
 
-func TestFetchFromPeer(t *testing.T) {
+// fetchSource is a core whose fetched blocks are priced (1 MiB each at
+// 1 GB/s) and a prompt of 10 full blocks + 2 (tokens step·i) for it.
+func fetchSource(t *testing.T, step int) (Config, *Core, []kv.Token) {
 	cfg := testConfig()
 	cfg.TransferBytesPerBlock = 1 << 20
 	cfg.TransferBandwidth = 1e9
-	a := mustCore(t, cfg)
-	prompt := make([]kv.Token, 42) // 10 full blocks + 2
+	prompt := make([]kv.Token, 42)
 	for i := range prompt {
-		prompt[i] = kv.Token(3 * i)
+		prompt[i] = kv.Token(step * i)
 	}
+	return cfg, mustCore(t, cfg), prompt
+}
+
+func TestFetchFromPeer(t *testing.T) {
+	cfg, a, prompt := fetchSource(t, 3)
 	sa, _ := a.Add(req("a", prompt, 5), time.Time{})
 	drain(a)
 
@@ -270,5 +276,32 @@ func TestEngineFetcher(t *testing.T) {
 	}
 	if ct := b.Counters(); ct.FetchedBlocks != 10 || ct.InsertedBlocks != 10 || ct.PrefillTokens != 60 {
 		t.Fatalf("counters %+v", ct)
+	}
+}
+
+// A prepaid prompt's fetched blocks are cached as any fetch's but cost its
+// first pass nothing (a P/D handoff whose pull the caller models); the
+// same prompt not prepaid pays for them.
+func TestFetchPrepaid(t *testing.T) {
+	cfg, a, prompt := fetchSource(t, 5)
+	a.Add(req("a", prompt, 1), time.Time{})
+	drain(a)
+	local := kv.NewHasher(cfg.BlockSize, "", "").Local(prompt)
+	for _, prepaid := range []bool{false, true} {
+		bcfg := cfg
+		bcfg.Fetcher = peerFetcher(a, cfg, -1)
+		b := mustCore(t, bcfg)
+		s, err := b.AddPrompt(req("b", prompt, 1), Prompt{Len: len(prompt), Local: local, Tail: prompt[40:], Prepaid: prepaid}, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := drain(b)[0]
+		want := int64(10 << 20)
+		if prepaid {
+			want = 0
+		}
+		if first.PrefillTokens != 2 || first.TransferBytes != want || s.Metrics().FetchedTokens != 40 {
+			t.Fatalf("prepaid %v: first pass %+v, fetched %d tokens; want %d transfer bytes", prepaid, first, s.Metrics().FetchedTokens, want)
+		}
 	}
 }

@@ -239,6 +239,10 @@ type Prompt struct {
 	// Seq, optional, is kv.SeqHashes of Local, as a router decision
 	// carries them: given, they are copied instead of chained again.
 	Seq []kv.SeqHash
+	// Prepaid: the blocks the Fetcher brings for this request were priced
+	// before it arrived (a P/D handoff whose pull the caller models), so
+	// its first pass is not charged for them a second time.
+	Prepaid bool
 }
 
 // newSeq validates and hashes a request; it touches no Core state. Either
@@ -270,6 +274,7 @@ func (c *Core) newSeq(req *engine.Request, tokens []kv.Token, local []kv.LocalHa
 		}
 		s.local = append(s.local, p.Local...)
 		s.tail = p.Tail
+		s.prepaid = p.Prepaid
 	case local != nil:
 		if len(local) != nfull {
 			return nil, fmt.Errorf("sim: request %q: %d local hashes for %d full blocks", req.ID, len(local), nfull)
@@ -373,7 +378,9 @@ func (c *Core) noteFetch(s *Seq, blocks int, err error) {
 	}
 	c.counters.FetchedBlocks += uint64(blocks)
 	s.m.FetchedTokens = blocks * c.bs
-	s.pendingXfer = int64(blocks) * c.xferPer
+	if !s.prepaid {
+		s.pendingXfer = int64(blocks) * c.xferPer
+	}
 }
 
 func (c *Core) enqueue(s *Seq) {

@@ -66,6 +66,7 @@ type Seq struct {
 	ctxTail uint64
 
 	pendingXfer int64 // modelled transfer bytes charged to its first pass
+	prepaid     bool  // Prompt.Prepaid: fetched blocks cost nothing in-pass
 
 	kb *kbReq // connector state (Config.KVBM)
 
