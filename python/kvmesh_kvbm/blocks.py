@@ -104,19 +104,13 @@ class NumpyOps:
         """Blocks ids of t (block axis first) into staging slots."""
         cp = self.np.copyto
         for b, s, k in _spans(ids, slots):
-            if k == 1:
-                cp(staged[s], t[b])
-            else:
-                cp(staged[s:s + k], t[b:b + k])
+            cp(staged[s:s + k], t[b:b + k])
 
     def load_blocks(self, t, ids, staged, slots):
         """Staging slots into blocks ids of t."""
         cp = self.np.copyto
         for b, s, k in _spans(ids, slots):
-            if k == 1:
-                cp(t[b], staged[s])
-            else:
-                cp(t[b:b + k], staged[s:s + k])
+            cp(t[b:b + k], staged[s:s + k])
 
     def synchronize(self):
         pass
