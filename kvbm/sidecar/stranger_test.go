@@ -17,11 +17,11 @@ import socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.settimeout(10)
 s.connect(sys.argv[1])
-s.sendall(bytes.fromhex(sys.argv[2]))
 try:
+    s.sendall(bytes.fromhex(sys.argv[2]))
     b = s.recv(8)
-except ConnectionResetError:
-    b = b""
+except (BrokenPipeError, ConnectionResetError):
+    b = b""  # closed before or after the frame went out
 print("REPLY" if b else "CLOSED")
 `
 
