@@ -110,6 +110,49 @@ func init() {
 	}
 }
 
+// topLevelKeys lists the keys of body's outer object without decoding its
+// values: a prompt of token ids is most of the body, and decoding it twice
+// (once for this check, once into the request) was most of the stand-in's
+// parse. A malformed body yields what it yields; the decode that follows
+// reports it.
+func topLevelKeys(body []byte) []string {
+	var keys []string
+	depth, inStr, esc, start := 0, false, false, 0
+	expectKey := false
+	for i, c := range body {
+		if inStr {
+			switch {
+			case esc:
+				esc = false
+			case c == '\\':
+				esc = true
+			case c == '"':
+				inStr = false
+				if depth == 1 && expectKey {
+					var k string
+					if json.Unmarshal(body[start:i+1], &k) == nil {
+						keys = append(keys, k)
+					}
+					expectKey = false
+				}
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inStr, start = true, i
+		case '{', '[':
+			depth++
+			expectKey = depth == 1 && c == '{'
+		case '}', ']':
+			depth--
+		case ',':
+			expectKey = depth == 1
+		}
+	}
+	return keys
+}
+
 type trtRequest struct {
 	openAIRequest
 	Seed                *uint64         `json:"seed"`
@@ -149,12 +192,8 @@ func (t *TRTLLM) parse(r *http.Request, chat bool) (*trtJob, int, string) {
 		return nil, http.StatusBadRequest, err.Error()
 	}
 	if !chat {
-		var fields map[string]json.RawMessage
-		if err := json.Unmarshal(body, &fields); err != nil {
-			return nil, http.StatusBadRequest, "invalid request body: " + err.Error()
-		}
 		var extra []string
-		for k := range fields {
+		for _, k := range topLevelKeys(body) {
 			if !completionFields[k] {
 				extra = append(extra, k)
 			}
