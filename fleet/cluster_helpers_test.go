@@ -22,7 +22,7 @@ import (
 // controlPlane starts an embedded NATS with a discovery bucket of the given
 // TTL for one test, and checks for leaked goroutines after everything the
 // test registered with t.Cleanup has run.
-func controlPlane(t *testing.T, ttl time.Duration) (context.Context, *nats.Conn, *discovery.Discovery) {
+func controlPlane(t testing.TB, ttl time.Duration) (context.Context, *nats.Conn, *discovery.Discovery) {
 	t.Helper()
 	// Registered first, so it runs last.
 	t.Cleanup(func() {
@@ -50,7 +50,7 @@ func controlPlane(t *testing.T, ttl time.Duration) (context.Context, *nats.Conn,
 
 // startWorker runs a worker around eng on the test's control plane until
 // the test ends; cfg's discovery is the test's in-memory one.
-func startWorker(t *testing.T, ctx context.Context, nc *nats.Conn, eng engine.Engine, cfg worker.Config) *worker.Worker {
+func startWorker(t testing.TB, ctx context.Context, nc *nats.Conn, eng engine.Engine, cfg worker.Config) *worker.Worker {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -1,0 +1,232 @@
+package fleet
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"runtime/metrics"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/frontend"
+	"github.com/kvmesh/kvmesh/internal/stages"
+	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/router"
+	"github.com/kvmesh/kvmesh/worker"
+	"github.com/kvmesh/kvmesh/workerclient"
+)
+
+// BenchmarkServeTurns is kvmesh's cost of one turn of a growing
+// conversation through the whole of `serve`: the HTTP handler, the
+// router (hash, index, choice), an in-process worker and a simulated
+// engine that takes no time (--speedup-ratio 0), one streamed token. A
+// turn adds a user message and an assistant answer of ~620 o200k tokens
+// each; turn 16's prompt is ~19.8k tokens.
+//
+// cold: the turn's conversation is new to kvmesh (a fresh cache_salt, so
+// neither the prefix-tokenization cache nor the engine holds any of it);
+// warm: the turn before was just served under the same salt, as a client
+// sends it. Besides ns/op it reports the request path's stages (means of
+// kvmesh_request_stage_seconds over the timed requests, µs): own-µs sums
+// kvmesh's own (read_body … dispatch, worker_admit, first_write), engine-µs
+// is the simulated engine's time to its first output; cpu-µs/op is the
+// process's CPU time over the timed request (every goroutine's, GC's too:
+// steadier than ns/op on a shared box), alloc-KB/op what it allocated.
+//
+//	go test ./fleet -run '^$' -bench ServeTurns -benchtime 30x
+func BenchmarkServeTurns(b *testing.B) {
+	ctx, nc, disc := controlPlane(b, 10*time.Second)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reg := prometheus.NewRegistry()
+	cfg := sim.DefaultConfig()
+	cfg.SpeedupRatio = 0
+	cfg.Blocks = 1 << 17 // every salt's conversation fits
+	cfg.MaxBatchedTokens = 1 << 16
+	eng, err := sim.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w := startWorker(b, ctx, nc, eng, worker.Config{Registerer: reg})
+	model, err := frontend.BuiltinModel(cfg.Model)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cl, err := New(ctx, Config{NC: nc, Discovery: disc, Models: []string{cfg.Model}, Local: []workerclient.Local{w.Local()},
+		Router: router.Config{Mode: router.ModeKV}, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	waitFor(b, 10*time.Second, "the cluster sees the worker", func() bool { return len(cl.router.Workers(cfg.Model, kv.RoleAggregated)) == 1 })
+	var models frontend.StaticModels
+	models.Add(model)
+	fcfg := frontend.DefaultConfig()
+	fcfg.Logger = slog.New(slog.DiscardHandler)
+	srv := frontend.New(fcfg, cl, &models, reg, reg)
+
+	conv := conversation(16)
+	serveTurn := func(turn int, salt string) {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(conv.body(turn, cfg.Model, salt)))
+		srv.ServeHTTP(w, r)
+		if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), "[DONE]") {
+			b.Fatalf("turn %d: status %d: %.300s", turn, w.Code, w.Body)
+		}
+	}
+	// The prefix cache checks its first hits against a whole tokenization;
+	// they are spent here, as a running server spends them at its start.
+	for i := range 20 {
+		serveTurn(1, "warmup-"+strconv.Itoa(i))
+		serveTurn(2, "warmup-"+strconv.Itoa(i))
+	}
+	if st := model.PrefixStats(); st.Off || st.Hits < 20 {
+		b.Fatalf("prefix cache after the warm-up: %+v", st)
+	}
+	serial := 0
+	for _, turn := range []int{1, 2, 4, 8, 16} {
+		for _, warm := range []bool{false, true} {
+			name := "turn=" + strconv.Itoa(turn) + "/cold"
+			if warm {
+				name = "turn=" + strconv.Itoa(turn) + "/warm"
+			}
+			b.Run(name, func(b *testing.B) {
+				var sums stageSums
+				var cpu time.Duration
+				var alloc uint64
+				n := 0
+				for b.Loop() {
+					b.StopTimer()
+					serial++
+					salt := "conv-" + strconv.Itoa(serial)
+					if warm && turn > 1 {
+						serveTurn(turn-1, salt)
+					}
+					before := readStages(b, reg)
+					cpu0, alloc0 := processCPU(), heapAllocs()
+					b.StartTimer()
+					// Labelled, so a CPU profile can show the timed turns alone
+					// (go tool pprof -tagfocus turn=timed).
+					pprof.Do(ctx, timedLabel, func(context.Context) { serveTurn(turn, salt) })
+					b.StopTimer()
+					cpu += processCPU() - cpu0
+					alloc += heapAllocs() - alloc0
+					sums.add(readStages(b, reg), before)
+					n++
+					b.StartTimer()
+				}
+				sums.report(b, n)
+				if n > 0 {
+					b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/op")
+					b.ReportMetric(float64(alloc)/1024/float64(n), "alloc-KB/op")
+				}
+			})
+		}
+	}
+}
+
+var timedLabel = pprof.Labels("turn", "timed")
+
+// chatConversation is a conversation's messages as JSON, one user and one
+// assistant message a turn.
+type chatConversation struct{ turns []string }
+
+func conversation(turns int) chatConversation {
+	para := func(turn int, who string) string {
+		var sb strings.Builder
+		for i := range 90 {
+			sb.WriteString(who + " " + strconv.Itoa(turn*1000+i) + " is " + strconv.Itoa(i*7) + ", ")
+		}
+		return sb.String()
+	}
+	var c chatConversation
+	for t := range turns {
+		c.turns = append(c.turns, `{"role":"user","content":"`+para(t, "question")+`"}`,
+			`{"role":"assistant","content":"`+para(t, "answer")+`"}`)
+	}
+	return c
+}
+
+// body is turn's request (1-based): the history and the turn's question.
+func (c chatConversation) body(turn int, model, salt string) string {
+	return `{"model":"` + model + `","stream":true,"max_tokens":1,"cache_salt":"` + salt + `","messages":[` +
+		strings.Join(c.turns[:2*turn-1], ",") + `]}`
+}
+
+// processCPU is the process's CPU time so far (every goroutine's: the
+// frontend's, the worker's, the event relay's, the embedded NATS's, GC).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// heapAllocs is the bytes the process has allocated on the heap so far.
+func heapAllocs() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// stageSums are the summed seconds of each stage over some requests.
+type stageSums map[string]float64
+
+func readStages(b *testing.B, g prometheus.Gatherer) map[string]float64 {
+	mfs, err := g.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != stages.Metric {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "stage" {
+					out[l.GetValue()] = m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (s *stageSums) add(after, before map[string]float64) {
+	if *s == nil {
+		*s = stageSums{}
+	}
+	for k, v := range after {
+		(*s)[k] += v - before[k]
+	}
+}
+
+// ownStages are kvmesh's own steps to a first token (first_token, from
+// dispatch to the worker's first chunk, holds worker_admit and the engine).
+var ownStages = []string{"read_body", "parse", "template", "tokenize", "hash", "route", "dispatch", "worker_admit", "first_write"}
+
+func (s stageSums) report(b *testing.B, n int) {
+	if n == 0 {
+		return
+	}
+	us := func(k string) float64 { return s[k] / float64(n) * 1e6 }
+	own := 0.0
+	for _, k := range ownStages {
+		own += us(k)
+	}
+	b.ReportMetric(own, "own-µs")
+	b.ReportMetric(us("engine_first_output"), "engine-µs")
+	for _, k := range []string{"parse", "template", "tokenize", "hash", "route"} {
+		b.ReportMetric(us(k), k+"-µs")
+	}
+}
