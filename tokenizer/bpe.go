@@ -15,12 +15,12 @@ import (
 type BPE struct {
 	name string
 
-	// pieces[id] is the raw bytes of token id; "" marks an unused id.
-	pieces  []string
-	special []bool // pieces[id] is a special added token
+	// pieces.at(id) is the raw bytes of token id; "" marks an unused id.
+	pieces  pieceTable
+	special []bool // id is a special added token
 
 	// vocab maps raw bytes to id for all mergeable (non-added) tokens.
-	vocab map[string]uint32
+	vocab *vocabTable
 	// merges (HF models) maps the pair (left<<32 | right) to
 	// (rank<<32 | result id). Nil for tiktoken encodings, where the rank of
 	// a merge is the id of the merged bytes (merging by vocab rank).
@@ -61,15 +61,15 @@ func (t *BPE) Name() string { return t.name }
 
 // VocabSize is one past the largest token id, added tokens included. Some
 // ids below it may be unused; they decode to "".
-func (t *BPE) VocabSize() int { return len(t.pieces) }
+func (t *BPE) VocabSize() int { return t.pieces.len() }
 
 // Piece returns the raw bytes of token id ("" for ids outside the vocabulary
 // or unused). It may be an incomplete UTF-8 sequence.
 func (t *BPE) Piece(id uint32) string {
-	if int64(id) >= int64(len(t.pieces)) {
+	if int64(id) >= int64(t.pieces.len()) {
 		return ""
 	}
-	return t.pieces[id]
+	return t.pieces.at(id)
 }
 
 // IsSpecial reports whether id is a special added token (e.g. <|im_end|>).
@@ -323,7 +323,7 @@ func (e *encodeState) piece(piece string) bool {
 func (e *encodeState) merge(piece string) {
 	t := e.t
 	if t.wholeFirst {
-		if id, ok := t.vocab[piece]; ok {
+		if id, ok := t.vocab.get(piece); ok {
 			e.out = append(e.out, id)
 			return
 		}
@@ -352,7 +352,7 @@ type mergeScratch struct {
 // [mid, b) of piece with ids ia and ib, and the id of the result.
 func (t *BPE) pairRank(piece string, a, b int, ia, ib uint32) (uint32, uint32) {
 	if t.merges == nil {
-		if id, ok := t.vocab[piece[a:b]]; ok {
+		if id, ok := t.vocab.get(piece[a:b]); ok {
 			return id, id
 		}
 		return noRank, 0
@@ -546,8 +546,8 @@ func (t *BPE) bytePairMergeHeap(out []uint32, piece string, s *mergeScratch) []u
 
 // setAdded installs the added tokens (special or not) for text matching.
 func (t *BPE) setAdded(tokens []addedToken) {
-	for _, p := range t.pieces {
-		t.longest = max(t.longest, len(p))
+	for id := range t.pieces.len() {
+		t.longest = max(t.longest, len(t.pieces.at(uint32(id))))
 	}
 	t.specialIDs = make(map[string]uint32, len(tokens))
 	for i := range t.addedByFirst {

@@ -159,16 +159,17 @@ func ParseHF(name string, data []byte) (*BPE, error) {
 	if maxID >= 1<<24 {
 		return nil, fmt.Errorf("token id %d is implausibly large", maxID)
 	}
-	t.pieces = make([]string, maxID+1)
+	pieces := make([]string, maxID+1)
 	t.special = make([]bool, maxID+1)
-	t.vocab = make(map[string]uint32, len(f.Model.Vocab))
+	entries := make([]vocabEntry, 0, len(f.Model.Vocab))
 	for s, id := range f.Model.Vocab {
 		raw := fromByteLevel(s)
-		t.pieces[id] = raw
-		t.vocab[raw] = id
+		pieces[id] = raw
+		entries = append(entries, vocabEntry{raw, id})
 	}
+	t.vocab = newVocabTable(entries)
 	for b := 0; b < 256; b++ {
-		id, ok := t.vocab[string([]byte{byte(b)})]
+		id, ok := t.vocab.get(string([]byte{byte(b)}))
 		if !ok {
 			return nil, fmt.Errorf("vocab has no token for byte %#x (%q): not a byte-level vocabulary", b, string(byteLevelEncode[b]))
 		}
@@ -195,10 +196,11 @@ func ParseHF(name string, data []byte) (*BPE, error) {
 
 	added := make([]addedToken, 0, len(f.AddedTokens))
 	for _, a := range f.AddedTokens {
-		t.pieces[a.ID] = a.Content
+		pieces[a.ID] = a.Content
 		t.special[a.ID] = a.Special
 		added = append(added, addedToken{content: a.Content, id: a.ID, special: a.Special})
 	}
+	t.pieces = newPieceTable(pieces)
 	t.setAdded(added)
 	return t, nil
 }

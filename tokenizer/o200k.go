@@ -51,33 +51,34 @@ func buildO200k() (*BPE, error) {
 	}
 	t := &BPE{
 		name:       "o200k_base",
-		pieces:     make([]string, O200kImSep+1),
 		special:    make([]bool, O200kImSep+1),
-		vocab:      make(map[string]uint32, o200kMergeable),
 		wholeFirst: true,
 		split:      patternSplitter{kind: kindO200k},
 	}
 	// The codec keeps its table private; Decode of each id reads it out.
 	one := make([]uint, 1)
+	pieces := make([]string, O200kImSep+1)
+	entries := make([]vocabEntry, o200kMergeable)
 	for id := 0; id < o200kMergeable; id++ {
 		one[0] = uint(id)
 		b, err := codec.Decode(one)
 		if err != nil || b == "" {
 			return nil, fmt.Errorf("tokenizer: embedded o200k_base lacks token %d: %v", id, err)
 		}
-		t.pieces[id] = b
-		t.vocab[b] = uint32(id)
+		pieces[id] = b
+		entries[id] = vocabEntry{b, uint32(id)}
 	}
+	for _, s := range specials {
+		pieces[s.id] = s.content
+		t.special[s.id] = true
+	}
+	t.pieces, t.vocab = newPieceTable(pieces), newVocabTable(entries)
 	for b := 0; b < 256; b++ {
-		id, ok := t.vocab[string([]byte{byte(b)})]
+		id, ok := t.vocab.get(string([]byte{byte(b)}))
 		if !ok {
 			return nil, fmt.Errorf("tokenizer: embedded o200k_base has no token for byte %#x", b)
 		}
 		t.byteID[b] = id
-	}
-	for _, s := range specials {
-		t.pieces[s.id] = s.content
-		t.special[s.id] = true
 	}
 	t.setAdded(specials)
 	return t, nil
