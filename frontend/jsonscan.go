@@ -225,43 +225,147 @@ func wordNeedsLook(x uint64) bool {
 // valid object or takes the slow path. A repeated key keeps its last
 // value, as encoding/json does.
 func splitObject(b []byte) (f fields, ok bool) {
-	i := skipSpace(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return nil, false
+	f, end := splitObjectAt(b, skipSpace(b, 0), 0, nil)
+	return f, end >= 0 && skipSpace(b, end) == len(b)
+}
+
+// splitObjectAt splits the object at b[i] (depth its nesting) and returns
+// its fields and end, or end -1. value, when set, scans a field's value
+// instead of scanValue (returning its end, or -1), e.g. to split it in the
+// same pass; it must accept exactly what scanValue does or return -1.
+func splitObjectAt(b []byte, i, depth int, value func(key string, b []byte, i int) int) (f fields, end int) {
+	if i >= len(b) || b[i] != '{' || depth >= scanMaxDepth {
+		return nil, -1
 	}
 	i = skipSpace(b, i+1)
 	f = make(fields, 8)
 	if i < len(b) && b[i] == '}' {
-		return f, skipSpace(b, i+1) == len(b)
+		return f, i + 1
 	}
 	for {
 		if i >= len(b) || b[i] != '"' {
-			return nil, false
+			return nil, -1
 		}
 		kend, plain := scanString(b, i)
 		if kend < 0 || !plain {
-			return nil, false
+			return nil, -1
 		}
-		key := b[i+1 : kend-1]
+		key := internKey(b[i+1 : kend-1])
 		i = skipSpace(b, kend)
 		if i >= len(b) || b[i] != ':' {
-			return nil, false
+			return nil, -1
 		}
 		vstart := skipSpace(b, i+1)
-		vend := scanValue(b, vstart, 1)
-		if vend < 0 {
-			return nil, false
+		var vend int
+		if value != nil {
+			vend = value(key, b, vstart)
+		} else {
+			vend = scanValue(b, vstart, depth+1)
 		}
-		f[internKey(key)] = json.RawMessage(b[vstart:vend:vend])
+		if vend < 0 {
+			return nil, -1
+		}
+		f[key] = json.RawMessage(b[vstart:vend:vend])
 		i = skipSpace(b, vend)
 		if i >= len(b) {
-			return nil, false
+			return nil, -1
 		}
 		if b[i] == '}' {
-			return f, skipSpace(b, i+1) == len(b)
+			return f, i + 1
 		}
 		if b[i] != ',' {
-			return nil, false
+			return nil, -1
+		}
+		i = skipSpace(b, i+1)
+	}
+}
+
+// splitMessage is one chat message's fields, and its content's value when
+// the scan found it a plain string (contentOK); or, on the general path,
+// the message's JSON (raw) still to be split.
+type splitMessage struct {
+	f         fields
+	content   string
+	contentOK bool
+	raw       json.RawMessage
+}
+
+// splitChat is splitObject for a chat request that also splits the
+// messages array, each message and each plain string content in the same
+// pass: a long conversation's bytes are read once, not four times. msgs is
+// nil (and the caller takes the general path) unless messages is an array
+// of objects.
+func splitChat(b []byte) (f fields, msgs []splitMessage, ok bool) {
+	var parsed []splitMessage
+	messages := func(key string, b []byte, i int) int {
+		if key == "messages" {
+			msgs = nil // a repeated key: the last one's value counts
+		}
+		if key != "messages" || i >= len(b) || b[i] != '[' {
+			return scanValue(b, i, 1)
+		}
+		parsed = parsed[:0]
+		end := scanArrayWith(b, i, 1, func(b []byte, i int) int {
+			var m splitMessage
+			if i >= len(b) || b[i] != '{' {
+				return -1 // not an object: the general path words the error
+			}
+			f, end := splitObjectAt(b, i, 2, func(key string, b []byte, i int) int {
+				if key == "content" {
+					m.content, m.contentOK = "", false
+				}
+				if key != "content" || i >= len(b) || b[i] != '"' {
+					return scanValue(b, i, 3)
+				}
+				end, plain := scanString(b, i)
+				if end >= 0 && plain {
+					m.content, m.contentOK = string(b[i+1:end-1]), true
+				}
+				return end
+			})
+			if end >= 0 {
+				m.f = f
+				parsed = append(parsed, m)
+			}
+			return end
+		})
+		if end >= 0 {
+			msgs = parsed
+			parsed = nil
+		}
+		return end
+	}
+	f, end := splitObjectAt(b, skipSpace(b, 0), 0, messages)
+	if end < 0 || skipSpace(b, end) != len(b) {
+		return nil, nil, false
+	}
+	return f, msgs, true
+}
+
+// scanArrayWith scans the array at b[i] (depth its nesting), scanning each
+// element with elem (which returns its end, or -1); it returns the array's
+// end, or -1.
+func scanArrayWith(b []byte, i, depth int, elem func(b []byte, i int) int) int {
+	if i >= len(b) || b[i] != '[' || depth >= scanMaxDepth {
+		return -1
+	}
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return i + 1
+	}
+	for {
+		if i = elem(b, i); i < 0 {
+			return -1
+		}
+		i = skipSpace(b, i)
+		if i >= len(b) {
+			return -1
+		}
+		if b[i] == ']' {
+			return i + 1
+		}
+		if b[i] != ',' {
+			return -1
 		}
 		i = skipSpace(b, i+1)
 	}

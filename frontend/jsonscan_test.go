@@ -17,6 +17,10 @@ var splitSeeds = []string{
 	`{"a":1,}`, `[1,]`, `{"a" 1}`, `{"a":1}x`, `{"a":1}}`, `{"\u0061":1}`, `{"a":"\x"}`, `{"a":"\u12g4"}`,
 	`{"a":[1 2]}`, `{"a":{"b":1,"b":}}`, `{"` + "\xff" + `":1}`, `[1]`, `{"a":"` + "\u2028" + `"}`,
 	"{\"a\":1}\f", "\t[\r\n1\n]\t",
+	`{"messages":[{"role":"user","content":"a"},{"content":"b","content":[1]}],"messages":[{"content":"c"}]}`,
+	`{"messages":[{"content":"a","content":"b\n"},{"content":"c"}],"messages":"x"}`,
+	`{"messages":[{"content":[{"type":"text","text":"t"}]}, 1]}`, `{"messages":[]}`, `{"messages":[{}]}`,
+	`{"model":"m","messages":[{"role":"user","name":"n","content":"caf` + "\xff" + `"},{"content":null}]}`,
 }
 
 // checkSplit holds the fast splitter to encoding/json: whatever it accepts,
@@ -30,6 +34,28 @@ func checkSplit(t *testing.T, b []byte) {
 		}
 		if !maps.EqualFunc(f, want, func(x, y json.RawMessage) bool { return bytes.Equal(x, y) }) {
 			t.Fatalf("splitObject(%q) = %q, encoding/json %q", b, f, want)
+		}
+	}
+	if f, msgs, ok := splitChat(b); ok {
+		whole, ok := splitObject(b)
+		if !ok || !maps.EqualFunc(f, whole, func(x, y json.RawMessage) bool { return bytes.Equal(x, y) }) {
+			t.Fatalf("splitChat(%q) = %q, splitObject %q (%v)", b, f, whole, ok)
+		}
+		if msgs != nil {
+			items, ok := splitArray(f["messages"])
+			if !ok || len(items) != len(msgs) {
+				t.Fatalf("splitChat(%q): %d messages, splitArray %d (%v)", b, len(msgs), len(items), ok)
+			}
+			for i, it := range items {
+				mf, ok := splitObject(it)
+				if !ok || !maps.EqualFunc(mf, msgs[i].f, func(x, y json.RawMessage) bool { return bytes.Equal(x, y) }) {
+					t.Fatalf("splitChat(%q): message %d %q, splitObject %q (%v)", b, i, msgs[i].f, mf, ok)
+				}
+				want, plain := plainString(mf["content"])
+				if plain != msgs[i].contentOK || want != msgs[i].content {
+					t.Fatalf("splitChat(%q): message %d content %q (%v), plainString %q (%v)", b, i, msgs[i].content, msgs[i].contentOK, want, plain)
+				}
+			}
 		}
 	}
 	if items, ok := splitArray(b); ok {
@@ -61,6 +87,9 @@ func TestSplitJSON(t *testing.T) {
 		if _, ok := splitObject([]byte(s)); !ok {
 			t.Errorf("splitObject declined %q", s)
 		}
+	}
+	if _, msgs, ok := splitChat([]byte(splitSeeds[0])); !ok || len(msgs) != 1 || msgs[0].content != "hi" || !msgs[0].contentOK {
+		t.Errorf("splitChat(%q) = %+v, %v: want one message read in the same pass", splitSeeds[0], msgs, ok)
 	}
 	if f, _ := splitObject([]byte(`{"a":1,"a":2}`)); string(f["a"]) != "2" {
 		t.Errorf("repeated key: got %s, want the last value", f["a"])

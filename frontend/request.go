@@ -534,29 +534,51 @@ func (f fields) model() (string, *apiError) {
 
 var chatRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
 
-func parseChat(body []byte) (*chatRequest, *apiError) {
-	f, err := parseObject(body)
-	if err != nil {
-		return nil, err
+func parseChat(body []byte) (*chatRequest, *apiError) { return parseChatWith(body, true) }
+
+// parseChatWith is parseChat; split false takes the general path only (the
+// tests hold the two to the same answers).
+func parseChatWith(body []byte, split bool) (*chatRequest, *apiError) {
+	var f fields
+	var msgs []splitMessage
+	ok := false
+	if split {
+		f, msgs, ok = splitChat(bytes.TrimSpace(body))
+	}
+	if !ok || msgs == nil {
+		// The general path, which also words every error.
+		var err *apiError
+		if f, err = parseObject(body); err != nil {
+			return nil, err
+		}
+		msgs = nil
 	}
 	r := &chatRequest{}
+	var err *apiError
 	if r.Model, err = f.model(); err != nil {
 		return nil, err
 	}
-	v, ok := f["messages"]
-	if !ok || isNull(v) {
-		return nil, invalid("messages", "'messages' is required")
-	}
-	raw, ok := splitArray(v)
-	if !ok {
-		if e := json.Unmarshal(v, &raw); e != nil {
-			return nil, invalid("messages", "'messages' must be an array, got %s", jsonKind(v))
+	if msgs == nil {
+		v, ok := f["messages"]
+		if !ok || isNull(v) {
+			return nil, invalid("messages", "'messages' is required")
+		}
+		raw, ok := splitArray(v)
+		if !ok {
+			if e := json.Unmarshal(v, &raw); e != nil {
+				return nil, invalid("messages", "'messages' must be an array, got %s", jsonKind(v))
+			}
+		}
+		msgs = make([]splitMessage, len(raw))
+		for i, m := range raw {
+			msgs[i].raw = m
 		}
 	}
-	if len(raw) == 0 {
+	if len(msgs) == 0 {
 		return nil, invalid("messages", "'messages' must hold at least one message")
 	}
-	for i, m := range raw {
+	r.Messages = make([]Message, 0, len(msgs))
+	for i, m := range msgs {
 		msg, err := parseMessage(i, m)
 		if err != nil {
 			return nil, err
@@ -569,11 +591,16 @@ func parseChat(body []byte) (*chatRequest, *apiError) {
 	return r, nil
 }
 
-func parseMessage(i int, raw json.RawMessage) (Message, *apiError) {
-	at := fmt.Sprintf("messages[%d]", i)
-	m, err := parseObject(raw)
-	if err != nil {
-		return Message{}, invalid(at, "'%s' must be an object, got %s", at, jsonKind(raw))
+// parseMessage validates one message's fields; sm.content is its content
+// when the split already read it as a plain string.
+func parseMessage(i int, sm splitMessage) (Message, *apiError) {
+	at := "messages[" + strconv.Itoa(i) + "]"
+	m := sm.f
+	if m == nil {
+		var err *apiError
+		if m, err = parseObject(sm.raw); err != nil {
+			return Message{}, invalid(at, "'%s' must be an object, got %s", at, jsonKind(sm.raw))
+		}
 	}
 	var msg Message
 	role, err := m.str("role")
@@ -600,6 +627,8 @@ func parseMessage(i int, raw json.RawMessage) (Message, *apiError) {
 		if role != "assistant" {
 			return msg, invalid(at+".content", "'%s.content' is required for role %q", at, role)
 		}
+	case sm.contentOK:
+		msg.Content = sm.content
 	default:
 		text, err := parseContent(at+".content", c)
 		if err != nil {

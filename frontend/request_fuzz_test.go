@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math"
 	"net/http"
+	"reflect"
 	"testing"
 )
 
@@ -24,6 +25,9 @@ func FuzzParse(f *testing.F) {
 		`{"model":"m","messages":[{"role":"tool","content":"1","tool_call_id":"c"}],"store":true,"metadata":{"a":"b"},"service_tier":"auto","parallel_tool_calls":false}`,
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"logit_bias":{"1":-100},"seed":1e2}`,
 		`{"model":"m","prompt":"a","best_of":1,"logprobs":null,"suffix":""}`,
+		`{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"a\nb","name":"n"},{"role":"assistant","content":null}]}`,
+		`{"model":"m","messages":[{"role":"bad","content":"x"},1]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x","content":[{"type":"text","text":"y"}]}],"messages":[{"role":"user","content":"z"}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -83,6 +87,11 @@ func FuzzParse(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
+		r1, e1 := parseChatWith(body, true)
+		r2, e2 := parseChatWith(body, false)
+		if !reflect.DeepEqual(r1, r2) || !reflect.DeepEqual(e1, e2) {
+			t.Fatalf("chat %q: the one-pass split gives %+v, %+v; the general path %+v, %+v", body, r1, e1, r2, e2)
+		}
 		if r, err := parseChat(body); err != nil {
 			if err.Status != http.StatusBadRequest || err.Message == "" {
 				t.Fatalf("chat: %d %q", err.Status, err.Message)
