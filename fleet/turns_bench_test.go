@@ -74,14 +74,15 @@ func BenchmarkServeTurns(b *testing.B) {
 	srv := frontend.New(fcfg, cl, &models, reg, reg)
 
 	conv := conversation(16)
-	serveTurn := func(turn int, salt string) {
+	serveBody := func(turn int, body string) {
 		w := httptest.NewRecorder()
-		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(conv.body(turn, cfg.Model, salt)))
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 		srv.ServeHTTP(w, r)
 		if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), "[DONE]") {
 			b.Fatalf("turn %d: status %d: %.300s", turn, w.Code, w.Body)
 		}
 	}
+	serveTurn := func(turn int, salt string) { serveBody(turn, conv.body(turn, cfg.Model, salt)) }
 	// The prefix cache checks its first hits against a whole tokenization;
 	// they are spent here, as a running server spends them at its start.
 	for i := range 20 {
@@ -110,12 +111,13 @@ func BenchmarkServeTurns(b *testing.B) {
 					if warm && turn > 1 {
 						serveTurn(turn-1, salt)
 					}
+					body := conv.body(turn, cfg.Model, salt)
 					before := readStages(b, reg)
 					cpu0, alloc0 := processCPU(), heapAllocs()
 					b.StartTimer()
 					// Labelled, so a CPU profile can show the timed turns alone
 					// (go tool pprof -tagfocus turn=timed).
-					pprof.Do(ctx, timedLabel, func(context.Context) { serveTurn(turn, salt) })
+					pprof.Do(ctx, timedLabel, func(context.Context) { serveBody(turn, body) })
 					b.StopTimer()
 					cpu += processCPU() - cpu0
 					alloc += heapAllocs() - alloc0
