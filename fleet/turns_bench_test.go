@@ -39,7 +39,8 @@ import (
 // kvmesh's own (read_body … dispatch, worker_admit, first_write), engine-µs
 // is the simulated engine's time to its first output; cpu-µs/op is the
 // process's CPU time over the timed request (every goroutine's, GC's too:
-// steadier than ns/op on a shared box), alloc-KB/op what it allocated.
+// steadier than ns/op on a shared box), alloc-KB/op what it allocated,
+// gc-ns/KB the collector's CPU per KB allocated over the whole run.
 //
 //	go test ./fleet -run '^$' -bench ServeTurns -benchtime 30x
 func BenchmarkServeTurns(b *testing.B) {
@@ -104,6 +105,7 @@ func BenchmarkServeTurns(b *testing.B) {
 				var cpu time.Duration
 				var alloc uint64
 				n := 0
+				gc0, all0 := gcCPU(), heapAllocs()
 				for b.Loop() {
 					b.StopTimer()
 					serial++
@@ -126,6 +128,11 @@ func BenchmarkServeTurns(b *testing.B) {
 					b.StartTimer()
 				}
 				sums.report(b, n)
+				if all := heapAllocs() - all0; all > 0 {
+					// The collector's CPU per KB allocated over the whole run
+					// (untimed turns too): what each allocated byte costs.
+					b.ReportMetric(float64(gcCPU()-gc0)/float64(all)*1024, "gc-ns/KB")
+				}
 				if n > 0 {
 					b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/op")
 					b.ReportMetric(float64(alloc)/1024/float64(n), "alloc-KB/op")
@@ -178,6 +185,14 @@ func heapAllocs() uint64 {
 	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
 	metrics.Read(s)
 	return s[0].Value.Uint64()
+}
+
+// gcCPU is the CPU time the garbage collector has used so far, in ns
+// (runtime/metrics' estimate).
+func gcCPU() float64 {
+	s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	metrics.Read(s)
+	return s[0].Value.Float64() * 1e9
 }
 
 // stageSums are the summed seconds of each stage over some requests.
