@@ -223,3 +223,28 @@ func TestPrefixCacheScopes(t *testing.T) {
 		t.Fatal("tenant-a did not reuse its own prompt")
 	}
 }
+
+// BenchmarkPrefixCutKeys is what a prompt's bytes cost the prefix cache
+// before any tokenizing: finding the cuts and hashing the text before
+// each, over 16 turns of plain prose (~60 KB, 31 messages). It is the
+// cache's O(bytes) part, which a turn pays over its whole history (MB/s).
+func BenchmarkPrefixCutKeys(b *testing.B) {
+	tok, tmpl := chatBPE(b)
+	var msgs []Message
+	for turn := range 16 {
+		var s strings.Builder
+		for i := range 90 {
+			fmt.Fprintf(&s, "answer %d is %d, ", turn*1000+i, i*7)
+		}
+		msgs = append(msgs, Message{Role: "user", Content: s.String()}, Message{Role: "assistant", Content: s.String()})
+	}
+	text, err := tmpl.Render(msgs[:31], true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := NewPrefixCache(tok, 1<<20)
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		c.cutKeys("salt", text)
+	}
+}
