@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -94,4 +95,21 @@ func BenchmarkEncodeChatShort(b *testing.B) {
 			b.Fatal("no tokens")
 		}
 	}
+}
+
+// BenchmarkGCCycleO200k is one full garbage collection with the o200k
+// tables live, the rest of the heap nearly empty: what marking the
+// vocabulary adds to every GC cycle of a process that tokenizes.
+//
+//	go test ./tokenizer -run '^$' -bench GCCycle -benchtime 20x
+func BenchmarkGCCycleO200k(b *testing.B) {
+	tok, err := O200k()
+	if err != nil {
+		b.Fatal(err)
+	}
+	runtime.GC()
+	for b.Loop() {
+		runtime.GC()
+	}
+	runtime.KeepAlive(tok)
 }
