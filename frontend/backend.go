@@ -56,6 +56,12 @@ type Model struct {
 	// with its cache: nothing writes to a prompt.
 	RenderChat     func(msgs []Message, max int) (text string, over bool, err error)
 	EncodeRendered func(text, salt string, max int) (ids []uint32, done bool)
+	// KeepAnswer, when set, is given a finished chat turn after its
+	// response: the prompt as RenderChat rendered it, the answer's text and
+	// the end token that ended it. A conversation's next turn resends the
+	// answer; a model with a prefix cache tokenizes prompt and answer
+	// through it here, off the next request's path.
+	KeepAnswer func(salt, prompt, answer string, eos uint32)
 	// NewDetokenizer returns an incremental, UTF-8-safe decoder.
 	NewDetokenizer func() Detokenizer
 	// EOS token ids end a generation with finish reason "stop".

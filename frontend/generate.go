@@ -26,6 +26,10 @@ type usage struct {
 type genOutcome struct {
 	Finish kv.FinishReason
 	Usage  usage
+	// EOS is the end token that ended the generation, when one did (EndsEOS):
+	// not a stop string, not a length limit.
+	EOS     uint32
+	EndsEOS bool
 }
 
 // generate runs one prompt to completion, calling emit with every piece of
@@ -167,6 +171,9 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 		}
 	}
 	out.Usage.CompletionTokens = len(generated)
+	if n := len(generated); n > 0 && !stopHit && isEOS(m, generated[n-1]) {
+		out.EOS, out.EndsEOS = generated[n-1], true
+	}
 	return out, nil
 }
 

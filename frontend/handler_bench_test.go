@@ -126,10 +126,13 @@ func (discardSpans) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error 
 func (discardSpans) Shutdown(context.Context) error                             { return nil }
 
 // BenchmarkChatTurns is the frontend's cost of one turn of a growing
-// conversation (about 1,200 tokens a turn, built-in o200k tokenizer and
-// ChatML): parse, template, tokenize, a backend that answers one token at
-// once. cached: the model's prefix cache holds the turn before (as when
-// the client sent it), whole: no cache.
+// conversation (a question and an answer of ~700 tokens a turn, built-in
+// o200k tokenizer and ChatML): parse, template, tokenize, a backend that
+// answers at once. whole: no prefix cache; cached: the cache holds the
+// turn before's prompt (as when the client sent it); answered: it also
+// holds that turn's answer, kept after the answer ended (as when kvmesh
+// generated the answer the client resends), so the turn tokenizes only
+// its new question.
 //
 //	go test ./frontend -run '^$' -bench ChatTurns
 func BenchmarkChatTurns(b *testing.B) {
@@ -137,9 +140,12 @@ func BenchmarkChatTurns(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	tok := tokenizerOf(b)
+	eos, _ := tok.TokenID("<|im_end|>")
+	be := &answerBackend{ids: []uint32{120}, eos: eos}
 	reg := prometheus.NewRegistry()
-	s := New(DefaultConfig(), &fakeBackend{reply: "x"}, models{m}, reg, reg)
-	var bodies []string
+	s := New(DefaultConfig(), be, models{m}, reg, reg)
+	var bodies, open, answers []string
 	history := ""
 	para := func(turn int, who string) string {
 		var sb strings.Builder
@@ -153,7 +159,11 @@ func BenchmarkChatTurns(b *testing.B) {
 			history += ","
 		}
 		history += `{"role":"user","content":"` + para(turn, "question") + `"}`
+		// Timed turns stop at one token (no end token: nothing kept); the
+		// turn before an answered one runs to its end token.
 		bodies = append(bodies, `{"model":"test-model","stream":true,"max_tokens":1,"messages":[`+history+`]}`)
+		open = append(open, `{"model":"test-model","stream":true,"max_tokens":4096,"messages":[`+history+`]}`)
+		answers = append(answers, para(turn, "answer"))
 		history += `,{"role":"assistant","content":"` + para(turn, "answer") + `"}`
 	}
 	serveOnce := func(body string) {
@@ -164,21 +174,25 @@ func BenchmarkChatTurns(b *testing.B) {
 		}
 	}
 	for _, turn := range []int{1, 2, 4, 8, 16} {
-		for _, cached := range []bool{false, true} {
-			name := "turn=" + strconv.Itoa(turn) + "/whole"
-			if cached {
-				name = "turn=" + strconv.Itoa(turn) + "/cached"
+		for _, mode := range []string{"whole", "cached", "answered"} {
+			if turn == 1 && mode == "answered" {
+				continue
 			}
-			b.Run(name, func(b *testing.B) {
+			b.Run("turn="+strconv.Itoa(turn)+"/"+mode, func(b *testing.B) {
 				for b.Loop() {
 					b.StopTimer()
 					m.prefixCache = nil
-					if cached {
-						m.prefixCache = tokenizer.NewPrefixCache(tokenizerOf(b), PrefixCacheTokens)
+					if mode != "whole" {
+						m.prefixCache = tokenizer.NewPrefixCache(tok, PrefixCacheTokens)
 						m.prefixCache.Verify(0) // as after its first hits
-						if turn > 1 {
-							serveOnce(bodies[turn-2])
-						}
+					}
+					switch {
+					case turn > 1 && mode == "cached":
+						serveOnce(bodies[turn-2])
+					case turn > 1 && mode == "answered":
+						be.ids = tok.Encode(answers[turn-2])
+						serveOnce(open[turn-2])
+						be.ids = []uint32{120}
 					}
 					b.StartTimer()
 					serveOnce(bodies[turn-1])

@@ -55,7 +55,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 		return ""
 	}
 	_, tsp := childSpan(r.Context(), "tokenize")
-	prompt, aerr := s.encodeChat(r, m, req.Messages, req.CacheSalt)
+	prompt, promptText, aerr := s.encodeChat(r, m, req.Messages, req.CacheSalt)
 	if tsp.IsRecording() { // the variadic attributes would allocate even for a no-op span
 		tsp.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", len(prompt)))
 	}
@@ -76,6 +76,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 			writeError(w, aerr)
 			return m.Name
 		}
+		defer s.keepAnswer(m, req.CacheSalt, promptText, string(text), out)
 		writeJSON(w, http.StatusOK, map[string]any{
 			"id": id, "object": "chat.completion", "created": created, "model": m.Name,
 			"choices": []any{map[string]any{
@@ -91,7 +92,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 
 	sse := newSSE(w)
 	ev := newStreamEvents(id, "chat.completion.chunk", created, m.Name, true, req.IncludeUsage)
+	// The answer's text, for keepAnswer (only when the model keeps answers).
+	var answer []byte
+	keep := m.KeepAnswer != nil && promptText != ""
 	out, aerr := s.generate(r.Context(), m, id, prompt, req.genParams, func(t string) error {
+		if keep {
+			answer = append(answer, t...)
+		}
 		if !sse.started {
 			// Buffered: it goes out in one write with the first text.
 			if err := sse.write(ev.role()); err != nil {
@@ -108,6 +115,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 		_ = sse.write(ev.role())
 	}
 	sse.end(ev, out)
+	s.keepAnswer(m, req.CacheSalt, promptText, string(answer), out)
 	return m.Name
 }
 

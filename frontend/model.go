@@ -40,6 +40,15 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 		}
 		return tok.EncodeUpTo(text, true, max)
 	}
+	// The next turn renders the answer defused, as user text, and the
+	// template puts a marker right after it (ChatML's <|im_end|>); the
+	// cache cuts there, so it finds prompt + answer. A template that
+	// renders the answer otherwise (trimmed, reasoning dropped) just misses.
+	m.KeepAnswer = func(salt, prompt, answer string, eos uint32) {
+		if c := m.prefixCache; c != nil && tok.IsSpecial(eos) {
+			c.EncodeUpTo(salt, prompt+tok.Defuse(answer)+tok.Piece(eos), 0)
+		}
+	}
 	m.EncodeChatUpTo = func(msgs []Message, max int) ([]uint32, bool, error) {
 		text, over, err := m.RenderChat(msgs, max)
 		if err != nil || over {

@@ -32,11 +32,12 @@ func tooManyTokens(param string, limit int) *apiError {
 }
 
 // encodeChat tokenizes a chat request's messages up to the context limit;
-// salt is the request's cache salt.
-func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message, salt string) ([]uint32, *apiError) {
+// salt is the request's cache salt. text is the rendered prompt when the
+// model renders and encodes apart (RenderChat), else "".
+func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message, salt string) (ids []uint32, text string, aerr *apiError) {
 	release, aerr := s.tokenizing(r.Context())
 	if aerr != nil {
-		return nil, aerr
+		return nil, "", aerr
 	}
 	defer release()
 	limit := s.maxContext(m)
@@ -44,32 +45,49 @@ func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message, salt stri
 		text, over, err := m.RenderChat(msgs, limit)
 		switch {
 		case err != nil:
-			return nil, invalid("messages", "the chat template could not render these messages: %v", err)
+			return nil, "", invalid("messages", "the chat template could not render these messages: %v", err)
 		case over:
-			return nil, tooManyTokens("messages", limit)
+			return nil, "", tooManyTokens("messages", limit)
 		}
 		stages.From(r.Context()).Mark(stages.Template)
 		ids, done := m.EncodeRendered(text, salt, limit)
 		if !done {
-			return nil, tooManyTokens("messages", limit)
+			return nil, "", tooManyTokens("messages", limit)
 		}
-		return ids, nil
+		return ids, text, nil
 	}
 	if m.EncodeChatUpTo == nil {
 		ids, err := m.EncodeChat(msgs)
 		if err != nil {
-			return nil, invalid("messages", "the chat template could not render these messages: %v", err)
+			return nil, "", invalid("messages", "the chat template could not render these messages: %v", err)
 		}
-		return ids, nil
+		return ids, "", nil
 	}
 	ids, done, err := m.EncodeChatUpTo(msgs, limit)
 	switch {
 	case err != nil:
-		return nil, invalid("messages", "the chat template could not render these messages: %v", err)
+		return nil, "", invalid("messages", "the chat template could not render these messages: %v", err)
 	case !done:
-		return nil, tooManyTokens("messages", limit)
+		return nil, "", tooManyTokens("messages", limit)
 	}
-	return ids, nil
+	return ids, "", nil
+}
+
+// keepAnswer gives a finished chat turn (its rendered prompt and the
+// answer that an end token ended) to the model's KeepAnswer, after the
+// response went out, so the conversation's next turn, which resends the
+// answer, tokenizes only what follows it. It is optional work: done only
+// when a tokenizer slot is free at once.
+func (s *Server) keepAnswer(m *Model, salt, prompt, answer string, out genOutcome) {
+	if m.KeepAnswer == nil || prompt == "" || !out.EndsEOS {
+		return
+	}
+	select {
+	case s.tokenSlots <- struct{}{}:
+		defer func() { <-s.tokenSlots }()
+		m.KeepAnswer(salt, prompt, answer, out.EOS)
+	default:
+	}
 }
 
 // encodeText tokenizes one plain-text prompt up to the context limit.
