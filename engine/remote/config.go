@@ -50,6 +50,11 @@ const DefaultStatsInterval = 500 * time.Millisecond
 // WithDefaults checks URL and returns the configuration with URL in its
 // canonical form (no trailing slash) and every unset field at its default.
 // kind names the engine in the error ("vllm").
+// EngineIdleConnTimeout is how long the default client keeps an idle
+// connection to an engine: under the 5 s after which vLLM's, SGLang's and
+// TensorRT-LLM's uvicorn servers close one.
+const EngineIdleConnTimeout = 4 * time.Second
+
 func (c Config) WithDefaults(kind string) (Config, error) {
 	base, err := CheckURL(c.URL)
 	if err != nil {
@@ -69,8 +74,11 @@ func (c Config) WithDefaults(kind string) (Config, error) {
 		c.HealthInterval = DefaultHealthInterval
 	}
 	if c.Client == nil {
-		// Pooled for the many concurrent streams one engine serves.
-		c.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}}
+		// Pooled for the many concurrent streams one engine serves. The
+		// engines' uvicorn servers close a connection idle for 5 s
+		// (timeout_keep_alive): ours let go first, so no request is sent
+		// on a connection the engine is closing.
+		c.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: EngineIdleConnTimeout}}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -21,6 +21,10 @@ func TestConfigWithDefaults(t *testing.T) {
 		c.StatsInterval != DefaultStatsInterval || c.HealthInterval != DefaultHealthInterval || c.Client == nil || c.Logger == nil {
 		t.Fatalf("defaults %+v", c)
 	}
+	// uvicorn (every engine's server) closes an idle connection after 5 s.
+	if tr, ok := c.Client.Transport.(*http.Transport); !ok || tr.IdleConnTimeout <= 0 || tr.IdleConnTimeout >= 5*time.Second {
+		t.Fatalf("default transport %+v: idle connections must be let go before the engine's 5 s", c.Client.Transport)
+	}
 	client, log := &http.Client{}, slog.New(slog.DiscardHandler)
 	set := Config{URL: "https://e:1", Model: "m", Role: kv.RolePrefill, DPSize: 4, BlockSize: 32, Events: "tcp://e:5557",
 		ReplayEvents: "tcp://e:5558", Topic: "kv", StatsInterval: time.Second, HealthInterval: time.Minute, Client: client, Logger: log}
