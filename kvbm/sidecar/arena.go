@@ -16,13 +16,36 @@ import (
 //
 //	[0, 64)       header: "KVMESHAR", then little-endian uint64s: version,
 //	              block bytes, host slots, host offset, staging slots,
-//	              staging offset
+//	              staging offset, and (version 2) the number of tensors T
+//	[64, 64+8T)   version 2: each tensor's bytes of a block
 //	[4096, …)     the host tier's slots, block bytes each
 //	[staging, …)  the staging slots the engine's worker copies through
+//
+// Version 1 lays the staging slots block by block, each a whole block.
+// Version 2 (a worker that registers its tensors) lays them tensor by
+// tensor: tensor i's piece of slot s at staging + slots·(bytes of the
+// tensors before i) + s·(tensor i's bytes), so a step's blocks of one
+// tensor in consecutive slots are one contiguous run, which the worker
+// fills with one gather per tensor instead of one copy per block. The host
+// tier's slots hold whole blocks in either version (the tiers, checksums
+// and recovery do not see the staging layout). The staging offset sits
+// align bytes past a page boundary: the worker asks for an offset away
+// from its tensors' own page offsets, because copies between addresses a
+// few bytes apart modulo 4 KiB run at half speed on x86 (4K aliasing;
+// docs/benchmarks.md §8).
 const (
 	arenaMagic   = "KVMESHAR"
 	arenaVersion = 1
-	arenaDataOff = 4096
+	// arenaVersionTensors is the tensor-by-tensor staging layout.
+	arenaVersionTensors = 2
+	arenaDataOff        = 4096
+	arenaPage           = 4096
+	// maxTensors is what the header's page holds.
+	maxTensors = (arenaDataOff - 64) / 8
+	// DefaultStagingAlign is the staging offset's distance past a page
+	// boundary when the worker asks for none: half a page, away from the
+	// small offsets allocators give large arrays.
+	DefaultStagingAlign = 2048
 )
 
 // arena is the shared-memory file the sidecar creates and owns: mode 0600,
@@ -34,13 +57,46 @@ type arena struct {
 	bb                 int
 	hostSlots, staging int
 	stagingOff         int
+	// tensors is each tensor's bytes of a block, staged tensor by tensor
+	// (version 2); nil stages whole blocks. tensorOff[i] is tensor i's
+	// first staging byte.
+	tensors, tensorOff []int
 }
 
-func createArena(dir, name string, blockBytes, hostSlots, staging int) (*arena, error) {
+// validLayout checks a registration's tensors (nil or empty: whole blocks)
+// and staging alignment against bb-byte blocks.
+func validLayout(bb int, tensors []int, align int) error {
+	if align < 0 || align >= arenaPage || align%64 != 0 {
+		return fmt.Errorf("staging_align %d, want a multiple of 64 in [0, %d)", align, arenaPage)
+	}
+	if len(tensors) == 0 {
+		return nil
+	}
+	if len(tensors) > maxTensors {
+		return fmt.Errorf("%d tensors, at most %d", len(tensors), maxTensors)
+	}
+	sum := 0
+	for _, n := range tensors {
+		if n <= 0 {
+			return fmt.Errorf("tensor_bytes %v: each must be > 0", tensors)
+		}
+		sum += n
+	}
+	if sum != bb {
+		return fmt.Errorf("tensor_bytes sum to %d, block_bytes is %d", sum, bb)
+	}
+	return nil
+}
+
+func createArena(dir, name string, blockBytes, hostSlots, staging int, tensors []int, align int) (*arena, error) {
 	if blockBytes <= 0 || hostSlots < 0 || staging <= 0 {
 		return nil, fmt.Errorf("arena of %d host and %d staging slots × %d bytes", hostSlots, staging, blockBytes)
 	}
-	stagingOff := arenaDataOff + hostSlots*blockBytes
+	if err := validLayout(blockBytes, tensors, align); err != nil {
+		return nil, err
+	}
+	hostEnd := arenaDataOff + hostSlots*blockBytes
+	stagingOff := (hostEnd+arenaPage-1)/arenaPage*arenaPage + align
 	size := stagingOff + staging*blockBytes
 	path := filepath.Join(dir, name)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
@@ -59,20 +115,55 @@ func createArena(dir, name string, blockBytes, hostSlots, staging int) (*arena, 
 	if err != nil {
 		return fail(fmt.Errorf("mmap %s: %w", path, err))
 	}
+	a := &arena{path: path, mem: mem, bb: blockBytes, hostSlots: hostSlots, staging: staging, stagingOff: stagingOff}
+	version := arenaVersion
+	if len(tensors) > 0 {
+		version = arenaVersionTensors
+		a.tensors = append([]int(nil), tensors...)
+		off := stagingOff
+		for _, n := range tensors {
+			a.tensorOff = append(a.tensorOff, off)
+			off += staging * n
+		}
+	}
 	copy(mem, arenaMagic)
-	for i, v := range []int{arenaVersion, blockBytes, hostSlots, arenaDataOff, staging, stagingOff} {
+	for i, v := range []int{version, blockBytes, hostSlots, arenaDataOff, staging, stagingOff} {
 		binary.LittleEndian.PutUint64(mem[8+8*i:], uint64(v))
 	}
-	return &arena{path: path, mem: mem, bb: blockBytes, hostSlots: hostSlots, staging: staging, stagingOff: stagingOff}, nil
+	if version == arenaVersionTensors {
+		binary.LittleEndian.PutUint64(mem[56:], uint64(len(tensors)))
+		for i, n := range tensors {
+			binary.LittleEndian.PutUint64(mem[64+8*i:], uint64(n))
+		}
+	}
+	return a, nil
 }
 
 // host is the host tier's part of the mapping.
 func (a *arena) host() []byte { return a.mem[arenaDataOff:a.stagingOff] }
 
-// stagingSlot is staging slot i's bytes.
+// stagingSlot is staging slot i's bytes (whole-block staging only).
 func (a *arena) stagingSlot(i int) []byte {
 	off := a.stagingOff + i*a.bb
 	return a.mem[off : off+a.bb : off+a.bb]
+}
+
+// readSlot copies staging slot i's block into dst (bb bytes), tensor by
+// tensor.
+func (a *arena) readSlot(i int, dst []byte) {
+	for t, n := range a.tensors {
+		off := a.tensorOff[t] + i*n
+		dst = dst[copy(dst, a.mem[off:off+n]):]
+	}
+}
+
+// writeSlot copies a block (bb bytes) into staging slot i, tensor by
+// tensor.
+func (a *arena) writeSlot(i int, src []byte) {
+	for t, n := range a.tensors {
+		off := a.tensorOff[t] + i*n
+		src = src[copy(a.mem[off:off+n], src):]
+	}
 }
 
 func (a *arena) close() error {

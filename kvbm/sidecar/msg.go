@@ -18,6 +18,12 @@ type request struct {
 	BlockBytes   int `json:"block_bytes,omitempty"`
 	BlockSize    int `json:"block_size,omitempty"`
 	DeviceBlocks int `json:"device_blocks,omitempty"`
+	// TensorBytes, each KV tensor's bytes of a block (summing to
+	// BlockBytes), asks for the tensor-by-tensor staging layout (arena
+	// version 2); StagingAlign for the staging offset's distance past a
+	// page boundary (DefaultStagingAlign if absent).
+	TensorBytes  []int `json:"tensor_bytes,omitempty"`
+	StagingAlign *int  `json:"staging_align,omitempty"`
 
 	// match
 	Req         *wireRequest `json:"req,omitempty"`
@@ -97,6 +103,9 @@ type registerReply struct {
 	HostSlots     int    `json:"host_slots"`
 	StagingOffset int    `json:"staging_offset"`
 	StagingSlots  int    `json:"staging_slots"`
+	// TensorBytes is the staging layout: each tensor's bytes of a block,
+	// staged tensor by tensor (arena version 2); empty: whole blocks.
+	TensorBytes []int `json:"tensor_bytes"`
 }
 
 type matchReply struct {

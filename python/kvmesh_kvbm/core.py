@@ -103,7 +103,14 @@ class WorkerCore:
         from .blocks import Arena
 
         self.copier, self.block_size = copier, block_size
-        self._register_args = dict(block_bytes=copier.block_bytes, block_size=block_size, device_blocks=copier.num_blocks)
+        # tensor_bytes asks for the tensor-by-tensor staging layout; a
+        # sidecar that predates it ignores the field and stages whole
+        # blocks, which the copier reads from the arena's header.
+        self._register_args = dict(block_bytes=copier.block_bytes, block_size=block_size, device_blocks=copier.num_blocks,
+                                   tensor_bytes=list(copier.tensor_bytes))
+        align = copier.staging_align()
+        if align is not None:
+            self._register_args["staging_align"] = align
         r = self.client.try_call("register", **self._register_args)
         if r is None:
             log.warning("kvmesh_kvbm: the sidecar at %s did not take the KV cache registration; running without offload",

@@ -11,22 +11,31 @@ from kvmesh_kvbm.blocks import Arena, BlockCopier
 
 
 class BlockCopierTest(unittest.TestCase):
-    def arena(self, copier, slots):
+    def arena(self, copier, slots, layout, align=0):
         fd, path = tempfile.mkstemp(suffix=".arena")
         os.close(fd)
         self.addCleanup(os.remove, path)
-        make_arena(path, copier.block_bytes, slots)
+        make_arena(path, copier.block_bytes, slots, copier.tensor_bytes if layout == "tensors" else None, align)
         a = Arena(path)
+        self.assertEqual(a.tensor_bytes, copier.tensor_bytes if layout == "tensors" else None)
         copier.attach(a)
         return a
 
-    def round_trip(self, tensors):
+    def staged_block(self, a, c, s):
+        """Slot s's block bytes as the sidecar reads them."""
+        if a.tensor_bytes is None:
+            return np.frombuffer(a.mem, np.uint8, count=c.block_bytes, offset=a.staging_offset + s * c.block_bytes).tobytes()
+        return b"".join(np.frombuffer(a.mem, np.uint8, count=n, offset=off + s * n).tobytes()
+                        for n, off in zip(a.tensor_bytes, a.tensor_offsets()))
+
+    def round_trip(self, tensors, layout, align=0):
         rng = np.random.default_rng(7)
         for t, _ in tensors:
             t[...] = rng.standard_normal(t.shape).astype(t.dtype)
         c = BlockCopier(tensors)
         self.assertEqual(c.block_bytes, sum(t.nbytes // t.shape[axis] for t, axis in tensors))
-        a = self.arena(c, 8)
+        a = self.arena(c, 8, layout, align)
+        self.assertEqual(a.staging_offset % 4096, align)
         # A run of slots (2, 3) over scattered blocks, a run of both
         # blocks and slots (7, 8 into 4, 5) and strays.
         ids, slots = [5, 0, 3, 6, 7, 8], [2, 3, 7, 0, 4, 5]
@@ -34,23 +43,43 @@ class BlockCopierTest(unittest.TestCase):
         c.save(ids, slots)
         # Each slot holds its block's bytes, tensor after tensor.
         for b, s in zip(ids, slots):
-            row = np.frombuffer(a.mem, np.uint8, count=c.block_bytes, offset=a.staging_offset + s * c.block_bytes)
-            self.assertEqual(row.tobytes(), b"".join(
+            self.assertEqual(self.staged_block(a, c, s), b"".join(
                 np.ascontiguousarray(np.take(t, b, axis=axis)).tobytes() for t, axis in tensors), (b, s))
         for t, axis in tensors:
             np.moveaxis(t, axis, 0)[ids] = 0
         c.load(ids, slots)
         for (t, axis), w in zip(tensors, want):
             np.testing.assert_array_equal(np.take(t, ids, axis=axis), w)
-        del row
-        c.staged = None
+        # A block the engine does not have is refused, not clipped.
+        with self.assertRaises(IndexError):
+            c.save([c.num_blocks], [1])
+        c.staged = c.plan = None
         a.close()
 
     def test_vllm_layers(self):
-        self.round_trip([(np.zeros((2, 9, 4, 2, 8), np.float16), 1) for _ in range(3)])
+        for layout in ("blocks", "tensors"):
+            with self.subTest(layout=layout):
+                self.round_trip([(np.zeros((2, 9, 4, 2, 8), np.float16), 1) for _ in range(3)], layout, 2048)
 
     def test_trtllm_pool(self):
-        self.round_trip([(np.zeros((9, 2, 2, 4, 16), np.float32), 0)])
+        for layout in ("blocks", "tensors"):
+            with self.subTest(layout=layout):
+                self.round_trip([(np.zeros((9, 2, 2, 4, 16), np.float32), 0)], layout)
+
+    def test_not_contiguous(self):
+        # A tensor that is a strided view (no byte rows without a copy) is
+        # copied run by run, next to a contiguous one gathered.
+        base = np.zeros((2, 9, 4, 2, 16), np.float16)
+        for layout in ("blocks", "tensors"):
+            with self.subTest(layout=layout):
+                self.round_trip([(base[..., ::2], 1), (np.zeros((2, 9, 4, 2, 8), np.float16), 1)], layout, 64)
+
+    def test_staging_align(self):
+        t = np.zeros((2, 9, 4, 2, 8), np.float16)
+        al = BlockCopier([(t, 1)]).staging_align()
+        self.assertEqual(al % 64, 0)
+        d = (al - t.ctypes.data) % 4096
+        self.assertTrue(1024 <= d <= 3072, (al, t.ctypes.data % 4096))
 
     def test_mismatched_arena(self):
         c = BlockCopier([(np.zeros((4, 8), np.float32), 0)])
@@ -58,6 +87,9 @@ class BlockCopierTest(unittest.TestCase):
         os.close(fd)
         self.addCleanup(os.remove, path)
         make_arena(path, 16, 2)
+        with self.assertRaises(ValueError):
+            c.attach(Arena(path))
+        make_arena(path, 32, 2, [16, 16])  # the right size, other tensors
         with self.assertRaises(ValueError):
             c.attach(Arena(path))
 

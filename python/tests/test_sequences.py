@@ -5,6 +5,7 @@ import os
 import sys
 import unittest
 from types import SimpleNamespace
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -35,8 +36,19 @@ def computed_and_evicted(eng, req):
 
 
 class VllmSequences(unittest.TestCase):
+    whole_blocks = False  # the worker names its tensors: staged tensor by tensor
+
     def setUp(self):
         self.sc, self.eng = started(self)
+
+    def test_staging_layout(self):
+        w = self.eng.work.worker
+        self.assertIsNotNone(w.arena)
+        if self.whole_blocks:
+            self.assertIsNone(w.arena.tensor_bytes)
+        else:
+            self.assertEqual(w.arena.tensor_bytes, w.copier.tensor_bytes)
+            self.assertEqual(w.arena.staging_offset % 4096, w.copier.staging_align())
 
     def compute_whole(self, req):
         """Admits and prefills req in one step; returns the step's metadata."""
@@ -127,6 +139,29 @@ class VllmSequences(unittest.TestCase):
         st = self.eng.stats()
         self.assertEqual(st["stats"]["OffloadedHost"], 2)
         self.assertEqual(st["slots"], 0)
+
+class VllmSequencesWholeBlocks(VllmSequences):
+    """The same sequences with a worker that names no tensors, as one of
+    before tensor_bytes: the sidecar stages whole blocks (arena version 1)."""
+
+    whole_blocks = True
+
+    def setUp(self):
+        from kvmesh_kvbm import wire
+
+        call = wire.Client.try_call
+
+        def older(client, op, **fields):
+            if op == "register":
+                fields.pop("tensor_bytes", None)
+                fields.pop("staging_align", None)
+            return call(client, op, **fields)
+
+        p = mock.patch.object(wire.Client, "try_call", older)
+        p.start()
+        self.addCleanup(p.stop)
+        super().setUp()
+
 
 class TieredRoundTrip(unittest.TestCase):
     def test_host_and_disk(self):
@@ -230,6 +265,12 @@ class TRTLLMSequences(unittest.TestCase):
         self.work.register_kv_caches(self.dev.pool)
         self.addCleanup(self.sched.core.client.close)
         self.addCleanup(self.work.core.client.close)
+
+    def test_staging_layout(self):
+        # TensorRT-LLM's one pool is one tensor: its blocks are staged as
+        # one gather per run of slots.
+        a = self.work.core.arena
+        self.assertEqual(a.tensor_bytes, [self.dev.pool.nbytes // self.dev.pool.shape[0]])
 
     def req(self, rid, toks, gen_only=False):
         return SimpleNamespace(request_id=rid, get_tokens=lambda beam: list(toks), is_generation_only_request=gen_only,
