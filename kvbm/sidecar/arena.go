@@ -16,32 +16,35 @@ import (
 //
 //	[0, 64)       header: "KVMESHAR", then little-endian uint64s: version,
 //	              block bytes, host slots, host offset, staging slots,
-//	              staging offset, and (version 2) the number of tensors T
-//	[64, 64+8T)   version 2: each tensor's bytes of a block
+//	              staging offset, and (version 2) the number of pieces N
+//	[64, 64+8N)   version 2: each piece's bytes
 //	[4096, …)     the host tier's slots, block bytes each
 //	[staging, …)  the staging slots the engine's worker copies through
 //
 // Version 1 lays the staging slots block by block, each a whole block.
-// Version 2 (a worker that registers its tensors) lays them tensor by
-// tensor: tensor i's piece of slot s at staging + slots·(bytes of the
-// tensors before i) + s·(tensor i's bytes), so a step's blocks of one
-// tensor in consecutive slots are one contiguous run, which the worker
-// fills with one gather per tensor instead of one copy per block. The host
-// tier's slots hold whole blocks in either version (the tiers, checksums
-// and recovery do not see the staging layout). The staging offset sits
-// align bytes past a page boundary: the worker asks for an offset away
-// from its tensors' own page offsets, because copies between addresses a
-// few bytes apart modulo 4 KiB run at half speed on x86 (4K aliasing;
-// docs/benchmarks.md §8).
+// Version 2, for a worker that registers how its block's bytes split into
+// pieces (each a contiguous run of one of its KV tensors, such as a
+// layer's K or V of one block: the block is the pieces concatenated), lays
+// them piece by piece: piece j of slot s at staging + slots·(bytes of the
+// pieces before j) + s·(piece j's bytes). A step's blocks in consecutive
+// slots then have each piece in one contiguous run of the arena: the
+// worker fills it with one gather (or, for consecutive device blocks, one
+// contiguous copy) per piece instead of a copy per block and piece. The
+// host tier's slots hold whole blocks in either version (the tiers,
+// checksums and recovery do not see the staging layout). The staging
+// offset sits align bytes past a page boundary: the worker asks for one
+// away from its tensors' own page offsets, because copies between
+// addresses a few bytes apart modulo 4 KiB run at about half speed on x86
+// (4K aliasing; docs/benchmarks.md §8).
 const (
 	arenaMagic   = "KVMESHAR"
 	arenaVersion = 1
-	// arenaVersionTensors is the tensor-by-tensor staging layout.
-	arenaVersionTensors = 2
-	arenaDataOff        = 4096
-	arenaPage           = 4096
-	// maxTensors is what the header's page holds.
-	maxTensors = (arenaDataOff - 64) / 8
+	// arenaVersionPieces is the piece-by-piece staging layout.
+	arenaVersionPieces = 2
+	arenaDataOff       = 4096
+	arenaPage          = 4096
+	// maxPieces is what the header's page holds.
+	maxPieces = (arenaDataOff - 64) / 8
 	// DefaultStagingAlign is the staging offset's distance past a page
 	// boundary when the worker asks for none: half a page, away from the
 	// small offsets allocators give large arrays.
@@ -57,42 +60,42 @@ type arena struct {
 	bb                 int
 	hostSlots, staging int
 	stagingOff         int
-	// tensors is each tensor's bytes of a block, staged tensor by tensor
-	// (version 2); nil stages whole blocks. tensorOff[i] is tensor i's
+	// pieces is each piece's bytes of a block, staged piece by piece
+	// (version 2); nil stages whole blocks. pieceOff[j] is piece j's
 	// first staging byte.
-	tensors, tensorOff []int
+	pieces, pieceOff []int
 }
 
-// validLayout checks a registration's tensors (nil or empty: whole blocks)
+// validLayout checks a registration's pieces (nil or empty: whole blocks)
 // and staging alignment against bb-byte blocks.
-func validLayout(bb int, tensors []int, align int) error {
+func validLayout(bb int, pieces []int, align int) error {
 	if align < 0 || align >= arenaPage || align%64 != 0 {
 		return fmt.Errorf("staging_align %d, want a multiple of 64 in [0, %d)", align, arenaPage)
 	}
-	if len(tensors) == 0 {
+	if len(pieces) == 0 {
 		return nil
 	}
-	if len(tensors) > maxTensors {
-		return fmt.Errorf("%d tensors, at most %d", len(tensors), maxTensors)
+	if len(pieces) > maxPieces {
+		return fmt.Errorf("%d pieces, at most %d", len(pieces), maxPieces)
 	}
 	sum := 0
-	for _, n := range tensors {
+	for _, n := range pieces {
 		if n <= 0 {
-			return fmt.Errorf("tensor_bytes %v: each must be > 0", tensors)
+			return fmt.Errorf("piece_bytes %v: each must be > 0", pieces)
 		}
 		sum += n
 	}
 	if sum != bb {
-		return fmt.Errorf("tensor_bytes sum to %d, block_bytes is %d", sum, bb)
+		return fmt.Errorf("piece_bytes sum to %d, block_bytes is %d", sum, bb)
 	}
 	return nil
 }
 
-func createArena(dir, name string, blockBytes, hostSlots, staging int, tensors []int, align int) (*arena, error) {
+func createArena(dir, name string, blockBytes, hostSlots, staging int, pieces []int, align int) (*arena, error) {
 	if blockBytes <= 0 || hostSlots < 0 || staging <= 0 {
 		return nil, fmt.Errorf("arena of %d host and %d staging slots × %d bytes", hostSlots, staging, blockBytes)
 	}
-	if err := validLayout(blockBytes, tensors, align); err != nil {
+	if err := validLayout(blockBytes, pieces, align); err != nil {
 		return nil, err
 	}
 	hostEnd := arenaDataOff + hostSlots*blockBytes
@@ -117,12 +120,12 @@ func createArena(dir, name string, blockBytes, hostSlots, staging int, tensors [
 	}
 	a := &arena{path: path, mem: mem, bb: blockBytes, hostSlots: hostSlots, staging: staging, stagingOff: stagingOff}
 	version := arenaVersion
-	if len(tensors) > 0 {
-		version = arenaVersionTensors
-		a.tensors = append([]int(nil), tensors...)
+	if len(pieces) > 0 {
+		version = arenaVersionPieces
+		a.pieces = append([]int(nil), pieces...)
 		off := stagingOff
-		for _, n := range tensors {
-			a.tensorOff = append(a.tensorOff, off)
+		for _, n := range pieces {
+			a.pieceOff = append(a.pieceOff, off)
 			off += staging * n
 		}
 	}
@@ -130,9 +133,9 @@ func createArena(dir, name string, blockBytes, hostSlots, staging int, tensors [
 	for i, v := range []int{version, blockBytes, hostSlots, arenaDataOff, staging, stagingOff} {
 		binary.LittleEndian.PutUint64(mem[8+8*i:], uint64(v))
 	}
-	if version == arenaVersionTensors {
-		binary.LittleEndian.PutUint64(mem[56:], uint64(len(tensors)))
-		for i, n := range tensors {
+	if version == arenaVersionPieces {
+		binary.LittleEndian.PutUint64(mem[56:], uint64(len(pieces)))
+		for i, n := range pieces {
 			binary.LittleEndian.PutUint64(mem[64+8*i:], uint64(n))
 		}
 	}
@@ -148,20 +151,20 @@ func (a *arena) stagingSlot(i int) []byte {
 	return a.mem[off : off+a.bb : off+a.bb]
 }
 
-// readSlot copies staging slot i's block into dst (bb bytes), tensor by
-// tensor.
+// readSlot copies staging slot i's block into dst (bb bytes), piece by
+// piece.
 func (a *arena) readSlot(i int, dst []byte) {
-	for t, n := range a.tensors {
-		off := a.tensorOff[t] + i*n
+	for j, n := range a.pieces {
+		off := a.pieceOff[j] + i*n
 		dst = dst[copy(dst, a.mem[off:off+n]):]
 	}
 }
 
-// writeSlot copies a block (bb bytes) into staging slot i, tensor by
-// tensor.
+// writeSlot copies a block (bb bytes) into staging slot i, piece by
+// piece.
 func (a *arena) writeSlot(i int, src []byte) {
-	for t, n := range a.tensors {
-		off := a.tensorOff[t] + i*n
+	for j, n := range a.pieces {
+		off := a.pieceOff[j] + i*n
 		src = src[copy(a.mem[off:off+n], src):]
 	}
 }

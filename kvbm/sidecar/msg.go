@@ -18,11 +18,12 @@ type request struct {
 	BlockBytes   int `json:"block_bytes,omitempty"`
 	BlockSize    int `json:"block_size,omitempty"`
 	DeviceBlocks int `json:"device_blocks,omitempty"`
-	// TensorBytes, each KV tensor's bytes of a block (summing to
-	// BlockBytes), asks for the tensor-by-tensor staging layout (arena
-	// version 2); StagingAlign for the staging offset's distance past a
-	// page boundary (DefaultStagingAlign if absent).
-	TensorBytes  []int `json:"tensor_bytes,omitempty"`
+	// PieceBytes, the block's bytes split into pieces (each a contiguous
+	// run of one KV tensor; summing to BlockBytes), asks for the
+	// piece-by-piece staging layout (arena version 2); StagingAlign for
+	// the staging offset's distance past a page boundary
+	// (DefaultStagingAlign if absent).
+	PieceBytes   []int `json:"piece_bytes,omitempty"`
 	StagingAlign *int  `json:"staging_align,omitempty"`
 
 	// match
@@ -103,9 +104,9 @@ type registerReply struct {
 	HostSlots     int    `json:"host_slots"`
 	StagingOffset int    `json:"staging_offset"`
 	StagingSlots  int    `json:"staging_slots"`
-	// TensorBytes is the staging layout: each tensor's bytes of a block,
-	// staged tensor by tensor (arena version 2); empty: whole blocks.
-	TensorBytes []int `json:"tensor_bytes"`
+	// PieceBytes is the staging layout: each piece's bytes of a block,
+	// staged piece by piece (arena version 2); empty: whole blocks.
+	PieceBytes []int `json:"piece_bytes"`
 }
 
 type matchReply struct {

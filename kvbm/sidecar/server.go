@@ -83,7 +83,7 @@ type Server struct {
 	staged   map[kvbm.DeviceBlockID]int32
 	free     []int32
 	bindings []binding
-	// With tensor-by-tensor staging kvbm reads and writes a block through
+	// With piece-by-piece staging kvbm reads and writes a block through
 	// scratch; a written one goes to staging slot scratchSlot (≥ 0) at
 	// the next call into the device or the end of the step's loads.
 	scratch     []byte
@@ -436,8 +436,8 @@ func (s *Server) register(q *request) (any, error) {
 		if q.BlockBytes != s.arena.bb || q.BlockSize != s.bs {
 			return nil, bad("register: %d-byte %d-token blocks, registered %d-byte %d-token ones", q.BlockBytes, q.BlockSize, s.arena.bb, s.bs)
 		}
-		if !slices.Equal(q.TensorBytes, s.arena.tensors) {
-			return nil, bad("register: staging layout %v, the arena has %v", q.TensorBytes, s.arena.tensors)
+		if !slices.Equal(q.PieceBytes, s.arena.pieces) {
+			return nil, bad("register: staging layout %v, the arena has %v", q.PieceBytes, s.arena.pieces)
 		}
 		return s.registered(), nil
 	}
@@ -445,10 +445,10 @@ func (s *Server) register(q *request) (any, error) {
 	if q.StagingAlign != nil {
 		align = *q.StagingAlign
 	}
-	if err := validLayout(q.BlockBytes, q.TensorBytes, align); err != nil {
+	if err := validLayout(q.BlockBytes, q.PieceBytes, align); err != nil {
 		return nil, bad("register: %v", err)
 	}
-	if err := s.open(q.BlockBytes, q.BlockSize, q.TensorBytes, align); err != nil {
+	if err := s.open(q.BlockBytes, q.BlockSize, q.PieceBytes, align); err != nil {
 		return nil, err
 	}
 	s.log.Info("kvbm sidecar: engine KV cache registered", "block_bytes", q.BlockBytes, "block_size", q.BlockSize,
@@ -459,14 +459,14 @@ func (s *Server) register(q *request) (any, error) {
 func (s *Server) registered() registerReply {
 	a := s.arena
 	return registerReply{Arena: a.path, ArenaBytes: len(a.mem), BlockBytes: a.bb, HostSlots: a.hostSlots,
-		StagingOffset: a.stagingOff, StagingSlots: a.staging, TensorBytes: append([]int{}, a.tensors...)}
+		StagingOffset: a.stagingOff, StagingSlots: a.staging, PieceBytes: append([]int{}, a.pieces...)}
 }
 
-// open builds the arena (staged tensor by tensor when tensors is given),
-// the tiers and the connector for bb-byte blocks.
-func (s *Server) open(bb, bs int, tensors []int, align int) (err error) {
+// open builds the arena (staged piece by piece when pieces is given), the
+// tiers and the connector for bb-byte blocks.
+func (s *Server) open(bb, bs int, pieces []int, align int) (err error) {
 	name := fmt.Sprintf("%s-%d.arena", s.cfg.Name, os.Getpid())
-	a, err := createArena(s.cfg.ShmDir, name, bb, max(s.cfg.HostBlocks, 0), s.cfg.StagingBlocks, tensors, align)
+	a, err := createArena(s.cfg.ShmDir, name, bb, max(s.cfg.HostBlocks, 0), s.cfg.StagingBlocks, pieces, align)
 	if err != nil {
 		return fmt.Errorf("register: arena: %w", err)
 	}
@@ -533,7 +533,7 @@ func (s *Server) open(bb, bs int, tensors []int, align int) (err error) {
 	s.arena, s.stores, s.mgr, s.conn, s.bs = a, stores, m, c, bs
 	s.vllm, s.trt, s.wk = c.VLLMLeader(), c.TRTLLMLeader(), c.Worker(stagingDevice{s})
 	s.scratch, s.scratchSlot = nil, -1
-	if a.tensors != nil {
+	if a.pieces != nil {
 		s.scratch = make([]byte, bb)
 	}
 	s.free = make([]int32, a.staging)
@@ -597,7 +597,7 @@ func (s *Server) build(shape string, q *request) (any, error) {
 // stagingDevice is the engine's device as kvbm's worker sees it: each
 // device block of a bound step is the staging slot assigned to it, which
 // the engine's worker fills (stores) or empties (loads). With whole-block
-// staging a view is the slot itself; with tensor-by-tensor staging it is
+// staging a view is the slot itself; with piece-by-piece staging it is
 // the server's scratch block, gathered from the slot's pieces (read) or
 // scattered to them at the next call (write): kvbm uses a view only until
 // its next call into the device.
@@ -618,7 +618,7 @@ func (d stagingDevice) ReadView(id kvbm.DeviceBlockID) ([]byte, error) {
 		return nil, err
 	}
 	a := d.s.arena
-	if a.tensors == nil {
+	if a.pieces == nil {
 		return a.stagingSlot(slot), nil
 	}
 	a.readSlot(slot, d.s.scratch)
@@ -631,7 +631,7 @@ func (d stagingDevice) WriteView(id kvbm.DeviceBlockID) ([]byte, error) {
 		return nil, err
 	}
 	a := d.s.arena
-	if a.tensors == nil {
+	if a.pieces == nil {
 		return a.stagingSlot(slot), nil
 	}
 	d.s.scratchSlot = int32(slot)

@@ -218,24 +218,24 @@ func arenaView(t *testing.T, reg registerReply) []byte {
 // One request's blocks offloaded through the staging slots come back,
 // byte for byte, into another request's device blocks (vLLM's sequence),
 // with the staging slots laid out block by block (a worker that names no
-// tensors) and tensor by tensor.
+// pieces) and piece by piece.
 func TestRoundTripVLLM(t *testing.T) {
 	t.Run("blocks", func(t *testing.T) { roundTripVLLM(t, nil, nil) })
 	align := 1024
-	t.Run("tensors", func(t *testing.T) { roundTripVLLM(t, []int{64, 128, 64}, &align) })
+	t.Run("pieces", func(t *testing.T) { roundTripVLLM(t, []int{64, 128, 64}, &align) })
 }
 
-func roundTripVLLM(t *testing.T, tensors []int, align *int) {
+func roundTripVLLM(t *testing.T, pieces []int, align *int) {
 	s := startServer(t, Config{BlockSize: testBS})
 	sch, wk := dial(t, s), dial(t, s)
 	sch.ok(map[string]any{"op": "hello", "shape": "vllm", "role": "scheduler"}, nil)
 	wk.ok(map[string]any{"op": "hello", "shape": "vllm", "role": "worker"}, nil)
 	wk.wantError(map[string]any{"op": "register", "block_bytes": testBB, "block_size": 8}, "bad_request")
-	wk.wantError(map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS, "tensor_bytes": []int{64, 64}}, "bad_request")
+	wk.wantError(map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS, "piece_bytes": []int{64, 64}}, "bad_request")
 	wk.wantError(map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS, "staging_align": 100}, "bad_request")
 	regReq := map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS, "device_blocks": 16}
-	if tensors != nil {
-		regReq["tensor_bytes"] = tensors
+	if pieces != nil {
+		regReq["piece_bytes"] = pieces
 	}
 	if align != nil {
 		regReq["staging_align"] = *align
@@ -249,8 +249,8 @@ func roundTripVLLM(t *testing.T, tensors []int, align *int) {
 	}
 	version := binary.LittleEndian.Uint64(mem[8:])
 	if reg.StagingOffset%arenaPage != wantAlign || int(binary.LittleEndian.Uint64(mem[48:])) != reg.StagingOffset ||
-		!slices.Equal(reg.TensorBytes, tensors) || (version == 2) != (tensors != nil) {
-		t.Fatalf("register: %+v, arena version %d; want staging %d past a page, tensors %v", reg, version, wantAlign, tensors)
+		!slices.Equal(reg.PieceBytes, pieces) || (version == 2) != (pieces != nil) {
+		t.Fatalf("register: %+v, arena version %d; want staging %d past a page, pieces %v", reg, version, wantAlign, pieces)
 	}
 	// A restarted worker gets the same arena if it asks for the same layout.
 	var again registerReply
@@ -258,25 +258,25 @@ func roundTripVLLM(t *testing.T, tensors []int, align *int) {
 	if again.Arena != reg.Arena {
 		t.Fatalf("re-register: arena %s, want %s", again.Arena, reg.Arena)
 	}
-	if tensors != nil {
+	if pieces != nil {
 		wk.wantError(map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS}, "bad_request")
-		for i, n := range tensors {
+		for i, n := range pieces {
 			if got := binary.LittleEndian.Uint64(mem[64+8*i:]); got != uint64(n) {
-				t.Fatalf("arena header: tensor %d has %d bytes, want %d", i, got, n)
+				t.Fatalf("arena header: piece %d has %d bytes, want %d", i, got, n)
 			}
 		}
 	}
 	// slot reads (nil b) or writes staging slot i's block as the worker
 	// lays it out.
 	slot := func(i int32, b []byte) []byte {
-		if tensors == nil {
+		if pieces == nil {
 			s := mem[reg.StagingOffset+int(i)*testBB:][:testBB]
 			copy(s, b)
 			return s
 		}
 		var out []byte
 		off := reg.StagingOffset
-		for _, n := range tensors {
+		for _, n := range pieces {
 			piece := mem[off+int(i)*n:][:n]
 			if b != nil {
 				b = b[copy(piece, b):]

@@ -1,13 +1,13 @@
 """The worker's data path against a plain numpy copy of the same bytes.
 
     PYTHONPATH=python /usr/bin/python3 -m kvmesh_kvbm.bench [--layers 8] [--blocks 64] [--rounds 20]
-        [--ids scattered|consecutive] [--layout tensors|blocks] [--align auto|BYTES]
+        [--ids scattered|consecutive] [--layout pieces|blocks] [--align auto|BYTES]
 
 Builds vLLM-shaped per-layer KV arrays (2, blocks, 16, 8, 128) float16 and
 an arena file in /dev/shm laid out as the sidecar lays it out for a worker
-that registers its tensors (--layout tensors, staging --align bytes past a
+that registers its pieces (--layout pieces, staging --align bytes past a
 page, by default what the worker asks for; --layout blocks: whole-block
-staging, as for a worker that names no tensors), then, round
+staging, as for a worker that names none), then, round
 after round: BlockCopier.save of --blocks device blocks into staging slots
 and .load back (the worker's path), and two plain numpy copies of the same
 number of bytes, out and back: between two contiguous anonymous arrays
@@ -30,16 +30,16 @@ import time
 from .blocks import Arena, BlockCopier, NumpyOps
 
 
-def make_arena(path, block_bytes, staging, tensor_bytes=None, align=0):
+def make_arena(path, block_bytes, staging, piece_bytes=None, align=0):
     """An arena file with no host slots, as the sidecar would write it:
     staging align bytes past the first page after the header, whole
-    blocks (version 1) or tensor by tensor (tensor_bytes, version 2)."""
+    blocks (version 1) or piece by piece (piece_bytes, version 2)."""
     data_off = 4096
     staging_off = data_off + align
     with open(path, "wb") as f:
-        f.write(struct.pack("<8s6Q", b"KVMESHAR", 2 if tensor_bytes else 1, block_bytes, 0, data_off, staging, staging_off))
-        if tensor_bytes:
-            f.write(struct.pack("<Q%dQ" % len(tensor_bytes), len(tensor_bytes), *tensor_bytes))
+        f.write(struct.pack("<8s6Q", b"KVMESHAR", 2 if piece_bytes else 1, block_bytes, 0, data_off, staging, staging_off))
+        if piece_bytes:
+            f.write(struct.pack("<Q%dQ" % len(piece_bytes), len(piece_bytes), *piece_bytes))
         f.truncate(staging_off + staging * block_bytes)
 
 
@@ -51,8 +51,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--ids", choices=("scattered", "consecutive"), default="scattered",
                     help="device blocks moved: a random sorted set, or one run (a fresh cache's allocation)")
-    ap.add_argument("--layout", choices=("tensors", "blocks"), default="tensors",
-                    help="staging slots tensor by tensor (arena version 2) or block by block (version 1)")
+    ap.add_argument("--layout", choices=("pieces", "blocks"), default="pieces",
+                    help="staging slots piece by piece (arena version 2) or block by block (version 1)")
     ap.add_argument("--align", default="auto",
                     help="the staging offset's bytes past a page: auto (what the worker asks the sidecar for) or a number")
     a = ap.parse_args(argv)
@@ -67,7 +67,7 @@ def main(argv=None):
     os.close(fd)
     try:
         align = copier.staging_align() if a.align == "auto" else int(a.align)
-        make_arena(path, copier.block_bytes, a.blocks, copier.tensor_bytes if a.layout == "tensors" else None, align)
+        make_arena(path, copier.block_bytes, a.blocks, copier.piece_bytes if a.layout == "pieces" else None, align)
         arena = Arena(path)
         copier.attach(arena)
         if a.ids == "consecutive":

@@ -4,15 +4,18 @@ A device block's bytes, as the sidecar stores them, are the block's slice
 of every registered KV tensor, in registration order, each in its own
 memory order. The staging slots the worker copies through are laid out
 either block by block (arena version 1: each slot a whole block) or, when
-the worker registered its tensors, tensor by tensor (version 2): tensor
-i's pieces of all slots side by side, so a step's blocks of one tensor are
-one gather (``take`` / ``index_select``) out of the tensor into one
-contiguous run of the arena, and one scatter back, instead of a copy per
-block (docs/benchmarks.md §8). The copy code is written against a small
-tensor interface (``Ops``): ``NumpyOps`` drives it in tests with numpy
-arrays standing in for device tensors, ``TorchOps`` with the engine's
-torch tensors (gathered with ``index_select`` on the device, copied into a
-view of the mapping). Both are imported lazily.
+the worker registered its pieces, piece by piece (version 2). A piece is
+a contiguous run of one tensor in one block (vLLM's layer tensor
+(2, blocks, ...) has two per block, K and V; TensorRT-LLM's pool
+(blocks, ...) one): piece j of every slot sits side by side, so a step's
+blocks of one piece are one gather (``take`` / ``index_select``) out of
+the tensor into one contiguous run of the arena and one scatter back, or,
+for consecutive device blocks, one contiguous copy each way, instead of a
+copy per block (docs/benchmarks.md §8). The copy code is written against a
+small tensor interface (``Ops``): ``NumpyOps`` drives it in tests with
+numpy arrays standing in for device tensors, ``TorchOps`` with the
+engine's torch tensors (gathered with ``index_select`` on the device,
+copied into a view of the mapping). Both are imported lazily.
 """
 
 import mmap
@@ -21,13 +24,14 @@ import struct
 
 _ARENA_HEADER = struct.Struct("<8s6Q")
 _PAGE = 4096
+MAX_PIECES = (_PAGE - 64) // 8  # what the arena header's page holds
 
 
 class Arena:
     """The sidecar's shared arena file, mapped read-write. Only the staging
     slots are touched here; the host tier's slots belong to the sidecar.
-    ``tensor_bytes`` is None for whole-block staging (version 1), else each
-    tensor's bytes of a block, staged tensor by tensor (version 2)."""
+    ``piece_bytes`` is None for whole-block staging (version 1), else each
+    piece's bytes of a block, staged piece by piece (version 2)."""
 
     def __init__(self, path):
         fd = os.open(path, os.O_RDWR)
@@ -37,7 +41,7 @@ class Arena:
         finally:
             os.close(fd)
         magic, version, bb, host, host_off, staging, staging_off = _ARENA_HEADER.unpack_from(self.mem, 0)
-        tensor_bytes = None
+        piece_bytes = None
         try:
             if magic != b"KVMESHAR" or version not in (1, 2):
                 raise ValueError("%s is not a kvmesh arena (magic %r, version %d)" % (path, magic, version))
@@ -45,21 +49,21 @@ class Arena:
                 raise ValueError("%s: %d staging slots of %d bytes past its %d bytes" % (path, staging, bb, size))
             if version == 2:
                 (n,) = struct.unpack_from("<Q", self.mem, 56)
-                if not 0 < n <= (_PAGE - 64) // 8:
-                    raise ValueError("%s: %d tensors" % (path, n))
-                tensor_bytes = list(struct.unpack_from("<%dQ" % n, self.mem, 64))
-                if sum(tensor_bytes) != bb or min(tensor_bytes) <= 0:
-                    raise ValueError("%s: tensors of %s bytes for %d-byte blocks" % (path, tensor_bytes, bb))
+                if not 0 < n <= MAX_PIECES:
+                    raise ValueError("%s: %d pieces" % (path, n))
+                piece_bytes = list(struct.unpack_from("<%dQ" % n, self.mem, 64))
+                if sum(piece_bytes) != bb or min(piece_bytes) <= 0:
+                    raise ValueError("%s: pieces of %s bytes for %d-byte blocks" % (path, piece_bytes, bb))
         except ValueError:
             self.mem.close()
             raise
         self.path, self.block_bytes, self.staging_slots, self.staging_offset = path, bb, staging, staging_off
-        self.tensor_bytes = tensor_bytes
+        self.piece_bytes = piece_bytes
 
-    def tensor_offsets(self):
-        """Where each tensor's staging pieces start (version 2)."""
+    def piece_offsets(self):
+        """Where each piece's staging run starts (version 2)."""
         offs, off = [], self.staging_offset
-        for n in self.tensor_bytes:
+        for n in self.piece_bytes:
             offs.append(off)
             off += self.staging_slots * n
         return offs
@@ -140,36 +144,40 @@ class NumpyOps:
         for b, s, k in _spans(ids, slots):
             cp(t[b:b + k], staged[s:s + k])
 
-    # Tensor-by-tensor staging: a tensor is seen as byte rows (P·B, X),
-    # block b's bytes being rows b, B+b, …, (P-1)·B+b; one take (mode
-    # "clip": "raise" copies the output first) gathers a step's blocks into
-    # the contiguous run of their slots, one fancy-index assignment
-    # scatters them back. Each is one C loop of memmoves.
+    # Piece-by-piece staging: a tensor is seen as bytes (P, B, X), block
+    # b's pieces being [:, b]; one take per piece (mode "clip": "raise"
+    # copies the output first) gathers a step's blocks into the contiguous
+    # run of their slots, one fancy-index assignment scatters them back:
+    # each one C loop of memmoves.
 
     def grouped(self, t, axis):
-        """t's byte rows (P·B, X) without a copy, and P; None if t is not
-        contiguous."""
-        np = self.np
+        """t as bytes (P, B, X) without a copy; None if t is not contiguous."""
         if not t.flags.c_contiguous or t.ndim == 0:
             return None
         p = 1
         for d in t.shape[:axis]:
             p *= d
-        return t.reshape(-1).view(np.uint8).reshape(p * t.shape[axis], -1), p
+        return t.reshape(-1).view(self.np.uint8).reshape(p, t.shape[axis], -1)
 
-    def region(self, arena, offset, slots, nbytes):
-        """slots × nbytes of the mapping from offset, as a uint8 matrix."""
-        return self.np.frombuffer(arena.mem, dtype=self.np.uint8, count=slots * nbytes, offset=offset).reshape(slots, nbytes)
+    def region(self, arena, offset, rows, nbytes):
+        """rows × nbytes of the mapping from offset, as a uint8 matrix."""
+        return self.np.frombuffer(arena.mem, dtype=self.np.uint8, count=rows * nbytes, offset=offset).reshape(rows, nbytes)
 
-    def rows_index(self, ids, p, nblocks):
-        ids = self.np.asarray(ids, dtype=self.np.intp)
-        return (ids[:, None] + self.np.arange(0, p * nblocks, nblocks, dtype=self.np.intp)).reshape(-1)
+    def index(self, ids):
+        return self.np.asarray(ids, dtype=self.np.intp)
 
-    def gather(self, rows, idx, out):
-        self.np.take(rows, idx, axis=0, out=out, mode="clip")
+    def gather(self, t3, idx, out3):
+        """t3[:, idx] → out3 (P, k, X), each out3[p] contiguous."""
+        take = self.np.take
+        for p in range(t3.shape[0]):
+            take(t3[p], idx, axis=0, out=out3[p], mode="clip")
 
-    def scatter(self, rows, idx, src):
-        rows[idx] = src
+    def scatter(self, t3, idx, src3):
+        for p in range(t3.shape[0]):
+            t3[p][idx] = src3[p]
+
+    def copy(self, dst, src):
+        self.np.copyto(dst, src)
 
     def page_offset(self, t):
         return t.ctypes.data % _PAGE
@@ -219,21 +227,23 @@ class TorchOps:
         p = 1
         for d in t.shape[:axis]:
             p *= d
-        return t.reshape(-1).view(self.torch.uint8).view(p * t.shape[axis], -1), p
+        return t.reshape(-1).view(self.torch.uint8).view(p, t.shape[axis], -1)
 
-    def region(self, arena, offset, slots, nbytes):
-        t = self.torch.frombuffer(arena.mem, dtype=self.torch.uint8, count=slots * nbytes, offset=offset)
-        return t.view(slots, nbytes)
+    def region(self, arena, offset, rows, nbytes):
+        t = self.torch.frombuffer(arena.mem, dtype=self.torch.uint8, count=rows * nbytes, offset=offset)
+        return t.view(rows, nbytes)
 
-    def rows_index(self, ids, p, nblocks):
-        ids = self.torch.as_tensor(ids, dtype=self.torch.long)
-        return (ids[:, None] + self.torch.arange(0, p * nblocks, nblocks, dtype=self.torch.long)).reshape(-1)
+    def index(self, ids):
+        return self.torch.as_tensor(ids, dtype=self.torch.long)
 
-    def gather(self, rows, idx, out):
-        out.copy_(rows.index_select(0, idx.to(rows.device)))
+    def gather(self, t3, idx, out3):
+        out3.copy_(t3.index_select(1, idx.to(t3.device)))
 
-    def scatter(self, rows, idx, src):
-        rows.index_copy_(0, idx.to(rows.device), src.to(rows.device, non_blocking=True))
+    def scatter(self, t3, idx, src3):
+        t3.index_copy_(1, idx.to(t3.device), src3.to(t3.device, non_blocking=True))
+
+    def copy(self, dst, src):
+        dst.copy_(src)
 
     def page_offset(self, t):
         if t.device.type != "cpu":
@@ -266,7 +276,7 @@ class BlockCopier:
             raise ValueError("no KV tensors to register")
         self.ops = ops or ops_for(tensors[0][0])
         self.tensors = [t for t, _ in tensors]
-        self.views, self.spans, self.grouped, self.tensor_bytes = [], [], [], []
+        self.views, self.spans, self.grouped, self.pieces = [], [], [], []
         off = 0
         nblocks = None
         for t, axis in tensors:
@@ -276,20 +286,29 @@ class BlockCopier:
             elif v.shape[0] != nblocks:
                 raise ValueError("KV tensors of %d and %d blocks" % (nblocks, v.shape[0]))
             n = self.ops.nbytes_per_block(v)
+            g = self.ops.grouped(t, axis)
             self.views.append(v)
-            self.grouped.append(self.ops.grouped(t, axis))
+            self.grouped.append(g)
+            # A tensor that is not contiguous is one piece, copied run by run.
+            self.pieces.append([n // g.shape[0]] * g.shape[0] if g is not None else [n])
             self.spans.append((off, off + n))
-            self.tensor_bytes.append(n)
             off += n
         self.block_bytes, self.num_blocks = off, nblocks
         self.staged = None
         self.plan = None
 
+    @property
+    def piece_bytes(self):
+        """The block's pieces, in its byte order, to register: None (whole
+        blocks) if the arena's header cannot list them."""
+        out = [n for ps in self.pieces for n in ps]
+        return out if len(out) <= MAX_PIECES else None
+
     def staging_align(self):
         """The staging offset's distance past a page boundary to ask the
         sidecar for: half a page from the first tensor's own page offset
         (copies between addresses a few bytes apart modulo 4 KiB run at
-        half speed), None for device memory."""
+        about half speed), None for device memory."""
         po = self.ops.page_offset(self.tensors[0])
         if po is None:
             return None
@@ -298,26 +317,27 @@ class BlockCopier:
     def attach(self, arena):
         if arena.block_bytes != self.block_bytes:
             raise ValueError("arena of %d-byte blocks for %d-byte device blocks" % (arena.block_bytes, self.block_bytes))
-        if arena.tensor_bytes is None:
+        self.staged = self.plan = None
+        if arena.piece_bytes is None:
             rows = self.ops.staging(arena)
             # Each tensor's columns of the staging slots, typed like it.
             self.staged = [self.ops.typed(rows[:, lo:hi], v) for v, (lo, hi) in zip(self.views, self.spans)]
-            self.plan = None
             return
-        if arena.tensor_bytes != self.tensor_bytes:
-            raise ValueError("arena staged for tensors of %s bytes, these have %s" % (arena.tensor_bytes, self.tensor_bytes))
-        # Per tensor: (byte rows, P, its slots as (slots, P, X)) for one
-        # gather per run of slots, or (None, view, its slots typed like
-        # it) for a tensor that is not contiguous (a copy per block run).
+        if arena.piece_bytes != self.piece_bytes:
+            raise ValueError("arena staged for pieces of %s bytes, these have %s" % (arena.piece_bytes, self.piece_bytes))
+        # Per tensor: (its bytes (P, B, X), its pieces' runs (P, slots, X))
+        # for a gather per run of slots, or (None, its blocks-first view,
+        # its one piece's run typed like it) for a tensor that is not
+        # contiguous (a copy per run of blocks).
+        offs, j, S = arena.piece_offsets(), 0, arena.staging_slots
         self.plan = []
-        for v, g, n, off in zip(self.views, self.grouped, self.tensor_bytes, arena.tensor_offsets()):
-            reg = self.ops.region(arena, off, arena.staging_slots, n)
+        for v, g, ps in zip(self.views, self.grouped, self.pieces):
+            reg = self.ops.region(arena, offs[j], S * len(ps), ps[0])
+            j += len(ps)
             if g is None:
                 self.plan.append((None, v, self.ops.typed(reg, v)))
             else:
-                rows, p = g
-                self.plan.append((rows, p, reg.reshape(arena.staging_slots, p, n // p)))
-        self.staged = None
+                self.plan.append((g, None, reg.reshape(len(ps), S, ps[0])))
 
     def _check(self, ids):
         for i in ids:
@@ -349,15 +369,22 @@ class BlockCopier:
     def _move(self, ids, slots, save):
         ops = self.ops
         for run, s0, k in _runs(ids, slots):
-            idx = {}
-            for rows, p, reg in self.plan:
-                if rows is None:  # p is the tensor's blocks-first view
-                    (ops.save_blocks if save else ops.load_blocks)(p, run, reg, list(range(s0, s0 + k)))
+            # Consecutive device blocks into consecutive slots: each piece
+            # is one contiguous run on both sides, one copy.
+            b0 = run[0]
+            consecutive = run[-1] - b0 == k - 1 and all(run[i] == b0 + i for i in range(k))
+            idx = None if consecutive else ops.index(run)
+            for t3, v, reg in self.plan:
+                if t3 is None:
+                    (ops.save_blocks if save else ops.load_blocks)(v, run, reg, list(range(s0, s0 + k)))
                     continue
-                if p not in idx:
-                    idx[p] = ops.rows_index(run, p, self.num_blocks)
-                part = reg[s0:s0 + k]
-                if save:
-                    ops.gather(rows, idx[p], part.reshape(k * p, -1))
+                part = reg[:, s0:s0 + k]
+                if consecutive:
+                    if save:
+                        ops.copy(part, t3[:, b0:b0 + k])
+                    else:
+                        ops.copy(t3[:, b0:b0 + k], part)
+                elif save:
+                    ops.gather(t3, idx, part)
                 else:
-                    ops.scatter(rows, idx[p], part.reshape(k * p, -1))
+                    ops.scatter(t3, idx, part)

@@ -103,11 +103,12 @@ class WorkerCore:
         from .blocks import Arena
 
         self.copier, self.block_size = copier, block_size
-        # tensor_bytes asks for the tensor-by-tensor staging layout; a
+        # piece_bytes asks for the piece-by-piece staging layout; a
         # sidecar that predates it ignores the field and stages whole
         # blocks, which the copier reads from the arena's header.
-        self._register_args = dict(block_bytes=copier.block_bytes, block_size=block_size, device_blocks=copier.num_blocks,
-                                   tensor_bytes=list(copier.tensor_bytes))
+        self._register_args = dict(block_bytes=copier.block_bytes, block_size=block_size, device_blocks=copier.num_blocks)
+        if copier.piece_bytes is not None:
+            self._register_args["piece_bytes"] = copier.piece_bytes
         align = copier.staging_align()
         if align is not None:
             self._register_args["staging_align"] = align

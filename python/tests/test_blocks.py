@@ -15,18 +15,18 @@ class BlockCopierTest(unittest.TestCase):
         fd, path = tempfile.mkstemp(suffix=".arena")
         os.close(fd)
         self.addCleanup(os.remove, path)
-        make_arena(path, copier.block_bytes, slots, copier.tensor_bytes if layout == "tensors" else None, align)
+        make_arena(path, copier.block_bytes, slots, copier.piece_bytes if layout == "pieces" else None, align)
         a = Arena(path)
-        self.assertEqual(a.tensor_bytes, copier.tensor_bytes if layout == "tensors" else None)
+        self.assertEqual(a.piece_bytes, copier.piece_bytes if layout == "pieces" else None)
         copier.attach(a)
         return a
 
     def staged_block(self, a, c, s):
         """Slot s's block bytes as the sidecar reads them."""
-        if a.tensor_bytes is None:
+        if a.piece_bytes is None:
             return np.frombuffer(a.mem, np.uint8, count=c.block_bytes, offset=a.staging_offset + s * c.block_bytes).tobytes()
         return b"".join(np.frombuffer(a.mem, np.uint8, count=n, offset=off + s * n).tobytes()
-                        for n, off in zip(a.tensor_bytes, a.tensor_offsets()))
+                        for n, off in zip(a.piece_bytes, a.piece_offsets()))
 
     def round_trip(self, tensors, layout, align=0):
         rng = np.random.default_rng(7)
@@ -36,8 +36,9 @@ class BlockCopierTest(unittest.TestCase):
         self.assertEqual(c.block_bytes, sum(t.nbytes // t.shape[axis] for t, axis in tensors))
         a = self.arena(c, 8, layout, align)
         self.assertEqual(a.staging_offset % 4096, align)
-        # A run of slots (2, 3) over scattered blocks, a run of both
-        # blocks and slots (7, 8 into 4, 5) and strays.
+        # A run of slots (2, 3) over scattered blocks (gathered), a run of
+        # both blocks and slots (7, 8 into 4, 5: one copy a piece) and
+        # strays.
         ids, slots = [5, 0, 3, 6, 7, 8], [2, 3, 7, 0, 4, 5]
         want = [np.take(t, ids, axis=axis).copy() for t, axis in tensors]
         c.save(ids, slots)
@@ -57,12 +58,12 @@ class BlockCopierTest(unittest.TestCase):
         a.close()
 
     def test_vllm_layers(self):
-        for layout in ("blocks", "tensors"):
+        for layout in ("blocks", "pieces"):
             with self.subTest(layout=layout):
                 self.round_trip([(np.zeros((2, 9, 4, 2, 8), np.float16), 1) for _ in range(3)], layout, 2048)
 
     def test_trtllm_pool(self):
-        for layout in ("blocks", "tensors"):
+        for layout in ("blocks", "pieces"):
             with self.subTest(layout=layout):
                 self.round_trip([(np.zeros((9, 2, 2, 4, 16), np.float32), 0)], layout)
 
@@ -70,9 +71,15 @@ class BlockCopierTest(unittest.TestCase):
         # A tensor that is a strided view (no byte rows without a copy) is
         # copied run by run, next to a contiguous one gathered.
         base = np.zeros((2, 9, 4, 2, 16), np.float16)
-        for layout in ("blocks", "tensors"):
+        for layout in ("blocks", "pieces"):
             with self.subTest(layout=layout):
                 self.round_trip([(base[..., ::2], 1), (np.zeros((2, 9, 4, 2, 8), np.float16), 1)], layout, 64)
+
+    def test_too_many_pieces(self):
+        # More pieces than the arena's header lists: whole-block staging.
+        c = BlockCopier([(np.zeros((2, 3, 4), np.float16), 1) for _ in range(300)])
+        self.assertIsNone(c.piece_bytes)
+        self.assertEqual(BlockCopier([(np.zeros((2, 3, 4), np.float16), 1)]).piece_bytes, [8, 8])
 
     def test_staging_align(self):
         t = np.zeros((2, 9, 4, 2, 8), np.float16)

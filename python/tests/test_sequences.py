@@ -36,7 +36,7 @@ def computed_and_evicted(eng, req):
 
 
 class VllmSequences(unittest.TestCase):
-    whole_blocks = False  # the worker names its tensors: staged tensor by tensor
+    whole_blocks = False  # the worker names its pieces: staged piece by piece
 
     def setUp(self):
         self.sc, self.eng = started(self)
@@ -45,9 +45,10 @@ class VllmSequences(unittest.TestCase):
         w = self.eng.work.worker
         self.assertIsNotNone(w.arena)
         if self.whole_blocks:
-            self.assertIsNone(w.arena.tensor_bytes)
+            self.assertIsNone(w.arena.piece_bytes)
         else:
-            self.assertEqual(w.arena.tensor_bytes, w.copier.tensor_bytes)
+            self.assertEqual(w.arena.piece_bytes, w.copier.piece_bytes)
+            self.assertEqual(len(w.arena.piece_bytes), 2 * len(self.eng.dev.layers))  # each layer's K and V
             self.assertEqual(w.arena.staging_offset % 4096, w.copier.staging_align())
 
     def compute_whole(self, req):
@@ -141,8 +142,8 @@ class VllmSequences(unittest.TestCase):
         self.assertEqual(st["slots"], 0)
 
 class VllmSequencesWholeBlocks(VllmSequences):
-    """The same sequences with a worker that names no tensors, as one of
-    before tensor_bytes: the sidecar stages whole blocks (arena version 1)."""
+    """The same sequences with a worker that names no pieces, as one of
+    before piece_bytes: the sidecar stages whole blocks (arena version 1)."""
 
     whole_blocks = True
 
@@ -153,7 +154,7 @@ class VllmSequencesWholeBlocks(VllmSequences):
 
         def older(client, op, **fields):
             if op == "register":
-                fields.pop("tensor_bytes", None)
+                fields.pop("piece_bytes", None)
                 fields.pop("staging_align", None)
             return call(client, op, **fields)
 
@@ -267,10 +268,9 @@ class TRTLLMSequences(unittest.TestCase):
         self.addCleanup(self.work.core.client.close)
 
     def test_staging_layout(self):
-        # TensorRT-LLM's one pool is one tensor: its blocks are staged as
-        # one gather per run of slots.
+        # TensorRT-LLM's pool has the block axis first: one piece a block.
         a = self.work.core.arena
-        self.assertEqual(a.tensor_bytes, [self.dev.pool.nbytes // self.dev.pool.shape[0]])
+        self.assertEqual(a.piece_bytes, [self.dev.pool.nbytes // self.dev.pool.shape[0]])
 
     def req(self, rid, toks, gen_only=False):
         return SimpleNamespace(request_id=rid, get_tokens=lambda beam: list(toks), is_generation_only_request=gen_only,
