@@ -6,6 +6,11 @@ import unittest
 
 import numpy as np
 
+try:
+    import torch
+except ImportError:
+    torch = None
+
 from kvmesh_kvbm.bench import make_arena
 from kvmesh_kvbm.blocks import Arena, BlockCopier
 
@@ -99,6 +104,38 @@ class BlockCopierTest(unittest.TestCase):
         make_arena(path, 32, 2, [16, 16])  # the right size, other tensors
         with self.assertRaises(ValueError):
             c.attach(Arena(path))
+
+
+@unittest.skipIf(torch is None, "torch is not installed (the engine's environment has it: .venv-vllm/bin/python -m unittest)")
+class TorchCopierTest(unittest.TestCase):
+    """TorchOps, the engine's path, over CPU tensors: the same bytes in the
+    same places as NumpyOps."""
+
+    def test_round_trip(self):
+        for layout in ("pieces", "blocks"):
+            for shape, axis in (((2, 9, 4, 2, 8), 1), ((9, 2, 2, 4, 16), 0)):
+                with self.subTest(layout=layout, shape=shape):
+                    ts = [torch.randn(shape).to(torch.bfloat16) for _ in range(3)]
+                    c = BlockCopier([(t, axis) for t in ts])
+                    fd, path = tempfile.mkstemp(suffix=".arena")
+                    os.close(fd)
+                    self.addCleanup(os.remove, path)
+                    make_arena(path, c.block_bytes, 8, c.piece_bytes if layout == "pieces" else None, c.staging_align())
+                    a = Arena(path)
+                    c.attach(a)
+                    ids, slots = [5, 0, 3, 6, 7, 8], [2, 3, 7, 0, 4, 5]
+                    sel = torch.tensor(ids)
+                    want = [t.index_select(axis, sel).clone() for t in ts]
+                    c.save(ids, slots)
+                    for b, s in zip(ids, slots):
+                        exp = b"".join(t.select(axis, b).contiguous().view(torch.uint8).numpy().tobytes() for t in ts)
+                        self.assertEqual(BlockCopierTest.staged_block(self, a, c, s), exp, (b, s))
+                    for t in ts:
+                        t.index_fill_(axis, sel, 0)
+                    c.load(ids, slots)
+                    for t, w in zip(ts, want):
+                        self.assertTrue(torch.equal(t.index_select(axis, sel), w))
+                    c.plan = c.staged = None
 
 
 if __name__ == "__main__":
