@@ -452,7 +452,8 @@ func (s *Server) register(q *request) (any, error) {
 		return nil, err
 	}
 	s.log.Info("kvbm sidecar: engine KV cache registered", "block_bytes", q.BlockBytes, "block_size", q.BlockSize,
-		"device_blocks", q.DeviceBlocks, "arena", s.arena.path, "host_blocks", s.cfg.HostBlocks, "disk_blocks", s.cfg.DiskBlocks)
+		"device_blocks", q.DeviceBlocks, "arena", s.arena.path, "host_blocks", s.cfg.HostBlocks, "disk_blocks", s.cfg.DiskBlocks,
+		"staging_pieces", len(s.arena.pieces), "staging_offset", s.arena.stagingOff)
 	return s.registered(), nil
 }
 

@@ -221,7 +221,7 @@ func arenaView(t *testing.T, reg registerReply) []byte {
 // pieces) and piece by piece.
 func TestRoundTripVLLM(t *testing.T) {
 	t.Run("blocks", func(t *testing.T) { roundTripVLLM(t, nil, nil) })
-	align := 1024
+	align := 1040
 	t.Run("pieces", func(t *testing.T) { roundTripVLLM(t, []int{64, 128, 64}, &align) })
 }
 
@@ -232,7 +232,7 @@ func roundTripVLLM(t *testing.T, pieces []int, align *int) {
 	wk.ok(map[string]any{"op": "hello", "shape": "vllm", "role": "worker"}, nil)
 	wk.wantError(map[string]any{"op": "register", "block_bytes": testBB, "block_size": 8}, "bad_request")
 	wk.wantError(map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS, "piece_bytes": []int{64, 64}}, "bad_request")
-	wk.wantError(map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS, "staging_align": 100}, "bad_request")
+	wk.wantError(map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS, "staging_align": 4096}, "bad_request")
 	regReq := map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS, "device_blocks": 16}
 	if pieces != nil {
 		regReq["piece_bytes"] = pieces
