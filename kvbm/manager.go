@@ -22,6 +22,15 @@ type Device interface {
 	WriteView(id DeviceBlockID) ([]byte, error)
 }
 
+// CachedViews is a Device whose write views are scratch memory it copies
+// on from right after the write (the sidecar's piece-by-piece staging):
+// kvbm fills them with plain stores, which leave the block in cache for
+// that copy, rather than streaming ones, which would send it to memory
+// only for the device to read it back.
+type CachedViews interface {
+	CachedViews() bool
+}
+
 // Checksummer is a Device that knows the kv.Checksum of its blocks' bytes
 // (the sim keeps one per block as it stores it): kvbm then carries that
 // checksum with the offloaded block instead of hashing the bytes again.
@@ -526,7 +535,11 @@ func (m *Manager) onboardOne(dev Device, p *pool, b Staged, id DeviceBlockID) er
 	if err == nil {
 		if v, isView := p.store.(Viewer); isView {
 			verify = v.View(int(b.slot))
-			streamcopy.Copy(dst, verify)
+			if cv, ok := dev.(CachedViews); ok && cv.CachedViews() {
+				copy(dst, verify)
+			} else {
+				streamcopy.Copy(dst, verify)
+			}
 		} else {
 			err = p.store.Get(int(b.slot), dst)
 		}

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/kvmesh/kvmesh/internal/streamcopy"
 )
 
 // The shared arena file (see the package doc):
@@ -163,11 +165,12 @@ func (a *arena) readSlot(i int, dst []byte) {
 }
 
 // writeSlot copies a block (bb bytes) into staging slot i, piece by
-// piece.
+// piece, with streaming stores (the engine's worker reads the slot; this
+// process does not).
 func (a *arena) writeSlot(i int, src []byte) {
 	for j, n := range a.pieces {
 		off := a.pieceOff[j] + i*n
-		src = src[copy(a.mem[off:off+n], src):]
+		src = src[streamcopy.Copy(a.mem[off:off+n], src):]
 	}
 }
 

@@ -639,6 +639,10 @@ func (d stagingDevice) WriteView(id kvbm.DeviceBlockID) ([]byte, error) {
 	return d.s.scratch, nil
 }
 
+// CachedViews: with piece-by-piece staging kvbm writes into the scratch
+// block, which flushScratch copies on at once.
+func (d stagingDevice) CachedViews() bool { return d.s.arena.pieces != nil }
+
 // flushScratch puts a block kvbm wrote into the scratch view into its
 // staging slot.
 func (s *Server) flushScratch() {

@@ -164,6 +164,25 @@ class VllmSequencesWholeBlocks(VllmSequences):
         super().setUp()
 
 
+class StagingKnob(unittest.TestCase):
+    def test_blocks(self):
+        # KVMESH_KVBM_STAGING=blocks: whole-block staging, still placed
+        # half a page from the tensors' page offset.
+        with mock.patch.dict(os.environ, {"KVMESH_KVBM_STAGING": "blocks"}):
+            _, eng = started(self)
+        w = eng.work.worker
+        self.assertIsNone(w.arena.piece_bytes)
+        self.assertEqual(w.arena.staging_offset % 4096, w.copier.staging_align())
+        toks = prompt(9, 2 * BS + 8)
+        computed_and_evicted(eng, VReq("a", toks))
+        b = VReq("b", toks)
+        self.assertEqual(eng.admit(b), 2 * BS)
+        _, _, recving = eng.step(vllm_output(), compute=[])
+        self.assertEqual(recving, {"b"})
+        for i in range(2):
+            self.assertTrue(eng.dev.block_ok(toks, b.blocks, i), "block %d not loaded" % i)
+
+
 class TieredRoundTrip(unittest.TestCase):
     def test_host_and_disk(self):
         # 2 host blocks, 16 on disk (every host block goes on to disk):
