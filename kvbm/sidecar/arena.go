@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/kvmesh/kvmesh/internal/streamcopy"
+	"github.com/kvmesh/kvmesh/kv"
 )
 
 // The shared arena file (see the package doc):
@@ -162,6 +163,20 @@ func (a *arena) readSlot(i int, dst []byte) {
 		off := a.pieceOff[j] + i*n
 		dst = dst[copy(dst, a.mem[off:off+n]):]
 	}
+}
+
+// readSlotHashed copies staging slot i's block into dst (bb bytes, a host
+// tier slot: streaming stores) piece by piece and returns its kv.Checksum,
+// each piece hashed right after its copy read it into cache.
+func (a *arena) readSlotHashed(i int, dst []byte) uint64 {
+	h := kv.NewChecksum()
+	for j, n := range a.pieces {
+		off := a.pieceOff[j] + i*n
+		piece := a.mem[off : off+n]
+		dst = dst[streamcopy.Copy(dst, piece):]
+		h.Write(piece)
+	}
+	return h.Sum64()
 }
 
 // writeSlot copies a block (bb bytes) into staging slot i, piece by

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/streamcopy"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/kvbm"
 )
@@ -639,9 +640,43 @@ func (d stagingDevice) WriteView(id kvbm.DeviceBlockID) ([]byte, error) {
 	return d.s.scratch, nil
 }
 
-// CachedViews: with piece-by-piece staging kvbm writes into the scratch
-// block, which flushScratch copies on at once.
-func (d stagingDevice) CachedViews() bool { return d.s.arena.pieces != nil }
+// ReadBlock (kvbm.PieceDevice): the block's staging slot straight into a
+// host tier slot, hashed as it passes (from cache, just read).
+func (d stagingDevice) ReadBlock(id kvbm.DeviceBlockID, dst []byte) (uint64, error) {
+	slot, err := d.slot(id)
+	if err != nil {
+		return 0, err
+	}
+	a := d.s.arena
+	if len(dst) != a.bb {
+		return 0, fmt.Errorf("a %d-byte destination for %d-byte blocks", len(dst), a.bb)
+	}
+	if a.pieces == nil {
+		src := a.stagingSlot(slot)
+		streamcopy.Copy(dst, src)
+		return kv.Checksum(src), nil
+	}
+	return a.readSlotHashed(slot, dst), nil
+}
+
+// WriteBlock (kvbm.PieceDevice): a host tier slot's block into its
+// staging slot.
+func (d stagingDevice) WriteBlock(id kvbm.DeviceBlockID, src []byte) error {
+	slot, err := d.slot(id)
+	if err != nil {
+		return err
+	}
+	a := d.s.arena
+	if len(src) != a.bb {
+		return fmt.Errorf("a %d-byte block for %d-byte blocks", len(src), a.bb)
+	}
+	if a.pieces == nil {
+		streamcopy.Copy(a.stagingSlot(slot), src)
+	} else {
+		a.writeSlot(slot, src)
+	}
+	return nil
+}
 
 // flushScratch puts a block kvbm wrote into the scratch view into its
 // staging slot.
