@@ -84,9 +84,10 @@ type Server struct {
 	staged   map[kvbm.DeviceBlockID]int32
 	free     []int32
 	bindings []binding
-	// With piece-by-piece staging kvbm reads and writes a block through
-	// scratch; a written one goes to staging slot scratchSlot (≥ 0) at
-	// the next call into the device or the end of the step's loads.
+	// With piece-by-piece staging kvbm moves host-tier blocks through
+	// ReadBlock/WriteBlock and other tiers' through scratch; a written one
+	// goes to staging slot scratchSlot (≥ 0) at the next call into the
+	// device or the end of the step's loads.
 	scratch     []byte
 	scratchSlot int32
 	protoErrs   uint64
@@ -598,11 +599,13 @@ func (s *Server) build(shape string, q *request) (any, error) {
 
 // stagingDevice is the engine's device as kvbm's worker sees it: each
 // device block of a bound step is the staging slot assigned to it, which
-// the engine's worker fills (stores) or empties (loads). With whole-block
-// staging a view is the slot itself; with piece-by-piece staging it is
-// the server's scratch block, gathered from the slot's pieces (read) or
-// scattered to them at the next call (write): kvbm uses a view only until
-// its next call into the device.
+// the engine's worker fills (stores) or empties (loads). kvbm copies a
+// block between a host tier slot and the staging slot with ReadBlock and
+// WriteBlock (kvbm.PieceDevice); for the disk and object tiers it uses
+// views: with whole-block staging the slot itself, with piece-by-piece
+// staging the server's scratch block, gathered from the slot's pieces
+// (read) or scattered to them at the next call (write): kvbm uses a view
+// only until its next call into the device.
 type stagingDevice struct{ s *Server }
 
 func (d stagingDevice) slot(id kvbm.DeviceBlockID) (int, error) {
