@@ -3,6 +3,7 @@ package kv
 import (
 	"encoding/binary"
 	"fmt"
+	"hash"
 
 	"github.com/zeebo/xxh3"
 
@@ -40,6 +41,10 @@ func Payload(seq SeqHash, layer, size int) []byte {
 
 // Checksum is the integrity check carried with every block payload.
 func Checksum(b []byte) uint64 { return xxh3.Hash(b) }
+
+// NewChecksum is Checksum over bytes written in parts: its Sum64 is the
+// Checksum of the parts joined.
+func NewChecksum() hash.Hash64 { return xxh3.New() }
 
 // VerifyPayload checks that b is exactly the payload of (seq, layer) and that
 // its checksum matches sum.

@@ -57,3 +57,23 @@ func TestTierFromMedium(t *testing.T) {
 		}
 	}
 }
+
+// NewChecksum over parts is Checksum of them joined, at part boundaries
+// inside and across xxh3's stripes and blocks.
+func TestNewChecksumParts(t *testing.T) {
+	b := make([]byte, 5000)
+	for i := range b {
+		b[i] = byte(i*31 + i/7)
+	}
+	for _, cut := range [][]int{{0}, {1, 2}, {63, 64, 65}, {1024, 2048, 4000}, {4999}} {
+		h := NewChecksum()
+		prev := 0
+		for _, c := range append(cut, len(b)) {
+			h.Write(b[prev:c])
+			prev = c
+		}
+		if got, want := h.Sum64(), Checksum(b); got != want {
+			t.Fatalf("cut at %v: %016x, want %016x", cut, got, want)
+		}
+	}
+}

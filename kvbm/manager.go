@@ -22,6 +22,17 @@ type Device interface {
 	WriteView(id DeviceBlockID) ([]byte, error)
 }
 
+// PieceDevice is a Device whose blocks are not one contiguous run (the
+// sidecar's piece-by-piece staging): kvbm copies a block between a host
+// tier slot and the device through these instead of a view, so the pieces
+// pass once. ReadBlock copies device block id into dst (BlockBytes long,
+// a host slot: streaming stores) and returns kv.Checksum of the block;
+// WriteBlock copies src into device block id.
+type PieceDevice interface {
+	ReadBlock(id DeviceBlockID, dst []byte) (sum uint64, err error)
+	WriteBlock(id DeviceBlockID, src []byte) error
+}
+
 // Checksummer is a Device that knows the kv.Checksum of its blocks' bytes
 // (the sim keeps one per block as it stores it): kvbm then carries that
 // checksum with the offloaded block instead of hashing the bytes again.
@@ -291,6 +302,11 @@ func (m *Manager) offloadOne(dev Device, b StoreBlock) (bool, error) {
 		}
 		return false, nil
 	}
+	if pd, ok := dev.(PieceDevice); ok {
+		if v, isView := p.store.(Viewer); isView {
+			return m.offloadPieces(pd, p, v, b)
+		}
+	}
 	src, err := dev.ReadView(b.Device)
 	if err != nil {
 		return false, fmt.Errorf("kvbm: offload block %016x from device block %d: %w", uint64(b.Meta.Seq), b.Device, err)
@@ -334,6 +350,29 @@ func (m *Manager) offloadOne(dev Device, b StoreBlock) (bool, error) {
 			return false, err
 		}
 	}
+	p.register(s, meta)
+	m.count(p, &m.st.OffloadedHost, &m.st.OffloadedDisk)
+	if p == m.host {
+		return true, m.offerDisk(s)
+	}
+	return true, nil
+}
+
+// offloadPieces offloads b from a PieceDevice straight into a slot of
+// p's arena, hashed as the device copies it.
+func (m *Manager) offloadPieces(pd PieceDevice, p *pool, v Viewer, b StoreBlock) (bool, error) {
+	s, ok := p.alloc()
+	if !ok {
+		m.count(p, &m.st.FullHost, &m.st.FullDisk)
+		return false, nil
+	}
+	meta := b.Meta
+	sum, err := pd.ReadBlock(b.Device, v.View(int(s)))
+	if err != nil {
+		p.release(s)
+		return false, fmt.Errorf("kvbm: offload block %016x from device block %d: %w", uint64(b.Meta.Seq), b.Device, err)
+	}
+	meta.Sum = sum
 	p.register(s, meta)
 	m.count(p, &m.st.OffloadedHost, &m.st.OffloadedDisk)
 	if p == m.host {
@@ -502,6 +541,17 @@ func (m *Manager) onboardOne(dev Device, p *pool, b Staged, id DeviceBlockID) er
 	if p.slots[b.slot].state != slotRegistered {
 		return fmt.Errorf("kvbm: block %016x left the %v tier before onboarding", uint64(b.Meta.Seq), b.Tier)
 	}
+	if pd, ok := dev.(PieceDevice); ok && !(p == m.obj && m.host != nil) {
+		if v, isView := p.store.(Viewer); isView {
+			// The device reads the slot (into cache), the check follows.
+			verify := v.View(int(b.slot))
+			if err := pd.WriteBlock(id, verify); err != nil {
+				m.st.Errors++
+				return fmt.Errorf("kvbm: onboard block %016x from %v: %w", uint64(b.Meta.Seq), b.Tier, err)
+			}
+			return m.verified(p, b, verify)
+		}
+	}
 	dst, err := dev.WriteView(id)
 	if err == nil && len(dst) != m.cfg.BlockBytes {
 		err = fmt.Errorf("device block %d has %d bytes, want %d", id, len(dst), m.cfg.BlockBytes)
@@ -535,6 +585,12 @@ func (m *Manager) onboardOne(dev Device, p *pool, b Staged, id DeviceBlockID) er
 		m.st.Errors++
 		return fmt.Errorf("kvbm: onboard block %016x from %v: %w", uint64(b.Meta.Seq), b.Tier, err)
 	}
+	return m.verified(p, b, verify)
+}
+
+// verified checks an onboarded block's bytes (verify) against its
+// checksum and counts the onboard; a corrupt block is dropped from p.
+func (m *Manager) verified(p *pool, b Staged, verify []byte) error {
 	if got := kv.Checksum(verify); got != b.Meta.Sum {
 		p.drop(b.slot)
 		m.st.Corrupt++

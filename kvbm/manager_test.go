@@ -376,3 +376,93 @@ func TestHostTierLargeBlocksRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// pieceDevice is a fakeDevice that moves host-tier blocks itself
+// (PieceDevice), as the sidecar's piece-by-piece staging does; sum, if
+// set, replaces the checksum ReadBlock reports.
+type pieceDevice struct {
+	*fakeDevice
+	reads, writes int
+	sum           func(uint64) uint64
+}
+
+func (d *pieceDevice) ReadBlock(id DeviceBlockID, dst []byte) (uint64, error) {
+	src, err := d.ReadView(id)
+	if err != nil {
+		return 0, err
+	}
+	d.reads++
+	// Two pieces, copied and hashed apart.
+	h := kv.NewChecksum()
+	for _, p := range [][2]int{{0, tBB / 2}, {tBB / 2, tBB}} {
+		copy(dst[p[0]:p[1]], src[p[0]:p[1]])
+		h.Write(src[p[0]:p[1]])
+	}
+	if d.sum != nil {
+		return d.sum(h.Sum64()), nil
+	}
+	return h.Sum64(), nil
+}
+
+func (d *pieceDevice) WriteBlock(id DeviceBlockID, src []byte) error {
+	dst, err := d.WriteView(id)
+	if err != nil {
+		return err
+	}
+	d.writes++
+	copy(dst, src)
+	return nil
+}
+
+// A PieceDevice's blocks go to and come from host slots through
+// ReadBlock/WriteBlock (hashed as they pass, verified on the way back);
+// disk still reads and writes through views; a wrong reported checksum is
+// caught on onboarding.
+func TestPieceDevice(t *testing.T) {
+	r := newRig(t, func(c *Connector) shape { return vllmShape{c.VLLMLeader()} }, 2, 8,
+		func(c *Config) { c.DiskFilter.Disabled = true })
+	pd := &pieceDevice{fakeDevice: r.dev}
+	bs := chain(t, r.dev, 1, 4)
+	if n, err := r.m.Offload(pd, bs); err != nil || n != 4 {
+		t.Fatalf("offload: %d, %v", n, err)
+	}
+	if st := r.m.Stats(); pd.reads != 4 || st.HostBlocks != 2 || st.DiskBlocks != 4 {
+		t.Fatalf("%d ReadBlock calls, stats %+v; want 4 and host 2, disk 4", pd.reads, st)
+	}
+	r.m.Offload(pd, bs[:2]) // 0 and 1 back to host (from the device again)
+	if pd.reads != 6 {
+		t.Fatalf("%d ReadBlock calls, want 6", pd.reads)
+	}
+	seqs := seqsOfBlocks(bs)
+	st := r.m.Match(nil, seqs)
+	ids := r.dev.alloc(t, len(st))
+	if n, err := r.m.Onboard(pd, st, ids); err != nil || n != 4 {
+		t.Fatalf("onboard %d: %v", n, err)
+	}
+	host := 0
+	for i, s := range st {
+		if !bytes.Equal(r.dev.blocks[ids[i]], blockPayload(seqs[i])) {
+			t.Fatalf("block %d from %v holds the wrong bytes", i, s.Tier)
+		}
+		if s.Tier == kv.TierHost {
+			host++
+		}
+	}
+	if host != 2 || pd.writes != host {
+		t.Fatalf("%d WriteBlock calls for %d host blocks", pd.writes, host)
+	}
+	r.dev.release(ids)
+
+	// A block stored with a checksum that is not its bytes' is corrupt.
+	r2 := newRig(t, func(c *Connector) shape { return vllmShape{c.VLLMLeader()} }, 4, 0)
+	bad := &pieceDevice{fakeDevice: r2.dev, sum: func(s uint64) uint64 { return s ^ 1 }}
+	cs := chain(t, r2.dev, 7, 1)
+	r2.m.Offload(bad, cs)
+	st2 := r2.m.Match(nil, seqsOfBlocks(cs))
+	if len(st2) != 1 {
+		t.Fatalf("matched %d blocks, want 1", len(st2))
+	}
+	if _, err := r2.m.Onboard(bad, st2, r2.dev.alloc(t, 1)); err == nil || r2.m.Stats().Corrupt != 1 {
+		t.Fatalf("onboard of a mis-summed block: %v, stats %+v", err, r2.m.Stats())
+	}
+}

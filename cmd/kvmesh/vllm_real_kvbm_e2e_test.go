@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -89,6 +91,18 @@ func TestRealVLLMKVBMConnector(t *testing.T) {
 	if c := metricSum(t, metrics, "kvmesh_kvbm_corrupt_blocks_total"); c != 0 {
 		t.Fatalf("%v corrupt blocks", c)
 	}
+	// The connector registered its pieces (each layer's K and V): the
+	// blocks went through staging slots laid out piece by piece (arena
+	// version 2).
+	if arenas, _ := filepath.Glob("/dev/shm/kvmesh-kvbm-" + realKVBMInstance + "-*.arena"); len(arenas) != 1 {
+		t.Fatalf("arena files %v, want one", arenas)
+	} else if b, err := readHead(arenas[0], 64); err != nil {
+		t.Fatalf("arena %s: %v", arenas[0], err)
+	} else if ver, n := binary.LittleEndian.Uint64(b[8:]), binary.LittleEndian.Uint64(b[56:]); ver != 2 || n == 0 {
+		t.Fatalf("arena version %d with %d pieces, want the piece layout", ver, n)
+	} else {
+		t.Logf("arena version %d: %d pieces a block, staging %d bytes past a page", ver, n, binary.LittleEndian.Uint64(b[48:])%4096)
+	}
 	// The sidecar dies; vLLM serves on (each connector call times out or
 	// fails fast, and its loads are recomputed).
 	w.Kill()
@@ -103,4 +117,16 @@ func TestRealVLLMKVBMConnector(t *testing.T) {
 	if st, ids := greedyIDs(t, v.url, prompt, nil); st != 200 || fmt.Sprint(ids) != fmt.Sprint(first) {
 		t.Fatalf("the prompt after the sidecar died: %d %v, want %v", st, ids, first)
 	}
+}
+
+// readHead reads a file's first n bytes.
+func readHead(path string, n int) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, n)
+	_, err = io.ReadFull(f, b)
+	return b, err
 }

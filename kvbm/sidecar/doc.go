@@ -27,9 +27,9 @@
 // order the engines call them (docs/engines.md has the full field list):
 //
 //	hello        {shape: vllm|trtllm, role}          → {version, registered, block_size, arena}
-//	register     {block_bytes, block_size, device_blocks} (worker)
+//	register     {block_bytes, block_size, device_blocks, piece_bytes, staging_align} (worker)
 //	                                                  → {arena, arena_bytes, block_bytes, host_slots,
-//	                                                     staging_offset, staging_slots}
+//	                                                     staging_offset, staging_slots, piece_bytes}
 //	match        {req: {id, tokens, lora, salt, priority, generation_only}, num_computed}
 //	                                                  → {tokens, async}
 //	alloc        {id, block_ids, num_external (vllm) | context_position (trtllm)} → {}
@@ -42,10 +42,13 @@
 //
 // # The arena
 //
-// The engine's worker registers its KV cache's block bytes; the server then
-// creates the arena file in /dev/shm (mode 0600, exclusively, removed at
-// Close): a 64-byte header, the host tier's slots from offset 4096, then
-// the staging slots. A bound step's device blocks are each given a staging
+// The engine's worker registers its KV cache's block bytes (and, optionally,
+// how a block splits into pieces: piece_bytes); the server then creates the
+// arena file in /dev/shm (mode 0600, exclusively, removed at Close): a
+// header, the host tier's slots from offset 4096, then the staging slots,
+// staging_align bytes past a page boundary (arena.go has the layout), each
+// a whole block (version 1) or, with piece_bytes, piece by piece (version
+// 2). A bound step's device blocks are each given a staging
 // slot: a load's block is read from its tier into the slot and verified
 // before bind answers, and the engine's worker copies it onto the device; a
 // store's block is copied by the engine's worker into its slot after the

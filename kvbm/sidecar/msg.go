@@ -18,6 +18,13 @@ type request struct {
 	BlockBytes   int `json:"block_bytes,omitempty"`
 	BlockSize    int `json:"block_size,omitempty"`
 	DeviceBlocks int `json:"device_blocks,omitempty"`
+	// PieceBytes, the block's bytes split into pieces (each a contiguous
+	// run of one KV tensor; summing to BlockBytes), asks for the
+	// piece-by-piece staging layout (arena version 2); StagingAlign for
+	// the staging offset's distance past a page boundary
+	// (DefaultStagingAlign if absent).
+	PieceBytes   []int `json:"piece_bytes,omitempty"`
+	StagingAlign *int  `json:"staging_align,omitempty"`
 
 	// match
 	Req         *wireRequest `json:"req,omitempty"`
@@ -97,6 +104,9 @@ type registerReply struct {
 	HostSlots     int    `json:"host_slots"`
 	StagingOffset int    `json:"staging_offset"`
 	StagingSlots  int    `json:"staging_slots"`
+	// PieceBytes is the staging layout: each piece's bytes of a block,
+	// staged piece by piece (arena version 2); empty: whole blocks.
+	PieceBytes []int `json:"piece_bytes"`
 }
 
 type matchReply struct {

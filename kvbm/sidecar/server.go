@@ -9,11 +9,13 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/streamcopy"
 	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/kvbm"
 )
@@ -69,21 +71,27 @@ type Server struct {
 	ln  *net.UnixListener
 	log *slog.Logger
 
-	mu         sync.Mutex // one slot state machine: every call runs under it
-	arena      *arena
-	mgr        *kvbm.Manager
-	conn       *kvbm.Connector
-	vllm       *kvbm.VLLMLeader
-	trt        *kvbm.TRTLLMLeader
-	wk         *kvbm.Worker
-	stores     []Storage
-	bs         int
-	pending    map[uint64]*kvbm.Metadata // built, not yet bound
-	staged     map[kvbm.DeviceBlockID]int32
-	free       []int32
-	bindings   []binding
-	protoErrs  uint64
-	stageDrops uint64
+	mu       sync.Mutex // one slot state machine: every call runs under it
+	arena    *arena
+	mgr      *kvbm.Manager
+	conn     *kvbm.Connector
+	vllm     *kvbm.VLLMLeader
+	trt      *kvbm.TRTLLMLeader
+	wk       *kvbm.Worker
+	stores   []Storage
+	bs       int
+	pending  map[uint64]*kvbm.Metadata // built, not yet bound
+	staged   map[kvbm.DeviceBlockID]int32
+	free     []int32
+	bindings []binding
+	// With piece-by-piece staging kvbm moves host-tier blocks through
+	// ReadBlock/WriteBlock and other tiers' through scratch; a written one
+	// goes to staging slot scratchSlot (≥ 0) at the next call into the
+	// device or the end of the step's loads.
+	scratch     []byte
+	scratchSlot int32
+	protoErrs   uint64
+	stageDrops  uint64
 
 	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup
@@ -430,26 +438,38 @@ func (s *Server) register(q *request) (any, error) {
 		if q.BlockBytes != s.arena.bb || q.BlockSize != s.bs {
 			return nil, bad("register: %d-byte %d-token blocks, registered %d-byte %d-token ones", q.BlockBytes, q.BlockSize, s.arena.bb, s.bs)
 		}
+		if !slices.Equal(q.PieceBytes, s.arena.pieces) {
+			return nil, bad("register: staging layout %v, the arena has %v", q.PieceBytes, s.arena.pieces)
+		}
 		return s.registered(), nil
 	}
-	if err := s.open(q.BlockBytes, q.BlockSize); err != nil {
+	align := DefaultStagingAlign
+	if q.StagingAlign != nil {
+		align = *q.StagingAlign
+	}
+	if err := validLayout(q.BlockBytes, q.PieceBytes, align); err != nil {
+		return nil, bad("register: %v", err)
+	}
+	if err := s.open(q.BlockBytes, q.BlockSize, q.PieceBytes, align); err != nil {
 		return nil, err
 	}
 	s.log.Info("kvbm sidecar: engine KV cache registered", "block_bytes", q.BlockBytes, "block_size", q.BlockSize,
-		"device_blocks", q.DeviceBlocks, "arena", s.arena.path, "host_blocks", s.cfg.HostBlocks, "disk_blocks", s.cfg.DiskBlocks)
+		"device_blocks", q.DeviceBlocks, "arena", s.arena.path, "host_blocks", s.cfg.HostBlocks, "disk_blocks", s.cfg.DiskBlocks,
+		"staging_pieces", len(s.arena.pieces), "staging_offset", s.arena.stagingOff)
 	return s.registered(), nil
 }
 
 func (s *Server) registered() registerReply {
 	a := s.arena
 	return registerReply{Arena: a.path, ArenaBytes: len(a.mem), BlockBytes: a.bb, HostSlots: a.hostSlots,
-		StagingOffset: a.stagingOff, StagingSlots: a.staging}
+		StagingOffset: a.stagingOff, StagingSlots: a.staging, PieceBytes: append([]int{}, a.pieces...)}
 }
 
-// open builds the arena, the tiers and the connector for bb-byte blocks.
-func (s *Server) open(bb, bs int) (err error) {
+// open builds the arena (staged piece by piece when pieces is given), the
+// tiers and the connector for bb-byte blocks.
+func (s *Server) open(bb, bs int, pieces []int, align int) (err error) {
 	name := fmt.Sprintf("%s-%d.arena", s.cfg.Name, os.Getpid())
-	a, err := createArena(s.cfg.ShmDir, name, bb, max(s.cfg.HostBlocks, 0), s.cfg.StagingBlocks)
+	a, err := createArena(s.cfg.ShmDir, name, bb, max(s.cfg.HostBlocks, 0), s.cfg.StagingBlocks, pieces, align)
 	if err != nil {
 		return fmt.Errorf("register: arena: %w", err)
 	}
@@ -515,6 +535,10 @@ func (s *Server) open(bb, bs int) (err error) {
 	}
 	s.arena, s.stores, s.mgr, s.conn, s.bs = a, stores, m, c, bs
 	s.vllm, s.trt, s.wk = c.VLLMLeader(), c.TRTLLMLeader(), c.Worker(stagingDevice{s})
+	s.scratch, s.scratchSlot = nil, -1
+	if a.pieces != nil {
+		s.scratch = make([]byte, bb)
+	}
 	s.free = make([]int32, a.staging)
 	for i := range s.free {
 		s.free[i] = int32(a.staging - 1 - i)
@@ -575,19 +599,96 @@ func (s *Server) build(shape string, q *request) (any, error) {
 
 // stagingDevice is the engine's device as kvbm's worker sees it: each
 // device block of a bound step is the staging slot assigned to it, which
-// the engine's worker fills (stores) or empties (loads).
+// the engine's worker fills (stores) or empties (loads). kvbm copies a
+// block between a host tier slot and the staging slot with ReadBlock and
+// WriteBlock (kvbm.PieceDevice); for the disk and object tiers it uses
+// views: with whole-block staging the slot itself, with piece-by-piece
+// staging the server's scratch block, gathered from the slot's pieces
+// (read) or scattered to them at the next call (write): kvbm uses a view
+// only until its next call into the device.
 type stagingDevice struct{ s *Server }
 
-func (d stagingDevice) view(id kvbm.DeviceBlockID) ([]byte, error) {
+func (d stagingDevice) slot(id kvbm.DeviceBlockID) (int, error) {
+	d.s.flushScratch()
 	slot, ok := d.s.staged[id]
 	if !ok {
-		return nil, fmt.Errorf("device block %d has no staging slot", id)
+		return 0, fmt.Errorf("device block %d has no staging slot", id)
 	}
-	return d.s.arena.stagingSlot(int(slot)), nil
+	return int(slot), nil
 }
 
-func (d stagingDevice) ReadView(id kvbm.DeviceBlockID) ([]byte, error)  { return d.view(id) }
-func (d stagingDevice) WriteView(id kvbm.DeviceBlockID) ([]byte, error) { return d.view(id) }
+func (d stagingDevice) ReadView(id kvbm.DeviceBlockID) ([]byte, error) {
+	slot, err := d.slot(id)
+	if err != nil {
+		return nil, err
+	}
+	a := d.s.arena
+	if a.pieces == nil {
+		return a.stagingSlot(slot), nil
+	}
+	a.readSlot(slot, d.s.scratch)
+	return d.s.scratch, nil
+}
+
+func (d stagingDevice) WriteView(id kvbm.DeviceBlockID) ([]byte, error) {
+	slot, err := d.slot(id)
+	if err != nil {
+		return nil, err
+	}
+	a := d.s.arena
+	if a.pieces == nil {
+		return a.stagingSlot(slot), nil
+	}
+	d.s.scratchSlot = int32(slot)
+	return d.s.scratch, nil
+}
+
+// ReadBlock (kvbm.PieceDevice): the block's staging slot straight into a
+// host tier slot, hashed as it passes (from cache, just read).
+func (d stagingDevice) ReadBlock(id kvbm.DeviceBlockID, dst []byte) (uint64, error) {
+	slot, err := d.slot(id)
+	if err != nil {
+		return 0, err
+	}
+	a := d.s.arena
+	if len(dst) != a.bb {
+		return 0, fmt.Errorf("a %d-byte destination for %d-byte blocks", len(dst), a.bb)
+	}
+	if a.pieces == nil {
+		src := a.stagingSlot(slot)
+		streamcopy.Copy(dst, src)
+		return kv.Checksum(src), nil
+	}
+	return a.readSlotHashed(slot, dst), nil
+}
+
+// WriteBlock (kvbm.PieceDevice): a host tier slot's block into its
+// staging slot.
+func (d stagingDevice) WriteBlock(id kvbm.DeviceBlockID, src []byte) error {
+	slot, err := d.slot(id)
+	if err != nil {
+		return err
+	}
+	a := d.s.arena
+	if len(src) != a.bb {
+		return fmt.Errorf("a %d-byte block for %d-byte blocks", len(src), a.bb)
+	}
+	if a.pieces == nil {
+		streamcopy.Copy(a.stagingSlot(slot), src)
+	} else {
+		a.writeSlot(slot, src)
+	}
+	return nil
+}
+
+// flushScratch puts a block kvbm wrote into the scratch view into its
+// staging slot.
+func (s *Server) flushScratch() {
+	if s.scratchSlot >= 0 {
+		s.arena.writeSlot(int(s.scratchSlot), s.scratch)
+		s.scratchSlot = -1
+	}
+}
 
 // bind assigns staging slots to a built step's device blocks and runs its
 // loads (tier → staging, verified); the engine's worker then copies them
@@ -636,6 +737,7 @@ func (s *Server) bind(iter uint64) (any, error) {
 	}
 	s.bindings = append(s.bindings, b)
 	err := s.wk.BindConnectorMetadata(md)
+	s.flushScratch()
 	r.LoadErrors = s.wk.BlockIDsWithLoadErrors()
 	if r.Loads == nil {
 		r.Loads = []transfer{}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -215,17 +216,76 @@ func arenaView(t *testing.T, reg registerReply) []byte {
 }
 
 // One request's blocks offloaded through the staging slots come back,
-// byte for byte, into another request's device blocks (vLLM's sequence).
+// byte for byte, into another request's device blocks (vLLM's sequence),
+// with the staging slots laid out block by block (a worker that names no
+// pieces) and piece by piece.
 func TestRoundTripVLLM(t *testing.T) {
+	t.Run("blocks", func(t *testing.T) { roundTripVLLM(t, nil, nil) })
+	align := 1040
+	t.Run("pieces", func(t *testing.T) { roundTripVLLM(t, []int{64, 128, 64}, &align) })
+}
+
+func roundTripVLLM(t *testing.T, pieces []int, align *int) {
 	s := startServer(t, Config{BlockSize: testBS})
 	sch, wk := dial(t, s), dial(t, s)
 	sch.ok(map[string]any{"op": "hello", "shape": "vllm", "role": "scheduler"}, nil)
 	wk.ok(map[string]any{"op": "hello", "shape": "vllm", "role": "worker"}, nil)
 	wk.wantError(map[string]any{"op": "register", "block_bytes": testBB, "block_size": 8}, "bad_request")
+	wk.wantError(map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS, "piece_bytes": []int{64, 64}}, "bad_request")
+	wk.wantError(map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS, "staging_align": 4096}, "bad_request")
+	regReq := map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS, "device_blocks": 16}
+	if pieces != nil {
+		regReq["piece_bytes"] = pieces
+	}
+	if align != nil {
+		regReq["staging_align"] = *align
+	}
 	var reg registerReply
-	wk.ok(map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS, "device_blocks": 16}, &reg)
+	wk.ok(regReq, &reg)
 	mem := arenaView(t, reg)
-	slot := func(i int32) []byte { return mem[reg.StagingOffset+int(i)*testBB:][:testBB] }
+	wantAlign := DefaultStagingAlign
+	if align != nil {
+		wantAlign = *align
+	}
+	version := binary.LittleEndian.Uint64(mem[8:])
+	if reg.StagingOffset%arenaPage != wantAlign || int(binary.LittleEndian.Uint64(mem[48:])) != reg.StagingOffset ||
+		!slices.Equal(reg.PieceBytes, pieces) || (version == 2) != (pieces != nil) {
+		t.Fatalf("register: %+v, arena version %d; want staging %d past a page, pieces %v", reg, version, wantAlign, pieces)
+	}
+	// A restarted worker gets the same arena if it asks for the same layout.
+	var again registerReply
+	wk.ok(regReq, &again)
+	if again.Arena != reg.Arena {
+		t.Fatalf("re-register: arena %s, want %s", again.Arena, reg.Arena)
+	}
+	if pieces != nil {
+		wk.wantError(map[string]any{"op": "register", "block_bytes": testBB, "block_size": testBS}, "bad_request")
+		for i, n := range pieces {
+			if got := binary.LittleEndian.Uint64(mem[64+8*i:]); got != uint64(n) {
+				t.Fatalf("arena header: piece %d has %d bytes, want %d", i, got, n)
+			}
+		}
+	}
+	// slot reads (nil b) or writes staging slot i's block as the worker
+	// lays it out.
+	slot := func(i int32, b []byte) []byte {
+		if pieces == nil {
+			s := mem[reg.StagingOffset+int(i)*testBB:][:testBB]
+			copy(s, b)
+			return s
+		}
+		var out []byte
+		off := reg.StagingOffset
+		for _, n := range pieces {
+			piece := mem[off+int(i)*n:][:n]
+			if b != nil {
+				b = b[copy(piece, b):]
+			}
+			out = append(out, piece...)
+			off += reg.StagingSlots * n
+		}
+		return out
+	}
 
 	prompt := []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 	req := map[string]any{"id": "a", "tokens": prompt}
@@ -248,9 +308,12 @@ func TestRoundTripVLLM(t *testing.T) {
 	}
 	blocks := map[int32][]byte{}
 	for i, d := range bind.Stores[0].Device {
-		b := bytes.Repeat([]byte{byte(d), byte(i + 1)}, testBB/2)
+		b := make([]byte, testBB) // no two pieces alike: a misplaced piece shows
+		for j := range b {
+			b[j] = byte(int(d)*37 + i*11 + j*3 + j/64)
+		}
 		blocks[int32(d)] = b
-		copy(slot(bind.Stores[0].Slots[i]), b) // the forward pass's KV
+		slot(bind.Stores[0].Slots[i], b) // the forward pass's KV
 	}
 	wk.ok(map[string]any{"op": "saved", "iteration": br.Iteration}, nil)
 	var gf getFinishedReply
@@ -259,6 +322,12 @@ func TestRoundTripVLLM(t *testing.T) {
 	sch.ok(map[string]any{"op": "stats", "slot": "a"}, &st)
 	if st.Stats.OffloadedHost != 2 || st.Stats.HostBlocks != 2 || st.Slot == nil || st.Slot.Evaluated != 2 {
 		t.Fatalf("after the store: %+v slot %+v", st.Stats, st.Slot)
+	}
+	// The host tier holds whole blocks whatever the staging layout.
+	for d, b := range blocks {
+		if !bytes.Contains(mem[arenaDataOff:arenaDataOff+reg.HostSlots*testBB], b) {
+			t.Fatalf("device block %d's bytes are not a whole block in the host tier", d)
+		}
 	}
 	var fr finishedReply
 	sch.ok(map[string]any{"op": "finished", "id": "a", "block_ids": []int{5, 6, 7}}, &fr)
@@ -289,7 +358,7 @@ func TestRoundTripVLLM(t *testing.T) {
 	}
 	for i, d := range bind.Loads[0].Device {
 		want := blocks[int32(5+i)]
-		if got := slot(bind.Loads[0].Slots[i]); !bytes.Equal(got, want) {
+		if got := slot(bind.Loads[0].Slots[i], nil); !bytes.Equal(got, want) {
 			t.Fatalf("device block %d: staged bytes differ from what block %d stored", d, 5+i)
 		}
 	}

@@ -1,10 +1,13 @@
 """The worker's data path against a plain numpy copy of the same bytes.
 
     PYTHONPATH=python /usr/bin/python3 -m kvmesh_kvbm.bench [--layers 8] [--blocks 64] [--rounds 20]
-        [--ids scattered|consecutive]
+        [--ids scattered|consecutive] [--layout pieces|blocks] [--align auto|BYTES]
 
 Builds vLLM-shaped per-layer KV arrays (2, blocks, 16, 8, 128) float16 and
-an arena file in /dev/shm laid out as the sidecar lays it out, then, round
+an arena file in /dev/shm laid out as the sidecar lays it out for a worker
+that registers its pieces (--layout pieces, staging --align bytes past a
+page, by default what the worker asks for; --layout blocks: whole-block
+staging, as for a worker that names none), then, round
 after round: BlockCopier.save of --blocks device blocks into staging slots
 and .load back (the worker's path), and two plain numpy copies of the same
 number of bytes, out and back: between two contiguous anonymous arrays
@@ -27,12 +30,17 @@ import time
 from .blocks import Arena, BlockCopier, NumpyOps
 
 
-def make_arena(path, block_bytes, staging):
-    """An arena file with no host slots, as the sidecar would write it."""
+def make_arena(path, block_bytes, staging, piece_bytes=None, align=0):
+    """An arena file with no host slots, as the sidecar would write it:
+    staging align bytes past the first page after the header, whole
+    blocks (version 1) or piece by piece (piece_bytes, version 2)."""
     data_off = 4096
+    staging_off = data_off + align
     with open(path, "wb") as f:
-        f.write(struct.pack("<8s6Q", b"KVMESHAR", 1, block_bytes, 0, data_off, staging, data_off))
-        f.truncate(data_off + staging * block_bytes)
+        f.write(struct.pack("<8s6Q", b"KVMESHAR", 2 if piece_bytes else 1, block_bytes, 0, data_off, staging, staging_off))
+        if piece_bytes:
+            f.write(struct.pack("<Q%dQ" % len(piece_bytes), len(piece_bytes), *piece_bytes))
+        f.truncate(staging_off + staging * block_bytes)
 
 
 def main(argv=None):
@@ -43,6 +51,10 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--ids", choices=("scattered", "consecutive"), default="scattered",
                     help="device blocks moved: a random sorted set, or one run (a fresh cache's allocation)")
+    ap.add_argument("--layout", choices=("pieces", "blocks"), default="pieces",
+                    help="staging slots piece by piece (arena version 2) or block by block (version 1)")
+    ap.add_argument("--align", default="auto",
+                    help="the staging offset's bytes past a page: auto (what the worker asks the sidecar for) or a number")
     a = ap.parse_args(argv)
     if not 0 < a.blocks <= a.device_blocks or a.rounds < 1 or a.layers < 1:
         ap.error("need 0 < --blocks <= --device-blocks, --rounds >= 1, --layers >= 1")
@@ -54,7 +66,8 @@ def main(argv=None):
     fd, path = tempfile.mkstemp(prefix="kvmesh-kvbm-bench-", suffix=".arena", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     os.close(fd)
     try:
-        make_arena(path, copier.block_bytes, a.blocks)
+        align = copier.staging_align() if a.align == "auto" else int(a.align)
+        make_arena(path, copier.block_bytes, a.blocks, copier.piece_bytes if a.layout == "pieces" else None, align)
         arena = Arena(path)
         copier.attach(arena)
         if a.ids == "consecutive":
@@ -105,8 +118,9 @@ def main(argv=None):
         # Every run moves nbytes out and nbytes back per round.
         rate = [2 * nbytes / statistics.median(ts) for ts in times]
         ratio = [statistics.median(p / q for p, q in zip(times[i], times[0])) for i in (1, 2)]
-        print("block bytes %d, %d %s blocks per round (%.1f MiB), %d rounds" % (
-            copier.block_bytes, a.blocks, a.ids, nbytes / 2**20, a.rounds))
+        print("block bytes %d, %d %s blocks per round (%.1f MiB), %d rounds; staging %s, %d bytes past a page "
+              "(device tensors %d)" % (copier.block_bytes, a.blocks, a.ids, nbytes / 2**20, a.rounds, a.layout,
+                                       arena.staging_offset % 4096, layers[0].ctypes.data % 4096))
         print("worker path (device -> arena -> device):   %.2f GB/s" % (rate[0] / 1e9))
         print("plain numpy copy, anonymous <-> anonymous: %.2f GB/s" % (rate[1] / 1e9))
         print("plain numpy copy, anonymous <-> arena:     %.2f GB/s" % (rate[2] / 1e9))

@@ -10,6 +10,7 @@ blocks whose load did not happen (get_block_ids_with_load_errors).
 """
 
 import logging
+import os
 
 from .wire import Client
 
@@ -84,8 +85,14 @@ class SchedulerCore:
 class WorkerCore:
     """The worker side of one engine rank."""
 
-    def __init__(self, shape, socket_path=None, timeout_s=None):
+    def __init__(self, shape, socket_path=None, timeout_s=None, staging=None):
         self.client = Client(socket_path, shape=shape, role="worker", timeout_s=timeout_s)
+        # "pieces" (default): staging slots piece by piece, the faster copy
+        # here; "blocks": whole blocks, which spares the sidecar a copy of
+        # each block (docs/benchmarks.md §8 has both sides' costs).
+        self.staging = staging or os.environ.get("KVMESH_KVBM_STAGING") or "pieces"
+        if self.staging not in ("pieces", "blocks"):
+            raise ValueError("kvmesh_kvbm: staging %r, want pieces or blocks" % self.staging)
         self.copier = None
         self.arena = None
         self.block_size = 0
@@ -103,7 +110,15 @@ class WorkerCore:
         from .blocks import Arena
 
         self.copier, self.block_size = copier, block_size
+        # piece_bytes asks for the piece-by-piece staging layout; a
+        # sidecar that predates it ignores the field and stages whole
+        # blocks, which the copier reads from the arena's header.
         self._register_args = dict(block_bytes=copier.block_bytes, block_size=block_size, device_blocks=copier.num_blocks)
+        if copier.piece_bytes is not None and self.staging == "pieces":
+            self._register_args["piece_bytes"] = copier.piece_bytes
+        align = copier.staging_align()
+        if align is not None:
+            self._register_args["staging_align"] = align
         r = self.client.try_call("register", **self._register_args)
         if r is None:
             log.warning("kvmesh_kvbm: the sidecar at %s did not take the KV cache registration; running without offload",

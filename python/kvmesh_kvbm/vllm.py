@@ -67,7 +67,7 @@ class _KvmeshConnector:
             self._known = {}  # id → tokens sent to the sidecar
             self._sent_blocks = {}  # id → device blocks sent to the sidecar
         else:
-            self.worker = WorkerCore("vllm", sock, timeout)
+            self.worker = WorkerCore("vllm", sock, timeout, staging=extra.get("staging"))
 
     # ---- scheduler side ----
 

@@ -5,6 +5,7 @@ import os
 import sys
 import unittest
 from types import SimpleNamespace
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -35,8 +36,20 @@ def computed_and_evicted(eng, req):
 
 
 class VllmSequences(unittest.TestCase):
+    whole_blocks = False  # the worker names its pieces: staged piece by piece
+
     def setUp(self):
         self.sc, self.eng = started(self)
+
+    def test_staging_layout(self):
+        w = self.eng.work.worker
+        self.assertIsNotNone(w.arena)
+        if self.whole_blocks:
+            self.assertIsNone(w.arena.piece_bytes)
+        else:
+            self.assertEqual(w.arena.piece_bytes, w.copier.piece_bytes)
+            self.assertEqual(len(w.arena.piece_bytes), 2 * len(self.eng.dev.layers))  # each layer's K and V
+            self.assertEqual(w.arena.staging_offset % 4096, w.copier.staging_align())
 
     def compute_whole(self, req):
         """Admits and prefills req in one step; returns the step's metadata."""
@@ -127,6 +140,48 @@ class VllmSequences(unittest.TestCase):
         st = self.eng.stats()
         self.assertEqual(st["stats"]["OffloadedHost"], 2)
         self.assertEqual(st["slots"], 0)
+
+class VllmSequencesWholeBlocks(VllmSequences):
+    """The same sequences with a worker that names no pieces, as one of
+    before piece_bytes: the sidecar stages whole blocks (arena version 1)."""
+
+    whole_blocks = True
+
+    def setUp(self):
+        from kvmesh_kvbm import wire
+
+        call = wire.Client.try_call
+
+        def older(client, op, **fields):
+            if op == "register":
+                fields.pop("piece_bytes", None)
+                fields.pop("staging_align", None)
+            return call(client, op, **fields)
+
+        p = mock.patch.object(wire.Client, "try_call", older)
+        p.start()
+        self.addCleanup(p.stop)
+        super().setUp()
+
+
+class StagingKnob(unittest.TestCase):
+    def test_blocks(self):
+        # KVMESH_KVBM_STAGING=blocks: whole-block staging, still placed
+        # half a page from the tensors' page offset.
+        with mock.patch.dict(os.environ, {"KVMESH_KVBM_STAGING": "blocks"}):
+            _, eng = started(self)
+        w = eng.work.worker
+        self.assertIsNone(w.arena.piece_bytes)
+        self.assertEqual(w.arena.staging_offset % 4096, w.copier.staging_align())
+        toks = prompt(9, 2 * BS + 8)
+        computed_and_evicted(eng, VReq("a", toks))
+        b = VReq("b", toks)
+        self.assertEqual(eng.admit(b), 2 * BS)
+        _, _, recving = eng.step(vllm_output(), compute=[])
+        self.assertEqual(recving, {"b"})
+        for i in range(2):
+            self.assertTrue(eng.dev.block_ok(toks, b.blocks, i), "block %d not loaded" % i)
+
 
 class TieredRoundTrip(unittest.TestCase):
     def test_host_and_disk(self):
@@ -230,6 +285,11 @@ class TRTLLMSequences(unittest.TestCase):
         self.work.register_kv_caches(self.dev.pool)
         self.addCleanup(self.sched.core.client.close)
         self.addCleanup(self.work.core.client.close)
+
+    def test_staging_layout(self):
+        # TensorRT-LLM's pool has the block axis first: one piece a block.
+        a = self.work.core.arena
+        self.assertEqual(a.piece_bytes, [self.dev.pool.nbytes // self.dev.pool.shape[0]])
 
     def req(self, rid, toks, gen_only=False):
         return SimpleNamespace(request_id=rid, get_tokens=lambda beam: list(toks), is_generation_only_request=gen_only,
