@@ -39,7 +39,7 @@ kvmesh_router_queue_seconds_count{model="m"} %d
 		`{"timestamp": 30, "input_length": 100, "output_length": 2, "hash_ids": [4]}`,
 	)
 	var progress bytes.Buffer
-	l, err := RunLoadLadder(context.Background(), LoadConfig{URL: f.url(), Model: "m", TracePath: path}, []float64{1, 2}, "kv+queue", 1000, &progress)
+	l, err := RunLoadLadder(context.Background(), LoadConfig{URL: f.url(), Model: "m", TracePath: path}, []float64{1, 2}, "kv+queue", 60000, &progress)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ kvmesh_router_queue_seconds_count{model="m"} %d
 		t.Fatal(err)
 	}
 	got := out.String()
-	for _, want := range []string{"queue wait mean", "kv+queue", "0.4000", "5.0", "load: capacity mode=kv+queue p90_ttft_le_ms=1000 max_speedup=2\n"} {
+	for _, want := range []string{"queue wait mean", "kv+queue", "0.4000", "5.0", "load: capacity mode=kv+queue p90_ttft_le_ms=60000 max_speedup=2\n"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("table lacks %q:\n%s", want, got)
 		}
