@@ -295,7 +295,7 @@ func (ix *Index) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 	raw := kv.RawHashes(local) // the tables key by raw uint64
 	for {
 		var ok bool
-		dst, ok = ix.find(raw, dst, s)
+		dst, ok = ix.find(raw, dst, s, nil)
 		if ok {
 			break
 		}
@@ -306,12 +306,49 @@ func (ix *Index) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 	return dst
 }
 
-func (ix *Index) find(local []uint64, dst []Match, s *scratch) ([]Match, bool) {
+// scatter asks find to write its answer into out at the given positions
+// rather than append it, when every live worker of view v matched: pos[r]
+// is where the worker of rank r goes (Sharded's merged order). find sets
+// done when it did; otherwise it wrote nothing.
+type scatter struct {
+	v    *view
+	pos  []uint32
+	out  []Match
+	done bool
+}
+
+// findScatter is FindMatches for Sharded: it reports whether it wrote the
+// answer through sc (false: the view changed, or not every live worker
+// matched; nothing written).
+func (ix *Index) findScatter(local []kv.LocalHash, sc *scatter) bool {
+	if len(local) == 0 {
+		return false
+	}
+	s := ix.scratch.Get().(*scratch)
+	raw := kv.RawHashes(local)
+	sc.done = false
+	for {
+		if _, ok := ix.find(raw, nil, s, sc); ok {
+			break
+		}
+		ix.retries.Add(1)
+	}
+	ix.scratch.Put(s)
+	return sc.done
+}
+
+func (ix *Index) find(local []uint64, dst []Match, s *scratch, sc *scatter) ([]Match, bool) {
 	v := ix.vw.Load()
+	if sc != nil && v != sc.v {
+		return dst, true // not done: positions are for another view
+	}
 	t := ix.ctab.Load()
 	dir := *ix.dir.Load()
 	W := v.words
-	if len(v.keys) == 0 {
+	if len(v.keys) == 0 || len(v.slotOf) == 0 {
+		if sc != nil {
+			sc.done = true // nobody to place
+		}
 		return dst, true
 	}
 	if cap(s.hit) < W {
@@ -509,6 +546,13 @@ func (ix *Index) find(local []uint64, dst []Match, s *scratch) ([]Match, bool) {
 	for k := 0; k < W; k++ {
 		nm += bits.OnesCount64(hit[k])
 	}
+	if sc != nil {
+		if nm == len(v.slotOf) && slices.Equal(hit, v.live) {
+			scatterMatches(sc.out, sc.pos, v, dep, &de)
+			sc.done = true
+		}
+		return dst, true
+	}
 	if nm <= 2 {
 		var sl [2]uint32
 		j := 0
@@ -527,6 +571,37 @@ func (ix *Index) find(local []uint64, dst []Match, s *scratch) ([]Match, bool) {
 		return dst, true
 	}
 	return appendMatches(dst, v, hit, dep, &de, nm), true
+}
+
+// scatterMatches writes the answer of a find every live worker of v
+// matched into out, the worker of rank r at pos[r]: the same loop as
+// appendMatches' everyone-matched case, with stores spread over the
+// merged answer instead of the merge (whose branch on interleaved keys
+// mispredicts every other worker) after it.
+func scatterMatches(out []Match, pos []uint32, v *view, dep [][kv.NumTiers]uint32, de *denseEnd) {
+	keys := v.keys
+	pos = pos[:len(v.slotOf)]
+	if !de.on {
+		for r, sl := range v.slotOf {
+			out[pos[r]] = Match{Worker: keys[sl], Depth: de.depthOf(dep, sl)}
+		}
+		return
+	}
+	a0, a3 := de.alive[0], de.alive[kv.NumTiers-1]
+	all := de.all()
+	for r, sl := range v.slotOf {
+		m := &out[pos[r]]
+		m.Worker = keys[sl]
+		k, b := sl>>6, sl&63
+		switch {
+		case a0[k]>>b&1 != 0:
+			m.Depth = all
+		case a3[k]>>b&1 == 0:
+			m.Depth = dep[sl]
+		default:
+			m.Depth = de.depthOf(dep, sl)
+		}
+	}
 }
 
 // appendMatches appends the nm workers in hit, in key order.

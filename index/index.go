@@ -210,6 +210,10 @@ type Index struct {
 	rootRun atomic.Uint32
 	scratch sync.Pool
 	cfg     Config
+	// onView, when set (by Sharded), is told of every view published,
+	// under the writer lock: old was the view before, slot joined (on)
+	// or left.
+	onView func(old, v *view, slot uint32, on bool)
 }
 
 // Config tunes an index. The zero value gives the defaults.
@@ -648,6 +652,9 @@ func (ix *Index) publishView(slot uint32, on bool) {
 		v.live[slot>>6] &^= 1 << (slot & 63)
 	}
 	ix.vw.Store(v)
+	if ix.onView != nil {
+		ix.onView(old, v, slot, on)
+	}
 }
 
 func less(a, b kv.WorkerKey) bool {
