@@ -306,10 +306,10 @@ func (ix *Index) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 	return dst
 }
 
-// scatter asks find to write its answer into out at the given positions
-// rather than append it, when every live worker of view v matched: pos[r]
-// is where the worker of rank r goes (Sharded's merged order). find sets
-// done when it did; otherwise it wrote nothing.
+// scatter asks find to read view v and write its answer into out at the
+// given positions rather than append it, when every live worker of v
+// matched: pos[r] is where the worker of rank r goes (Sharded's merged
+// order). find sets done when it did; otherwise it wrote nothing.
 type scatter struct {
 	v    *view
 	pos  []uint32
@@ -318,8 +318,8 @@ type scatter struct {
 }
 
 // findScatter is FindMatches for Sharded: it reports whether it wrote the
-// answer through sc (false: the view changed, or not every live worker
-// matched; nothing written).
+// answer through sc (false: not every live worker of sc.v matched;
+// nothing written).
 func (ix *Index) findScatter(local []kv.LocalHash, sc *scatter) bool {
 	if len(local) == 0 {
 		return false
@@ -339,8 +339,13 @@ func (ix *Index) findScatter(local []kv.LocalHash, sc *scatter) bool {
 
 func (ix *Index) find(local []uint64, dst []Match, s *scratch, sc *scatter) ([]Match, bool) {
 	v := ix.vw.Load()
-	if sc != nil && v != sc.v {
-		return dst, true // not done: positions are for another view
+	if sc != nil {
+		// The placement's view, which may be older than the shard's
+		// latest by workers who joined since the Sharded find began:
+		// as if this shard's find had read its view then. A newer
+		// worker's blocks are left out like those of any slot outside
+		// the view (or not live in it).
+		v = sc.v
 	}
 	t := ix.ctab.Load()
 	dir := *ix.dir.Load()
@@ -544,6 +549,9 @@ func (ix *Index) find(local []uint64, dst []Match, s *scratch, sc *scatter) ([]M
 	}
 	nm := 0
 	for k := 0; k < W; k++ {
+		// A slot not live in v may hold blocks: a worker whose first
+		// event is being applied, in a slot a removed one left.
+		hit[k] &= v.live[k]
 		nm += bits.OnesCount64(hit[k])
 	}
 	if sc != nil {

@@ -35,8 +35,9 @@ type Sharded struct {
 // for the shards' views in views, pos[k][r] is the rank of shard k's
 // worker of rank r among every shard's workers, n their number. A shard
 // that publishes a view updates it (under pmu, O(workers) copies per
-// worker joining or leaving); a find whose shard reads another view than
-// the placement's merges instead.
+// worker joining or leaving), and a find reads each shard through the
+// placement's view of it, which is at least as new as any event applied
+// before the find began.
 type placement struct {
 	views []*view
 	pos   [][]uint32
