@@ -308,7 +308,7 @@ func (ix *Index) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 
 // scatter asks find to read view v and write its answer into out at the
 // given positions rather than append it, when every live worker of v
-// matched: pos[r] is where the worker of rank r goes (Sharded's merged
+// matched: pos[sl] is where the worker in slot sl goes (Sharded's merged
 // order). find sets done when it did; otherwise it wrote nothing.
 type scatter struct {
 	v    *view
@@ -582,32 +582,41 @@ func (ix *Index) find(local []uint64, dst []Match, s *scratch, sc *scatter) ([]M
 }
 
 // scatterMatches writes the answer of a find every live worker of v
-// matched into out, the worker of rank r at pos[r]: the same loop as
-// appendMatches' everyone-matched case, with stores spread over the
-// merged answer instead of the merge (whose branch on interleaved keys
-// mispredicts every other worker) after it.
+// matched into out, the worker in slot sl at pos[sl]. It walks the slots
+// in order, so keys and depths are read in sequence and only the stores
+// are spread over the answer; merging the shards' answers instead (a
+// branch on interleaved keys, mispredicted every other worker) cost as
+// much as the finds.
 func scatterMatches(out []Match, pos []uint32, v *view, dep [][kv.NumTiers]uint32, de *denseEnd) {
 	keys := v.keys
-	pos = pos[:len(v.slotOf)]
+	pos = pos[:len(keys)]
+	dep = dep[:len(keys)]
 	if !de.on {
-		for r, sl := range v.slotOf {
-			out[pos[r]] = Match{Worker: keys[sl], Depth: de.depthOf(dep, sl)}
+		for k, w := range v.live {
+			for x := w; x != 0; x &= x - 1 {
+				sl := uint32(k*64 + bits.TrailingZeros64(x))
+				out[pos[sl]] = Match{Worker: keys[sl], Depth: de.depthOf(dep, sl)}
+			}
 		}
 		return
 	}
 	a0, a3 := de.alive[0], de.alive[kv.NumTiers-1]
 	all := de.all()
-	for r, sl := range v.slotOf {
-		m := &out[pos[r]]
-		m.Worker = keys[sl]
-		k, b := sl>>6, sl&63
-		switch {
-		case a0[k]>>b&1 != 0:
-			m.Depth = all
-		case a3[k]>>b&1 == 0:
-			m.Depth = dep[sl]
-		default:
-			m.Depth = de.depthOf(dep, sl)
+	for k, w := range v.live {
+		alive0, alive3 := a0[k], a3[k]
+		for x := w; x != 0; x &= x - 1 {
+			b := bits.TrailingZeros64(x)
+			sl := uint32(k*64 + b)
+			m := &out[pos[sl]]
+			m.Worker = keys[sl]
+			switch {
+			case alive0>>b&1 != 0:
+				m.Depth = all
+			case alive3>>b&1 == 0:
+				m.Depth = dep[sl]
+			default:
+				m.Depth = de.depthOf(dep, sl)
+			}
 		}
 	}
 }

@@ -32,12 +32,14 @@ type Sharded struct {
 }
 
 // placement is where each shard's workers go in a merged answer: made
-// for the shards' views in views, pos[k][r] is the rank of shard k's
-// worker of rank r among every shard's workers, n their number. A shard
-// that publishes a view updates it (under pmu, O(workers) copies per
-// worker joining or leaving), and a find reads each shard through the
-// placement's view of it, which is at least as new as any event applied
-// before the find began.
+// for the shards' views in views, pos[k][sl] is the rank of shard k's
+// worker in slot sl among every shard's workers (by slot, so a find
+// reads its keys and depths in order and only its stores are spread;
+// a slot not live in the view has a stale entry), n their number. A
+// shard that publishes a view updates it (under pmu, O(workers) copies
+// per worker joining or leaving), and a find reads each shard through
+// the placement's view of it, which is at least as new as any event
+// applied before the find began.
 type placement struct {
 	views []*view
 	pos   [][]uint32
@@ -81,47 +83,39 @@ func (s *Sharded) viewChanged(k int, old, v *view, slot uint32, on bool) {
 	}
 	if on {
 		w := v.keys[slot]
-		rk := rankIn(v, w)
-		g := uint32(rk)
+		g := uint32(0)
 		for t, tv := range p.views {
 			if t != k {
 				g += uint32(rankIn(tv, w))
+			} else {
+				g += uint32(rankIn(v, w))
 			}
 		}
 		for t, ps := range p.pos {
-			if t != k {
-				np.pos[t] = shifted(make([]uint32, len(ps)), ps, g, 1)
-				continue
+			n := len(ps)
+			if t == k {
+				n = max(n, len(v.keys))
 			}
-			q := make([]uint32, len(ps)+1)
-			shifted(q[:rk], ps[:rk], g, 1)
-			q[rk] = g
-			shifted(q[rk+1:], ps[rk:], g, 1)
+			q := shifted(make([]uint32, n), ps, g, 1)
+			if t == k {
+				q[slot] = g
+			}
 			np.pos[t] = q
 		}
 		np.n = p.n + 1
 	} else {
-		rk := rankIn(old, old.keys[slot])
-		g := p.pos[k][rk]
+		g := p.pos[k][slot]
 		for t, ps := range p.pos {
-			if t != k {
-				np.pos[t] = shifted(make([]uint32, len(ps)), ps, g, ^uint32(0))
-				continue
-			}
-			q := make([]uint32, len(ps)-1)
-			shifted(q[:rk], ps[:rk], g, ^uint32(0))
-			shifted(q[rk:], ps[rk+1:], g, ^uint32(0))
-			np.pos[t] = q
+			np.pos[t] = shifted(make([]uint32, len(ps)), ps, g+1, ^uint32(0))
 		}
 		np.n = p.n - 1
 	}
 	s.place.Store(np)
 }
 
-// shifted copies src to dst adding d (1 or -1 as ^0) to every position
-// at or past g, and returns dst.
+// shifted copies src to the start of dst adding d (1 or -1 as ^0) to
+// every position at or past g, and returns dst.
 func shifted(dst, src []uint32, g, d uint32) []uint32 {
-	dst = dst[:len(src)]
 	for i, x := range src {
 		if x >= g {
 			x += d
@@ -134,21 +128,21 @@ func shifted(dst, src []uint32, g, d uint32) []uint32 {
 // placeAll computes p.pos from scratch for p.views.
 func (p *placement) placeAll() {
 	type at struct {
-		w    kv.WorkerKey
-		k, r int
+		w     kv.WorkerKey
+		k, sl int
 	}
 	var all []at
 	for k, v := range p.views {
-		for r, sl := range v.slotOf {
-			all = append(all, at{v.keys[sl], k, r})
+		for _, sl := range v.slotOf {
+			all = append(all, at{v.keys[sl], k, int(sl)})
 		}
 	}
 	slices.SortFunc(all, func(a, b at) int { return cmpKey(a.w, b.w) })
 	for k, v := range p.views {
-		p.pos[k] = make([]uint32, len(v.slotOf))
+		p.pos[k] = make([]uint32, len(v.keys))
 	}
 	for g, a := range all {
-		p.pos[a.k][a.r] = uint32(g)
+		p.pos[a.k][a.sl] = uint32(g)
 	}
 	p.n = len(all)
 }
