@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -78,6 +79,9 @@ type IndexPhase struct {
 	// On idle cores it is the wall time; on a busy machine the wall time
 	// also counts other processes' turns. Zero off Linux.
 	CPU time.Duration
+	// ThreadCPU is each thread's CPU time in a parallel phase: the event
+	// groups' first, then the readers'.
+	ThreadCPU []time.Duration
 }
 
 // BlockOpsPerCPUS is block ops per second of the phase's critical path
@@ -511,7 +515,7 @@ func replayParallel(ctx context.Context, ops []op, groups, readers int, cold boo
 	bo := blockOps(ops)
 	return IndexPhase{Name: "index, parallel", Threads: groups + readers, Ops: len(ops), BlockOps: bo, Wall: wall, OpsPerSec: float64(len(ops)) / wall.Seconds(),
 		BlockOpsPerS: float64(bo) / wall.Seconds(), FindP50: percentile(all, 0.5), FindP99: percentile(all, 0.99), FindsMeasured: len(all),
-		CPU: criticalCPU(cpu, runtime.GOMAXPROCS(0))}, ix, nil
+		CPU: criticalCPU(cpu, runtime.GOMAXPROCS(0)), ThreadCPU: cpu}, ix, nil
 }
 
 // maxThreads bounds --event-groups and --find-threads.
@@ -607,6 +611,21 @@ func RunIndex(ctx context.Context, c IndexConfig, out io.Writer) (*IndexResult, 
 			float64(p.CPU.Microseconds())/1000, p.BlockOpsPerCPUS(), float64(p.FindP50.Nanoseconds())/1000, float64(p.FindP99.Nanoseconds())/1000, p.BytesPerHold)
 	}
 	tw.Flush()
+	if len(par.ThreadCPU) == par.Threads && c.EventGroups < par.Threads {
+		// Which thread bounds the parallel row (its cpu ms is the
+		// longest of these, or their sum over the cores if that is more).
+		ms := func(d []time.Duration) string {
+			var b strings.Builder
+			for i, x := range d {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				fmt.Fprintf(&b, "%.1f", float64(x.Microseconds())/1000)
+			}
+			return b.String()
+		}
+		fmt.Fprintf(out, "parallel row, thread CPU ms: event groups %s; readers %s\n", ms(par.ThreadCPU[:c.EventGroups]), ms(par.ThreadCPU[c.EventGroups:]))
+	}
 	ratio := 0.0
 	if len(res.Phases) > 2 && res.Phases[2].OpsPerSec > 0 {
 		ratio = single.OpsPerSec / res.Phases[2].OpsPerSec

@@ -32,6 +32,9 @@ func TestBenchIndexSmallSlice(t *testing.T) {
 	if !regexp.MustCompile(`^index: \d+ ops/s, find p99 \d+\.\d+ µs, \d+\.\d B/holding, \d+\.\dx vs reference$`).MatchString(last) {
 		t.Fatalf("last line %q", last)
 	}
+	if !regexp.MustCompile(`(?m)^parallel row, thread CPU ms: event groups \d+\.\d(, \d+\.\d)*; readers \d+\.\d(, \d+\.\d)*$`).MatchString(out.String()) {
+		t.Fatalf("no per-thread CPU line:\n%s", out.String())
+	}
 	if res.Requests != 500 || res.Finds != 500 || res.RemovedBlocks == 0 || !res.Verified || len(res.Phases) != 3 {
 		t.Fatalf("result %+v", res)
 	}

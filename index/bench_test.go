@@ -1,6 +1,9 @@
 package index
 
 import (
+	"github.com/kvmesh/kvmesh/internal/cputime"
+	"math/rand/v2"
+	"runtime"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/kv"
@@ -142,4 +145,69 @@ func BenchmarkFindMatchesTurns(b *testing.B) {
 	if len(dst) != 256 {
 		b.Fatal(len(dst))
 	}
+}
+
+// wide7000 is the shape of the 7,000-worker Mooncake replay's finds:
+// 7,000 workers (keys in random order of arrival) share a 16-block
+// prompt, each with a 4-block tail of its own; the query is the prompt
+// and one worker's tail, so every worker matches and most stop at 16.
+func wide7000(add func(kv.Event)) []kv.LocalHash {
+	prefix := make([]kv.StoredBlock, 16)
+	for i := range prefix {
+		prefix[i] = kv.StoredBlock{EngineHash: kv.EngineHash(i + 1), LocalHash: kv.LocalHash(i + 1)}
+	}
+	p := kv.EngineHash(16)
+	var q []kv.LocalHash
+	for _, w := range rand.New(rand.NewPCG(1, 2)).Perm(7000) {
+		wk := kv.WorkerKey{Instance: uint64(w + 1)}
+		add(kv.Stored(wk, kv.TierDevice, nil, prefix))
+		tail := make([]kv.StoredBlock, 4)
+		for i := range tail {
+			h := uint64(w+1)<<32 | uint64(i+100)
+			tail[i] = kv.StoredBlock{EngineHash: kv.EngineHash(h), LocalHash: kv.LocalHash(h)}
+		}
+		add(kv.Stored(wk, kv.TierDevice, &p, tail))
+		if w == 7 {
+			for _, s := range prefix {
+				q = append(q, s.LocalHash)
+			}
+			for _, s := range tail {
+				q = append(q, s.LocalHash)
+			}
+		}
+	}
+	return q
+}
+
+func BenchmarkFindMatches7000(b *testing.B) {
+	b.Run("index", func(b *testing.B) {
+		ix := New()
+		q := wide7000(ix.Apply)
+		var dst []Match
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		c0 := cputime.Thread()
+		for b.Loop() {
+			dst = ix.FindMatches(q, dst[:0])
+		}
+		b.ReportMetric(float64(cputime.Thread()-c0)/float64(b.N), "cpu-ns/op")
+		if len(dst) != 7000 {
+			b.Fatal(len(dst))
+		}
+	})
+	b.Run("sharded2", func(b *testing.B) {
+		ix := NewSharded(2, Config{})
+		q := wide7000(ix.Apply)
+		var dst []Match
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		c0 := cputime.Thread()
+		for b.Loop() {
+			dst = ix.FindMatches(q, dst[:0])
+		}
+		b.ReportMetric(float64(cputime.Thread()-c0)/float64(b.N), "cpu-ns/op")
+		if len(dst) != 7000 {
+			b.Fatal(len(dst))
+		}
+	})
 }

@@ -75,7 +75,11 @@ func (ix *Index) etabInsert(h uint64, id uint32, ins int) {
 // etabInsertHashed is etabInsert with h's table hash (engHash) known.
 func (ix *Index) etabInsertHashed(h, hash uint64, id uint32, ins int) {
 	t := &ix.etab
-	if (t.used+t.dead+1)*4 > len(t.ids)*3 {
+	// Up to 7/8 full: a probe passing other keys reads their tag bytes
+	// only (a long run is a line or two of tags), and a fuller table is
+	// fewer bytes per entry and fewer rebuilds (each Sharded shard's
+	// table held half the entries in as many slots as one index's at 3/4).
+	if (t.used+t.dead+1)*8 > len(t.ids)*7 {
 		ix.etabRebuild(id)
 		_, ins = ix.etabFindHashed(h, hash)
 	}

@@ -295,7 +295,7 @@ func (ix *Index) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 	raw := kv.RawHashes(local) // the tables key by raw uint64
 	for {
 		var ok bool
-		dst, ok = ix.find(raw, dst, s)
+		dst, ok = ix.find(raw, dst, s, nil)
 		if ok {
 			break
 		}
@@ -306,12 +306,54 @@ func (ix *Index) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 	return dst
 }
 
-func (ix *Index) find(local []uint64, dst []Match, s *scratch) ([]Match, bool) {
+// scatter asks find to read view v and write its answer into out at the
+// given positions rather than append it, when every live worker of v
+// matched: pos[sl] is where the worker in slot sl goes (Sharded's merged
+// order). find sets done when it did; otherwise it wrote nothing.
+type scatter struct {
+	v    *view
+	pos  []uint32
+	out  []Match
+	done bool
+}
+
+// findScatter is FindMatches for Sharded: it reports whether it wrote the
+// answer through sc (false: not every live worker of sc.v matched;
+// nothing written).
+func (ix *Index) findScatter(local []kv.LocalHash, sc *scatter) bool {
+	if len(local) == 0 {
+		return false
+	}
+	s := ix.scratch.Get().(*scratch)
+	raw := kv.RawHashes(local)
+	sc.done = false
+	for {
+		if _, ok := ix.find(raw, nil, s, sc); ok {
+			break
+		}
+		ix.retries.Add(1)
+	}
+	ix.scratch.Put(s)
+	return sc.done
+}
+
+func (ix *Index) find(local []uint64, dst []Match, s *scratch, sc *scatter) ([]Match, bool) {
 	v := ix.vw.Load()
+	if sc != nil {
+		// The placement's view, which may be older than the shard's
+		// latest by workers who joined since the Sharded find began:
+		// as if this shard's find had read its view then. A newer
+		// worker's blocks are left out like those of any slot outside
+		// the view (or not live in it).
+		v = sc.v
+	}
 	t := ix.ctab.Load()
 	dir := *ix.dir.Load()
 	W := v.words
-	if len(v.keys) == 0 {
+	if len(v.keys) == 0 || len(v.slotOf) == 0 {
+		if sc != nil {
+			sc.done = true // nobody to place
+		}
 		return dst, true
 	}
 	if cap(s.hit) < W {
@@ -507,7 +549,17 @@ func (ix *Index) find(local []uint64, dst []Match, s *scratch) ([]Match, bool) {
 	}
 	nm := 0
 	for k := 0; k < W; k++ {
+		// A slot not live in v may hold blocks: a worker whose first
+		// event is being applied, in a slot a removed one left.
+		hit[k] &= v.live[k]
 		nm += bits.OnesCount64(hit[k])
+	}
+	if sc != nil {
+		if nm == len(v.slotOf) && slices.Equal(hit, v.live) {
+			scatterMatches(sc.out, sc.pos, v, dep, &de)
+			sc.done = true
+		}
+		return dst, true
 	}
 	if nm <= 2 {
 		var sl [2]uint32
@@ -527,6 +579,46 @@ func (ix *Index) find(local []uint64, dst []Match, s *scratch) ([]Match, bool) {
 		return dst, true
 	}
 	return appendMatches(dst, v, hit, dep, &de, nm), true
+}
+
+// scatterMatches writes the answer of a find every live worker of v
+// matched into out, the worker in slot sl at pos[sl]. It walks the slots
+// in order, so keys and depths are read in sequence and only the stores
+// are spread over the answer; merging the shards' answers instead (a
+// branch on interleaved keys, mispredicted every other worker) cost as
+// much as the finds.
+func scatterMatches(out []Match, pos []uint32, v *view, dep [][kv.NumTiers]uint32, de *denseEnd) {
+	keys := v.keys
+	pos = pos[:len(keys)]
+	dep = dep[:len(keys)]
+	if !de.on {
+		for k, w := range v.live {
+			for x := w; x != 0; x &= x - 1 {
+				sl := uint32(k*64 + bits.TrailingZeros64(x))
+				out[pos[sl]] = Match{Worker: keys[sl], Depth: de.depthOf(dep, sl)}
+			}
+		}
+		return
+	}
+	a0, a3 := de.alive[0], de.alive[kv.NumTiers-1]
+	all := de.all()
+	for k, w := range v.live {
+		alive0, alive3 := a0[k], a3[k]
+		for x := w; x != 0; x &= x - 1 {
+			b := bits.TrailingZeros64(x)
+			sl := uint32(k*64 + b)
+			m := &out[pos[sl]]
+			m.Worker = keys[sl]
+			switch {
+			case alive0>>b&1 != 0:
+				m.Depth = all
+			case alive3>>b&1 == 0:
+				m.Depth = dep[sl]
+			default:
+				m.Depth = de.depthOf(dep, sl)
+			}
+		}
+	}
 }
 
 // appendMatches appends the nm workers in hit, in key order.

@@ -210,6 +210,14 @@ type Index struct {
 	rootRun atomic.Uint32
 	scratch sync.Pool
 	cfg     Config
+	// onView, when set (by Sharded), is told of every view published,
+	// under the writer lock: old was the view before, slot joined (on)
+	// or left.
+	onView func(old, v *view, slot uint32, on bool)
+	// joined: the event being applied added worker slot joinSlot, which
+	// endEvent publishes.
+	joined   bool
+	joinSlot uint32
 }
 
 // Config tunes an index. The zero value gives the defaults.
@@ -611,7 +619,11 @@ func (ix *Index) worker(w kv.WorkerKey, create bool) *wstate {
 	}
 	ix.workers[w] = ws
 	ix.order = slices.Insert(ix.order, ix.rankIn(w), ws.slot)
-	ix.publishView(ws.slot, true)
+	// Readers see the new worker when its first event is applied
+	// (endEvent), not before: a find then never meets it live but
+	// holding none of the blocks that event stores, which would keep a
+	// Sharded answer from being written into place.
+	ix.joined, ix.joinSlot = true, ws.slot
 	return ws
 }
 
@@ -648,6 +660,9 @@ func (ix *Index) publishView(slot uint32, on bool) {
 		v.live[slot>>6] &^= 1 << (slot & 63)
 	}
 	ix.vw.Store(v)
+	if ix.onView != nil {
+		ix.onView(old, v, slot, on)
+	}
 }
 
 func less(a, b kv.WorkerKey) bool {
@@ -864,10 +879,20 @@ func (ix *Index) Apply(ev kv.Event) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	ix.apply(&ev)
+	ix.endEvent()
+}
+
+// endEvent frees the nodes the event may have emptied and publishes the
+// worker it added, if any.
+func (ix *Index) endEvent() {
 	for _, id := range ix.cand {
 		ix.maybeFree(id)
 	}
 	ix.cand = ix.cand[:0]
+	if ix.joined {
+		ix.joined = false
+		ix.publishView(ix.joinSlot, true)
+	}
 }
 
 // ApplyBatch applies events in order, exactly as Apply does one at a time,
@@ -878,10 +903,7 @@ func (ix *Index) ApplyBatch(events []kv.Event) {
 	defer ix.mu.Unlock()
 	for i := range events {
 		ix.apply(&events[i])
-		for _, id := range ix.cand {
-			ix.maybeFree(id)
-		}
-		ix.cand = ix.cand[:0]
+		ix.endEvent()
 	}
 }
 

@@ -409,7 +409,7 @@ func TestShardedWideAnswersMatchOneIndex(t *testing.T) {
 		query[i] = kv.LocalHash(r.Uint64())
 	}
 	var live []kv.WorkerKey
-	wide := 0
+	wide, placed := 0, 0
 	for step := 0; step < 600; step++ {
 		switch {
 		case len(live) > 0 && r.IntN(5) == 0:
@@ -422,6 +422,12 @@ func TestShardedWideAnswersMatchOneIndex(t *testing.T) {
 			// Each stores a part of the prefix on a tier of its own, so
 			// the workers drop out at different depths and tiers.
 			ev := kv.Stored(w, kv.Tier(r.IntN(kv.NumTiers)), nil, prefix[:1+r.IntN(len(prefix))])
+			if r.IntN(300) == 0 {
+				// Now and then one holding none of it: the answer
+				// leaves a live worker out and the shards' answers merge.
+				h := r.Uint64()
+				ev = kv.Stored(w, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: kv.EngineHash(h), LocalHash: kv.LocalHash(h)}})
+			}
 			sh.Apply(ev)
 			one.Apply(ev)
 			if !slices.Contains(live, w) {
@@ -435,8 +441,50 @@ func TestShardedWideAnswersMatchOneIndex(t *testing.T) {
 		if len(got) >= 64 {
 			wide++
 		}
+		// The placement the writers keep up to date is the one computed
+		// from scratch for the shards' views.
+		p := sh.place.Load()
+		fresh := &placement{views: p.views, pos: make([][]uint32, len(p.pos))}
+		fresh.placeAll()
+		if p.n != fresh.n {
+			t.Fatalf("step %d: placement of %d workers, from scratch %d", step, p.n, fresh.n)
+		}
+		for k, v := range p.views {
+			for _, sl := range v.slotOf { // other slots' entries are stale
+				if p.pos[k][sl] != fresh.pos[k][sl] {
+					t.Fatalf("step %d: shard %d slot %d at %d, from scratch %d", step, k, sl, p.pos[k][sl], fresh.pos[k][sl])
+				}
+			}
+		}
+		for k := range sh.shards {
+			if p.views[k] != sh.shards[k].vw.Load() {
+				t.Fatalf("step %d: shard %d's placement is for an older view", step, k)
+			}
+		}
+		if placedAll(sh, query) {
+			placed++
+		}
 	}
 	if wide < 100 {
 		t.Fatalf("only %d answers of 64 workers or more: the test is not about wide answers", wide)
 	}
+	// Both paths ran: answers written into place, and merged ones (a
+	// worker holding nothing of the query's start, or a shard empty).
+	if placed < 100 || placed > 550 {
+		t.Fatalf("%d of 600 answers written into place", placed)
+	}
+}
+
+// placedAll reports whether every shard of sh would write its answer to
+// query into place (FindMatches' placed path).
+func placedAll(sh *Sharded, query []kv.LocalHash) bool {
+	p := sh.place.Load()
+	sp := scatter{out: make([]Match, p.n)}
+	for k, x := range sh.shards {
+		sp.v, sp.pos = p.views[k], p.pos[k]
+		if !x.findScatter(query, &sp) {
+			return false
+		}
+	}
+	return true
 }

@@ -2,7 +2,9 @@ package index
 
 import (
 	"slices"
+	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/internal/mix"
 	"github.com/kvmesh/kvmesh/kv"
@@ -17,9 +19,31 @@ import (
 //
 // The price is memory: a block held by workers of several shards has a
 // node in each (docs/benchmarks.md has the figures).
+//
+// Wide answers (every live worker holding the query's start, as a shared
+// system prompt makes them) are not merged: each shard writes its workers
+// straight to their places in the answer, which a placement kept by the
+// writers gives (see placement).
 type Sharded struct {
 	shards []*Index
 	merge  sync.Pool // *mergeScratch
+	pmu    sync.Mutex
+	place  atomic.Pointer[placement]
+}
+
+// placement is where each shard's workers go in a merged answer: made
+// for the shards' views in views, pos[k][sl] is the rank of shard k's
+// worker in slot sl among every shard's workers (by slot, so a find
+// reads its keys and depths in order and only its stores are spread;
+// a slot not live in the view has a stale entry), n their number. A
+// shard that publishes a view updates it (under pmu, O(workers) copies
+// per worker joining or leaving), and a find reads each shard through
+// the placement's view of it, which is at least as new as any event
+// applied before the find began.
+type placement struct {
+	views []*view
+	pos   [][]uint32
+	n     int
 }
 
 type mergeScratch struct{ a, b, c []Match }
@@ -27,11 +51,110 @@ type mergeScratch struct{ a, b, c []Match }
 // NewSharded returns n empty shards (at least one) tuned by cfg.
 func NewSharded(n int, cfg Config) *Sharded {
 	s := &Sharded{shards: make([]*Index, max(1, n))}
+	p := &placement{views: make([]*view, len(s.shards)), pos: make([][]uint32, len(s.shards))}
 	for i := range s.shards {
-		s.shards[i] = NewWith(cfg)
+		sh := NewWith(cfg)
+		s.shards[i] = sh
+		p.views[i] = sh.vw.Load()
+		sh.onView = func(old, v *view, slot uint32, on bool) { s.viewChanged(i, old, v, slot, on) }
 	}
+	s.place.Store(p)
 	s.merge.New = func() any { return new(mergeScratch) }
 	return s
+}
+
+// rankIn is the number of v's live workers with keys below w.
+func rankIn(v *view, w kv.WorkerKey) int {
+	return sort.Search(len(v.slotOf), func(i int) bool { return !less(v.keys[v.slotOf[i]], w) })
+}
+
+// viewChanged updates the placement for shard k's new view v, in which
+// slot joined (on) or left old: every worker ranked after it moves by one.
+func (s *Sharded) viewChanged(k int, old, v *view, slot uint32, on bool) {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	p := s.place.Load()
+	np := &placement{views: slices.Clone(p.views), pos: make([][]uint32, len(p.pos))}
+	np.views[k] = v
+	if p.views[k] != old {
+		np.placeAll() // not a successor of the placement's view
+		s.place.Store(np)
+		return
+	}
+	if on {
+		w := v.keys[slot]
+		g := uint32(0)
+		for t, tv := range p.views {
+			if t != k {
+				g += uint32(rankIn(tv, w))
+			} else {
+				g += uint32(rankIn(v, w))
+			}
+		}
+		for t, ps := range p.pos {
+			n := len(ps)
+			if t == k {
+				n = max(n, len(v.keys))
+			}
+			q := shifted(make([]uint32, n), ps, g, 1)
+			if t == k {
+				q[slot] = g
+			}
+			np.pos[t] = q
+		}
+		np.n = p.n + 1
+	} else {
+		g := p.pos[k][slot]
+		for t, ps := range p.pos {
+			np.pos[t] = shifted(make([]uint32, len(ps)), ps, g+1, ^uint32(0))
+		}
+		np.n = p.n - 1
+	}
+	s.place.Store(np)
+}
+
+// shifted copies src to the start of dst adding d (1 or -1 as ^0) to
+// every position at or past g, and returns dst.
+func shifted(dst, src []uint32, g, d uint32) []uint32 {
+	for i, x := range src {
+		if x >= g {
+			x += d
+		}
+		dst[i] = x
+	}
+	return dst
+}
+
+// placeAll computes p.pos from scratch for p.views.
+func (p *placement) placeAll() {
+	type at struct {
+		w     kv.WorkerKey
+		k, sl int
+	}
+	var all []at
+	for k, v := range p.views {
+		for _, sl := range v.slotOf {
+			all = append(all, at{v.keys[sl], k, int(sl)})
+		}
+	}
+	slices.SortFunc(all, func(a, b at) int { return cmpKey(a.w, b.w) })
+	for k, v := range p.views {
+		p.pos[k] = make([]uint32, len(v.keys))
+	}
+	for g, a := range all {
+		p.pos[a.k][a.sl] = uint32(g)
+	}
+	p.n = len(all)
+}
+
+func cmpKey(a, b kv.WorkerKey) int {
+	switch {
+	case less(a, b):
+		return -1
+	case less(b, a):
+		return 1
+	}
+	return 0
 }
 
 // Shards is the number of shards.
@@ -66,6 +189,27 @@ func (s *Sharded) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 	if len(s.shards) == 1 {
 		return s.shards[0].FindMatches(local, dst)
 	}
+	if len(local) == 0 {
+		return dst
+	}
+	// Every worker matched in every shard (a shared prefix): each shard
+	// writes its answer into place.
+	p := s.place.Load()
+	n0 := len(dst)
+	dst = slices.Grow(dst, p.n)[:n0+p.n]
+	sp := scatter{out: dst[n0:]}
+	placed := true
+	for k, sh := range s.shards {
+		sp.v, sp.pos = p.views[k], p.pos[k]
+		if !sh.findScatter(local, &sp) {
+			placed = false
+			break
+		}
+	}
+	if placed {
+		return dst
+	}
+	dst = dst[:n0]
 	sc := s.merge.Get().(*mergeScratch)
 	sc.a = s.shards[0].FindMatches(local, sc.a[:0])
 	for k, sh := range s.shards[1:] {
@@ -124,15 +268,7 @@ func (s *Sharded) Workers() []kv.WorkerKey {
 	for _, sh := range s.shards {
 		out = append(out, sh.Workers()...)
 	}
-	slices.SortFunc(out, func(a, b kv.WorkerKey) int {
-		switch {
-		case less(a, b):
-			return -1
-		case less(b, a):
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, cmpKey)
 	return out
 }
 

@@ -1,0 +1,44 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"runtime"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/internal/cputime"
+)
+
+// BenchmarkReplay7000 replays the 7,000-worker timeline of the
+// conversation trace against one Index on one thread (what bench index's
+// 1-thread row times), reporting thread CPU per replay: for profiles
+// (-cpuprofile) and alternated before/after runs.
+func BenchmarkReplay7000(b *testing.B) {
+	if _, err := os.Stat(tracePath); err != nil {
+		b.Skip("trace not present")
+	}
+	c := IndexConfig{TracePath: tracePath, Workers: 7000}
+	c.defaults()
+	var res IndexResult
+	ops, err := buildTimeline(context.Background(), c, &res)
+	if err != nil {
+		b.Fatal(err)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var cpu int64
+	for b.Loop() {
+		r := &ixRunner{ix: index.New()}
+		c0 := cputime.Thread()
+		for i := range ops {
+			if o := &ops[i]; o.find != nil {
+				r.find(o.find)
+			} else {
+				r.apply(o.event)
+			}
+		}
+		cpu += int64(cputime.Thread() - c0)
+	}
+	b.ReportMetric(float64(cpu)/float64(b.N)/1e6, "cpu-ms/replay")
+}
