@@ -115,6 +115,7 @@ type pdState struct {
 // something, a load report) for the requests waiting for it.
 func (t *twin) changed(w int) {
 	t.ws[w].ver++
+	t.touch(w)
 	if t.pd != nil && t.pd.role(w) == kv.RoleDecode {
 		t.pd.epoch++
 	}

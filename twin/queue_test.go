@@ -1,6 +1,7 @@
 package twin
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/router"
@@ -96,4 +97,34 @@ func TestRouterQueuePD(t *testing.T) {
 	if off.Preemptions == 0 || on.Preemptions >= off.Preemptions || on.Paths.Recomputes >= off.Paths.Recomputes {
 		t.Errorf("preemptions %d → %d, recomputes %d → %d with the queue", off.Preemptions, on.Preemptions, off.Paths.Recomputes, on.Paths.Recomputes)
 	}
+}
+
+// TestRouterQueueRefusedSkip: a request every worker refused (round-robin,
+// random) is routed again only once a worker that changed since would
+// take it; that skips most of its routings and changes no outcome.
+func TestRouterQueueRefusedSkip(t *testing.T) {
+	wl := loadSlice(t)
+	for _, mode := range []string{"round-robin", "random"} {
+		c := Config{Mode: mode, Workers: 2, Blocks: 2048, Seed: 5, ArrivalSpeedup: 64, Queue: &Queue{}}
+		skip := run(t, wl, c)
+		reaskRefused = true
+		all := run(t, wl, c)
+		reaskRefused = false
+		checkResult(t, skip)
+		if skip.refusedSkips == 0 || all.refusedSkips != 0 {
+			t.Fatalf("%s: %d routings skipped, %d when re-asking every time", mode, skip.refusedSkips, all.refusedSkips)
+		}
+		a, _ := json.Marshal(outcome(skip))
+		b, _ := json.Marshal(outcome(all))
+		if string(a) != string(b) {
+			t.Fatalf("%s: the skip changed the outcome:\n%s\n%s", mode, a, b)
+		}
+	}
+}
+
+// outcome is r without what depends on the host (wall and CPU time).
+func outcome(r *Result) Result {
+	o := *r
+	o.refusedSkips, o.Wall, o.CPU = 0, 0, 0
+	return o
 }
