@@ -182,7 +182,8 @@ func (t *twin) route(ctx context.Context, i int, rq *tracefile.Request, plen int
 // request done: noted by touch) or its load report (a report, noted too,
 // or the last one ageing past the router's LoadReportTTL), so a refused
 // request is asked again only of the workers touched since
-// (router.Eligible), and routed only once one of them would take it.
+// (router.Eligible), and routed only once one of them would take it. With
+// P/D the same holds for the leg a started plan routes again (q.step).
 
 // reaskRefused routes every refused request again at each dispatch, as
 // before the skip; a test sets it to check the skip changes no outcome.
@@ -198,8 +199,8 @@ func (t *twin) touch(w int) {
 // refuse notes that every worker refused q now (a plain busy answer;
 // the cost modes' WaitError names its worker instead).
 func (t *twin) refuse(q *queued) {
-	if t.pd != nil || q.plan != nil {
-		return // P/D: a leg's answer depends on more than one pool's state
+	if q.plan != nil && q.step.Do != router.ActRoute {
+		return // P/D, its plan not started: starting it reads every pool
 	}
 	q.refused, q.refusedAt = true, t.chg
 }
@@ -208,13 +209,17 @@ func (t *twin) refuse(q *queued) {
 // whose last load report has aged out since, would take q now; when none
 // would, Route would refuse q again. It notes q refused as of now.
 func (t *twin) mayAdmit(q *queued, nowNS int64) bool {
+	req := q.rr
+	if q.plan != nil {
+		req = q.step.Req // P/D: the leg routePD would route again
+	}
 	ttl := int64(t.r.LoadReportTTL())
 	for w := range t.ws {
 		wk := &t.ws[w]
 		if wk.chgAt <= q.refusedAt && nowNS-wk.lastNS <= ttl {
 			continue
 		}
-		if t.r.Eligible(q.rr, wk.key) {
+		if t.r.Eligible(req, wk.key) {
 			return true
 		}
 	}

@@ -2,6 +2,7 @@ package twin
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/router"
@@ -104,20 +105,27 @@ func TestRouterQueuePD(t *testing.T) {
 // take it; that skips most of its routings and changes no outcome.
 func TestRouterQueueRefusedSkip(t *testing.T) {
 	wl := loadSlice(t)
-	for _, mode := range []string{"round-robin", "random"} {
-		c := Config{Mode: mode, Workers: 2, Blocks: 2048, Seed: 5, ArrivalSpeedup: 64, Queue: &Queue{}}
+	agg := Config{Workers: 2, Blocks: 2048, Seed: 5, ArrivalSpeedup: 64, Queue: &Queue{}}
+	pd := Config{PrefillWorkers: 1, DecodeWorkers: 1, Blocks: 2048, Seed: 5, ArrivalSpeedup: 64, Queue: &Queue{}}
+	cases := []struct {
+		name string
+		c    Config
+	}{{"round-robin", agg}, {"random", agg}, {"round-robin, 1+1 P/D", pd}}
+	for _, tc := range cases {
+		c := tc.c
+		c.Mode, _, _ = strings.Cut(tc.name, ",")
 		skip := run(t, wl, c)
 		reaskRefused = true
 		all := run(t, wl, c)
 		reaskRefused = false
 		checkResult(t, skip)
 		if skip.refusedSkips == 0 || all.refusedSkips != 0 {
-			t.Fatalf("%s: %d routings skipped, %d when re-asking every time", mode, skip.refusedSkips, all.refusedSkips)
+			t.Fatalf("%s: %d routings skipped, %d when re-asking every time", tc.name, skip.refusedSkips, all.refusedSkips)
 		}
 		a, _ := json.Marshal(outcome(skip))
 		b, _ := json.Marshal(outcome(all))
 		if string(a) != string(b) {
-			t.Fatalf("%s: the skip changed the outcome:\n%s\n%s", mode, a, b)
+			t.Fatalf("%s: the skip changed the outcome:\n%s\n%s", tc.name, a, b)
 		}
 	}
 }
