@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -238,3 +239,48 @@ func (r *Router) admitting(model string, role kv.Role, req Request) bool {
 	}
 	return false
 }
+
+// Eligible reports whether worker key would be one of req's candidates
+// were req routed now: whether it passes the mode's filters (in a mode
+// without a price, round-robin or random, admission among them). It
+// matches nothing against the index. A queue's owner whose request every
+// worker refused (a plain *kv.BusyError, no WaitError) asks it of the
+// workers whose state changed since, instead of routing the request
+// again: a worker's answer changes only when its load does (a request
+// booked, a first token, a request done, a load report), its last report
+// ages past LoadReportTTL, or an inhibition ends, so while none of those
+// is eligible Route would refuse the request the same way.
+func (r *Router) Eligible(req Request, key kv.WorkerKey) bool {
+	pk := poolKey{req.Model, req.Role.Norm()}
+	var d Decision
+	if r.hashPrompt(pk, &req, &d) != nil {
+		return false
+	}
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.pools[pk]
+	if p == nil || p.blockSize != d.BlockSize {
+		return false
+	}
+	i, ok := slices.BinarySearchFunc(p.workers, key, func(w *worker, k kv.WorkerKey) int { return cmpKey(w.info.Key, k) })
+	if !ok {
+		return false
+	}
+	req.Exclude = r.exclusions(req.Exclude, now)
+	s := r.scratch.Get().(*selection)
+	defer r.scratch.Put(s)
+	s.r, s.p, s.req, s.seq, s.now = r, p, req, d.Seq, now
+	defer s.release()
+	for _, f := range r.prof.filters {
+		if f.drop(s, p.workers[i]) != kept {
+			return false
+		}
+	}
+	return true
+}
+
+// LoadReportTTL is how long a worker's load report counts
+// (Config.LoadReportTTL, default filled): past it the worker's admission
+// may change with no new report (Eligible).
+func (r *Router) LoadReportTTL() time.Duration { return r.cfg.LoadReportTTL }

@@ -145,3 +145,48 @@ func TestAdmittingDecodeLeg(t *testing.T) {
 		t.Fatal("a decode worker reporting 95% of its KV used admits decode legs at 90%")
 	}
 }
+
+// Eligible answers, worker by worker, what Route's filters would: a
+// refused request's owner asks it instead of routing the request again.
+func TestEligible(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := newRouter(t, Config{Mode: ModeRoundRobin, Now: func() time.Time { return now },
+		Admit: &AdmitConfig{KVUsage: 0.9, PrefillPasses: -1, Waiting: 0.5}}, 1, 2)
+	elig := func(tokens []kv.Token, w uint64) bool {
+		return r.Eligible(Request{Model: "m", Tokens: tokens}, key(w))
+	}
+	d1, err := routeReq(r, Request{Tokens: prompt(1, 880*testBS)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d2, err := routeReq(r, Request{Tokens: prompt(2, 880*testBS)})
+	if err != nil || d2.Worker == d1.Worker {
+		t.Fatalf("second request: %v on %v", err, d2)
+	}
+	small := prompt(3, 30*testBS)
+	if _, err := routeReq(r, Request{Tokens: small}); !errors.Is(err, kv.ErrAllBusy) {
+		t.Fatalf("30 blocks beside 880 of 1000 at 90%% on both: %v, want busy", err)
+	}
+	if elig(small, 1) || elig(small, 2) {
+		t.Fatal("a worker Route refused is eligible")
+	}
+	// Its own prompt is active on worker 1 only; a worker the pool lacks
+	// never is.
+	if !elig(prompt(1, 880*testBS), uint64(d1.Worker.Instance)) || elig(prompt(1, 880*testBS), uint64(d2.Worker.Instance)) || elig(small, 3) {
+		t.Fatal("eligibility by the active prefix")
+	}
+	d1.Done()
+	if !elig(small, uint64(d1.Worker.Instance)) || elig(small, uint64(d2.Worker.Instance)) {
+		t.Fatal("after worker 1's request ended")
+	}
+	// A load report's refusal lasts while the report counts.
+	d2.Done()
+	r.UpdateLoad(key(2), 10, 1000, 2, 3) // 3 waiting > 0.5·2
+	if elig(small, 2) || !elig(small, 1) {
+		t.Fatal("3 waiting per 2 running at 0.5")
+	}
+	now = now.Add(r.LoadReportTTL() + time.Second)
+	if !elig(small, 2) {
+		t.Fatal("refused by a report that no longer counts")
+	}
+}

@@ -125,6 +125,7 @@ func (t *twin) start(i int, rq *tracefile.Request, plen int, d *router.Decision,
 		d.Done()
 		return fmt.Errorf("twin: router chose unknown worker %v", d.Worker)
 	}
+	t.touch(w) // d is booked on it
 	bs := t.cfg.BlockSize
 	at := t.at(atNS)
 	tail := t.prompt.tail(rq, len(d.Local)*bs, plen)

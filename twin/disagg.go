@@ -115,6 +115,7 @@ type pdState struct {
 // something, a load report) for the requests waiting for it.
 func (t *twin) changed(w int) {
 	t.ws[w].ver++
+	t.touch(w)
 	if t.pd != nil && t.pd.role(w) == kv.RoleDecode {
 		t.pd.epoch++
 	}
@@ -123,7 +124,12 @@ func (t *twin) changed(w int) {
 // booked notes a request routed by d (P/D): one booked on a decode worker
 // changes what the waiting decode legs may be told.
 func (t *twin) booked(d *router.Decision) {
-	if w := int(d.Worker.Instance) - 1; w >= 0 && w < len(t.ws) && t.pd.role(w) == kv.RoleDecode {
+	w := int(d.Worker.Instance) - 1
+	if w < 0 || w >= len(t.ws) {
+		return
+	}
+	t.touch(w)
+	if t.pd.role(w) == kv.RoleDecode {
 		t.pd.epoch++
 	}
 }
@@ -327,6 +333,7 @@ func (t *twin) addSeq(d *router.Decision, er *engine.Request, p sim.Prompt, atNS
 	s, err := t.ws[w].core.AddPrompt(er, p, t.at(atNS))
 	if err != nil {
 		d.Done()
+		t.touch(w)
 		t.reject(&t.res.RejectedInvalid, atNS, err.Error())
 		return nil, err
 	}

@@ -30,6 +30,9 @@ type worker struct {
 	// ver counts the changes of the worker's state a queued request may
 	// wait for: passes that freed something, load reports.
 	ver uint64
+	// chgAt is the twin's change count (twin.chg) at the worker's last
+	// change of load or report, booking included (touch).
+	chgAt uint64
 }
 
 // loop handles events in time order: the earliest of the next arrival and

@@ -3,7 +3,6 @@ package twin
 import (
 	"context"
 	"errors"
-	"slices"
 
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/kv"
@@ -45,6 +44,11 @@ type queued struct {
 	// changes, asking again would get the same answer.
 	waitW   int
 	waitVer uint64
+	// refused: every worker refused the request (a plain busy answer,
+	// round-robin's), as of the twin's change count refusedAt: until a
+	// worker changes after that, asking again would get the same answer.
+	refused   bool
+	refusedAt uint64
 	// P/D: the request's leg plan and the step it waits to route (Do 0:
 	// not started: the plan starts at dispatch, with the fleet's state
 	// then), and its prompt for the sim.
@@ -55,25 +59,35 @@ type queued struct {
 
 // enqueue holds trace request i (router request rr of plen tokens,
 // arrived at atNS) in the router queue, or rejects it past the limit.
-func (t *twin) enqueue(i, plen int, rr router.Request, atNS int64) {
-	t.push(queued{i: i, plen: plen, rr: rr, arrNS: atNS, waitW: -1})
+func (t *twin) enqueue(i, plen int, rr router.Request, atNS int64) *router.Queued[queued] {
+	return t.push(queued{i: i, plen: plen, rr: rr, arrNS: atNS, waitW: -1})
 }
 
-// push holds q in the router queue, or rejects it past the limit.
-func (t *twin) push(q queued) {
+// push holds q in the router queue (its handle), or rejects it past the
+// limit (nil).
+func (t *twin) push(q queued) *router.Queued[queued] {
 	if q.rr.Tokens != nil {
-		q.rr.Tokens = slices.Clone(q.rr.Tokens) // the prompt buffer is the next arrival's
+		// The prompt buffer is the next arrival's: hash the prompt once,
+		// as arrivePD does.
+		q.rr.Local = kv.LocalHashes(nil, q.rr.Tokens, t.cfg.BlockSize, kv.Seed("", ""))
+		q.rr.Tokens, q.rr.PromptLen = nil, q.plen
 	}
-	q.waitW = -1
+	if q.rr.Seq == nil && len(q.rr.Local) > 0 {
+		// A queued request is routed again and again: chain its hashes once.
+		q.rr.Seq = kv.SeqHashes(make([]kv.SeqHash, 0, len(q.rr.Local)), q.rr.Local)
+	}
+	q.waitW, q.refused = -1, false
 	atNS := q.arrNS
 	// WSPT's work: the prompt's tokens (the router predicts its cached
 	// part only when it routes).
-	if _, err := t.q.Push(q, t.at(atNS), float64(q.plen), 0); err != nil {
+	e, err := t.q.Push(q, t.at(atNS), float64(q.plen), 0)
+	if err != nil {
 		t.reject(&t.res.RejectedBusy, atNS, "router queue full")
-		return
+		return nil
 	}
 	t.res.Queue.Queued++
 	t.res.Queue.MaxDepth = max(t.res.Queue.MaxDepth, t.q.Len())
+	return e
 }
 
 // dispatch routes waiting requests, in the queue's order, to the workers
@@ -96,9 +110,13 @@ func (t *twin) dispatch(ctx context.Context, nowNS int64) error {
 	t.q.Scan(now, t.q.Config().Lookahead, func(e *router.Queued[queued]) (take, stop bool) {
 		q := &e.Value
 		if !q.rr.Aged && t.q.Aged(e, now) {
-			q.rr.Aged, q.waitW = true, -1 // it now takes any worker that admits it
+			q.rr.Aged, q.waitW, q.refused = true, -1, false // it now takes any worker that admits it
 		}
 		if q.waitW >= 0 && t.ws[q.waitW].ver == q.waitVer {
+			return false, false
+		}
+		if q.refused && !reaskRefused && !t.mayAdmit(q, nowNS) {
+			t.res.refusedSkips++
 			return false, false
 		}
 		var d *router.Decision
@@ -115,6 +133,7 @@ func (t *twin) dispatch(ctx context.Context, nowNS int64) error {
 			return false, false
 		}
 		if errors.Is(err, kv.ErrAllBusy) {
+			t.refuse(q)
 			return false, false
 		}
 		rq := &t.wl.Requests[e.Value.i]
@@ -146,12 +165,66 @@ func (t *twin) route(ctx context.Context, i int, rq *tracefile.Request, plen int
 	d, err := t.r.Route(ctx, rr)
 	if err != nil {
 		if t.q != nil && errors.Is(err, kv.ErrAllBusy) {
-			t.enqueue(i, plen, rr, atNS)
+			var we *router.WaitError
+			if e := t.enqueue(i, plen, rr, atNS); e != nil && !errors.As(err, &we) {
+				t.refuse(&e.Value)
+			}
 			return nil
 		}
 		return t.routeFailed(err, atNS, rq.Line)
 	}
 	return t.start(i, rq, plen, d, atNS, atNS)
+}
+
+// Round-robin names no worker to wait for: its busy answer means every
+// worker refused the request. A worker's answer changes only with its
+// router-side load (a request booked or started on it, a first token, a
+// request done: noted by touch) or its load report (a report, noted too,
+// or the last one ageing past the router's LoadReportTTL), so a refused
+// request is asked again only of the workers touched since
+// (router.Eligible), and routed only once one of them would take it. With
+// P/D the same holds for the leg a started plan routes again (q.step).
+
+// reaskRefused routes every refused request again at each dispatch, as
+// before the skip; a test sets it to check the skip changes no outcome.
+var reaskRefused bool
+
+// touch notes a change of worker w that may change its admission of a
+// refused request.
+func (t *twin) touch(w int) {
+	t.chg++
+	t.ws[w].chgAt = t.chg
+}
+
+// refuse notes that every worker refused q now (a plain busy answer;
+// the cost modes' WaitError names its worker instead).
+func (t *twin) refuse(q *queued) {
+	if q.plan != nil && q.step.Do != router.ActRoute {
+		return // P/D, its plan not started: starting it reads every pool
+	}
+	q.refused, q.refusedAt = true, t.chg
+}
+
+// mayAdmit reports whether some worker touched since q was refused, or
+// whose last load report has aged out since, would take q now; when none
+// would, Route would refuse q again. It notes q refused as of now.
+func (t *twin) mayAdmit(q *queued, nowNS int64) bool {
+	req := q.rr
+	if q.plan != nil {
+		req = q.step.Req // P/D: the leg routePD would route again
+	}
+	ttl := int64(t.r.LoadReportTTL())
+	for w := range t.ws {
+		wk := &t.ws[w]
+		if wk.chgAt <= q.refusedAt && nowNS-wk.lastNS <= ttl {
+			continue
+		}
+		if t.r.Eligible(req, wk.key) {
+			return true
+		}
+	}
+	q.refusedAt = t.chg
+	return false
 }
 
 // waiting reports whether anything waits for a worker: the queue, or

@@ -1,6 +1,8 @@
 package twin
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/router"
@@ -96,4 +98,41 @@ func TestRouterQueuePD(t *testing.T) {
 	if off.Preemptions == 0 || on.Preemptions >= off.Preemptions || on.Paths.Recomputes >= off.Paths.Recomputes {
 		t.Errorf("preemptions %d → %d, recomputes %d → %d with the queue", off.Preemptions, on.Preemptions, off.Paths.Recomputes, on.Paths.Recomputes)
 	}
+}
+
+// TestRouterQueueRefusedSkip: a request every worker refused (round-robin,
+// random) is routed again only once a worker that changed since would
+// take it; that skips most of its routings and changes no outcome.
+func TestRouterQueueRefusedSkip(t *testing.T) {
+	wl := loadSlice(t)
+	agg := Config{Workers: 2, Blocks: 2048, Seed: 5, ArrivalSpeedup: 64, Queue: &Queue{}}
+	pd := Config{PrefillWorkers: 1, DecodeWorkers: 1, Blocks: 2048, Seed: 5, ArrivalSpeedup: 64, Queue: &Queue{}}
+	cases := []struct {
+		name string
+		c    Config
+	}{{"round-robin", agg}, {"random", agg}, {"round-robin, 1+1 P/D", pd}}
+	for _, tc := range cases {
+		c := tc.c
+		c.Mode, _, _ = strings.Cut(tc.name, ",")
+		skip := run(t, wl, c)
+		reaskRefused = true
+		all := run(t, wl, c)
+		reaskRefused = false
+		checkResult(t, skip)
+		if skip.refusedSkips == 0 || all.refusedSkips != 0 {
+			t.Fatalf("%s: %d routings skipped, %d when re-asking every time", tc.name, skip.refusedSkips, all.refusedSkips)
+		}
+		a, _ := json.Marshal(outcome(skip))
+		b, _ := json.Marshal(outcome(all))
+		if string(a) != string(b) {
+			t.Fatalf("%s: the skip changed the outcome:\n%s\n%s", tc.name, a, b)
+		}
+	}
+}
+
+// outcome is r without what depends on the host (wall and CPU time).
+func outcome(r *Result) Result {
+	o := *r
+	o.refusedSkips, o.Wall, o.CPU = 0, 0, 0
+	return o
 }

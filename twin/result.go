@@ -21,6 +21,10 @@ import (
 // = (E2E − TTFT)/(output tokens − 1); throughput is over the span from the
 // first arrival to the last completion.
 type Result struct {
+	// refusedSkips counts the routings of refused requests the router
+	// queue skipped, their answer unchanged (twin.mayAdmit); for tests.
+	refusedSkips int
+
 	Mode    string `json:"mode"`
 	Workers int    `json:"workers"` // aggregated
 	// PrefillWorkers and DecodeWorkers are the P/D pools (0 without P/D).

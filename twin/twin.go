@@ -257,6 +257,7 @@ type twin struct {
 
 	arr    arrivals
 	q      *router.Queue[queued] // nil without Config.Queue
+	chg    uint64                // counts the workers' changes (touch)
 	woke   bool                  // a worker was woken since the loop last looked
 	prompt promptBufs
 	copier blockCopier
