@@ -20,13 +20,23 @@ import (
 // poll interval passed while any wait. Waiting requests are bound to no
 // worker, so one that dies takes none of them along: the next dispatch
 // routes them among the workers left.
+//
+// A request every worker refused (a plain busy answer, round-robin's) is
+// routed again only once the router's worker state changed since
+// (router.Changes: a booking, a first token, an end, a load report, a
+// worker joining or leaving), or reask passed: routing hashes and matches
+// its prompt, and while nothing changed Route would refuse it the same way.
+// reask bounds what time alone changes (a report ageing out, an
+// inhibition lapsing) and any signal missed.
 type liveQueue struct {
 	r    *router.Router
 	poll time.Duration
 	kick chan struct{}
 
-	mu sync.Mutex
-	q  *router.Queue[*waiter]
+	mu     sync.Mutex
+	q      *router.Queue[*waiter]
+	reask  time.Duration // a refused request is routed again at least this often
+	routes int           // Route calls for waiting requests (tests)
 
 	wait  *prometheus.HistogramVec
 	depth prometheus.Gauge
@@ -38,6 +48,11 @@ type waiter struct {
 	ctx  context.Context
 	req  router.Request
 	done chan queueAnswer
+	// refused: every worker refused req at refusedAt, with the router's
+	// change count at chg.
+	refused   bool
+	chg       uint64
+	refusedAt time.Time
 }
 
 type queueAnswer struct {
@@ -50,12 +65,16 @@ type queueAnswer struct {
 // many places, and a poll this short adds less than an engine pass.
 const queuePoll = 5 * time.Millisecond
 
+// queueReask is liveQueue.reask: short next to a load report's TTL and an
+// inhibition, long next to the poll.
+const queueReask = 250 * time.Millisecond
+
 func newLiveQueue(r *router.Router, cfg router.QueueConfig) (*liveQueue, error) {
 	q, err := router.NewQueue[*waiter](cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &liveQueue{r: r, q: q, poll: queuePoll, kick: make(chan struct{}, 1),
+	return &liveQueue{r: r, q: q, poll: queuePoll, reask: queueReask, kick: make(chan struct{}, 1),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvmesh_router_queue_seconds",
 			Help:    "Time requests waited in the router queue for a worker to admit them (part of their TTFT).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18)}, []string{"model"}),
@@ -134,13 +153,21 @@ func (lq *liveQueue) dispatch() {
 		return
 	}
 	now := time.Now()
+	chg := lq.r.Changes() // before routing: a change meanwhile reads as new
 	lq.q.Scan(now, lq.q.Config().Lookahead, func(e *router.Queued[*waiter]) (bool, bool) {
 		w := e.Value
-		if lq.q.Aged(e, now) {
-			w.req.Aged = true
+		if !w.req.Aged && lq.q.Aged(e, now) {
+			w.req.Aged, w.refused = true, false // it now takes any worker that admits it
 		}
+		if w.refused && w.chg == chg && now.Sub(w.refusedAt) < lq.reask {
+			return false, false
+		}
+		lq.routes++
 		d, err := lq.r.Route(w.ctx, w.req)
 		if err != nil && errors.Is(err, kv.ErrAllBusy) {
+			// A cost mode's WaitError is no refusal by all: routed each poll, as before.
+			var we *router.WaitError
+			w.refused, w.chg, w.refusedAt = !errors.As(err, &we), chg, now
 			return false, false
 		}
 		w.done <- queueAnswer{d, err}

@@ -143,3 +143,73 @@ func TestLiveQueueSurvivesWorkerDeath(t *testing.T) {
 	}
 	got.d.Done()
 }
+
+// routesAfter waits until the queue has made at least n routing attempts
+// and returns the count.
+func routesAfter(t *testing.T, lq *liveQueue, n int) int {
+	t.Helper()
+	for range 2000 {
+		lq.mu.Lock()
+		got := lq.routes
+		lq.mu.Unlock()
+		if got >= n {
+			return got
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("the queue never made %d routing attempts", n)
+	return 0
+}
+
+// Refused requests are not routed again while no worker changes; the first
+// change (a first token) dispatches them at the next poll.
+func TestLiveQueueRefusedSkip(t *testing.T) {
+	const n, window = 16, 200 * time.Millisecond
+	rate := func(ctx context.Context, reask time.Duration) (perSec float64, lq *liveQueue, ds [2]*router.Decision, chs []<-chan awaited) {
+		lq, _, ds = newQueueRig(t, 0)
+		lq.mu.Lock()
+		lq.reask = reask
+		lq.mu.Unlock()
+		for i := range n {
+			chs = append(chs, awaitAsync(lq, ctx, 10+i))
+		}
+		waitDepth(t, lq, n)
+		before := routesAfter(t, lq, n) // each routed (and refused) once
+		time.Sleep(window)
+		after := routesAfter(t, lq, 0)
+		return float64(after-before) / window.Seconds(), lq, ds, chs
+	}
+	// reask 0: every poll routes every waiting request, as before the skip.
+	ctx, cancel := context.WithCancel(context.Background())
+	base, _, _, baseChs := rate(ctx, 0)
+	cancel()
+	for _, ch := range baseChs {
+		<-ch
+	}
+	skip, lq, ds, chs := rate(context.Background(), time.Hour)
+	t.Logf("%d waiting, nothing changing: %.0f routing attempts/s re-asking at every poll, %.0f with the skip", n, base, skip)
+	if skip != 0 {
+		t.Fatalf("%.0f routing attempts/s while no worker changed, want 0", skip)
+	}
+	if base < n*10 { // at least 2 polls in the window
+		t.Fatalf("baseline %.0f attempts/s: the rig does not poll", base)
+	}
+	// The bounded fallback: with nothing changing, refused requests are
+	// still routed again once reask passed.
+	lq.mu.Lock()
+	lq.reask = 20 * time.Millisecond
+	lq.mu.Unlock()
+	routesAfter(t, lq, routesAfter(t, lq, 0)+n)
+	start := time.Now()
+	ds[1].FirstToken() // worker 2's prefill is done: it admits them all
+	for _, ch := range chs {
+		got := <-ch
+		if got.err != nil || got.d.Worker.Instance != 2 {
+			t.Fatalf("after worker 2's first token: %+v, want worker 2", got)
+		}
+		got.d.Done()
+	}
+	if wait := time.Since(start); wait > 2*time.Second {
+		t.Fatalf("dispatched %v after the worker freed", wait)
+	}
+}

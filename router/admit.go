@@ -284,3 +284,14 @@ func (r *Router) Eligible(req Request, key kv.WorkerKey) bool {
 // (Config.LoadReportTTL, default filled): past it the worker's admission
 // may change with no new report (Eligible).
 func (r *Router) LoadReportTTL() time.Duration { return r.cfg.LoadReportTTL }
+
+// Changes counts the router's changes of worker state that may change
+// whether a worker admits a request: a request booked, its first token or
+// its end (here or, through replica events, at another router), a load or
+// onboarding report, a worker added, updated, removed or inhibited. A
+// queue's owner whose request every worker refused (a plain
+// *kv.BusyError) may skip routing it again while the count stands still:
+// Route would refuse it the same way, except as time alone changes an
+// answer (a load report ageing past LoadReportTTL, an inhibition
+// lapsing), which the owner bounds by retrying after a while anyway.
+func (r *Router) Changes() uint64 { return r.chg.Load() }

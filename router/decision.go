@@ -97,6 +97,7 @@ func (r *Router) prefillDone(a *active, emit bool) {
 		return
 	}
 	a.load.prefillDone(a)
+	r.chg.Add(1)
 	r.mu.Unlock()
 	if emit && r.cfg.OnReplicaEvent != nil {
 		r.cfg.OnReplicaEvent(ReplicaEvent{Kind: ReplicaFirstToken, Router: r.cfg.RouterID, Decision: a.id, Worker: a.load.key})

@@ -15,6 +15,7 @@ func (r *Router) Inhibit(key kv.WorkerKey) {
 	now := r.cfg.Now()
 	r.mu.Lock()
 	r.inhibited[key] = now.Add(r.cfg.InhibitFor)
+	r.chg.Add(1)
 	r.mu.Unlock()
 }
 

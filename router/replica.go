@@ -79,10 +79,12 @@ func (r *Router) ApplyReplicaEvent(ev ReplicaEvent) error {
 			start:   now,
 		}
 		l.add(a)
+		r.chg.Add(1)
 		r.active[ev.Decision] = a
 	case ReplicaFirstToken:
 		if a := r.active[ev.Decision]; a != nil && !a.freed {
 			a.load.prefillDone(a)
+			r.chg.Add(1)
 		}
 	case ReplicaFree:
 		if a := r.active[ev.Decision]; a != nil {

@@ -29,6 +29,9 @@ type Router struct {
 	lastSweep time.Time
 
 	nworkers atomic.Int64
+	// chg counts changes of worker state that may change an admission
+	// (Changes).
+	chg atomic.Uint64
 	// blind counts the workers without KV events (WorkerInfo.NoKVEvents).
 	blind   atomic.Int64
 	seq     atomic.Uint64
@@ -350,6 +353,7 @@ func (r *Router) bookLocked(s *selection, chosen int, d *Decision) booked {
 		a.seq, a.private = d.Seq, int64(kv.BlocksNeeded(d.ISL, d.BlockSize)-len(d.Seq))
 	}
 	w.load.add(a)
+	r.chg.Add(1)
 	r.active[d.ID] = a
 	d.a = a
 	b := booked{predicted: r.cfg.Mode == ModeKVApprox || r.cfg.Mode == ModeKV && w.info.NoKVEvents}
@@ -405,6 +409,7 @@ func (r *Router) freeLocked(a *active) {
 	}
 	a.freed = true
 	a.load.free(a)
+	r.chg.Add(1)
 	if a.load.idle() && !a.load.registered && r.loads[a.load.key] == a.load {
 		delete(r.loads, a.load.key) // a replica-only entry with nothing left
 	}

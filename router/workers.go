@@ -178,6 +178,7 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.chg.Add(1) // conservative: even a failed or unchanged update counts
 	p := r.pools[pk]
 	if p != nil && len(p.workers) > 0 && p.blockSize != info.BlockSize {
 		if !(len(p.workers) == 1 && p.workers[0].info.Key == info.Key) {
@@ -239,6 +240,7 @@ func (r *Router) RemoveWorker(key kv.WorkerKey) {
 		delete(r.loads, key)
 	}
 	w.load.registered = false
+	r.chg.Add(1)
 	r.nworkers.Store(int64(len(r.workers)))
 	r.countBlind()
 }
@@ -295,6 +297,7 @@ func (r *Router) UpdateLoad(key kv.WorkerKey, used, total, running, waiting int)
 	l := w.load
 	l.repUsed, l.repTotal, l.repRunning, l.repWaiting = int64(used), int64(total), int64(running), int64(waiting)
 	l.repAt, l.hasRep = now, true
+	r.chg.Add(1)
 }
 
 // UpdateOnboarding records how long a worker's onboarding channel (tier →
@@ -307,6 +310,7 @@ func (r *Router) UpdateOnboarding(key kv.WorkerKey, backlog time.Duration) {
 	defer r.mu.Unlock()
 	if w := r.workers[key]; w != nil {
 		w.load.repBacklog, w.load.repBacklogAt = max(backlog, 0), now
+		r.chg.Add(1)
 	}
 }
 
