@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -112,4 +113,27 @@ func BenchmarkGCCycleO200k(b *testing.B) {
 		runtime.GC()
 	}
 	runtime.KeepAlive(tok)
+}
+
+// BenchmarkEncodeO200kDocs encodes the project's own English prose
+// (docs/architecture.md and the README, ~40k tokens): a wider vocabulary
+// than benchText's, so fewer pre-tokens repeat.
+func BenchmarkEncodeO200kDocs(b *testing.B) {
+	tok := builtinBPE(b)
+	var text []byte
+	for _, f := range []string{"../docs/architecture.md", "../README.md"} {
+		t, err := os.ReadFile(f)
+		if err != nil {
+			b.Skip(err)
+		}
+		text = append(text, t...)
+	}
+	n := len(tok.Encode(string(text)))
+	b.SetBytes(int64(len(text)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		tok.Encode(string(text))
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/token")
+	b.ReportMetric(float64(n), "tokens")
 }

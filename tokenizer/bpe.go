@@ -273,6 +273,10 @@ type encodeState struct {
 	max     int // stop past this many tokens; ≤ 0: never
 	scratch mergeScratch
 	yield   func(piece string) bool // e.piece, bound once
+	// cache holds the tokens of merged pieces once merged counts
+	// pieceCacheAfter of them (nil before).
+	cache  *pieceCache
+	merged int
 }
 
 // full reports whether the output is past the limit.
@@ -322,17 +326,40 @@ func (e *encodeState) piece(piece string) bool {
 
 func (e *encodeState) merge(piece string) {
 	t := e.t
+	if len(piece) == 1 {
+		// Every byte is a token of its own (byteID): no lookup needed.
+		e.out = append(e.out, t.byteID[piece[0]])
+		return
+	}
+	var h uint64
+	cacheable := len(piece) < pieceCacheMaxBytes
+	if t.wholeFirst || cacheable {
+		h = t.vocab.hash(piece)
+	}
 	if t.wholeFirst {
-		if id, ok := t.vocab.get(piece); ok {
+		if id, ok := t.vocab.getHashed(piece, h); ok {
 			e.out = append(e.out, id)
 			return
 		}
 	}
-	if len(piece) == 1 {
-		e.out = append(e.out, t.byteID[piece[0]])
+	if !cacheable {
+		e.out = t.bytePairMerge(e.out, piece, &e.scratch)
 		return
 	}
+	if e.cache == nil {
+		if e.merged++; e.merged < pieceCacheAfter {
+			e.out = t.bytePairMerge(e.out, piece, &e.scratch)
+			return
+		}
+		e.cache = newPieceCache()
+	}
+	if ids := e.cache.get(piece, h); ids != nil {
+		e.out = append(e.out, ids...)
+		return
+	}
+	n := len(e.out)
 	e.out = t.bytePairMerge(e.out, piece, &e.scratch)
+	e.cache.put(piece, h, e.out[n:])
 }
 
 // noRank marks a part that cannot merge with its right neighbour.

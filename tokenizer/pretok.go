@@ -309,6 +309,9 @@ func punct(s string, i int, slash, crlfTail bool) int {
 }
 
 func matchO200k(s string, i int) int {
+	if e := o200kASCIIWord(s, i); e > i {
+		return e
+	}
 	// Alternatives 1 and 2, each first with the optional [^\r\n\p{L}\p{N}] prefix.
 	c, w := at(s, i)
 	prefix := c&(cL|cN|cCRLF) == 0
@@ -422,4 +425,33 @@ func matchGPT2(s string, i int) int {
 		return e
 	}
 	return whitespace(s, i, false)
+}
+
+// o200kASCIIWord is matchO200k's answer for the common ASCII word — an
+// optional ASCII prefix (space, punctuation), [A-Z]*[a-z]* with at least one
+// letter, then an ASCII byte or the end — without decoding runes; it returns
+// i for anything else (the general scan decides). For such text both word
+// alternatives end where the lowercase run ends: alternative 1 (with the
+// prefix, tried first) matches when that run is non-empty, alternative 2
+// otherwise. A non-ASCII byte after either run may be a letter or mark that
+// extends it, so then this answers i.
+func o200kASCIIWord(s string, i int) int {
+	j := i
+	if b := s[i]; b >= utf8.RuneSelf {
+		return i
+	} else if asciiClass[b]&(cL|cN|cCRLF) == 0 {
+		j++ // the optional [^\r\n\p{L}\p{N}] prefix
+	}
+	k := j
+	for k < len(s) && s[k]-'A' < 26 {
+		k++
+	}
+	e := k
+	for e < len(s) && s[e]-'a' < 26 {
+		e++
+	}
+	if e == j || (e < len(s) && s[e] >= utf8.RuneSelf) {
+		return i
+	}
+	return contraction(s, e, true)
 }

@@ -64,3 +64,28 @@ func TestSplitterEdgeCases(t *testing.T) {
 		}
 	}
 }
+
+// TestO200kASCIIWordMatchesRegex aims at o200kASCIIWord's edges: ASCII
+// words next to punctuation, digits, newlines, contractions, and non-ASCII
+// letters or marks that may extend a run (where it must leave the answer to
+// the general scan).
+func TestO200kASCIIWordMatchesRegex(t *testing.T) {
+	ref, err := newSplitter("(?:" + PatternO200k + ")")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fast := patternSplitter{kind: kindO200k}
+	atoms := []string{"a", "z", "A", "Z", "b", "Q", "'", "s", "S", "t", "re", "LL", " ", ".", "(", "-", "_", "@", "`", "[", "{",
+		"0", "9", "\n", "\r", "\t", "é", "É", "\u0301", "ſ", "\u212a", "ǅ", "ʰ", "日", "\u00a0", "\xff", "😀"}
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := 0; i < 20000; i++ {
+		var b strings.Builder
+		for n := 1 + r.IntN(12); n > 0; n-- {
+			b.WriteString(atoms[r.IntN(len(atoms))])
+		}
+		text := b.String()
+		if got, want := pieces(fast, text), pieces(ref, text); !slices.Equal(got, want) {
+			t.Fatalf("text %q:\n got  %q\n want %q", text, got, want)
+		}
+	}
+}

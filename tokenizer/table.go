@@ -91,7 +91,11 @@ func newVocabTable(entries []vocabEntry) *vocabTable {
 
 // get is s's id.
 func (v *vocabTable) get(s string) (uint32, bool) {
-	h := maphash.String(v.seed, s)
+	return v.getHashed(s, maphash.String(v.seed, s))
+}
+
+// getHashed is get with s's hash (v.hash(s)) already known.
+func (v *vocabTable) getHashed(s string, h uint64) (uint32, bool) {
 	tag := uint32(h >> 32)
 	for i := h & v.mask; ; i = (i + 1) & v.mask {
 		sl := &v.slots[i]
