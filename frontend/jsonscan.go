@@ -71,29 +71,7 @@ func scanValue(b []byte, i, depth int) int {
 			i = skipSpace(b, i+1)
 		}
 	case c == '[':
-		if depth >= scanMaxDepth {
-			return -1
-		}
-		i = skipSpace(b, i+1)
-		if i < len(b) && b[i] == ']' {
-			return i + 1
-		}
-		for {
-			if i = scanValue(b, i, depth+1); i < 0 {
-				return -1
-			}
-			i = skipSpace(b, i)
-			if i >= len(b) {
-				return -1
-			}
-			if b[i] == ']' {
-				return i + 1
-			}
-			if b[i] != ',' {
-				return -1
-			}
-			i = skipSpace(b, i+1)
-		}
+		return scanArrayWith(b, i, depth, func(b []byte, i int) int { return scanValue(b, i, depth+1) })
 	case c == 't':
 		return scanLiteral(b, i, "true")
 	case c == 'f':
