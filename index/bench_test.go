@@ -180,34 +180,27 @@ func wide7000(add func(kv.Event)) []kv.LocalHash {
 }
 
 func BenchmarkFindMatches7000(b *testing.B) {
-	b.Run("index", func(b *testing.B) {
-		ix := New()
-		q := wide7000(ix.Apply)
-		var dst []Match
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		c0 := cputime.Thread()
-		for b.Loop() {
-			dst = ix.FindMatches(q, dst[:0])
-		}
-		b.ReportMetric(float64(cputime.Thread()-c0)/float64(b.N), "cpu-ns/op")
-		if len(dst) != 7000 {
-			b.Fatal(len(dst))
-		}
-	})
-	b.Run("sharded2", func(b *testing.B) {
-		ix := NewSharded(2, Config{})
-		q := wide7000(ix.Apply)
-		var dst []Match
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		c0 := cputime.Thread()
-		for b.Loop() {
-			dst = ix.FindMatches(q, dst[:0])
-		}
-		b.ReportMetric(float64(cputime.Thread()-c0)/float64(b.N), "cpu-ns/op")
-		if len(dst) != 7000 {
-			b.Fatal(len(dst))
-		}
-	})
+	type finder interface {
+		Apply(kv.Event)
+		FindMatches([]kv.LocalHash, []Match) []Match
+	}
+	for _, c := range []struct {
+		name string
+		ix   finder
+	}{{"index", New()}, {"sharded2", NewSharded(2, Config{})}} {
+		b.Run(c.name, func(b *testing.B) {
+			q := wide7000(c.ix.Apply)
+			var dst []Match
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			c0 := cputime.Thread()
+			for b.Loop() {
+				dst = c.ix.FindMatches(q, dst[:0])
+			}
+			b.ReportMetric(float64(cputime.Thread()-c0)/float64(b.N), "cpu-ns/op")
+			if len(dst) != 7000 {
+				b.Fatal(len(dst))
+			}
+		})
+	}
 }
