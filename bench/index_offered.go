@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"runtime"
+	"runtime/metrics"
 	"sync"
 	"time"
 
@@ -22,6 +24,27 @@ type OfferedRun struct {
 	Ops               int
 	Wall              time.Duration // first op due until the last one done
 	FindP50, FindP99  time.Duration
+	Why               OfferedWhy
+}
+
+// OfferedWhy splits the finds' latency from their due time into where it
+// went, to tell the index's share from the harness's and the machine's.
+// Per find: Queue is the time its goroutine was still busy with earlier
+// finds after it was due (bursts of the timeline, more finds due than
+// goroutines to run them); Sched the time from when it could have started
+// (due, and its goroutine free) until it did (a sleep's overshoot or
+// waiting for a core); Service the find itself, start to end (wall time,
+// so it also counts being descheduled mid-find).
+type OfferedWhy struct {
+	QueueP99, SchedP99, ServiceP50, ServiceP99 time.Duration
+	// Tail is the mean of each part over the finds at or above the p99
+	// latency: which one makes the tail.
+	TailQueue, TailSched, TailService time.Duration
+	// ApplyMax is the longest single event application; EventLagP99 how
+	// far behind its due time an event started (p99).
+	ApplyMax, EventLagP99 time.Duration
+	GCs                   uint32        // GC cycles during the replay
+	SchedLatP99           time.Duration // runtime/metrics /sched/latencies:seconds over the replay: runnable until running
 }
 
 // spinBelow is how close to an op's due time a goroutine stops sleeping
@@ -87,20 +110,35 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	}
 	// Every goroutine is ready before the clock starts.
 	start := time.Now().Add(2 * time.Millisecond)
-	lats := make([][]time.Duration, finders)
+	// Per find: due, start and end, from start; per event: its lag and
+	// its application time.
+	type span struct{ due, beg, end time.Duration }
+	fspans := make([][]span, finders)
+	elag := make([][]time.Duration, groups)
+	eapply := make([]time.Duration, groups)
 	ends := make([]time.Time, groups+finders)
+	sl0 := readSchedLat()
+	var ms0 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
 	var wg sync.WaitGroup
 	for g := range evs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			lag := make([]time.Duration, 0, len(evs[g]))
+			var worst time.Duration
 			for i, t := range evs[g] {
 				if i%1024 == 0 && ctx.Err() != nil {
 					return
 				}
 				waitUntil(start.Add(t.due))
+				b := time.Now()
 				ix.Apply(t.op.event)
+				e := time.Now()
+				lag = append(lag, b.Sub(start)-t.due)
+				worst = max(worst, e.Sub(b))
 			}
+			elag[g], eapply[g] = lag, worst
 			ends[g] = time.Now()
 		}()
 	}
@@ -109,7 +147,7 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 		go func() {
 			defer wg.Done()
 			var dst []index.Match
-			lat := make([]time.Duration, 0, len(fs[f]))
+			sp := make([]span, 0, len(fs[f]))
 			for i, t := range fs[f] {
 				if i%1024 == 0 && ctx.Err() != nil {
 					return
@@ -117,12 +155,12 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 				if !cold {
 					warmQuery(t.op.find) // the router hashed the prompt before it asks
 				}
-				due := start.Add(t.due)
-				waitUntil(due)
+				waitUntil(start.Add(t.due))
+				b := time.Now()
 				dst = ix.FindMatches(t.op.find, dst[:0])
-				lat = append(lat, time.Since(due))
+				sp = append(sp, span{due: t.due, beg: b.Sub(start), end: time.Since(start)})
 			}
-			lats[f] = lat
+			fspans[f] = sp
 			ends[groups+f] = time.Now()
 		}()
 	}
@@ -130,21 +168,58 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	if err := ctx.Err(); err != nil {
 		return OfferedRun{}, err
 	}
+	var ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms1)
+	sl1 := readSchedLat()
 	end := start
 	for _, e := range ends {
 		if e.After(end) {
 			end = e
 		}
 	}
-	var all []time.Duration
-	for _, l := range lats {
-		all = append(all, l...)
+	// Latency from due time, split: queue behind the goroutine's own
+	// earlier finds, waiting to run once free, the find itself.
+	var all, queue, waits, service []time.Duration
+	type part struct{ lat, q, s, v time.Duration }
+	var parts []part
+	for _, sp := range fspans {
+		var prevEnd time.Duration
+		for _, x := range sp {
+			free := max(x.due, prevEnd)
+			p := part{lat: x.end - x.due, q: free - x.due, s: max(0, x.beg-free), v: x.end - x.beg}
+			parts = append(parts, p)
+			all, queue, waits, service = append(all, p.lat), append(queue, p.q), append(waits, p.s), append(service, p.v)
+			prevEnd = x.end
+		}
 	}
 	wall := end.Sub(start)
 	run := OfferedRun{Offered: rate, Ops: len(ops), Wall: wall, Achieved: float64(len(ops)) / wall.Seconds()}
 	if len(all) > 0 {
 		run.FindP50, run.FindP99 = percentile(all, 0.5), percentile(all, 0.99)
+		w := &run.Why
+		w.QueueP99, w.SchedP99 = percentile(queue, 0.99), percentile(waits, 0.99)
+		w.ServiceP50, w.ServiceP99 = percentile(service, 0.5), percentile(service, 0.99)
+		n := 0
+		for _, p := range parts {
+			if p.lat >= run.FindP99 {
+				w.TailQueue, w.TailSched, w.TailService = w.TailQueue+p.q, w.TailSched+p.s, w.TailService+p.v
+				n++
+			}
+		}
+		if n > 0 {
+			w.TailQueue, w.TailSched, w.TailService = w.TailQueue/time.Duration(n), w.TailSched/time.Duration(n), w.TailService/time.Duration(n)
+		}
 	}
+	var lags []time.Duration
+	for g := range elag {
+		lags = append(lags, elag[g]...)
+		run.Why.ApplyMax = max(run.Why.ApplyMax, eapply[g])
+	}
+	if len(lags) > 0 {
+		run.Why.EventLagP99 = percentile(lags, 0.99)
+	}
+	run.Why.GCs = ms1.NumGC - ms0.NumGC
+	run.Why.SchedLatP99 = schedLatQuantile(sl0, sl1, 0.99)
 	runtime.KeepAlive(ix)
 	return run, nil
 }
@@ -162,6 +237,47 @@ func runOffered(ctx context.Context, c IndexConfig, ops []op) ([]OfferedRun, err
 	return out, nil
 }
 
+// schedLat is runtime/metrics' histogram of the time goroutines spent
+// runnable before they ran.
+const schedLat = "/sched/latencies:seconds"
+
+func readSchedLat() *metrics.Float64Histogram {
+	m := []metrics.Sample{{Name: schedLat}}
+	metrics.Read(m)
+	if m[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return nil
+	}
+	return m[0].Value.Float64Histogram()
+}
+
+// schedLatQuantile is the q quantile of the latencies counted between two
+// reads of the histogram (a bucket's upper bound).
+func schedLatQuantile(a, b *metrics.Float64Histogram, q float64) time.Duration {
+	if a == nil || b == nil || len(a.Counts) != len(b.Counts) {
+		return 0
+	}
+	var total uint64
+	for i := range b.Counts {
+		total += b.Counts[i] - a.Counts[i]
+	}
+	if total == 0 {
+		return 0
+	}
+	want := uint64(q * float64(total))
+	var sum uint64
+	for i := range b.Counts {
+		sum += b.Counts[i] - a.Counts[i]
+		if sum > want {
+			up := b.Buckets[i+1]
+			if math.IsInf(up, 1) {
+				up = b.Buckets[i]
+			}
+			return time.Duration(up * float64(time.Second))
+		}
+	}
+	return 0
+}
+
 func printOffered(out io.Writer, c IndexConfig, runs []OfferedRun) {
 	if len(runs) == 0 {
 		return
@@ -171,8 +287,14 @@ func printOffered(out io.Writer, c IndexConfig, runs []OfferedRun) {
 	for _, r := range runs {
 		fmt.Fprintf(out, "offered %.0f ops/s: achieved %.0f ops/s, find p50 %.1f µs, p99 %.1f µs\n",
 			r.Offered, r.Achieved, float64(r.FindP50.Nanoseconds())/1000, float64(r.FindP99.Nanoseconds())/1000)
+		w := r.Why
+		fmt.Fprintf(out, "  finds: queued behind their goroutine's earlier finds p99 %s, waiting to run once free p99 %s, the find itself p50 %s p99 %s; the slowest 1%%: %s + %s + %s; events: lag p99 %s, longest apply %s; %d GCs; goroutine run-queue wait p99 %s\n",
+			us(w.QueueP99), us(w.SchedP99), us(w.ServiceP50), us(w.ServiceP99), us(w.TailQueue), us(w.TailSched), us(w.TailService), us(w.EventLagP99), us(w.ApplyMax), w.GCs, us(w.SchedLatP99))
 	}
 }
+
+// us prints d in µs.
+func us(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d.Nanoseconds())/1000) }
 
 // matcher is what verify compares with the reference: an Index or a
 // Sharded.

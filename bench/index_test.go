@@ -117,6 +117,16 @@ func TestBenchIndexOfferedRates(t *testing.T) {
 	if r := res.Offered[0]; r.Ops != res.Finds+res.Events || r.Wall < time.Duration(float64(r.Ops)/2000*0.95*float64(time.Second)) || r.FindP99 <= 0 || r.Achieved > 2000*1.06 {
 		t.Fatalf("offered run %+v", r)
 	}
+	// The parts of the latency: a find cannot take less than itself, and
+	// the tail's parts add up to at most the largest latency.
+	for _, r := range res.Offered {
+		if w := r.Why; w.ServiceP50 <= 0 || w.ServiceP50 > r.FindP50 || w.ServiceP99 < w.ServiceP50 || w.TailService <= 0 || w.ApplyMax <= 0 {
+			t.Fatalf("offered run's parts %+v", r)
+		}
+	}
+	if n := strings.Count(out.String(), "  finds: queued behind"); n != 2 {
+		t.Fatalf("%d lines of latency parts in\n%s", n, out.String())
+	}
 	for _, bad := range [][]float64{{0}, {-5}, {math.NaN()}, {math.Inf(1)}} {
 		c := IndexConfig{TracePath: tracePath, MaxLines: 10, OfferedRates: bad}
 		if _, err := RunIndex(context.Background(), c, &out); err == nil || !strings.Contains(err.Error(), "--offered-rates") {
