@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"runtime"
 	"runtime/metrics"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvmesh/kvmesh/index"
@@ -29,10 +31,10 @@ type OfferedRun struct {
 
 // OfferedWhy splits the finds' latency from their due time into where it
 // went, to tell the index's share from the harness's and the machine's.
-// Per find: Queue is the time its goroutine was still busy with earlier
-// finds after it was due (bursts of the timeline, more finds due than
+// Per find: Queue is the time from when it was due until a finder took it
+// (every finder was busy: bursts of the timeline, more finds due than
 // goroutines to run them); Sched the time from when it could have started
-// (due, and its goroutine free) until it did (a sleep's overshoot or
+// (due, and a finder holding it) until it did (a sleep's overshoot or
 // waiting for a core); Service the find itself, start to end (wall time,
 // so it also counts being descheduled mid-find).
 type OfferedWhy struct {
@@ -45,6 +47,32 @@ type OfferedWhy struct {
 	ApplyMax, EventLagP99 time.Duration
 	GCs                   uint32        // GC cycles during the replay
 	SchedLatP99           time.Duration // runtime/metrics /sched/latencies:seconds over the replay: runnable until running
+	// OSWait is the time the process's threads waited for a core in the
+	// kernel's run queue during the replay (Linux schedstat run_delay;
+	// 0 elsewhere): other processes' turns on a shared machine, which no
+	// Go-level yield can give back.
+	OSWait time.Duration
+}
+
+// osRunDelay sums run_delay (ns runnable but not running) over the
+// process's threads from /proc/self/task/*/schedstat; 0 off Linux.
+func osRunDelay() time.Duration {
+	ds, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return 0
+	}
+	var sum int64
+	for _, d := range ds {
+		b, err := os.ReadFile("/proc/self/task/" + d.Name() + "/schedstat")
+		if err != nil {
+			continue // the thread exited
+		}
+		var run, wait int64
+		if _, err := fmt.Sscan(string(b), &run, &wait); err == nil {
+			sum += wait
+		}
+	}
+	return time.Duration(sum)
 }
 
 // spinBelow is how close to an op's due time a goroutine stops sleeping
@@ -92,17 +120,15 @@ func schedule(ops []op, rate float64) []timed {
 
 // replayOffered replays ops at rate against a fresh sharded index: one
 // event goroutine per group (the only writer of its shard), finders
-// goroutines taking finds in turn.
+// goroutines taking the finds in due order, each the next one when free.
 func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders int, cold bool) (OfferedRun, error) {
 	ix := index.NewSharded(groups, index.Config{})
 	sched := schedule(ops, rate)
 	evs := make([][]timed, groups)
-	fs := make([][]timed, finders)
-	nf := 0
+	var fs []timed
 	for _, t := range sched {
 		if t.op.find != nil {
-			fs[nf%finders] = append(fs[nf%finders], t)
-			nf++
+			fs = append(fs, t)
 		} else {
 			g := ix.ShardOf(t.op.event.Worker)
 			evs[g] = append(evs[g], t)
@@ -112,12 +138,13 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	start := time.Now().Add(2 * time.Millisecond)
 	// Per find: due, start and end, from start; per event: its lag and
 	// its application time.
-	type span struct{ due, beg, end time.Duration }
+	type span struct{ due, took, beg, end time.Duration }
 	fspans := make([][]span, finders)
+	var next atomic.Int64 // the next find to take
 	elag := make([][]time.Duration, groups)
 	eapply := make([]time.Duration, groups)
 	ends := make([]time.Time, groups+finders)
-	sl0 := readSchedLat()
+	sl0, os0 := readSchedLat(), osRunDelay()
 	var ms0 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	var wg sync.WaitGroup
@@ -137,28 +164,46 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 				e := time.Now()
 				lag = append(lag, b.Sub(start)-t.due)
 				worst = max(worst, e.Sub(b))
+				// A writer behind its timeline would otherwise run
+				// its backlog until the Go scheduler preempts it (a
+				// 10 ms slice), while finds due meanwhile wait for a
+				// core: on two cores two such writers starve the
+				// finders. Yielding between batches lets them run, as
+				// an event subscriber that reads batches off the
+				// network does.
+				runtime.Gosched()
 			}
 			elag[g], eapply[g] = lag, worst
 			ends[g] = time.Now()
 		}()
 	}
-	for f := range fs {
+	// Finders take the finds in due order from one cursor, so a find
+	// waits for a goroutine only when every finder is busy (dealing them
+	// out in turn queued a find behind its own goroutine's earlier ones
+	// while another finder was free).
+	for f := range fspans {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var dst []index.Match
-			sp := make([]span, 0, len(fs[f]))
-			for i, t := range fs[f] {
+			sp := make([]span, 0, len(fs)/finders+1)
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(fs) {
+					break
+				}
 				if i%1024 == 0 && ctx.Err() != nil {
 					return
 				}
+				t := fs[i]
+				took := time.Since(start)
 				if !cold {
 					warmQuery(t.op.find) // the router hashed the prompt before it asks
 				}
 				waitUntil(start.Add(t.due))
 				b := time.Now()
 				dst = ix.FindMatches(t.op.find, dst[:0])
-				sp = append(sp, span{due: t.due, beg: b.Sub(start), end: time.Since(start)})
+				sp = append(sp, span{due: t.due, took: took, beg: b.Sub(start), end: time.Since(start)})
 			}
 			fspans[f] = sp
 			ends[groups+f] = time.Now()
@@ -170,7 +215,7 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	}
 	var ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms1)
-	sl1 := readSchedLat()
+	sl1, os1 := readSchedLat(), osRunDelay()
 	end := start
 	for _, e := range ends {
 		if e.After(end) {
@@ -183,13 +228,11 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	type part struct{ lat, q, s, v time.Duration }
 	var parts []part
 	for _, sp := range fspans {
-		var prevEnd time.Duration
 		for _, x := range sp {
-			free := max(x.due, prevEnd)
+			free := max(x.due, x.took)
 			p := part{lat: x.end - x.due, q: free - x.due, s: max(0, x.beg-free), v: x.end - x.beg}
 			parts = append(parts, p)
 			all, queue, waits, service = append(all, p.lat), append(queue, p.q), append(waits, p.s), append(service, p.v)
-			prevEnd = x.end
 		}
 	}
 	wall := end.Sub(start)
@@ -220,6 +263,7 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	}
 	run.Why.GCs = ms1.NumGC - ms0.NumGC
 	run.Why.SchedLatP99 = schedLatQuantile(sl0, sl1, 0.99)
+	run.Why.OSWait = max(0, os1-os0)
 	runtime.KeepAlive(ix)
 	return run, nil
 }
@@ -288,8 +332,8 @@ func printOffered(out io.Writer, c IndexConfig, runs []OfferedRun) {
 		fmt.Fprintf(out, "offered %.0f ops/s: achieved %.0f ops/s, find p50 %.1f µs, p99 %.1f µs\n",
 			r.Offered, r.Achieved, float64(r.FindP50.Nanoseconds())/1000, float64(r.FindP99.Nanoseconds())/1000)
 		w := r.Why
-		fmt.Fprintf(out, "  finds: queued behind their goroutine's earlier finds p99 %s, waiting to run once free p99 %s, the find itself p50 %s p99 %s; the slowest 1%%: %s + %s + %s; events: lag p99 %s, longest apply %s; %d GCs; goroutine run-queue wait p99 %s\n",
-			us(w.QueueP99), us(w.SchedP99), us(w.ServiceP50), us(w.ServiceP99), us(w.TailQueue), us(w.TailSched), us(w.TailService), us(w.EventLagP99), us(w.ApplyMax), w.GCs, us(w.SchedLatP99))
+		fmt.Fprintf(out, "  finds: queued for a free finder p99 %s, waiting for a core p99 %s, the find itself p50 %s p99 %s; the slowest 1%%: %s + %s + %s; events: lag p99 %s, longest apply %s; %d GCs; goroutine run-queue wait p99 %s; threads waiting for a core (kernel run queue) %.1f ms of %.1f ms wall\n",
+			us(w.QueueP99), us(w.SchedP99), us(w.ServiceP50), us(w.ServiceP99), us(w.TailQueue), us(w.TailSched), us(w.TailService), us(w.EventLagP99), us(w.ApplyMax), w.GCs, us(w.SchedLatP99), float64(w.OSWait.Microseconds())/1000, float64(r.Wall.Microseconds())/1000)
 	}
 }
 

@@ -124,7 +124,7 @@ func TestBenchIndexOfferedRates(t *testing.T) {
 			t.Fatalf("offered run's parts %+v", r)
 		}
 	}
-	if n := strings.Count(out.String(), "  finds: queued behind"); n != 2 {
+	if n := strings.Count(out.String(), "  finds: queued for a free finder"); n != 2 {
 		t.Fatalf("%d lines of latency parts in\n%s", n, out.String())
 	}
 	for _, bad := range [][]float64{{0}, {-5}, {math.NaN()}, {math.Inf(1)}} {

@@ -33,10 +33,15 @@ reader runs the finds, each after the events that precede it.
 
 --offered-rates R1,R2,... adds one replay per rate on the trace's own
 timeline rescaled to R ops/s, events from --event-groups goroutines and
-finds from --find-threads, none waiting for another, one line per rate:
+finds from --find-threads (each taking the next find due when free), none
+waiting for another, one line per rate:
 "offered R ops/s: achieved A ops/s, find p50 X µs, p99 Y µs", find latency
-counted from the op's due time, so falling behind shows. Dynamo's indexer
-benchmark spreads the trace over --workers 7000.`,
+counted from the op's due time, so falling behind shows. A second line
+splits it: queued for a free finder, waiting for a core, the find itself;
+the events' lag and longest apply; GC cycles, the Go run-queue wait and the
+time the process's threads waited in the kernel's run queue (other
+processes on a shared machine). Dynamo's indexer benchmark spreads the
+trace over --workers 7000.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkInts(intFlag{"workers", int64(c.Workers), 1}, intFlag{"block-size", int64(c.BlockSize), 1},
