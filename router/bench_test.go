@@ -2,8 +2,10 @@ package router
 
 import (
 	"context"
+	"runtime"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/internal/cputime"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -27,6 +29,38 @@ func BenchmarkRoute(b *testing.B) {
 		d.Done()
 		i++
 	}
+}
+
+// BenchmarkRoute7000 is BenchmarkRoute at the width of Dynamo's indexer
+// benchmark: 7,000 workers, each holding a prefix of one of the prompts,
+// which share their first eighth, so the index answers with most of the
+// pool on every request and the router merges that answer with its whole
+// pool (mergeDepth) before it filters and prices. Its profile splits a
+// decision between the index's answer and the router's use of it.
+func BenchmarkRoute7000(b *testing.B) {
+	f, err := NewBenchFleet(BenchFleetConfig{Workers: 7000, PromptTokens: 2048, HeldPerWorker: 1}, Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	local := kv.NewHasher(16, "", "").Local(f.Prompts[0])
+	if n := len(f.Index.FindMatches(local, nil)); n < 5000 {
+		b.Fatalf("%d of 7000 workers match a prompt", n)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	c0 := cputime.Thread()
+	i := 0
+	for b.Loop() {
+		d, err := f.Router.Route(ctx, Request{Model: "bench", Tokens: f.Prompts[i%len(f.Prompts)]})
+		if err != nil {
+			b.Fatal(err)
+		}
+		d.Done()
+		i++
+	}
+	b.ReportMetric(float64(cputime.Thread()-c0)/float64(b.N), "cpu-ns/op")
 }
 
 // BenchmarkEngineHashes times what a hinted decision adds: reading the
