@@ -75,6 +75,9 @@ type Model struct {
 	DefaultMaxTokens int
 
 	prefixCache *tokenizer.PrefixCache // NewModel's, for PrefixStats
+	// appender renders what RenderChat does, after a rendered start of the
+	// conversation (NewModel's, for a template that renders per message).
+	appender *tokenizer.ChatAppender
 }
 
 // base is the served model a request for m goes to.

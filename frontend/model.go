@@ -30,6 +30,7 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 		}
 		return tokenizer.RenderChat(tok, tmpl, tm, max)
 	}
+	m.appender = tokenizer.NewChatAppender(tok, tmpl)
 	// A conversation's later turns resend its history: they tokenize only
 	// what follows the longest start an earlier prompt had.
 	m.prefixCache = tokenizer.NewPrefixCache(tok, PrefixCacheTokens)

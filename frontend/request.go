@@ -43,6 +43,14 @@ type chatRequest struct {
 	Model    string
 	Messages []Message
 	genParams
+
+	// For the chat memo (chatmemo.go): the body (trimmed) and where its
+	// messages lie (split.once false: it is not kept), the entry its parse
+	// continued (nil: none) and the body's keys.
+	body  []byte
+	split chatSplit
+	memo  *memoEntry
+	keys  memoKeys
 }
 
 // completionRequest is a validated POST /v1/completions body. Exactly one of
@@ -541,9 +549,11 @@ func parseChat(body []byte) (*chatRequest, *apiError) { return parseChatWith(bod
 func parseChatWith(body []byte, split bool) (*chatRequest, *apiError) {
 	var f fields
 	var msgs []splitMessage
+	var cs chatSplit
 	ok := false
 	if split {
-		f, msgs, ok = splitChat(bytes.TrimSpace(body))
+		ok = cs.split(bytes.TrimSpace(body))
+		f, msgs = cs.f, cs.msgs
 	}
 	if !ok || msgs == nil {
 		// The general path, which also words every error.
@@ -587,6 +597,9 @@ func parseChatWith(body []byte, split bool) (*chatRequest, *apiError) {
 	}
 	if r.genParams, err = f.genParams(true); err != nil {
 		return nil, err
+	}
+	if ok && cs.once {
+		r.split = cs
 	}
 	return r, nil
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/kvmesh/kvmesh/internal/stages"
+	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
 // Tokenizing is CPU work a client chooses the size of; it is bounded twice.
@@ -31,24 +32,37 @@ func tooManyTokens(param string, limit int) *apiError {
 		limit, param, limit, param)
 }
 
-// encodeChat tokenizes a chat request's messages up to the context limit;
-// salt is the request's cache salt. text is the rendered prompt when the
-// model renders and encodes apart (RenderChat), else "".
-func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message, salt string) (ids []uint32, text string, aerr *apiError) {
+// encodeChat tokenizes a chat request's messages up to the context limit.
+// text is the rendered prompt when the model renders and encodes apart
+// (RenderChat), else "". A request whose parse continued a memo entry
+// rendered by the same template renders only its new messages.
+func (s *Server) encodeChat(r *http.Request, m *Model, req *chatRequest) (ids []uint32, text string, aerr *apiError) {
 	release, aerr := s.tokenizing(r.Context())
 	if aerr != nil {
 		return nil, "", aerr
 	}
 	defer release()
+	msgs, salt := req.Messages, req.CacheSalt
 	limit := s.maxContext(m)
 	if m.RenderChat != nil && m.EncodeRendered != nil {
-		text, over, err := m.RenderChat(msgs, limit)
+		var rc *tokenizer.RenderedChat
+		var over bool
+		var err error
+		if m.appender != nil {
+			rc, over, err = s.renderAfter(m, req, limit)
+			if err == nil && !over {
+				text = rc.Text
+			}
+		} else {
+			text, over, err = m.RenderChat(msgs, limit)
+		}
 		switch {
 		case err != nil:
 			return nil, "", invalid("messages", "the chat template could not render these messages: %v", err)
 		case over:
 			return nil, "", tooManyTokens("messages", limit)
 		}
+		s.remember(req, m, rc)
 		stages.From(r.Context()).Mark(stages.Template)
 		ids, done := m.EncodeRendered(text, salt, limit)
 		if !done {
@@ -61,6 +75,7 @@ func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message, salt stri
 		if err != nil {
 			return nil, "", invalid("messages", "the chat template could not render these messages: %v", err)
 		}
+		s.remember(req, m, nil)
 		return ids, "", nil
 	}
 	ids, done, err := m.EncodeChatUpTo(msgs, limit)
@@ -70,7 +85,46 @@ func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message, salt stri
 	case !done:
 		return nil, "", tooManyTokens("messages", limit)
 	}
+	s.remember(req, m, nil)
 	return ids, "", nil
+}
+
+// renderAfter renders req's messages with m's appender, after the
+// rendering its memo entry holds when the same template made it; an
+// error there is the whole rendering's (worded with the right message).
+func (s *Server) renderAfter(m *Model, req *chatRequest, limit int) (*tokenizer.RenderedChat, bool, error) {
+	if e := req.memo; e != nil && e.render == m.appender && e.written.Messages() == len(e.msgs) {
+		rc, over, err := m.appender.Render(&e.written, tmsgs(req.Messages[len(e.msgs):]), limit)
+		if err == nil {
+			s.memo.rendered.Add(1)
+			return &rc, over, nil
+		}
+	}
+	rc, over, err := m.appender.Render(nil, tmsgs(req.Messages), limit)
+	return &rc, over, err
+}
+
+func tmsgs(msgs []Message) []tokenizer.Message {
+	tm := make([]tokenizer.Message, len(msgs))
+	for i, msg := range msgs {
+		tm[i] = tokenizer.Message{Role: msg.Role, Content: msg.Content, Name: msg.Name}
+	}
+	return tm
+}
+
+// remember keeps a chat request that parsed and rendered in the memo, for
+// the conversation's next turn (rc: its rendering, nil when the model's
+// template does not render per message).
+func (s *Server) remember(req *chatRequest, m *Model, rc *tokenizer.RenderedChat) {
+	if s.memo == nil || !req.split.once {
+		return
+	}
+	e := &memoEntry{salt: req.CacheSalt, b: req.body, end: req.split.lastEnd, msgsAt: req.split.msgsAt,
+		before: req.split.before, msgs: req.Messages}
+	if rc != nil {
+		e.render, e.written = m.appender, *rc
+	}
+	s.memo.store(e, &req.keys, req.memo)
 }
 
 // keepAnswer gives a finished chat turn (its rendered prompt and the
