@@ -59,6 +59,7 @@ type memoEntry struct {
 	msgs    []Message
 	render  *tokenizer.ChatAppender
 	written tokenizer.RenderedChat // render's text of msgs (with the generation prompt)
+	scan    *tokenizer.CutScan     // the prefix cache's scan of it at the end of msgs (nil: none)
 	size    int
 }
 

@@ -72,7 +72,7 @@ func FuzzChatMemo(f *testing.F) {
 		if err != nil || !r0.split.once || r0.split.lastEnd != end {
 			t.Fatalf("the history: %v, split %+v (its last message ends at %d)", err, r0.split, end)
 		}
-		s.remember(r0, nil, nil)
+		s.remember(r0, nil, nil, nil)
 		body := []byte(prev[:end] + tail)
 		r1, e1 := s.parseChat(body)
 		r2, e2 := parseChat(body)
@@ -99,7 +99,7 @@ func TestChatMemoSalts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.remember(r, nil, nil)
+		s.remember(r, nil, nil, nil)
 		for _, other := range []string{"a", "b", "c"} {
 			body := prev[:end] + `,{"role":"user","content":"x"}],"model":"m","cache_salt":"` + other + `"}`
 			r, err := s.parseChat([]byte(body))
@@ -122,7 +122,7 @@ func TestChatMemoBudget(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.remember(r, nil, nil)
+		s.remember(r, nil, nil, nil)
 		if s.memo.held > s.memo.budget || s.memo.lru.Len() != len(s.memo.keys) {
 			t.Fatalf("after %d bodies: %d bytes held of %d, %d entries, %d keys", i+1, s.memo.held, s.memo.budget, s.memo.lru.Len(), len(s.memo.keys))
 		}

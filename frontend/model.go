@@ -34,6 +34,14 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 	// A conversation's later turns resend its history: they tokenize only
 	// what follows the longest start an earlier prompt had.
 	m.prefixCache = tokenizer.NewPrefixCache(tok, PrefixCacheTokens)
+	m.encodeFrom = func(text, salt string, max int, from *tokenizer.CutScan, save int) ([]uint32, bool, *tokenizer.CutScan) {
+		if c := m.prefixCache; c != nil {
+			ids, done, _, saved := c.EncodeFrom(salt, text, max, from, save)
+			return ids, done, saved
+		}
+		ids, done := tok.EncodeUpTo(text, true, max)
+		return ids, done, nil
+	}
 	m.EncodeRendered = func(text, salt string, max int) ([]uint32, bool) {
 		if c := m.prefixCache; c != nil {
 			ids, done, _ := c.EncodeUpTo(salt, text, max)

@@ -62,12 +62,26 @@ func (s *Server) encodeChat(r *http.Request, m *Model, req *chatRequest) (ids []
 		case over:
 			return nil, "", tooManyTokens("messages", limit)
 		}
-		s.remember(req, m, rc)
 		stages.From(r.Context()).Mark(stages.Template)
+		if rc != nil && m.encodeFrom != nil {
+			// The prefix cache's scan of the text starts where the turn
+			// before's stood at the end of its messages (the same bytes).
+			var from *tokenizer.CutScan
+			if e := req.memo; e != nil && e.render == m.appender && e.written.Messages() == len(e.msgs) {
+				from = e.scan
+			}
+			ids, done, scan := m.encodeFrom(text, salt, limit, from, rc.MessagesEnd())
+			if !done {
+				return nil, "", tooManyTokens("messages", limit)
+			}
+			s.remember(req, m, rc, scan)
+			return ids, text, nil
+		}
 		ids, done := m.EncodeRendered(text, salt, limit)
 		if !done {
 			return nil, "", tooManyTokens("messages", limit)
 		}
+		s.remember(req, m, rc, nil)
 		return ids, text, nil
 	}
 	if m.EncodeChatUpTo == nil {
@@ -75,7 +89,7 @@ func (s *Server) encodeChat(r *http.Request, m *Model, req *chatRequest) (ids []
 		if err != nil {
 			return nil, "", invalid("messages", "the chat template could not render these messages: %v", err)
 		}
-		s.remember(req, m, nil)
+		s.remember(req, m, nil, nil)
 		return ids, "", nil
 	}
 	ids, done, err := m.EncodeChatUpTo(msgs, limit)
@@ -85,7 +99,7 @@ func (s *Server) encodeChat(r *http.Request, m *Model, req *chatRequest) (ids []
 	case !done:
 		return nil, "", tooManyTokens("messages", limit)
 	}
-	s.remember(req, m, nil)
+	s.remember(req, m, nil, nil)
 	return ids, "", nil
 }
 
@@ -115,14 +129,14 @@ func tmsgs(msgs []Message) []tokenizer.Message {
 // remember keeps a chat request that parsed and rendered in the memo, for
 // the conversation's next turn (rc: its rendering, nil when the model's
 // template does not render per message).
-func (s *Server) remember(req *chatRequest, m *Model, rc *tokenizer.RenderedChat) {
+func (s *Server) remember(req *chatRequest, m *Model, rc *tokenizer.RenderedChat, scan *tokenizer.CutScan) {
 	if s.memo == nil || !req.split.once {
 		return
 	}
 	e := &memoEntry{salt: req.CacheSalt, b: req.body, end: req.split.lastEnd, msgsAt: req.split.msgsAt,
 		before: req.split.before, msgs: req.Messages}
 	if rc != nil {
-		e.render, e.written = m.appender, *rc
+		e.render, e.written, e.scan = m.appender, *rc, scan
 	}
 	s.memo.store(e, &req.keys, req.memo)
 }

@@ -43,6 +43,10 @@ type RenderedChat struct {
 	content  int // their contents' length, trimmed (the length bound's)
 }
 
+// MessagesEnd is where the messages end in Text (the generation prompt
+// follows).
+func (r *RenderedChat) MessagesEnd() int { return r.messages }
+
 // Messages is how many messages Text holds.
 func (r *RenderedChat) Messages() int { return r.count }
 
