@@ -76,7 +76,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 			writeError(w, aerr)
 			return m.Name
 		}
-		defer s.keepAnswer(m, req.CacheSalt, promptText, string(text), out)
+		defer s.keepAnswer(m, req, promptText, string(text), out)
 		writeJSON(w, http.StatusOK, map[string]any{
 			"id": id, "object": "chat.completion", "created": created, "model": m.Name,
 			"choices": []any{map[string]any{
@@ -115,7 +115,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 		_ = sse.write(ev.role())
 	}
 	sse.end(ev, out)
-	s.keepAnswer(m, req.CacheSalt, promptText, string(answer), out)
+	s.keepAnswer(m, req, promptText, string(answer), out)
 	return m.Name
 }
 

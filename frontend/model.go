@@ -53,11 +53,12 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 	// template puts a marker right after it (ChatML's <|im_end|>); the
 	// cache cuts there, so it finds prompt + answer. A template that
 	// renders the answer otherwise (trimmed, reasoning dropped) just misses.
-	m.KeepAnswer = func(salt, prompt, answer string, eos uint32) {
+	m.keepAnswerFrom = func(salt, prompt, answer string, eos uint32, from *tokenizer.CutScan) {
 		if c := m.prefixCache; c != nil && tok.IsSpecial(eos) {
-			c.EncodeUpTo(salt, prompt+tok.Defuse(answer)+tok.Piece(eos), 0)
+			c.EncodeFrom(salt, prompt+tok.Defuse(answer)+tok.Piece(eos), 0, from, -1)
 		}
 	}
+	m.KeepAnswer = func(salt, prompt, answer string, eos uint32) { m.keepAnswerFrom(salt, prompt, answer, eos, nil) }
 	m.EncodeChatUpTo = func(msgs []Message, max int) ([]uint32, bool, error) {
 		text, over, err := m.RenderChat(msgs, max)
 		if err != nil || over {

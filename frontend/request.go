@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
 // Message is one chat message after validation; content is plain text.
@@ -51,6 +52,9 @@ type chatRequest struct {
 	split chatSplit
 	memo  *memoEntry
 	keys  memoKeys
+	// scan is the prefix cache's scan of the prompt at the end of its
+	// messages (encodeChat's), for keepAnswer.
+	scan *tokenizer.CutScan
 }
 
 // completionRequest is a validated POST /v1/completions body. Exactly one of

@@ -74,6 +74,7 @@ func (s *Server) encodeChat(r *http.Request, m *Model, req *chatRequest) (ids []
 			if !done {
 				return nil, "", tooManyTokens("messages", limit)
 			}
+			req.scan = scan
 			s.remember(req, m, rc, scan)
 			return ids, text, nil
 		}
@@ -146,13 +147,20 @@ func (s *Server) remember(req *chatRequest, m *Model, rc *tokenizer.RenderedChat
 // response went out, so the conversation's next turn, which resends the
 // answer, tokenizes only what follows it. It is optional work: done only
 // when a tokenizer slot is free at once.
-func (s *Server) keepAnswer(m *Model, salt, prompt, answer string, out genOutcome) {
+func (s *Server) keepAnswer(m *Model, req *chatRequest, prompt, answer string, out genOutcome) {
 	if m.KeepAnswer == nil || prompt == "" || !out.EndsEOS {
 		return
 	}
+	salt := req.CacheSalt
 	select {
 	case s.tokenSlots <- struct{}{}:
 		defer func() { <-s.tokenSlots }()
+		if m.keepAnswerFrom != nil && req.scan != nil {
+			// The prompt's messages were scanned: only the generation
+			// prompt and the answer are.
+			m.keepAnswerFrom(salt, prompt, answer, out.EOS, req.scan)
+			return
+		}
 		m.KeepAnswer(salt, prompt, answer, out.EOS)
 	default:
 	}
