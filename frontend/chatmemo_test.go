@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -201,4 +202,47 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// Conversations played at once, some under one salt, share the memo
+// safely: every prompt is a whole tokenization's (go test -race).
+func TestChatMemoConcurrent(t *testing.T) {
+	m, err := BuiltinModel("m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _, _ := tokenizer.Builtin()
+	eos, _ := tok.TokenID("<|im_end|>")
+	be := &answerBackend{ids: tok.Encode(" fine"), eos: eos}
+	cfg := DefaultConfig()
+	cfg.ChatMemoBytes = 256 << 10 // small: entries are evicted while in use
+	s := New(cfg, be, models{m}, prometheus.NewRegistry(), prometheus.NewRegistry())
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			hist, end := memoHistory(g%2 == 0, "salt-"+strconv.Itoa(g%3))
+			head, rest := hist[:end], hist[end:]
+			for turn := range 6 {
+				w := httptest.NewRecorder()
+				s.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(head+rest)))
+				if w.Code != http.StatusOK {
+					t.Errorf("goroutine %d turn %d: %d %s", g, turn, w.Code, w.Body)
+					return
+				}
+				head += `,{"role":"assistant","content":" fine"},{"role":"user","content":"g` + strconv.Itoa(g) + ` t` + strconv.Itoa(turn) + `"}`
+			}
+		}()
+	}
+	wg.Wait()
+	for i, p := range be.prompts {
+		text := tok.Decode(p)
+		if want := tok.EncodeWithSpecial(text); !slices.Equal(p, want) {
+			t.Fatalf("prompt %d is not its text's tokenization", i)
+		}
+	}
+	if s.memo.hits.Load() == 0 {
+		t.Fatal("no conversation read from the memo")
+	}
 }
