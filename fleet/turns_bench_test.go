@@ -43,7 +43,14 @@ import (
 // is the simulated engine's time to its first output; cpu-µs/op is the
 // process's CPU time over the timed request (every goroutine's, GC's too:
 // steadier than ns/op on a shared box), alloc-KB/op what it allocated,
-// gc-ns/KB the collector's CPU per KB allocated over the whole run.
+// gc-ns/KB the collector's CPU per KB allocated over the whole run;
+// own-p50-µs and cpu-p50-µs are the medians per request, reused-tokens the
+// prompt tokens the prefix cache gave. Each timed turn comes 5 ms after the
+// turn before (settle).
+//
+// played/turn=k is the same cost for a conversation as a client plays it
+// (played, below): the answers resent exactly as they were streamed, so
+// the frontend kept them; turn 1 is a new conversation.
 //
 //	go test ./fleet -run '^$' -bench ServeTurns -benchtime 30x
 func BenchmarkServeTurns(b *testing.B) {
