@@ -75,6 +75,16 @@ type Model struct {
 	DefaultMaxTokens int
 
 	prefixCache *tokenizer.PrefixCache // NewModel's, for PrefixStats
+	// appender renders what RenderChat does, after a rendered start of the
+	// conversation (NewModel's, for a template that renders per message).
+	appender *tokenizer.ChatAppender
+	// encodeFrom is EncodeRendered scanning text for the prefix cache's
+	// cuts from where an earlier scan of the same start stood (nil: the
+	// start); it returns the scan at offset save (NewModel's).
+	encodeFrom func(text, salt string, max int, from *tokenizer.CutScan, save int) ([]uint32, bool, *tokenizer.CutScan)
+	// keepAnswerFrom is KeepAnswer scanning from where the prompt's scan
+	// stood (encodeFrom's; nil: the start).
+	keepAnswerFrom func(salt, prompt, answer string, eos uint32, from *tokenizer.CutScan)
 }
 
 // base is the served model a request for m goes to.

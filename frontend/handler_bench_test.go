@@ -7,9 +7,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime/pprof"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -132,7 +135,9 @@ func (discardSpans) Shutdown(context.Context) error                             
 // turn before's prompt (as when the client sent it); answered: it also
 // holds that turn's answer, kept after the answer ended (as when kvmesh
 // generated the answer the client resends), so the turn tokenizes only
-// its new question.
+// its new question; memo: answered, and the chat memo holds the turn
+// before's body, so the turn parses, renders and scans only its new
+// messages. All but memo run without the chat memo.
 //
 //	go test ./frontend -run '^$' -bench ChatTurns
 func BenchmarkChatTurns(b *testing.B) {
@@ -161,8 +166,10 @@ func BenchmarkChatTurns(b *testing.B) {
 		history += `{"role":"user","content":"` + para(turn, "question") + `"}`
 		// Timed turns stop at one token (no end token: nothing kept); the
 		// turn before an answered one runs to its end token.
-		bodies = append(bodies, `{"model":"test-model","stream":true,"max_tokens":1,"messages":[`+history+`]}`)
-		open = append(open, `{"model":"test-model","stream":true,"max_tokens":4096,"messages":[`+history+`]}`)
+		// Messages first (the OpenAI client's order): a timed turn's body
+		// starts with the bytes of the turn before's, whatever max_tokens.
+		bodies = append(bodies, `{"messages":[`+history+`],"model":"test-model","stream":true,"max_tokens":1}`)
+		open = append(open, `{"messages":[`+history+`],"model":"test-model","stream":true,"max_tokens":4096}`)
 		answers = append(answers, para(turn, "answer"))
 		history += `,{"role":"assistant","content":"` + para(turn, "answer") + `"}`
 	}
@@ -174,14 +181,20 @@ func BenchmarkChatTurns(b *testing.B) {
 		}
 	}
 	for _, turn := range []int{1, 2, 4, 8, 16} {
-		for _, mode := range []string{"whole", "cached", "answered"} {
-			if turn == 1 && mode == "answered" {
+		for _, mode := range []string{"whole", "cached", "answered", "memo"} {
+			if turn == 1 && (mode == "answered" || mode == "memo") {
 				continue
 			}
 			b.Run("turn="+strconv.Itoa(turn)+"/"+mode, func(b *testing.B) {
+				var cpu time.Duration
+				n := 0
 				for b.Loop() {
 					b.StopTimer()
 					m.prefixCache = nil
+					s.memo = nil
+					if mode == "memo" {
+						s.memo = newChatMemo(chatMemoBytes)
+					}
 					if mode != "whole" {
 						m.prefixCache = tokenizer.NewPrefixCache(tok, PrefixCacheTokens)
 						m.prefixCache.Verify(0) // as after its first hits
@@ -189,17 +202,35 @@ func BenchmarkChatTurns(b *testing.B) {
 					switch {
 					case turn > 1 && mode == "cached":
 						serveOnce(bodies[turn-2])
-					case turn > 1 && mode == "answered":
+					case turn > 1 && (mode == "answered" || mode == "memo"):
 						be.ids = tok.Encode(answers[turn-2])
 						serveOnce(open[turn-2])
 						be.ids = []uint32{120}
 					}
+					cpu0 := processCPU()
 					b.StartTimer()
-					serveOnce(bodies[turn-1])
+					// Labelled: go tool pprof -tagfocus turn=timed.
+					pprof.Do(context.Background(), pprof.Labels("turn", "timed"), func(context.Context) { serveOnce(bodies[turn-1]) })
+					b.StopTimer()
+					cpu += processCPU() - cpu0
+					n++
+					b.StartTimer()
 				}
+				// The process's CPU per timed turn: steadier than ns/op on a
+				// shared box (a wait for a core is not counted).
+				b.ReportMetric(float64(cpu.Microseconds())/float64(max(n, 1)), "cpu-µs/op")
 			})
 		}
 	}
+}
+
+// processCPU is the process's CPU time so far (every goroutine's, GC's).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func tokenizerOf(b *testing.B) tokenizer.Tokenizer {

@@ -50,12 +50,12 @@ func accept[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
-	req, m, ok := accept(s, w, r, parseChat, func(c *chatRequest) string { return c.Model })
+	req, m, ok := accept(s, w, r, s.parseChat, func(c *chatRequest) string { return c.Model })
 	if !ok {
 		return ""
 	}
 	_, tsp := childSpan(r.Context(), "tokenize")
-	prompt, promptText, aerr := s.encodeChat(r, m, req.Messages, req.CacheSalt)
+	prompt, promptText, aerr := s.encodeChat(r, m, req)
 	if tsp.IsRecording() { // the variadic attributes would allocate even for a no-op span
 		tsp.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", len(prompt)))
 	}
@@ -76,7 +76,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 			writeError(w, aerr)
 			return m.Name
 		}
-		defer s.keepAnswer(m, req.CacheSalt, promptText, string(text), out)
+		defer s.keepAnswer(m, req, promptText, string(text), out)
 		writeJSON(w, http.StatusOK, map[string]any{
 			"id": id, "object": "chat.completion", "created": created, "model": m.Name,
 			"choices": []any{map[string]any{
@@ -115,7 +115,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 		_ = sse.write(ev.role())
 	}
 	sse.end(ev, out)
-	s.keepAnswer(m, req.CacheSalt, promptText, string(answer), out)
+	s.keepAnswer(m, req, promptText, string(answer), out)
 	return m.Name
 }
 

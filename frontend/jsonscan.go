@@ -3,6 +3,7 @@ package frontend
 import (
 	"encoding/binary"
 	"encoding/json"
+	"maps"
 	"unicode/utf8"
 )
 
@@ -220,18 +221,27 @@ func splitObjectAt(b []byte, i, depth int, value func(key string, b []byte, i in
 	if i < len(b) && b[i] == '}' {
 		return f, i + 1
 	}
+	if end = objectFields(b, i, depth, f, value); end < 0 {
+		return nil, -1
+	}
+	return f, end
+}
+
+// objectFields splits an object's fields into f from b[i], the start of a
+// key, to the object's end, which it returns (or -1).
+func objectFields(b []byte, i, depth int, f fields, value func(key string, b []byte, i int) int) int {
 	for {
 		if i >= len(b) || b[i] != '"' {
-			return nil, -1
+			return -1
 		}
 		kend, plain := scanString(b, i)
 		if kend < 0 || !plain {
-			return nil, -1
+			return -1
 		}
 		key := internKey(b[i+1 : kend-1])
 		i = skipSpace(b, kend)
 		if i >= len(b) || b[i] != ':' {
-			return nil, -1
+			return -1
 		}
 		vstart := skipSpace(b, i+1)
 		var vend int
@@ -241,21 +251,30 @@ func splitObjectAt(b []byte, i, depth int, value func(key string, b []byte, i in
 			vend = scanValue(b, vstart, depth+1)
 		}
 		if vend < 0 {
-			return nil, -1
+			return -1
 		}
 		f[key] = json.RawMessage(b[vstart:vend:vend])
-		i = skipSpace(b, vend)
-		if i >= len(b) {
-			return nil, -1
+		next, end := objectNext(b, vend)
+		if next < 0 {
+			return end
 		}
-		if b[i] == '}' {
-			return f, i + 1
-		}
-		if b[i] != ',' {
-			return nil, -1
-		}
-		i = skipSpace(b, i+1)
+		i = next
 	}
+}
+
+// objectNext reads what follows an object's field value at b[i]: the next
+// key's offset, or next -1 and the object's end (-1 when invalid).
+func objectNext(b []byte, i int) (next, end int) {
+	i = skipSpace(b, i)
+	switch {
+	case i >= len(b):
+		return -1, -1
+	case b[i] == '}':
+		return -1, i + 1
+	case b[i] != ',':
+		return -1, -1
+	}
+	return skipSpace(b, i+1), 0
 }
 
 // splitMessage is one chat message's fields, and its content's value when
@@ -274,50 +293,100 @@ type splitMessage struct {
 // nil (and the caller takes the general path) unless messages is an array
 // of objects.
 func splitChat(b []byte) (f fields, msgs []splitMessage, ok bool) {
+	var cs chatSplit
+	if !cs.split(b) {
+		return nil, nil, false
+	}
+	return cs.f, cs.msgs, true
+}
+
+// chatSplit is a chat body split by splitChat, with where its messages lie
+// (for the chat memo).
+type chatSplit struct {
+	f    fields
+	msgs []splitMessage
+	// Set when messages appeared once, as an array of objects: the fields
+	// before it, the offset of its value, and the end of its last message
+	// (0 when it holds none).
+	before  fields
+	msgsAt  int
+	lastEnd int
+	once    bool
+}
+
+func (cs *chatSplit) split(b []byte) bool {
 	var parsed []splitMessage
+	seen := 0
 	messages := func(key string, b []byte, i int) int {
 		if key == "messages" {
-			msgs = nil // a repeated key: the last one's value counts
+			cs.msgs = nil // a repeated key: the last one's value counts
+			seen++
 		}
 		if key != "messages" || i >= len(b) || b[i] != '[' {
 			return scanValue(b, i, 1)
 		}
 		parsed = parsed[:0]
+		last := 0
 		end := scanArrayWith(b, i, 1, func(b []byte, i int) int {
-			var m splitMessage
-			if i >= len(b) || b[i] != '{' {
-				return -1 // not an object: the general path words the error
-			}
-			f, end := splitObjectAt(b, i, 2, func(key string, b []byte, i int) int {
-				if key == "content" {
-					m.content, m.contentOK = "", false
-				}
-				if key != "content" || i >= len(b) || b[i] != '"' {
-					return scanValue(b, i, 3)
-				}
-				end, plain := scanString(b, i)
-				if end >= 0 && plain {
-					m.content, m.contentOK = string(b[i+1:end-1]), true
-				}
-				return end
-			})
+			m, end := splitMessageAt(b, i)
 			if end >= 0 {
-				m.f = f
 				parsed = append(parsed, m)
+				last = end
 			}
 			return end
 		})
 		if end >= 0 {
-			msgs = parsed
+			cs.msgs, cs.msgsAt, cs.lastEnd = parsed, i, last
 			parsed = nil
 		}
 		return end
 	}
-	f, end := splitObjectAt(b, skipSpace(b, 0), 0, messages)
-	if end < 0 || skipSpace(b, end) != len(b) {
-		return nil, nil, false
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return false
 	}
-	return f, msgs, true
+	i = skipSpace(b, i+1)
+	cs.f = make(fields, 8)
+	end := i + 1
+	if i >= len(b) || b[i] != '}' {
+		// The fields before messages, for the memo: the key is found before
+		// its value is scanned, so they are copied then (a few small ones).
+		end = objectFields(b, i, 0, cs.f, func(key string, b []byte, i int) int {
+			if key == "messages" && seen == 0 {
+				cs.before = maps.Clone(cs.f)
+			}
+			return messages(key, b, i)
+		})
+	}
+	if end < 0 || skipSpace(b, end) != len(b) {
+		cs.f, cs.msgs = nil, nil
+		return false
+	}
+	cs.once = seen == 1 && cs.msgs != nil
+	return true
+}
+
+// splitMessageAt splits the chat message at b[i], reading a plain string
+// content in the same pass; it returns the message and its end, or -1.
+func splitMessageAt(b []byte, i int) (m splitMessage, end int) {
+	if i >= len(b) || b[i] != '{' {
+		return m, -1 // not an object: the general path words the error
+	}
+	f, end := splitObjectAt(b, i, 2, func(key string, b []byte, i int) int {
+		if key == "content" {
+			m.content, m.contentOK = "", false
+		}
+		if key != "content" || i >= len(b) || b[i] != '"' {
+			return scanValue(b, i, 3)
+		}
+		end, plain := scanString(b, i)
+		if end >= 0 && plain {
+			m.content, m.contentOK = string(b[i+1:end-1]), true
+		}
+		return end
+	})
+	m.f = f
+	return m, end
 }
 
 // scanArrayWith scans the array at b[i] (depth its nesting), scanning each
@@ -331,10 +400,16 @@ func scanArrayWith(b []byte, i, depth int, elem func(b []byte, i int) int) int {
 	if i < len(b) && b[i] == ']' {
 		return i + 1
 	}
+	if i = elem(b, i); i < 0 {
+		return -1
+	}
+	return arrayRest(b, i, elem)
+}
+
+// arrayRest scans an array's elements after the one that ended at b[i]
+// and returns the array's end, or -1.
+func arrayRest(b []byte, i int, elem func(b []byte, i int) int) int {
 	for {
-		if i = elem(b, i); i < 0 {
-			return -1
-		}
 		i = skipSpace(b, i)
 		if i >= len(b) {
 			return -1
@@ -345,7 +420,9 @@ func scanArrayWith(b []byte, i, depth int, elem func(b []byte, i int) int) int {
 		if b[i] != ',' {
 			return -1
 		}
-		i = skipSpace(b, i+1)
+		if i = elem(b, skipSpace(b, i+1)); i < 0 {
+			return -1
+		}
 	}
 }
 

@@ -128,6 +128,11 @@ func TestKeepAnswerOnlyAfterEOS(t *testing.T) {
 	var kept int
 	keep := m.KeepAnswer
 	m.KeepAnswer = func(salt, prompt, answer string, eos uint32) { kept++; keep(salt, prompt, answer, eos) }
+	keepFrom := m.keepAnswerFrom // taken when the prompt's scan is at hand
+	m.keepAnswerFrom = func(salt, prompt, answer string, eos uint32, from *tokenizer.CutScan) {
+		kept++
+		keepFrom(salt, prompt, answer, eos, from)
+	}
 	eos, _ := tok.TokenID("<|im_end|>")
 	be := &answerBackend{ids: tok.Encode("one two three"), eos: eos}
 	reg := prometheus.NewRegistry()

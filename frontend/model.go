@@ -30,9 +30,18 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 		}
 		return tokenizer.RenderChat(tok, tmpl, tm, max)
 	}
+	m.appender = tokenizer.NewChatAppender(tok, tmpl)
 	// A conversation's later turns resend its history: they tokenize only
 	// what follows the longest start an earlier prompt had.
 	m.prefixCache = tokenizer.NewPrefixCache(tok, PrefixCacheTokens)
+	m.encodeFrom = func(text, salt string, max int, from *tokenizer.CutScan, save int) ([]uint32, bool, *tokenizer.CutScan) {
+		if c := m.prefixCache; c != nil {
+			ids, done, _, saved := c.EncodeFrom(salt, text, max, from, save)
+			return ids, done, saved
+		}
+		ids, done := tok.EncodeUpTo(text, true, max)
+		return ids, done, nil
+	}
 	m.EncodeRendered = func(text, salt string, max int) ([]uint32, bool) {
 		if c := m.prefixCache; c != nil {
 			ids, done, _ := c.EncodeUpTo(salt, text, max)
@@ -44,11 +53,12 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 	// template puts a marker right after it (ChatML's <|im_end|>); the
 	// cache cuts there, so it finds prompt + answer. A template that
 	// renders the answer otherwise (trimmed, reasoning dropped) just misses.
-	m.KeepAnswer = func(salt, prompt, answer string, eos uint32) {
+	m.keepAnswerFrom = func(salt, prompt, answer string, eos uint32, from *tokenizer.CutScan) {
 		if c := m.prefixCache; c != nil && tok.IsSpecial(eos) {
-			c.EncodeUpTo(salt, prompt+tok.Defuse(answer)+tok.Piece(eos), 0)
+			c.EncodeFrom(salt, prompt+tok.Defuse(answer)+tok.Piece(eos), 0, from, -1)
 		}
 	}
+	m.KeepAnswer = func(salt, prompt, answer string, eos uint32) { m.keepAnswerFrom(salt, prompt, answer, eos, nil) }
 	m.EncodeChatUpTo = func(msgs []Message, max int) ([]uint32, bool, error) {
 		text, over, err := m.RenderChat(msgs, max)
 		if err != nil || over {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
 // Message is one chat message after validation; content is plain text.
@@ -43,6 +44,17 @@ type chatRequest struct {
 	Model    string
 	Messages []Message
 	genParams
+
+	// For the chat memo (chatmemo.go): the body (trimmed) and where its
+	// messages lie (split.once false: it is not kept), the entry its parse
+	// continued (nil: none) and the body's keys.
+	body  []byte
+	split chatSplit
+	memo  *memoEntry
+	keys  memoKeys
+	// scan is the prefix cache's scan of the prompt at the end of its
+	// messages (encodeChat's), for keepAnswer.
+	scan *tokenizer.CutScan
 }
 
 // completionRequest is a validated POST /v1/completions body. Exactly one of
@@ -541,9 +553,11 @@ func parseChat(body []byte) (*chatRequest, *apiError) { return parseChatWith(bod
 func parseChatWith(body []byte, split bool) (*chatRequest, *apiError) {
 	var f fields
 	var msgs []splitMessage
+	var cs chatSplit
 	ok := false
 	if split {
-		f, msgs, ok = splitChat(bytes.TrimSpace(body))
+		ok = cs.split(bytes.TrimSpace(body))
+		f, msgs = cs.f, cs.msgs
 	}
 	if !ok || msgs == nil {
 		// The general path, which also words every error.
@@ -587,6 +601,9 @@ func parseChatWith(body []byte, split bool) (*chatRequest, *apiError) {
 	}
 	if r.genParams, err = f.genParams(true); err != nil {
 		return nil, err
+	}
+	if ok && cs.once {
+		r.split = cs
 	}
 	return r, nil
 }

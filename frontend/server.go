@@ -63,6 +63,10 @@ type Config struct {
 	// Timeouts bound how long a client may hold a connection without
 	// finishing its request (HTTPServer and ServeHTTP apply them).
 	Timeouts Timeouts
+	// ChatMemoBytes bounds the chat memo (chatmemo.go): recent chat
+	// bodies' parsed and rendered starts, so a conversation's next turn
+	// reads only its new messages (0: 32 MiB; negative: off).
+	ChatMemoBytes int
 	// Tokenizers bounds the prompts tokenized at once (0: one per CPU).
 	Tokenizers int
 	// Logger receives the frontend's logs; nil: slog.Default().
@@ -108,6 +112,7 @@ type Server struct {
 	log      *slog.Logger
 	// tokenSlots holds a slot per prompt being tokenized (tokenize.go).
 	tokenSlots chan struct{}
+	memo       *chatMemo // nil: off
 
 	unauthorized prometheus.Counter
 }
@@ -126,6 +131,10 @@ func New(cfg Config, backend Backend, models ModelSource, reg prometheus.Registe
 	}
 	s := &Server{cfg: cfg, backend: backend, models: models, metrics: newMetrics(reg), gatherer: gatherer, rng: randomU64,
 		log: cfg.Logger, tokenSlots: make(chan struct{}, cfg.Tokenizers)}
+	if cfg.ChatMemoBytes == 0 {
+		cfg.ChatMemoBytes = chatMemoBytes
+	}
+	s.memo = newChatMemo(cfg.ChatMemoBytes)
 	rec, err := stages.New(reg)
 	if err != nil {
 		panic(err) // as MustRegister: a registry holding another kind of collector under the name

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/kvmesh/kvmesh/internal/stages"
+	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
 // Tokenizing is CPU work a client chooses the size of; it is bounded twice.
@@ -31,18 +32,30 @@ func tooManyTokens(param string, limit int) *apiError {
 		limit, param, limit, param)
 }
 
-// encodeChat tokenizes a chat request's messages up to the context limit;
-// salt is the request's cache salt. text is the rendered prompt when the
-// model renders and encodes apart (RenderChat), else "".
-func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message, salt string) (ids []uint32, text string, aerr *apiError) {
+// encodeChat tokenizes a chat request's messages up to the context limit.
+// text is the rendered prompt when the model renders and encodes apart
+// (RenderChat), else "". A request whose parse continued a memo entry
+// rendered by the same template renders only its new messages.
+func (s *Server) encodeChat(r *http.Request, m *Model, req *chatRequest) (ids []uint32, text string, aerr *apiError) {
 	release, aerr := s.tokenizing(r.Context())
 	if aerr != nil {
 		return nil, "", aerr
 	}
 	defer release()
+	msgs, salt := req.Messages, req.CacheSalt
 	limit := s.maxContext(m)
 	if m.RenderChat != nil && m.EncodeRendered != nil {
-		text, over, err := m.RenderChat(msgs, limit)
+		var rc *tokenizer.RenderedChat
+		var over bool
+		var err error
+		if m.appender != nil {
+			rc, over, err = s.renderAfter(m, req, limit)
+			if err == nil && !over {
+				text = rc.Text
+			}
+		} else {
+			text, over, err = m.RenderChat(msgs, limit)
+		}
 		switch {
 		case err != nil:
 			return nil, "", invalid("messages", "the chat template could not render these messages: %v", err)
@@ -50,10 +63,26 @@ func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message, salt stri
 			return nil, "", tooManyTokens("messages", limit)
 		}
 		stages.From(r.Context()).Mark(stages.Template)
+		if rc != nil && m.encodeFrom != nil {
+			// The prefix cache's scan of the text starts where the turn
+			// before's stood at the end of its messages (the same bytes).
+			var from *tokenizer.CutScan
+			if e := req.memo; e != nil && e.render == m.appender && e.written.Messages() == len(e.msgs) {
+				from = e.scan
+			}
+			ids, done, scan := m.encodeFrom(text, salt, limit, from, rc.MessagesEnd())
+			if !done {
+				return nil, "", tooManyTokens("messages", limit)
+			}
+			req.scan = scan
+			s.remember(req, m, rc, scan)
+			return ids, text, nil
+		}
 		ids, done := m.EncodeRendered(text, salt, limit)
 		if !done {
 			return nil, "", tooManyTokens("messages", limit)
 		}
+		s.remember(req, m, rc, nil)
 		return ids, text, nil
 	}
 	if m.EncodeChatUpTo == nil {
@@ -61,6 +90,7 @@ func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message, salt stri
 		if err != nil {
 			return nil, "", invalid("messages", "the chat template could not render these messages: %v", err)
 		}
+		s.remember(req, m, nil, nil)
 		return ids, "", nil
 	}
 	ids, done, err := m.EncodeChatUpTo(msgs, limit)
@@ -70,7 +100,46 @@ func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message, salt stri
 	case !done:
 		return nil, "", tooManyTokens("messages", limit)
 	}
+	s.remember(req, m, nil, nil)
 	return ids, "", nil
+}
+
+// renderAfter renders req's messages with m's appender, after the
+// rendering its memo entry holds when the same template made it; an
+// error there is the whole rendering's (worded with the right message).
+func (s *Server) renderAfter(m *Model, req *chatRequest, limit int) (*tokenizer.RenderedChat, bool, error) {
+	if e := req.memo; e != nil && e.render == m.appender && e.written.Messages() == len(e.msgs) {
+		rc, over, err := m.appender.Render(&e.written, tmsgs(req.Messages[len(e.msgs):]), limit)
+		if err == nil {
+			s.memo.rendered.Add(1)
+			return &rc, over, nil
+		}
+	}
+	rc, over, err := m.appender.Render(nil, tmsgs(req.Messages), limit)
+	return &rc, over, err
+}
+
+func tmsgs(msgs []Message) []tokenizer.Message {
+	tm := make([]tokenizer.Message, len(msgs))
+	for i, msg := range msgs {
+		tm[i] = tokenizer.Message{Role: msg.Role, Content: msg.Content, Name: msg.Name}
+	}
+	return tm
+}
+
+// remember keeps a chat request that parsed and rendered in the memo, for
+// the conversation's next turn (rc: its rendering, nil when the model's
+// template does not render per message).
+func (s *Server) remember(req *chatRequest, m *Model, rc *tokenizer.RenderedChat, scan *tokenizer.CutScan) {
+	if s.memo == nil || !req.split.once {
+		return
+	}
+	e := &memoEntry{salt: req.CacheSalt, b: req.body, end: req.split.lastEnd, msgsAt: req.split.msgsAt,
+		before: req.split.before, msgs: req.Messages}
+	if rc != nil {
+		e.render, e.written, e.scan = m.appender, *rc, scan
+	}
+	s.memo.store(e, &req.keys, req.memo)
 }
 
 // keepAnswer gives a finished chat turn (its rendered prompt and the
@@ -78,13 +147,20 @@ func (s *Server) encodeChat(r *http.Request, m *Model, msgs []Message, salt stri
 // response went out, so the conversation's next turn, which resends the
 // answer, tokenizes only what follows it. It is optional work: done only
 // when a tokenizer slot is free at once.
-func (s *Server) keepAnswer(m *Model, salt, prompt, answer string, out genOutcome) {
+func (s *Server) keepAnswer(m *Model, req *chatRequest, prompt, answer string, out genOutcome) {
 	if m.KeepAnswer == nil || prompt == "" || !out.EndsEOS {
 		return
 	}
+	salt := req.CacheSalt
 	select {
 	case s.tokenSlots <- struct{}{}:
 		defer func() { <-s.tokenSlots }()
+		if m.keepAnswerFrom != nil && req.scan != nil {
+			// The prompt's messages were scanned: only the generation
+			// prompt and the answer are.
+			m.keepAnswerFrom(salt, prompt, answer, out.EOS, req.scan)
+			return
+		}
 		m.KeepAnswer(salt, prompt, answer, out.EOS)
 	default:
 	}

@@ -16,20 +16,34 @@ import (
 type ChatML struct{}
 
 // Render implements ChatTemplate.
-func (ChatML) Render(messages []Message, addGenerationPrompt bool) (string, error) {
+func (c ChatML) Render(messages []Message, addGenerationPrompt bool) (string, error) {
 	var b strings.Builder
 	n := len("<|im_start|>assistant\n")
 	for _, m := range messages {
 		n += len("<|im_start|> \n<|im_end|>\n") + len(m.Role) + len(m.Name) + len(m.Content)
 	}
 	b.Grow(n) // one allocation for the common case (no tool calls)
-	for i, m := range messages {
+	if err := c.renderMessages(&b, 0, messages); err != nil {
+		return "", err
+	}
+	if addGenerationPrompt {
+		b.WriteString(c.generationPrompt())
+	}
+	return b.String(), nil
+}
+
+// renderMessages writes messages, the first of which is message number
+// first of the conversation (for errors); each renders on its own.
+func (ChatML) renderMessages(b *strings.Builder, first int, messages []Message) error {
+	for k, m := range messages {
+		i := first + k
 		if m.Role == "" {
-			return "", fmt.Errorf("tokenizer: message %d has no role", i)
+			return fmt.Errorf("tokenizer: message %d has no role", i)
 		}
 		if strings.ContainsAny(m.Role, "\n") || strings.Contains(m.Role, "<|") {
-			return "", fmt.Errorf("tokenizer: message %d has an invalid role %q", i, m.Role)
+			return fmt.Errorf("tokenizer: message %d has an invalid role %q", i, m.Role)
 		}
+		start := b.Len()
 		b.WriteString("<|im_start|>")
 		b.WriteString(m.Role)
 		if m.Name != "" {
@@ -42,9 +56,9 @@ func (ChatML) Render(messages []Message, addGenerationPrompt bool) (string, erro
 			call := map[string]any{"name": tc.Function.Name, "arguments": json.RawMessage(argsJSON(tc.Function.Arguments))}
 			j, err := json.Marshal(call)
 			if err != nil {
-				return "", fmt.Errorf("tokenizer: message %d tool call %q: %w", i, tc.Function.Name, err)
+				return fmt.Errorf("tokenizer: message %d tool call %q: %w", i, tc.Function.Name, err)
 			}
-			if b.Len() > 0 && !strings.HasSuffix(b.String(), "\n") {
+			if !strings.HasSuffix(b.String()[start:], "\n") {
 				b.WriteByte('\n')
 			}
 			b.WriteString("<tool_call>")
@@ -53,11 +67,10 @@ func (ChatML) Render(messages []Message, addGenerationPrompt bool) (string, erro
 		}
 		b.WriteString("<|im_end|>\n")
 	}
-	if addGenerationPrompt {
-		b.WriteString("<|im_start|>assistant\n")
-	}
-	return b.String(), nil
+	return nil
 }
+
+func (ChatML) generationPrompt() string { return "<|im_start|>assistant\n" }
 
 // argsJSON keeps valid JSON arguments as they are and quotes anything else,
 // so a malformed arguments string cannot break the rendered JSON.

@@ -101,11 +101,31 @@ func (c *PrefixCache) Stats() PrefixStats {
 // so across scopes it would tell one tenant what another sent. The caller
 // must not write to ids: the cache keeps them.
 func (c *PrefixCache) EncodeUpTo(scope, text string, max int) (ids []uint32, done bool, reused int) {
+	ids, done, reused, _ = c.EncodeFrom(scope, text, max, nil, -1)
+	return ids, done, reused
+}
+
+// CutScan is where an earlier scan of a text's cuts stood at one of them,
+// so that a text starting with the same bytes under the same scope is
+// scanned from there on (a conversation's next turn, whose text starts
+// with the turn before's messages).
+type CutScan struct {
+	h  xxh3.Hasher // scope and text[:at] written
+	at int
+}
+
+// EncodeFrom is EncodeUpTo whose scan for cuts starts at from (nil: the
+// start), which an earlier EncodeFrom under scope returned for a text
+// whose first from.at bytes text starts with (the caller knows: it
+// compared them); only hits of cuts past it are looked for. It returns
+// where the scan stood at the cut at offset save (nil when there is no
+// cut there, or it was not reached).
+func (c *PrefixCache) EncodeFrom(scope, text string, max int, from *CutScan, save int) (ids []uint32, done bool, reused int, saved *CutScan) {
 	if c.off.Load() {
 		ids, done = c.t.EncodeUpTo(text, true, max)
-		return ids, done, 0
+		return ids, done, 0, nil
 	}
-	keys, offs := c.cutKeys(scope, text)
+	keys, offs, saved := c.cutKeys(scope, text, from, save)
 	prefix, at := c.lookup(keys, offs)
 	if prefix == nil || (max > 0 && len(prefix) >= max) {
 		c.misses.Add(1)
@@ -116,7 +136,7 @@ func (c *PrefixCache) EncodeUpTo(scope, text string, max int) (ids []uint32, don
 		if done {
 			c.store(ids, marks)
 		}
-		return ids, done, 0
+		return ids, done, 0, saved
 	}
 	rest := 0
 	if max > 0 {
@@ -130,31 +150,37 @@ func (c *PrefixCache) EncodeUpTo(scope, text string, max int) (ids []uint32, don
 	copy(ids, prefix)
 	copy(ids[len(prefix):], tail)
 	if !done {
-		return ids, false, len(prefix)
+		return ids, false, len(prefix), saved
 	}
 	if c.verify() {
 		whole, _ := c.t.EncodeUpTo(text, true, max)
 		if !slices.Equal(whole, ids) {
 			c.turnOff()
-			return whole, true, 0
+			return whole, true, 0, nil
 		}
 	}
 	c.hits.Add(1)
 	c.reusedTotal.Add(int64(len(prefix)))
 	c.store(ids, marks)
-	return ids, true, len(prefix)
+	return ids, true, len(prefix), saved
 }
 
 // cutKeys finds the cuts of text (the offsets where the encoder matches an
-// added token) and the hash of scope and the text before each, in one pass.
-func (c *PrefixCache) cutKeys(scope, text string) (keys []xxh3.Uint128, offs []int) {
+// added token) and the hash of scope and the text before each, in one
+// pass, from from on (nil: the start); saved is the scan at the cut at
+// offset save, if there is one.
+func (c *PrefixCache) cutKeys(scope, text string, from *CutScan, save int) (keys []xxh3.Uint128, offs []int, saved *CutScan) {
 	var h xxh3.Hasher
-	var n [8]byte
-	binary.LittleEndian.PutUint64(n[:], uint64(len(scope))) // length first: no scope is another's prefix
-	_, _ = h.Write(n[:])
-	_, _ = h.WriteString(scope)
 	last := 0
-	for i := 0; i < len(text); {
+	if from != nil && from.at <= len(text) {
+		h, last = from.h, from.at
+	} else {
+		var n [8]byte
+		binary.LittleEndian.PutUint64(n[:], uint64(len(scope))) // length first: no scope is another's prefix
+		_, _ = h.Write(n[:])
+		_, _ = h.WriteString(scope)
+	}
+	for i := last; i < len(text); {
 		if i = c.t.nextAdded(text, i); i == len(text) {
 			break
 		}
@@ -168,10 +194,13 @@ func (c *PrefixCache) cutKeys(scope, text string) (keys []xxh3.Uint128, offs []i
 			last = i
 			keys = append(keys, h.Sum128())
 			offs = append(offs, i)
+			if i == save {
+				saved = &CutScan{h: h, at: i}
+			}
 		}
 		i += len(a.content)
 	}
-	return keys, offs
+	return keys, offs, saved
 }
 
 // keyAt is the key of the cut at offset i (a zero key when the encoder

@@ -245,6 +245,63 @@ func BenchmarkPrefixCutKeys(b *testing.B) {
 	c := NewPrefixCache(tok, 1<<20)
 	b.SetBytes(int64(len(text)))
 	for b.Loop() {
-		c.cutKeys("salt", text)
+		c.cutKeys("salt", text, nil, -1)
+	}
+}
+
+// EncodeFrom resuming where the turn before's scan stood at the end of its
+// messages gives a whole tokenization's tokens, and finds the turn
+// before's prompt (or its kept answer) as the whole scan does.
+func TestPrefixCacheEncodeFrom(t *testing.T) {
+	tok, tmpl := chatBPE(t)
+	a := NewChatAppender(tok, tmpl)
+	r := rand.New(rand.NewPCG(3, 4))
+	words := []string{"hello", " world", "123", "  ", "\n", "naïve", "🙂", "<|im_end|>", "<|im_start|>user", "don't", "."}
+	text := func() string {
+		var b strings.Builder
+		for range 5 + r.IntN(30) {
+			b.WriteString(words[r.IntN(len(words))])
+		}
+		return b.String()
+	}
+	for _, keep := range []bool{false, true} {
+		c := NewPrefixCache(tok, 1<<20)
+		c.Verify(1 << 30)
+		for conv := range 20 {
+			scope := fmt.Sprint("conv-", conv)
+			msgs := []Message{{Role: "system", Content: text()}, {Role: "user", Content: text()}}
+			var prev *RenderedChat
+			var scan *CutScan
+			for turn := range 5 {
+				n := 0
+				if prev != nil {
+					n = prev.Messages()
+				}
+				rc, over, err := a.Render(prev, msgs[n:], 0)
+				if err != nil || over {
+					t.Fatal(err, over)
+				}
+				ids, done, reused, saved := c.EncodeFrom(scope, rc.Text, 0, scan, rc.MessagesEnd())
+				if !done || !slices.Equal(ids, tok.EncodeWithSpecial(rc.Text)) {
+					t.Fatalf("turn %d: the tokens differ from a whole tokenization", turn)
+				}
+				if turn > 0 && reused == 0 {
+					t.Fatalf("keep %v, turn %d: nothing reused", keep, turn)
+				}
+				if saved == nil || saved.at != rc.MessagesEnd() {
+					t.Fatalf("turn %d: no scan saved at the end of the messages (%d): %+v", turn, rc.MessagesEnd(), saved)
+				}
+				answer := text()
+				if keep {
+					c.EncodeUpTo(scope, rc.Text+tok.Defuse(answer)+"<|im_end|>", 0)
+				}
+				msgs = append(msgs, Message{Role: "assistant", Content: answer}, Message{Role: "user", Content: text()})
+				p := rc
+				prev, scan = &p, saved
+			}
+		}
+		if st := c.Stats(); st.Off {
+			t.Fatalf("keep %v: a hit's tokens differed from the whole tokenization: %+v", keep, st)
+		}
 	}
 }

@@ -102,6 +102,13 @@ func RenderChat(tok Tokenizer, tmpl ChatTemplate, msgs []Message, max int) (text
 			return "", true, nil
 		}
 	}
+	safe := defuseMessages(tok, msgs)
+	text, err = tmpl.Render(safe, true)
+	return text, false, err
+}
+
+// defuseMessages is msgs with every string defused (Tokenizer.Defuse).
+func defuseMessages(tok Tokenizer, msgs []Message) []Message {
 	safe := make([]Message, len(msgs))
 	for i, m := range msgs {
 		safe[i] = Message{Role: tok.Defuse(m.Role), Content: tok.Defuse(m.Content), Name: tok.Defuse(m.Name), ToolCallID: tok.Defuse(m.ToolCallID)}
@@ -113,8 +120,7 @@ func RenderChat(tok Tokenizer, tmpl ChatTemplate, msgs []Message, max int) (text
 			}
 		}
 	}
-	text, err = tmpl.Render(safe, true)
-	return text, false, err
+	return safe
 }
 
 // lengthBounded is a Tokenizer that can tell from a text's length alone
