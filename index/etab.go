@@ -1,35 +1,49 @@
 package index
 
-import "github.com/kvmesh/kvmesh/internal/mix"
+import (
+	"math/bits"
+
+	"github.com/kvmesh/kvmesh/internal/mix"
+)
 
 // engTable maps a node's shared engine hash to the node. Only the writer
-// uses it (readers never resolve engine hashes), so it is plain memory: a
-// node id per slot plus a parallel byte of hash tag, so a probe that misses
-// reads only the tag array and never a node (rather than a cache miss per
-// occupied slot it passes; and the tags, a fifth of the table, stay in
-// cache far longer than whole slots would). Linear probing, power-of-two
-// size.
+// uses it (readers never resolve engine hashes), so it is plain memory:
+// one 32-bit word per slot holding the node id in its low idBits bits and
+// a tag of the hash (its top bits) above, so a probe passing other keys
+// compares tags and never loads their nodes, and a probe, its insert and
+// its tag all touch one cache line. idBits covers every node id with a
+// bit to spare (chosen at each rebuild, which an id past it forces), so
+// the tag is as wide as the index is small: 10 bits at 1.4M nodes.
+// Linear probing, power-of-two size.
 type engTable struct {
-	ids        []uint32
-	tags       []uint8 // tagEmpty, tagDead, or tagOf(hash)
+	slots      []uint32 // etabEmpty, etabDead, or tag<<idBits | id
 	mask       uint64
+	idBits     uint   // bits of a slot's id (the tag has the rest)
+	idMask     uint32 // 1<<idBits - 1; ids stay below it (all ones is etabDead's id)
 	used, dead int
 }
 
+// minIDBits is the narrowest id field (a 16-bit tag below 32k nodes).
+const minIDBits = 16
+
 const (
-	tagEmpty = 0
-	tagDead  = 1
+	etabEmpty = 0 // no live node has id 0 (the root has no engine hash)
+	etabDead  = ^uint32(0)
 )
 
-func tagOf(hash uint64) uint8 { return uint8(2 + (hash>>56)%254) }
-
-func newEngTable(n int) engTable {
+// newEngTable returns a table for n entries, at most half full, whose
+// slots fit ids up to maxID.
+func newEngTable(n int, maxID uint32) engTable {
 	size := 1024
 	for size < n*2 {
 		size <<= 1
 	}
-	return engTable{ids: make([]uint32, size), tags: make([]uint8, size), mask: uint64(size - 1)}
+	ib := uint(min(max(bits.Len32(maxID)+1, minIDBits), 32))
+	return engTable{slots: make([]uint32, size), mask: uint64(size - 1), idBits: ib, idMask: uint32(1<<ib - 1)}
 }
+
+// tag is hash's tag in t (the bits a slot's id leaves; none at 32-bit ids).
+func (t *engTable) tag(hash uint64) uint32 { return uint32(hash >> (32 + t.idBits)) }
 
 func (ix *Index) engHash(h uint64) uint64 { return mix.Mix64(h ^ ix.seed) }
 
@@ -42,22 +56,23 @@ func (ix *Index) etabFind(h uint64) (id uint32, ins int) {
 // etabFindHashed is etabFind with h's table hash (engHash) known.
 func (ix *Index) etabFindHashed(h, hash uint64) (id uint32, ins int) {
 	t := &ix.etab
-	tg := tagOf(hash)
+	tg := t.tag(hash)
 	dir := *ix.dir.Load()
 	ins = -1
 	for i := hash & t.mask; ; i = (i + 1) & t.mask {
-		switch t.tags[i] {
-		case tagEmpty:
+		s := t.slots[i]
+		switch {
+		case s == etabEmpty:
 			if ins < 0 {
 				ins = int(i)
 			}
 			return 0, ins
-		case tagDead:
+		case s == etabDead:
 			if ins < 0 {
 				ins = int(i)
 			}
-		case tg:
-			id := t.ids[i]
+		case s>>t.idBits == tg:
+			id := s & t.idMask
 			c := dir[id>>chunkBits]
 			if c.eng[id&chunkMask] == h && c.nc[id&chunkMask]&hasEngBit != 0 {
 				return id, int(i)
@@ -75,19 +90,18 @@ func (ix *Index) etabInsert(h uint64, id uint32, ins int) {
 // etabInsertHashed is etabInsert with h's table hash (engHash) known.
 func (ix *Index) etabInsertHashed(h, hash uint64, id uint32, ins int) {
 	t := &ix.etab
-	// Up to 7/8 full: a probe passing other keys reads their tag bytes
-	// only (a long run is a line or two of tags), and a fuller table is
+	// Up to 7/8 full: a probe passing other keys compares their tags
+	// only (a long run is a line or two of slots), and a fuller table is
 	// fewer bytes per entry and fewer rebuilds (each Sharded shard's
 	// table held half the entries in as many slots as one index's at 3/4).
-	if (t.used+t.dead+1)*8 > len(t.ids)*7 {
+	if (t.used+t.dead+1)*8 > len(t.slots)*7 || id >= t.idMask {
 		ix.etabRebuild(id)
 		_, ins = ix.etabFindHashed(h, hash)
 	}
-	if t.tags[ins] == tagDead {
+	if t.slots[ins] == etabDead {
 		t.dead--
 	}
-	t.tags[ins] = tagOf(hash)
-	t.ids[ins] = id
+	t.slots[ins] = t.tag(hash)<<t.idBits | id
 	t.used++
 }
 
@@ -96,7 +110,7 @@ func (ix *Index) etabInsertHashed(h, hash uint64, id uint32, ins int) {
 // reading their hashes sequentially rather than chasing each entry of the
 // old table to a random node.
 func (ix *Index) etabRebuild(skip uint32) {
-	nt := newEngTable(ix.etab.used + 1)
+	nt := newEngTable(ix.etab.used+1, max(ix.next, skip))
 	for ci, c := range *ix.dir.Load() {
 		for k := range c.nc {
 			id := uint32(ci)<<chunkBits | uint32(k)
@@ -105,10 +119,10 @@ func (ix *Index) etabRebuild(skip uint32) {
 			}
 			hash := ix.engHash(c.eng[k])
 			j := hash & nt.mask
-			for nt.tags[j] != tagEmpty {
+			for nt.slots[j] != etabEmpty {
 				j = (j + 1) & nt.mask
 			}
-			nt.tags[j], nt.ids[j] = tagOf(hash), id
+			nt.slots[j] = nt.tag(hash)<<nt.idBits | id
 			nt.used++
 		}
 	}
@@ -118,10 +132,10 @@ func (ix *Index) etabRebuild(skip uint32) {
 func (ix *Index) etabDelete(h uint64, id uint32) {
 	t := &ix.etab
 	hash := ix.engHash(h)
-	tg := tagOf(hash)
-	for i := hash & t.mask; t.tags[i] != tagEmpty; i = (i + 1) & t.mask {
-		if t.tags[i] == tg && t.ids[i] == id {
-			t.tags[i] = tagDead
+	want := t.tag(hash)<<t.idBits | id
+	for i := hash & t.mask; t.slots[i] != etabEmpty; i = (i + 1) & t.mask {
+		if t.slots[i] == want {
+			t.slots[i] = etabDead
 			t.used--
 			t.dead++
 			return

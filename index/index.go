@@ -199,7 +199,7 @@ type Index struct {
 	found         []uint32 // prefind's answers, by position in the event
 	fresh         []uint32 // storeFresh's new nodes, by position in its run
 	freshHash     []uint64 // their engine hashes' table hashes (prefind's too)
-	touchedTag    uint8    // keeps storeFresh's warming loads
+	touchedTag    uint32   // keeps storeFresh's warming loads
 	touched       uint64   // keeps prefind's warming loads
 	st            Stats
 	seed          uint64
@@ -222,7 +222,7 @@ type Index struct {
 
 // Config tunes an index. The zero value gives the defaults.
 type Config struct {
-	// BindAfterSlots is the engine-table size (slots of 5 bytes) from
+	// BindAfterSlots is the engine-table size (slots of 4 bytes) from
 	// which a new chain is created first and its engine hashes bound
 	// after, rather than node by node: past the cache each binding is a
 	// miss that newNode's atomic store would wait for. 0: 64k slots; a
@@ -231,7 +231,7 @@ type Config struct {
 	BindAfterSlots int
 }
 
-// defaultBindAfterSlots is where a 5-byte-slot engine table outgrows a
+// defaultBindAfterSlots is where a 4-byte-slot engine table outgrows a
 // typical L2.
 const defaultBindAfterSlots = 1 << 16
 
@@ -256,7 +256,7 @@ func NewWith(cfg Config) *Index {
 	od := []*ovfChunk{new(ovfChunk)}
 	ix.ovfDir.Store(&od)
 	ix.ctab.Store(newTable(0))
-	ix.etab = newEngTable(0)
+	ix.etab = newEngTable(0, 0)
 	ix.vw.Store(&view{})
 	ix.scratch.New = func() any { return new(scratch) }
 	return ix
@@ -780,7 +780,7 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	ids := ix.fresh[:0]
 	p0 := p
 	hw := uint64(ws.slot<<4 | 1<<tier)
-	small := len(ix.etab.tags) < ix.cfg.bindAfter()
+	small := len(ix.etab.slots) < ix.cfg.bindAfter()
 	for _, b := range blocks {
 		p = ix.newNode(p, uint64(b.LocalHash), hw)
 		ids = append(ids, p)
@@ -830,11 +830,11 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 func (ix *Index) bindAll(ws *wstate, ids []uint32, blocks []kv.StoredBlock) {
 	t := &ix.etab
 	hs := ix.freshHash[:0]
-	var touch uint8
+	var touch uint32
 	for _, b := range blocks {
 		hash := ix.engHash(uint64(b.EngineHash))
 		hs = append(hs, hash)
-		touch += t.tags[hash&t.mask]
+		touch += t.slots[hash&t.mask]
 	}
 	ix.touchedTag = touch
 	ix.freshHash = hs
@@ -1006,14 +1006,14 @@ func (ix *Index) prefind(hs []uint64) {
 	ix.found = ix.found[:0]
 	dir := *ix.dir.Load()
 	t := &ix.etab
-	// First every probe's first slot (tag and id), so that each lookup
+	// First every probe's first slot (tag and id in one word), so that each lookup
 	// then waits only for its node.
 	hashes := ix.freshHash[:0]
 	var touch uint64
 	for _, h := range hs {
 		hash := ix.engHash(h)
 		hashes = append(hashes, hash)
-		touch += uint64(t.tags[hash&t.mask]) + uint64(t.ids[hash&t.mask])
+		touch += uint64(t.slots[hash&t.mask])
 	}
 	ix.freshHash = hashes
 	for k, h := range hs {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 
@@ -510,4 +511,57 @@ func TestWarmPathTurns(t *testing.T) {
 			t.Fatalf("worker %d depth %v, want %d", x.Worker.Instance, x.Depth, want)
 		}
 	}
+}
+
+// TestEngineTableWidensIDs grows the node ids past the engine table's id
+// field while the table itself stays small (other workers' chains reuse
+// the first worker's engine hashes under other local hashes, so they are
+// exceptions, not table entries): the insert that meets an id too wide
+// rebuilds the table with a wider field, and every lookup still agrees
+// with the reference.
+func TestEngineTableWidensIDs(t *testing.T) {
+	ix, rf := New(), ref.New()
+	apply := func(ev kv.Event) { ix.Apply(ev); rf.Apply(ev) }
+	const chain = 64
+	chainOf := func(w, eng uint64) []kv.StoredBlock {
+		blocks := make([]kv.StoredBlock, chain)
+		for i := range blocks {
+			blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(eng<<32 | uint64(i)), LocalHash: kv.LocalHash(w<<32 | uint64(i))}
+		}
+		return blocks
+	}
+	a := kv.WorkerKey{Instance: 0}
+	for w := uint64(0); ix.next < 1<<minIDBits+chain; w++ {
+		apply(kv.Stored(kv.WorkerKey{Instance: w}, kv.TierDevice, nil, chainOf(w, 1)))
+	}
+	// A fresh chain of a's: its ids are past the field the table was
+	// built with.
+	before := ix.etab.idBits
+	fresh := chainOf(1<<20, 2)
+	apply(kv.Stored(a, kv.TierDevice, nil, fresh))
+	if ix.etab.idBits <= before || len(ix.etab.slots) > 4096 {
+		t.Fatalf("id field %d bits (was %d), %d slots: want a wider field in a small table", ix.etab.idBits, before, len(ix.etab.slots))
+	}
+	checkInternals(t, ix)
+	path := make([]kv.LocalHash, chain)
+	want := make([]kv.EngineHash, chain)
+	for i := range path {
+		path[i], want[i] = fresh[i].LocalHash, fresh[i].EngineHash
+	}
+	if got := ix.EngineHashes(a, path, nil); !slices.Equal(got, want) {
+		t.Fatalf("a's fresh chain: engine hashes %v, want %v", got, want)
+	}
+	// Removing a's hashes resolves them through the rebuilt table.
+	hs := make([]kv.EngineHash, chain)
+	for i := range hs {
+		hs[i] = fresh[i].EngineHash
+	}
+	apply(kv.Removed(a, kv.TierDevice, hs))
+	if got, want := ix.BlockCounts(a), rf.BlockCounts(a); got != want {
+		t.Fatalf("a holds %v, reference %v", got, want)
+	}
+	if s, r := ix.Stats(), rf.Stats(); s.RemoveUnknown != r.RemoveUnknown || s.Rebound != r.Rebound {
+		t.Fatalf("stats %+v, reference %+v", s, r)
+	}
+	checkInternals(t, ix)
 }
