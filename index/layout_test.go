@@ -163,6 +163,7 @@ func checkInternals(t *testing.T, ix *Index) {
 	d := *ix.dir.Load()
 	inTab, eng, free := 0, 0, 0
 	refs := map[uint32]int{}
+	kids := map[uint32]int{}
 	for id := uint32(1); id < ix.next; id++ {
 		n := nodeAt(d, id)
 		p := parentOf(n.pg.Load())
@@ -172,6 +173,9 @@ func checkInternals(t *testing.T, ix *Index) {
 		}
 		if inTable(id, p) {
 			inTab++
+		}
+		if p != 0 {
+			kids[p]++
 		}
 		if got, _, _, _, _, _ := ix.lookup(ix.ctab.Load(), d, p, n.local.Load()); got != id {
 			t.Fatalf("node %d (parent %d) is not found by lookup: %d", id, p, got)
@@ -189,6 +193,14 @@ func checkInternals(t *testing.T, ix *Index) {
 			}
 			refs[hs.idx]++
 		}
+	}
+	for id := uint32(1); id < ix.next; id++ {
+		if parentOf(nodeAt(d, id).pg.Load()) != noParent && ix.childCount(id) != kids[id] {
+			t.Fatalf("node %d: %d children counted, %d live", id, ix.childCount(id), kids[id])
+		}
+	}
+	if len(ix.bigKids) != 0 && ix.bigKids[0] != 0 {
+		t.Fatalf("the root's children are counted in bigKids")
 	}
 	if ct := ix.ctab.Load(); ct.used != inTab {
 		t.Fatalf("child table holds %d ids, %d nodes need a slot", ct.used, inTab)
@@ -562,6 +574,45 @@ func TestEngineTableWidensIDs(t *testing.T) {
 	}
 	if s, r := ix.Stats(), rf.Stats(); s.RemoveUnknown != r.RemoveUnknown || s.Rebound != r.Rebound {
 		t.Fatalf("stats %+v, reference %+v", s, r)
+	}
+	checkInternals(t, ix)
+}
+
+// TestManyChildren gives one node more children than its 15-bit count
+// holds and takes them away again: the count moves to bigKids and back,
+// and the node is freed exactly when its last child and holder go.
+func TestManyChildren(t *testing.T) {
+	ix, rf := New(), ref.New()
+	apply := func(ev kv.Event) { ix.Apply(ev); rf.Apply(ev) }
+	w := kv.WorkerKey{Instance: 1}
+	root := kv.EngineHash(1)
+	apply(kv.Stored(w, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: root, LocalHash: 1}}))
+	const n = ncBig + 40
+	for i := 0; i < n; i++ {
+		apply(kv.Stored(w, kv.TierDevice, &root, []kv.StoredBlock{{EngineHash: kv.EngineHash(100 + i), LocalHash: kv.LocalHash(100 + i)}}))
+	}
+	p := ix.findChild(0, 1)
+	if got := ix.childCount(p); got != n || ix.bigKids[p] != n {
+		t.Fatalf("%d children counted (%d in bigKids), want %d", got, ix.bigKids[p], n)
+	}
+	checkInternals(t, ix)
+	// Drop the children and the parent, the parent first: it stays
+	// (childless nodes only are freed) until the last child goes.
+	apply(kv.Removed(w, kv.TierDevice, []kv.EngineHash{root}))
+	for i := 0; i < n; i++ {
+		apply(kv.Removed(w, kv.TierDevice, []kv.EngineHash{kv.EngineHash(100 + i)}))
+		if i == 60 {
+			if got := ix.childCount(p); got != n-61 || len(ix.bigKids) != 0 {
+				t.Fatalf("%d children counted (bigKids %v), want %d in the node", got, ix.bigKids, n-61)
+			}
+			checkInternals(t, ix)
+		}
+		if live := !ix.isFree(p); live != (i < n-1) {
+			t.Fatalf("after removing child %d of %d the parent is live: %v", i+1, n, live)
+		}
+	}
+	if s := ix.Stats(); s.Nodes != 0 || s.Holdings != 0 || s.RemoveUnknown != rf.Stats().RemoveUnknown {
+		t.Fatalf("stats %+v", s)
 	}
 	checkInternals(t, ix)
 }
