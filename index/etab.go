@@ -2,6 +2,7 @@ package index
 
 import (
 	"math/bits"
+	"unsafe"
 
 	"github.com/kvmesh/kvmesh/internal/mix"
 )
@@ -44,6 +45,12 @@ func newEngTable(n int, maxID uint32) engTable {
 
 // tag is hash's tag in t (the bits a slot's id leaves; none at 32-bit ids).
 func (t *engTable) tag(hash uint64) uint32 { return uint32(hash >> (32 + t.idBits)) }
+
+// etabPrefetch brings in the slot a probe for table hash hash starts at.
+func (ix *Index) etabPrefetch(hash uint64) {
+	t := &ix.etab
+	prefetch(uintptr(unsafe.Pointer(&t.slots[hash&t.mask])))
+}
 
 func (ix *Index) engHash(h uint64) uint64 { return mix.Mix64(h ^ ix.seed) }
 
@@ -108,26 +115,63 @@ func (ix *Index) etabInsertHashed(h, hash uint64, id uint32, ins int) {
 // etabRebuild makes a new table holding every node with a shared hash
 // except skip (whose insert is under way). It walks the nodes in id order,
 // reading their hashes sequentially rather than chasing each entry of the
-// old table to a random node.
+// old table to a random node. A table past the cache is filled in slot
+// order: the entries are first sorted by home slot (a counting sort on
+// its top bits), so the inserts sweep the table instead of each missing
+// the cache at a random slot.
 func (ix *Index) etabRebuild(skip uint32) {
 	nt := newEngTable(ix.etab.used+1, max(ix.next, skip))
-	for ci, c := range *ix.dir.Load() {
-		for k := range c.nc {
-			id := uint32(ci)<<chunkBits | uint32(k)
-			if c.nc[k]&hasEngBit == 0 || id == skip || id >= ix.next {
-				continue
+	dir := *ix.dir.Load()
+	each := func(f func(hash uint64, id uint32)) {
+		for ci, c := range dir {
+			for k := range c.nc {
+				id := uint32(ci)<<chunkBits | uint32(k)
+				if c.nc[k]&hasEngBit == 0 || id == skip || id >= ix.next {
+					continue
+				}
+				f(ix.engHash(c.eng[k]), id)
 			}
-			hash := ix.engHash(c.eng[k])
-			j := hash & nt.mask
-			for nt.slots[j] != etabEmpty {
-				j = (j + 1) & nt.mask
-			}
-			nt.slots[j] = nt.tag(hash)<<nt.idBits | id
-			nt.used++
 		}
+	}
+	put := func(j uint64, word uint32) {
+		for nt.slots[j] != etabEmpty {
+			j = (j + 1) & nt.mask
+		}
+		nt.slots[j] = word
+		nt.used++
+	}
+	if len(nt.slots) <= rebuildSortedFrom {
+		each(func(hash uint64, id uint32) { put(hash&nt.mask, nt.tag(hash)<<nt.idBits|id) })
+		ix.etab = nt
+		return
+	}
+	// Buckets of rebuildBucket slots; an entry is its home slot and its
+	// slot word.
+	shift := uint(bits.Len(rebuildBucket - 1))
+	pos := make([]int, len(nt.slots)/rebuildBucket+1)
+	each(func(hash uint64, _ uint32) { pos[(hash&nt.mask)>>shift+1]++ })
+	for b := 1; b < len(pos); b++ {
+		pos[b] += pos[b-1]
+	}
+	sorted := make([]uint64, pos[len(pos)-1])
+	each(func(hash uint64, id uint32) {
+		b := (hash & nt.mask) >> shift
+		sorted[pos[b]] = (hash&nt.mask)<<32 | uint64(nt.tag(hash)<<nt.idBits|id)
+		pos[b]++
+	})
+	for _, e := range sorted {
+		put(e>>32, uint32(e))
 	}
 	ix.etab = nt
 }
+
+// rebuildSortedFrom is the table size (slots) from which etabRebuild
+// sorts the entries first; rebuildBucket the slots per bucket of that
+// sort (64 KB: its inserts stay in L2 while it fills).
+const (
+	rebuildSortedFrom = 1 << 17
+	rebuildBucket     = 1 << 14
+)
 
 func (ix *Index) etabDelete(h uint64, id uint32) {
 	t := &ix.etab

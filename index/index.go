@@ -872,22 +872,29 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 }
 
 // bindAll binds the engine hashes of blocks to ids, the nodes just
-// created for them, after warming every table probe so the misses overlap.
+// created for them, with each probe's slot prefetched bindAhead blocks
+// before it is bound: the misses overlap each other and the binding of
+// the blocks before them, where loads warming every slot first held the
+// core until the last of them arrived.
 func (ix *Index) bindAll(ws *wstate, ids []uint32, blocks []kv.StoredBlock) {
-	t := &ix.etab
 	hs := ix.freshHash[:0]
-	var touch uint32
 	for _, b := range blocks {
-		hash := ix.engHash(uint64(b.EngineHash))
-		hs = append(hs, hash)
-		touch += t.slots[hash&t.mask]
+		hs = append(hs, ix.engHash(uint64(b.EngineHash)))
 	}
-	ix.touchedTag = touch
 	ix.freshHash = hs
+	for j := range min(bindAhead, len(hs)) {
+		ix.etabPrefetch(hs[j])
+	}
 	for j, b := range blocks {
+		if k := j + bindAhead; k < len(hs) {
+			ix.etabPrefetch(hs[k]) // a rebuild on the way only wastes it
+		}
 		ix.bindFresh(ws, ids[j], uint64(b.EngineHash), hs[j])
 	}
 }
+
+// bindAhead is how many blocks ahead bindAll prefetches.
+const bindAhead = 16
 
 // bindFresh binds engine hash h (table hash hash) to c, a node ws just
 // stored.

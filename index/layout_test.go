@@ -616,3 +616,20 @@ func TestManyChildren(t *testing.T) {
 	}
 	checkInternals(t, ix)
 }
+
+// TestEngineTableSortedRebuild grows the engine table past
+// rebuildSortedFrom, so its rebuilds fill it in slot order, and checks
+// that every node with a shared hash is still found.
+func TestEngineTableSortedRebuild(t *testing.T) {
+	ix := New()
+	w := kv.WorkerKey{Instance: 1}
+	blocks := make([]kv.StoredBlock, 1000)
+	for c := 0; len(ix.etab.slots) <= 2*rebuildSortedFrom; c++ {
+		for i := range blocks {
+			h := uint64(c)<<32 | uint64(i)
+			blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(h * 0x9E3779B97F4A7C15), LocalHash: kv.LocalHash(h)}
+		}
+		ix.Apply(kv.Stored(w, kv.TierDevice, nil, blocks))
+	}
+	checkInternals(t, ix)
+}
