@@ -22,8 +22,8 @@
 // a later turn), so FindMatches passes every level whose holders word
 // equals the level above's without looking at any holder.
 //
-// Engine hashes resolve through a writer-only table with a tag byte per
-// slot (etab.go): a node remembers the first engine hash any worker stored
+// Engine hashes resolve through a writer-only table of 32-bit slots (id and
+// hash tag, etab.go): a node remembers the first engine hash any worker stored
 // it under, and workers that report that same hash (vLLM and the sim do)
 // cost nothing more; a worker using another hash for the node gets a
 // per-worker exception entry.
