@@ -42,3 +42,37 @@ func BenchmarkReplay7000(b *testing.B) {
 	}
 	b.ReportMetric(float64(cpu)/float64(b.N)/1e6, "cpu-ms/replay")
 }
+
+// BenchmarkShardWriters7000 applies the 7,000-worker timeline's events to
+// a 2-shard index.Sharded, each shard's events in turn on one thread and
+// no finds: the work of the parallel row's event groups, in thread CPU
+// per replay (both shards), for profiles and alternated runs of the
+// write path.
+func BenchmarkShardWriters7000(b *testing.B) {
+	if _, err := os.Stat(tracePath); err != nil {
+		b.Skip("trace not present")
+	}
+	c := IndexConfig{TracePath: tracePath, Workers: 7000}
+	c.defaults()
+	var res IndexResult
+	ops, err := buildTimeline(context.Background(), c, &res)
+	if err != nil {
+		b.Fatal(err)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var cpu int64
+	for b.Loop() {
+		ix := index.NewSharded(2, index.Config{})
+		c0 := cputime.Thread()
+		for g := range ix.Shards() {
+			for i := range ops {
+				if o := &ops[i]; o.find == nil && ix.ShardOf(o.event.Worker) == g {
+					ix.Apply(o.event)
+				}
+			}
+		}
+		cpu += int64(cputime.Thread() - c0)
+	}
+	b.ReportMetric(float64(cpu)/float64(b.N)/1e6, "cpu-ms/replay")
+}

@@ -204,3 +204,23 @@ func BenchmarkFindMatches7000(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkEtabRebuild times one engine-table rebuild of an index whose
+// 460k nodes all have a shared engine hash (a shard's table when it
+// outgrows 512k slots at 7,000 workers): a rebuild runs inside one Apply,
+// so it is a pause for the writer and, on a busy core, for finds.
+func BenchmarkEtabRebuild(b *testing.B) {
+	ix := New()
+	w := kv.WorkerKey{Instance: 1}
+	blocks := make([]kv.StoredBlock, 1000)
+	for c := 0; c < 920; c++ {
+		for i := range blocks {
+			h := uint64(c)<<32 | uint64(i)
+			blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(h * 0x9E3779B97F4A7C15), LocalHash: kv.LocalHash(h)}
+		}
+		ix.Apply(kv.Stored(w, kv.TierDevice, nil, blocks))
+	}
+	for b.Loop() {
+		ix.etabRebuild(0)
+	}
+}

@@ -6,7 +6,7 @@
 // fixed-size chunks addressed by uint32 ids, so the GC scans no per-node
 // pointers and a chunk never moves. A node's hot part (local hash, parent
 // id with a generation, holders) is 24 bytes; its cold part (shared engine
-// hash, child count) 12 more.
+// hash, child count) 10 more.
 //
 // Chains. A chain stored in one event gets consecutive ids (a freed chain
 // is reused the same way), so nearly every child sits at id parent+1: such
@@ -22,8 +22,8 @@
 // a later turn), so FindMatches passes every level whose holders word
 // equals the level above's without looking at any holder.
 //
-// Engine hashes resolve through a writer-only table with a tag byte per
-// slot (etab.go): a node remembers the first engine hash any worker stored
+// Engine hashes resolve through a writer-only table of 32-bit slots (id and
+// hash tag, etab.go): a node remembers the first engine hash any worker stored
 // it under, and workers that report that same hash (vLLM and the sim do)
 // cost nothing more; a worker using another hash for the node gets a
 // per-worker exception entry.
@@ -102,7 +102,9 @@ const (
 	noParent  = 0xFFFFFFFF // parent id of a freed node
 	tomb      = 0xFFFFFFFF // deleted table slot
 	ovfFlag   = 1 << 63
-	hasEngBit = 1 << 31
+	hasEngBit = 1 << 15
+	ncCount   = hasEngBit - 1 // a node's child count, or ncBig
+	ncBig     = ncCount       // the count is in Index.bigKids
 	maxSlots  = 1 << 27
 )
 
@@ -116,7 +118,7 @@ type hot struct {
 type chunk struct {
 	hot [chunkSize]hot
 	eng [chunkSize]uint64 // writer only
-	nc  [chunkSize]uint32 // writer only: children | hasEngBit
+	nc  [chunkSize]uint16 // writer only: children (see ncBig) | hasEngBit
 }
 
 // table is an open-addressing table of node ids with linear probing. A
@@ -194,13 +196,14 @@ type Index struct {
 	slots         []*wstate
 	keys          []kv.WorkerKey // by slot: the views' keys, appended to in place
 	freeSlots     []uint32
-	order         []uint32 // the live slots by ascending worker key (the next view's slotOf)
-	cand          []uint32 // nodes that may have become empty during an event
-	found         []uint32 // prefind's answers, by position in the event
-	fresh         []uint32 // storeFresh's new nodes, by position in its run
-	freshHash     []uint64 // their engine hashes' table hashes (prefind's too)
-	touchedTag    uint8    // keeps storeFresh's warming loads
-	touched       uint64   // keeps prefind's warming loads
+	order         []uint32          // the live slots by ascending worker key (the next view's slotOf)
+	cand          []uint32          // nodes that may have become empty during an event
+	bigKids       map[uint32]uint32 // child counts of nodes past ncBig-1 children
+	found         []uint32          // prefind's answers, by position in the event
+	fresh         []uint32          // storeFresh's new nodes, by position in its run
+	freshHash     []uint64          // their engine hashes' table hashes (prefind's too)
+	touchedTag    uint32            // keeps storeFresh's warming loads
+	touched       uint64            // keeps prefind's warming loads
 	st            Stats
 	seed          uint64
 	retries       atomic.Uint64
@@ -222,7 +225,7 @@ type Index struct {
 
 // Config tunes an index. The zero value gives the defaults.
 type Config struct {
-	// BindAfterSlots is the engine-table size (slots of 5 bytes) from
+	// BindAfterSlots is the engine-table size (slots of 4 bytes) from
 	// which a new chain is created first and its engine hashes bound
 	// after, rather than node by node: past the cache each binding is a
 	// miss that newNode's atomic store would wait for. 0: 64k slots; a
@@ -231,7 +234,7 @@ type Config struct {
 	BindAfterSlots int
 }
 
-// defaultBindAfterSlots is where a 5-byte-slot engine table outgrows a
+// defaultBindAfterSlots is where a 4-byte-slot engine table outgrows a
 // typical L2.
 const defaultBindAfterSlots = 1 << 16
 
@@ -256,7 +259,7 @@ func NewWith(cfg Config) *Index {
 	od := []*ovfChunk{new(ovfChunk)}
 	ix.ovfDir.Store(&od)
 	ix.ctab.Store(newTable(0))
-	ix.etab = newEngTable(0)
+	ix.etab = newEngTable(0, 0)
 	ix.vw.Store(&view{})
 	ix.scratch.New = func() any { return new(scratch) }
 	return ix
@@ -509,7 +512,7 @@ func (ix *Index) newNode(parent uint32, local, holders uint64) uint32 {
 	c.eng[id&chunkMask] = 0
 	c.nc[id&chunkMask] = 0
 	if parent != 0 {
-		ix.chunkOf(parent).nc[parent&chunkMask]++
+		ix.addChild(parent)
 	}
 	if inTable(id, parent) {
 		ix.tableInsert(&ix.ctab, ix.ctab.Load(), ix.childHash(parent, local), id, ix.rehashChild)
@@ -518,13 +521,56 @@ func (ix *Index) newNode(parent uint32, local, holders uint64) uint32 {
 	return id
 }
 
+// addChild counts a new child of id. A count takes 15 bits of the node
+// (two bytes a node, where every node paying 4 cost more than the engine
+// table); the few nodes with more children (a shared system prompt's last
+// block under a large fleet) keep theirs in bigKids.
+func (ix *Index) addChild(id uint32) {
+	nc := &ix.chunkOf(id).nc[id&chunkMask]
+	switch n := *nc & ncCount; {
+	case n < ncBig-1:
+		*nc++
+	case n == ncBig-1:
+		*nc |= ncBig
+		if ix.bigKids == nil {
+			ix.bigKids = map[uint32]uint32{}
+		}
+		ix.bigKids[id] = ncBig
+	default:
+		ix.bigKids[id]++
+	}
+}
+
+// subChild counts a child of id gone.
+func (ix *Index) subChild(id uint32) {
+	nc := &ix.chunkOf(id).nc[id&chunkMask]
+	if *nc&ncCount != ncBig {
+		*nc--
+		return
+	}
+	if n := ix.bigKids[id] - 1; n < ncBig {
+		*nc = *nc&^ncCount | uint16(n)
+		delete(ix.bigKids, id)
+	} else {
+		ix.bigKids[id] = n
+	}
+}
+
+// childCount is id's number of children.
+func (ix *Index) childCount(id uint32) int {
+	if n := ix.chunkOf(id).nc[id&chunkMask] & ncCount; n != ncBig {
+		return int(n)
+	}
+	return int(ix.bigKids[id])
+}
+
 // freeNode releases an empty, childless node and walks up to its parent.
 func (ix *Index) maybeFree(id uint32) {
 	for id != 0 {
 		c := ix.chunkOf(id)
 		n := &c.hot[id&chunkMask]
 		pg := n.pg.Load()
-		if parentOf(pg) == noParent || n.holders.Load() != 0 && ix.holderCount(n.holders.Load()) != 0 || c.nc[id&chunkMask]&^hasEngBit != 0 {
+		if parentOf(pg) == noParent || n.holders.Load() != 0 && ix.holderCount(n.holders.Load()) != 0 || c.nc[id&chunkMask]&ncCount != 0 {
 			return
 		}
 		parent := parentOf(pg)
@@ -546,7 +592,7 @@ func (ix *Index) maybeFree(id uint32) {
 		if parent == 0 {
 			return
 		}
-		ix.chunkOf(parent).nc[parent&chunkMask]--
+		ix.subChild(parent)
 		id = parent
 	}
 }
@@ -780,7 +826,7 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	ids := ix.fresh[:0]
 	p0 := p
 	hw := uint64(ws.slot<<4 | 1<<tier)
-	small := len(ix.etab.tags) < ix.cfg.bindAfter()
+	small := len(ix.etab.slots) < ix.cfg.bindAfter()
 	for _, b := range blocks {
 		p = ix.newNode(p, uint64(b.LocalHash), hw)
 		ids = append(ids, p)
@@ -826,22 +872,29 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 }
 
 // bindAll binds the engine hashes of blocks to ids, the nodes just
-// created for them, after warming every table probe so the misses overlap.
+// created for them, with each probe's slot prefetched bindAhead blocks
+// before it is bound: the misses overlap each other and the binding of
+// the blocks before them, where loads warming every slot first held the
+// core until the last of them arrived.
 func (ix *Index) bindAll(ws *wstate, ids []uint32, blocks []kv.StoredBlock) {
-	t := &ix.etab
 	hs := ix.freshHash[:0]
-	var touch uint8
 	for _, b := range blocks {
-		hash := ix.engHash(uint64(b.EngineHash))
-		hs = append(hs, hash)
-		touch += t.tags[hash&t.mask]
+		hs = append(hs, ix.engHash(uint64(b.EngineHash)))
 	}
-	ix.touchedTag = touch
 	ix.freshHash = hs
+	for j := range min(bindAhead, len(hs)) {
+		ix.etabPrefetch(hs[j])
+	}
 	for j, b := range blocks {
+		if k := j + bindAhead; k < len(hs) {
+			ix.etabPrefetch(hs[k]) // a rebuild on the way only wastes it
+		}
 		ix.bindFresh(ws, ids[j], uint64(b.EngineHash), hs[j])
 	}
 }
+
+// bindAhead is how many blocks ahead bindAll prefetches.
+const bindAhead = 16
 
 // bindFresh binds engine hash h (table hash hash) to c, a node ws just
 // stored.
@@ -1006,14 +1059,14 @@ func (ix *Index) prefind(hs []uint64) {
 	ix.found = ix.found[:0]
 	dir := *ix.dir.Load()
 	t := &ix.etab
-	// First every probe's first slot (tag and id), so that each lookup
+	// First every probe's first slot (tag and id in one word), so that each lookup
 	// then waits only for its node.
 	hashes := ix.freshHash[:0]
 	var touch uint64
 	for _, h := range hs {
 		hash := ix.engHash(h)
 		hashes = append(hashes, hash)
-		touch += uint64(t.tags[hash&t.mask]) + uint64(t.ids[hash&t.mask])
+		touch += uint64(t.slots[hash&t.mask])
 	}
 	ix.freshHash = hashes
 	for k, h := range hs {

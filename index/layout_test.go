@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 
@@ -162,6 +163,7 @@ func checkInternals(t *testing.T, ix *Index) {
 	d := *ix.dir.Load()
 	inTab, eng, free := 0, 0, 0
 	refs := map[uint32]int{}
+	kids := map[uint32]int{}
 	for id := uint32(1); id < ix.next; id++ {
 		n := nodeAt(d, id)
 		p := parentOf(n.pg.Load())
@@ -171,6 +173,9 @@ func checkInternals(t *testing.T, ix *Index) {
 		}
 		if inTable(id, p) {
 			inTab++
+		}
+		if p != 0 {
+			kids[p]++
 		}
 		if got, _, _, _, _, _ := ix.lookup(ix.ctab.Load(), d, p, n.local.Load()); got != id {
 			t.Fatalf("node %d (parent %d) is not found by lookup: %d", id, p, got)
@@ -188,6 +193,14 @@ func checkInternals(t *testing.T, ix *Index) {
 			}
 			refs[hs.idx]++
 		}
+	}
+	for id := uint32(1); id < ix.next; id++ {
+		if parentOf(nodeAt(d, id).pg.Load()) != noParent && ix.childCount(id) != kids[id] {
+			t.Fatalf("node %d: %d children counted, %d live", id, ix.childCount(id), kids[id])
+		}
+	}
+	if len(ix.bigKids) != 0 && ix.bigKids[0] != 0 {
+		t.Fatalf("the root's children are counted in bigKids")
 	}
 	if ct := ix.ctab.Load(); ct.used != inTab {
 		t.Fatalf("child table holds %d ids, %d nodes need a slot", ct.used, inTab)
@@ -510,4 +523,113 @@ func TestWarmPathTurns(t *testing.T) {
 			t.Fatalf("worker %d depth %v, want %d", x.Worker.Instance, x.Depth, want)
 		}
 	}
+}
+
+// TestEngineTableWidensIDs grows the node ids past the engine table's id
+// field while the table itself stays small (other workers' chains reuse
+// the first worker's engine hashes under other local hashes, so they are
+// exceptions, not table entries): the insert that meets an id too wide
+// rebuilds the table with a wider field, and every lookup still agrees
+// with the reference.
+func TestEngineTableWidensIDs(t *testing.T) {
+	ix, rf := New(), ref.New()
+	apply := func(ev kv.Event) { ix.Apply(ev); rf.Apply(ev) }
+	const chain = 64
+	chainOf := func(w, eng uint64) []kv.StoredBlock {
+		blocks := make([]kv.StoredBlock, chain)
+		for i := range blocks {
+			blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(eng<<32 | uint64(i)), LocalHash: kv.LocalHash(w<<32 | uint64(i))}
+		}
+		return blocks
+	}
+	a := kv.WorkerKey{Instance: 0}
+	for w := uint64(0); ix.next < 1<<minIDBits+chain; w++ {
+		apply(kv.Stored(kv.WorkerKey{Instance: w}, kv.TierDevice, nil, chainOf(w, 1)))
+	}
+	// A fresh chain of a's: its ids are past the field the table was
+	// built with.
+	before := ix.etab.idBits
+	fresh := chainOf(1<<20, 2)
+	apply(kv.Stored(a, kv.TierDevice, nil, fresh))
+	if ix.etab.idBits <= before || len(ix.etab.slots) > 4096 {
+		t.Fatalf("id field %d bits (was %d), %d slots: want a wider field in a small table", ix.etab.idBits, before, len(ix.etab.slots))
+	}
+	checkInternals(t, ix)
+	path := make([]kv.LocalHash, chain)
+	want := make([]kv.EngineHash, chain)
+	for i := range path {
+		path[i], want[i] = fresh[i].LocalHash, fresh[i].EngineHash
+	}
+	if got := ix.EngineHashes(a, path, nil); !slices.Equal(got, want) {
+		t.Fatalf("a's fresh chain: engine hashes %v, want %v", got, want)
+	}
+	// Removing a's hashes resolves them through the rebuilt table.
+	hs := make([]kv.EngineHash, chain)
+	for i := range hs {
+		hs[i] = fresh[i].EngineHash
+	}
+	apply(kv.Removed(a, kv.TierDevice, hs))
+	if got, want := ix.BlockCounts(a), rf.BlockCounts(a); got != want {
+		t.Fatalf("a holds %v, reference %v", got, want)
+	}
+	if s, r := ix.Stats(), rf.Stats(); s.RemoveUnknown != r.RemoveUnknown || s.Rebound != r.Rebound {
+		t.Fatalf("stats %+v, reference %+v", s, r)
+	}
+	checkInternals(t, ix)
+}
+
+// TestManyChildren gives one node more children than its 15-bit count
+// holds and takes them away again: the count moves to bigKids and back,
+// and the node is freed exactly when its last child and holder go.
+func TestManyChildren(t *testing.T) {
+	ix, rf := New(), ref.New()
+	apply := func(ev kv.Event) { ix.Apply(ev); rf.Apply(ev) }
+	w := kv.WorkerKey{Instance: 1}
+	root := kv.EngineHash(1)
+	apply(kv.Stored(w, kv.TierDevice, nil, []kv.StoredBlock{{EngineHash: root, LocalHash: 1}}))
+	const n = ncBig + 40
+	for i := 0; i < n; i++ {
+		apply(kv.Stored(w, kv.TierDevice, &root, []kv.StoredBlock{{EngineHash: kv.EngineHash(100 + i), LocalHash: kv.LocalHash(100 + i)}}))
+	}
+	p := ix.findChild(0, 1)
+	if got := ix.childCount(p); got != n || ix.bigKids[p] != n {
+		t.Fatalf("%d children counted (%d in bigKids), want %d", got, ix.bigKids[p], n)
+	}
+	checkInternals(t, ix)
+	// Drop the children and the parent, the parent first: it stays
+	// (childless nodes only are freed) until the last child goes.
+	apply(kv.Removed(w, kv.TierDevice, []kv.EngineHash{root}))
+	for i := 0; i < n; i++ {
+		apply(kv.Removed(w, kv.TierDevice, []kv.EngineHash{kv.EngineHash(100 + i)}))
+		if i == 60 {
+			if got := ix.childCount(p); got != n-61 || len(ix.bigKids) != 0 {
+				t.Fatalf("%d children counted (bigKids %v), want %d in the node", got, ix.bigKids, n-61)
+			}
+			checkInternals(t, ix)
+		}
+		if live := !ix.isFree(p); live != (i < n-1) {
+			t.Fatalf("after removing child %d of %d the parent is live: %v", i+1, n, live)
+		}
+	}
+	if s := ix.Stats(); s.Nodes != 0 || s.Holdings != 0 || s.RemoveUnknown != rf.Stats().RemoveUnknown {
+		t.Fatalf("stats %+v", s)
+	}
+	checkInternals(t, ix)
+}
+
+// TestEngineTableSortedRebuild grows the engine table past
+// rebuildSortedFrom, so its rebuilds fill it in slot order, and checks
+// that every node with a shared hash is still found.
+func TestEngineTableSortedRebuild(t *testing.T) {
+	ix := New()
+	w := kv.WorkerKey{Instance: 1}
+	blocks := make([]kv.StoredBlock, 1000)
+	for c := 0; len(ix.etab.slots) <= 2*rebuildSortedFrom; c++ {
+		for i := range blocks {
+			h := uint64(c)<<32 | uint64(i)
+			blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(h * 0x9E3779B97F4A7C15), LocalHash: kv.LocalHash(h)}
+		}
+		ix.Apply(kv.Stored(w, kv.TierDevice, nil, blocks))
+	}
+	checkInternals(t, ix)
 }
