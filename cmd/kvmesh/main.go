@@ -24,6 +24,12 @@ measures what that saves.`,
 }
 
 func main() {
+	if addr := os.Getenv(pprofEnv); addr != "" {
+		if err := startPprof(addr); err != nil {
+			fmt.Fprintln(os.Stderr, "kvmesh:", err)
+			os.Exit(1)
+		}
+	}
 	if err := rootCmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvmesh:", err)
 		os.Exit(1)
