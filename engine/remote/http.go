@@ -331,7 +331,7 @@ func ReadFramesDropping[T any](ctx context.Context, body io.Reader, drop string,
 			data = DropIntList(data, drop)
 		}
 		var f T
-		if err := json.Unmarshal(data, &f); err != nil {
+		if err := decodeFrame(data, &f); err != nil {
 			return Lost(fmt.Errorf("bad stream frame: %v", err))
 		}
 		if err := frame(&f); err != nil {
