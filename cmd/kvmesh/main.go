@@ -25,10 +25,12 @@ measures what that saves.`,
 
 func main() {
 	if addr := os.Getenv(pprofEnv); addr != "" {
-		if err := startPprof(addr); err != nil {
+		at, err := startPprof(addr)
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "kvmesh:", err)
 			os.Exit(1)
 		}
+		fmt.Fprintf(os.Stderr, "kvmesh: profiler at http://%s/debug/pprof/\n", at)
 	}
 	if err := rootCmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvmesh:", err)

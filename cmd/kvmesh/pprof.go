@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"os"
 )
 
 // pprofEnv names a loopback address on which any kvmesh command serves
@@ -17,17 +16,17 @@ const pprofEnv = "KVMESH_PPROF"
 
 // startPprof serves the profiler on addr; only loopback addresses are
 // taken, since the profiler has no authentication.
-func startPprof(addr string) error {
+func startPprof(addr string) (net.Addr, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("%s=%q: %w", pprofEnv, addr, err)
+		return nil, fmt.Errorf("%s=%q: %w", pprofEnv, addr, err)
 	}
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return fmt.Errorf("%s=%q: a loopback address only (the profiler has no authentication)", pprofEnv, addr)
+		return nil, fmt.Errorf("%s=%q: a loopback address only (the profiler has no authentication)", pprofEnv, addr)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("%s: %w", pprofEnv, err)
+		return nil, fmt.Errorf("%s: %w", pprofEnv, err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -36,6 +35,5 @@ func startPprof(addr string) error {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	go http.Serve(ln, mux) //nolint:errcheck // lives as long as the process
-	fmt.Fprintf(os.Stderr, "kvmesh: profiler at http://%s/debug/pprof/\n", ln.Addr())
-	return nil
+	return ln.Addr(), nil
 }
