@@ -176,6 +176,40 @@ func (s *Scan) Uint32s(dst []uint32) ([]uint32, bool) {
 	}
 }
 
+// Int decodes an integer as encoding/json does into an int: no
+// fraction, no exponent, within int64.
+func (s *Scan) Int() (int, bool) {
+	s.ws()
+	neg := false
+	if s.i < len(s.b) && s.b[s.i] == '-' {
+		neg = true
+		s.i++
+	}
+	start := s.i
+	var v uint64
+	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+		v = v*10 + uint64(s.b[s.i]-'0')
+		if v > 1<<63 {
+			return 0, false
+		}
+		s.i++
+	}
+	n := s.i - start
+	if n == 0 || (n > 1 && s.b[start] == '0') || (!neg && v > 1<<63-1) {
+		return 0, false
+	}
+	if s.i < len(s.b) {
+		switch s.b[s.i] {
+		case '.', 'e', 'E':
+			return 0, false
+		}
+	}
+	if neg {
+		return int(-v), true
+	}
+	return int(v), true
+}
+
 // String decodes a JSON string; one with escapes or non-ASCII bytes is
 // decoded by encoding/json (which also replaces invalid UTF-8).
 func (s *Scan) String() (string, bool) {

@@ -364,3 +364,131 @@ func (e *Engine) newTokens(ids []kv.Token, completion *int, sent int) ([]kv.Toke
 	}
 	return ids[sent:], nil
 }
+
+// DecodeFrame decodes a streamed /generate frame without reflection
+// (remote.FrameDecoder): text, output_ids, meta_info's id,
+// finish_reason, prompt_tokens, completion_tokens and cached_tokens, and
+// error; other members are skipped. A member named twice is declined.
+func (r *response) DecodeFrame(data []byte) bool {
+	s := remote.NewScan(data)
+	if !s.Open('{') {
+		return false
+	}
+	var seen uint8
+	for first := true; ; first = false {
+		more, ok := s.More('}', first)
+		if !ok {
+			return false
+		}
+		if !more {
+			return s.End()
+		}
+		key, ok := s.Key()
+		if !ok {
+			return false
+		}
+		var bit uint8
+		switch string(key) {
+		case "text":
+			bit = 1
+		case "output_ids":
+			bit = 2
+		case "meta_info":
+			bit = 4
+		case "error":
+			bit = 8
+		default:
+			if remote.FoldsTo(string(key), "text", "output_ids", "meta_info", "error") || !s.Skip() {
+				return false
+			}
+			continue
+		}
+		if seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		switch {
+		case bit == 2:
+			r.OutputIDs, ok = s.Uint32s(nil)
+		case bit == 8:
+			var raw []byte
+			raw, ok = s.Raw()
+			r.Error = append(json.RawMessage(nil), raw...)
+		case s.Null():
+			// encoding/json leaves a string or a struct as it was on null.
+		case bit == 1:
+			r.Text, ok = s.String()
+		default:
+			ok = r.MetaInfo.decode(s)
+		}
+		if !ok {
+			return false
+		}
+	}
+}
+
+func (m *metaInfo) decode(s *remote.Scan) bool {
+	if !s.Open('{') {
+		return false
+	}
+	var seen uint8
+	for first := true; ; first = false {
+		more, ok := s.More('}', first)
+		if !ok {
+			return false
+		}
+		if !more {
+			return true
+		}
+		key, ok := s.Key()
+		if !ok {
+			return false
+		}
+		var bit uint8
+		switch string(key) {
+		case "id":
+			bit = 1
+		case "finish_reason":
+			bit = 2
+		case "prompt_tokens":
+			bit = 4
+		case "completion_tokens":
+			bit = 8
+		case "cached_tokens":
+			bit = 16
+		default:
+			if remote.FoldsTo(string(key), "id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens") || !s.Skip() {
+				return false
+			}
+			continue
+		}
+		if seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		switch {
+		case bit == 2:
+			var raw []byte
+			raw, ok = s.Raw()
+			m.FinishReason = append(json.RawMessage(nil), raw...)
+		case bit == 8 && s.Null():
+			m.CompletionTokens = nil
+		case s.Null():
+			// encoding/json leaves a string or an int as it was on null.
+		case bit == 1:
+			m.ID, ok = s.String()
+		case bit == 4:
+			m.PromptTokens, ok = s.Int()
+		case bit == 8:
+			var n int
+			if n, ok = s.Int(); ok {
+				m.CompletionTokens = &n
+			}
+		default:
+			m.CachedTokens, ok = s.Int()
+		}
+		if !ok {
+			return false
+		}
+	}
+}
