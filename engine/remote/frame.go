@@ -3,6 +3,8 @@ package remote
 import (
 	"encoding/json"
 	"strings"
+	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -210,28 +212,104 @@ func (s *Scan) Int() (int, bool) {
 	return int(v), true
 }
 
-// String decodes a JSON string; one with escapes or non-ASCII bytes is
-// decoded by encoding/json (which also replaces invalid UTF-8).
+// String decodes a JSON string as encoding/json does: escapes, UTF-16
+// surrogate pairs, and U+FFFD for invalid UTF-8 or a lone surrogate.
 func (s *Scan) String() (string, bool) {
 	raw, ok := s.stringToken()
 	if !ok {
 		return "", false
 	}
+	in := raw[1 : len(raw)-1]
 	plain := true
-	for _, c := range raw[1 : len(raw)-1] {
+	for _, c := range in {
 		if c == '\\' || c >= utf8.RuneSelf {
 			plain = false
 			break
 		}
 	}
 	if plain {
-		return string(raw[1 : len(raw)-1]), true
+		return string(in), true
 	}
-	var out string
-	if json.Unmarshal(raw, &out) != nil {
-		return "", false
+	return unquote(in), true
+}
+
+// unquote decodes a string's contents that stringToken checked.
+func unquote(in []byte) string {
+	out := make([]byte, 0, len(in)+utf8.UTFMax)
+	for r := 0; r < len(in); {
+		c := in[r]
+		switch {
+		case c == '\\':
+			switch in[r+1] {
+			case 'b':
+				out = append(out, '\b')
+			case 'f':
+				out = append(out, '\f')
+			case 'n':
+				out = append(out, '\n')
+			case 'r':
+				out = append(out, '\r')
+			case 't':
+				out = append(out, '\t')
+			case 'u':
+				rr := hex4(in[r+2 : r+6])
+				r += 6
+				if utf16.IsSurrogate(rr) {
+					if r+6 <= len(in) && in[r] == '\\' && in[r+1] == 'u' && isHex4(in[r+2:r+6]) {
+						if dec := utf16.DecodeRune(rr, hex4(in[r+2:r+6])); dec != unicode.ReplacementChar {
+							out = utf8.AppendRune(out, dec)
+							r += 6
+							continue
+						}
+					}
+					rr = unicode.ReplacementChar
+				}
+				out = utf8.AppendRune(out, rr)
+				continue
+			default: // '"', '\\', '/'
+				out = append(out, in[r+1])
+			}
+			r += 2
+		case c < utf8.RuneSelf:
+			out = append(out, c)
+			r++
+		default:
+			rr, size := utf8.DecodeRune(in[r:])
+			if rr == utf8.RuneError && size == 1 {
+				out = utf8.AppendRune(out, unicode.ReplacementChar)
+			} else {
+				out = append(out, in[r:r+size]...)
+			}
+			r += size
+		}
 	}
-	return out, true
+	return string(out)
+}
+
+func isHex4(b []byte) bool {
+	for _, c := range b {
+		if !isHex(c) {
+			return false
+		}
+	}
+	return true
+}
+
+// hex4 is the value of four hex digits stringToken checked.
+func hex4(b []byte) rune {
+	var v rune
+	for _, c := range b {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c = c - 'a' + 10
+		default:
+			c = c - 'A' + 10
+		}
+		v = v<<4 | rune(c)
+	}
+	return v
 }
 
 // stringToken consumes a string, checking its escapes, and returns it

@@ -64,3 +64,39 @@ func FuzzScanSkip(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) { checkSkip(t, data) })
 }
+
+var stringInputs = []string{
+	`"plain"`, `"a\"b\\c\/d\b\f\n\r\t"`, `"\u00e9\u4e2d"`, `"\ud83d\ude00"`, `"\ud800"`, `"\ud800x"`,
+	`"\ud800\u0041"`, `"\udc00\ud800"`, `"\ud800\uZZZZ"`, "\"caf\xc3\xa9\"", "\"bad \xff\xfe utf8\"", "\"\xe4\xb8\"",
+	`"\u0000"`, `"unterminated`, `"\x"`,
+}
+
+// TestScanStringMatchesJSON: String decodes as encoding/json does.
+func TestScanStringMatchesJSON(t *testing.T) {
+	for _, in := range stringInputs {
+		checkString(t, []byte(in))
+	}
+}
+
+func checkString(t *testing.T, data []byte) {
+	t.Helper()
+	s := NewScan(data)
+	got, ok := s.String()
+	var want string
+	err := json.Unmarshal(data, &want)
+	if ok && s.End() {
+		if err != nil {
+			t.Fatalf("String took %q, encoding/json refuses it: %v", data, err)
+		}
+		if got != want {
+			t.Fatalf("%q: String %q, encoding/json %q", data, got, want)
+		}
+	}
+}
+
+func FuzzScanString(f *testing.F) {
+	for _, in := range stringInputs {
+		f.Add([]byte(in))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) { checkString(t, data) })
+}
