@@ -20,9 +20,14 @@ type FrameDecoder interface {
 	DecodeFrame(data []byte) bool
 }
 
-// decodeFrame decodes data into f, through its own decoder when it has one.
-func decodeFrame[T any](data []byte, f *T) error {
+// decodeFrame decodes data into f, through its own decoder when it has
+// one, after preset (if not nil) prepared f for it; a declined frame is
+// decoded by encoding/json into a zero value, preset undone.
+func decodeFrame[T any](data []byte, f *T, preset func(*T)) error {
 	if d, ok := any(f).(FrameDecoder); ok {
+		if preset != nil {
+			preset(f)
+		}
 		if d.DecodeFrame(data) {
 			return nil
 		}
@@ -137,22 +142,30 @@ func (s *Scan) Key() ([]byte, bool) {
 // Uint32s appends a JSON array of unsigned integers to dst (non-nil, as
 // encoding/json makes an empty array); null gives nil.
 func (s *Scan) Uint32s(dst []uint32) ([]uint32, bool) {
+	dst, _, ok := s.Uint32sFrom(dst, 0)
+	return dst, ok
+}
+
+// Uint32sFrom is Uint32s that checks but leaves out the array's first
+// skip elements; skipped is how many it left out (fewer than skip when
+// the array is shorter).
+func (s *Scan) Uint32sFrom(dst []uint32, skip int) (out []uint32, skipped int, ok bool) {
 	if s.Null() {
-		return nil, true
+		return nil, 0, true
 	}
 	if dst == nil {
 		dst = []uint32{}
 	}
 	if !s.Open('[') {
-		return nil, false
+		return nil, 0, false
 	}
 	for first := true; ; first = false {
 		more, ok := s.More(']', first)
 		if !ok {
-			return nil, false
+			return nil, 0, false
 		}
 		if !more {
-			return dst, true
+			return dst, skipped, true
 		}
 		s.ws()
 		start := s.i
@@ -160,19 +173,23 @@ func (s *Scan) Uint32s(dst []uint32) ([]uint32, bool) {
 		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
 			v = v*10 + uint64(s.b[s.i]-'0')
 			if v > 1<<32-1 {
-				return nil, false
+				return nil, 0, false
 			}
 			s.i++
 		}
 		n := s.i - start
 		if n == 0 || (n > 1 && s.b[start] == '0') {
-			return nil, false
+			return nil, 0, false
 		}
 		if s.i < len(s.b) {
 			switch s.b[s.i] {
 			case '.', 'e', 'E':
-				return nil, false // a number, but not an unsigned integer
+				return nil, 0, false // a number, but not an unsigned integer
 			}
+		}
+		if skipped < skip {
+			skipped++
+			continue
 		}
 		dst = append(dst, uint32(v))
 	}

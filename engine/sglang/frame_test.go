@@ -3,6 +3,7 @@ package sglang
 import (
 	"encoding/json"
 	"reflect"
+	"strconv"
 	"testing"
 )
 
@@ -88,4 +89,75 @@ func BenchmarkStreamFrame(b *testing.B) {
 			}
 		}
 	})
+}
+
+// With skip set, a cumulative frame keeps only the ids after skip, and a
+// frame that is not cumulative by its count (or too short) is declined,
+// to be decoded whole.
+func TestDecodeFrameSkipsResentIDs(t *testing.T) {
+	for _, c := range []struct {
+		frame string
+		skip  int
+		want  []uint32 // nil: declined
+	}{
+		{`{"output_ids":[5,6,7,8],"meta_info":{"completion_tokens":4}}`, 3, []uint32{8}},
+		{`{"output_ids":[5,6,7,8],"meta_info":{"completion_tokens":4}}`, 4, []uint32{}},
+		{`{"meta_info":{"completion_tokens":4},"output_ids":[5,6,7,8]}`, 2, []uint32{7, 8}},
+		{`{"output_ids":[5,6,7,8],"meta_info":{"id":"x"}}`, 1, []uint32{6, 7, 8}},
+		{`{"output_ids":[5,6,7,8],"meta_info":{"completion_tokens":7}}`, 3, nil}, // incremental: 3 sent + 4 new
+		{`{"output_ids":[5,6],"meta_info":{"completion_tokens":2}}`, 3, nil},     // shorter than what was sent
+		{`{"output_ids":null}`, 1, nil},
+		{`{"text":"x"}`, 1, nil},
+	} {
+		r := response{skip: c.skip}
+		ok := r.DecodeFrame([]byte(c.frame))
+		if c.want == nil {
+			if ok {
+				t.Errorf("%s skip %d: took it (%v), want declined", c.frame, c.skip, r.OutputIDs)
+			}
+			continue
+		}
+		if !ok || r.skipped != c.skip || !reflect.DeepEqual(r.OutputIDs, c.want) {
+			t.Errorf("%s skip %d: ok %v skipped %d ids %v, want %v", c.frame, c.skip, ok, r.skipped, r.OutputIDs, c.want)
+		}
+	}
+}
+
+// BenchmarkCumulativeStream: the frames of a 360-token answer streamed
+// cumulatively (SGLang's default), decoded whole or past what was sent.
+func BenchmarkCumulativeStream(b *testing.B) {
+	var frames [][]byte
+	ids := []byte{}
+	for k := 1; k <= 360; k++ {
+		if k > 1 {
+			ids = append(ids, ',')
+		}
+		ids = append(ids, []byte(strconv.Itoa(1000+k*37))...)
+		frames = append(frames, []byte(`{"text":" x","output_ids":[`+string(ids)+`],"meta_info":{"id":"abc","finish_reason":null,"prompt_tokens":14000,"completion_tokens":`+strconv.Itoa(k)+`,"cached_tokens":0,"e2e_latency":0.03}}`))
+	}
+	b.Run("encoding-json", func(b *testing.B) {
+		for b.Loop() {
+			for _, f := range frames {
+				var r response
+				if err := json.Unmarshal(f, &r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+	for _, skip := range []bool{false, true} {
+		b.Run(map[bool]string{false: "whole", true: "skip"}[skip], func(b *testing.B) {
+			for b.Loop() {
+				for k, f := range frames {
+					r := response{}
+					if skip {
+						r.skip = k
+					}
+					if !r.DecodeFrame(f) {
+						b.Fatal("declined")
+					}
+				}
+			}
+		})
+	}
 }

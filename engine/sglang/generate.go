@@ -224,6 +224,14 @@ type response struct {
 	OutputIDs []kv.Token      `json:"output_ids"`
 	MetaInfo  metaInfo        `json:"meta_info"`
 	Error     json.RawMessage `json:"error"`
+
+	// skip, set before DecodeFrame, lets it leave out output_ids' first
+	// skip ids, the ones a cumulative stream resends in every frame
+	// (without it a stream of n tokens decodes n²/2 ids); skipped is how
+	// many it left out. It keeps them out only of a frame that is
+	// cumulative by its own count (completion_tokens, when given, equal
+	// to the ids' number) and declines any other.
+	skip, skipped int
 }
 
 type metaInfo struct {
@@ -301,16 +309,23 @@ func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, 
 		u       *engine.Usage
 		n       int // output tokens passed on so far
 	)
-	err := remote.ReadFrames(ctx, body, func() bool { return fin != kv.FinishNone }, func(r *response) error {
+	var preset func(*response)
+	if !e.incremental() {
+		preset = func(r *response) { r.skip = n }
+	}
+	err := remote.ReadFramesPreset(ctx, body, "", func() bool { return fin != kv.FinishNone }, preset, func(r *response) error {
 		if len(r.Error) > 0 && string(r.Error) != "null" {
 			return streamError(r.Error)
 		}
 		if fin != kv.FinishNone {
 			return nil // nothing follows a finish but [DONE]
 		}
-		fresh, err := e.newTokens(r.OutputIDs, r.MetaInfo.CompletionTokens, n)
-		if err != nil {
-			return remote.Lost(err)
+		fresh := r.OutputIDs // the ids after the n passed on, when skipped
+		if r.skipped == 0 {
+			var err error
+			if fresh, err = e.newTokens(r.OutputIDs, r.MetaInfo.CompletionTokens, n); err != nil {
+				return remote.Lost(err)
+			}
 		}
 		n += len(fresh)
 		if fr := r.MetaInfo.FinishReason; len(fr) > 0 && string(fr) != "null" {
@@ -381,6 +396,13 @@ func (r *response) DecodeFrame(data []byte) bool {
 			return false
 		}
 		if !more {
+			if r.skip > 0 {
+				// Left out only what a cumulative frame resends.
+				c := r.MetaInfo.CompletionTokens
+				if r.skipped < r.skip || (c != nil && *c != r.skipped+len(r.OutputIDs)) {
+					return false
+				}
+			}
 			return s.End()
 		}
 		key, ok := s.Key()
@@ -409,7 +431,7 @@ func (r *response) DecodeFrame(data []byte) bool {
 		seen |= bit
 		switch {
 		case bit == 2:
-			r.OutputIDs, ok = s.Uint32s(nil)
+			r.OutputIDs, r.skipped, ok = s.Uint32sFrom(nil, r.skip)
 		case bit == 8:
 			var raw []byte
 			raw, ok = s.Raw()
