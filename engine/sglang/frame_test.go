@@ -61,11 +61,38 @@ func checkFrame(t *testing.T, data []byte) bool {
 	return true
 }
 
+// checkSkip: a frame taken with skip is one encoding/json decodes, whose
+// output_ids past skip are what DecodeFrame kept.
+func checkSkip(t *testing.T, data []byte, skip int) {
+	t.Helper()
+	fast := response{skip: skip}
+	if !fast.DecodeFrame(data) {
+		return
+	}
+	var want response
+	if err := json.Unmarshal(data, &want); err != nil {
+		t.Fatalf("DecodeFrame took %q with skip %d, encoding/json refuses it: %v", data, skip, err)
+	}
+	if len(want.OutputIDs) < skip || !reflect.DeepEqual(fast.OutputIDs, want.OutputIDs[skip:]) || fast.skipped != skip {
+		t.Fatalf("%q skip %d: kept %v (skipped %d), encoding/json %v", data, skip, fast.OutputIDs, fast.skipped, want.OutputIDs)
+	}
+	fast.OutputIDs, want.OutputIDs, fast.skip, fast.skipped = nil, nil, 0, 0
+	if !reflect.DeepEqual(fast, want) {
+		t.Fatalf("%q skip %d: DecodeFrame %+v, encoding/json %+v", data, skip, fast, want)
+	}
+}
+
 func FuzzDecodeFrame(f *testing.F) {
 	for _, fr := range frames {
 		f.Add([]byte(fr))
 	}
-	f.Fuzz(func(t *testing.T, data []byte) { checkFrame(t, data) })
+	f.Add([]byte(`{"output_ids":[5,6,7,8],"meta_info":{"completion_tokens":4}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkFrame(t, data)
+		for skip := 1; skip <= 3; skip++ {
+			checkSkip(t, data, skip)
+		}
+	})
 }
 
 // BenchmarkStreamFrame: one token's frame, decoded as ReadFrames does.
