@@ -37,7 +37,16 @@ func NewPublisher(nc *nats.Conn, model string, log *EventLog, logger *slog.Logge
 
 // Sink is the engine.EventSink: it never blocks on the network (NATS
 // buffers while reconnecting); a lost batch is a gap the routers repair.
+//
+// Stored events leave without their token ids (dropped in place: the
+// sink owns the batch): the plane's reader, the router's index, keys
+// blocks by the local hashes already computed from them, and a 14k-token
+// prompt's ids were four fifths of its batch's bytes, copied through NATS,
+// decoded by every router and kept in the log's ring.
 func (p *Publisher) Sink(batch []kv.Event) {
+	for i := range batch {
+		batch[i].Tokens = nil
+	}
 	p.log.Append(batch, p.publish)
 }
 

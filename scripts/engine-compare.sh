@@ -26,9 +26,12 @@
 # process (and the mock) spent per request, read from /proc around the
 # load alone, so startup is left out.
 #
+# -P SECONDS takes a CPU profile of each serve during its load (KVMESH_PPROF),
+# starting a second into it, as OUTDIR/NAME.serve.pprof (go tool pprof BIN FILE).
+#
 # Usage: scripts/engine-compare.sh [-b BIN] [-t TRACE] [-n REQUESTS] [-c CONCURRENCY]
 #                                  [-r ROUNDS] [-p PORT_BASE] [-o OUTDIR] [-e "vllm sglang trtllm"] [-k BLOCKS]
-#                                  [-z "SIZES"] [-S]
+#                                  [-z "SIZES"] [-P SECONDS] [-S]
 # -S prints the tables again from OUTDIR/runs.jsonl without running anything.
 # BIN defaults to /tmp/kvm-cmp (go build -o /tmp/kvm-cmp ./cmd/kvmesh); needs curl and jq.
 set -euo pipefail
@@ -57,7 +60,8 @@ VLLM_REAL_PID=
 
 SUMMARY_ONLY=
 SIZES=
-while getopts "b:t:n:c:r:p:o:e:k:z:Sh" opt; do
+PROFILE=0
+while getopts "b:t:n:c:r:p:o:e:k:z:P:Sh" opt; do
 	case $opt in
 	b) BIN=$OPTARG ;;
 	t) TRACE=$OPTARG ;;
@@ -70,7 +74,8 @@ while getopts "b:t:n:c:r:p:o:e:k:z:Sh" opt; do
 	S) SUMMARY_ONLY=1 ;;
 	k) BLOCKS=$OPTARG ;;
 	z) SIZES=$OPTARG ;;
-	*) sed -n '2,32p' "$0" >&2; exit 2 ;;
+	P) PROFILE=$OPTARG ;;
+	*) sed -n '2,35p' "$0" >&2; exit 2 ;;
 	esac
 done
 for tool in curl jq "$BIN"; do
@@ -95,6 +100,7 @@ ENG=$PORT          # mock HTTP
 EV=$((PORT + 1))   # mock KV events (ZMQ PUB)
 REP=$((PORT + 2))  # mock KV replay (ZMQ ROUTER)
 FE=$((PORT + 3))   # kvmesh serve's frontend
+PPROF=$((PORT + 5)) # serve's profiler (-P)
 mkdir -p "$OUT"
 
 PIDS=()
@@ -172,7 +178,9 @@ start_serve() { # engine logfile
 	local ev=(--kv-events tcp://127.0.0.1:$EV --kv-events-replay tcp://127.0.0.1:$REP) kind=$1 extra=()
 	[ "$1" = trtllm ] && ev=(--kv-events http://127.0.0.1:$ENG)
 	[ "$1" = vllm-real ] && kind=vllm extra=(--tokenizer "$OUT/tiny")
-	"$BIN" serve --engine "$kind" --engine-url http://127.0.0.1:$ENG "${ev[@]}" --block-size "$(block_of "$1")" \
+	local prof=()
+	[ "$PROFILE" -gt 0 ] && prof=(env KVMESH_PPROF=127.0.0.1:$PPROF)
+	"${prof[@]}" "$BIN" serve --engine "$kind" --engine-url http://127.0.0.1:$ENG "${ev[@]}" --block-size "$(block_of "$1")" \
 		--listen 127.0.0.1:$FE "${extra[@]}" >"$2" 2>&1 &
 	PIDS+=($!)
 	wait_for "http://127.0.0.1:$FE/v1/models" "$(model_of "$1")"
@@ -219,11 +227,17 @@ for round in $(seq 1 "$ROUNDS"); do
 			[ "$size" -gt 0 ] && work=$(cost_load "$size")
 			m0=$(cpu_ticks "$mock") s0=0 s1=0
 			[ -n "$serve" ] && s0=$(cpu_ticks "$serve")
+			prof=
+			if [ -n "$serve" ] && [ "$PROFILE" -gt 0 ]; then
+				(sleep 1; curl -fsS -o "$OUT/$name.serve.pprof" "http://127.0.0.1:$PPROF/debug/pprof/profile?seconds=$PROFILE") &
+				prof=$!
+			fi
 			# shellcheck disable=SC2086 # the workload's words are flags
 			"$BIN" bench load --url "$url" --model "$(model_of "$engine")" $work --requests "$REQUESTS" \
 				--concurrency "$CONC" --out "$OUT/$name" >"$OUT/$name.bench.log" 2>&1 || true
 			m1=$(cpu_ticks "$mock")
 			[ -n "$serve" ] && s1=$(cpu_ticks "$serve")
+			[ -z "$prof" ] || wait "$prof" || echo "engine-compare: $name: no profile (the load ended first?)" >&2
 			echo "engine-compare: $name: $(tail -n1 "$OUT/$name.bench.log") (load $(load))" >&2
 			jq -c --arg e "$engine" --arg p "$path" --argjson r "$round" --argjson size "$size" \
 				--argjson scpu "$(((s1 - s0) * 1000 / TICK))" --argjson mcpu "$(((m1 - m0) * 1000 / TICK))" \

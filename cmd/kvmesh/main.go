@@ -24,6 +24,14 @@ measures what that saves.`,
 }
 
 func main() {
+	if addr := os.Getenv(pprofEnv); addr != "" {
+		at, err := startPprof(addr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "kvmesh:", err)
+			os.Exit(1)
+		}
+		fmt.Fprintf(os.Stderr, "kvmesh: profiler at http://%s/debug/pprof/\n", at)
+	}
 	if err := rootCmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvmesh:", err)
 		os.Exit(1)

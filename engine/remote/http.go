@@ -312,6 +312,13 @@ func ReadFrames[T any](ctx context.Context, body io.Reader, finished func() bool
 // list under drop that T does not read: it is cut out before decoding
 // (DropIntList), so a prompt's ids echoed back are not scanned twice.
 func ReadFramesDropping[T any](ctx context.Context, body io.Reader, drop string, finished func() bool, frame func(*T) error) error {
+	return ReadFramesPreset(ctx, body, drop, finished, nil, frame)
+}
+
+// ReadFramesPreset is ReadFramesDropping where preset prepares each
+// frame's fresh value before its FrameDecoder runs (what it may leave out,
+// say); a frame the decoder declines reaches frame decoded whole.
+func ReadFramesPreset[T any](ctx context.Context, body io.Reader, drop string, finished func() bool, preset func(*T), frame func(*T) error) error {
 	sse := NewSSE(body)
 	for {
 		data, err := sse.Next()
@@ -331,7 +338,7 @@ func ReadFramesDropping[T any](ctx context.Context, body io.Reader, drop string,
 			data = DropIntList(data, drop)
 		}
 		var f T
-		if err := json.Unmarshal(data, &f); err != nil {
+		if err := decodeFrame(data, &f, preset); err != nil {
 			return Lost(fmt.Errorf("bad stream frame: %v", err))
 		}
 		if err := frame(&f); err != nil {

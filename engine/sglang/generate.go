@@ -224,6 +224,14 @@ type response struct {
 	OutputIDs []kv.Token      `json:"output_ids"`
 	MetaInfo  metaInfo        `json:"meta_info"`
 	Error     json.RawMessage `json:"error"`
+
+	// skip, set before DecodeFrame, lets it leave out output_ids' first
+	// skip ids, the ones a cumulative stream resends in every frame
+	// (without it a stream of n tokens decodes n²/2 ids); skipped is how
+	// many it left out. It keeps them out only of a frame that is
+	// cumulative by its own count (completion_tokens, when given, equal
+	// to the ids' number) and declines any other.
+	skip, skipped int
 }
 
 type metaInfo struct {
@@ -301,16 +309,23 @@ func (e *Engine) readStream(ctx context.Context, body io.Reader, promptLen int, 
 		u       *engine.Usage
 		n       int // output tokens passed on so far
 	)
-	err := remote.ReadFrames(ctx, body, func() bool { return fin != kv.FinishNone }, func(r *response) error {
+	var preset func(*response)
+	if !e.incremental() {
+		preset = func(r *response) { r.skip = n }
+	}
+	err := remote.ReadFramesPreset(ctx, body, "", func() bool { return fin != kv.FinishNone }, preset, func(r *response) error {
 		if len(r.Error) > 0 && string(r.Error) != "null" {
 			return streamError(r.Error)
 		}
 		if fin != kv.FinishNone {
 			return nil // nothing follows a finish but [DONE]
 		}
-		fresh, err := e.newTokens(r.OutputIDs, r.MetaInfo.CompletionTokens, n)
-		if err != nil {
-			return remote.Lost(err)
+		fresh := r.OutputIDs // the ids after the n passed on, when skipped
+		if r.skipped == 0 {
+			var err error
+			if fresh, err = e.newTokens(r.OutputIDs, r.MetaInfo.CompletionTokens, n); err != nil {
+				return remote.Lost(err)
+			}
 		}
 		n += len(fresh)
 		if fr := r.MetaInfo.FinishReason; len(fr) > 0 && string(fr) != "null" {
@@ -363,4 +378,139 @@ func (e *Engine) newTokens(ids []kv.Token, completion *int, sent int) ([]kv.Toke
 		return nil, fmt.Errorf("cumulative output_ids shrank from %d to %d tokens", sent, len(ids))
 	}
 	return ids[sent:], nil
+}
+
+// DecodeFrame decodes a streamed /generate frame without reflection
+// (remote.FrameDecoder): text, output_ids, meta_info's id,
+// finish_reason, prompt_tokens, completion_tokens and cached_tokens, and
+// error; other members are skipped. A member named twice is declined.
+func (r *response) DecodeFrame(data []byte) bool {
+	s := remote.NewScan(data)
+	if !s.Open('{') {
+		return false
+	}
+	var seen uint8
+	for first := true; ; first = false {
+		more, ok := s.More('}', first)
+		if !ok {
+			return false
+		}
+		if !more {
+			if r.skip > 0 {
+				// Left out only what a cumulative frame resends.
+				c := r.MetaInfo.CompletionTokens
+				if r.skipped < r.skip || (c != nil && *c != r.skipped+len(r.OutputIDs)) {
+					return false
+				}
+			}
+			return s.End()
+		}
+		key, ok := s.Key()
+		if !ok {
+			return false
+		}
+		var bit uint8
+		switch string(key) {
+		case "text":
+			bit = 1
+		case "output_ids":
+			bit = 2
+		case "meta_info":
+			bit = 4
+		case "error":
+			bit = 8
+		default:
+			if remote.FoldsTo(string(key), "text", "output_ids", "meta_info", "error") || !s.Skip() {
+				return false
+			}
+			continue
+		}
+		if seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		switch {
+		case bit == 2:
+			r.OutputIDs, r.skipped, ok = s.Uint32sFrom(nil, r.skip)
+		case bit == 8:
+			var raw []byte
+			raw, ok = s.Raw()
+			r.Error = append(json.RawMessage(nil), raw...)
+		case s.Null():
+			// encoding/json leaves a string or a struct as it was on null.
+		case bit == 1:
+			r.Text, ok = s.String()
+		default:
+			ok = r.MetaInfo.decode(s)
+		}
+		if !ok {
+			return false
+		}
+	}
+}
+
+func (m *metaInfo) decode(s *remote.Scan) bool {
+	if !s.Open('{') {
+		return false
+	}
+	var seen uint8
+	for first := true; ; first = false {
+		more, ok := s.More('}', first)
+		if !ok {
+			return false
+		}
+		if !more {
+			return true
+		}
+		key, ok := s.Key()
+		if !ok {
+			return false
+		}
+		var bit uint8
+		switch string(key) {
+		case "id":
+			bit = 1
+		case "finish_reason":
+			bit = 2
+		case "prompt_tokens":
+			bit = 4
+		case "completion_tokens":
+			bit = 8
+		case "cached_tokens":
+			bit = 16
+		default:
+			if remote.FoldsTo(string(key), "id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens") || !s.Skip() {
+				return false
+			}
+			continue
+		}
+		if seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		switch {
+		case bit == 2:
+			var raw []byte
+			raw, ok = s.Raw()
+			m.FinishReason = append(json.RawMessage(nil), raw...)
+		case bit == 8 && s.Null():
+			m.CompletionTokens = nil
+		case s.Null():
+			// encoding/json leaves a string or an int as it was on null.
+		case bit == 1:
+			m.ID, ok = s.String()
+		case bit == 4:
+			m.PromptTokens, ok = s.Int()
+		case bit == 8:
+			var n int
+			if n, ok = s.Int(); ok {
+				m.CompletionTokens = &n
+			}
+		default:
+			m.CachedTokens, ok = s.Int()
+		}
+		if !ok {
+			return false
+		}
+	}
 }

@@ -318,3 +318,165 @@ func (e *Engine) readWhole(ctx context.Context, body io.Reader, req *engine.Requ
 	}
 	remote.Send(ctx, ch, out)
 }
+
+// DecodeFrame decodes a streamed frame without reflection
+// (remote.FrameDecoder): object, message, error, choices' token_ids,
+// text, finish_reason and disaggregated_params, usage and
+// prompt_token_ids; other members are skipped. A code other than null
+// (error objects only) and a member named twice are declined.
+func (r *response) DecodeFrame(data []byte) bool {
+	s := remote.NewScan(data)
+	if !s.Open('{') {
+		return false
+	}
+	var seen uint8
+	for first := true; ; first = false {
+		more, ok := s.More('}', first)
+		if !ok {
+			return false
+		}
+		if !more {
+			return s.End()
+		}
+		key, ok := s.Key()
+		if !ok {
+			return false
+		}
+		var bit uint8
+		switch string(key) {
+		case "object":
+			bit = 1
+		case "message":
+			bit = 2
+		case "code":
+			bit = 4
+		case "error":
+			bit = 8
+		case "choices":
+			bit = 16
+		case "usage":
+			bit = 32
+		case "prompt_token_ids":
+			bit = 64
+		default:
+			if remote.FoldsTo(string(key), "object", "message", "code", "error", "choices", "usage", "prompt_token_ids") || !s.Skip() {
+				return false
+			}
+			continue
+		}
+		if seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		switch {
+		case bit == 8 || bit == 64:
+			var raw []byte
+			raw, ok = s.Raw()
+			m := append(json.RawMessage(nil), raw...)
+			if bit == 8 {
+				r.Error = m
+			} else {
+				r.PromptTokenIDs = m
+			}
+		case s.Null():
+			// encoding/json leaves a string as it was on null, the rest nil.
+		case bit == 1:
+			r.Object, ok = s.String()
+		case bit == 2:
+			r.Message, ok = s.String()
+		case bit == 4:
+			ok = false
+		case bit == 16:
+			ok = r.decodeChoices(s)
+		default:
+			var raw []byte
+			if raw, ok = s.Raw(); ok {
+				r.Usage = new(remote.Usage)
+				ok = json.Unmarshal(raw, r.Usage) == nil
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+}
+
+func (r *response) decodeChoices(s *remote.Scan) bool {
+	if !s.Open('[') {
+		return false
+	}
+	r.Choices = make([]choice, 0, 1)
+	for first := true; ; first = false {
+		more, ok := s.More(']', first)
+		if !ok {
+			return false
+		}
+		if !more {
+			return true
+		}
+		r.Choices = append(r.Choices, choice{})
+		if !r.Choices[len(r.Choices)-1].decode(s) {
+			return false
+		}
+	}
+}
+
+func (c *choice) decode(s *remote.Scan) bool {
+	if !s.Open('{') {
+		return false
+	}
+	var seen uint8
+	for first := true; ; first = false {
+		more, ok := s.More('}', first)
+		if !ok {
+			return false
+		}
+		if !more {
+			return true
+		}
+		key, ok := s.Key()
+		if !ok {
+			return false
+		}
+		var bit uint8
+		switch string(key) {
+		case "token_ids":
+			bit = 1
+		case "text":
+			bit = 2
+		case "finish_reason":
+			bit = 4
+		case "disaggregated_params":
+			bit = 8
+		default:
+			if remote.FoldsTo(string(key), "token_ids", "text", "finish_reason", "disaggregated_params") || !s.Skip() {
+				return false
+			}
+			continue
+		}
+		if seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		switch {
+		case bit == 1:
+			c.TokenIDs, ok = s.Uint32s(nil)
+		case bit == 8:
+			var raw []byte
+			raw, ok = s.Raw()
+			c.DisaggregatedParams = append(json.RawMessage(nil), raw...)
+		case s.Null():
+			// encoding/json leaves a string as it was on null, a pointer nil.
+		case bit == 2:
+			c.Text, ok = s.String()
+		default:
+			var f string
+			if f, ok = s.String(); ok {
+				c.FinishReason = &f
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+}

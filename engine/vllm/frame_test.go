@@ -1,0 +1,105 @@
+package vllm
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+)
+
+// frames are streamed completions frames as vLLM writes them, and the
+// corners DecodeFrame must either answer as encoding/json does or decline.
+var frames = []string{
+	`{"id":"cmpl-1","object":"text_completion","created":1733000000,"model":"m","choices":[{"index":0,"text":" the","logprobs":null,"finish_reason":null,"stop_reason":null,"token_ids":[279],"prompt_token_ids":null}],"usage":null}`,
+	`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":[]}],"usage":null}`,
+	`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":14000,"total_tokens":14008,"completion_tokens":8,"prompt_tokens_details":{"cached_tokens":512}}}`,
+	`{"choices":[{"text":"a\"b\\n\u00e9","token_ids":[1,2,4294967295],"finish_reason":"stop"}],"kv_transfer_params":{"do_remote_decode":true,"remote_block_ids":[1,2]}}`,
+	`{"choices":[{"text":"é ü","token_ids":[0]}],"error":null}`,
+	`{"error":{"message":"boom","code":400}}`,
+	`{"choices":null,"kv_transfer_params":null}`,
+	` { "choices" : [ { "token_ids" : [ 5 , 6 ] , "text" : null } ] } `,
+	`{"choices":[{"token_ids":null,"text":"x"}]}`,
+	`{"x":[1.5e-3,-0,true,false,null,{"y":"z"},[]],"choices":[{"token_ids":[7]}]}`,
+	// Declined or refused by encoding/json as well:
+	`{"Choices":[{"token_ids":[1]}]}`,
+	`{"choices":[{"TOKEN_IDS":[1]}]}`,
+	`{"choices":[{"token_ids":[1]}],"choices":[{"text":"x"}]}`,
+	`{"choices":[{"token_ids":[1.0]}]}`,
+	`{"choices":[{"token_ids":[-1]}]}`,
+	`{"choices":[{"token_ids":[4294967296]}]}`,
+	`{"choices":[{"token_ids":[01]}]}`,
+	`{"choices":[{"text":5}]}`,
+	`{"choices":[null]}`,
+	`{"ch\u006fices":[{"token_ids":[1]}]}`,
+	`{"choices":[{"token_ids":[1]}]} x`,
+	`{"choices":[{"token_ids":[1]}]`,
+	`{"x":01}`,
+	`{"x":"a\qb"}`,
+	`{"x":"tab	in"}`,
+	`{"usage":{"prompt_tokens":"many"}}`,
+	`null`,
+	`[]`,
+	``,
+}
+
+// TestDecodeFrameMatchesJSON: whatever DecodeFrame takes, encoding/json
+// decodes to the same value.
+func TestDecodeFrameMatchesJSON(t *testing.T) {
+	taken := 0
+	for _, f := range frames {
+		if checkFrame(t, []byte(f)) {
+			taken++
+		}
+	}
+	// The first ten are ordinary frames; the fast path must take them.
+	if taken < 10 {
+		t.Fatalf("DecodeFrame took %d of the frames, want at least the 10 well-formed ones", taken)
+	}
+}
+
+func checkFrame(t *testing.T, data []byte) bool {
+	t.Helper()
+	var fast response
+	ok := fast.DecodeFrame(data)
+	var want response
+	err := json.Unmarshal(data, &want)
+	if !ok {
+		return false
+	}
+	if err != nil {
+		t.Fatalf("DecodeFrame took %q, encoding/json refuses it: %v", data, err)
+	}
+	if !reflect.DeepEqual(fast, want) {
+		t.Fatalf("%q: DecodeFrame %+v, encoding/json %+v", data, fast, want)
+	}
+	return true
+}
+
+func FuzzDecodeFrame(f *testing.F) {
+	for _, fr := range frames {
+		f.Add([]byte(fr))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) { checkFrame(t, data) })
+}
+
+// BenchmarkStreamFrame: one token's frame, decoded as ReadFrames does.
+func BenchmarkStreamFrame(b *testing.B) {
+	data := []byte(frames[0])
+	b.Run("DecodeFrame", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var r response
+			if !r.DecodeFrame(data) {
+				b.Fatal("declined")
+			}
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var r response
+			if err := json.Unmarshal(data, &r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
