@@ -1,12 +1,12 @@
 package router
 
 import (
+	"bytes"
 	"container/list"
 	"math/bits"
+	"slices"
 	"sync"
 	"unsafe"
-
-	"github.com/zeebo/xxh3"
 
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -14,14 +14,10 @@ import (
 // hashMemo keeps recent prompts' block hashes, so that a prompt starting
 // with an earlier prompt's blocks (a conversation's next turn resends the
 // whole history) hashes and chains only its new blocks. What the memo
-// gives is checked against the request's own tokens: an entry keeps the
-// 128-bit xxh3 of its tokens up to marks (every markBlocks blocks and its
-// end), the request's tokens are streamed through one xxh3 (a few GB/s on
-// bytes the tokenizer just wrote, where the kept tokens would be cold, and
-// without a call per block), and the blocks up to the last mark that
-// agrees are taken; the rest is hashed afresh, as without the memo. A
-// wrong reuse would take an xxh3-128 collision under the same seed (the
-// request's own LoRA and salt), the standard the prefix caches keep.
+// gives is checked against the request's own tokens (a compare at memory
+// speed, not a hash per block), so a hit returns exactly what hashing
+// would: the first block that differs, and everything after it, is hashed
+// afresh.
 //
 // An entry is found by its seed (LoRA and salt), block size, its first
 // block's local hash and the local hash of the last block of its largest
@@ -46,32 +42,21 @@ type hashKey struct {
 	first, probe kv.LocalHash
 }
 
-// hashEntry is one prompt's full blocks' hashes and the digests of their
-// tokens at marks.
+// hashEntry is one prompt's full blocks: their tokens (segments, the
+// earlier ones shared with the entry it continued) and hashes.
 type hashEntry struct {
 	key   hashKey
-	marks []hashMark // ascending; the last is at len(local)
+	segs  [][]kv.Token // concatenated: the tokens of the len(local) full blocks
 	local []kv.LocalHash
 	seq   []kv.SeqHash
 	size  int
 }
 
-// hashMark: sum is the xxh3-128 of the prompt's first blocks*bs tokens.
-type hashMark struct {
-	blocks int
-	sum    xxh3.Uint128
-}
-
-// markBlocks spaces an entry's marks (besides its end), so that a prompt
-// that differs from it near its end (a turn before's generation prompt
-// tokenized otherwise) still takes most of it.
-const markBlocks = 32
-
 const (
 	// hashMemoMinBlocks: shorter prompts hash in well under a µs.
 	hashMemoMinBlocks = 4
-	// hashMemoBytes is the memo's budget (~16 bytes a block: ~500k blocks).
-	hashMemoBytes = 8 << 20
+	// hashMemoBytes is the memo's budget (~4M tokens of prompts).
+	hashMemoBytes = 16 << 20
 )
 
 func newHashMemo(budget int) *hashMemo {
@@ -83,9 +68,9 @@ func newHashMemo(budget int) *hashMemo {
 
 // hashes returns the local and sequence hashes of the n full blocks of
 // tokens (bs tokens each, seed kv.Seed(LoRA, salt)), in one new
-// allocation that the memo keeps too (neither modifies it); from an
-// earlier prompt's entry as far as its marks agree, and keeps them for a
-// later one. reused is how many blocks came from the memo.
+// allocation that the memo keeps too (neither modifies it); from an earlier prompt's entry as far as its tokens
+// agree, and keeps them for a later one. reused is how many blocks came
+// from the memo.
 func (m *hashMemo) hashes(tokens []kv.Token, bs int, seed uint64, n int) (local []kv.LocalHash, seq []kv.SeqHash, reused int) {
 	buf := make([]uint64, 2*n) // one allocation for both
 	local = kv.AsHashes[kv.LocalHash](buf[:0:n])
@@ -105,37 +90,11 @@ func (m *hashMemo) hashes(tokens []kv.Token, bs int, seed uint64, n int) (local 
 			break
 		}
 	}
-	// One stream over the prompt's full blocks: checks hit's marks, then
-	// gives the new entry's.
-	var h xxh3.Hasher
-	at := 0 // blocks written to h
-	var marks []hashMark
 	if hit != nil {
-		for _, mk := range hit.marks {
-			if mk.blocks > n {
-				break
-			}
-			_, _ = h.Write(tokenBytes(tokens[at*bs : mk.blocks*bs]))
-			at = mk.blocks
-			if h.Sum128() != mk.sum {
-				break
-			}
-			reused = mk.blocks
-			marks = append(marks, mk)
-		}
+		reused = hit.agree(tokens) / bs
+		reused = min(reused, len(hit.local), n)
 		local = append(local, hit.local[:reused]...)
 		seq = append(seq, hit.seq[:reused]...)
-		if at > reused { // the stream went past the last mark that agreed
-			h.Reset()
-			_, _ = h.Write(tokenBytes(tokens[:reused*bs]))
-			at = reused
-		}
-	}
-	for next := (at/markBlocks + 1) * markBlocks; at < n; next += markBlocks {
-		end := min(next, n)
-		_, _ = h.Write(tokenBytes(tokens[at*bs : end*bs]))
-		at = end
-		marks = append(marks, hashMark{blocks: end, sum: h.Sum128()})
 	}
 	local = kv.LocalHashes(local, tokens[reused*bs:], bs, seed)
 	if reused == 0 {
@@ -147,13 +106,32 @@ func (m *hashMemo) hashes(tokens []kv.Token, bs int, seed uint64, n int) (local 
 			seq = append(seq, prev)
 		}
 	}
-	m.put(&hashEntry{key: hashKey{seed: seed, bs: bs, level: top, first: first, probe: local[1<<top-1]},
-		marks: marks, local: local, seq: seq})
+	m.put(hit, reused, tokens[:n*bs], local, seq, hashKey{seed: seed, bs: bs, level: top, first: first, probe: local[1<<top-1]})
 	return local, seq, reused
 }
 
-// tokenBytes is tokens' memory in the platform's byte order: the digests
-// are compared only within this process.
+// agree is how many of tokens' first tokens equal e's.
+func (e *hashEntry) agree(tokens []kv.Token) int {
+	at := 0
+	for _, s := range e.segs {
+		t := tokens[at:min(len(tokens), at+len(s))]
+		if !bytes.Equal(tokenBytes(t), tokenBytes(s[:len(t)])) {
+			for i := range t {
+				if t[i] != s[i] {
+					return at + i
+				}
+			}
+		}
+		at += len(t)
+		if len(t) < len(s) {
+			break
+		}
+	}
+	return at
+}
+
+// tokenBytes is tokens' memory: bytes.Equal compares it at memcmp speed
+// (slices.Equal goes a token at a time, as slow as hashing it).
 func tokenBytes(t []kv.Token) []byte {
 	if len(t) == 0 {
 		return nil
@@ -172,18 +150,37 @@ func (m *hashMemo) get(k hashKey) *hashEntry {
 	return el.Value.(*hashEntry)
 }
 
-// put keeps e (its hashes are the decision's too: neither modifies them).
-func (m *hashMemo) put(e *hashEntry) {
-	e.size = 16*len(e.local) + 24*len(e.marks) + 160
+// put keeps a prompt's blocks (tokens, n full blocks of them) and hashes
+// under k: its first reused blocks are prev's, whose token segments it
+// shares; the rest of its tokens are copied (the request's slice is the
+// caller's).
+func (m *hashMemo) put(prev *hashEntry, reused int, tokens []kv.Token, local []kv.LocalHash, seq []kv.SeqHash, k hashKey) {
+	bs := len(tokens) / len(local)
+	e := &hashEntry{key: k, local: local, seq: seq}
+	if reused > 0 {
+		upto := reused * bs
+		for _, s := range prev.segs {
+			if upto == 0 {
+				break
+			}
+			c := min(len(s), upto)
+			e.segs = append(e.segs, s[:c:c])
+			upto -= c
+		}
+	}
+	e.segs = append(e.segs, slices.Clone(tokens[reused*bs:]))
+	// Shared segments count in every entry that holds them: the budget
+	// bounds what the memo can keep alive, not less.
+	e.size = 4*len(tokens) + 16*len(local) + 24*len(e.segs) + 128
 	if e.size > m.budget {
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if el, ok := m.keys[e.key]; ok {
+	if el, ok := m.keys[k]; ok {
 		m.drop(el)
 	}
-	m.keys[e.key] = m.lru.PushFront(e)
+	m.keys[k] = m.lru.PushFront(e)
 	m.held += e.size
 	for m.held > m.budget {
 		m.drop(m.lru.Back())
