@@ -37,8 +37,6 @@ type Router struct {
 	seq     atomic.Uint64
 	scratch sync.Pool // *selection
 	prof    profile
-	// hashes: recent prompts' block hashes (a next turn hashes its new blocks).
-	hashes *hashMemo
 }
 
 // active is one open request's contribution to a worker's load.
@@ -71,7 +69,6 @@ func New(cfg Config) (*Router, error) {
 
 		inhibited: make(map[kv.WorkerKey]time.Time),
 		prof:      profileOf(cfg.Mode, cfg.Admit != nil),
-		hashes:    newHashMemo(hashMemoBytes),
 	}
 	r.scratch.New = func() any { return new(selection) }
 	if cfg.Hints && cfg.Mode == ModeKV {
@@ -254,7 +251,9 @@ func (r *Router) hashPrompt(pk poolKey, req *Request, d *Decision) error {
 			}
 		}
 	case n > 0:
-		d.Local, d.Seq, _ = r.hashes.hashes(req.Tokens, bs, kv.Seed(req.LoRA, req.Salt), n)
+		buf := make([]uint64, 2*n) // one allocation for both
+		d.Local = kv.LocalHashes(kv.AsHashes[kv.LocalHash](buf[:0:n]), req.Tokens, bs, kv.Seed(req.LoRA, req.Salt))
+		d.Seq = kv.SeqHashes(kv.AsHashes[kv.SeqHash](buf[n:n:2*n]), d.Local)
 	}
 	return nil
 }
