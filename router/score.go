@@ -23,10 +23,22 @@ func (costScorer) score(s *selection) {
 	if s.cm.Kind == CostTime {
 		price = timeCost
 	}
-	for j, i := range s.cand {
+	// Each price reads its worker's load, one cache miss apiece at
+	// thousands of workers: touching the load warmAhead candidates on
+	// lets those misses overlap instead of queueing.
+	slots, cand := s.p.slots, s.cand
+	var t int64
+	for j, i := range cand {
+		if k := j + warmAhead; k < len(cand) {
+			t += slots[cand[k]].load.prefillTokens
+		}
 		s.cost[j] = price(s, i)
 	}
+	s.touched += t
 }
+
+// warmAhead is how many candidates ahead costScorer.score touches.
+const warmAhead = 8
 
 // overlapCost is the CostBlocks price of pool worker i (CostModel.cost).
 func overlapCost(s *selection, i int) float64 {
@@ -35,20 +47,18 @@ func overlapCost(s *selection, i int) float64 {
 	if s.req.NoPrefillCharge {
 		charge = 0
 	}
-	return s.cm.cost(s.depth[i], s.p.workers[i].load, s.seq, isl, charge, s.p.blockSize)
+	return s.cm.cost(s.depth[i], s.p.slots[i].load, s.seq, isl, charge, s.p.blockSize)
 }
 
 // timeCost is the CostTime price of pool worker i (CostModel.timeCost).
 func timeCost(s *selection, i int) float64 {
-	w := s.p.workers[i]
-	in := costInput{depth: s.depth[i], load: w.load, timing: w.info.Timing.orDefault(),
-		budget: w.info.MaxBatchedTokens, kvCap: w.info.KVBlocks, blockSz: s.p.blockSize,
-		usage: s.r.reportedUsage(w.load, s.now), noCharge: s.req.NoPrefillCharge, tierMS: w.info.TierLoad}
-	if in.tierMS != (TierLoad{}) {
-		in.backlogMS = w.load.backlogMS(s.now)
-	}
-	if in.budget <= 0 {
-		in.budget = defaultPassBudget
+	sl := &s.p.slots[i]
+	in := costInput{depth: s.depth[i], load: sl.load, timing: sl.timing,
+		budget: sl.budget, kvCap: sl.kvCap, blockSz: s.p.blockSize,
+		usage: s.r.reportedUsage(sl.load, s.now), noCharge: s.req.NoPrefillCharge}
+	if sl.tiers {
+		in.tierMS = sl.w.info.TierLoad
+		in.backlogMS = sl.load.backlogMS(s.now)
 	}
 	return s.cm.timeCost(&in, s.seq, float64(s.req.promptLen()))
 }

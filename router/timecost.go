@@ -183,10 +183,10 @@ const defaultPassBudget = 8192
 type costInput struct {
 	depth   [kv.NumTiers]uint32
 	load    *load
-	timing  EngineTiming // already defaulted
-	budget  int          // tokens per pass (> 0)
-	kvCap   int          // device KV blocks (0: unknown)
-	usage   float64      // reported KV usage fraction, 0 when none is fresh
+	timing  *EngineTiming // already defaulted
+	budget  int           // tokens per pass (> 0)
+	kvCap   int           // device KV blocks (0: unknown)
+	usage   float64       // reported KV usage fraction, 0 when none is fresh
 	blockSz int
 	// tierMS and backlogMS (CostTime): per-block load times of the
 	// worker's tiers and what its onboarding channel still has queued.
