@@ -230,6 +230,7 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 	}
 	if w := r.workers[info.Key]; w != nil {
 		old := poolKey{w.info.Model, w.info.Role}
+		r.blind.Add(-int64(b2i(w.info.NoKVEvents))) // the new info counts below
 		if old != pk {
 			r.dropFromPool(old, info.Key)
 		} else {
@@ -238,7 +239,7 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 			i, _ := slices.BinarySearchFunc(p.workers, info.Key, func(x *worker, k kv.WorkerKey) int { return cmpKey(x.info.Key, k) })
 			p.decodeOnly += b2i(info.DecodeOnly) - b2i(p.slots[i].decodeOnly)
 			p.slots[i] = slotOf(w)
-			r.countBlind()
+			r.blind.Add(int64(b2i(info.NoKVEvents)))
 			return nil
 		}
 	}
@@ -264,7 +265,7 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 	p.slots = slices.Insert(p.slots, i, slotOf(w))
 	p.decodeOnly += b2i(info.DecodeOnly)
 	r.nworkers.Store(int64(len(r.workers)))
-	r.countBlind()
+	r.blind.Add(int64(b2i(info.NoKVEvents)))
 	return nil
 }
 
@@ -289,19 +290,7 @@ func (r *Router) RemoveWorker(key kv.WorkerKey) {
 	w.load.registered = false
 	r.chg.Add(1)
 	r.nworkers.Store(int64(len(r.workers)))
-	r.countBlind()
-}
-
-// countBlind recounts the workers without KV events (kv mode consults the
-// approximate index while there are any). Called with r.mu held.
-func (r *Router) countBlind() {
-	n := int64(0)
-	for _, w := range r.workers {
-		if w.info.NoKVEvents {
-			n++
-		}
-	}
-	r.blind.Store(n)
+	r.blind.Add(-int64(b2i(w.info.NoKVEvents)))
 }
 
 func (r *Router) dropFromPool(pk poolKey, key kv.WorkerKey) {
