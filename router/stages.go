@@ -129,10 +129,12 @@ func (s *selection) mergeDepth() {
 			// being computed there) before any KV event says so.
 			prev = uint32(sl.load.activePrefix(s.seq))
 		}
+		var c [kv.NumTiers]uint32
 		for t, v := range d {
 			prev = max(prev, min(v, n))
-			s.depth[i][t] = prev
+			c[t] = prev
 		}
+		s.depth[i] = c
 	}
 }
 
