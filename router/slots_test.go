@@ -1,7 +1,10 @@
 package router
 
 import (
+	"context"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/kv"
@@ -72,4 +75,82 @@ func checkDerived(t *testing.T, r *Router, step int) {
 			t.Fatalf("step %d: pool %v: decodeOnly %d, recount %d", step, pk, p.decodeOnly, decodeOnly)
 		}
 	}
+}
+
+// A filter that says it is idle for a request keeps every worker: the
+// candidates and the error filter leaves equal those of asking every
+// filter about every worker, over random pools (decode-only workers,
+// adapters, booked load), thresholds and requests.
+func TestIdleFiltersKeepEveryWorker(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for round := range 40 {
+		cfg := Config{Mode: ModeKV, Matcher: newFakeIndex()}
+		if rng.IntN(2) == 0 {
+			cfg.MaxPrefillTokens = int64(rng.IntN(3000))
+		}
+		if rng.IntN(3) == 0 {
+			cfg.MaxKVUsage = 0.01 + rng.Float64()/4
+		}
+		if rng.IntN(2) == 0 {
+			cfg.Admit = &AdmitConfig{PrefillPasses: 1, KVUsage: 0.5, Waiting: -1}
+		}
+		r := newRouter(t, cfg)
+		for k := range uint64(2 + rng.IntN(12)) {
+			info := winfo(k)
+			info.DecodeOnly = rng.IntN(4) == 0
+			if rng.IntN(3) == 0 {
+				info.LoRAs = []string{"a"}
+			}
+			if err := r.AddWorker(info); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range rng.IntN(6) { // book some load, left open; busy is fine
+			_, _ = r.Route(context.Background(), Request{Model: "m", Tokens: prompt(rng.IntN(9), 64+rng.IntN(4000))})
+		}
+		for range 20 {
+			req := Request{Model: "m", Tokens: prompt(rng.IntN(9), 64+rng.IntN(2000)), NoPrefillCharge: rng.IntN(4) == 0}
+			if rng.IntN(3) == 0 {
+				req.LoRA = "a"
+			}
+			for range rng.IntN(3) {
+				req.Exclude = append(req.Exclude, key(uint64(rng.IntN(14))))
+			}
+			for _, fs := range [][]filter{baseFilters, admitFilters} {
+				got, gotErr, want, wantErr := filterBothWays(r, req, fs)
+				if !slices.Equal(got, want) || fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
+					t.Fatalf("round %d, %+v: candidates %v (%v), asking every filter %v (%v)", round, req, got, gotErr, want, wantErr)
+				}
+			}
+		}
+	}
+}
+
+// filterBothWays runs filter over req's pool, and the same filters asked
+// about every worker.
+func filterBothWays(r *Router, req Request, fs []filter) (got []int, gotErr error, want []int, wantErr error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.pools[poolKey{req.Model, req.Role.Norm()}]
+	local := kv.LocalHashes(nil, req.Tokens, p.blockSize, kv.Seed(req.LoRA, req.Salt))
+	s := &selection{r: r, p: p, req: req, seq: kv.SeqHashes(nil, local), now: r.cfg.Now(), cm: r.cfg.Cost}
+	gotErr = s.filter(fs)
+	got = slices.Clone(s.cand)
+	var d drops
+	for i, w := range p.workers {
+		why := kept
+		for _, f := range fs {
+			if why = f.drop(s, w); why != kept {
+				break
+			}
+		}
+		d[why]++
+		if why == kept {
+			want = append(want, i)
+		}
+	}
+	if len(want) == 0 {
+		wantErr = d.err(&s.req, len(p.workers), r.cfg.BusyRetryAfter)
+	}
+	return got, gotErr, want, wantErr
 }
