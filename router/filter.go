@@ -31,6 +31,10 @@ const (
 // lock and must not call back into the router.
 type filter interface {
 	drop(s *selection, w *worker) dropReason
+	// idle reports that the filter drops no worker of s's pool for s's
+	// request (a request for the base model, with nothing excluded), so
+	// filter need not ask it worker by worker.
+	idle(s *selection) bool
 }
 
 // adapterFilter keeps the workers that serve the request's LoRA adapter.
@@ -42,6 +46,8 @@ func (adapterFilter) drop(s *selection, w *worker) dropReason {
 	}
 	return kept
 }
+
+func (adapterFilter) idle(s *selection) bool { return s.req.LoRA == "" }
 
 // servesAdapter: w may take a request for adapter lora ("" is the base
 // model, served by every worker).
@@ -61,6 +67,8 @@ func (decodeOnlyFilter) drop(s *selection, w *worker) dropReason {
 	return kept
 }
 
+func (decodeOnlyFilter) idle(s *selection) bool { return s.req.NoPrefillCharge || s.p.decodeOnly == 0 }
+
 // exclusionFilter drops the workers the request excludes and the
 // inhibited ones (route adds those to Request.Exclude).
 type exclusionFilter struct{}
@@ -72,9 +80,16 @@ func (exclusionFilter) drop(s *selection, w *worker) dropReason {
 	return kept
 }
 
+func (exclusionFilter) idle(s *selection) bool { return len(s.req.Exclude) == 0 }
+
 // busyFilter drops the workers past a busy threshold of the router's
 // config.
 type busyFilter struct{}
+
+func (busyFilter) idle(s *selection) bool {
+	c := &s.r.cfg
+	return c.MaxPrefillTokens <= 0 && c.MaxPrefillFrac <= 0 && c.MaxKVUsage <= 0
+}
 
 func (busyFilter) drop(s *selection, w *worker) dropReason {
 	if s.r.busy(w, s.now) {
@@ -111,6 +126,8 @@ func (admitFilter) drop(s *selection, w *worker) dropReason {
 	return kept
 }
 
+func (admitFilter) idle(*selection) bool { return false }
+
 // drops counts the workers each reason removed.
 type drops [numDropReasons]int
 
@@ -132,19 +149,34 @@ func (d *drops) err(req *Request, nw int, retryAfter time.Duration) error {
 
 // filter runs filters over the pool, leaving s.cand the indices of the
 // workers none of them dropped, or the error that says why none is left.
+// Filters idle for the request are not asked: they would keep every
+// worker.
 func (s *selection) filter(filters []filter) error {
 	s.cand = s.cand[:0]
-	var d drops
-	for i, w := range s.p.workers {
-		why := kept
-		for _, f := range filters {
-			if why = f.drop(s, w); why != kept {
-				break
-			}
+	active := s.active[:0]
+	for _, f := range filters {
+		if !f.idle(s) {
+			active = append(active, f)
 		}
-		d[why]++
-		if why == kept {
+	}
+	s.active = active
+	var d drops
+	if len(active) == 0 {
+		for i := range s.p.workers {
 			s.cand = append(s.cand, i)
+		}
+	} else {
+		for i, w := range s.p.workers {
+			why := kept
+			for _, f := range active {
+				if why = f.drop(s, w); why != kept {
+					break
+				}
+			}
+			d[why]++
+			if why == kept {
+				s.cand = append(s.cand, i)
+			}
 		}
 	}
 	if len(s.cand) == 0 {

@@ -32,7 +32,9 @@ type Router struct {
 	// chg counts changes of worker state that may change an admission
 	// (Changes).
 	chg atomic.Uint64
-	// blind counts the workers without KV events (WorkerInfo.NoKVEvents).
+	// blind counts the workers without KV events (WorkerInfo.NoKVEvents),
+	// kept as they are added, updated and removed (a recount per
+	// registration made registering n workers O(n²)).
 	blind   atomic.Int64
 	seq     atomic.Uint64
 	scratch sync.Pool // *selection

@@ -19,39 +19,48 @@ type costScorer struct{}
 
 func (costScorer) score(s *selection) {
 	s.cost = slices.Grow(s.cost[:0], len(s.cand))[:len(s.cand)]
-	price := overlapCost
 	if s.cm.Kind == CostTime {
-		price = timeCost
+		timeCosts(s)
+		return
 	}
-	for j, i := range s.cand {
-		s.cost[j] = price(s, i)
-	}
-}
-
-// overlapCost is the CostBlocks price of pool worker i (CostModel.cost).
-func overlapCost(s *selection, i int) float64 {
 	isl := float64(s.req.promptLen())
 	charge := isl // prompt tokens charged as prefill
 	if s.req.NoPrefillCharge {
 		charge = 0
 	}
-	return s.cm.cost(s.depth[i], s.p.workers[i].load, s.seq, isl, charge, s.p.blockSize)
+	for j, i := range s.cand {
+		s.cost[j] = s.cm.cost(s.depth[i], s.p.slots[i].load, s.seq, isl, charge, s.p.blockSize)
+	}
 }
 
-// timeCost is the CostTime price of pool worker i (CostModel.timeCost).
-func timeCost(s *selection, i int) float64 {
-	w := s.p.workers[i]
-	in := costInput{depth: s.depth[i], load: w.load, timing: w.info.Timing.orDefault(),
-		budget: w.info.MaxBatchedTokens, kvCap: w.info.KVBlocks, blockSz: s.p.blockSize,
-		usage: s.r.reportedUsage(w.load, s.now), noCharge: s.req.NoPrefillCharge, tierMS: w.info.TierLoad}
-	if in.tierMS != (TierLoad{}) {
-		in.backlogMS = w.load.backlogMS(s.now)
+// timeCosts sets the CostTime price (CostModel.timeCost) of every
+// candidate. Each reads its worker's load, one cache miss apiece at
+// thousands of workers: touching the load warmAhead candidates on lets
+// those misses overlap instead of queueing.
+func timeCosts(s *selection) {
+	slots, cand := s.p.slots, s.cand
+	isl := float64(s.req.promptLen())
+	in := costInput{blockSz: s.p.blockSize, noCharge: s.req.NoPrefillCharge}
+	var t int64
+	for j, i := range cand {
+		if k := j + warmAhead; k < len(cand) {
+			t += slots[cand[k]].load.prefillTokens
+		}
+		sl := &slots[i]
+		in.depth, in.load, in.timing, in.budget, in.kvCap = s.depth[i], sl.load, sl.timing, sl.budget, sl.kvCap
+		in.usage = s.r.reportedUsage(sl.load, s.now)
+		in.tierMS, in.backlogMS = TierLoad{}, 0
+		if sl.tiers {
+			in.tierMS = sl.w.info.TierLoad
+			in.backlogMS = sl.load.backlogMS(s.now)
+		}
+		s.cost[j] = s.cm.timeCost(&in, s.seq, isl)
 	}
-	if in.budget <= 0 {
-		in.budget = defaultPassBudget
-	}
-	return s.cm.timeCost(&in, s.seq, float64(s.req.promptLen()))
+	s.touched += t
 }
+
+// warmAhead is how many candidates ahead timeCosts touches.
+const warmAhead = 8
 
 // cost is the DESIGN.md §5 cost of routing a request with isl tokens and
 // prompt blocks seq to a worker with cumulative overlap depth and load l;

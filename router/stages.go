@@ -62,8 +62,10 @@ type selection struct {
 	matches []Match               // the index's, sorted by worker
 	depth   [][kv.NumTiers]uint32 // per pool worker: cumulative cached prefix
 	cand    []int                 // pool indices still eligible
+	active  []filter              // filter's: the filters not idle for the request
 	cost    []float64             // per candidate, from the scorer
 	full    []bool                // per pool worker: cannot admit now (admitScorer)
+	touched int64                 // keeps costScorer's warming loads
 }
 
 // release drops the selection's references before it goes back to the
@@ -96,31 +98,43 @@ func (r *Router) choose(s *selection) (int, error) {
 // does not serve the request's adapter gets none, so it is no hint source
 // either, nor does any worker when the request earns no overlap credit.
 func (s *selection) mergeDepth() {
-	nw := len(s.p.workers)
+	slots := s.p.slots
+	nw := len(slots)
 	s.depth = slices.Grow(s.depth[:0], nw)[:nw]
+	clear(s.depth)
+	if s.req.NoOverlapCredit {
+		return
+	}
+	n := uint32(len(s.seq))
+	lora, routed := s.req.LoRA, s.r.cfg.CreditRouted
+	ms := s.matches
 	mi := 0
-	for i, w := range s.p.workers {
-		for mi < len(s.matches) && cmpKey(s.matches[mi].Worker, w.info.Key) < 0 {
+	for i := range slots {
+		sl := &slots[i]
+		for mi < len(ms) && cmpKey(ms[mi].Worker, sl.key) < 0 {
 			mi++
 		}
-		s.depth[i] = [kv.NumTiers]uint32{}
-		if s.req.NoOverlapCredit || !servesAdapter(w, s.req.LoRA) {
+		var d [kv.NumTiers]uint32
+		if mi < len(ms) && ms[mi].Worker == sl.key {
+			d = ms[mi].Depth
+		} else if !routed {
+			continue // no match, nothing routed: zero, as cleared
+		}
+		if lora != "" && !servesAdapter(sl.w, lora) {
 			continue
 		}
 		var prev uint32
-		if s.r.cfg.CreditRouted {
+		if routed {
 			// Blocks routed here and still active are on its device (or
 			// being computed there) before any KV event says so.
-			prev = uint32(w.load.activePrefix(s.seq))
+			prev = uint32(sl.load.activePrefix(s.seq))
 		}
-		var d [kv.NumTiers]uint32
-		if mi < len(s.matches) && s.matches[mi].Worker == w.info.Key {
-			d = s.matches[mi].Depth
-		}
+		var c [kv.NumTiers]uint32
 		for t, v := range d {
-			prev = max(prev, min(v, uint32(len(s.seq))))
-			s.depth[i][t] = prev
+			prev = max(prev, min(v, n))
+			c[t] = prev
 		}
+		s.depth[i] = c
 	}
 }
 

@@ -47,6 +47,8 @@ func (oddFilter) drop(_ *selection, w *worker) dropReason {
 	return kept
 }
 
+func (oddFilter) idle(*selection) bool { return false }
+
 // A filter added to a mode's profile narrows every pick, and its reasons
 // make the error once nothing is left.
 func TestProfileTakesAFilter(t *testing.T) {

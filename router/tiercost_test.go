@@ -70,7 +70,7 @@ func TestTierTimeCostTable(t *testing.T) {
 			3*poly(640) + dec(1)},
 	} {
 		l := &load{private: tc.active, prefillTokens: tc.prefill, residencyMS: tc.residency}
-		in := costInput{depth: tc.depth, load: l, timing: DefaultEngineTiming(), budget: budget,
+		in := costInput{depth: tc.depth, load: l, timing: defaultTiming(), budget: budget,
 			kvCap: capacity, usage: tc.usage, blockSz: bs, tierMS: tc.tiers, backlogMS: tc.backlog, noCharge: tc.noCharge}
 		got := tm.timeCost(&in, seq, isl)
 		if math.Abs(got-tc.want) > 1e-9*max(1, math.Abs(tc.want)) {
@@ -80,7 +80,7 @@ func TestTierTimeCostTable(t *testing.T) {
 
 	// The clamp: a request larger than what is held waits one residency.
 	l := &load{private: 2, residencyMS: 1000}
-	in := costInput{load: l, timing: DefaultEngineTiming(), budget: budget, kvCap: 5, blockSz: bs, tierMS: host}
+	in := costInput{load: l, timing: defaultTiming(), budget: budget, kvCap: 5, blockSz: bs, tierMS: host}
 	if got := admitWait(&in, seq, isl); got != 1000 {
 		t.Errorf("over-capacity request waits %v ms, want one residency (1000)", got)
 	}

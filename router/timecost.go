@@ -83,7 +83,7 @@ func (t EngineTiming) validate() error {
 }
 
 // PrefillMS is the modelled time of one pass computing x new prompt tokens.
-func (t EngineTiming) PrefillMS(x float64) float64 {
+func (t *EngineTiming) PrefillMS(x float64) float64 {
 	if x <= 0 {
 		return 0
 	}
@@ -92,7 +92,7 @@ func (t EngineTiming) PrefillMS(x float64) float64 {
 }
 
 // DecodeMS is the modelled decode time of one pass at KV utilisation p.
-func (t EngineTiming) DecodeMS(p float64) float64 {
+func (t *EngineTiming) DecodeMS(p float64) float64 {
 	p = min(max(p, 0), 1)
 	d := &t.Decode
 	return max(t.DecodeFloor, (d[0]*p+d[1])*p+d[2])
@@ -101,7 +101,7 @@ func (t EngineTiming) DecodeMS(p float64) float64 {
 // PrefillWork is the modelled prefill time of tokens new prompt tokens
 // computed in chunks of at most budget per pass (chunked prefill), and the
 // number of passes that takes.
-func (t EngineTiming) PrefillWork(tokens float64, budget int) (ms float64, passes int) {
+func (t *EngineTiming) PrefillWork(tokens float64, budget int) (ms float64, passes int) {
 	if tokens <= 0 {
 		return 0, 0
 	}
@@ -183,10 +183,10 @@ const defaultPassBudget = 8192
 type costInput struct {
 	depth   [kv.NumTiers]uint32
 	load    *load
-	timing  EngineTiming // already defaulted
-	budget  int          // tokens per pass (> 0)
-	kvCap   int          // device KV blocks (0: unknown)
-	usage   float64      // reported KV usage fraction, 0 when none is fresh
+	timing  *EngineTiming // already defaulted
+	budget  int           // tokens per pass (> 0)
+	kvCap   int           // device KV blocks (0: unknown)
+	usage   float64       // reported KV usage fraction, 0 when none is fresh
 	blockSz int
 	// tierMS and backlogMS (CostTime): per-block load times of the
 	// worker's tiers and what its onboarding channel still has queued.
@@ -309,7 +309,10 @@ func (m *CostModel) timeCost(in *costInput, seq []kv.SeqHash, isl float64) float
 		active := float64(l.uniqueBlocks()) + reqBlocks - float64(l.activePrefix(seq))
 		u = max(u, active/float64(in.kvCap))
 	}
-	own, _ := in.timing.PrefillWork(charge-cached, in.budget)
+	own := prefill // nothing queued ahead: queued is charge−cached exactly
+	if l.prefillTokens != 0 {
+		own, _ = in.timing.PrefillWork(charge-cached, in.budget)
+	}
 	cost := m.PrefillScale*prefill + m.WorkWeight*own + float64(passes)*in.timing.DecodeMS(u)
 	if loadMS > 0 {
 		ahead, _ := in.timing.PrefillWork(float64(l.prefillTokens), in.budget)

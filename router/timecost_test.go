@@ -85,7 +85,7 @@ func TestTimeCostTable(t *testing.T) {
 		for _, h := range tc.active {
 			l.refs.inc(h)
 		}
-		in := costInput{depth: tc.depth, load: l, timing: DefaultEngineTiming(), budget: budget,
+		in := costInput{depth: tc.depth, load: l, timing: defaultTiming(), budget: budget,
 			kvCap: tc.kvCap, usage: tc.usage, blockSz: bs}
 		got := tc.model.timeCost(&in, seq, isl)
 		if math.Abs(got-tc.want) > 1e-9*max(1, math.Abs(tc.want)) {
@@ -104,7 +104,7 @@ func TestTimeCostMonotone(t *testing.T) {
 	for _, m := range []CostModel{TimeCost(), {Kind: CostTime, Device: 1, PrefillScale: 1}} {
 		cost := func(cached uint32, queued int64, usage float64) float64 {
 			in := costInput{depth: [4]uint32{cached, cached, cached, cached}, load: &load{prefillTokens: queued},
-				timing: DefaultEngineTiming(), budget: 8192, kvCap: 16384, usage: usage, blockSz: bs}
+				timing: defaultTiming(), budget: 8192, kvCap: 16384, usage: usage, blockSz: bs}
 			return m.timeCost(&in, seq, isl)
 		}
 		for _, q := range []int64{0, 100, 5000, 40000} {
@@ -138,7 +138,7 @@ func TestTimeCostMonotone(t *testing.T) {
 		}
 		// A cache hit is worth more on a long prompt (superlinear prefill).
 		short, long := cost(0, 0, 0)-cost(10, 0, 0), 0.0
-		in := costInput{depth: [4]uint32{}, load: &load{}, timing: DefaultEngineTiming(), budget: 1 << 20, kvCap: 16384, blockSz: bs}
+		in := costInput{depth: [4]uint32{}, load: &load{}, timing: defaultTiming(), budget: 1 << 20, kvCap: 16384, blockSz: bs}
 		full := m.timeCost(&in, seq, isl)
 		in.depth = [4]uint32{10, 10, 10, 10}
 		long = full - m.timeCost(&in, seq, isl)
@@ -290,4 +290,10 @@ func TestTimeCostRouting(t *testing.T) {
 		t.Fatalf("block override: %v %v", d, err)
 	}
 	d.Done()
+}
+
+// defaultTiming is a fresh DefaultEngineTiming for a costInput.
+func defaultTiming() *EngineTiming {
+	t := DefaultEngineTiming()
+	return &t
 }

@@ -52,12 +52,54 @@ type poolKey struct {
 type pool struct {
 	blockSize int
 	workers   []*worker
-	rr        uint64 // round-robin cursor
+	// slots[i] is workers[i]'s hot state, dense: a decision at thousands of
+	// workers reads it for every one of them, and chasing each worker's
+	// pointer to its WorkerInfo was most of a decision's time.
+	slots      []slot
+	decodeOnly int    // workers with DecodeOnly set
+	rr         uint64 // round-robin cursor
+}
+
+// slot is what a decision reads of every worker of a pool, derived from
+// its WorkerInfo when it is added or updated.
+type slot struct {
+	key    kv.WorkerKey
+	load   *load
+	w      *worker
+	timing *EngineTiming // Timing.orDefault(), in w
+	budget int           // tokens per pass: MaxBatchedTokens, or defaultPassBudget
+	kvCap  int           // KVBlocks
+	// loras: the worker lists adapters (the base model needs no check);
+	// tiers: it has a TierLoad.
+	loras, tiers, decodeOnly bool
+}
+
+func slotOf(w *worker) slot {
+	w.timing = w.info.Timing.orDefault()
+	budget := w.info.MaxBatchedTokens
+	if budget <= 0 {
+		budget = defaultPassBudget
+	}
+	return slot{key: w.info.Key, load: w.load, w: w, timing: &w.timing, budget: budget, kvCap: w.info.KVBlocks,
+		loras: len(w.info.LoRAs) > 0, tiers: w.info.TierLoad != (TierLoad{}), decodeOnly: w.info.DecodeOnly}
+}
+
+// resync rebuilds the pool's slots from its workers (they changed).
+func (p *pool) resync() {
+	p.slots = slices.Grow(p.slots[:0], len(p.workers))[:len(p.workers)]
+	p.decodeOnly = 0
+	for i, w := range p.workers {
+		p.slots[i] = slotOf(w)
+		if w.info.DecodeOnly {
+			p.decodeOnly++
+		}
+	}
 }
 
 type worker struct {
-	info WorkerInfo
-	load *load
+	info   WorkerInfo
+	load   *load
+	timing EngineTiming // info.Timing.orDefault(), for slot.timing
 }
 
 // load is the router's view of one worker key's activity. It outlives the
@@ -188,12 +230,16 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 	}
 	if w := r.workers[info.Key]; w != nil {
 		old := poolKey{w.info.Model, w.info.Role}
+		r.blind.Add(-int64(b2i(w.info.NoKVEvents))) // the new info counts below
 		if old != pk {
 			r.dropFromPool(old, info.Key)
 		} else {
 			w.info = info
 			p.blockSize = info.BlockSize
-			r.countBlind()
+			i, _ := slices.BinarySearchFunc(p.workers, info.Key, func(x *worker, k kv.WorkerKey) int { return cmpKey(x.info.Key, k) })
+			p.decodeOnly += b2i(info.DecodeOnly) - b2i(p.slots[i].decodeOnly)
+			p.slots[i] = slotOf(w)
+			r.blind.Add(int64(b2i(info.NoKVEvents)))
 			return nil
 		}
 	}
@@ -216,8 +262,10 @@ func (r *Router) AddWorker(info WorkerInfo) error {
 	p.blockSize = info.BlockSize
 	i, _ := slices.BinarySearchFunc(p.workers, info.Key, func(x *worker, k kv.WorkerKey) int { return cmpKey(x.info.Key, k) })
 	p.workers = slices.Insert(p.workers, i, w)
+	p.slots = slices.Insert(p.slots, i, slotOf(w))
+	p.decodeOnly += b2i(info.DecodeOnly)
 	r.nworkers.Store(int64(len(r.workers)))
-	r.countBlind()
+	r.blind.Add(int64(b2i(info.NoKVEvents)))
 	return nil
 }
 
@@ -242,19 +290,7 @@ func (r *Router) RemoveWorker(key kv.WorkerKey) {
 	w.load.registered = false
 	r.chg.Add(1)
 	r.nworkers.Store(int64(len(r.workers)))
-	r.countBlind()
-}
-
-// countBlind recounts the workers without KV events (kv mode consults the
-// approximate index while there are any). Called with r.mu held.
-func (r *Router) countBlind() {
-	n := int64(0)
-	for _, w := range r.workers {
-		if w.info.NoKVEvents {
-			n++
-		}
-	}
-	r.blind.Store(n)
+	r.blind.Add(-int64(b2i(w.info.NoKVEvents)))
 }
 
 func (r *Router) dropFromPool(pk poolKey, key kv.WorkerKey) {
@@ -266,6 +302,14 @@ func (r *Router) dropFromPool(pk poolKey, key kv.WorkerKey) {
 	if len(p.workers) == 0 {
 		delete(r.pools, pk)
 	}
+	p.resync()
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Workers returns the live workers of a model and role, in key order.
