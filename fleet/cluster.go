@@ -396,7 +396,38 @@ func (c *Cluster) open(ctx context.Context, d *router.Decision, greq *api.Genera
 	if d.Hint != nil {
 		ws.cancel = holdCancel(ctx, st, cancel)
 	}
+	if ls, ok := st.(localStream); ok {
+		ws.local = ls
+	}
 	return ws, nil
+}
+
+// localStream is the caller's side of a call to a worker in process
+// (workerclient.Local): its chunks are the worker's own messages, shared,
+// not copied, and it says without blocking whether one is waiting.
+type localStream interface {
+	Recv() (*api.GenerateChunk, error)
+	TryRecv() (*api.GenerateChunk, bool)
+}
+
+// polledStream is a whole-request stream from a worker in process. Its
+// TryRecv lets the frontend write every chunk already waiting before one
+// flush, without a goroutine of its own to find out whether one is.
+type polledStream struct{ *workerStream }
+
+// TryRecv is Recv when a chunk is already waiting (ok); otherwise it
+// returns at once with ok false, and the end or a failure is Recv's to
+// report.
+func (s polledStream) TryRecv() (kv.TokenChunk, bool, error) {
+	if s.done {
+		return kv.TokenChunk{}, false, nil
+	}
+	m, ok := s.local.TryRecv()
+	if !ok {
+		return kv.TokenChunk{}, false, nil
+	}
+	ch, err := s.chunk(m)
+	return ch, true, err
 }
 
 type workerStream struct {
@@ -406,9 +437,11 @@ type workerStream struct {
 	cancel context.CancelFunc
 	first  bool
 	done   bool
-	msg    api.GenerateChunk // reused by every Recv: the codec resets it, and a chunk keeps only its own Tokens slice
-	counts *workerCounts     // the worker's, for the per-worker series
-	span   trace.Span        // worker.generate (tracing.go; nil: none); ends with the stream
+	msg    api.GenerateChunk  // reused by every Recv: the codec resets it, and a chunk keeps only its own Tokens slice
+	local  localStream        // st, when the worker is in process (nil: gRPC)
+	last   *api.GenerateChunk // the message Recv last returned a chunk of (&msg, or the worker's own)
+	counts *workerCounts      // the worker's, for the per-worker series
+	span   trace.Span         // worker.generate (tracing.go; nil: none); ends with the stream
 	cl     *Cluster
 	in     discovery.Instance // the worker's record, for a credentials refusal
 }
@@ -417,35 +450,54 @@ func (s *workerStream) Recv() (kv.TokenChunk, error) {
 	if s.done {
 		return kv.TokenChunk{}, io.EOF
 	}
-	m := &s.msg
-	err := s.st.RecvMsg(m)
-	if err != nil {
-		if err == io.EOF {
-			// The worker closed the stream without a finish reason.
-			return kv.TokenChunk{}, s.fail(fmt.Errorf("worker %v ended the stream early: %w", s.d.Worker, kv.ErrWorkerLost))
-		}
-		switch status.Code(err) {
-		case codes.Canceled, codes.DeadlineExceeded:
-			// Only the caller's cancellation is the caller's: a stream
-			// cancelled because discovery dropped the worker (Forget closes
-			// its connection) is a lost worker and may be migrated.
-			if s.ctx.Err() != nil {
-				s.finish(err)
-				return kv.TokenChunk{}, err
-			}
-		case codes.InvalidArgument:
-			err = fmt.Errorf("%w: %s", kv.ErrRejected, status.Convert(err).Message())
-			s.finish(err)
-			return kv.TokenChunk{}, err
-		}
-		if cred := refusedCredential(err); cred != "" && s.cl != nil {
-			// The frontend's configuration, not the worker: not inhibited.
-			err = s.cl.credentialsRefused(s.in, s.d.Worker, cred, err)
-			s.finish(err)
-			return kv.TokenChunk{}, err
-		}
-		return kv.TokenChunk{}, s.fail(fmt.Errorf("worker %v: %v: %w", s.d.Worker, err, kv.ErrWorkerLost))
+	var m *api.GenerateChunk
+	var err error
+	if s.local != nil {
+		m, err = s.local.Recv() // the worker's message itself: no copy
+	} else {
+		m = &s.msg
+		err = s.st.RecvMsg(m)
 	}
+	if err != nil {
+		return kv.TokenChunk{}, s.recvErr(err)
+	}
+	return s.chunk(m)
+}
+
+// recvErr is what Recv returns for the stream's error err; the stream has
+// ended.
+func (s *workerStream) recvErr(err error) error {
+	if err == io.EOF {
+		// The worker closed the stream without a finish reason.
+		return s.fail(fmt.Errorf("worker %v ended the stream early: %w", s.d.Worker, kv.ErrWorkerLost))
+	}
+	switch status.Code(err) {
+	case codes.Canceled, codes.DeadlineExceeded:
+		// Only the caller's cancellation is the caller's: a stream
+		// cancelled because discovery dropped the worker (Forget closes
+		// its connection) is a lost worker and may be migrated.
+		if s.ctx.Err() != nil {
+			s.finish(err)
+			return err
+		}
+	case codes.InvalidArgument:
+		err = fmt.Errorf("%w: %s", kv.ErrRejected, status.Convert(err).Message())
+		s.finish(err)
+		return err
+	}
+	if cred := refusedCredential(err); cred != "" && s.cl != nil {
+		// The frontend's configuration, not the worker: not inhibited.
+		err = s.cl.credentialsRefused(s.in, s.d.Worker, cred, err)
+		s.finish(err)
+		return err
+	}
+	return s.fail(fmt.Errorf("worker %v: %v: %w", s.d.Worker, err, kv.ErrWorkerLost))
+}
+
+// chunk is the worker's message m as the caller's chunk (or the error it
+// carries), with the stream's bookkeeping.
+func (s *workerStream) chunk(m *api.GenerateChunk) (kv.TokenChunk, error) {
+	s.last = m
 	if !s.first && len(m.Tokens) > 0 {
 		s.first = true
 		s.d.FirstToken()
@@ -469,6 +521,15 @@ func (s *workerStream) Recv() (kv.TokenChunk, error) {
 		s.finish(nil)
 	}
 	return ch, nil
+}
+
+// params are the connector parameters of the last chunk received (a
+// prefill leg's answer); the gRPC codec reuses them with the message.
+func (s *workerStream) params() []byte {
+	if s.last == nil {
+		return nil
+	}
+	return s.last.KvTransferParams
 }
 
 // finish ends the stream; err (nil: none) is what its span records.

@@ -295,6 +295,14 @@ type genResult struct {
 	tokens int
 }
 
+// asWorkerStream is the worker stream under a whole-request stream.
+func asWorkerStream(st kv.TokenStream) *workerStream {
+	if p, ok := st.(polledStream); ok {
+		return p.workerStream
+	}
+	return st.(*workerStream)
+}
+
 // generate sends a request through the cluster and reads it to the end.
 func generate(ctx context.Context, c *Cluster, model string, toks []uint32, maxTokens int) (genResult, error) {
 	st, err := c.Generate(ctx, &kv.GenerateRequest{Model: model, Tokens: toks, Sampling: kv.Sampling{MaxTokens: maxTokens}})
@@ -302,7 +310,7 @@ func generate(ctx context.Context, c *Cluster, model string, toks []uint32, maxT
 		return genResult{}, err
 	}
 	defer st.Close()
-	res := genResult{worker: st.(*workerStream).d.Worker}
+	res := genResult{worker: asWorkerStream(st).d.Worker}
 	for {
 		ch, err := st.Recv()
 		if err != nil {
@@ -731,7 +739,7 @@ func testBadInput(t *testing.T, bin string) {
 			if _, err := st.Recv(); err != nil {
 				t.Fatal(err)
 			}
-			return st, e.workers[st.(*workerStream).d.Worker.Instance]
+			return st, e.workers[asWorkerStream(st).d.Worker.Instance]
 		}
 	}
 	hangSt, hung := long(900)

@@ -151,6 +151,9 @@ func (c *Cluster) wholeStep(ctx context.Context, req *kv.GenerateRequest, plan *
 	if err != nil {
 		return nil, err // not a nil *workerStream in the interface
 	}
+	if st.local != nil {
+		return polledStream{st}, nil
+	}
 	return st, nil
 }
 
@@ -276,7 +279,7 @@ func (c *Cluster) prefillOn(ctx context.Context, d *router.Decision, greq *api.G
 		}
 		ans.chunk.Tokens = append(ans.chunk.Tokens, ch.Tokens...)
 		if ch.Finish == kv.FinishNone {
-			if p := st.msg.KvTransferParams; len(p) > 0 {
+			if p := st.params(); len(p) > 0 {
 				// Parameters up front: the decode leg starts now, this one
 				// runs on until its engine has handed the KV over.
 				ans.params, ans.at = slices.Clone(p), time.Now()
@@ -287,7 +290,7 @@ func (c *Cluster) prefillOn(ctx context.Context, d *router.Decision, greq *api.G
 		}
 		ans.chunk.Finish, ans.chunk.PromptTokens, ans.chunk.CachedTokens = ch.Finish, ch.PromptTokens, ch.CachedTokens
 		ans.chunk.CachedByTier = ch.CachedByTier
-		if p := st.msg.KvTransferParams; len(p) > 0 {
+		if p := st.params(); len(p) > 0 {
 			ans.params = slices.Clone(p) // the codec reuses the message
 		}
 		ans.at = time.Now()

@@ -127,6 +127,7 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 			return out, s.backendError(ctx, err)
 		}
 		rd := &chunkReader{ctx: ctx, stream: stream, flush: flush}
+		rd.polled, _ = stream.(polledStream)
 		finished, lost, aerr := s.drain(ctx, rd, m, obs, &out, &generated, detok, stops, emitText, started, &lastToken, &stopHit)
 		acancel()
 		rd.stop() // a pump's Recv and Close must not run at once
@@ -250,16 +251,26 @@ func (e *emitError) Error() string { return e.err.Error() }
 // non-streaming client) it is a plain Recv. For a streaming client it
 // flushes what was written before it waits for the next chunk, and it
 // reads in the caller's goroutine while the client keeps up: no extra
-// goroutine per request and no hand-off per token. Once a chunk is found
-// already waiting, the frontend is behind, so reading moves to a pump
-// goroutine that queues chunks; then every chunk that is ready is written
-// before one flush, so a stream that falls behind costs one write per
-// burst, not per token.
+// goroutine per request and no hand-off per token. Every chunk already
+// waiting is written before one flush, so a stream that falls behind costs
+// one write per burst, not per token; a chunk that arrives alone is
+// flushed at once. A stream that can say without blocking whether a chunk
+// is waiting (polled: serve's workers in process) is asked; any other,
+// once a chunk is found already waiting (the frontend is behind), is read
+// by a pump goroutine that queues chunks.
 type chunkReader struct {
 	ctx    context.Context
 	stream kv.TokenStream
 	flush  func() error
 	pump   *pump
+	polled polledStream // stream, when it is one
+}
+
+// polledStream is a stream whose TryRecv is Recv when a chunk is already
+// waiting (ok), and otherwise returns at once with ok false (the end or a
+// failure is then Recv's to report).
+type polledStream interface {
+	TryRecv() (ch kv.TokenChunk, ok bool, err error)
 }
 
 // behindAfter: a Recv that returns sooner than this found its chunk
@@ -269,6 +280,15 @@ const behindAfter = 10 * time.Microsecond
 
 func (r *chunkReader) next() (kv.TokenChunk, error) {
 	if r.flush == nil {
+		return r.stream.Recv()
+	}
+	if r.polled != nil {
+		if ch, ok, err := r.polled.TryRecv(); ok {
+			return ch, err
+		}
+		if err := r.flush(); err != nil {
+			return kv.TokenChunk{}, &emitError{err}
+		}
 		return r.stream.Recv()
 	}
 	if r.pump != nil {

@@ -95,3 +95,50 @@ func TestChunkReaderPumpsOnlyWhenBehind(t *testing.T) {
 		}
 	})
 }
+
+// polledList is a listStream whose first ready chunks are waiting (TryRecv
+// hands them out) and whose others must be waited for (Recv).
+type polledList struct {
+	listStream
+	ready int // chunks at the front that are already waiting
+}
+
+func (s *polledList) TryRecv() (kv.TokenChunk, bool, error) {
+	if s.ready == 0 || len(s.chunks) == 0 {
+		return kv.TokenChunk{}, false, nil
+	}
+	s.ready--
+	ch, err := s.listStream.Recv()
+	return ch, true, err
+}
+
+// A stream that says whether a chunk is waiting gets no pump: the waiting
+// chunks are written before one flush, and a chunk that had to be waited
+// for is preceded by a flush of everything before it.
+func TestChunkReaderPolled(t *testing.T) {
+	st := &polledList{listStream: listStream{chunks: tokenChunks(30)}, ready: 10}
+	flushes := 0
+	flushedAt := []int{} // chunks handed out when each flush happened
+	got := 0
+	r := &chunkReader{ctx: context.Background(), stream: st, polled: st,
+		flush: func() error { flushes++; flushedAt = append(flushedAt, got); return nil }}
+	for i := range 30 {
+		ch, err := r.next()
+		if err != nil {
+			t.Fatalf("chunk %d: %v", i, err)
+		}
+		if len(ch.Tokens) != 1 || ch.Tokens[0] != uint32(i) {
+			t.Fatalf("chunk %d carries %v", i, ch.Tokens)
+		}
+		got++
+	}
+	r.stop()
+	if r.pump != nil {
+		t.Fatal("a pump started for a polled stream")
+	}
+	// 10 waiting: no flush until they are all handed out; then one flush
+	// before each of the 20 waited for.
+	if flushes != 20 || flushedAt[0] != 10 {
+		t.Fatalf("%d flushes, the first after %d chunks; want 20, the first after the 10 waiting", flushes, flushedAt[0])
+	}
+}

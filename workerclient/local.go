@@ -233,6 +233,20 @@ func (s localClientStream) Recv() (*api.GenerateChunk, error) {
 	}
 }
 
+// TryRecv is Recv when a chunk is already waiting (ok); otherwise it
+// returns at once with ok false, whatever the stream's state: a caller
+// that wants the end or an error calls Recv. It lets a relay write every
+// chunk that is ready before it flushes, without a goroutine of its own
+// to find out whether one is.
+func (s localClientStream) TryRecv() (m *api.GenerateChunk, ok bool) {
+	select {
+	case m := <-s.p.msgs:
+		return m, true
+	default:
+		return nil, false
+	}
+}
+
 // RecvMsg fills m (a *api.GenerateChunk the caller may reuse) with the
 // next chunk.
 func (s localClientStream) RecvMsg(m any) error {

@@ -300,3 +300,31 @@ func BenchmarkGenerateRoundTrip(b *testing.B) {
 		})
 	}
 }
+
+// TryRecv hands out what the worker already sent, in order, and never
+// waits: before the handler sent anything, and once it ended, it says no.
+func TestLocalTryRecv(t *testing.T) {
+	wc := LocalClient(&fakeWorker{})
+	st, err := wc.Generate(context.Background(), &api.GenerateRequest{RequestId: "stream", Tokens: []uint32{5, 6, 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls := st.(interface {
+		TryRecv() (*api.GenerateChunk, bool)
+	})
+	<-st.(localClientStream).p.done // the handler sent its 4 chunks and returned
+	var got [][]uint32
+	for {
+		m, ok := ls.TryRecv()
+		if !ok {
+			break
+		}
+		got = append(got, m.Tokens)
+	}
+	if fmt.Sprint(got) != "[[0 10] [1 11] [2 12] [5 6 7]]" {
+		t.Fatalf("TryRecv handed out %v", got)
+	}
+	if _, err := st.Recv(); err != io.EOF {
+		t.Fatalf("Recv after the last chunk: %v, want EOF", err)
+	}
+}
