@@ -135,58 +135,103 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	}
 	w.met.inflight.Inc()
 	defer w.met.inflight.Dec()
+	var held engine.Chunk // taken from ch while coalescing, not yet sent
+	holding := false
+	for {
+		var c engine.Chunk
+		var ok bool
+		if holding {
+			c, ok, holding = held, true, false
+		} else {
+			select {
+			case <-ctx.Done():
+				return resultCanceled, status.FromContextError(ctx.Err()).Err()
+			case <-wd.stallCh:
+				return resultUnavailable, errStalled
+			case <-down:
+				return resultUnavailable, errEngineDown
+			case c, ok = <-ch:
+			}
+		}
+		if !ok {
+			return resultAborted, nil
+		}
+		wd.outputs.Add(1)
+		if plainTokens(c) {
+			// Tokens the engine already queued behind this one go in
+			// the same message: one hand-off (and one wake-up of the
+			// caller) for the lot. Nothing is waited for.
+			c.Tokens, held, holding = takeQueued(ch, c.Tokens)
+		}
+		clk.Mark(stages.EngineFirst) // observed for the first output only
+		out := &api.GenerateChunk{Tokens: c.Tokens, FinishReason: string(c.Finish), KvTransferParams: c.TransferParams}
+		if len(c.TransferParams) > 0 {
+			w.log.Debug("disagg prefill answered", "request", req.RequestId, "params", paramsDigest(c.TransferParams))
+		}
+		if c.Usage != nil {
+			out.Usage = api.UsageToProto(c.Usage.PromptTokens, c.Usage.CompletionTokens, c.Usage.ByTier())
+		}
+		if errors.Is(c.Err, engine.ErrUnavailable) {
+			// The engine failed under the request: the stream ends
+			// Unavailable so the caller migrates what it has.
+			return resultUnavailable, status.Errorf(codes.Unavailable, "generate: %v", c.Err)
+		}
+		if c.Err != nil {
+			out.Error = c.Err.Error()
+			if out.FinishReason == "" {
+				out.FinishReason = string(kv.FinishError)
+			}
+		}
+		// A stream blocked on a slow caller is not waiting on the
+		// engine, so it must not count toward a stall.
+		wd.inflight.Add(-1)
+		err := stream.Send(out)
+		wd.inflight.Add(1)
+		if err != nil {
+			return resultCanceled, err
+		}
+		w.met.output.Add(float64(len(c.Tokens)))
+		if c.Err != nil {
+			return resultError, nil
+		}
+		if c.Finish != kv.FinishNone {
+			if u := c.Usage; u != nil {
+				w.met.prompt.Add(float64(u.PromptTokens))
+				w.met.cached.Add(float64(u.CachedTokens))
+				w.met.addTiers(u)
+			}
+			return resultFinished, nil
+		}
+	}
+}
+
+// plainTokens: c carries tokens and nothing else, so it may be joined
+// with the tokens that follow it.
+func plainTokens(c engine.Chunk) bool {
+	return len(c.Tokens) > 0 && c.Finish == kv.FinishNone && c.Err == nil && c.Usage == nil && len(c.TransferParams) == 0
+}
+
+// takeQueued appends to toks the tokens of the plain chunks already queued
+// on ch, without waiting. The first other chunk it meets is returned as
+// held (ok); a closed channel stops it (the next receive sees it closed).
+// toks is copied before it grows: the engine's slice is not ours to extend.
+func takeQueued(ch <-chan engine.Chunk, toks []kv.Token) (out []kv.Token, held engine.Chunk, ok bool) {
+	out = toks
 	for {
 		select {
-		case <-ctx.Done():
-			return resultCanceled, status.FromContextError(ctx.Err()).Err()
-		case <-wd.stallCh:
-			return resultUnavailable, errStalled
-		case <-down:
-			return resultUnavailable, errEngineDown
-		case c, ok := <-ch:
-			if !ok {
-				return resultAborted, nil
+		case c, open := <-ch:
+			if !open {
+				return out, engine.Chunk{}, false
 			}
-			wd.outputs.Add(1)
-			clk.Mark(stages.EngineFirst) // observed for the first output only
-			out := &api.GenerateChunk{Tokens: c.Tokens, FinishReason: string(c.Finish), KvTransferParams: c.TransferParams}
-			if len(c.TransferParams) > 0 {
-				w.log.Debug("disagg prefill answered", "request", req.RequestId, "params", paramsDigest(c.TransferParams))
+			if !plainTokens(c) {
+				return out, c, true
 			}
-			if c.Usage != nil {
-				out.Usage = api.UsageToProto(c.Usage.PromptTokens, c.Usage.CompletionTokens, c.Usage.ByTier())
+			if len(out) == len(toks) {
+				out = append(make([]kv.Token, 0, 2*(len(toks)+len(c.Tokens))), toks...)
 			}
-			if errors.Is(c.Err, engine.ErrUnavailable) {
-				// The engine failed under the request: the stream ends
-				// Unavailable so the caller migrates what it has.
-				return resultUnavailable, status.Errorf(codes.Unavailable, "generate: %v", c.Err)
-			}
-			if c.Err != nil {
-				out.Error = c.Err.Error()
-				if out.FinishReason == "" {
-					out.FinishReason = string(kv.FinishError)
-				}
-			}
-			// A stream blocked on a slow caller is not waiting on the
-			// engine, so it must not count toward a stall.
-			wd.inflight.Add(-1)
-			err := stream.Send(out)
-			wd.inflight.Add(1)
-			if err != nil {
-				return resultCanceled, err
-			}
-			w.met.output.Add(float64(len(c.Tokens)))
-			if c.Err != nil {
-				return resultError, nil
-			}
-			if c.Finish != kv.FinishNone {
-				if u := c.Usage; u != nil {
-					w.met.prompt.Add(float64(u.PromptTokens))
-					w.met.cached.Add(float64(u.CachedTokens))
-					w.met.addTiers(u)
-				}
-				return resultFinished, nil
-			}
+			out = append(out, c.Tokens...)
+		default:
+			return out, engine.Chunk{}, false
 		}
 	}
 }
