@@ -135,74 +135,165 @@ func (s *server) generate(req *api.GenerateRequest, stream api.Worker_GenerateSe
 	}
 	w.met.inflight.Inc()
 	defer w.met.inflight.Dec()
-	var held engine.Chunk // taken from ch while coalescing, not yet sent
-	holding := false
+	o := &outputs{w: w, req: req, ctx: ctx, ch: ch, down: down, clk: clk}
+	if r, ok := relayOf(stream); ok {
+		// A caller in process takes each output from the engine in its
+		// own goroutine: no hand-off through this one per chunk. While
+		// the caller is away (writing to its client) the stream is not
+		// waiting on the engine, as when a Send blocks.
+		wd.inflight.Add(-1)
+		ended := r.Relay(o.pull)
+		wd.inflight.Add(1)
+		if ended {
+			return o.result, o.err
+		}
+		return resultCanceled, status.FromContextError(ctx.Err()).Err()
+	}
 	for {
-		var c engine.Chunk
-		var ok bool
-		if holding {
-			c, ok, holding = held, true, false
-		} else {
-			select {
-			case <-ctx.Done():
-				return resultCanceled, status.FromContextError(ctx.Err()).Err()
-			case <-wd.stallCh:
-				return resultUnavailable, errStalled
-			case <-down:
-				return resultUnavailable, errEngineDown
-			case c, ok = <-ch:
-			}
-		}
-		if !ok {
-			return resultAborted, nil
-		}
-		wd.outputs.Add(1)
-		if plainTokens(c) {
-			// Tokens the engine already queued behind this one go in
-			// the same message: one hand-off (and one wake-up of the
-			// caller) for the lot. Nothing is waited for.
-			c.Tokens, held, holding = takeQueued(ch, c.Tokens)
-		}
-		clk.Mark(stages.EngineFirst) // observed for the first output only
-		out := &api.GenerateChunk{Tokens: c.Tokens, FinishReason: string(c.Finish), KvTransferParams: c.TransferParams}
-		if len(c.TransferParams) > 0 {
-			w.log.Debug("disagg prefill answered", "request", req.RequestId, "params", paramsDigest(c.TransferParams))
-		}
-		if c.Usage != nil {
-			out.Usage = api.UsageToProto(c.Usage.PromptTokens, c.Usage.CompletionTokens, c.Usage.ByTier())
-		}
-		if errors.Is(c.Err, engine.ErrUnavailable) {
-			// The engine failed under the request: the stream ends
-			// Unavailable so the caller migrates what it has.
-			return resultUnavailable, status.Errorf(codes.Unavailable, "generate: %v", c.Err)
-		}
-		if c.Err != nil {
-			out.Error = c.Err.Error()
-			if out.FinishReason == "" {
-				out.FinishReason = string(kv.FinishError)
-			}
+		out, c, result, err := o.next(true)
+		if out == nil {
+			return result, err
 		}
 		// A stream blocked on a slow caller is not waiting on the
 		// engine, so it must not count toward a stall.
 		wd.inflight.Add(-1)
-		err := stream.Send(out)
+		err = stream.Send(out)
 		wd.inflight.Add(1)
 		if err != nil {
 			return resultCanceled, err
 		}
-		w.met.output.Add(float64(len(c.Tokens)))
-		if c.Err != nil {
-			return resultError, nil
-		}
-		if c.Finish != kv.FinishNone {
-			if u := c.Usage; u != nil {
-				w.met.prompt.Add(float64(u.PromptTokens))
-				w.met.cached.Add(float64(u.CachedTokens))
-				w.met.addTiers(u)
-			}
-			return resultFinished, nil
+		if result, end := o.sent(c); end {
+			return result, nil
 		}
 	}
+}
+
+// relayer is a stream whose caller runs in this process and can take the
+// handler's outputs itself (workerclient's local stream): Relay hands it
+// next, and returns once next said the stream ended (true) or the call's
+// context ended first (false), never while the caller is inside next.
+type relayer interface {
+	Relay(next func(wait bool) (m *api.GenerateChunk, end bool)) bool
+}
+
+func relayOf(s api.Worker_GenerateServer) (relayer, bool) {
+	if t, ok := s.(tracedStream); ok {
+		s = t.Worker_GenerateServer
+	}
+	r, ok := s.(relayer)
+	return r, ok
+}
+
+// outputs turns one request's engine chunks into the stream's messages.
+type outputs struct {
+	w    *Worker
+	req  *api.GenerateRequest
+	ctx  context.Context
+	ch   <-chan engine.Chunk
+	down <-chan struct{}
+	clk  *stages.Clock
+	held engine.Chunk // taken from ch while coalescing, not yet sent
+	hold bool
+	// How a relayed stream ended (pull said end).
+	result string
+	err    error
+}
+
+// next is the next message and the chunk it carries; out nil: the stream
+// ended with result and err, or (result "") nothing was ready and wait
+// was false.
+func (o *outputs) next(wait bool) (out *api.GenerateChunk, c engine.Chunk, result string, err error) {
+	w, wd := o.w, o.w.wd
+	var ok bool
+	if o.hold {
+		c, ok, o.hold = o.held, true, false
+	} else if wait {
+		select {
+		case <-o.ctx.Done():
+			return nil, c, resultCanceled, status.FromContextError(o.ctx.Err()).Err()
+		case <-wd.stallCh:
+			return nil, c, resultUnavailable, errStalled
+		case <-o.down:
+			return nil, c, resultUnavailable, errEngineDown
+		case c, ok = <-o.ch:
+		}
+	} else {
+		select {
+		case c, ok = <-o.ch:
+		default:
+			return nil, c, "", nil
+		}
+	}
+	if !ok {
+		return nil, c, resultAborted, nil
+	}
+	wd.outputs.Add(1)
+	if plainTokens(c) {
+		// Tokens the engine already queued behind this one go in the
+		// same message: one hand-off (and one wake-up of the caller)
+		// for the lot. Nothing is waited for.
+		c.Tokens, o.held, o.hold = takeQueued(o.ch, c.Tokens)
+	}
+	o.clk.Mark(stages.EngineFirst) // observed for the first output only
+	out = &api.GenerateChunk{Tokens: c.Tokens, FinishReason: string(c.Finish), KvTransferParams: c.TransferParams}
+	if len(c.TransferParams) > 0 {
+		w.log.Debug("disagg prefill answered", "request", o.req.RequestId, "params", paramsDigest(c.TransferParams))
+	}
+	if c.Usage != nil {
+		out.Usage = api.UsageToProto(c.Usage.PromptTokens, c.Usage.CompletionTokens, c.Usage.ByTier())
+	}
+	if errors.Is(c.Err, engine.ErrUnavailable) {
+		// The engine failed under the request: the stream ends
+		// Unavailable so the caller migrates what it has.
+		return nil, c, resultUnavailable, status.Errorf(codes.Unavailable, "generate: %v", c.Err)
+	}
+	if c.Err != nil {
+		out.Error = c.Err.Error()
+		if out.FinishReason == "" {
+			out.FinishReason = string(kv.FinishError)
+		}
+	}
+	return out, c, "", nil
+}
+
+// sent accounts for c once its message reached the caller; end: it was
+// the stream's last, which ended with result.
+func (o *outputs) sent(c engine.Chunk) (result string, end bool) {
+	w := o.w
+	w.met.output.Add(float64(len(c.Tokens)))
+	if c.Err != nil {
+		return resultError, true
+	}
+	if c.Finish != kv.FinishNone {
+		if u := c.Usage; u != nil {
+			w.met.prompt.Add(float64(u.PromptTokens))
+			w.met.cached.Add(float64(u.CachedTokens))
+			w.met.addTiers(u)
+		}
+		return resultFinished, true
+	}
+	return "", false
+}
+
+// pull is next for a relayed stream, run by the caller: the message is
+// sent once it is returned. Inside it the stream waits on the engine.
+func (o *outputs) pull(wait bool) (*api.GenerateChunk, bool) {
+	wd := o.w.wd
+	wd.inflight.Add(1)
+	defer wd.inflight.Add(-1)
+	out, c, result, err := o.next(wait)
+	if out == nil {
+		if result == "" {
+			return nil, false
+		}
+		o.result, o.err = result, err
+		return nil, true
+	}
+	if result, end := o.sent(c); end {
+		o.result = result
+		return out, true
+	}
+	return out, false
 }
 
 // plainTokens: c carries tokens and nothing else, so it may be joined

@@ -124,7 +124,7 @@ func (c localClient) Generate(ctx context.Context, in *api.GenerateRequest, _ ..
 	}
 	sctx, cancel := serverContext(ctx)
 	p := &localPipe{cctx: ctx, sctx: sctx, msgs: make(chan *api.GenerateChunk, localBuffer),
-		headerSent: make(chan struct{}), done: make(chan struct{})}
+		headerSent: make(chan struct{}), done: make(chan struct{}), relayed: make(chan struct{}), relayEnd: make(chan struct{})}
 	go func() {
 		err := c.srv.Generate(in, localServerStream{p})
 		p.mu.Lock()
@@ -149,6 +149,52 @@ type localPipe struct {
 	header  metadata.MD
 	trailer metadata.MD
 	err     error
+
+	// A relay (localServerStream.Relay): the caller runs next itself.
+	relayed  chan struct{} // closed once next is set
+	relayEnd chan struct{} // closed once next said the stream ended
+	relayMu  sync.Mutex    // held while next runs
+	next     func(wait bool) (*api.GenerateChunk, bool)
+	ended    bool // next said end, or the handler left
+}
+
+// pull runs the relay's next under relayMu; ok: m is a message. Not ok:
+// none was ready (wait false), or the relay is over and the handler's
+// own end (done, err) follows.
+func (p *localPipe) pull(wait bool) (m *api.GenerateChunk, ok bool) {
+	p.relayMu.Lock()
+	defer p.relayMu.Unlock()
+	if p.ended {
+		return nil, false
+	}
+	m, end := p.next(wait)
+	if end {
+		p.ended = true
+		close(p.relayEnd)
+	}
+	return m, m != nil
+}
+
+// end is how the stream ends for its caller once the handler has no more
+// messages: its error, EOF, or the caller's own cancellation.
+func (p *localPipe) end() (*api.GenerateChunk, error) {
+	select {
+	case <-p.done:
+		select { // what the handler sent before it returned comes first
+		case m := <-p.msgs:
+			return m, nil
+		default:
+		}
+		p.mu.Lock()
+		err := p.err
+		p.mu.Unlock()
+		if err == nil {
+			return nil, io.EOF
+		}
+		return nil, err
+	case <-p.cctx.Done():
+		return nil, status.FromContextError(p.cctx.Err()).Err()
+	}
 }
 
 func (p *localPipe) sendHeader() { p.headerOnce.Do(func() { close(p.headerSent) }) }
@@ -204,6 +250,34 @@ func (s localServerStream) SendMsg(m any) error {
 	return s.Send(c)
 }
 
+// Relay hands the rest of the stream to the caller instead of sending it:
+// the caller's Recv (and TryRecv) call next in the caller's goroutine,
+// with wait false for TryRecv, until next says end (m, if not nil, is the
+// last message). One goroutine switch less per message than Send. It
+// sends the header (the worker has the request) and returns once next
+// said end (true), or once the call's context ended first (false), never
+// while next runs: next must itself return when that context ends.
+func (s localServerStream) Relay(next func(wait bool) (m *api.GenerateChunk, end bool)) bool {
+	p := s.p
+	p.sendHeader()
+	p.relayMu.Lock()
+	p.next = next
+	p.relayMu.Unlock()
+	close(p.relayed)
+	select {
+	case <-p.relayEnd:
+		return true
+	case <-p.sctx.Done():
+		p.relayMu.Lock()
+		defer p.relayMu.Unlock()
+		if p.ended {
+			return true
+		}
+		p.ended = true
+		return false
+	}
+}
+
 // RecvMsg: the one request went to the handler as its argument.
 func (s localServerStream) RecvMsg(any) error { return io.EOF }
 
@@ -212,24 +286,30 @@ type localClientStream struct{ p *localPipe }
 
 func (s localClientStream) Recv() (*api.GenerateChunk, error) {
 	p := s.p
-	select {
-	case m := <-p.msgs:
-		return m, nil
-	case <-p.done:
-		select { // what the handler sent before it returned comes first
+	for {
+		select { // what the handler sent before a relay comes first
 		case m := <-p.msgs:
 			return m, nil
 		default:
 		}
-		p.mu.Lock()
-		err := p.err
-		p.mu.Unlock()
-		if err == nil {
-			return nil, io.EOF
+		select {
+		case <-p.relayed:
+			if m, ok := p.pull(true); ok {
+				return m, nil
+			}
+			return p.end()
+		default:
 		}
-		return nil, err
-	case <-p.cctx.Done():
-		return nil, status.FromContextError(p.cctx.Err()).Err()
+		select {
+		case m := <-p.msgs:
+			return m, nil
+		case <-p.relayed:
+			continue
+		case <-p.done:
+			return p.end()
+		case <-p.cctx.Done():
+			return nil, status.FromContextError(p.cctx.Err()).Err()
+		}
 	}
 }
 
@@ -242,6 +322,11 @@ func (s localClientStream) TryRecv() (m *api.GenerateChunk, ok bool) {
 	select {
 	case m := <-s.p.msgs:
 		return m, true
+	default:
+	}
+	select {
+	case <-s.p.relayed:
+		return s.p.pull(false)
 	default:
 		return nil, false
 	}

@@ -328,3 +328,94 @@ func TestLocalTryRecv(t *testing.T) {
 		t.Fatalf("Recv after the last chunk: %v, want EOF", err)
 	}
 }
+
+// relayWorker relays its messages instead of sending them: one sent
+// first, then three through next, the last of them the end; "relay-fail"
+// ends without a message and fails; "relay-wait" waits in next until the
+// call's context ends.
+type relayWorker struct {
+	api.UnimplementedWorkerServer
+	relayed chan bool // what Relay returned
+	entered chan struct{}
+}
+
+func (f *relayWorker) Generate(req *api.GenerateRequest, st api.Worker_GenerateServer) error {
+	r := st.(interface {
+		Relay(func(bool) (*api.GenerateChunk, bool)) bool
+	})
+	if err := st.Send(&api.GenerateChunk{Tokens: []uint32{0}}); err != nil {
+		return err
+	}
+	i := 0
+	var err error
+	ok := r.Relay(func(wait bool) (*api.GenerateChunk, bool) {
+		switch req.RequestId {
+		case "relay-fail":
+			err = status.Error(codes.Unavailable, "engine down")
+			return nil, true
+		case "relay-wait":
+			f.entered <- struct{}{}
+			<-st.Context().Done()
+			err = st.Context().Err()
+			return nil, true
+		}
+		i++
+		return &api.GenerateChunk{Tokens: []uint32{uint32(i)}, FinishReason: map[bool]string{true: "stop"}[i == 3]}, i == 3
+	})
+	f.relayed <- ok
+	return err
+}
+
+// A relayed stream hands out what was sent before the relay, then next's
+// messages in order (TryRecv too), then the handler's end; a caller that
+// leaves while next waits releases the handler.
+func TestLocalRelay(t *testing.T) {
+	f := &relayWorker{relayed: make(chan bool, 1), entered: make(chan struct{}, 1)}
+	wc := LocalClient(f)
+	st, err := wc.Generate(context.Background(), &api.GenerateRequest{RequestId: "relay"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := st.Recv()
+	if err != nil || fmt.Sprint(m.Tokens) != "[0]" {
+		t.Fatalf("first: %v %v", m, err)
+	}
+	m, ok := st.(interface {
+		TryRecv() (*api.GenerateChunk, bool)
+	}).TryRecv()
+	if !ok || fmt.Sprint(m.Tokens) != "[1]" {
+		t.Fatalf("TryRecv: %v %v", m, ok)
+	}
+	got, end := drain(st)
+	if fmt.Sprint(got) != "[[2] [3]]" || end != "EOF" || !<-f.relayed {
+		t.Fatalf("relayed %v, end %q", got, end)
+	}
+
+	st, err = wc.Generate(context.Background(), &api.GenerateRequest{RequestId: "relay-fail"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, end := drain(st); len(got) != 1 || end != "Unavailable: engine down" || !<-f.relayed {
+		t.Fatalf("failing relay: %v, end %q", got, end)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err = wc.Generate(ctx, &api.GenerateRequest{RequestId: "relay-wait"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		st.Recv()
+		_, err := st.Recv()
+		errc <- err
+	}()
+	<-f.entered
+	cancel()
+	if err := <-errc; status.Code(err) != codes.Canceled {
+		t.Fatalf("a cancelled relay's Recv: %v", err)
+	}
+	if ended := <-f.relayed; !ended {
+		t.Fatal("next ended the relay, yet Relay said the context did")
+	}
+}
