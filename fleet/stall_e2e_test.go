@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,7 +17,9 @@ import (
 	"github.com/kvmesh/kvmesh/engine/sim"
 	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/kv"
+	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/worker"
+	"github.com/kvmesh/kvmesh/workerclient"
 )
 
 // stallTrap, once armed, makes the first engine that streams stallAfter
@@ -75,7 +78,14 @@ func (e *hangingEngine) Generate(ctx context.Context, req *engine.Request) (<-ch
 // worker's watchdog fails the stream, the frontend migrates it, and the
 // client gets exactly the text and token count of an undisturbed run; the
 // hung worker leaves discovery and the router.
-func TestStalledWorkerMigrates(t *testing.T) {
+func TestStalledWorkerMigrates(t *testing.T) { testStalledWorkerMigrates(t, false) }
+
+// The same with the workers in process (serve's wiring): the frontend's
+// goroutine waits on the engine in the worker's relay, where the stall
+// must reach it just the same.
+func TestStalledLocalWorkerMigrates(t *testing.T) { testStalledWorkerMigrates(t, true) }
+
+func testStalledWorkerMigrates(t *testing.T, local bool) {
 	const stallTimeout = 300 * time.Millisecond
 	ctx, nc, disc := controlPlane(t, 2*time.Second)
 	trap := &stallTrap{stallAfter: 5}
@@ -92,7 +102,26 @@ func TestStalledWorkerMigrates(t *testing.T) {
 		engines, workers = append(engines, he), append(workers, w)
 	}
 	reg := prometheus.NewRegistry()
-	cl, model := startCluster(t, ctx, nc, disc, reg)
+	var cl *Cluster
+	var model *frontend.Model
+	if !local {
+		cl, model = startCluster(t, ctx, nc, disc, reg)
+	} else {
+		var locals []workerclient.Local
+		for _, w := range workers {
+			locals = append(locals, w.Local())
+		}
+		var err error
+		if model, err = frontend.BuiltinModel(sim.DefaultConfig().Model); err != nil {
+			t.Fatal(err)
+		}
+		cl, err = New(ctx, Config{NC: nc, Discovery: disc, Models: []string{model.Name}, Local: locals,
+			Router: router.Config{Mode: router.ModeKV}, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.Close)
+	}
 	ts := httptest.NewServer(frontend.New(frontend.DefaultConfig(), cl, servedModels(model), reg, reg))
 	t.Cleanup(func() { ts.Close(); http.DefaultClient.CloseIdleConnections() })
 	routedIDs := func() map[uint64]bool {
