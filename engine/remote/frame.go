@@ -462,6 +462,76 @@ func (s *Scan) number() bool {
 	return true
 }
 
+// Object walks the object that follows as a frame decoder must: member(i)
+// decodes the value of a member whose key is names[i]; any other member
+// is skipped, but one named as names[i] in another case (encoding/json
+// would fold it onto that field) or a member named twice (encoding/json
+// merges such) declines the frame. names holds at most 64 keys.
+func (s *Scan) Object(names []string, member func(i int) bool) bool {
+	if !s.Open('{') {
+		return false
+	}
+	var seen uint64
+	for first := true; ; first = false {
+		more, ok := s.More('}', first)
+		if !ok {
+			return false
+		}
+		if !more {
+			return true
+		}
+		key, ok := s.Key()
+		if !ok {
+			return false
+		}
+		i := -1
+		for j, n := range names {
+			if string(key) == n {
+				i = j
+				break
+			}
+		}
+		if i < 0 {
+			if FoldsTo(string(key), names...) || !s.Skip() {
+				return false
+			}
+			continue
+		}
+		if seen&(1<<i) != 0 {
+			return false
+		}
+		seen |= 1 << i
+		if !member(i) {
+			return false
+		}
+	}
+}
+
+// Array walks the array that follows, elem decoding each element.
+func (s *Scan) Array(elem func() bool) bool {
+	if !s.Open('[') {
+		return false
+	}
+	for first := true; ; first = false {
+		more, ok := s.More(']', first)
+		if !ok {
+			return false
+		}
+		if !more {
+			return true
+		}
+		if !elem() {
+			return false
+		}
+	}
+}
+
+// RawCopy consumes any value and returns a copy of its bytes.
+func (s *Scan) RawCopy() (json.RawMessage, bool) {
+	raw, ok := s.Raw()
+	return append(json.RawMessage(nil), raw...), ok
+}
+
 // FoldsTo reports whether key is one of names in another case:
 // encoding/json would match it to that field, a decoder should decline.
 func FoldsTo(key string, names ...string) bool {

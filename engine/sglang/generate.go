@@ -386,122 +386,57 @@ func (e *Engine) newTokens(ids []kv.Token, completion *int, sent int) ([]kv.Toke
 // error; other members are skipped. A member named twice is declined.
 func (r *response) DecodeFrame(data []byte) bool {
 	s := remote.NewScan(data)
-	if !s.Open('{') {
-		return false
-	}
-	var seen uint8
-	for first := true; ; first = false {
-		more, ok := s.More('}', first)
-		if !ok {
-			return false
-		}
-		if !more {
-			if r.skip > 0 {
-				// Left out only what a cumulative frame resends.
-				c := r.MetaInfo.CompletionTokens
-				if r.skipped < r.skip || (c != nil && *c != r.skipped+len(r.OutputIDs)) {
-					return false
-				}
-			}
-			return s.End()
-		}
-		key, ok := s.Key()
-		if !ok {
-			return false
-		}
-		var bit uint8
-		switch string(key) {
-		case "text":
-			bit = 1
-		case "output_ids":
-			bit = 2
-		case "meta_info":
-			bit = 4
-		case "error":
-			bit = 8
-		default:
-			if remote.FoldsTo(string(key), "text", "output_ids", "meta_info", "error") || !s.Skip() {
-				return false
-			}
-			continue
-		}
-		if seen&bit != 0 {
-			return false
-		}
-		seen |= bit
+	if !s.Object(frameKeys, func(i int) (ok bool) {
 		switch {
-		case bit == 2:
+		case i == 1:
 			r.OutputIDs, r.skipped, ok = s.Uint32sFrom(nil, r.skip)
-		case bit == 8:
-			var raw []byte
-			raw, ok = s.Raw()
-			r.Error = append(json.RawMessage(nil), raw...)
+		case i == 3:
+			r.Error, ok = s.RawCopy()
 		case s.Null():
 			// encoding/json leaves a string or a struct as it was on null.
-		case bit == 1:
+			return true
+		case i == 0:
 			r.Text, ok = s.String()
 		default:
 			ok = r.MetaInfo.decode(s)
 		}
-		if !ok {
-			return false
-		}
-	}
-}
-
-func (m *metaInfo) decode(s *remote.Scan) bool {
-	if !s.Open('{') {
+		return ok
+	}) {
 		return false
 	}
-	var seen uint8
-	for first := true; ; first = false {
-		more, ok := s.More('}', first)
-		if !ok {
+	if r.skip > 0 {
+		// Left out only what a cumulative frame resends.
+		c := r.MetaInfo.CompletionTokens
+		if r.skipped < r.skip || (c != nil && *c != r.skipped+len(r.OutputIDs)) {
 			return false
 		}
-		if !more {
-			return true
-		}
-		key, ok := s.Key()
-		if !ok {
-			return false
-		}
-		var bit uint8
-		switch string(key) {
-		case "id":
-			bit = 1
-		case "finish_reason":
-			bit = 2
-		case "prompt_tokens":
-			bit = 4
-		case "completion_tokens":
-			bit = 8
-		case "cached_tokens":
-			bit = 16
-		default:
-			if remote.FoldsTo(string(key), "id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens") || !s.Skip() {
-				return false
-			}
-			continue
-		}
-		if seen&bit != 0 {
-			return false
-		}
-		seen |= bit
+	}
+	return s.End()
+}
+
+// frameKeys and metaKeys are the members DecodeFrame takes, in the order
+// its member functions number them.
+var (
+	frameKeys = []string{"text", "output_ids", "meta_info", "error"}
+	metaKeys  = []string{"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens"}
+)
+
+func (m *metaInfo) decode(s *remote.Scan) bool {
+	return s.Object(metaKeys, func(i int) (ok bool) {
 		switch {
-		case bit == 2:
-			var raw []byte
-			raw, ok = s.Raw()
-			m.FinishReason = append(json.RawMessage(nil), raw...)
-		case bit == 8 && s.Null():
+		case i == 1:
+			m.FinishReason, ok = s.RawCopy()
+		case i == 3 && s.Null():
 			m.CompletionTokens = nil
+			return true
 		case s.Null():
 			// encoding/json leaves a string or an int as it was on null.
-		case bit == 1:
+			return true
+		case i == 0:
 			m.ID, ok = s.String()
-		case bit == 4:
+		case i == 2:
 			m.PromptTokens, ok = s.Int()
-		case bit == 8:
+		case i == 3:
 			var n int
 			if n, ok = s.Int(); ok {
 				m.CompletionTokens = &n
@@ -509,8 +444,6 @@ func (m *metaInfo) decode(s *remote.Scan) bool {
 		default:
 			m.CachedTokens, ok = s.Int()
 		}
-		if !ok {
-			return false
-		}
-	}
+		return ok
+	})
 }

@@ -326,67 +326,22 @@ func (e *Engine) readWhole(ctx context.Context, body io.Reader, req *engine.Requ
 // (error objects only) and a member named twice are declined.
 func (r *response) DecodeFrame(data []byte) bool {
 	s := remote.NewScan(data)
-	if !s.Open('{') {
-		return false
-	}
-	var seen uint8
-	for first := true; ; first = false {
-		more, ok := s.More('}', first)
-		if !ok {
-			return false
-		}
-		if !more {
-			return s.End()
-		}
-		key, ok := s.Key()
-		if !ok {
-			return false
-		}
-		var bit uint8
-		switch string(key) {
-		case "object":
-			bit = 1
-		case "message":
-			bit = 2
-		case "code":
-			bit = 4
-		case "error":
-			bit = 8
-		case "choices":
-			bit = 16
-		case "usage":
-			bit = 32
-		case "prompt_token_ids":
-			bit = 64
-		default:
-			if remote.FoldsTo(string(key), "object", "message", "code", "error", "choices", "usage", "prompt_token_ids") || !s.Skip() {
-				return false
-			}
-			continue
-		}
-		if seen&bit != 0 {
-			return false
-		}
-		seen |= bit
+	return s.Object(frameKeys, func(i int) (ok bool) {
 		switch {
-		case bit == 8 || bit == 64:
-			var raw []byte
-			raw, ok = s.Raw()
-			m := append(json.RawMessage(nil), raw...)
-			if bit == 8 {
-				r.Error = m
-			} else {
-				r.PromptTokenIDs = m
-			}
+		case i == 3:
+			r.Error, ok = s.RawCopy()
+		case i == 6:
+			r.PromptTokenIDs, ok = s.RawCopy()
 		case s.Null():
 			// encoding/json leaves a string as it was on null, the rest nil.
-		case bit == 1:
+			return true
+		case i == 0:
 			r.Object, ok = s.String()
-		case bit == 2:
+		case i == 1:
 			r.Message, ok = s.String()
-		case bit == 4:
-			ok = false
-		case bit == 16:
+		case i == 2:
+			return false
+		case i == 4:
 			ok = r.decodeChoices(s)
 		default:
 			var raw []byte
@@ -395,79 +350,36 @@ func (r *response) DecodeFrame(data []byte) bool {
 				ok = json.Unmarshal(raw, r.Usage) == nil
 			}
 		}
-		if !ok {
-			return false
-		}
-	}
+		return ok
+	}) && s.End()
 }
 
+// frameKeys and choiceKeys are the members DecodeFrame takes, in the
+// order its member functions number them.
+var (
+	frameKeys  = []string{"object", "message", "code", "error", "choices", "usage", "prompt_token_ids"}
+	choiceKeys = []string{"token_ids", "text", "finish_reason", "disaggregated_params"}
+)
+
 func (r *response) decodeChoices(s *remote.Scan) bool {
-	if !s.Open('[') {
-		return false
-	}
 	r.Choices = make([]choice, 0, 1)
-	for first := true; ; first = false {
-		more, ok := s.More(']', first)
-		if !ok {
-			return false
-		}
-		if !more {
-			return true
-		}
+	return s.Array(func() bool {
 		r.Choices = append(r.Choices, choice{})
-		if !r.Choices[len(r.Choices)-1].decode(s) {
-			return false
-		}
-	}
+		return r.Choices[len(r.Choices)-1].decode(s)
+	})
 }
 
 func (c *choice) decode(s *remote.Scan) bool {
-	if !s.Open('{') {
-		return false
-	}
-	var seen uint8
-	for first := true; ; first = false {
-		more, ok := s.More('}', first)
-		if !ok {
-			return false
-		}
-		if !more {
-			return true
-		}
-		key, ok := s.Key()
-		if !ok {
-			return false
-		}
-		var bit uint8
-		switch string(key) {
-		case "token_ids":
-			bit = 1
-		case "text":
-			bit = 2
-		case "finish_reason":
-			bit = 4
-		case "disaggregated_params":
-			bit = 8
-		default:
-			if remote.FoldsTo(string(key), "token_ids", "text", "finish_reason", "disaggregated_params") || !s.Skip() {
-				return false
-			}
-			continue
-		}
-		if seen&bit != 0 {
-			return false
-		}
-		seen |= bit
+	return s.Object(choiceKeys, func(i int) (ok bool) {
 		switch {
-		case bit == 1:
+		case i == 0:
 			c.TokenIDs, ok = s.Uint32s(nil)
-		case bit == 8:
-			var raw []byte
-			raw, ok = s.Raw()
-			c.DisaggregatedParams = append(json.RawMessage(nil), raw...)
+		case i == 3:
+			c.DisaggregatedParams, ok = s.RawCopy()
 		case s.Null():
 			// encoding/json leaves a string as it was on null, a pointer nil.
-		case bit == 2:
+			return true
+		case i == 1:
 			c.Text, ok = s.String()
 		default:
 			var f string
@@ -475,8 +387,6 @@ func (c *choice) decode(s *remote.Scan) bool {
 				c.FinishReason = &f
 			}
 		}
-		if !ok {
-			return false
-		}
-	}
+		return ok
+	})
 }

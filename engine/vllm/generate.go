@@ -273,143 +273,62 @@ func (e *Engine) readWhole(ctx context.Context, body io.Reader, leg kv.Leg, ch c
 // member named twice is declined (encoding/json merges such).
 func (r *response) DecodeFrame(data []byte) bool {
 	s := remote.NewScan(data)
-	if !s.Open('{') {
-		return false
-	}
-	var seen uint8
-	for first := true; ; first = false {
-		more, ok := s.More('}', first)
-		if !ok {
-			return false
-		}
-		if !more {
-			return s.End()
-		}
-		key, ok := s.Key()
-		if !ok {
-			return false
-		}
-		var bit uint8
-		switch string(key) {
-		case "choices":
-			bit = 1
-		case "usage":
-			bit = 2
-		case "kv_transfer_params":
-			bit = 4
-		case "error":
-			bit = 8
-		default:
-			if remote.FoldsTo(string(key), "choices", "usage", "kv_transfer_params", "error") || !s.Skip() {
-				return false
-			}
-			continue
-		}
-		if seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-		switch bit {
+	return s.Object(frameKeys, func(i int) (ok bool) {
+		switch i {
+		case 0:
+			return s.Null() || r.decodeChoices(s)
 		case 1:
-			ok = r.decodeChoices(s)
-		case 2:
 			if s.Null() {
-				break
+				return true
 			}
 			var raw []byte
 			if raw, ok = s.Raw(); ok {
 				r.Usage = new(remote.Usage)
 				ok = json.Unmarshal(raw, r.Usage) == nil
 			}
-		case 4, 8:
-			var raw []byte
-			raw, ok = s.Raw()
-			m := append(json.RawMessage(nil), raw...)
-			if bit == 4 {
-				r.KVTransferParams = m
-			} else {
-				r.Error = m
-			}
+			return ok
+		case 2:
+			r.KVTransferParams, ok = s.RawCopy()
+		default:
+			r.Error, ok = s.RawCopy()
 		}
-		if !ok {
-			return false
-		}
-	}
+		return ok
+	}) && s.End()
 }
 
+// frameKeys and choiceKeys are the members DecodeFrame takes, in the
+// order its member functions number them.
+var (
+	frameKeys  = []string{"choices", "usage", "kv_transfer_params", "error"}
+	choiceKeys = []string{"token_ids", "text", "finish_reason"}
+)
+
 func (r *response) decodeChoices(s *remote.Scan) bool {
-	if s.Null() {
-		return true
-	}
-	if !s.Open('[') {
-		return false
-	}
 	r.Choices = make([]choice, 0, 1)
-	for first := true; ; first = false {
-		more, ok := s.More(']', first)
-		if !ok {
-			return false
-		}
-		if !more {
-			return true
-		}
+	return s.Array(func() bool {
 		r.Choices = append(r.Choices, choice{})
-		if !r.Choices[len(r.Choices)-1].decode(s) {
-			return false
-		}
-	}
+		return r.Choices[len(r.Choices)-1].decode(s)
+	})
 }
 
 func (c *choice) decode(s *remote.Scan) bool {
-	if !s.Open('{') {
-		return false
-	}
-	var seen uint8
-	for first := true; ; first = false {
-		more, ok := s.More('}', first)
-		if !ok {
-			return false
-		}
-		if !more {
-			return true
-		}
-		key, ok := s.Key()
-		if !ok {
-			return false
-		}
-		var bit uint8
-		switch string(key) {
-		case "token_ids":
-			bit = 1
-		case "text":
-			bit = 2
-		case "finish_reason":
-			bit = 4
-		default:
-			if remote.FoldsTo(string(key), "token_ids", "text", "finish_reason") || !s.Skip() {
-				return false
-			}
-			continue
-		}
-		if seen&bit != 0 {
-			return false
-		}
-		seen |= bit
+	return s.Object(choiceKeys, func(i int) (ok bool) {
 		switch {
-		case bit == 1:
+		case i == 0:
 			c.TokenIDs, ok = s.Uint32s(nil)
+			return ok
 		case s.Null():
 			// encoding/json leaves a string as it was on null, a pointer nil.
-		case bit == 2:
+			return true
+		case i == 1:
 			c.Text, ok = s.String()
+			return ok
 		default:
 			var f string
 			if f, ok = s.String(); ok {
 				c.FinishReason = &f
 			}
+			return ok
 		}
-		if !ok {
-			return false
-		}
-	}
+	})
 }
