@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strconv"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/engine/enginetest"
 )
 
 // frames are streamed /generate frames as SGLang writes them, and corners
@@ -32,33 +34,12 @@ var frames = []string{
 }
 
 func TestDecodeFrameMatchesJSON(t *testing.T) {
-	taken := 0
-	for _, f := range frames {
-		if checkFrame(t, []byte(f)) {
-			taken++
-		}
-	}
-	if taken < 6 {
-		t.Fatalf("DecodeFrame took %d of the frames, want at least the 6 well-formed ones", taken)
-	}
+	enginetest.CheckFrames[response](t, frames, 6)
 }
 
 func checkFrame(t *testing.T, data []byte) bool {
 	t.Helper()
-	var fast response
-	ok := fast.DecodeFrame(data)
-	var want response
-	err := json.Unmarshal(data, &want)
-	if !ok {
-		return false
-	}
-	if err != nil {
-		t.Fatalf("DecodeFrame took %q, encoding/json refuses it: %v", data, err)
-	}
-	if !reflect.DeepEqual(fast, want) {
-		t.Fatalf("%q: DecodeFrame %+v, encoding/json %+v", data, fast, want)
-	}
-	return true
+	return enginetest.CheckFrame[response](t, data)
 }
 
 // checkSkip: a frame taken with skip is one encoding/json decodes, whose
@@ -97,25 +78,7 @@ func FuzzDecodeFrame(f *testing.F) {
 
 // BenchmarkStreamFrame: one token's frame, decoded as ReadFrames does.
 func BenchmarkStreamFrame(b *testing.B) {
-	data := []byte(frames[0])
-	b.Run("DecodeFrame", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			var r response
-			if !r.DecodeFrame(data) {
-				b.Fatal("declined")
-			}
-		}
-	})
-	b.Run("encoding-json", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			var r response
-			if err := json.Unmarshal(data, &r); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
+	enginetest.BenchFrame[response](b, []byte(frames[0]))
 }
 
 // With skip set, a cumulative frame keeps only the ids after skip, and a

@@ -1,12 +1,12 @@
 package trtllm
 
 import (
-	"encoding/json"
-	"reflect"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/engine/enginetest"
 )
 
-// frames are streamed /generate frames as SGLang writes them, and corners
+// frames are streamed /generate frames as TensorRT-LLM writes them, and corners
 // DecodeFrame must answer as encoding/json does or decline.
 var frames = []string{
 	`{"id":"cmpl-1","object":"text_completion","created":1733000000,"model":"m","choices":[{"index":0,"text":" the","token_ids":[279],"logprobs":null,"context_logits":null,"finish_reason":null,"stop_reason":null,"disaggregated_params":null}],"usage":null,"prompt_token_ids":null}`,
@@ -26,33 +26,12 @@ var frames = []string{
 }
 
 func TestDecodeFrameMatchesJSON(t *testing.T) {
-	taken := 0
-	for _, f := range frames {
-		if checkFrame(t, []byte(f)) {
-			taken++
-		}
-	}
-	if taken < 4 {
-		t.Fatalf("DecodeFrame took %d of the frames, want at least the 4 well-formed ones", taken)
-	}
+	enginetest.CheckFrames[response](t, frames, 4)
 }
 
 func checkFrame(t *testing.T, data []byte) bool {
 	t.Helper()
-	var fast response
-	ok := fast.DecodeFrame(data)
-	var want response
-	err := json.Unmarshal(data, &want)
-	if !ok {
-		return false
-	}
-	if err != nil {
-		t.Fatalf("DecodeFrame took %q, encoding/json refuses it: %v", data, err)
-	}
-	if !reflect.DeepEqual(fast, want) {
-		t.Fatalf("%q: DecodeFrame %+v, encoding/json %+v", data, fast, want)
-	}
-	return true
+	return enginetest.CheckFrame[response](t, data)
 }
 
 func FuzzDecodeFrame(f *testing.F) {
@@ -64,23 +43,5 @@ func FuzzDecodeFrame(f *testing.F) {
 
 // BenchmarkStreamFrame: one token's frame, decoded as ReadFrames does.
 func BenchmarkStreamFrame(b *testing.B) {
-	data := []byte(frames[0])
-	b.Run("DecodeFrame", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			var r response
-			if !r.DecodeFrame(data) {
-				b.Fatal("declined")
-			}
-		}
-	})
-	b.Run("encoding-json", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			var r response
-			if err := json.Unmarshal(data, &r); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
+	enginetest.BenchFrame[response](b, []byte(frames[0]))
 }

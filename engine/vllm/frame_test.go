@@ -1,9 +1,9 @@
 package vllm
 
 import (
-	"encoding/json"
-	"reflect"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/engine/enginetest"
 )
 
 // frames are streamed completions frames as vLLM writes them, and the
@@ -44,34 +44,12 @@ var frames = []string{
 // TestDecodeFrameMatchesJSON: whatever DecodeFrame takes, encoding/json
 // decodes to the same value.
 func TestDecodeFrameMatchesJSON(t *testing.T) {
-	taken := 0
-	for _, f := range frames {
-		if checkFrame(t, []byte(f)) {
-			taken++
-		}
-	}
-	// The first ten are ordinary frames; the fast path must take them.
-	if taken < 10 {
-		t.Fatalf("DecodeFrame took %d of the frames, want at least the 10 well-formed ones", taken)
-	}
+	enginetest.CheckFrames[response](t, frames, 10)
 }
 
 func checkFrame(t *testing.T, data []byte) bool {
 	t.Helper()
-	var fast response
-	ok := fast.DecodeFrame(data)
-	var want response
-	err := json.Unmarshal(data, &want)
-	if !ok {
-		return false
-	}
-	if err != nil {
-		t.Fatalf("DecodeFrame took %q, encoding/json refuses it: %v", data, err)
-	}
-	if !reflect.DeepEqual(fast, want) {
-		t.Fatalf("%q: DecodeFrame %+v, encoding/json %+v", data, fast, want)
-	}
-	return true
+	return enginetest.CheckFrame[response](t, data)
 }
 
 func FuzzDecodeFrame(f *testing.F) {
@@ -83,23 +61,5 @@ func FuzzDecodeFrame(f *testing.F) {
 
 // BenchmarkStreamFrame: one token's frame, decoded as ReadFrames does.
 func BenchmarkStreamFrame(b *testing.B) {
-	data := []byte(frames[0])
-	b.Run("DecodeFrame", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			var r response
-			if !r.DecodeFrame(data) {
-				b.Fatal("declined")
-			}
-		}
-	})
-	b.Run("encoding-json", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			var r response
-			if err := json.Unmarshal(data, &r); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
+	enginetest.BenchFrame[response](b, []byte(frames[0]))
 }
