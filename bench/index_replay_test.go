@@ -15,16 +15,7 @@ import (
 // 1-thread row times), reporting thread CPU per replay: for profiles
 // (-cpuprofile) and alternated before/after runs.
 func BenchmarkReplay7000(b *testing.B) {
-	if _, err := os.Stat(tracePath); err != nil {
-		b.Skip("trace not present")
-	}
-	c := IndexConfig{TracePath: tracePath, Workers: 7000}
-	c.defaults()
-	var res IndexResult
-	ops, err := buildTimeline(context.Background(), c, &res)
-	if err != nil {
-		b.Fatal(err)
-	}
+	ops := timeline7000(b)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var cpu int64
@@ -49,16 +40,7 @@ func BenchmarkReplay7000(b *testing.B) {
 // per replay (both shards), for profiles and alternated runs of the
 // write path.
 func BenchmarkShardWriters7000(b *testing.B) {
-	if _, err := os.Stat(tracePath); err != nil {
-		b.Skip("trace not present")
-	}
-	c := IndexConfig{TracePath: tracePath, Workers: 7000}
-	c.defaults()
-	var res IndexResult
-	ops, err := buildTimeline(context.Background(), c, &res)
-	if err != nil {
-		b.Fatal(err)
-	}
+	ops := timeline7000(b)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var cpu int64
@@ -75,4 +57,21 @@ func BenchmarkShardWriters7000(b *testing.B) {
 		cpu += int64(cputime.Thread() - c0)
 	}
 	b.ReportMetric(float64(cpu)/float64(b.N)/1e6, "cpu-ms/replay")
+}
+
+// timeline7000 is the conversation trace's timeline spread over 7,000
+// workers, as bench index --workers 7000 builds it.
+func timeline7000(b *testing.B) []op {
+	b.Helper()
+	if _, err := os.Stat(tracePath); err != nil {
+		b.Skip("trace not present")
+	}
+	c := IndexConfig{TracePath: tracePath, Workers: 7000}
+	c.defaults()
+	var res IndexResult
+	ops, err := buildTimeline(context.Background(), c, &res)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ops
 }
