@@ -214,9 +214,8 @@ type Index struct {
 	scratch sync.Pool
 	cfg     Config
 	// onView, when set (by Sharded), is told of every view published,
-	// under the writer lock: old was the view before, slot joined (on)
-	// or left.
-	onView func(old, v *view, slot uint32, on bool)
+	// under the writer lock.
+	onView func(v *view)
 	// joined: the event being applied added worker slot joinSlot, which
 	// endEvent publishes.
 	joined   bool
@@ -707,7 +706,7 @@ func (ix *Index) publishView(slot uint32, on bool) {
 	}
 	ix.vw.Store(v)
 	if ix.onView != nil {
-		ix.onView(old, v, slot, on)
+		ix.onView(v)
 	}
 }
 

@@ -441,9 +441,12 @@ func TestShardedWideAnswersMatchOneIndex(t *testing.T) {
 		if len(got) >= 64 {
 			wide++
 		}
-		// The placement the writers keep up to date is the one computed
+		// The placement the find left (it ranks a stale one) is the one computed
 		// from scratch for the shards' views.
 		p := sh.place.Load()
+		if p.stale {
+			t.Fatalf("step %d: a find left the placement stale", step)
+		}
 		fresh := &placement{views: p.views, pos: make([][]uint32, len(p.pos))}
 		fresh.placeAll()
 		if p.n != fresh.n {

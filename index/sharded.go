@@ -2,7 +2,6 @@ package index
 
 import (
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -35,15 +34,22 @@ type Sharded struct {
 // for the shards' views in views, pos[k][sl] is the rank of shard k's
 // worker in slot sl among every shard's workers (by slot, so a find
 // reads its keys and depths in order and only its stores are spread;
-// a slot not live in the view has a stale entry), n their number. A
-// shard that publishes a view updates it (under pmu, O(workers) copies
-// per worker joining or leaving), and a find reads each shard through
-// the placement's view of it, which is at least as new as any event
-// applied before the find began.
+// a slot not live in the view has a stale entry), n their number.
+//
+// A shard that publishes a view (a worker joined or left) only swaps its
+// view in, under pmu, and marks the placement stale: ranks shift for
+// every worker after the one that came or went, so keeping pos current
+// cost O(workers) per join, and thousands of workers join in a replay's
+// warm-up. The first find that meets a stale placement ranks everyone
+// again (one merge of the shards' sorted orders, O(workers)) and
+// publishes it, so a run of joins between two finds costs one ranking.
+// A find reads each shard through the placement's view of it, which is
+// at least as new as any event applied before the find began.
 type placement struct {
 	views []*view
-	pos   [][]uint32
+	pos   [][]uint32 // valid only when !stale
 	n     int
+	stale bool
 }
 
 type mergeScratch struct{ a, b, c []Match }
@@ -56,95 +62,72 @@ func NewSharded(n int, cfg Config) *Sharded {
 		sh := NewWith(cfg)
 		s.shards[i] = sh
 		p.views[i] = sh.vw.Load()
-		sh.onView = func(old, v *view, slot uint32, on bool) { s.viewChanged(i, old, v, slot, on) }
+		sh.onView = func(v *view) { s.viewChanged(i, v) }
 	}
 	s.place.Store(p)
 	s.merge.New = func() any { return new(mergeScratch) }
 	return s
 }
 
-// rankIn is the number of v's live workers with keys below w.
-func rankIn(v *view, w kv.WorkerKey) int {
-	return sort.Search(len(v.slotOf), func(i int) bool { return !less(v.keys[v.slotOf[i]], w) })
-}
-
-// viewChanged updates the placement for shard k's new view v, in which
-// slot joined (on) or left old: every worker ranked after it moves by one.
-func (s *Sharded) viewChanged(k int, old, v *view, slot uint32, on bool) {
+// viewChanged swaps shard k's new view v into the placement and marks
+// it stale (see placement): O(shards), whatever the number of workers.
+func (s *Sharded) viewChanged(k int, v *view) {
 	s.pmu.Lock()
-	defer s.pmu.Unlock()
 	p := s.place.Load()
-	np := &placement{views: slices.Clone(p.views), pos: make([][]uint32, len(p.pos))}
+	np := &placement{views: slices.Clone(p.views), pos: p.pos, n: p.n, stale: true}
 	np.views[k] = v
-	if p.views[k] != old {
-		np.placeAll() // not a successor of the placement's view
-		s.place.Store(np)
-		return
-	}
-	if on {
-		w := v.keys[slot]
-		g := uint32(0)
-		for t, tv := range p.views {
-			if t != k {
-				g += uint32(rankIn(tv, w))
-			} else {
-				g += uint32(rankIn(v, w))
-			}
-		}
-		for t, ps := range p.pos {
-			n := len(ps)
-			if t == k {
-				n = max(n, len(v.keys))
-			}
-			q := shifted(make([]uint32, n), ps, g, 1)
-			if t == k {
-				q[slot] = g
-			}
-			np.pos[t] = q
-		}
-		np.n = p.n + 1
-	} else {
-		g := p.pos[k][slot]
-		for t, ps := range p.pos {
-			np.pos[t] = shifted(make([]uint32, len(ps)), ps, g+1, ^uint32(0))
-		}
-		np.n = p.n - 1
-	}
 	s.place.Store(np)
+	s.pmu.Unlock()
 }
 
-// shifted copies src to the start of dst adding d (1 or -1 as ^0) to
-// every position at or past g, and returns dst.
-func shifted(dst, src []uint32, g, d uint32) []uint32 {
-	for i, x := range src {
-		if x >= g {
-			x += d
-		}
-		dst[i] = x
+// placed returns a placement that is not stale for views at least as new
+// as p's, ranking the workers again if p is stale, or nil when another
+// find is ranking them now (this one then merges the shards' answers
+// rather than wait).
+func (s *Sharded) placed(p *placement) *placement {
+	if !p.stale {
+		return p
 	}
-	return dst
+	if !s.pmu.TryLock() {
+		return nil
+	}
+	defer s.pmu.Unlock()
+	p = s.place.Load()
+	if !p.stale {
+		return p
+	}
+	np := &placement{views: p.views, pos: make([][]uint32, len(p.views))}
+	np.placeAll()
+	s.place.Store(np)
+	return np
 }
 
-// placeAll computes p.pos from scratch for p.views.
+// placeAll computes p.pos from scratch for p.views: a merge of the
+// views' orders, which are sorted already.
 func (p *placement) placeAll() {
-	type at struct {
-		w     kv.WorkerKey
-		k, sl int
-	}
-	var all []at
-	for k, v := range p.views {
-		for _, sl := range v.slotOf {
-			all = append(all, at{v.keys[sl], k, int(sl)})
-		}
-	}
-	slices.SortFunc(all, func(a, b at) int { return cmpKey(a.w, b.w) })
+	heads := make([]int, len(p.views))
+	n := 0
 	for k, v := range p.views {
 		p.pos[k] = make([]uint32, len(v.keys))
+		n += len(v.slotOf)
 	}
-	for g, a := range all {
-		p.pos[a.k][a.sl] = uint32(g)
+	for g := range n {
+		// The shard whose next worker comes first (few shards: a scan).
+		best := -1
+		var bw kv.WorkerKey
+		for k, v := range p.views {
+			if h := heads[k]; h < len(v.slotOf) {
+				if w := v.keys[v.slotOf[h]]; best < 0 || less(w, bw) {
+					best, bw = k, w
+				}
+			}
+		}
+		v := p.views[best]
+		p.pos[best][v.slotOf[heads[best]]] = uint32(g)
+		heads[best]++
 	}
-	p.n = len(all)
+	p.n = n
+	p.stale = false
 }
 
 func cmpKey(a, b kv.WorkerKey) int {
@@ -194,16 +177,18 @@ func (s *Sharded) FindMatches(local []kv.LocalHash, dst []Match) []Match {
 	}
 	// Every worker matched in every shard (a shared prefix): each shard
 	// writes its answer into place.
-	p := s.place.Load()
 	n0 := len(dst)
-	dst = slices.Grow(dst, p.n)[:n0+p.n]
-	sp := scatter{out: dst[n0:]}
-	placed := true
-	for k, sh := range s.shards {
-		sp.v, sp.pos = p.views[k], p.pos[k]
-		if !sh.findScatter(local, &sp) {
-			placed = false
-			break
+	placed := false
+	if p := s.placed(s.place.Load()); p != nil {
+		dst = slices.Grow(dst, p.n)[:n0+p.n]
+		sp := scatter{out: dst[n0:]}
+		placed = true
+		for k, sh := range s.shards {
+			sp.v, sp.pos = p.views[k], p.pos[k]
+			if !sh.findScatter(local, &sp) {
+				placed = false
+				break
+			}
 		}
 	}
 	if placed {
