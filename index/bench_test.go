@@ -224,3 +224,32 @@ func BenchmarkEtabRebuild(b *testing.B) {
 		ix.etabRebuild(0)
 	}
 }
+
+// BenchmarkJoinFind7000 is a join, a wide find and a leave at 7,000
+// workers in 2 shards: the worst case for a placement ranked again by the
+// first find after a join (every find follows one).
+func BenchmarkJoinFind7000(b *testing.B) {
+	s := NewSharded(2, Config{})
+	q := wide7000(s.Apply)
+	prefix := make([]kv.StoredBlock, 16)
+	for i := range prefix {
+		prefix[i] = kv.StoredBlock{EngineHash: kv.EngineHash(i + 1), LocalHash: kv.LocalHash(i + 1)}
+	}
+	var dst []Match
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	c0 := cputime.Thread()
+	n := uint64(0)
+	for b.Loop() {
+		// Keys spread over the others' (theirs are 1..7000).
+		w := kv.WorkerKey{Instance: n%7000 + 1, DPRank: 1}
+		n++
+		s.Apply(kv.Stored(w, kv.TierDevice, nil, prefix))
+		dst = s.FindMatches(q, dst[:0])
+		if len(dst) != 7001 {
+			b.Fatal(len(dst))
+		}
+		s.RemoveWorker(w)
+	}
+	b.ReportMetric(float64(cputime.Thread()-c0)/float64(b.N), "cpu-ns/op")
+}

@@ -105,29 +105,61 @@ func (s *Sharded) placed(p *placement) *placement {
 // placeAll computes p.pos from scratch for p.views: a merge of the
 // views' orders, which are sorted already.
 func (p *placement) placeAll() {
-	heads := make([]int, len(p.views))
 	n := 0
 	for k, v := range p.views {
 		p.pos[k] = make([]uint32, len(v.keys))
 		n += len(v.slotOf)
 	}
-	for g := range n {
-		// The shard whose next worker comes first (few shards: a scan).
-		best := -1
-		var bw kv.WorkerKey
-		for k, v := range p.views {
-			if h := heads[k]; h < len(v.slotOf) {
-				if w := v.keys[v.slotOf[h]]; best < 0 || less(w, bw) {
-					best, bw = k, w
+	if len(p.views) == 2 {
+		merge2(p.views[0], p.views[1], p.pos[0], p.pos[1])
+	} else {
+		heads := make([]int, len(p.views))
+		for g := range n {
+			// The shard whose next worker comes first (few shards: a scan).
+			best := -1
+			var bw kv.WorkerKey
+			for k, v := range p.views {
+				if h := heads[k]; h < len(v.slotOf) {
+					if w := v.keys[v.slotOf[h]]; best < 0 || less(w, bw) {
+						best, bw = k, w
+					}
 				}
 			}
+			v := p.views[best]
+			p.pos[best][v.slotOf[heads[best]]] = uint32(g)
+			heads[best]++
 		}
-		v := p.views[best]
-		p.pos[best][v.slotOf[heads[best]]] = uint32(g)
-		heads[best]++
 	}
 	p.n = n
 	p.stale = false
+}
+
+// merge2 ranks the workers of two views into pa and pb. Their keys
+// interleave at random, so the merge picks a side without a branch (a
+// conditional move of the store's target and of the advance).
+func merge2(va, vb *view, pa, pb []uint32) {
+	a, b := va.slotOf, vb.slotOf
+	i, j, g := 0, 0, uint32(0)
+	for i < len(a) && j < len(b) {
+		sa, sb := a[i], b[j]
+		t := &pa[sa]
+		d := 0
+		if less(vb.keys[sb], va.keys[sa]) {
+			t, d = &pb[sb], 1
+		}
+		*t = g
+		g++
+		i += 1 - d
+		j += d
+	}
+	for ; i < len(a); i++ {
+		pa[a[i]] = g
+		g++
+	}
+	for ; j < len(b); j++ {
+		pb[b[j]] = g
+		g++
+	}
 }
 
 func cmpKey(a, b kv.WorkerKey) int {
