@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -252,4 +253,44 @@ func BenchmarkJoinFind7000(b *testing.B) {
 		s.RemoveWorker(w)
 	}
 	b.ReportMetric(float64(cputime.Thread()-c0)/float64(b.N), "cpu-ns/op")
+}
+
+// BenchmarkEtabGrowPause stores 920k blocks with shared engine hashes in
+// Applies of 100 (the engine table grows past 2M slots) and reports the
+// longest Apply in thread CPU time, which a busy box does not inflate, and
+// the CPU of the whole fill: "rebuild" rebuilds each table inside one
+// Apply (growFrom out of reach), "grow" builds the next table across
+// inserts. Run both in one process, alternated by -count.
+func BenchmarkEtabGrowPause(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		from int
+	}{{"rebuild", 1 << 62}, {"grow", growFrom}} {
+		b.Run(c.name, func(b *testing.B) {
+			defer func(g int) { growFrom = g }(growFrom)
+			growFrom = c.from
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			w := kv.WorkerKey{Instance: 1}
+			blocks := make([]kv.StoredBlock, 100)
+			var longest, total time.Duration
+			for b.Loop() {
+				ix := New()
+				for c := 0; c < 9200; c++ {
+					for i := range blocks {
+						h := uint64(c)<<32 | uint64(i)
+						blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(h * 0x9E3779B97F4A7C15), LocalHash: kv.LocalHash(h)}
+					}
+					ev := kv.Stored(w, kv.TierDevice, nil, blocks)
+					t0 := cputime.Thread()
+					ix.Apply(ev)
+					d := cputime.Thread() - t0
+					longest = max(longest, d)
+					total += d
+				}
+			}
+			b.ReportMetric(float64(longest.Microseconds()), "max-apply-cpu-µs")
+			b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "cpu-ms/fill")
+		})
+	}
 }

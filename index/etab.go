@@ -102,6 +102,7 @@ func (ix *Index) etabInsertHashed(h, hash uint64, id uint32, ins int) {
 	// fewer bytes per entry and fewer rebuilds (each Sharded shard's
 	// table held half the entries in as many slots as one index's at 3/4).
 	if (t.used+t.dead+1)*8 > len(t.slots)*7 || id >= t.idMask {
+		ix.egrow = nil // the rebuild replaces any table being built
 		ix.etabRebuild(id)
 		_, ins = ix.etabFindHashed(h, hash)
 	}
@@ -110,6 +111,14 @@ func (ix *Index) etabInsertHashed(h, hash uint64, id uint32, ins int) {
 	}
 	t.slots[ins] = t.tag(hash)<<t.idBits | id
 	t.used++
+	if g := ix.egrow; g != nil && id >= g.nt.idMask {
+		ix.egrow = nil // the ids outgrew the new table: start again later
+	} else if g != nil {
+		g.note(hash, id, false)
+		ix.etabGrowStep()
+	} else if len(t.slots) >= growFrom && (t.used+t.dead)*16 > len(t.slots)*13 {
+		ix.etabGrowStart()
+	}
 }
 
 // etabRebuild makes a new table holding every node with a shared hash
@@ -170,7 +179,8 @@ func (ix *Index) etabRebuild(skip uint32) {
 // sort (64 KB: its inserts stay in L2 while it fills).
 const (
 	rebuildSortedFrom = 1 << 17
-	rebuildBucket     = 1 << 14
+	rebuildBucket     = 1 << rebuildShift
+	rebuildShift      = 14
 )
 
 func (ix *Index) etabDelete(h uint64, id uint32) {
@@ -180,6 +190,181 @@ func (ix *Index) etabDelete(h uint64, id uint32) {
 	for i := hash & t.mask; t.slots[i] != etabEmpty; i = (i + 1) & t.mask {
 		if t.slots[i] == want {
 			t.slots[i] = etabDead
+			t.used--
+			t.dead++
+			if ix.egrow != nil {
+				ix.egrow.note(hash, id, true)
+			}
+			return
+		}
+	}
+}
+
+// growFrom is the table size (slots) from which the engine table grows
+// across inserts (etabGrow) instead of in one rebuild inside an Apply: a
+// rebuild of a table this small takes well under a millisecond. A
+// variable so that tests can grow small tables that way.
+var growFrom = 1 << 14
+
+// etabGrow builds the next engine table a bounded step per insert while
+// the current one keeps serving every lookup, insert and delete, so no
+// single Apply pays for a whole rebuild. It does the work etabRebuild
+// does, in three phases: walk the nodes in id order collecting each
+// shared hash into buckets of rebuildBucket home slots (sequential node
+// reads), fill the new table bucket by bucket (its inserts stay in
+// cache), then replay the inserts and deletes the current table took
+// meanwhile for nodes the walk had already passed (the log), and swap.
+// It starts when the table is 13/16 full and sizes its steps to finish
+// within half of the inserts left before 7/8; should the table reach 7/8
+// anyway (or an id outgrow either table's id field) the ordinary rebuild
+// runs and the build is dropped.
+type etabGrow struct {
+	nt      engTable
+	phase   int          // growWalk, growFill, growLog
+	cursor  uint32       // growWalk: the next node id to visit
+	buckets [][][]uint64 // per bucket, blocks of growBlock entries
+	b, k    int          // growFill: bucket, block within it
+	bi      int          // growFill: entry within the block
+	log     []etabOp
+	li      int // growLog: next op to replay
+	step    int // units of work per insert
+}
+
+// etabOp is an insert or delete of word (in the new table's encoding) at
+// home slot hash&mask, taken by the current table during a build.
+type etabOp struct {
+	hash uint64
+	word uint32
+	del  bool
+}
+
+// growBlock is the entries of one block of a bucket. Buckets grow by
+// blocks, not by append: the buckets fill at the same rate, so whole
+// buckets grown by copying would all copy within a few Applies
+// (megabytes), and made at full size at the start the first step would
+// clear them all.
+const growBlock = 512
+
+const (
+	growWalk = iota
+	growFill
+	growLog
+)
+
+// etabGrowStart sizes the next table for the current entries, as
+// etabRebuild would, and starts building it.
+func (ix *Index) etabGrowStart() {
+	t := &ix.etab
+	nt := newEngTable(t.used+1, ix.next)
+	nb := max(1, len(nt.slots)/rebuildBucket)
+	g := &etabGrow{nt: nt, cursor: 1, buckets: make([][][]uint64, nb)}
+	// Work: one unit per node id walked, per entry filled and per op
+	// replayed; spread over half the inserts left before the table is
+	// 7/8 full.
+	left := len(t.slots)*7/8 - (t.used + t.dead)
+	g.step = 2*(int(ix.next)+t.used)/max(left, 1) + 8
+	ix.egrow = g
+}
+
+// note logs a change to the current table for the new one, unless the
+// walk has yet to reach id (it will read the node as it is then).
+func (g *etabGrow) note(hash uint64, id uint32, del bool) {
+	if g.phase == growWalk && id >= g.cursor {
+		return
+	}
+	g.log = append(g.log, etabOp{hash: hash, word: g.nt.tag(hash)<<g.nt.idBits | id, del: del})
+}
+
+// etabGrowStep does one insert's share of the build, and swaps the new
+// table in when it is done. It runs only between table operations, when
+// every node with a shared hash is in the current table.
+func (ix *Index) etabGrowStep() {
+	g := ix.egrow
+	nt := &g.nt
+	n := g.step
+	if g.phase == growWalk {
+		dir := *ix.dir.Load()
+		for ; n > 0 && g.cursor < ix.next; n-- {
+			id := g.cursor
+			g.cursor++
+			c := dir[id>>chunkBits]
+			if c.nc[id&chunkMask]&hasEngBit == 0 {
+				continue
+			}
+			if id >= nt.idMask {
+				ix.egrow = nil // the ids outgrew the new table: start again later
+				return
+			}
+			hash := ix.engHash(c.eng[id&chunkMask])
+			home := hash & nt.mask
+			bk := g.buckets[home>>rebuildShift]
+			if len(bk) == 0 || len(bk[len(bk)-1]) == growBlock {
+				bk = append(bk, make([]uint64, 0, growBlock))
+				g.buckets[home>>rebuildShift] = bk
+			}
+			bk[len(bk)-1] = append(bk[len(bk)-1], home<<32|uint64(nt.tag(hash)<<nt.idBits|id))
+		}
+		if g.cursor < ix.next {
+			return
+		}
+		g.phase = growFill
+	}
+	if g.phase == growFill {
+		for n > 0 && g.b < len(g.buckets) {
+			bk := g.buckets[g.b]
+			if g.k == len(bk) {
+				g.buckets[g.b] = nil
+				g.b, g.k, g.bi = g.b+1, 0, 0
+				continue
+			}
+			if g.bi == len(bk[g.k]) {
+				g.k, g.bi = g.k+1, 0
+				continue
+			}
+			e := bk[g.k][g.bi]
+			g.bi++
+			n--
+			j := e >> 32
+			for nt.slots[j] != etabEmpty {
+				j = (j + 1) & nt.mask
+			}
+			nt.slots[j] = uint32(e)
+			nt.used++
+		}
+		if g.b < len(g.buckets) {
+			return
+		}
+		g.phase = growLog
+	}
+	for ; n > 0 && g.li < len(g.log); n-- {
+		op := g.log[g.li]
+		g.li++
+		nt.apply(op)
+	}
+	if g.li == len(g.log) {
+		ix.etab = *nt
+		ix.egrow = nil
+	}
+}
+
+// apply replays op on t: an insert takes the first free slot of its
+// probe (the log never inserts a word t holds), a delete kills its word.
+func (t *engTable) apply(op etabOp) {
+	j := op.hash & t.mask
+	if !op.del {
+		for t.slots[j] != etabEmpty && t.slots[j] != etabDead {
+			j = (j + 1) & t.mask
+		}
+		if t.slots[j] == etabDead {
+			t.dead--
+		}
+		t.slots[j] = op.word
+		t.used++
+		return
+	}
+	for ; t.slots[j] != etabEmpty; j = (j + 1) & t.mask {
+		if t.slots[j] == op.word {
+			t.slots[j] = etabDead
 			t.used--
 			t.dead++
 			return

@@ -181,6 +181,7 @@ type Index struct {
 	ovfDir atomic.Pointer[[]*ovfChunk]
 	ctab   atomic.Pointer[table] // (parent, local) -> node
 	etab   engTable              // shared engine hash -> node (writer only)
+	egrow  *etabGrow             // the next engine table while it is built across inserts (etab.go)
 	vw     atomic.Pointer[view]
 
 	next, ovfNext uint32

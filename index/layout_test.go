@@ -633,3 +633,64 @@ func TestEngineTableSortedRebuild(t *testing.T) {
 	}
 	checkInternals(t, ix)
 }
+
+// TestEngineTableGrowsAcrossInserts builds every engine table past the
+// smallest across inserts (etabGrow) and checks the model still holds,
+// and, at points during builds, both the current table and the new one
+// once its build is run to the end.
+func TestEngineTableGrowsAcrossInserts(t *testing.T) {
+	defer func(g int) { growFrom = g }(growFrom)
+	growFrom = 0
+	t.Run("conversations", func(t *testing.T) { testConversations(t, Config{}) })
+	ix := New()
+	r := rand.New(rand.NewPCG(7, 9))
+	ws := []kv.WorkerKey{{Instance: 1}, {Instance: 2}, {Instance: 3}}
+	held := map[kv.WorkerKey][]kv.EngineHash{}
+	builds, swaps, checks := 0, 0, 0
+	var last *etabGrow
+	for step := 0; step < 4000; step++ {
+		w := ws[r.IntN(len(ws))]
+		before := &ix.etab.slots[0]
+		switch {
+		case r.IntN(4) == 0 && len(held[w]) > 0:
+			// Remove a random run of w's blocks: deletes during a build.
+			hs := held[w]
+			i := r.IntN(len(hs))
+			j := min(len(hs), i+1+r.IntN(40))
+			ix.Apply(kv.Removed(w, kv.TierDevice, append([]kv.EngineHash(nil), hs[i:j]...)))
+			held[w] = append(hs[:i:i], hs[j:]...)
+		default:
+			blocks := make([]kv.StoredBlock, 1+r.IntN(60))
+			for i := range blocks {
+				h := r.Uint64()
+				blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(h), LocalHash: kv.LocalHash(h >> 7)}
+				held[w] = append(held[w], kv.EngineHash(h))
+			}
+			ix.Apply(kv.Stored(w, kv.TierDevice, nil, blocks))
+		}
+		if last != nil && ix.egrow == nil && &ix.etab.slots[0] != before {
+			swaps++ // a build finished by the inserts themselves
+		}
+		g := ix.egrow
+		if g != nil && g != last {
+			builds++
+		}
+		last = g
+		if g != nil {
+			if step%37 == 0 {
+				checkInternals(t, ix) // the current table, mid-build
+				for ix.egrow != nil {
+					ix.etabGrowStep()
+				}
+				checkInternals(t, ix) // the new one
+				checks++
+				last = nil
+			}
+		}
+	}
+	checkInternals(t, ix)
+	if builds == 0 || checks == 0 || swaps == 0 {
+		t.Fatalf("%d builds started, %d swapped in, %d checked mid-build: want each", builds, swaps, checks)
+	}
+	t.Logf("%d builds, %d swapped, %d checked mid-build, %d slots", builds, swaps, checks, len(ix.etab.slots))
+}
