@@ -115,7 +115,7 @@ func (ix *Index) etabInsertHashed(h, hash uint64, id uint32, ins int) {
 		ix.egrow = nil // the ids outgrew the new table: start again later
 	} else if g != nil {
 		g.note(hash, id, false)
-		ix.etabGrowStep()
+		g.owed += g.step
 	} else if len(t.slots) >= growFrom && (t.used+t.dead)*16 > len(t.slots)*13 {
 		ix.etabGrowStart()
 	}
@@ -228,6 +228,7 @@ type etabGrow struct {
 	log     []etabOp
 	li      int // growLog: next op to replay
 	step    int // units of work per insert
+	owed    int // units the event's inserts owe, done at its end
 }
 
 // etabOp is an insert or delete of word (in the new table's encoding) at
@@ -275,13 +276,17 @@ func (g *etabGrow) note(hash uint64, id uint32, del bool) {
 	g.log = append(g.log, etabOp{hash: hash, word: g.nt.tag(hash)<<g.nt.idBits | id, del: del})
 }
 
-// etabGrowStep does one insert's share of the build, and swaps the new
-// table in when it is done. It runs only between table operations, when
-// every node with a shared hash is in the current table.
+// etabGrowStep does the share of the build the event's inserts owe, and
+// swaps the new table in when it is done. It runs at the end of an event
+// (every node with a shared hash is then in the current table, and no
+// probe's slot is held), in one piece rather than a few units per insert:
+// the walk and fill stream better, and leave the insert path's lines
+// alone, when they are not interleaved with it.
 func (ix *Index) etabGrowStep() {
 	g := ix.egrow
 	nt := &g.nt
-	n := g.step
+	n := max(g.owed, 1)
+	g.owed = 0
 	if g.phase == growWalk {
 		dir := *ix.dir.Load()
 		for ; n > 0 && g.cursor < ix.next; n-- {

@@ -942,6 +942,9 @@ func (ix *Index) endEvent() {
 		ix.maybeFree(id)
 	}
 	ix.cand = ix.cand[:0]
+	if ix.egrow != nil && ix.egrow.owed > 0 {
+		ix.etabGrowStep()
+	}
 	if ix.joined {
 		ix.joined = false
 		ix.publishView(ix.joinSlot, true)
