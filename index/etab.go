@@ -222,7 +222,8 @@ type etabGrow struct {
 	nt      engTable
 	phase   int          // growWalk, growFill, growLog
 	cursor  uint32       // growWalk: the next node id to visit
-	buckets [][][]uint64 // per bucket, blocks of growBlock entries
+	buckets [][][]uint64 // per bucket, its full blocks of growBlock entries
+	cur     [][]uint64   // growWalk: per bucket, the block it fills (one array: no pointer to chase per entry)
 	b, k    int          // growFill: bucket, block within it
 	bi      int          // growFill: entry within the block
 	log     []etabOp
@@ -258,7 +259,7 @@ func (ix *Index) etabGrowStart() {
 	t := &ix.etab
 	nt := newEngTable(t.used+1, ix.next)
 	nb := max(1, len(nt.slots)/rebuildBucket)
-	g := &etabGrow{nt: nt, cursor: 1, buckets: make([][][]uint64, nb)}
+	g := &etabGrow{nt: nt, cursor: 1, buckets: make([][][]uint64, nb), cur: make([][]uint64, nb)}
 	// Work: one unit per node id walked, per entry filled and per op
 	// replayed; spread over half the inserts left before the table is
 	// 7/8 full.
@@ -302,16 +303,24 @@ func (ix *Index) etabGrowStep() {
 			}
 			hash := ix.engHash(c.eng[id&chunkMask])
 			home := hash & nt.mask
-			bk := g.buckets[home>>rebuildShift]
-			if len(bk) == 0 || len(bk[len(bk)-1]) == growBlock {
-				bk = append(bk, make([]uint64, 0, growBlock))
-				g.buckets[home>>rebuildShift] = bk
+			cur := &g.cur[home>>rebuildShift]
+			if len(*cur) == cap(*cur) {
+				if *cur != nil {
+					g.buckets[home>>rebuildShift] = append(g.buckets[home>>rebuildShift], *cur)
+				}
+				*cur = make([]uint64, 0, growBlock)
 			}
-			bk[len(bk)-1] = append(bk[len(bk)-1], home<<32|uint64(nt.tag(hash)<<nt.idBits|id))
+			*cur = append(*cur, home<<32|uint64(nt.tag(hash)<<nt.idBits|id))
 		}
 		if g.cursor < ix.next {
 			return
 		}
+		for b, cur := range g.cur {
+			if cur != nil {
+				g.buckets[b] = append(g.buckets[b], cur)
+			}
+		}
+		g.cur = nil
 		g.phase = growFill
 	}
 	if g.phase == growFill {
