@@ -417,6 +417,9 @@ func TestDiscoveryAndLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 10*time.Second, "worker removed on close", func() bool { return len(wt.Instances()) == 0 })
+	// The watcher drops an instance from its map before it calls back
+	// with the removal: wait for the callback too.
+	testutil.WaitFor(t, 10*time.Second, "removal delivered", func() bool { mu.Lock(); defer mu.Unlock(); return len(evs) >= 2 })
 	mu.Lock()
 	defer mu.Unlock()
 	if len(evs) != 2 || evs[0].Kind != discovery.InstanceAdded || evs[1].Kind != discovery.InstanceRemoved {
