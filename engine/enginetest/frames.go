@@ -45,6 +45,14 @@ func CheckFrames[T any, P FrameDecoder[T]](t *testing.T, frames []string, wellFo
 	}
 }
 
+// FuzzFrames fuzzes CheckFrame from frames.
+func FuzzFrames[T any, P FrameDecoder[T]](f *testing.F, frames []string) {
+	for _, fr := range frames {
+		f.Add([]byte(fr))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) { CheckFrame[T, P](t, data) })
+}
+
 // BenchFrame decodes one frame as a stream reader does, by DecodeFrame
 // and by encoding/json.
 func BenchFrame[T any, P FrameDecoder[T]](b *testing.B, data []byte) {

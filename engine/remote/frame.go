@@ -532,6 +532,17 @@ func (s *Scan) RawCopy() (json.RawMessage, bool) {
 	return append(json.RawMessage(nil), raw...), ok
 }
 
+// Usage decodes a usage object (rare in a stream: the last frame's) with
+// encoding/json.
+func (s *Scan) Usage() (*Usage, bool) {
+	raw, ok := s.Raw()
+	if !ok {
+		return nil, false
+	}
+	u := new(Usage)
+	return u, json.Unmarshal(raw, u) == nil
+}
+
 // FoldsTo reports whether key is one of names in another case:
 // encoding/json would match it to that field, a decoder should decline.
 func FoldsTo(key string, names ...string) bool {

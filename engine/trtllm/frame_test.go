@@ -29,16 +29,8 @@ func TestDecodeFrameMatchesJSON(t *testing.T) {
 	enginetest.CheckFrames[response](t, frames, 4)
 }
 
-func checkFrame(t *testing.T, data []byte) bool {
-	t.Helper()
-	return enginetest.CheckFrame[response](t, data)
-}
-
 func FuzzDecodeFrame(f *testing.F) {
-	for _, fr := range frames {
-		f.Add([]byte(fr))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) { checkFrame(t, data) })
+	enginetest.FuzzFrames[response](f, frames)
 }
 
 // BenchmarkStreamFrame: one token's frame, decoded as ReadFrames does.

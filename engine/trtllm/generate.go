@@ -344,11 +344,7 @@ func (r *response) DecodeFrame(data []byte) bool {
 		case i == 4:
 			ok = r.decodeChoices(s)
 		default:
-			var raw []byte
-			if raw, ok = s.Raw(); ok {
-				r.Usage = new(remote.Usage)
-				ok = json.Unmarshal(raw, r.Usage) == nil
-			}
+			r.Usage, ok = s.Usage()
 		}
 		return ok
 	}) && s.End()

@@ -281,11 +281,7 @@ func (r *response) DecodeFrame(data []byte) bool {
 			if s.Null() {
 				return true
 			}
-			var raw []byte
-			if raw, ok = s.Raw(); ok {
-				r.Usage = new(remote.Usage)
-				ok = json.Unmarshal(raw, r.Usage) == nil
-			}
+			r.Usage, ok = s.Usage()
 			return ok
 		case 2:
 			r.KVTransferParams, ok = s.RawCopy()
