@@ -47,7 +47,10 @@ type FeedConfig struct {
 	// ChanSize is the subscription buffer (messages); default 8192. A
 	// slow feed drops messages, which then show up as gaps and are repaired.
 	ChanSize int
-	Logger   *slog.Logger
+	// Local, when set, carries the batches of this process's own workers
+	// to the feed in process; their NATS copies are skipped.
+	Local  *Local
+	Logger *slog.Logger
 }
 
 // FeedStats counts what a feed did.
@@ -79,6 +82,7 @@ type Feed struct {
 	ops     chan func()
 	results chan Answer
 	msgs    chan *nats.Msg
+	local   chan localBatch
 
 	core   *FeedCore       // loop-owned
 	runCtx context.Context // Run's context; repairs stop with it
@@ -106,7 +110,7 @@ func NewFeed(nc *nats.Conn, cfg FeedConfig) (*Feed, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Feed{nc: nc, cfg: cfg, log: cfg.Logger,
-		ops: make(chan func(), 1024), results: make(chan Answer, 64), msgs: make(chan *nats.Msg, cfg.ChanSize),
+		ops: make(chan func(), 1024), results: make(chan Answer, 64), msgs: make(chan *nats.Msg, cfg.ChanSize), local: make(chan localBatch, cfg.ChanSize),
 		core: NewFeedCore(cfg.MaxQueue), last: map[kv.WorkerKey]uint64{}}, nil
 }
 
@@ -125,6 +129,16 @@ func (f *Feed) OnLoadReport(r LoadReport) {
 	}
 	select {
 	case f.ops <- func() { f.do(f.core.Load(r)) }:
+	default:
+	}
+}
+
+// offerLocal queues a batch from a worker of this process (Local). It
+// never blocks: a batch dropped from a full queue is a gap, repaired as a
+// NATS message dropped by a slow feed is.
+func (f *Feed) offerLocal(instance uint64, batch []kv.Event) {
+	select {
+	case f.local <- localBatch{instance: instance, events: batch}:
 	default:
 	}
 }
@@ -158,6 +172,10 @@ func (f *Feed) Run(ctx context.Context) error {
 	_ = sub.SetPendingLimits(-1, -1) // the channel is the bound
 	ctx, cancel := context.WithCancel(ctx)
 	f.runCtx = ctx
+	if l := f.cfg.Local; l != nil {
+		l.attach(f.cfg.Model, f)
+		defer l.detach(f.cfg.Model, f)
+	}
 	defer func() {
 		_ = sub.Unsubscribe()
 		cancel()
@@ -170,7 +188,12 @@ func (f *Feed) Run(ctx context.Context) error {
 		case op := <-f.ops:
 			op()
 		case m := <-f.msgs:
+			if f.cfg.Local != nil && f.cfg.Local.owns(m.Subject) {
+				continue // taken from the in-process plane
+			}
 			f.do(f.core.Message(m.Subject, m.Data))
+		case b := <-f.local:
+			f.do(f.core.Batch(b.instance, b.events))
 		case a := <-f.results:
 			f.do(f.core.Answer(a))
 		}

@@ -414,3 +414,77 @@ func TestDumpWithoutHoldings(t *testing.T) {
 		t.Fatalf("answer %+v", a)
 	}
 }
+
+// A worker of the feed's own process hands its batches over in process:
+// with nobody else able to listen, nothing goes on NATS; when others may
+// listen, they get every batch on NATS too while the feed skips those
+// copies (no duplicates). Lost batches are repaired as before.
+func TestEventFeedLocal(t *testing.T) {
+	for _, alsoNATS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("alsoNATS=%v", alsoNATS), func(t *testing.T) { testEventFeedLocal(t, alsoNATS) })
+	}
+}
+
+func testEventFeedLocal(t *testing.T, alsoNATS bool) {
+	e := natstest.Start(t)
+	clients := workerclient.NewPool()
+	defer clients.Close()
+	ix := &lockedIndex{ix: ref.New()}
+	local := NewLocal(alsoNATS)
+	feed, err := NewFeed(natstest.Connect(t, e.URL()), FeedConfig{Model: "m", Applier: ix, Repairer: workerclient.Repairer{Clients: clients},
+		RepairTimeout: 2 * time.Second, Local: local})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- feed.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	f := startFakeWorker(t, e, 0xabc, 16)
+	nc := natstest.Connect(t, e.URL())
+	f.pub = NewPublisher(nc, "m", f.log, nil)
+	f.pub.UseLocal(local)
+	outside, err := natstest.Connect(t, e.URL()).SubscribeSync(f.pub.Subject())
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "feed attached", func() bool {
+		local.mu.RLock()
+		defer local.mu.RUnlock()
+		return local.feeds["m"] == feed
+	})
+	feed.OnDiscovery(discovery.Event{Kind: discovery.InstanceAdded, Instance: f.instance()})
+	waitSynced(t, feed, ix, f)
+
+	f.publish(20)
+	waitSynced(t, feed, ix, f)
+	f.lose(3) // a gap, repaired from the ring
+	f.publish(5)
+	waitSynced(t, feed, ix, f)
+	if s := feed.Stats(); s.Duplicates != 0 || s.Gaps != 1 || s.BadMessages != 0 || s.Batches < 25 {
+		t.Fatalf("stats %+v: want 25 batches, no duplicates, the one gap, no bad messages", s)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := nc.Stats().OutMsgs; alsoNATS != (n == 25) || !alsoNATS && n != 0 {
+		t.Fatalf("%d batches on NATS (others may listen: %v)", n, alsoNATS)
+	}
+	for i := range 25 {
+		_, err := outside.NextMsg(time.Second)
+		if alsoNATS && err != nil {
+			t.Fatalf("outside subscriber, batch %d: %v", i, err)
+		}
+		if !alsoNATS && err == nil {
+			t.Fatal("outside subscriber got a batch nobody outside the process should")
+		}
+		if !alsoNATS {
+			break
+		}
+	}
+}

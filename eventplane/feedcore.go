@@ -237,19 +237,55 @@ func (c *FeedCore) Message(subject string, data []byte) []Action {
 	c.st.Batches++
 	for _, p := range batch.Events {
 		e, err := api.EventFromProto(p)
-		if err == nil && (e.Worker.Instance != id || int(e.Worker.DPRank) >= len(fi.keys)) {
-			err = fmt.Errorf("event for worker %v from instance %x (dp_size %d)", e.Worker, id, len(fi.keys))
-		}
-		if err == nil && e.ID == 0 {
-			err = errors.New("event without id")
-		}
-		if err != nil {
-			c.bad(subject, err)
-			continue
-		}
-		c.offer(fi, fi.keys[e.Worker.DPRank], e)
+		c.take(fi, id, subject, e, err)
 	}
 	return c.out
+}
+
+// Batch takes a batch of instance id's events that a worker of this
+// process handed over directly (Local): already decoded, checked as a
+// message's events are.
+func (c *FeedCore) Batch(id uint64, evs []kv.Event) []Action {
+	c.begin()
+	fi := c.insts[id]
+	if fi == nil {
+		c.st.UnknownInstance++
+		return c.out
+	}
+	c.st.Batches++
+	for _, e := range evs {
+		c.take(fi, id, "in process", e, checkLocal(&e))
+	}
+	return c.out
+}
+
+// checkLocal is what EventFromProto checks of an event that came in
+// process without a conversion.
+func checkLocal(e *kv.Event) error {
+	switch {
+	case e.Tier >= kv.NumTiers:
+		return fmt.Errorf("kv event %d: unknown tier %d", e.ID, e.Tier)
+	case e.Kind == kv.EventStored && len(e.Blocks) == 0:
+		return fmt.Errorf("kv event %d: stored event without blocks", e.ID)
+	case e.Kind != kv.EventStored && e.Kind != kv.EventRemoved && e.Kind != kv.EventCleared:
+		return fmt.Errorf("kv event %d: unknown kind %v", e.ID, e.Kind)
+	}
+	return nil
+}
+
+// take offers one event of instance id (err: it did not decode).
+func (c *FeedCore) take(fi *coreInstance, id uint64, where string, e kv.Event, err error) {
+	if err == nil && (e.Worker.Instance != id || int(e.Worker.DPRank) >= len(fi.keys)) {
+		err = fmt.Errorf("event for worker %v from instance %x (dp_size %d)", e.Worker, id, len(fi.keys))
+	}
+	if err == nil && e.ID == 0 {
+		err = errors.New("event without id")
+	}
+	if err != nil {
+		c.bad(where, err)
+		return
+	}
+	c.offer(fi, fi.keys[e.Worker.DPRank], e)
 }
 
 func (c *FeedCore) bad(where string, err error) {

@@ -73,6 +73,11 @@ func marshal(instance uint64, evs []kv.Event) []byte {
 	return b
 }
 
+// local is instance's batch handed over in process (Local).
+func local(instance uint64, evs ...kv.Event) func(*FeedCore) []Action {
+	return func(c *FeedCore) []Action { return c.Batch(instance, evs) }
+}
+
 func raw(subject string, data []byte) func(*FeedCore) []Action {
 	return func(c *FeedCore) []Action { return c.Message(subject, data) }
 }
@@ -381,6 +386,19 @@ func TestFeedCore(t *testing.T) {
 			step{batch(9, 1), ""}),
 		stats: FeedStats{BadMessages: 6, UnknownInstance: 1, Applied: 3},
 		last:  map[kv.WorkerKey]uint64{{Instance: 1}: 3},
+	}, {
+		name: "in-process batches are ordered, repaired and checked as messages are",
+		steps: append(synced[:3:3],
+			step{local(1, ev(1, 0, 3), ev(1, 0, 4)), "apply 1.0 [3 4] last=4"},
+			step{local(1, ev(1, 0, 4)), ""},
+			step{local(1, ev(1, 0, 6)), "range 1.0 #2 [5,5]"},
+			step{ranged(1, 0, 2, 5), "apply 1.0 [5 6] last=6"},
+			step{local(1, ev(2, 0, 7), ev(1, 5, 7), ev(1, 0, 0), kv.Event{ID: 7, Worker: kv.WorkerKey{Instance: 1}, Kind: kv.EventStored},
+				kv.Event{ID: 7, Worker: kv.WorkerKey{Instance: 1}, Kind: kv.EventCleared, Tier: kv.NumTiers}, kv.Event{ID: 7, Worker: kv.WorkerKey{Instance: 1}},
+				ev(1, 0, 7)), "bad; bad; bad; bad; bad; bad; apply 1.0 [7] last=7"},
+			step{local(9, ev(9, 0, 1)), ""}),
+		stats: FeedStats{Batches: 5, Duplicates: 1, Gaps: 1, RangeRepairs: 1, BadMessages: 6, UnknownInstance: 1, Applied: 7},
+		last:  map[kv.WorkerKey]uint64{{Instance: 1}: 7},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := NewFeedCore(tc.maxQueue)

@@ -19,7 +19,9 @@ const maxEventsPerAnswer = 4096
 // subject as an api.KvEventBatch, in id order.
 type Publisher struct {
 	nc       *nats.Conn
+	model    string
 	subject  string
+	local    *Local // nil: NATS only
 	instance uint64
 	log      *EventLog
 	logger   *slog.Logger
@@ -32,7 +34,7 @@ func NewPublisher(nc *nats.Conn, model string, log *EventLog, logger *slog.Logge
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Publisher{nc: nc, subject: EventSubject(model, log.instance), instance: log.instance, log: log, logger: logger}
+	return &Publisher{nc: nc, model: model, subject: EventSubject(model, log.instance), instance: log.instance, log: log, logger: logger}
 }
 
 // Sink is the engine.EventSink: it never blocks on the network (NATS
@@ -50,7 +52,23 @@ func (p *Publisher) Sink(batch []kv.Event) {
 	p.log.Append(batch, p.publish)
 }
 
+// UseLocal makes this worker's batches reach this process's own feeds
+// through l, and NATS only when others may listen (Local). Call it
+// before the first batch.
+func (p *Publisher) UseLocal(l *Local) {
+	l.addWorker(p.instance)
+	p.local = l
+}
+
 func (p *Publisher) publish(batch []kv.Event) {
+	if p.local != nil {
+		p.local.deliver(p.model, p.instance, batch)
+		if !p.local.alsoNATS {
+			p.batches.Add(1)
+			p.events.Add(int64(len(batch)))
+			return
+		}
+	}
 	b, err := protoMarshalBatch(p.instance, batch)
 	if err == nil && p.nc != nil {
 		err = p.nc.Publish(p.subject, b)

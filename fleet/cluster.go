@@ -66,6 +66,9 @@ type Config struct {
 	// Local are workers of this process (serve's), called directly
 	// rather than over gRPC while discovery lists them at their address.
 	Local []workerclient.Local
+	// LocalEvents carries those workers' KV events to the model feeds in
+	// process (eventplane.Local); nil: NATS only.
+	LocalEvents *eventplane.Local
 }
 
 // replicaSyncScope names the replica-sync subject every frontend shares.
@@ -215,7 +218,7 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 // follow subscribes to one model's discovery records, events and load.
 func (c *Cluster) follow(ctx context.Context, model string) error {
 	feed, err := eventplane.NewFeed(c.cfg.NC, eventplane.FeedConfig{Model: model, Applier: c.index,
-		Repairer: workerclient.Repairer{Clients: c.clients}, Logger: c.log})
+		Repairer: workerclient.Repairer{Clients: c.clients}, Local: c.cfg.LocalEvents, Logger: c.log})
 	if err != nil {
 		return fmt.Errorf("event feed for %s: %w", model, err)
 	}

@@ -58,6 +58,10 @@ type Config struct {
 	RingSize int
 	// LoadInterval is how often load is published; default 1s.
 	LoadInterval time.Duration
+	// LocalEvents, when set, hands the worker's KV event batches to the
+	// feeds of its own process in process (serve's workers); NATS carries
+	// them only to whoever else subscribes.
+	LocalEvents *eventplane.Local
 	// StallTimeout: with streams in flight and no engine output for this
 	// long, the worker declares its engine stalled, leaves discovery and
 	// fails every stream with Unavailable (see watchdog.go); default
@@ -243,6 +247,9 @@ func New(cfg Config, eng engine.Engine, nc *nats.Conn) (*Worker, error) {
 	w := &Worker{cfg: cfg, eng: eng, nc: nc, log: cfg.Logger.With("instance", natsbus.InstanceToken(cfg.InstanceID), "model", cfg.Model), evlog: evlog, wd: newWatchdog(), blockSize: ec.BlockSize}
 	w.hintParser = hints.NewParser(w.log)
 	w.pub = eventplane.NewPublisher(nc, cfg.Model, evlog, w.log)
+	if cfg.LocalEvents != nil {
+		w.pub.UseLocal(cfg.LocalEvents)
+	}
 	w.met = newMetrics(w)
 	w.inst = discovery.Instance{
 		ID: cfg.InstanceID, Incarnation: newIncarnation(), Model: cfg.Model, Role: cfg.Role, DPSize: cfg.DPSize,

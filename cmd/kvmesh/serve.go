@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/engine/sim"
+	"github.com/kvmesh/kvmesh/eventplane"
 	"github.com/kvmesh/kvmesh/fleet"
 	"github.com/kvmesh/kvmesh/frontend"
 	"github.com/kvmesh/kvmesh/internal/fleetkey"
@@ -66,6 +67,9 @@ type frontendFlags struct {
 	// local are serve's own workers, called in process unless workerGRPC.
 	local      []workerclient.Local
 	workerGRPC bool
+	// localEvents carries those workers' KV events to the frontend's
+	// feeds in process (nil with workerGRPC: over NATS, as remote ones').
+	localEvents *eventplane.Local
 }
 
 func (ff *frontendFlags) register(f *pflag.FlagSet, defaultModels []string) {
@@ -176,7 +180,7 @@ func startFrontendOn(ctx context.Context, ff *frontendFlags, nc *nats.Conn, disc
 	}
 	cl, err := fleet.New(ctx, fleet.Config{
 		NC: nc, Discovery: disc, Models: ff.models, ReplicaSync: ff.replicaSync, Registerer: reg, Logger: log, Disagg: ff.disagg(),
-		FleetToken: token, TLS: clientTLS, TierLoad: tierLoad, Queue: queue, Local: ff.local,
+		FleetToken: token, TLS: clientTLS, TierLoad: tierLoad, Queue: queue, Local: ff.local, LocalEvents: ff.localEvents,
 		Router: router.Config{Mode: mode, Cost: &cost, MaxKVUsage: ff.busyKVUsage, Hints: ff.hints, Admit: admit},
 	})
 	if err != nil {
@@ -410,6 +414,9 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	// Others can listen to serve's NATS when it is not serve's own, when
+	// it authenticates no one, or when they hold the fleet token.
+	othersListen := nf.url != "" || insecureNATS || ff.fleet.generated == ""
 	if nf.url == "" {
 		nc := natsbus.EmbeddedConfig{Host: natsHost, Port: natsPort, DataDir: dataDir, Logger: log}
 		if !insecureNATS {
@@ -426,6 +433,9 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		return fmt.Errorf("--insecure-nats turns off the embedded NATS server's authentication; with --nats there is none")
 	}
 	nf.discoveryKey = fleetkey.Derive(fleetToken, fleetkey.Discovery)
+	if !ff.workerGRPC {
+		ff.localEvents = eventplane.NewLocal(othersListen)
+	}
 	nc, disc, err := nf.controlPlane(ctx, "kvmesh-serve", log)
 	if err != nil {
 		return err
@@ -496,7 +506,7 @@ func runServe(cmd *cobra.Command, ff *frontendFlags, sf sim.Config, workers int,
 		}
 		wc := worker.Config{Model: cfg.Model, Role: cfg.Role, LoRAs: loras, Logger: log.With("worker", i), Peer: peer, Registerer: reg,
 			FleetToken: fleetToken, TLS: serverTLS, Tracer: tracer, Engine: "sim",
-			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}}
+			StallTimeout: stallTimeoutConfig(stallTimeout), Discovery: discovery.Config{Logger: log}, LocalEvents: ff.localEvents}
 		if cfg.KVBM != nil {
 			wc.InstanceID = instance
 			if err := registerKVBMMetrics(reg, eng.KVBMStats, cfg.Model, instance); err != nil {

@@ -76,7 +76,7 @@ func startEngineWorkers(ctx context.Context, cmd *cobra.Command, ef *serveEngine
 		w, err := worker.New(worker.Config{Model: model, Role: se.role, Logger: wlog, ControlEndpoints: se.flags.peers,
 			AcceptsHints: ef.opts.acceptsHints(), StallTimeout: stallTimeoutConfig(stallTimeout), Registerer: reg, Tracer: ff.tracer, Engine: ef.engine,
 			DecodeOnly: decodeOnly(ef.engine, se.role), NoKVEvents: se.flags.events == "",
-			Discovery: discovery.Config{Logger: log}, FleetToken: token}, eng, nc)
+			Discovery: discovery.Config{Logger: log}, FleetToken: token, LocalEvents: ff.localEvents}, eng, nc)
 		if err != nil {
 			eng.Close()
 			closeAll()
