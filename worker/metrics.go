@@ -91,8 +91,8 @@ func newMetrics(w *Worker) *metrics {
 		counterFunc("kvmesh_worker_kv_transfer_params_total", "Requests that carried KV transfer parameters (disaggregated serving).", func() float64 { return float64(w.transferParams.Load()) }),
 		counterFunc("kvmesh_worker_decode_hints_dropped_total", "KV hints dropped because the request was a decode handoff (a hint is applied on the prefill leg only).", func() float64 { return float64(w.decodeHints.Load()) }),
 		counterFunc("kvmesh_worker_foreign_transfer_params_dropped_total", "KV transfer parameters dropped because they arrived on a leg other than a decode leg.", func() float64 { return float64(w.foreignParams.Load()) }),
-		counterFunc("kvmesh_worker_event_batches_published_total", "KV event batches published on NATS.", pub(0)),
-		counterFunc("kvmesh_worker_events_published_total", "KV events published on NATS.", pub(1)),
+		counterFunc("kvmesh_worker_event_batches_published_total", "KV event batches published on NATS (serve's own workers: handed to its feed in process).", pub(0)),
+		counterFunc("kvmesh_worker_events_published_total", "KV events published on NATS (serve's own workers: handed to its feed in process).", pub(1)),
 		counterFunc("kvmesh_worker_event_publish_failures_total", "KV event batches that could not be published (routers repair the gap).", pub(2)),
 	}
 	m.all = append(m.all, hintParseMetrics(cl, w.hintParser)...)
