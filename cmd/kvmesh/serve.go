@@ -316,7 +316,7 @@ On startup it prints one line to stdout:
 	f.IntVar(&sf.DPSize, "dp-size", 1, "data-parallel ranks per worker (sim: each its own engine, cache, load and KV events; real engine: the ranks behind every server, rank r's KV events on --kv-events' port + r); routed per rank")
 	f.Float64Var(&sf.SpeedupRatio, "speedup-ratio", sf.SpeedupRatio, "sim: divide modelled time by this (0: no waiting)")
 	f.StringSliceVar(&loras, "lora", nil, "sim: LoRA adapters every simulated worker serves, requested by name in the model field (each its own KV hash domain)")
-	f.BoolVar(&ff.workerGRPC, "worker-grpc", false, "reach serve's own workers over gRPC with protobuf, as remote ones are, instead of calling them in process (to compare the two paths)")
+	f.BoolVar(&ff.workerGRPC, "worker-grpc", false, "reach serve's own workers over gRPC with protobuf and take their KV events over NATS, as remote ones', instead of in process (to compare the two paths)")
 	addKVBMFlags(f, &kf)
 	ef.register(f)
 	cmd.RunE = quietOnInterrupt(cmd.RunE)
