@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/internal/cputime"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -52,6 +53,9 @@ type OfferedWhy struct {
 	// 0 elsewhere): other processes' turns on a shared machine, which no
 	// Go-level yield can give back.
 	OSWait time.Duration
+	// CPU is the process's CPU time over the replay, every thread's: the
+	// index's work, the waits' spins and syscalls, the runtime's.
+	CPU time.Duration
 }
 
 // osRunDelay sums run_delay (ns runnable but not running) over the
@@ -144,7 +148,7 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	elag := make([][]time.Duration, groups)
 	eapply := make([]time.Duration, groups)
 	ends := make([]time.Time, groups+finders)
-	sl0, os0 := readSchedLat(), osRunDelay()
+	sl0, os0, cpu0 := readSchedLat(), osRunDelay(), cputime.Process()
 	var ms0 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	var wg sync.WaitGroup
@@ -215,7 +219,7 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	}
 	var ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms1)
-	sl1, os1 := readSchedLat(), osRunDelay()
+	sl1, os1, cpu1 := readSchedLat(), osRunDelay(), cputime.Process()
 	end := start
 	for _, e := range ends {
 		if e.After(end) {
@@ -264,6 +268,7 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	run.Why.GCs = ms1.NumGC - ms0.NumGC
 	run.Why.SchedLatP99 = schedLatQuantile(sl0, sl1, 0.99)
 	run.Why.OSWait = max(0, os1-os0)
+	run.Why.CPU = cpu1 - cpu0
 	runtime.KeepAlive(ix)
 	return run, nil
 }
@@ -332,8 +337,8 @@ func printOffered(out io.Writer, c IndexConfig, runs []OfferedRun) {
 		fmt.Fprintf(out, "offered %.0f ops/s: achieved %.0f ops/s, find p50 %.1f µs, p99 %.1f µs\n",
 			r.Offered, r.Achieved, float64(r.FindP50.Nanoseconds())/1000, float64(r.FindP99.Nanoseconds())/1000)
 		w := r.Why
-		fmt.Fprintf(out, "  finds: queued for a free finder p99 %s, waiting for a core p99 %s, the find itself p50 %s p99 %s; the slowest 1%%: %s + %s + %s; events: lag p99 %s, longest apply %s; %d GCs; goroutine run-queue wait p99 %s; threads waiting for a core (kernel run queue) %.1f ms of %.1f ms wall\n",
-			us(w.QueueP99), us(w.SchedP99), us(w.ServiceP50), us(w.ServiceP99), us(w.TailQueue), us(w.TailSched), us(w.TailService), us(w.EventLagP99), us(w.ApplyMax), w.GCs, us(w.SchedLatP99), float64(w.OSWait.Microseconds())/1000, float64(r.Wall.Microseconds())/1000)
+		fmt.Fprintf(out, "  finds: queued for a free finder p99 %s, waiting for a core p99 %s, the find itself p50 %s p99 %s; the slowest 1%%: %s + %s + %s; events: lag p99 %s, longest apply %s; %d GCs; goroutine run-queue wait p99 %s; threads waiting for a core (kernel run queue) %.1f ms of %.1f ms wall; process CPU %.1f ms\n",
+			us(w.QueueP99), us(w.SchedP99), us(w.ServiceP50), us(w.ServiceP99), us(w.TailQueue), us(w.TailSched), us(w.TailService), us(w.EventLagP99), us(w.ApplyMax), w.GCs, us(w.SchedLatP99), float64(w.OSWait.Microseconds())/1000, float64(r.Wall.Microseconds())/1000, float64(w.CPU.Microseconds())/1000)
 	}
 }
 
