@@ -79,24 +79,6 @@ func osRunDelay() time.Duration {
 	return time.Duration(sum)
 }
 
-// spinBelow is how close to an op's due time a goroutine stops sleeping
-// and yields in a loop instead (a sleep overshoots by tens of µs).
-const spinBelow = 200 * time.Microsecond
-
-func waitUntil(t time.Time) {
-	for {
-		d := time.Until(t)
-		if d <= 0 {
-			return
-		}
-		if d > spinBelow {
-			time.Sleep(d - spinBelow)
-		} else {
-			runtime.Gosched()
-		}
-	}
-}
-
 // timed is an op with its due time from the replay's start.
 type timed struct {
 	due time.Duration
@@ -156,13 +138,15 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			w := newDueWaiter()
+			defer w.close()
 			lag := make([]time.Duration, 0, len(evs[g]))
 			var worst time.Duration
 			for i, t := range evs[g] {
 				if i%1024 == 0 && ctx.Err() != nil {
 					return
 				}
-				waitUntil(start.Add(t.due))
+				w.wait(start.Add(t.due))
 				b := time.Now()
 				ix.Apply(t.op.event)
 				e := time.Now()
@@ -189,6 +173,8 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			w := newDueWaiter()
+			defer w.close()
 			var dst []index.Match
 			sp := make([]span, 0, len(fs)/finders+1)
 			for {
@@ -204,7 +190,7 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 				if !cold {
 					warmQuery(t.op.find) // the router hashed the prompt before it asks
 				}
-				waitUntil(start.Add(t.due))
+				w.wait(start.Add(t.due))
 				b := time.Now()
 				dst = ix.FindMatches(t.op.find, dst[:0])
 				sp = append(sp, span{due: t.due, took: took, beg: b.Sub(start), end: time.Since(start)})
