@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"os"
 	"runtime"
 	"time"
@@ -65,7 +66,12 @@ func (w *dueWaiter) wait(t time.Time) {
 				continue
 			}
 			w.f.SetReadDeadline(t)
-			w.f.Read(w.buf[:]) // the expiry count, or the deadline's error
+			// The expiry count, or the deadline's error; any other
+			// error leaves the timerfd for good rather than loop on it.
+			if _, err := w.f.Read(w.buf[:]); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				w.close()
+				w.f = nil
+			}
 		}
 	}
 }
