@@ -40,7 +40,10 @@ counted from the op's due time, so falling behind shows. A second line
 splits it: queued for a free finder, waiting for a core, the find itself;
 the events' lag and longest apply; GC cycles, the Go run-queue wait and the
 time the process's threads waited in the kernel's run queue (other
-processes on a shared machine). Dynamo's indexer benchmark spreads the
+processes on a shared machine), and the process's CPU time. Ops wait for
+their due time on a timer that wakes on the microsecond (on Linux a
+timerfd), not a sleep the Go runtime rounds up to a millisecond when the
+process is idle. Dynamo's indexer benchmark spreads the
 trace over --workers 7000.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
