@@ -39,7 +39,7 @@ type OfferedRun struct {
 // waiting for a core); Service the find itself, start to end (wall time,
 // so it also counts being descheduled mid-find).
 type OfferedWhy struct {
-	QueueP99, SchedP99, ServiceP50, ServiceP99 time.Duration
+	QueueP99, SchedP50, SchedP99, ServiceP50, ServiceP99 time.Duration
 	// Tail is the mean of each part over the finds at or above the p99
 	// latency: which one makes the tail.
 	TailQueue, TailSched, TailService time.Duration
@@ -230,7 +230,7 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	if len(all) > 0 {
 		run.FindP50, run.FindP99 = percentile(all, 0.5), percentile(all, 0.99)
 		w := &run.Why
-		w.QueueP99, w.SchedP99 = percentile(queue, 0.99), percentile(waits, 0.99)
+		w.QueueP99, w.SchedP50, w.SchedP99 = percentile(queue, 0.99), percentile(waits, 0.5), percentile(waits, 0.99)
 		w.ServiceP50, w.ServiceP99 = percentile(service, 0.5), percentile(service, 0.99)
 		n := 0
 		for _, p := range parts {
@@ -323,8 +323,8 @@ func printOffered(out io.Writer, c IndexConfig, runs []OfferedRun) {
 		fmt.Fprintf(out, "offered %.0f ops/s: achieved %.0f ops/s, find p50 %.1f µs, p99 %.1f µs\n",
 			r.Offered, r.Achieved, float64(r.FindP50.Nanoseconds())/1000, float64(r.FindP99.Nanoseconds())/1000)
 		w := r.Why
-		fmt.Fprintf(out, "  finds: queued for a free finder p99 %s, waiting for a core p99 %s, the find itself p50 %s p99 %s; the slowest 1%%: %s + %s + %s; events: lag p99 %s, longest apply %s; %d GCs; goroutine run-queue wait p99 %s; threads waiting for a core (kernel run queue) %.1f ms of %.1f ms wall; process CPU %.1f ms\n",
-			us(w.QueueP99), us(w.SchedP99), us(w.ServiceP50), us(w.ServiceP99), us(w.TailQueue), us(w.TailSched), us(w.TailService), us(w.EventLagP99), us(w.ApplyMax), w.GCs, us(w.SchedLatP99), float64(w.OSWait.Microseconds())/1000, float64(r.Wall.Microseconds())/1000, float64(w.CPU.Microseconds())/1000)
+		fmt.Fprintf(out, "  finds: queued for a free finder p99 %s, waiting to start (wake-up, a core) p50 %s p99 %s, the find itself p50 %s p99 %s; the slowest 1%%: %s + %s + %s; events: lag p99 %s, longest apply %s; %d GCs; goroutine run-queue wait p99 %s; threads waiting for a core (kernel run queue) %.1f ms of %.1f ms wall; process CPU %.1f ms\n",
+			us(w.QueueP99), us(w.SchedP50), us(w.SchedP99), us(w.ServiceP50), us(w.ServiceP99), us(w.TailQueue), us(w.TailSched), us(w.TailService), us(w.EventLagP99), us(w.ApplyMax), w.GCs, us(w.SchedLatP99), float64(w.OSWait.Microseconds())/1000, float64(r.Wall.Microseconds())/1000, float64(w.CPU.Microseconds())/1000)
 	}
 }
 

@@ -37,7 +37,7 @@ finds from --find-threads (each taking the next find due when free), none
 waiting for another, one line per rate:
 "offered R ops/s: achieved A ops/s, find p50 X µs, p99 Y µs", find latency
 counted from the op's due time, so falling behind shows. A second line
-splits it: queued for a free finder, waiting for a core, the find itself;
+splits it: queued for a free finder, waiting to start (wake-up, a core), the find itself;
 the events' lag and longest apply; GC cycles, the Go run-queue wait and the
 time the process's threads waited in the kernel's run queue (other
 processes on a shared machine), and the process's CPU time. Ops wait for
