@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/internal/cputime"
 	"github.com/kvmesh/kvmesh/kv"
 )
 
@@ -38,7 +39,7 @@ type OfferedRun struct {
 // waiting for a core); Service the find itself, start to end (wall time,
 // so it also counts being descheduled mid-find).
 type OfferedWhy struct {
-	QueueP99, SchedP99, ServiceP50, ServiceP99 time.Duration
+	QueueP99, SchedP50, SchedP99, ServiceP50, ServiceP99 time.Duration
 	// Tail is the mean of each part over the finds at or above the p99
 	// latency: which one makes the tail.
 	TailQueue, TailSched, TailService time.Duration
@@ -52,6 +53,9 @@ type OfferedWhy struct {
 	// 0 elsewhere): other processes' turns on a shared machine, which no
 	// Go-level yield can give back.
 	OSWait time.Duration
+	// CPU is the process's CPU time over the replay, every thread's: the
+	// index's work, the waits' spins and syscalls, the runtime's.
+	CPU time.Duration
 }
 
 // osRunDelay sums run_delay (ns runnable but not running) over the
@@ -73,24 +77,6 @@ func osRunDelay() time.Duration {
 		}
 	}
 	return time.Duration(sum)
-}
-
-// spinBelow is how close to an op's due time a goroutine stops sleeping
-// and yields in a loop instead (a sleep overshoots by tens of µs).
-const spinBelow = 200 * time.Microsecond
-
-func waitUntil(t time.Time) {
-	for {
-		d := time.Until(t)
-		if d <= 0 {
-			return
-		}
-		if d > spinBelow {
-			time.Sleep(d - spinBelow)
-		} else {
-			runtime.Gosched()
-		}
-	}
 }
 
 // timed is an op with its due time from the replay's start.
@@ -144,7 +130,7 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	elag := make([][]time.Duration, groups)
 	eapply := make([]time.Duration, groups)
 	ends := make([]time.Time, groups+finders)
-	sl0, os0 := readSchedLat(), osRunDelay()
+	sl0, os0, cpu0 := readSchedLat(), osRunDelay(), cputime.Process()
 	var ms0 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	var wg sync.WaitGroup
@@ -152,13 +138,15 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			w := newDueWaiter()
+			defer w.close()
 			lag := make([]time.Duration, 0, len(evs[g]))
 			var worst time.Duration
 			for i, t := range evs[g] {
 				if i%1024 == 0 && ctx.Err() != nil {
 					return
 				}
-				waitUntil(start.Add(t.due))
+				w.wait(start.Add(t.due))
 				b := time.Now()
 				ix.Apply(t.op.event)
 				e := time.Now()
@@ -185,6 +173,8 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			w := newDueWaiter()
+			defer w.close()
 			var dst []index.Match
 			sp := make([]span, 0, len(fs)/finders+1)
 			for {
@@ -200,7 +190,7 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 				if !cold {
 					warmQuery(t.op.find) // the router hashed the prompt before it asks
 				}
-				waitUntil(start.Add(t.due))
+				w.wait(start.Add(t.due))
 				b := time.Now()
 				dst = ix.FindMatches(t.op.find, dst[:0])
 				sp = append(sp, span{due: t.due, took: took, beg: b.Sub(start), end: time.Since(start)})
@@ -215,7 +205,7 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	}
 	var ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms1)
-	sl1, os1 := readSchedLat(), osRunDelay()
+	sl1, os1, cpu1 := readSchedLat(), osRunDelay(), cputime.Process()
 	end := start
 	for _, e := range ends {
 		if e.After(end) {
@@ -240,7 +230,7 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	if len(all) > 0 {
 		run.FindP50, run.FindP99 = percentile(all, 0.5), percentile(all, 0.99)
 		w := &run.Why
-		w.QueueP99, w.SchedP99 = percentile(queue, 0.99), percentile(waits, 0.99)
+		w.QueueP99, w.SchedP50, w.SchedP99 = percentile(queue, 0.99), percentile(waits, 0.5), percentile(waits, 0.99)
 		w.ServiceP50, w.ServiceP99 = percentile(service, 0.5), percentile(service, 0.99)
 		n := 0
 		for _, p := range parts {
@@ -264,6 +254,7 @@ func replayOffered(ctx context.Context, ops []op, rate float64, groups, finders 
 	run.Why.GCs = ms1.NumGC - ms0.NumGC
 	run.Why.SchedLatP99 = schedLatQuantile(sl0, sl1, 0.99)
 	run.Why.OSWait = max(0, os1-os0)
+	run.Why.CPU = cpu1 - cpu0
 	runtime.KeepAlive(ix)
 	return run, nil
 }
@@ -332,8 +323,8 @@ func printOffered(out io.Writer, c IndexConfig, runs []OfferedRun) {
 		fmt.Fprintf(out, "offered %.0f ops/s: achieved %.0f ops/s, find p50 %.1f µs, p99 %.1f µs\n",
 			r.Offered, r.Achieved, float64(r.FindP50.Nanoseconds())/1000, float64(r.FindP99.Nanoseconds())/1000)
 		w := r.Why
-		fmt.Fprintf(out, "  finds: queued for a free finder p99 %s, waiting for a core p99 %s, the find itself p50 %s p99 %s; the slowest 1%%: %s + %s + %s; events: lag p99 %s, longest apply %s; %d GCs; goroutine run-queue wait p99 %s; threads waiting for a core (kernel run queue) %.1f ms of %.1f ms wall\n",
-			us(w.QueueP99), us(w.SchedP99), us(w.ServiceP50), us(w.ServiceP99), us(w.TailQueue), us(w.TailSched), us(w.TailService), us(w.EventLagP99), us(w.ApplyMax), w.GCs, us(w.SchedLatP99), float64(w.OSWait.Microseconds())/1000, float64(r.Wall.Microseconds())/1000)
+		fmt.Fprintf(out, "  finds: queued for a free finder p99 %s, waiting to start (wake-up, a core) p50 %s p99 %s, the find itself p50 %s p99 %s; the slowest 1%%: %s + %s + %s; events: lag p99 %s, longest apply %s; %d GCs; goroutine run-queue wait p99 %s; threads waiting for a core (kernel run queue) %.1f ms of %.1f ms wall; process CPU %.1f ms\n",
+			us(w.QueueP99), us(w.SchedP50), us(w.SchedP99), us(w.ServiceP50), us(w.ServiceP99), us(w.TailQueue), us(w.TailSched), us(w.TailService), us(w.EventLagP99), us(w.ApplyMax), w.GCs, us(w.SchedLatP99), float64(w.OSWait.Microseconds())/1000, float64(r.Wall.Microseconds())/1000, float64(w.CPU.Microseconds())/1000)
 	}
 }
 

@@ -37,11 +37,14 @@ finds from --find-threads (each taking the next find due when free), none
 waiting for another, one line per rate:
 "offered R ops/s: achieved A ops/s, find p50 X µs, p99 Y µs", find latency
 counted from the op's due time, so falling behind shows. A second line
-splits it: queued for a free finder, waiting for a core, the find itself;
-the events' lag and longest apply; GC cycles, the Go run-queue wait and the
-time the process's threads waited in the kernel's run queue (other
-processes on a shared machine). Dynamo's indexer benchmark spreads the
-trace over --workers 7000.`,
+splits it: queued for a free finder, waiting to start (the wake-up, a
+core), the find itself; the events' lag and longest apply; GC cycles,
+the Go run-queue wait and the time the process's threads waited in the
+kernel's run queue (other processes on a shared machine), and the
+process's CPU time. Ops wait for their due time on a timer that wakes on
+the microsecond (on Linux a timerfd), not a sleep the Go runtime rounds
+up to a millisecond when the process is idle. Dynamo's indexer benchmark
+spreads the trace over --workers 7000.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkInts(intFlag{"workers", int64(c.Workers), 1}, intFlag{"block-size", int64(c.BlockSize), 1},

@@ -19,3 +19,13 @@ func Thread() time.Duration {
 	}
 	return time.Duration(ts.Nano())
 }
+
+// Process is the CPU time (user + system) of every thread of the process
+// so far.
+func Process() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_PROCESS_CPUTIME_ID, &ts); err != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
+}
