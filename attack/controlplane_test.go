@@ -332,41 +332,65 @@ func TestCPWorkerCannotTouchAnothersRecordOrSubject(t *testing.T) {
 // Probe 3: one forged event batch (id 2^40) for a real worker made the
 // feed retry its gap repair 151 times over 11 minutes. On a NATS the
 // attacker can write, the batch now costs one dump: the worker is reset,
-// no repair fails, and its next events reach the index.
+// no repair fails, and its next events reach the index. serve's own
+// workers hand their batches to its feed in process, so there the
+// forgery is skipped unread: no gap, no dump.
 func TestCPForgedBatchCostsOneDump(t *testing.T) {
-	ns := cpOpenNATS(t)
-	s := cpServe(t, "--nats", ns.URL(), "--fleet-token-file", cpTokenFile(t))
-	victim := s.cpLogFields(t, `msg="worker started"`)["instance"]
-	metrics := strings.TrimSuffix(s.base, "/v1") + "/metrics"
-	feed := func(name string) float64 {
-		for k, v := range testutil.Scrape(t, metrics) {
-			if strings.HasPrefix(k, "kvmesh_event_feed_"+name+"{") || k == "kvmesh_event_feed_"+name {
-				return v
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"worker over NATS", []string{"--worker-grpc"}},
+		{"worker in process", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := cpOpenNATS(t)
+			s := cpServe(t, append([]string{"--nats", ns.URL(), "--fleet-token-file", cpTokenFile(t)}, tc.args...)...)
+			victim := s.cpLogFields(t, `msg="worker started"`)["instance"]
+			metrics := strings.TrimSuffix(s.base, "/v1") + "/metrics"
+			metric := func(name string) float64 {
+				for k, v := range testutil.Scrape(t, metrics) {
+					if strings.HasPrefix(k, name+"{") || k == name {
+						return v
+					}
+				}
+				return -1
 			}
-		}
-		return -1
-	}
-	// Prompts of several blocks (serve's default is 64 tokens), so the
-	// worker stores blocks and publishes events.
-	long := func(word string) string { return strings.Repeat(word+" ", 300) }
-	if code := s.cpChat(t, long("before")); code != 200 {
-		t.Fatalf("status %d", code)
-	}
-	testutil.WaitFor(t, 10*time.Second, "the worker's events applied", func() bool { return feed("events_applied_total") > 0 })
-	nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: ns.URL(), Name: "attacker"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	cpPublishForgedBatch(t, nc, victim)
-	testutil.WaitFor(t, 15*time.Second, "the forged gap found unfillable", func() bool { return feed("unfillable_gaps_total") >= 1 })
-	applied := feed("events_applied_total")
-	if code := s.cpChat(t, long("after")); code != 200 {
-		t.Fatalf("status %d", code)
-	}
-	testutil.WaitFor(t, 10*time.Second, "the worker's next events applied", func() bool { return feed("events_applied_total") > applied })
-	if n := feed("repair_errors_total"); n != 0 {
-		t.Errorf("%v repair errors, want 0", n)
+			feed := func(name string) float64 { return metric("kvmesh_event_feed_" + name) }
+			// Prompts of several blocks (serve's default is 64 tokens), so the
+			// worker stores blocks and publishes events.
+			long := func(word string) string { return strings.Repeat(word+" ", 300) }
+			if code := s.cpChat(t, long("before")); code != 200 {
+				t.Fatalf("status %d", code)
+			}
+			testutil.WaitFor(t, 10*time.Second, "the worker's events applied", func() bool { return feed("events_applied_total") > 0 })
+			nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: ns.URL(), Name: "attacker"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			cpPublishForgedBatch(t, nc, victim)
+			if tc.args == nil {
+				// The worker's own NATS copies are skipped as well: every
+				// batch it published, and the forgery.
+				testutil.WaitFor(t, 15*time.Second, "the forged batch skipped", func() bool {
+					return feed("local_copies_skipped_total") == metric("kvmesh_worker_event_batches_published_total")+1
+				})
+				if n := feed("unfillable_gaps_total"); n != 0 {
+					t.Errorf("%v unfillable gaps, want 0: the forgery reached the feed's core", n)
+				}
+			} else {
+				testutil.WaitFor(t, 15*time.Second, "the forged gap found unfillable", func() bool { return feed("unfillable_gaps_total") >= 1 })
+			}
+			applied := feed("events_applied_total")
+			if code := s.cpChat(t, long("after")); code != 200 {
+				t.Fatalf("status %d", code)
+			}
+			testutil.WaitFor(t, 10*time.Second, "the worker's next events applied", func() bool { return feed("events_applied_total") > applied })
+			if n := feed("repair_errors_total"); n != 0 {
+				t.Errorf("%v repair errors, want 0", n)
+			}
+		})
 	}
 }
 

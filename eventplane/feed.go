@@ -67,6 +67,10 @@ type FeedStats struct {
 	// UnfillableGaps are gaps the worker's own ids do not reach (forged
 	// or foreign events): repaired by a dump, never retried.
 	UnfillableGaps int64
+	// LocalCopies are NATS messages on the subject of a worker of this
+	// process, whose batches come in process (Local): skipped unread,
+	// so neither the worker's own copies nor forgeries apply.
+	LocalCopies int64
 }
 
 // Feed is the router side of the event plane for one model: the loop that
@@ -189,7 +193,8 @@ func (f *Feed) Run(ctx context.Context) error {
 			op()
 		case m := <-f.msgs:
 			if f.cfg.Local != nil && f.cfg.Local.owns(m.Subject) {
-				continue // taken from the in-process plane
+				f.do(f.core.LocalCopy()) // taken from the in-process plane
+				continue
 			}
 			f.do(f.core.Message(m.Subject, m.Data))
 		case b := <-f.local:

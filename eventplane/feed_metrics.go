@@ -9,6 +9,7 @@ type feedCollector struct {
 	f                                                         *Feed
 	batches, applied, duplicates, gaps, repairs, repairErrors *prometheus.Desc
 	overflows, bad, unknown, instances, staleRepairs, unfill  *prometheus.Desc
+	localCopies                                               *prometheus.Desc
 }
 
 // Collector returns a prometheus.Collector of the feed's counters, with a
@@ -31,12 +32,13 @@ func (f *Feed) Collector() prometheus.Collector {
 		instances:    d("instance_changes_total", "Instances the feed started (change=added) or stopped (change=removed) following.", "change"),
 		staleRepairs: d("stale_repairs_total", "Repair answers dropped because their instance was removed or replaced meanwhile."),
 		unfill:       d("unfillable_gaps_total", "Gaps past the worker's own last id (forged or foreign events): the worker is reset from a dump instead of retried."),
+		localCopies:  d("local_copies_skipped_total", "NATS messages on the subject of a worker of this process (serve's), whose batches come in process: skipped unread."),
 	}
 }
 
 func (c *feedCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.batches, c.applied, c.duplicates, c.gaps, c.repairs, c.repairErrors,
-		c.overflows, c.bad, c.unknown, c.instances, c.staleRepairs, c.unfill} {
+		c.overflows, c.bad, c.unknown, c.instances, c.staleRepairs, c.unfill, c.localCopies} {
 		ch <- d
 	}
 }
@@ -61,4 +63,5 @@ func (c *feedCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.instances, s.InstancesRemoved, "removed")
 	counter(c.staleRepairs, s.StaleRepairs)
 	counter(c.unfill, s.UnfillableGaps)
+	counter(c.localCopies, s.LocalCopies)
 }

@@ -61,8 +61,8 @@ func TestEventFeedCollector(t *testing.T) {
 			t.Errorf("%s = %v (present %v), want %v", k, g, ok, v)
 		}
 	}
-	if s.Applied == 0 || len(got) != 2*15 {
-		t.Fatalf("%d series, want 15 per feed; applied %d", len(got), s.Applied)
+	if s.Applied == 0 || len(got) != 2*16 {
+		t.Fatalf("%d series, want 16 per feed; applied %d", len(got), s.Applied)
 	}
 }
 

@@ -259,6 +259,14 @@ func (c *FeedCore) Batch(id uint64, evs []kv.Event) []Action {
 	return c.out
 }
 
+// LocalCopy counts a NATS message skipped because its worker's batches
+// come in process (FeedStats.LocalCopies).
+func (c *FeedCore) LocalCopy() []Action {
+	c.begin()
+	c.st.LocalCopies++
+	return c.out
+}
+
 // checkLocal is what EventFromProto checks of an event that came in
 // process without a conversion.
 func checkLocal(e *kv.Event) error {
