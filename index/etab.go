@@ -16,14 +16,8 @@ import (
 // bit to spare (chosen at each rebuild, which an id past it forces), so
 // the tag is as wide as the index is small: 10 bits at 1.4M nodes.
 // Linear probing, power-of-two size.
-//
-// The slots are held in segments of etabSeg (64 KB; a smaller table is
-// one segment): a table built across events (etabGrow) allocates each
-// segment as its fill reaches it, where one allocation of the whole
-// table (8 MB at 2M slots, cleared at once) was the longest pause left
-// in an Apply.
 type engTable struct {
-	segs       []*[etabSeg]uint32 // the slots (etabEmpty, etabDead, or tag<<idBits | id); a table below etabSeg slots uses the first of one
+	slots      []uint32 // etabEmpty, etabDead, or tag<<idBits | id
 	mask       uint64
 	idBits     uint   // bits of a slot's id (the tag has the rest)
 	idMask     uint32 // 1<<idBits - 1; ids stay below it (all ones is etabDead's id)
@@ -33,14 +27,6 @@ type engTable struct {
 // minIDBits is the narrowest id field (a 16-bit tag below 32k nodes).
 const minIDBits = 16
 
-// etabSeg is the slots of one engine-table segment; it is also the
-// bucket of a sorted rebuild and of etabGrow (rebuildBucket).
-const (
-	etabSegShift = 14
-	etabSeg      = 1 << etabSegShift
-	etabSegMask  = etabSeg - 1
-)
-
 const (
 	etabEmpty = 0 // no live node has id 0 (the root has no engine hash)
 	etabDead  = ^uint32(0)
@@ -49,36 +35,13 @@ const (
 // newEngTable returns a table for n entries, at most half full, whose
 // slots fit ids up to maxID.
 func newEngTable(n int, maxID uint32) engTable {
-	t := emptyEngTable(n, maxID)
-	for k := range t.segs {
-		t.alloc(k)
-	}
-	return t
-}
-
-// emptyEngTable is newEngTable with no segment allocated yet.
-func emptyEngTable(n int, maxID uint32) engTable {
 	size := 1024
 	for size < n*2 {
 		size <<= 1
 	}
 	ib := uint(min(max(bits.Len32(maxID)+1, minIDBits), 32))
-	return engTable{segs: make([]*[etabSeg]uint32, (size+etabSeg-1)/etabSeg), mask: uint64(size - 1), idBits: ib, idMask: uint32(1<<ib - 1)}
+	return engTable{slots: make([]uint32, size), mask: uint64(size - 1), idBits: ib, idMask: uint32(1<<ib - 1)}
 }
-
-// alloc allocates segment k (k wraps) unless it is.
-func (t *engTable) alloc(k int) {
-	k &= len(t.segs) - 1
-	if t.segs[k] == nil {
-		t.segs[k] = new([etabSeg]uint32)
-	}
-}
-
-// size is the table's number of slots.
-func (t *engTable) size() int { return int(t.mask) + 1 }
-
-// at is slot i.
-func (t *engTable) at(i uint64) *uint32 { return &t.segs[i>>etabSegShift][i&etabSegMask] }
 
 // tag is hash's tag in t (the bits a slot's id leaves; none at 32-bit ids).
 func (t *engTable) tag(hash uint64) uint32 { return uint32(hash >> (32 + t.idBits)) }
@@ -86,7 +49,7 @@ func (t *engTable) tag(hash uint64) uint32 { return uint32(hash >> (32 + t.idBit
 // etabPrefetch brings in the slot a probe for table hash hash starts at.
 func (ix *Index) etabPrefetch(hash uint64) {
 	t := &ix.etab
-	prefetch(uintptr(unsafe.Pointer(t.at(hash & t.mask))))
+	prefetch(uintptr(unsafe.Pointer(&t.slots[hash&t.mask])))
 }
 
 func (ix *Index) engHash(h uint64) uint64 { return mix.Mix64(h ^ ix.seed) }
@@ -103,13 +66,8 @@ func (ix *Index) etabFindHashed(h, hash uint64) (id uint32, ins int) {
 	tg := t.tag(hash)
 	dir := *ix.dir.Load()
 	ins = -1
-	i := hash & t.mask
-	seg := t.segs[i>>etabSegShift]
-	for ; ; i = (i + 1) & t.mask {
-		if i&etabSegMask == 0 {
-			seg = t.segs[i>>etabSegShift]
-		}
-		s := seg[i&etabSegMask]
+	for i := hash & t.mask; ; i = (i + 1) & t.mask {
+		s := t.slots[i]
 		switch {
 		case s == etabEmpty:
 			if ins < 0 {
@@ -143,23 +101,22 @@ func (ix *Index) etabInsertHashed(h, hash uint64, id uint32, ins int) {
 	// only (a long run is a line or two of slots), and a fuller table is
 	// fewer bytes per entry and fewer rebuilds (each Sharded shard's
 	// table held half the entries in as many slots as one index's at 3/4).
-	if (t.used+t.dead+1)*8 > t.size()*7 || id >= t.idMask {
+	if (t.used+t.dead+1)*8 > len(t.slots)*7 || id >= t.idMask {
 		ix.egrow = nil // the rebuild replaces any table being built
 		ix.etabRebuild(id)
 		_, ins = ix.etabFindHashed(h, hash)
 	}
-	slot := t.at(uint64(ins))
-	if *slot == etabDead {
+	if t.slots[ins] == etabDead {
 		t.dead--
 	}
-	*slot = t.tag(hash)<<t.idBits | id
+	t.slots[ins] = t.tag(hash)<<t.idBits | id
 	t.used++
 	if g := ix.egrow; g != nil && id >= g.nt.idMask {
 		ix.egrow = nil // the ids outgrew the new table: start again later
 	} else if g != nil {
 		g.note(hash, id, false)
 		g.owed += g.step
-	} else if t.size() >= growFrom && (t.used+t.dead)*16 > t.size()*13 {
+	} else if len(t.slots) >= growFrom && (t.used+t.dead)*16 > len(t.slots)*13 {
 		ix.etabGrowStart()
 	}
 }
@@ -186,13 +143,13 @@ func (ix *Index) etabRebuild(skip uint32) {
 		}
 	}
 	put := func(j uint64, word uint32) {
-		for *nt.at(j) != etabEmpty {
+		for nt.slots[j] != etabEmpty {
 			j = (j + 1) & nt.mask
 		}
-		*nt.at(j) = word
+		nt.slots[j] = word
 		nt.used++
 	}
-	if nt.size() <= rebuildSortedFrom {
+	if len(nt.slots) <= rebuildSortedFrom {
 		each(func(hash uint64, id uint32) { put(hash&nt.mask, nt.tag(hash)<<nt.idBits|id) })
 		ix.etab = nt
 		return
@@ -200,7 +157,7 @@ func (ix *Index) etabRebuild(skip uint32) {
 	// Buckets of rebuildBucket slots; an entry is its home slot and its
 	// slot word.
 	shift := uint(bits.Len(rebuildBucket - 1))
-	pos := make([]int, nt.size()/rebuildBucket+1)
+	pos := make([]int, len(nt.slots)/rebuildBucket+1)
 	each(func(hash uint64, _ uint32) { pos[(hash&nt.mask)>>shift+1]++ })
 	for b := 1; b < len(pos); b++ {
 		pos[b] += pos[b-1]
@@ -219,20 +176,20 @@ func (ix *Index) etabRebuild(skip uint32) {
 
 // rebuildSortedFrom is the table size (slots) from which etabRebuild
 // sorts the entries first; rebuildBucket the slots per bucket of that
-// sort (64 KB, a segment: its inserts stay in L2 while it fills).
+// sort (64 KB: its inserts stay in L2 while it fills).
 const (
 	rebuildSortedFrom = 1 << 17
-	rebuildBucket     = etabSeg
-	rebuildShift      = etabSegShift
+	rebuildBucket     = 1 << rebuildShift
+	rebuildShift      = 14
 )
 
 func (ix *Index) etabDelete(h uint64, id uint32) {
 	t := &ix.etab
 	hash := ix.engHash(h)
 	want := t.tag(hash)<<t.idBits | id
-	for i := hash & t.mask; *t.at(i) != etabEmpty; i = (i + 1) & t.mask {
-		if *t.at(i) == want {
-			*t.at(i) = etabDead
+	for i := hash & t.mask; t.slots[i] != etabEmpty; i = (i + 1) & t.mask {
+		if t.slots[i] == want {
+			t.slots[i] = etabDead
 			t.used--
 			t.dead++
 			if ix.egrow != nil {
@@ -300,13 +257,13 @@ const (
 // etabRebuild would, and starts building it.
 func (ix *Index) etabGrowStart() {
 	t := &ix.etab
-	nt := emptyEngTable(t.used+1, ix.next) // segments come with the fill
-	nb := max(1, nt.size()/rebuildBucket)
+	nt := newEngTable(t.used+1, ix.next)
+	nb := max(1, len(nt.slots)/rebuildBucket)
 	g := &etabGrow{nt: nt, cursor: 1, buckets: make([][][]uint64, nb), cur: make([][]uint64, nb)}
 	// Work: one unit per node id walked, per entry filled and per op
 	// replayed; spread over half the inserts left before the table is
 	// 7/8 full.
-	left := t.size()*7/8 - (t.used + t.dead)
+	left := len(t.slots)*7/8 - (t.used + t.dead)
 	g.step = 2*(int(ix.next)+t.used)/max(left, 1) + 8
 	ix.egrow = g
 }
@@ -369,12 +326,6 @@ func (ix *Index) etabGrowStep() {
 	if g.phase == growFill {
 		for n > 0 && g.b < len(g.buckets) {
 			bk := g.buckets[g.b]
-			if g.k == 0 && g.bi == 0 {
-				// The bucket's segment, and the next one its probes
-				// may run into.
-				nt.alloc(g.b)
-				nt.alloc(g.b + 1)
-			}
 			if g.k == len(bk) {
 				g.buckets[g.b] = nil
 				g.b, g.k, g.bi = g.b+1, 0, 0
@@ -388,10 +339,10 @@ func (ix *Index) etabGrowStep() {
 			g.bi++
 			n--
 			j := e >> 32
-			for *nt.at(j) != etabEmpty {
+			for nt.slots[j] != etabEmpty {
 				j = (j + 1) & nt.mask
 			}
-			*nt.at(j) = uint32(e)
+			nt.slots[j] = uint32(e)
 			nt.used++
 		}
 		if g.b < len(g.buckets) {
@@ -415,19 +366,19 @@ func (ix *Index) etabGrowStep() {
 func (t *engTable) apply(op etabOp) {
 	j := op.hash & t.mask
 	if !op.del {
-		for *t.at(j) != etabEmpty && *t.at(j) != etabDead {
+		for t.slots[j] != etabEmpty && t.slots[j] != etabDead {
 			j = (j + 1) & t.mask
 		}
-		if *t.at(j) == etabDead {
+		if t.slots[j] == etabDead {
 			t.dead--
 		}
-		*t.at(j) = op.word
+		t.slots[j] = op.word
 		t.used++
 		return
 	}
-	for ; *t.at(j) != etabEmpty; j = (j + 1) & t.mask {
-		if *t.at(j) == op.word {
-			*t.at(j) = etabDead
+	for ; t.slots[j] != etabEmpty; j = (j + 1) & t.mask {
+		if t.slots[j] == op.word {
+			t.slots[j] = etabDead
 			t.used--
 			t.dead++
 			return

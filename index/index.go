@@ -826,7 +826,7 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	ids := ix.fresh[:0]
 	p0 := p
 	hw := uint64(ws.slot<<4 | 1<<tier)
-	small := ix.etab.size() < ix.cfg.bindAfter()
+	small := len(ix.etab.slots) < ix.cfg.bindAfter()
 	for _, b := range blocks {
 		p = ix.newNode(p, uint64(b.LocalHash), hw)
 		ids = append(ids, p)
@@ -1069,7 +1069,7 @@ func (ix *Index) prefind(hs []uint64) {
 	for _, h := range hs {
 		hash := ix.engHash(h)
 		hashes = append(hashes, hash)
-		touch += uint64(*t.at(hash & t.mask))
+		touch += uint64(t.slots[hash&t.mask])
 	}
 	ix.freshHash = hashes
 	for k, h := range hs {

@@ -551,8 +551,8 @@ func TestEngineTableWidensIDs(t *testing.T) {
 	before := ix.etab.idBits
 	fresh := chainOf(1<<20, 2)
 	apply(kv.Stored(a, kv.TierDevice, nil, fresh))
-	if ix.etab.idBits <= before || ix.etab.size() > 4096 {
-		t.Fatalf("id field %d bits (was %d), %d slots: want a wider field in a small table", ix.etab.idBits, before, ix.etab.size())
+	if ix.etab.idBits <= before || len(ix.etab.slots) > 4096 {
+		t.Fatalf("id field %d bits (was %d), %d slots: want a wider field in a small table", ix.etab.idBits, before, len(ix.etab.slots))
 	}
 	checkInternals(t, ix)
 	path := make([]kv.LocalHash, chain)
@@ -624,7 +624,7 @@ func TestEngineTableSortedRebuild(t *testing.T) {
 	ix := New()
 	w := kv.WorkerKey{Instance: 1}
 	blocks := make([]kv.StoredBlock, 1000)
-	for c := 0; ix.etab.size() <= 2*rebuildSortedFrom; c++ {
+	for c := 0; len(ix.etab.slots) <= 2*rebuildSortedFrom; c++ {
 		for i := range blocks {
 			h := uint64(c)<<32 | uint64(i)
 			blocks[i] = kv.StoredBlock{EngineHash: kv.EngineHash(h * 0x9E3779B97F4A7C15), LocalHash: kv.LocalHash(h)}
@@ -650,7 +650,7 @@ func TestEngineTableGrowsAcrossInserts(t *testing.T) {
 	var last *etabGrow
 	for step := 0; step < 4000; step++ {
 		w := ws[r.IntN(len(ws))]
-		before := &ix.etab.segs[0][0]
+		before := &ix.etab.slots[0]
 		switch {
 		case r.IntN(4) == 0 && len(held[w]) > 0:
 			// Remove a random run of w's blocks: deletes during a build.
@@ -668,7 +668,7 @@ func TestEngineTableGrowsAcrossInserts(t *testing.T) {
 			}
 			ix.Apply(kv.Stored(w, kv.TierDevice, nil, blocks))
 		}
-		if last != nil && ix.egrow == nil && &ix.etab.segs[0][0] != before {
+		if last != nil && ix.egrow == nil && &ix.etab.slots[0] != before {
 			swaps++ // a build finished by the inserts themselves
 		}
 		g := ix.egrow
@@ -692,5 +692,5 @@ func TestEngineTableGrowsAcrossInserts(t *testing.T) {
 	if builds == 0 || checks == 0 || swaps == 0 {
 		t.Fatalf("%d builds started, %d swapped in, %d checked mid-build: want each", builds, swaps, checks)
 	}
-	t.Logf("%d builds, %d swapped, %d checked mid-build, %d slots", builds, swaps, checks, ix.etab.size())
+	t.Logf("%d builds, %d swapped, %d checked mid-build, %d slots", builds, swaps, checks, len(ix.etab.slots))
 }
