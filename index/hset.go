@@ -98,6 +98,17 @@ func (ix *Index) intern(ent []uint32, hash uint64, base *hset, slot uint32) uint
 		}
 		// A hash collision: the new set stays private.
 	}
+	if len(ent) > len(hset{}.entBuf) {
+		ent = slices.Clone(ent)
+	}
+	return ix.newSet(ent, hash, base, slot, shared)
+}
+
+// newSet publishes a new set with entries ent, which it keeps when they
+// do not fit in the set's own buffer (the caller gives them up), and
+// interns it by hash unless shared (another set holds that hash).
+func (ix *Index) newSet(ent []uint32, hash uint64, base *hset, slot uint32, shared bool) uint64 {
+	var idx uint32
 	if k := len(ix.ovfFree); k > 0 {
 		idx = ix.ovfFree[k-1]
 		ix.ovfFree = ix.ovfFree[:k-1]
@@ -115,7 +126,7 @@ func (ix *Index) intern(ent []uint32, hash uint64, base *hset, slot uint32) uint
 	if len(ent) <= len(hs.entBuf) {
 		hs.ent = append(hs.entBuf[:0], ent...)
 	} else {
-		hs.ent = slices.Clone(ent)
+		hs.ent = ent
 	}
 	// Readers want per-tier bitsets; they cost 32 bytes per 64 slots
 	// spanned, so a few holders far apart keep only their entries and
@@ -223,6 +234,10 @@ func (ix *Index) withMask(h uint64, slot uint32, m uint8) uint64 {
 	var base *hset
 	if h&ovfFlag != 0 {
 		base = ix.setOf(h)
+		if out, ok := ix.withMaskNew(base, slot, m); ok {
+			ix.memo = transition{from: h, to: out, slot: slot, m: m}
+			return out
+		}
 		ent = append(ent, base.ent...)
 	} else {
 		for _, e := range [2]uint32{uint32(h), uint32(h >> 32)} {
@@ -269,4 +284,49 @@ func (ix *Index) withMask(h uint64, slot uint32, m uint8) uint64 {
 		ix.memo = transition{from: h, to: out, slot: slot, m: m}
 	}
 	return out
+}
+
+// withMaskNew returns the holders word of base with slot's mask set to m
+// when that is a new set too large for a set's own buffer, building its
+// entries straight into their own array: one copy of base's entries,
+// where withMask's scratch copy, its insert and intern's clone made
+// three (a worker joining a chain that thousands of workers hold copies
+// them all, and in the 7,000-worker replay no such set already exists).
+// ok is false when withMask must do it (a small or unchanged set, or one
+// whose content hash is interned already).
+func (ix *Index) withMaskNew(base *hset, slot uint32, m uint8) (out uint64, ok bool) {
+	i, found := slices.BinarySearchFunc(base.ent, slot, func(e, s uint32) int { return int(e>>4) - int(s) })
+	ne := slot<<4 | uint32(m)
+	hash, n := base.hash, len(base.ent)
+	switch {
+	case found && m == 0:
+		hash -= entMix(base.ent[i])
+		n--
+	case found:
+		hash += entMix(ne) - entMix(base.ent[i])
+	case m != 0:
+		hash += entMix(ne)
+		n++
+	default:
+		return 0, false
+	}
+	if n <= len(hset{}.entBuf) {
+		return 0, false
+	}
+	if _, shared := ix.sets[hash]; shared {
+		return 0, false
+	}
+	ent := make([]uint32, n)
+	copy(ent, base.ent[:i])
+	switch {
+	case found && m == 0:
+		copy(ent[i:], base.ent[i+1:])
+	case found:
+		ent[i] = ne
+		copy(ent[i+1:], base.ent[i+1:])
+	default:
+		ent[i] = ne
+		copy(ent[i+1:], base.ent[i:])
+	}
+	return ix.newSet(ent, hash, base, slot, false), true
 }
