@@ -70,11 +70,11 @@ func (s *Server) encodeChat(r *http.Request, m *Model, req *chatRequest) (ids []
 			if e := req.memo; e != nil && e.render == m.appender && e.written.Messages() == len(e.msgs) {
 				from = e.scan
 			}
-			ids, done, scan := m.encodeFrom(text, salt, limit, from, rc.MessagesEnd())
+			ids, done, scan, hashes := m.encodeFrom(text, salt, limit, from, rc.MessagesEnd())
 			if !done {
 				return nil, "", tooManyTokens("messages", limit)
 			}
-			req.scan = scan
+			req.scan, req.hashes = scan, hashes
 			s.remember(req, m, rc, scan)
 			return ids, text, nil
 		}
