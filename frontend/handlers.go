@@ -94,7 +94,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 	ev := newStreamEvents(id, "chat.completion.chunk", created, m.Name, true, req.IncludeUsage)
 	// The answer's text, for keepAnswer (only when the model keeps answers).
 	var answer []byte
-	keep := m.KeepAnswer != nil && promptText != ""
+	keep := m.KeepAnswer != nil && !promptText.empty()
 	out, aerr := s.generate(r.Context(), m, id, prompt, req.hashes, req.genParams, func(t string) error {
 		if keep {
 			answer = append(answer, t...)

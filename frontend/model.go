@@ -36,16 +36,16 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 	// A conversation's later turns resend its history: they tokenize only
 	// what follows the longest start an earlier prompt had.
 	m.prefixCache = tokenizer.NewPrefixCache(tok, PrefixCacheTokens)
-	m.encodeFrom = func(text, salt string, max int, from *tokenizer.CutScan, save int) ([]uint32, bool, *tokenizer.CutScan, *kv.PromptHashes) {
+	m.encodeFrom = func(rc *tokenizer.RenderedChat, salt string, max int, from *tokenizer.CutScan, save int) ([]uint32, bool, *tokenizer.CutScan, *kv.PromptHashes) {
 		if c := m.prefixCache; c != nil {
 			var h *kv.PromptHashes
-			ids, done, _, saved := c.EncodeFrom(salt, text, max, from, save, func(from any, reused int, _ []uint32) any {
+			ids, done, _, saved := c.EncodeRendered(salt, rc, max, from, save, func(from any, reused int, _ []uint32) any {
 				h = promptNote(from, reused, nil).(*kv.PromptHashes)
 				return h
 			})
 			return ids, done, saved, h
 		}
-		ids, done := tok.EncodeUpTo(text, true, max)
+		ids, done := tok.EncodeUpTo(rc.Text(), true, max)
 		return ids, done, nil, nil
 	}
 	m.EncodeRendered = func(text, salt string, max int) ([]uint32, bool) {

@@ -143,7 +143,32 @@ type CutScan struct {
 // cut there, or it was not reached). When the tokens are kept, note (nil:
 // none) makes the note kept with them.
 func (c *PrefixCache) EncodeFrom(scope, text string, max int, from *CutScan, save int, note NoteFunc) (ids []uint32, done bool, reused int, saved *CutScan) {
-	return c.encodeFrom(scope, text, max, from, save, note, false)
+	return c.encodeFrom(scope, splitText{tail: text}, max, from, save, note, false)
+}
+
+// EncodeRendered is EncodeFrom of rc's text that, when from stood where
+// rc's last piece starts (the turn before's messages end: ChatAppender's
+// rc after the rendering whose scan from is), reads only that piece on a
+// hit: the history's text is not built. A miss, a first hit checked whole
+// and any other from build it (rc.Text).
+func (c *PrefixCache) EncodeRendered(scope string, rc *RenderedChat, max int, from *CutScan, save int, note NoteFunc) (ids []uint32, done bool, reused int, saved *CutScan) {
+	at, tail := rc.Tail()
+	return c.encodeFrom(scope, splitText{at: at, tail: tail, rc: rc}, max, from, save, note, false)
+}
+
+// splitText is a text as its tail from offset at on, and the whole (rc's
+// text; tail when rc is nil, at 0).
+type splitText struct {
+	at   int
+	tail string
+	rc   *RenderedChat
+}
+
+func (p splitText) whole() string {
+	if p.rc == nil {
+		return p.tail
+	}
+	return p.rc.Text()
 }
 
 // Keep encodes text into the cache for the prompts that will start with
@@ -152,20 +177,23 @@ func (c *PrefixCache) EncodeFrom(scope, text string, max int, from *CutScan, sav
 // has room past them, which the first prompt that reuses all of them
 // appends its own tokens in, instead of copying them.
 func (c *PrefixCache) Keep(scope, text string, from *CutScan, note NoteFunc) {
-	c.encodeFrom(scope, text, 0, from, -1, note, true)
+	c.encodeFrom(scope, splitText{tail: text}, 0, from, -1, note, true)
 }
 
-func (c *PrefixCache) encodeFrom(scope, text string, max int, from *CutScan, save int, note NoteFunc, keep bool) (ids []uint32, done bool, reused int, saved *CutScan) {
+func (c *PrefixCache) encodeFrom(scope string, t splitText, max int, from *CutScan, save int, note NoteFunc, keep bool) (ids []uint32, done bool, reused int, saved *CutScan) {
 	if c.off.Load() {
-		ids, done = c.t.EncodeUpTo(text, true, max)
+		ids, done = c.t.EncodeUpTo(t.whole(), true, max)
 		return ids, done, 0, nil
 	}
-	keys, offs, saved := c.cutKeys(scope, text, from, save)
+	if t.at > 0 && (from == nil || from.at != t.at) {
+		t = splitText{tail: t.whole()} // the scan starts elsewhere: it reads the whole
+	}
+	keys, offs, saved := c.cutKeys(scope, t.tail, t.at, from, save)
 	prefix, at, fromNote := c.lookup(keys, offs, max)
 	if prefix == nil || (max > 0 && len(prefix) >= max) {
 		c.misses.Add(1)
 		var marks []cut
-		ids, done = c.t.encodeMarked(text, true, max, func(i, n int) {
+		ids, done = c.t.encodeMarked(t.whole(), true, max, func(i, n int) {
 			marks = append(marks, cut{tokens: n, key: keyAt(keys, offs, i)})
 		})
 		if done {
@@ -178,7 +206,7 @@ func (c *PrefixCache) encodeFrom(scope, text string, max int, from *CutScan, sav
 		rest = max - len(prefix) // ≥ 1: past it the whole would be past max
 	}
 	var marks []cut
-	tail, done := c.t.encodeMarked(text[at:], true, rest, func(i, n int) {
+	tail, done := c.t.encodeMarked(t.tail[at-t.at:], true, rest, func(i, n int) {
 		marks = append(marks, cut{tokens: len(prefix) + n, key: keyAt(keys, offs, at+i)})
 	})
 	switch n := len(prefix) + len(tail); {
@@ -198,7 +226,7 @@ func (c *PrefixCache) encodeFrom(scope, text string, max int, from *CutScan, sav
 		return ids, false, len(prefix), saved
 	}
 	if c.verify() {
-		whole, _ := c.t.EncodeUpTo(text, true, max)
+		whole, _ := c.t.EncodeUpTo(t.whole(), true, max)
 		if !slices.Equal(whole, ids) {
 			c.turnOff()
 			return whole, true, 0, nil
@@ -210,15 +238,16 @@ func (c *PrefixCache) encodeFrom(scope, text string, max int, from *CutScan, sav
 	return ids, true, len(prefix), saved
 }
 
-// cutKeys finds the cuts of text (the offsets where the encoder matches an
-// added token) and the hash of scope and the text before each, in one
+// cutKeys finds the cuts of a text (the offsets where the encoder matches
+// an added token) and the hash of scope and the text before each, in one
 // pass, from from on (nil: the start); saved is the scan at the cut at
-// offset save, if there is one.
-func (c *PrefixCache) cutKeys(scope, text string, from *CutScan, save int) (keys []xxh3.Uint128, offs []int, saved *CutScan) {
+// offset save, if there is one. text is the text from offset base on
+// (base > 0 only with from at base).
+func (c *PrefixCache) cutKeys(scope, text string, base int, from *CutScan, save int) (keys []xxh3.Uint128, offs []int, saved *CutScan) {
 	var h xxh3.Hasher
 	last := 0
-	if from != nil && from.at <= len(text) {
-		h, last = from.h, from.at
+	if from != nil && from.at >= base && from.at-base <= len(text) {
+		h, last = from.h, from.at-base
 	} else {
 		var n [8]byte
 		binary.LittleEndian.PutUint64(n[:], uint64(len(scope))) // length first: no scope is another's prefix
@@ -234,13 +263,13 @@ func (c *PrefixCache) cutKeys(scope, text string, from *CutScan, save int) (keys
 			i++
 			continue
 		}
-		if i > 0 {
+		if base+i > 0 {
 			_, _ = h.WriteString(text[last:i])
 			last = i
 			keys = append(keys, h.Sum128())
-			offs = append(offs, i)
-			if i == save {
-				saved = &CutScan{h: h, at: i}
+			offs = append(offs, base+i)
+			if base+i == save {
+				saved = &CutScan{h: h, at: base + i}
 			}
 		}
 		i += len(a.content)

@@ -247,7 +247,7 @@ func BenchmarkPrefixCutKeys(b *testing.B) {
 	c := NewPrefixCache(tok, 1<<20)
 	b.SetBytes(int64(len(text)))
 	for b.Loop() {
-		c.cutKeys("salt", text, nil, -1)
+		c.cutKeys("salt", text, 0, nil, -1)
 	}
 }
 
@@ -283,8 +283,8 @@ func TestPrefixCacheEncodeFrom(t *testing.T) {
 				if err != nil || over {
 					t.Fatal(err, over)
 				}
-				ids, done, reused, saved := c.EncodeFrom(scope, rc.Text, 0, scan, rc.MessagesEnd(), nil)
-				if !done || !slices.Equal(ids, tok.EncodeWithSpecial(rc.Text)) {
+				ids, done, reused, saved := c.EncodeRendered(scope, &rc, 0, scan, rc.MessagesEnd(), nil)
+				if !done || !slices.Equal(ids, tok.EncodeWithSpecial(rc.Text())) {
 					t.Fatalf("turn %d: the tokens differ from a whole tokenization", turn)
 				}
 				if turn > 0 && reused == 0 {
@@ -295,7 +295,7 @@ func TestPrefixCacheEncodeFrom(t *testing.T) {
 				}
 				answer := text()
 				if keep {
-					c.EncodeUpTo(scope, rc.Text+tok.Defuse(answer)+"<|im_end|>", 0)
+					c.EncodeUpTo(scope, rc.Text()+tok.Defuse(answer)+"<|im_end|>", 0)
 				}
 				msgs = append(msgs, Message{Role: "assistant", Content: answer}, Message{Role: "user", Content: text()})
 				p := rc
@@ -322,8 +322,8 @@ func TestPrefixCacheKeepHandsSpareOnce(t *testing.T) {
 	type handed struct{ ids, was []uint32 }
 	var out []handed
 	encode := func(scope string, rc RenderedChat, scan *CutScan) ([]uint32, *CutScan) {
-		ids, done, _, saved := c.EncodeFrom(scope, rc.Text, 0, scan, rc.MessagesEnd(), nil)
-		if !done || !slices.Equal(ids, tok.EncodeWithSpecial(rc.Text)) {
+		ids, done, _, saved := c.EncodeRendered(scope, &rc, 0, scan, rc.MessagesEnd(), nil)
+		if !done || !slices.Equal(ids, tok.EncodeWithSpecial(rc.Text())) {
 			t.Errorf("%s: the tokens differ from a whole tokenization", scope)
 		}
 		mu.Lock()
@@ -364,7 +364,7 @@ func TestPrefixCacheKeepHandsSpareOnce(t *testing.T) {
 				encode(scope, rc, scan) // the same turn again (a retry)
 			}
 			answer := text()
-			c.Keep(scope, rc.Text+tok.Defuse(answer)+"<|im_end|>", saved, nil)
+			c.Keep(scope, rc.Text()+tok.Defuse(answer)+"<|im_end|>", saved, nil)
 			msgs = append(msgs, Message{Role: "assistant", Content: answer}, Message{Role: "user", Content: text()})
 			if conv%2 == 1 {
 				// The answer edited (reuses the kept answer's start only),
