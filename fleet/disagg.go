@@ -102,7 +102,7 @@ func (c *Cluster) Warnings() []string {
 // generate drives one attempt's leg plan (router.LegPlan: the router's
 // rules choose the legs) and runs the legs it asks for.
 func (c *Cluster) generate(ctx context.Context, req *kv.GenerateRequest) (kv.TokenStream, error) {
-	base := router.Request{Model: req.Model, Tokens: req.Tokens, LoRA: req.LoRA, Salt: req.CacheSalt}
+	base := router.Request{Model: req.Model, Tokens: req.Tokens, LoRA: req.LoRA, Salt: req.CacheSalt, Known: req.Hashes.KnownHashes()}
 	plan := router.NewLegPlan(base, c.cfg.Disagg)
 	plan.Queue = c.queue != nil
 	step := plan.Start(ctx, c.router)
@@ -170,6 +170,9 @@ func (c *Cluster) routeLeg(ctx context.Context, req *kv.GenerateRequest, step ro
 	endRoute(sp, d, err)
 	if err == nil {
 		stages.From(ctx).MarkSplit(stages.Hash, d.Timing.Hash, stages.Route)
+		// For the prompts that will start with these tokens (the
+		// conversation's next turn).
+		req.Hashes.Keep(kv.BlockHashes{Seed: kv.Seed(step.Req.LoRA, step.Req.Salt), BlockSize: d.BlockSize, Local: d.Local, Seq: d.Seq})
 	}
 	return d, err
 }

@@ -80,8 +80,9 @@ type Model struct {
 	appender *tokenizer.ChatAppender
 	// encodeFrom is EncodeRendered scanning text for the prefix cache's
 	// cuts from where an earlier scan of the same start stood (nil: the
-	// start); it returns the scan at offset save (NewModel's).
-	encodeFrom func(text, salt string, max int, from *tokenizer.CutScan, save int) ([]uint32, bool, *tokenizer.CutScan)
+	// start); it returns the scan at offset save and the block hashes the
+	// prompt's tokens carry to routing (nil: none) (NewModel's).
+	encodeFrom func(rc *tokenizer.RenderedChat, salt string, max int, from *tokenizer.CutScan, save int) ([]uint32, bool, *tokenizer.CutScan, *kv.PromptHashes)
 	// keepAnswerFrom is KeepAnswer scanning from where the prompt's scan
 	// stood (encodeFrom's; nil: the start).
 	keepAnswerFrom func(salt, prompt, answer string, eos uint32, from *tokenizer.CutScan)

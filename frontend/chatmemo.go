@@ -154,7 +154,7 @@ func (c *chatMemo) store(e *memoEntry, keys *memoKeys, prev *memoEntry) {
 		return
 	}
 	e.key = key
-	e.size = cap(e.b) + len(e.written.Text)
+	e.size = cap(e.b) + e.written.Len() // its pieces: the turn before's shared, counted again
 	for _, m := range e.msgs {
 		e.size += len(m.Content) + 64
 	}

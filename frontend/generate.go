@@ -36,11 +36,13 @@ type genOutcome struct {
 // text as soon as it is final. It migrates the request to another worker
 // when its worker dies, so emit sees one uninterrupted stream. A non-nil
 // error before anything was emitted becomes the HTTP error; after that the
-// caller reports it in-stream. flush (nil: none) is called whenever the
+// caller reports it in-stream. hashes (nil: none) are the block hashes
+// prompt's tokens carry to routing (every attempt's tokens start with
+// prompt). flush (nil: none) is called whenever the
 // worker has no further output ready, so a streaming caller may buffer
 // emitted pieces until then: one write per burst, not per token, when the
 // frontend falls behind.
-func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []uint32, p genParams, emit func(text string) error, flush func() error) (genOutcome, *apiError) {
+func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []uint32, hashes *kv.PromptHashes, p genParams, emit func(text string) error, flush func() error) (genOutcome, *apiError) {
 	maxTokens, aerr := s.maxTokens(m, p)
 	if aerr != nil {
 		return genOutcome{}, aerr
@@ -112,7 +114,8 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 		smp := p.Sampling
 		smp.MaxTokens, smp.StopTokens, smp.Seed = maxTokens-len(generated), m.EOS, seed
 		smp.MinTokens = max(p.MinTokens-len(generated), 0)
-		req := &kv.GenerateRequest{RequestID: reqID, Model: m.base(), LoRA: m.LoRA, CacheSalt: p.CacheSalt, Tokens: tokens, Sampling: smp, Attempt: attempt}
+		req := &kv.GenerateRequest{RequestID: reqID, Model: m.base(), LoRA: m.LoRA, CacheSalt: p.CacheSalt, Tokens: tokens, Sampling: smp, Attempt: attempt,
+			Hashes: hashes}
 		// Each attempt has its own context: cancelling it ends a pump's
 		// pending Recv before the stream is closed.
 		actx, acancel := context.WithCancel(ctx)

@@ -68,7 +68,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 	id, created := newID("chatcmpl-"), time.Now().Unix()
 	if !req.Stream {
 		var text []byte
-		out, aerr := s.generate(r.Context(), m, id, prompt, req.genParams, func(t string) error {
+		out, aerr := s.generate(r.Context(), m, id, prompt, req.hashes, req.genParams, func(t string) error {
 			text = append(text, t...)
 			return nil
 		}, nil)
@@ -94,8 +94,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 	ev := newStreamEvents(id, "chat.completion.chunk", created, m.Name, true, req.IncludeUsage)
 	// The answer's text, for keepAnswer (only when the model keeps answers).
 	var answer []byte
-	keep := m.KeepAnswer != nil && promptText != ""
-	out, aerr := s.generate(r.Context(), m, id, prompt, req.genParams, func(t string) error {
+	keep := m.KeepAnswer != nil && !promptText.empty()
+	out, aerr := s.generate(r.Context(), m, id, prompt, req.hashes, req.genParams, func(t string) error {
 		if keep {
 			answer = append(answer, t...)
 		}
@@ -176,7 +176,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 			if req.Echo {
 				text = append(text, texts[i]...)
 			}
-			out, aerr := s.generate(r.Context(), m, fmt.Sprintf("%s-%d", id, i), p, req.genParams, func(t string) error {
+			out, aerr := s.generate(r.Context(), m, fmt.Sprintf("%s-%d", id, i), p, nil, req.genParams, func(t string) error {
 				text = append(text, t...)
 				return nil
 			}, nil)
@@ -203,7 +203,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) strin
 			return m.Name
 		}
 	}
-	out, aerr := s.generate(r.Context(), m, id, prompts[0], req.genParams, func(t string) error {
+	out, aerr := s.generate(r.Context(), m, id, prompts[0], nil, req.genParams, func(t string) error {
 		return sse.write(ev.render(t))
 	}, sse.flush)
 	if aerr != nil {

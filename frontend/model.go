@@ -2,9 +2,11 @@ package frontend
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/kvmesh/kvmesh/kv"
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
@@ -34,13 +36,17 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 	// A conversation's later turns resend its history: they tokenize only
 	// what follows the longest start an earlier prompt had.
 	m.prefixCache = tokenizer.NewPrefixCache(tok, PrefixCacheTokens)
-	m.encodeFrom = func(text, salt string, max int, from *tokenizer.CutScan, save int) ([]uint32, bool, *tokenizer.CutScan) {
+	m.encodeFrom = func(rc *tokenizer.RenderedChat, salt string, max int, from *tokenizer.CutScan, save int) ([]uint32, bool, *tokenizer.CutScan, *kv.PromptHashes) {
 		if c := m.prefixCache; c != nil {
-			ids, done, _, saved := c.EncodeFrom(salt, text, max, from, save)
-			return ids, done, saved
+			var h *kv.PromptHashes
+			ids, done, _, saved := c.EncodeRendered(salt, rc, max, from, save, func(from any, reused int, _ []uint32) any {
+				h = promptNote(from, reused, nil).(*kv.PromptHashes)
+				return h
+			})
+			return ids, done, saved, h
 		}
-		ids, done := tok.EncodeUpTo(text, true, max)
-		return ids, done, nil
+		ids, done := tok.EncodeUpTo(rc.Text(), true, max)
+		return ids, done, nil, nil
 	}
 	m.EncodeRendered = func(text, salt string, max int) ([]uint32, bool) {
 		if c := m.prefixCache; c != nil {
@@ -55,7 +61,7 @@ func NewModel(name string, tok tokenizer.Tokenizer, tmpl tokenizer.ChatTemplate,
 	// renders the answer otherwise (trimmed, reasoning dropped) just misses.
 	m.keepAnswerFrom = func(salt, prompt, answer string, eos uint32, from *tokenizer.CutScan) {
 		if c := m.prefixCache; c != nil && tok.IsSpecial(eos) {
-			c.EncodeFrom(salt, prompt+tok.Defuse(answer)+tok.Piece(eos), 0, from, -1)
+			c.Keep(salt, prompt+tok.Defuse(answer)+tok.Piece(eos), from, promptNote)
 		}
 	}
 	m.KeepAnswer = func(salt, prompt, answer string, eos uint32) { m.keepAnswerFrom(salt, prompt, answer, eos, nil) }
@@ -135,4 +141,24 @@ func (s *StaticModels) Models() []*Model {
 		out = append(out, m)
 	}
 	return out
+}
+
+// promptNote is the note the prefix cache keeps with a prompt's tokens
+// (ids): their block hashes, known for the start reused from the entry
+// whose note is from (its tokens, copied) and kept by routing once it
+// hashed them. With ids (a kept answer, which no routing hashes; off the
+// request path), the hashes are extended over ids' full blocks, with the
+// seed and block size routing used for the start.
+func promptNote(from any, reused int, ids []uint32) any {
+	h := &kv.PromptHashes{}
+	f, ok := from.(*kv.PromptHashes)
+	if !ok {
+		return h
+	}
+	h.Known = f.Best().Prefix(reused)
+	if k := h.Known; k != nil && len(ids) >= (len(k.Local)+1)*k.BlockSize {
+		local := append(slices.Clip(k.Local), kv.LocalHashes(nil, ids[len(k.Local)*k.BlockSize:], k.BlockSize, k.Seed)...)
+		h.Known = &kv.BlockHashes{Seed: k.Seed, BlockSize: k.BlockSize, Local: local, Seq: kv.AppendSeqHashes(slices.Clip(k.Seq), local[len(k.Seq):])}
+	}
+	return h
 }

@@ -55,6 +55,9 @@ type chatRequest struct {
 	// scan is the prefix cache's scan of the prompt at the end of its
 	// messages (encodeChat's), for keepAnswer.
 	scan *tokenizer.CutScan
+	// hashes are the block hashes its tokens carry to routing
+	// (encodeChat's; nil: none).
+	hashes *kv.PromptHashes
 }
 
 // completionRequest is a validated POST /v1/completions body. Exactly one of

@@ -32,14 +32,32 @@ func tooManyTokens(param string, limit int) *apiError {
 		limit, param, limit, param)
 }
 
+// promptText is a chat prompt's rendered text, built only when asked
+// (keepAnswer, after the response): from the rendering's pieces when the
+// model's template renders per message.
+type promptText struct {
+	s  string
+	rc *tokenizer.RenderedChat
+}
+
+func (p promptText) String() string {
+	if p.rc != nil {
+		return p.rc.Text()
+	}
+	return p.s
+}
+
+func (p promptText) empty() bool { return p.rc == nil && p.s == "" }
+
 // encodeChat tokenizes a chat request's messages up to the context limit.
 // text is the rendered prompt when the model renders and encodes apart
-// (RenderChat), else "". A request whose parse continued a memo entry
-// rendered by the same template renders only its new messages.
-func (s *Server) encodeChat(r *http.Request, m *Model, req *chatRequest) (ids []uint32, text string, aerr *apiError) {
+// (RenderChat), else empty. A request whose parse continued a memo entry
+// rendered by the same template renders only its new messages, and on a
+// prefix-cache hit nothing of the history's text is copied.
+func (s *Server) encodeChat(r *http.Request, m *Model, req *chatRequest) (ids []uint32, text promptText, aerr *apiError) {
 	release, aerr := s.tokenizing(r.Context())
 	if aerr != nil {
-		return nil, "", aerr
+		return nil, text, aerr
 	}
 	defer release()
 	msgs, salt := req.Messages, req.CacheSalt
@@ -50,17 +68,15 @@ func (s *Server) encodeChat(r *http.Request, m *Model, req *chatRequest) (ids []
 		var err error
 		if m.appender != nil {
 			rc, over, err = s.renderAfter(m, req, limit)
-			if err == nil && !over {
-				text = rc.Text
-			}
+			text.rc = rc
 		} else {
-			text, over, err = m.RenderChat(msgs, limit)
+			text.s, over, err = m.RenderChat(msgs, limit)
 		}
 		switch {
 		case err != nil:
-			return nil, "", invalid("messages", "the chat template could not render these messages: %v", err)
+			return nil, promptText{}, invalid("messages", "the chat template could not render these messages: %v", err)
 		case over:
-			return nil, "", tooManyTokens("messages", limit)
+			return nil, promptText{}, tooManyTokens("messages", limit)
 		}
 		stages.From(r.Context()).Mark(stages.Template)
 		if rc != nil && m.encodeFrom != nil {
@@ -70,17 +86,17 @@ func (s *Server) encodeChat(r *http.Request, m *Model, req *chatRequest) (ids []
 			if e := req.memo; e != nil && e.render == m.appender && e.written.Messages() == len(e.msgs) {
 				from = e.scan
 			}
-			ids, done, scan := m.encodeFrom(text, salt, limit, from, rc.MessagesEnd())
+			ids, done, scan, hashes := m.encodeFrom(rc, salt, limit, from, rc.MessagesEnd())
 			if !done {
-				return nil, "", tooManyTokens("messages", limit)
+				return nil, promptText{}, tooManyTokens("messages", limit)
 			}
-			req.scan = scan
+			req.scan, req.hashes = scan, hashes
 			s.remember(req, m, rc, scan)
 			return ids, text, nil
 		}
-		ids, done := m.EncodeRendered(text, salt, limit)
+		ids, done := m.EncodeRendered(text.String(), salt, limit)
 		if !done {
-			return nil, "", tooManyTokens("messages", limit)
+			return nil, promptText{}, tooManyTokens("messages", limit)
 		}
 		s.remember(req, m, rc, nil)
 		return ids, text, nil
@@ -88,20 +104,20 @@ func (s *Server) encodeChat(r *http.Request, m *Model, req *chatRequest) (ids []
 	if m.EncodeChatUpTo == nil {
 		ids, err := m.EncodeChat(msgs)
 		if err != nil {
-			return nil, "", invalid("messages", "the chat template could not render these messages: %v", err)
+			return nil, promptText{}, invalid("messages", "the chat template could not render these messages: %v", err)
 		}
 		s.remember(req, m, nil, nil)
-		return ids, "", nil
+		return ids, promptText{}, nil
 	}
 	ids, done, err := m.EncodeChatUpTo(msgs, limit)
 	switch {
 	case err != nil:
-		return nil, "", invalid("messages", "the chat template could not render these messages: %v", err)
+		return nil, promptText{}, invalid("messages", "the chat template could not render these messages: %v", err)
 	case !done:
-		return nil, "", tooManyTokens("messages", limit)
+		return nil, promptText{}, tooManyTokens("messages", limit)
 	}
 	s.remember(req, m, nil, nil)
-	return ids, "", nil
+	return ids, promptText{}, nil
 }
 
 // renderAfter renders req's messages with m's appender, after the
@@ -147,14 +163,15 @@ func (s *Server) remember(req *chatRequest, m *Model, rc *tokenizer.RenderedChat
 // response went out, so the conversation's next turn, which resends the
 // answer, tokenizes only what follows it. It is optional work: done only
 // when a tokenizer slot is free at once.
-func (s *Server) keepAnswer(m *Model, req *chatRequest, prompt, answer string, out genOutcome) {
-	if m.KeepAnswer == nil || prompt == "" || !out.EndsEOS {
+func (s *Server) keepAnswer(m *Model, req *chatRequest, text promptText, answer string, out genOutcome) {
+	if m.KeepAnswer == nil || text.empty() || !out.EndsEOS {
 		return
 	}
 	salt := req.CacheSalt
 	select {
 	case s.tokenSlots <- struct{}{}:
 		defer func() { <-s.tokenSlots }()
+		prompt := text.String()
 		if m.keepAnswerFrom != nil && req.scan != nil {
 			// The prompt's messages were scanned: only the generation
 			// prompt and the answer are.

@@ -26,6 +26,11 @@ type GenerateRequest struct {
 	Sampling
 	// Attempt counts migrations: 0 for the first try.
 	Attempt int
+	// Hashes, when set, carry block hashes known for Tokens' first blocks
+	// (their Known) and take the ones routing computes (Keep), for later
+	// prompts that start with these tokens. In process only: the sender
+	// vouches that Tokens start with the tokens Known was made for.
+	Hashes *PromptHashes
 }
 
 // TokenStream is one generation's output.

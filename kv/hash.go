@@ -103,6 +103,20 @@ func LocalHashes(dst []LocalHash, tokens []Token, blockSize int, seed uint64) []
 	return dst
 }
 
+// AppendSeqHashes appends to seq, the sequence hashes of a prompt's first
+// blocks, those of the blocks after them, whose local hashes are local.
+func AppendSeqHashes(seq []SeqHash, local []LocalHash) []SeqHash {
+	if len(seq) == 0 {
+		return SeqHashes(seq, local)
+	}
+	prev := seq[len(seq)-1]
+	for _, l := range local {
+		prev = ChainHash(prev, l)
+		seq = append(seq, prev)
+	}
+	return seq
+}
+
 // SeqHashes appends the chained sequence hashes of local to dst:
 // seq[0] = local[0], seq[i] = ChainHash(seq[i-1], local[i]).
 func SeqHashes(dst []SeqHash, local []LocalHash) []SeqHash {

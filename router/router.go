@@ -115,6 +115,12 @@ type Request struct {
 	// decision on the same prompt carries them (Decision.Seq): Route uses
 	// them instead of chaining them again, and keeps them (do not modify).
 	Seq []kv.SeqHash
+	// Known, when set (and Local is not), are block hashes of Tokens'
+	// first blocks made for an earlier prompt that Tokens start with (a
+	// conversation's turn before, kv.PromptHashes): used when made with
+	// this request's seed and the pool's block size, so only the blocks
+	// past them are hashed. The caller vouches for the tokens.
+	Known *kv.BlockHashes
 
 	// NoOverlapCredit scores the request by load alone: cached prefixes
 	// earn no credit, the decision reports no overlap and plans no hint.
@@ -254,10 +260,28 @@ func (r *Router) hashPrompt(pk poolKey, req *Request, d *Decision) error {
 		}
 	case n > 0:
 		buf := make([]uint64, 2*n) // one allocation for both
-		d.Local = kv.LocalHashes(kv.AsHashes[kv.LocalHash](buf[:0:n]), req.Tokens, bs, kv.Seed(req.LoRA, req.Salt))
-		d.Seq = kv.SeqHashes(kv.AsHashes[kv.SeqHash](buf[n:n:2*n]), d.Local)
+		seed := kv.Seed(req.LoRA, req.Salt)
+		local, seq := kv.AsHashes[kv.LocalHash](buf[:0:n]), kv.AsHashes[kv.SeqHash](buf[n:n:2*n])
+		if k := knownBlocks(req.Known, seed, bs, n); k > 0 {
+			local = append(local, req.Known.Local[:k]...)
+			seq = append(seq, req.Known.Seq[:k]...)
+		}
+		k := len(local)
+		d.Local = kv.LocalHashes(local, req.Tokens[k*bs:], bs, seed)
+		d.Seq = kv.AppendSeqHashes(seq, d.Local[k:])
 	}
 	return nil
+}
+
+// knownBlocks is how many of a prompt's n full blocks known gives the
+// hashes of: none unless made with the request's seed and the pool's
+// block size (the hashes are a function of the tokens, the block size
+// and the seed alone, and the tokens are vouched for).
+func knownBlocks(known *kv.BlockHashes, seed uint64, bs, n int) int {
+	if known == nil || known.Seed != seed || known.BlockSize != bs {
+		return 0
+	}
+	return min(len(known.Local), len(known.Seq), n)
 }
 
 // match fills s.matches, sorted by worker, from the mode's index.

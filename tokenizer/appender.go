@@ -33,15 +33,36 @@ func NewChatAppender(tok Tokenizer, tmpl ChatTemplate) *ChatAppender {
 }
 
 // RenderedChat is a conversation's rendered prompt, which a later turn
-// that resends its messages can extend (ChatAppender.Render).
+// that resends its messages can extend (ChatAppender.Render). Its text is
+// kept in pieces, the turn before's messages shared, so a later turn's
+// rendering copies nothing of the history: Text joins them, Tail is the
+// last piece alone.
 type RenderedChat struct {
-	// Text is what RenderChat renders: the messages, then the generation
-	// prompt.
-	Text     string
-	messages int // len(Text) without the generation prompt
+	// parts joined are what RenderChat renders: the messages, then the
+	// generation prompt (at the end of the last part).
+	parts    []string
+	messages int // the text's length without the generation prompt
+	gen      int // the generation prompt's length
 	count    int // messages rendered
 	content  int // their contents' length, trimmed (the length bound's)
 }
+
+// Text is what RenderChat renders: the messages, then the generation
+// prompt (built from the pieces: a copy unless there is one).
+func (r *RenderedChat) Text() string { return strings.Join(r.parts, "") }
+
+// Tail is the text from offset at on: the last piece, what the last
+// Render rendered (Text()[at:] == tail).
+func (r *RenderedChat) Tail() (at int, tail string) {
+	if len(r.parts) == 0 {
+		return 0, ""
+	}
+	tail = r.parts[len(r.parts)-1]
+	return r.Len() - len(tail), tail
+}
+
+// Len is the text's length.
+func (r *RenderedChat) Len() int { return r.messages + r.gen }
 
 // MessagesEnd is where the messages end in Text (the generation prompt
 // follows).
@@ -68,18 +89,26 @@ func (a *ChatAppender) Render(prev *RenderedChat, msgs []Message, max int) (out 
 	}
 	safe := defuseMessages(a.tok, msgs)
 	gen := a.tmpl.generationPrompt()
-	n := base.messages + len(gen)
+	n := len(gen)
 	for _, m := range safe {
 		n += len("<|im_start|> \n<|im_end|>\n") + len(m.Role) + len(m.Name) + len(m.Content)
 	}
 	var b strings.Builder
 	b.Grow(n)
-	b.WriteString(base.Text[:base.messages])
 	if err := a.tmpl.renderMessages(&b, base.count, safe); err != nil {
 		return RenderedChat{}, false, err
 	}
-	out.messages = b.Len()
+	out.messages = base.messages + b.Len()
 	b.WriteString(gen)
-	out.Text, out.count, out.content = b.String(), base.count+len(msgs), content
+	// The turn before's messages, shared: its pieces but the generation
+	// prompt at the end of its last.
+	if k := len(base.parts); k > 0 {
+		out.parts = make([]string, k, k+1)
+		copy(out.parts, base.parts)
+		last := base.parts[k-1]
+		out.parts[k-1] = last[:len(last)-base.gen]
+	}
+	out.parts = append(out.parts, b.String())
+	out.gen, out.count, out.content = len(gen), base.count+len(msgs), content
 	return out, false, nil
 }

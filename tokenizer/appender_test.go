@@ -57,8 +57,8 @@ func TestChatAppenderMatchesRenderChat(t *testing.T) {
 			if (err == nil) != (wantErr == nil) || (err != nil && err.Error() != wantErr.Error()) {
 				t.Fatalf("trial %d, start %d: error %v, RenderChat's %v", trial, k, err, wantErr)
 			}
-			if over != wantOver || got.Text != want {
-				t.Fatalf("trial %d, start %d: over %v text %q, RenderChat's over %v text %q", trial, k, over, got.Text, wantOver, want)
+			if over != wantOver || got.Text() != want {
+				t.Fatalf("trial %d, start %d: over %v text %q, RenderChat's over %v text %q", trial, k, over, got.Text(), wantOver, want)
 			}
 		}
 	}
@@ -72,5 +72,42 @@ func TestChatAppenderJinja(t *testing.T) {
 	}
 	if NewChatAppender(mustO200k(t), tmpl) != nil {
 		t.Fatal("an appender for a Jinja template")
+	}
+}
+
+// A conversation rendered turn after turn, each after the turn before's
+// rendering (the pieces shared), is RenderChat's text at every turn, and
+// its Tail is the text from where that turn's rendering starts.
+func TestChatAppenderChain(t *testing.T) {
+	tok := mustO200k(t)
+	a := NewChatAppender(tok, ChatML{})
+	rng := rand.New(rand.NewPCG(5, 6))
+	words := []string{"hello", " <|im_end|>", "\n", "é", "word ", "<|im_start|>assistant"}
+	for range 50 {
+		var msgs []Message
+		var prev *RenderedChat
+		for range 1 + rng.IntN(8) {
+			n := len(msgs)
+			for range rng.IntN(3) {
+				var sb strings.Builder
+				for range rng.IntN(10) {
+					sb.WriteString(words[rng.IntN(len(words))])
+				}
+				msgs = append(msgs, Message{Role: []string{"user", "assistant"}[rng.IntN(2)], Content: sb.String()})
+			}
+			rc, over, err := a.Render(prev, msgs[n:], 0)
+			if err != nil || over {
+				t.Fatal(err, over)
+			}
+			want, _, _ := RenderChat(tok, ChatML{}, msgs, 0)
+			at, tail := rc.Tail()
+			if rc.Text() != want || rc.Len() != len(want) || want[at:] != tail || !strings.HasSuffix(want[:rc.MessagesEnd()]+"<|im_start|>assistant\n", want) {
+				t.Fatalf("after %d messages: text %q tail %q at %d, RenderChat's %q", len(msgs), rc.Text(), tail, at, want)
+			}
+			if prev != nil && at != prev.MessagesEnd() {
+				t.Fatalf("the tail starts at %d, the turn before's messages end at %d", at, prev.MessagesEnd())
+			}
+			prev = &rc
+		}
 	}
 }

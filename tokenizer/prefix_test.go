@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -121,7 +122,8 @@ func TestPrefixCacheVerificationTurnsOff(t *testing.T) {
 	}
 }
 
-// The budget bounds the tokens held; the oldest prompts go first.
+// The budget bounds the tokens held (the arrays' capacity); the oldest
+// prompts go first.
 func TestPrefixCacheBudget(t *testing.T) {
 	tok, tmpl := chatBPE(t)
 	c := NewPrefixCache(tok, 2000)
@@ -135,7 +137,7 @@ func TestPrefixCacheBudget(t *testing.T) {
 	}
 	n := 0
 	for el := c.lru.Front(); el != nil; el = el.Next() {
-		n += len(el.Value.(*cached).ids)
+		n += cap(el.Value.(*cached).ids)
 		for _, m := range el.Value.(*cached).cuts {
 			if c.keys[m.key] != el {
 				t.Fatal("a kept cut is not indexed")
@@ -245,7 +247,7 @@ func BenchmarkPrefixCutKeys(b *testing.B) {
 	c := NewPrefixCache(tok, 1<<20)
 	b.SetBytes(int64(len(text)))
 	for b.Loop() {
-		c.cutKeys("salt", text, nil, -1)
+		c.cutKeys("salt", text, 0, nil, -1)
 	}
 }
 
@@ -281,8 +283,8 @@ func TestPrefixCacheEncodeFrom(t *testing.T) {
 				if err != nil || over {
 					t.Fatal(err, over)
 				}
-				ids, done, reused, saved := c.EncodeFrom(scope, rc.Text, 0, scan, rc.MessagesEnd())
-				if !done || !slices.Equal(ids, tok.EncodeWithSpecial(rc.Text)) {
+				ids, done, reused, saved := c.EncodeRendered(scope, &rc, 0, scan, rc.MessagesEnd(), nil)
+				if !done || !slices.Equal(ids, tok.EncodeWithSpecial(rc.Text())) {
 					t.Fatalf("turn %d: the tokens differ from a whole tokenization", turn)
 				}
 				if turn > 0 && reused == 0 {
@@ -293,7 +295,7 @@ func TestPrefixCacheEncodeFrom(t *testing.T) {
 				}
 				answer := text()
 				if keep {
-					c.EncodeUpTo(scope, rc.Text+tok.Defuse(answer)+"<|im_end|>", 0)
+					c.EncodeUpTo(scope, rc.Text()+tok.Defuse(answer)+"<|im_end|>", 0)
 				}
 				msgs = append(msgs, Message{Role: "assistant", Content: answer}, Message{Role: "user", Content: text()})
 				p := rc
@@ -303,5 +305,94 @@ func TestPrefixCacheEncodeFrom(t *testing.T) {
 		if st := c.Stats(); st.Off {
 			t.Fatalf("keep %v: a hit's tokens differed from the whole tokenization: %+v", keep, st)
 		}
+	}
+}
+
+// A kept answer's tokens have room past them that the first prompt reusing
+// all of them appends in, once: every prompt's tokens are a whole
+// tokenization's, none that was handed out changes afterwards (a retry of
+// the same turn, a branch, concurrent turns), and the turns after a kept
+// answer did append in place.
+func TestPrefixCacheKeepHandsSpareOnce(t *testing.T) {
+	tok, tmpl := chatBPE(t)
+	a := NewChatAppender(tok, tmpl)
+	c := NewPrefixCache(tok, 1<<22)
+	c.Verify(1 << 30)
+	var mu sync.Mutex
+	type handed struct{ ids, was []uint32 }
+	var out []handed
+	encode := func(scope string, rc RenderedChat, scan *CutScan) ([]uint32, *CutScan) {
+		ids, done, _, saved := c.EncodeRendered(scope, &rc, 0, scan, rc.MessagesEnd(), nil)
+		if !done || !slices.Equal(ids, tok.EncodeWithSpecial(rc.Text())) {
+			t.Errorf("%s: the tokens differ from a whole tokenization", scope)
+		}
+		mu.Lock()
+		out = append(out, handed{ids, slices.Clone(ids)})
+		mu.Unlock()
+		return ids, saved
+	}
+	var wg sync.WaitGroup
+	inPlace := 0
+	for conv := range 8 {
+		r := rand.New(rand.NewPCG(uint64(conv), 5))
+		words := []string{"hello", " world", "123", "  ", "\n", "naïve", "🙂", "<|im_end|>", "don't", "."}
+		text := func() string {
+			var b strings.Builder
+			for range 5 + r.IntN(60) {
+				b.WriteString(words[r.IntN(len(words))])
+			}
+			return b.String()
+		}
+		scope := fmt.Sprint("conv-", conv)
+		msgs := []Message{{Role: "system", Content: text()}, {Role: "user", Content: text()}}
+		var prev *RenderedChat
+		var scan *CutScan
+		for turn := range 6 {
+			n := 0
+			if prev != nil {
+				n = prev.Messages()
+			}
+			rc, _, err := a.Render(prev, msgs[n:], 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids, saved := encode(scope, rc, scan)
+			if turn > 0 && cap(ids) > len(ids) {
+				inPlace++
+			}
+			if conv%2 == 1 {
+				encode(scope, rc, scan) // the same turn again (a retry)
+			}
+			answer := text()
+			c.Keep(scope, rc.Text()+tok.Defuse(answer)+"<|im_end|>", saved, nil)
+			msgs = append(msgs, Message{Role: "assistant", Content: answer}, Message{Role: "user", Content: text()})
+			if conv%2 == 1 {
+				// The answer edited (reuses the kept answer's start only),
+				// then branches of the next turn at once (all of it).
+				edited := append(slices.Clone(msgs[:len(msgs)-2]), Message{Role: "assistant", Content: "edited" + answer}, msgs[len(msgs)-1])
+				erc, _, _ := a.Render(nil, edited, 0)
+				encode(scope, erc, nil)
+				for b := range 3 {
+					branch := append(slices.Clone(msgs[:len(msgs)-1]), Message{Role: "user", Content: fmt.Sprint("branch ", b, text())})
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						brc, _, _ := a.Render(nil, branch, 0)
+						encode(scope, brc, nil)
+					}()
+				}
+				wg.Wait()
+			}
+			p := rc
+			prev, scan = &p, saved
+		}
+	}
+	for i, h := range out {
+		if !slices.Equal(h.ids, h.was) {
+			t.Fatalf("prompt %d's tokens changed after they were handed out", i)
+		}
+	}
+	if st := c.Stats(); st.Off || inPlace < 8*5/2 {
+		t.Fatalf("%d of %d later turns appended in place; %+v", inPlace, 8*5, st)
 	}
 }
