@@ -46,6 +46,10 @@ type BPE struct {
 	// most vocabularies) when addedJump, so the scan for them can jump.
 	addedByte byte
 	addedJump bool
+
+	// sequential: never encode a long segment in chunks (encodeParallel);
+	// the tests' reference encoder.
+	sequential bool
 }
 
 type addedToken struct {
@@ -297,6 +301,9 @@ func (e *encodeState) ordinary(text string, special bool) {
 	}
 	if t.addPrefixSpace && text[0] != ' ' {
 		text = " " + text
+	}
+	if !t.sequential && t.parallelOK() && e.encodeParallel(text, parallelChunks(len(text))) {
+		return
 	}
 	t.split.split(text, e.yield)
 }
