@@ -302,7 +302,7 @@ func (e *encodeState) ordinary(text string, special bool) {
 	if t.addPrefixSpace && text[0] != ' ' {
 		text = " " + text
 	}
-	if !t.sequential && t.parallelOK() && e.encodeParallel(text, parallelChunks(len(text))) {
+	if len(text) >= parallelMinBytes && !t.sequential && t.parallelOK() && e.encodeParallel(text, parallelChunks(len(text))) {
 		return
 	}
 	t.split.split(text, e.yield)

@@ -37,7 +37,7 @@ import (
 // parallelMinBytes is the shortest segment encoded in chunks: below it the
 // goroutines' start and join cost more than they save (docs/benchmarks.md
 // §9.13).
-const parallelMinBytes = 16 << 10
+const parallelMinBytes = 32 << 10
 
 // cutSearchBytes bounds the scan for a cut from each chunk's target start:
 // past it the chunk is joined to its neighbour.
