@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 )
 
 // A long segment of plain text is split into pre-tokens at points the o200k
@@ -105,11 +106,20 @@ func (e *encodeState) encodeParallel(text string, n int) bool {
 	bounds = append(bounds, cuts...)
 	bounds = append(bounds, len(text))
 	parts := make([][]uint32, len(bounds)-1)
-	var wg sync.WaitGroup
-	for i := 1; i < len(parts); i++ {
-		wg.Go(func() { parts[i] = e.t.encodeChunk(text[bounds[i]:bounds[i+1]]) })
+	// Chunks are claimed in order by the caller and the helpers alike: when
+	// the other cores are busy and a helper has not started yet, the caller
+	// encodes its chunk too instead of waiting for it (the tail under load).
+	var next atomic.Int32
+	work := func() {
+		for i := int(next.Add(1)) - 1; i < len(parts); i = int(next.Add(1)) - 1 {
+			parts[i] = e.t.encodeChunk(text[bounds[i]:bounds[i+1]])
+		}
 	}
-	parts[0] = e.t.encodeChunk(text[:bounds[1]])
+	var wg sync.WaitGroup
+	for range len(parts) - 1 {
+		wg.Go(work)
+	}
+	work()
 	wg.Wait()
 	for i, p := range parts {
 		if e.max > 0 && len(e.out)+len(p) > e.max {
