@@ -1,14 +1,11 @@
 package tokenizer
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	tiktoken "github.com/tiktoken-go/tokenizer"
 )
@@ -139,45 +136,4 @@ func BenchmarkEncodeO200kDocs(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/token")
 	b.ReportMetric(float64(n), "tokens")
-}
-
-// processCPU is the process's user+system CPU time.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// BenchmarkEncodeO200kLong encodes ~8k-, ~14k- and ~64k-token prompts,
-// sequentially and in chunks on GOMAXPROCS goroutines (encodeParallel);
-// it reports wall ns/token and the process's CPU ns/token (the chunks cost
-// some CPU for the wall time they save).
-//
-//	go test ./tokenizer -run '^$' -bench EncodeO200kLong -count 3
-func BenchmarkEncodeO200kLong(b *testing.B) {
-	tok := builtinBPE(b)
-	for _, size := range []int{8000, 14000, 64000} {
-		text := benchText(size)
-		for _, mode := range []string{"sequential", "parallel"} {
-			t := tok
-			if mode == "sequential" {
-				t = sequentialOf(tok)
-			}
-			b.Run(fmt.Sprintf("%dk/%s", size/1000, mode), func(b *testing.B) {
-				n := len(t.Encode(text))
-				b.SetBytes(int64(len(text)))
-				cpu0 := processCPU(b)
-				b.ResetTimer()
-				for b.Loop() {
-					t.Encode(text)
-				}
-				cpu := processCPU(b) - cpu0
-				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/token")
-				b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N*n), "cpu-ns/token")
-				b.ReportMetric(float64(n), "tokens")
-			})
-		}
-	}
 }

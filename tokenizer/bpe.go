@@ -46,10 +46,6 @@ type BPE struct {
 	// most vocabularies) when addedJump, so the scan for them can jump.
 	addedByte byte
 	addedJump bool
-
-	// sequential: never encode a long segment in chunks (encodeParallel);
-	// the tests' reference encoder.
-	sequential bool
 }
 
 type addedToken struct {
@@ -301,9 +297,6 @@ func (e *encodeState) ordinary(text string, special bool) {
 	}
 	if t.addPrefixSpace && text[0] != ' ' {
 		text = " " + text
-	}
-	if len(text) >= parallelMinBytes && !t.sequential && t.parallelOK() && e.encodeParallel(text, parallelChunks(len(text))) {
-		return
 	}
 	t.split.split(text, e.yield)
 }
