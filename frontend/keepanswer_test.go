@@ -80,13 +80,7 @@ func TestKeepAnswerServesNextTurn(t *testing.T) {
 			be := &answerBackend{ids: tok.Encode(answer), eos: eos}
 			reg := prometheus.NewRegistry()
 			s := New(DefaultConfig(), be, models{m}, reg, reg)
-			serve := func(body string) {
-				w := httptest.NewRecorder()
-				s.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body)))
-				if w.Code != http.StatusOK {
-					t.Fatalf("status %d: %s", w.Code, w.Body)
-				}
-			}
+			serve := func(body string) { postChatOK(t, s, body) }
 			q1 := "What is the answer? " + strings.Repeat("Think hard. ", 50)
 			serve(chatBody(stream, "s", "user", q1))
 			// From here on nothing is kept: the counts are the requests' own.
@@ -142,13 +136,20 @@ func TestKeepAnswerOnlyAfterEOS(t *testing.T) {
 		`{"model":"m","messages":[{"role":"user","content":"count"}],"max_tokens":2}`,
 		`{"model":"m","messages":[{"role":"user","content":"count"}]}`,
 	} {
-		w := httptest.NewRecorder()
-		s.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body)))
-		if w.Code != http.StatusOK {
-			t.Fatalf("status %d: %s", w.Code, w.Body)
-		}
+		postChatOK(t, s, body)
 	}
 	if kept != 1 {
 		t.Fatalf("kept %d answers, want 1 (the one its end token ended)", kept)
+	}
+}
+
+// postChatOK posts body to s's chat completions and fails t unless it
+// answers 200.
+func postChatOK(t *testing.T, s http.Handler, body string) {
+	t.Helper()
+	w := httptest.NewRecorder()
+	s.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body)))
+	if w.Code != http.StatusOK {
+		t.Fatalf("status %d: %s", w.Code, w.Body)
 	}
 }

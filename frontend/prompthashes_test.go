@@ -2,8 +2,6 @@ package frontend
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,13 +55,7 @@ func TestPromptHashesCarried(t *testing.T) {
 	be := &hashingBackend{answerBackend: answerBackend{ids: tok.Encode(answer), eos: eos}, t: t, bs: map[string]int{"a": 16, "b": 64, "c": 16}}
 	reg := prometheus.NewRegistry()
 	s := New(DefaultConfig(), be, models{m}, reg, reg)
-	serve := func(body string) {
-		w := httptest.NewRecorder()
-		s.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body)))
-		if w.Code != http.StatusOK {
-			t.Fatalf("status %d: %s", w.Code, w.Body)
-		}
-	}
+	serve := func(body string) { postChatOK(t, s, body) }
 	msgs := map[string][]string{}
 	for turn := 1; turn <= 5; turn++ {
 		for _, salt := range []string{"a", "b"} {
