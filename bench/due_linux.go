@@ -24,17 +24,10 @@ type dueWaiter struct {
 	buf [8]byte
 }
 
-// spinUnder is how close to its due time an op yields in a loop instead
-// of arming the timer: a park and wake-up costs tens of µs of CPU and
-// lands tens of µs late on a busy machine, and at high offered rates most
-// waits are this short (bursts of the timeline ~100 µs apart), where
-// yielding lets the writers run and costs less. It bounds the spin per op.
-const spinUnder = 200 * time.Microsecond
-
 func newDueWaiter() *dueWaiter {
 	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
 	if err != nil {
-		return &dueWaiter{} // waits with time.Sleep
+		return &dueWaiter{} // waits with sleepUntil
 	}
 	return &dueWaiter{f: os.NewFile(uintptr(fd), "timerfd"), fd: fd}
 }
@@ -55,7 +48,8 @@ func (w *dueWaiter) wait(t time.Time) {
 		case d < spinUnder:
 			runtime.Gosched()
 		case w.f == nil:
-			time.Sleep(d)
+			sleepUntil(t)
+			return
 		default:
 			// Relative: time.Time's monotonic reading is not
 			// CLOCK_MONOTONIC's origin. Re-arming clears an expiry the
