@@ -394,6 +394,31 @@ func TestCPForgedBatchCostsOneDump(t *testing.T) {
 	}
 }
 
+// serve with its own random token: nobody outside can subscribe to its
+// NATS, so its workers' events stay in the process: they reach the index,
+// and no copy goes on NATS for anyone (or the feed) to read.
+func TestCPServeEventsStayInProcess(t *testing.T) {
+	s := cpServe(t)
+	metrics := strings.TrimSuffix(s.base, "/v1") + "/metrics"
+	metric := func(name string) float64 {
+		for k, v := range testutil.Scrape(t, metrics) {
+			if strings.HasPrefix(k, name+"{") || k == name {
+				return v
+			}
+		}
+		return -1
+	}
+	if code := s.cpChat(t, strings.Repeat("local ", 300)); code != 200 {
+		t.Fatalf("status %d", code)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the worker's events applied", func() bool {
+		return metric("kvmesh_event_feed_events_applied_total") > 0 && metric("kvmesh_worker_event_batches_published_total") > 0
+	})
+	if n := metric("kvmesh_event_feed_local_copies_skipped_total"); n != 0 {
+		t.Errorf("%v copies of the workers' batches came over NATS, want 0", n)
+	}
+}
+
 // Probe 4: serve without a fleet token left its in-process workers' gRPC
 // and transfer ports open to any local process. Now they refuse a caller
 // that cannot prove serve's own (random) token.
