@@ -58,6 +58,30 @@ func cpServe(t *testing.T, args ...string) *cpServed {
 	return &cpServed{Proc: p, base: m[1], natsURL: m[2]}
 }
 
+// cpMetric is serve's metric name (the first series whose labels hold
+// label; -1: none).
+func (s *cpServed) cpMetric(t *testing.T, name, label string) float64 {
+	t.Helper()
+	for k, v := range testutil.Scrape(t, strings.TrimSuffix(s.base, "/v1")+"/metrics") {
+		if (k == name || strings.HasPrefix(k, name+"{")) && strings.Contains(k, label) {
+			return v
+		}
+	}
+	return -1
+}
+
+// cpAwaitIndexed waits until the worker's published events reached the
+// index: applied live, or (a batch that came before the feed knew the
+// worker) by the dump its gap is repaired with.
+func (s *cpServed) cpAwaitIndexed(t *testing.T) {
+	t.Helper()
+	testutil.WaitFor(t, 20*time.Second, "the worker's events in the index", func() bool {
+		return s.cpMetric(t, "kvmesh_worker_event_batches_published_total", "") > 0 &&
+			(s.cpMetric(t, "kvmesh_event_feed_events_applied_total", "") > 0 ||
+				s.cpMetric(t, "kvmesh_event_feed_repairs_total", `kind="dump"`) > 0)
+	})
+}
+
 func cpTokenFile(t *testing.T) string {
 	t.Helper()
 	f := filepath.Join(t.TempDir(), "fleet.token")
@@ -347,15 +371,7 @@ func TestCPForgedBatchCostsOneDump(t *testing.T) {
 			ns := cpOpenNATS(t)
 			s := cpServe(t, append([]string{"--nats", ns.URL(), "--fleet-token-file", cpTokenFile(t)}, tc.args...)...)
 			victim := s.cpLogFields(t, `msg="worker started"`)["instance"]
-			metrics := strings.TrimSuffix(s.base, "/v1") + "/metrics"
-			metric := func(name string) float64 {
-				for k, v := range testutil.Scrape(t, metrics) {
-					if strings.HasPrefix(k, name+"{") || k == name {
-						return v
-					}
-				}
-				return -1
-			}
+			metric := func(name string) float64 { return s.cpMetric(t, name, "") }
 			feed := func(name string) float64 { return metric("kvmesh_event_feed_" + name) }
 			// Prompts of several blocks (serve's default is 64 tokens), so the
 			// worker stores blocks and publishes events.
@@ -363,7 +379,7 @@ func TestCPForgedBatchCostsOneDump(t *testing.T) {
 			if code := s.cpChat(t, long("before")); code != 200 {
 				t.Fatalf("status %d", code)
 			}
-			testutil.WaitFor(t, 10*time.Second, "the worker's events applied", func() bool { return feed("events_applied_total") > 0 })
+			s.cpAwaitIndexed(t)
 			nc, err := natsbus.Connect(natsbus.ConnConfig{URLs: ns.URL(), Name: "attacker"})
 			if err != nil {
 				t.Fatal(err)
@@ -399,22 +415,11 @@ func TestCPForgedBatchCostsOneDump(t *testing.T) {
 // and no copy goes on NATS for anyone (or the feed) to read.
 func TestCPServeEventsStayInProcess(t *testing.T) {
 	s := cpServe(t)
-	metrics := strings.TrimSuffix(s.base, "/v1") + "/metrics"
-	metric := func(name string) float64 {
-		for k, v := range testutil.Scrape(t, metrics) {
-			if strings.HasPrefix(k, name+"{") || k == name {
-				return v
-			}
-		}
-		return -1
-	}
 	if code := s.cpChat(t, strings.Repeat("local ", 300)); code != 200 {
 		t.Fatalf("status %d", code)
 	}
-	testutil.WaitFor(t, 10*time.Second, "the worker's events applied", func() bool {
-		return metric("kvmesh_event_feed_events_applied_total") > 0 && metric("kvmesh_worker_event_batches_published_total") > 0
-	})
-	if n := metric("kvmesh_event_feed_local_copies_skipped_total"); n != 0 {
+	s.cpAwaitIndexed(t)
+	if n := s.cpMetric(t, "kvmesh_event_feed_local_copies_skipped_total", ""); n != 0 {
 		t.Errorf("%v copies of the workers' batches came over NATS, want 0", n)
 	}
 }
