@@ -24,7 +24,7 @@ import (
 // SGLang applies its own defaults.
 type generateRequest struct {
 	RID            string          `json:"rid,omitempty"`
-	InputIDs       []kv.Token      `json:"input_ids"`
+	InputIDs       []kv.Token      `json:"-"` // written first by remote.JSONWithTokens
 	SamplingParams samplingParams  `json:"sampling_params"`
 	Stream         bool            `json:"stream"`
 	LoRAPath       string          `json:"lora_path,omitempty"`
@@ -184,7 +184,7 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engi
 	if err != nil {
 		return nil, err
 	}
-	payload, err := json.Marshal(b)
+	payload, err := remote.JSONWithTokens("input_ids", b.InputIDs, b)
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ import (
 // TensorRT-LLM's CompletionRequest defines (it refuses any other).
 type completionRequest struct {
 	Model               string                `json:"model"`
-	Prompt              []kv.Token            `json:"prompt"`
+	Prompt              []kv.Token            `json:"-"` // written first by remote.JSONWithTokens
 	MaxTokens           int                   `json:"max_tokens"`
 	Stream              bool                  `json:"stream"`
 	StreamOptions       *remote.StreamOptions `json:"stream_options,omitempty"`
@@ -158,7 +158,7 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engi
 	if err != nil {
 		return nil, err
 	}
-	payload, err := json.Marshal(b)
+	payload, err := remote.JSONWithTokens("prompt", b.Prompt, b)
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ import (
 // their zero value are omitted, so vLLM applies its own defaults.
 type completionRequest struct {
 	Model            string                `json:"model"`
-	Prompt           []kv.Token            `json:"prompt"`
+	Prompt           []kv.Token            `json:"-"` // written first by remote.JSONWithTokens
 	MaxTokens        int                   `json:"max_tokens"`
 	Stream           bool                  `json:"stream"`
 	StreamOptions    *remote.StreamOptions `json:"stream_options,omitempty"`
@@ -129,7 +129,7 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request) (<-chan engi
 	if err != nil {
 		return nil, err
 	}
-	payload, err := json.Marshal(b)
+	payload, err := remote.JSONWithTokens("prompt", b.Prompt, b)
 	if err != nil {
 		return nil, err
 	}
