@@ -3,6 +3,8 @@ package remote
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strconv"
 
 	"github.com/kvmesh/kvmesh/kv"
 )
@@ -21,7 +23,7 @@ func JSONWithTokens(key string, ids []kv.Token, v any) ([]byte, error) {
 	if len(rest) < 2 || rest[0] != '{' || rest[len(rest)-1] != '}' {
 		return nil, fmt.Errorf("a request body must be a JSON object, not %.20s", rest)
 	}
-	buf := make([]byte, 0, len(key)+len(rest)+4+len(ids)*7)
+	buf := make([]byte, 0, len(key)+len(rest)+4+len(ids)*len(",4294967295"))
 	buf = append(buf, '{', '"')
 	buf = append(buf, key...)
 	buf = append(buf, '"', ':')
@@ -38,38 +40,49 @@ const digitPairs = "00010203040506070809" + "10111213141516171819" + "2021222324
 	"80818283848586878889" + "90919293949596979899"
 
 // AppendTokenIDs appends ids as a JSON array of integers, byte for byte
-// what encoding/json writes for them ("[]" when there are none).
+// what encoding/json writes for them ("[]" when there are none). Ids under
+// a million (every vocabulary's) are written by width into room made once.
 func AppendTokenIDs(buf []byte, ids []kv.Token) []byte {
-	buf = append(buf, '[')
+	const widest = len(",4294967295")
+	n := len(buf)
+	buf = slices.Grow(buf, 2+len(ids)*widest)[:n+2+len(ids)*widest]
+	buf[n] = '['
+	n++
 	for i, id := range ids {
 		if i > 0 {
-			buf = append(buf, ',')
+			buf[n] = ','
+			n++
 		}
-		buf = appendUint32(buf, uint32(id))
+		v := uint32(id)
+		switch {
+		case v < 10:
+			buf[n] = byte('0' + v)
+			n++
+		case v < 100:
+			buf[n], buf[n+1] = digitPairs[v*2], digitPairs[v*2+1]
+			n += 2
+		case v < 1000:
+			q, r := v/100, v%100*2
+			buf[n], buf[n+1], buf[n+2] = byte('0'+q), digitPairs[r], digitPairs[r+1]
+			n += 3
+		case v < 10_000:
+			q, r := v/100*2, v%100*2
+			buf[n], buf[n+1], buf[n+2], buf[n+3] = digitPairs[q], digitPairs[q+1], digitPairs[r], digitPairs[r+1]
+			n += 4
+		case v < 100_000:
+			q, m := v/10_000, v%10_000
+			h, r := m/100*2, m%100*2
+			buf[n], buf[n+1], buf[n+2], buf[n+3], buf[n+4] = byte('0'+q), digitPairs[h], digitPairs[h+1], digitPairs[r], digitPairs[r+1]
+			n += 5
+		case v < 1_000_000:
+			q, m := v/10_000*2, v%10_000
+			h, r := m/100*2, m%100*2
+			buf[n], buf[n+1], buf[n+2], buf[n+3], buf[n+4], buf[n+5] = digitPairs[q], digitPairs[q+1], digitPairs[h], digitPairs[h+1], digitPairs[r], digitPairs[r+1]
+			n += 6
+		default:
+			n += len(strconv.AppendUint(buf[n:n], uint64(v), 10))
+		}
 	}
-	return append(buf, ']')
-}
-
-// appendUint32 appends v in decimal, two digits a step.
-func appendUint32(buf []byte, v uint32) []byte {
-	if v < 10 {
-		return append(buf, byte('0'+v))
-	}
-	var t [10]byte
-	n := len(t)
-	for v >= 100 {
-		q := v / 100
-		r := (v - q*100) * 2
-		n -= 2
-		t[n], t[n+1] = digitPairs[r], digitPairs[r+1]
-		v = q
-	}
-	if v >= 10 {
-		n -= 2
-		t[n], t[n+1] = digitPairs[v*2], digitPairs[v*2+1]
-	} else {
-		n--
-		t[n] = byte('0' + v)
-	}
-	return append(buf, t[n:]...)
+	buf[n] = ']'
+	return buf[:n+1]
 }
