@@ -43,7 +43,8 @@ import (
 // is the simulated engine's time to its first output; cpu-µs/op is the
 // process's CPU time over the timed request (every goroutine's, GC's too:
 // steadier than ns/op on a shared box), alloc-KB/op what it allocated,
-// gc-ns/KB the collector's CPU per KB allocated over the whole run;
+// gc-ns/KB the collector's CPU per KB allocated over the whole run (each
+// own stage's mean is reported too);
 // own-p50-µs and cpu-p50-µs are the medians per request, reused-tokens the
 // prompt tokens the prefix cache gave. Each timed turn comes 5 ms after the
 // turn before (settle).
@@ -409,7 +410,7 @@ func (s stageSums) report(b *testing.B, n int) {
 	}
 	b.ReportMetric(own, "own-µs")
 	b.ReportMetric(us("engine_first_output"), "engine-µs")
-	for _, k := range []string{"parse", "template", "tokenize", "hash", "route"} {
+	for _, k := range ownStages {
 		b.ReportMetric(us(k), k+"-µs")
 	}
 }

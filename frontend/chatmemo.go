@@ -46,13 +46,15 @@ type chatMemo struct {
 	hits, rendered atomic.Int64 // bodies read from an entry; of them, rendered after its text
 }
 
-// memoEntry is one chat body's start: b[:end] is its bytes up to the end
-// of its last message, the fields before its messages key, the messages
-// and (for the model that rendered them) their rendering.
+// memoEntry is one chat body's start: its bytes up to the end of its
+// last message (end of them), the fields before its messages key, the
+// messages and (for the model that rendered them) their rendering.
 type memoEntry struct {
-	key     xxh3.Uint128
-	salt    string
-	b       []byte // the body (the request's buffer, kept whole)
+	key  xxh3.Uint128
+	salt string
+	// The bytes, the memo's own (the request's buffer is recycled): the
+	// turn before's pieces, shared, and a copy of what this turn added.
+	pieces  [][]byte
 	end     int
 	msgsAt  int // the messages value's offset in b
 	before  fields
@@ -135,17 +137,54 @@ func (c *chatMemo) lookup(b []byte) (hit *memoEntry, keys memoKeys) {
 			continue
 		}
 		e := el.Value.(*memoEntry)
-		if e.salt == keys.salt && e.end < len(b) && bytes.Equal(b[:e.end], e.b[:e.end]) {
+		if e.salt == keys.salt && e.end < len(b) && e.startOf(b) {
 			return e, keys
 		}
 	}
 	return nil, keys
 }
 
+// startOf reports whether b starts with e's bytes.
+func (e *memoEntry) startOf(b []byte) bool {
+	at := 0
+	for _, p := range e.pieces {
+		if !bytes.Equal(b[at:at+len(p)], p) {
+			return false
+		}
+		at += len(p)
+	}
+	return at == e.end
+}
+
+// memoMaxPieces bounds an entry's pieces (one per turn): past it they are
+// joined into one, so a lookup's compare stays a few long runs.
+const memoMaxPieces = 32
+
+// own makes e's bytes and fields before its messages the memo's: body is
+// the request's (trimmed) body, which continued prev when prev is not nil.
+func (e *memoEntry) own(body []byte, prev *memoEntry) {
+	if prev != nil && prev.end <= e.end && len(prev.pieces) < memoMaxPieces {
+		// body[:prev.end] is prev's bytes (lookup compared them), and the
+		// fields before the messages are prev's (continueChat).
+		e.pieces = append(prev.pieces[:len(prev.pieces):len(prev.pieces)], bytes.Clone(body[prev.end:e.end]))
+		return
+	}
+	e.pieces = [][]byte{bytes.Clone(body[:e.end])}
+	if prev != nil {
+		return // prev's fields: already the memo's
+	}
+	before := make(fields, len(e.before))
+	for k, v := range e.before {
+		before[k] = bytes.Clone(v)
+	}
+	e.before = before
+}
+
 // store keeps a parsed (and maybe rendered) chat body, whose keys lookup
 // computed; prev is the entry its parse used (the same conversation's
-// turn before), which it replaces.
-func (c *chatMemo) store(e *memoEntry, keys *memoKeys, prev *memoEntry) {
+// turn before), which it replaces. body is the request's (trimmed) body:
+// the entry keeps a copy of what it needs.
+func (c *chatMemo) store(e *memoEntry, body []byte, keys *memoKeys, prev *memoEntry) {
 	if c == nil || e.end < memoMinBody || e.salt != keys.salt {
 		return
 	}
@@ -154,13 +193,14 @@ func (c *chatMemo) store(e *memoEntry, keys *memoKeys, prev *memoEntry) {
 		return
 	}
 	e.key = key
-	e.size = cap(e.b) + e.written.Len() // its pieces: the turn before's shared, counted again
+	e.size = e.end + e.written.Len() // its pieces: the turn before's shared, counted again
 	for _, m := range e.msgs {
 		e.size += len(m.Content) + 64
 	}
 	if e.size > c.budget/4 {
 		return
 	}
+	e.own(body, prev)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if prev != nil {

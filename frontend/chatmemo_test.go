@@ -246,3 +246,71 @@ func TestChatMemoConcurrent(t *testing.T) {
 		t.Fatal("no conversation read from the memo")
 	}
 }
+
+// The memo keeps its own copy of a body's bytes: the request's buffer is
+// recycled for the next request. A body under an entry's key but with
+// other bytes misses it (whether or not it is read into the buffer the
+// entry's request had), and an entry still matches its continuation after
+// other bodies were read (a short one between every two); every prompt is
+// a whole parse's.
+func TestChatMemoOwnsItsBytes(t *testing.T) {
+	tok, _, _ := tokenizer.Builtin()
+	eos, _ := tok.TokenID("<|im_end|>")
+	filler := `{"messages":[{"role":"user","content":"` + strings.Repeat("z", 200) + `"}],"model":"m","max_tokens":1}`
+	for _, poison := range []bool{false, true} {
+		for _, saltFirst := range []bool{false, true} {
+			was := poisonReleasedBodies
+			poisonReleasedBodies = poison
+			var prompts [2][][]uint32
+			var hits int64
+			for i, memo := range []int{0, -1} {
+				m, err := BuiltinModel("m")
+				if err != nil {
+					t.Fatal(err)
+				}
+				be := &answerBackend{ids: tok.Encode(" ok"), eos: eos}
+				cfg := DefaultConfig()
+				cfg.ChatMemoBytes = memo
+				s := New(cfg, be, models{m}, prometheus.NewRegistry(), prometheus.NewRegistry())
+				hist, end := memoHistory(saltFirst, "s")
+				if at := strings.Index(hist, "hi "); floorPow2(end) > at {
+					t.Fatalf("the edit at %d is inside the entry's key (%d bytes)", at, floorPow2(end))
+				}
+				turn := func(q string) string {
+					return `,{"role":"assistant","content":" ok"},{"role":"user","content":"` + q + `"}`
+				}
+				edited := strings.Replace(hist[:end], "hi ", "ho ", 1)
+				for _, body := range []string{
+					hist,
+					hist[:end] + turn("more") + hist[end:], // continues the first: a hit
+					edited + turn("more") + hist[end:],     // the second's key and length, other bytes: a miss
+					edited + turn("more") + turn("again") + hist[end:], // continues the third: a hit
+				} {
+					for _, b := range []string{body, filler} {
+						w := httptest.NewRecorder()
+						s.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(b)))
+						if w.Code != http.StatusOK {
+							t.Fatalf("%d %s", w.Code, w.Body)
+						}
+					}
+				}
+				prompts[i] = be.prompts
+				if memo == 0 {
+					hits = s.memo.hits.Load()
+				}
+			}
+			poisonReleasedBodies = was
+			if hits != 2 {
+				t.Errorf("poison %v, salt first %v: %d bodies read from the memo, want 2", poison, saltFirst, hits)
+			}
+			if len(prompts[0]) != len(prompts[1]) {
+				t.Fatalf("%d prompts with the memo, %d without", len(prompts[0]), len(prompts[1]))
+			}
+			for i := range prompts[0] {
+				if !slices.Equal(prompts[0][i], prompts[1][i]) {
+					t.Errorf("poison %v, salt first %v: body %d's prompt through the memo is not the whole parse's", poison, saltFirst, i)
+				}
+			}
+		}
+	}
+}

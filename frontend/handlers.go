@@ -28,8 +28,9 @@ func toUsage(u usage) *usageJSON {
 }
 
 // accept reads and parses a request and resolves its model; when anything
-// is wrong it has already answered, and ok is false.
-func accept[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func([]byte) (T, *apiError), model func(T) string) (req T, m *Model, ok bool) {
+// is wrong it has already answered, and ok is false. When ok, the caller
+// gives body back (releaseBody) once it is done with the request.
+func accept[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func([]byte) (T, *apiError), model func(T) string) (req T, m *Model, body []byte, ok bool) {
 	clk := stages.From(r.Context())
 	body, aerr := s.readBody(w, r)
 	clk.Mark(stages.ReadBody)
@@ -41,19 +42,21 @@ func accept[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func
 	}
 	clk.Mark(stages.Parse)
 	if aerr != nil {
+		releaseBody(body)
 		if aerr != errAnswered {
 			writeError(w, aerr)
 		}
-		return req, nil, false
+		return req, nil, nil, false
 	}
-	return req, m, true
+	return req, m, body, true
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
-	req, m, ok := accept(s, w, r, s.parseChat, func(c *chatRequest) string { return c.Model })
+	req, m, body, ok := accept(s, w, r, s.parseChat, func(c *chatRequest) string { return c.Model })
 	if !ok {
 		return ""
 	}
+	defer releaseBody(body)
 	_, tsp := childSpan(r.Context(), "tokenize")
 	prompt, promptText, aerr := s.encodeChat(r, m, req)
 	if tsp.IsRecording() { // the variadic attributes would allocate even for a no-op span
@@ -120,10 +123,11 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) string {
 }
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) string {
-	req, m, ok := accept(s, w, r, parseCompletion, func(c *completionRequest) string { return c.Model })
+	req, m, body, ok := accept(s, w, r, parseCompletion, func(c *completionRequest) string { return c.Model })
 	if !ok {
 		return ""
 	}
+	defer releaseBody(body)
 	var prompts [][]uint32
 	var texts []string
 	if len(req.Texts) > 0 {

@@ -24,6 +24,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -284,15 +285,13 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 	// Sized from Content-Length when there is one: io.ReadAll starts at 512
 	// bytes and copies the body at every doubling. Capped, so a declared
 	// length the client does not send cannot reserve the whole limit.
-	var buf []byte
-	if r.ContentLength > 0 {
-		buf = make([]byte, 0, min(r.ContentLength, maxPrealloc)+1) // +1: EOF is read without growing
-	}
+	buf := getBody(int(min(max(r.ContentLength, 0), maxPrealloc)) + 1) // +1: EOF is read without growing
 	body, err := readBodyInto(buf, http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err == nil && s.cfg.Timeouts.ReadBody > 0 {
 		_ = http.NewResponseController(w).SetReadDeadline(time.Time{}) // the body is in: the stream may run on
 	}
 	if err != nil {
+		releaseBody(body)
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
@@ -301,6 +300,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 		return nil, invalid("", "could not read the request body: %v", err)
 	}
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
+		releaseBody(body)
 		return nil, invalid("", "Content-Type must be application/json, got %q", ct)
 	}
 	return body, nil
@@ -308,6 +308,42 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 
 // maxPrealloc bounds the body buffer reserved before the body arrives.
 const maxPrealloc = 1 << 20
+
+// bodies recycles request body buffers (*[]byte). A chat turn's body is
+// its whole history, tens of KB by a conversation's later turns: a fresh
+// buffer each request is memory zeroed (and faulted in) on the path and
+// garbage after it. A body is released when its handler returns: nothing
+// keeps it (parsed values are copies; the chat memo copies what it keeps).
+var bodies sync.Pool
+
+// getBody is an empty buffer of at least n bytes' capacity: a recycled
+// one when it is large enough (a conversation's next turn is a little
+// longer than the one before: the buffer is sized to the request, not
+// to the pool's largest).
+func getBody(n int) []byte {
+	if p, ok := bodies.Get().(*[]byte); ok && cap(*p) >= n {
+		return (*p)[:0]
+	}
+	return make([]byte, 0, n)
+}
+
+// releaseBody gives a body's buffer back for another request; b must not
+// be used after. Buffers past maxPrealloc are left to the collector.
+func releaseBody(b []byte) {
+	if cap(b) == 0 || cap(b) > maxPrealloc+1 {
+		return
+	}
+	if poisonReleasedBodies {
+		clear(b[:cap(b)])
+		return
+	}
+	b = b[:0]
+	bodies.Put(&b)
+}
+
+// poisonReleasedBodies (tests) zeroes a released buffer and drops it, so
+// a body kept past its handler reads as zeros, whatever is read next.
+var poisonReleasedBodies bool
 
 // readBodyInto is io.ReadAll appending to b.
 func readBodyInto(b []byte, r io.Reader) ([]byte, error) {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -23,7 +24,13 @@ import (
 	"github.com/kvmesh/kvmesh/kv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	flag.Parse()
+	// A body kept past its handler reads as zeros in the tests; benchmarks
+	// time the real path.
+	poisonReleasedBodies = flag.Lookup("test.bench").Value.String() == ""
+	goleak.VerifyTestMain(m)
+}
 
 func newTestServer(t *testing.T, b *fakeBackend, cfg Config) *httptest.Server {
 	t.Helper()

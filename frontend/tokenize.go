@@ -150,12 +150,12 @@ func (s *Server) remember(req *chatRequest, m *Model, rc *tokenizer.RenderedChat
 	if s.memo == nil || !req.split.once {
 		return
 	}
-	e := &memoEntry{salt: req.CacheSalt, b: req.body, end: req.split.lastEnd, msgsAt: req.split.msgsAt,
+	e := &memoEntry{salt: req.CacheSalt, end: req.split.lastEnd, msgsAt: req.split.msgsAt,
 		before: req.split.before, msgs: req.Messages}
 	if rc != nil {
 		e.render, e.written, e.scan = m.appender, *rc, scan
 	}
-	s.memo.store(e, &req.keys, req.memo)
+	s.memo.store(e, req.body, &req.keys, req.memo)
 }
 
 // keepAnswer gives a finished chat turn (its rendered prompt and the
