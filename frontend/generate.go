@@ -85,12 +85,14 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 	started := time.Now()
 	var lastToken time.Time
 	stopHit := false
+	firstWritten := false
 	if flush != nil && obs.clk != nil {
 		// The first flush after the first token put it on the wire.
 		inner := flush
 		flush = func() error {
 			err := inner()
-			if !lastToken.IsZero() {
+			if !lastToken.IsZero() && !firstWritten {
+				firstWritten = true
 				obs.clk.Mark(stages.FirstWrite)
 			}
 			return err
@@ -177,6 +179,13 @@ func (s *Server) generate(ctx context.Context, m *Model, reqID string, prompt []
 	out.Usage.CompletionTokens = len(generated)
 	if n := len(generated); n > 0 && !stopHit && isEOS(m, generated[n-1]) {
 		out.EOS, out.EndsEOS = generated[n-1], true
+	}
+	if flush != nil && !lastToken.IsZero() && !firstWritten && obs.clk != nil {
+		// The whole answer came at once, read without a flush between its
+		// chunks: its first token goes on the wire now.
+		if err := flush(); err != nil {
+			return out, clientGone(err)
+		}
 	}
 	return out, nil
 }
