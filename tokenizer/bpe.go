@@ -298,6 +298,18 @@ func (e *encodeState) ordinary(text string, special bool) {
 	if t.addPrefixSpace && text[0] != ' ' {
 		text = " " + text
 	}
+	if p, ok := t.split.(patternSplitter); ok {
+		// The split's loop here, so each piece is a direct call, not
+		// one through the yield closure.
+		for i := 0; i < len(text); {
+			end := p.end(text, i)
+			if !e.piece(text[i:end]) {
+				return
+			}
+			i = end
+		}
+		return
+	}
 	t.split.split(text, e.yield)
 }
 
@@ -332,17 +344,22 @@ func (e *encodeState) merge(piece string) {
 		return
 	}
 	var h uint64
-	cacheable := len(piece) < pieceCacheMaxBytes
-	if t.wholeFirst || cacheable {
-		h = t.vocab.hash(piece)
-	}
+	hashed := false
 	if t.wholeFirst {
-		if id, ok := t.vocab.getHashed(piece, h); ok {
+		var id uint32
+		var ok bool
+		if len(piece) <= shortKeyBytes {
+			id, ok = t.vocab.getShort(piece)
+		} else {
+			h, hashed = t.vocab.hash(piece), true
+			id, ok = t.vocab.getLong(piece, h)
+		}
+		if ok {
 			e.out = append(e.out, id)
 			return
 		}
 	}
-	if !cacheable {
+	if len(piece) >= pieceCacheMaxBytes {
 		e.out = t.bytePairMerge(e.out, piece, &e.scratch)
 		return
 	}
@@ -352,6 +369,9 @@ func (e *encodeState) merge(piece string) {
 			return
 		}
 		e.cache = newPieceCache()
+	}
+	if !hashed {
+		h = t.vocab.hash(piece)
 	}
 	if ids := e.cache.get(piece, h); ids != nil {
 		e.out = append(e.out, ids...)

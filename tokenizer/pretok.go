@@ -180,27 +180,33 @@ type patternSplitter struct{ kind patternKind }
 
 func (p patternSplitter) split(s string, yield func(string) bool) bool {
 	for i := 0; i < len(s); {
-		var e int
-		switch p.kind {
-		case kindO200k:
-			e = matchO200k(s, i)
-		case kindCl100k:
-			e = matchCl100k(s, i, 3)
-		case kindQwen2:
-			e = matchCl100k(s, i, 1)
-		default:
-			e = matchGPT2(s, i)
-		}
-		if e <= i { // unreachable: every character matches some branch
-			_, n := at(s, i)
-			e = i + n
-		}
+		e := p.end(s, i)
 		if !yield(s[i:e]) {
 			return false
 		}
 		i = e
 	}
 	return true
+}
+
+// end is where the piece that starts at i ends.
+func (p patternSplitter) end(s string, i int) int {
+	var e int
+	switch p.kind {
+	case kindO200k:
+		e = matchO200k(s, i)
+	case kindCl100k:
+		e = matchCl100k(s, i, 3)
+	case kindQwen2:
+		e = matchCl100k(s, i, 1)
+	default:
+		e = matchGPT2(s, i)
+	}
+	if e <= i { // unreachable: every character matches some branch
+		_, n := at(s, i)
+		e = i + n
+	}
+	return e
 }
 
 // contraction matches 's|'t|'re|'ve|'m|'ll|'d at i, case-insensitively when
@@ -312,6 +318,16 @@ func matchO200k(s string, i int) int {
 	if e := o200kASCIIWord(s, i); e > i {
 		return e
 	}
+	if o200kNoWordAt(s, i) {
+		if b := s[i]; b-'0' < 10 {
+			e, _ := run(s, i, cN, 3)
+			return e
+		}
+		if e := punct(s, i, true, true); e > i {
+			return e
+		}
+		return whitespace(s, i, true)
+	}
 	// Alternatives 1 and 2, each first with the optional [^\r\n\p{L}\p{N}] prefix.
 	c, w := at(s, i)
 	prefix := c&(cL|cN|cCRLF) == 0
@@ -338,17 +354,18 @@ func matchO200k(s string, i int) int {
 // o200kWord matches alternative 1 (U*L+) or 2 (U+L*) at i, plus the optional
 // contraction; it returns i when the alternative fails.
 func o200kWord(s string, i, alt int) int {
-	// positions of the maximal U run
-	var starts [64]int
-	pos := starts[:0]
-	k := i
+	// The maximal U run, and the end of its last rune that is in L too
+	// (Lm, Lo, M are in both): where alternative 1's backtracking stops.
+	k, lastLo := i, -1
 	for k < len(s) {
 		c, w := at(s, k)
 		if c&cUp == 0 {
 			break
 		}
-		pos = append(pos, k)
 		k += w
+		if c&cLo != 0 {
+			lastLo = k
+		}
 	}
 	var e int
 	if alt == 2 {
@@ -360,17 +377,10 @@ func o200kWord(s string, i, alt int) int {
 		// U* greedy; L+ must match at the first position backtracking reaches.
 		if c, _ := at2(s, k); c&cLo != 0 {
 			e, _ = run(s, k, cLo, 0)
+		} else if lastLo >= 0 {
+			e = lastLo
 		} else {
-			e = -1
-			for j := len(pos) - 1; j >= 0; j-- {
-				if c, w := at(s, pos[j]); c&cLo != 0 {
-					e = pos[j] + w
-					break
-				}
-			}
-			if e < 0 {
-				return i
-			}
+			return i
 		}
 	}
 	return contraction(s, e, true)
@@ -454,4 +464,21 @@ func o200kASCIIWord(s string, i int) int {
 		return i
 	}
 	return contraction(s, e, true)
+}
+
+// o200kNoWordAt reports, from ASCII bytes alone, that neither word
+// alternative matches at i: s[i] is an ASCII byte that is no letter, and
+// it cannot be the optional prefix of a word either — it is a digit, \r or
+// \n (no prefix), or the byte after it is ASCII and no letter. Digits,
+// spaces and punctuation then skip the word scans.
+func o200kNoWordAt(s string, i int) bool {
+	b := s[i]
+	if b >= utf8.RuneSelf || asciiClass[b]&cL != 0 {
+		return false
+	}
+	if asciiClass[b]&(cN|cCRLF) != 0 || i+1 == len(s) {
+		return true
+	}
+	n := s[i+1]
+	return n < utf8.RuneSelf && asciiClass[n]&cL == 0
 }
