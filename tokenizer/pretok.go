@@ -1,7 +1,9 @@
 package tokenizer
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"unicode"
 	"unicode/utf8"
 
@@ -318,10 +320,26 @@ func matchO200k(s string, i int) int {
 	if e := o200kASCIIWord(s, i); e > i {
 		return e
 	}
+	return matchO200kRest(s, i)
+}
+
+// matchO200kRest is matchO200k where o200kASCIIWord found no word.
+func matchO200kRest(s string, i int) int {
 	if o200kNoWordAt(s, i) {
 		if b := s[i]; b-'0' < 10 {
-			e, _ := run(s, i, cN, 3)
+			// \p{N}{1,3}: up to three ASCII digits, unless a
+			// non-ASCII byte (maybe a number) follows fewer.
+			e := i + 1
+			for e < len(s) && e < i+3 && s[e]-'0' < 10 {
+				e++
+			}
+			if e == i+3 || e == len(s) || s[e] < utf8.RuneSelf {
+				return e
+			}
+			e, _ = run(s, i, cN, 3)
 			return e
+		} else if b == ' ' && i+1 < len(s) && s[i+1]-'0' < 10 {
+			return i + 1 // a lone space before a number: \s+
 		}
 		if e := punct(s, i, true, true); e > i {
 			return e
@@ -456,14 +474,20 @@ func o200kASCIIWord(s string, i int) int {
 	for k < len(s) && s[k]-'A' < 26 {
 		k++
 	}
-	e := k
-	for e < len(s) && s[e]-'a' < 26 {
-		e++
+	e := lowerRun(s, k)
+	if e == len(s) {
+		if e == j {
+			return i
+		}
+		return e
 	}
-	if e == j || (e < len(s) && s[e] >= utf8.RuneSelf) {
+	if e == j || s[e] >= utf8.RuneSelf {
 		return i
 	}
-	return contraction(s, e, true)
+	if s[e] == '\'' {
+		return contraction(s, e, true)
+	}
+	return e
 }
 
 // o200kNoWordAt reports, from ASCII bytes alone, that neither word
@@ -481,4 +505,30 @@ func o200kNoWordAt(s string, i int) bool {
 	}
 	n := s[i+1]
 	return n < utf8.RuneSelf && asciiClass[n]&cL == 0
+}
+
+// lowerRun is the end of the run of ASCII lowercase letters from k. It
+// tests eight bytes at a time: a byte is a-z when adding 0x80-'a' sets its
+// high bit and adding 0x80-('z'+1) does not. A byte below 0x80 carries
+// into no other; one from 0x80 on comes out no letter either way (both
+// sums keep the high bit, or the first wraps below it), and its carry
+// reaches only later bytes, after the run's end.
+func lowerRun(s string, k int) int {
+	const (
+		ones = 0x0101010101010101
+		high = 0x8080808080808080
+	)
+	for k+8 <= len(s) {
+		x := binary.LittleEndian.Uint64([]byte(s[k : k+8]))
+		lower := (x + ones*(0x80-'a')) &^ (x + ones*(0x80-'z'-1)) & high
+		if lower == high {
+			k += 8
+			continue
+		}
+		return k + bits.TrailingZeros64(^lower&high)/8
+	}
+	for k < len(s) && s[k]-'a' < 26 {
+		k++
+	}
+	return k
 }

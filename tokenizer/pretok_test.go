@@ -89,3 +89,45 @@ func TestO200kASCIIWordMatchesRegex(t *testing.T) {
 		}
 	}
 }
+
+// lowerRunByBytes is lowerRun one byte at a time.
+func lowerRunByBytes(s string, k int) int {
+	for k < len(s) && s[k] >= 'a' && s[k] <= 'z' {
+		k++
+	}
+	return k
+}
+
+// TestLowerRun checks the eight-bytes-at-a-time run against the byte loop
+// on runs of every length next to every byte value (the letters' edges
+// '`', '{', and bytes from 0x80 whose carries must not leak backwards).
+func TestLowerRun(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	for n := 0; n <= 20; n++ {
+		for b := 0; b < 256; b++ {
+			run := make([]byte, n)
+			for k := range run {
+				run[k] = byte('a' + r.IntN(26))
+			}
+			s := string(run) + string([]byte{byte(b)}) + "zzzzzzzzz"
+			for k := 0; k <= min(3, len(s)); k++ {
+				if got, want := lowerRun(s, k), lowerRunByBytes(s, k); got != want {
+					t.Fatalf("lowerRun(%q, %d) = %d, want %d", s, k, got, want)
+				}
+			}
+		}
+	}
+}
+
+func FuzzLowerRun(f *testing.F) {
+	for _, s := range []string{"abcdefghij", "abc{defghijk", "abcdefg\xe1bcdefg", "`abcdefgh", "zzzzzzzzzzzzzzzzz\xff"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		for k := 0; k <= len(s); k++ {
+			if got, want := lowerRun(s, k), lowerRunByBytes(s, k); got != want {
+				t.Fatalf("lowerRun(%q, %d) = %d, want %d", s, k, got, want)
+			}
+		}
+	})
+}
