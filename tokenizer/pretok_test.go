@@ -131,3 +131,13 @@ func FuzzLowerRun(f *testing.F) {
 		}
 	})
 }
+
+// TestBMPClassMatchesSlow checks the plane's table, rune by rune, against
+// the classes the unicode package's functions give.
+func TestBMPClassMatchesSlow(t *testing.T) {
+	for r := rune(0); r < 0x10000; r++ {
+		if got, want := bmpClass[r], classOfSlow(r); got != want {
+			t.Fatalf("class of %U = %07b, want %07b", r, got, want)
+		}
+	}
+}

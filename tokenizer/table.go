@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/binary"
 	"hash/maphash"
 	"math/bits"
 )
@@ -177,16 +178,30 @@ func (v *vocabTable) get(s string) (uint32, bool) {
 
 // getShort is get of a key of at most shortKeyBytes bytes.
 func (v *vocabTable) getShort(s string) (uint32, bool) {
-	k, mask := packShort(s), uint64(len(v.short)-1)
-	for i := v.shortHome(k, len(s)); ; i = (i + 1) & mask {
+	return v.getPacked(packShort(s), len(s))
+}
+
+// getPacked is getShort of the key of n bytes that packShort packs to k.
+func (v *vocabTable) getPacked(k uint64, n int) (uint32, bool) {
+	mask := uint64(len(v.short) - 1)
+	for i := v.shortHome(k, n); ; i = (i + 1) & mask {
 		sl := &v.short[i]
 		if sl.n == 0 {
 			return 0, false
 		}
-		if sl.key == k && int(sl.n) == len(s) {
+		if sl.key == k && int(sl.n) == n {
 			return sl.id, true
 		}
 	}
+}
+
+// packAt is packShort(s[i:i+n]) for n ≤ shortKeyBytes, read with one load
+// when eight bytes from i lie within s.
+func packAt(s string, i, n int) uint64 {
+	if i+8 <= len(s) {
+		return binary.LittleEndian.Uint64([]byte(s[i:i+8])) & (^uint64(0) >> (64 - 8*n))
+	}
+	return packShort(s[i : i+n])
 }
 
 // getLong is get of a key longer than shortKeyBytes, with its hash
