@@ -141,3 +141,22 @@ func TestBMPClassMatchesSlow(t *testing.T) {
 		}
 	}
 }
+
+// FuzzO200kSplit checks o200k's scanner (its ASCII word, digit and
+// space-before-number shortcuts included) against regexp2 running the
+// pattern, on any text.
+func FuzzO200kSplit(f *testing.F) {
+	for _, s := range []string{"question 16001 is 7, ", "12345 ٣4 1½", " 1 22 333 4444", "a1b2 c3", ",  9\n 8", "don't 42'S", "x\u0301 9"} {
+		f.Add(s)
+	}
+	ref, err := newSplitter("(?:" + PatternO200k + ")")
+	if err != nil {
+		f.Fatal(err)
+	}
+	fast := patternSplitter{kind: kindO200k}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := pieces(fast, s), pieces(ref, s); !slices.Equal(got, want) {
+			t.Fatalf("text %q:\n got  %q\n want %q", s, got, want)
+		}
+	})
+}
