@@ -324,10 +324,10 @@ func (e *encodeState) splitPattern(p patternSplitter, text string) {
 			_, n := at(text, i)
 			end = i + n
 		}
-		piece, at := text[i:end], i
+		start, piece := i, text[i:end]
 		i = end
 		if t.wholeFirst && len(piece) <= shortKeyBytes {
-			if id, ok := t.vocab.getPacked(packAt(text, at, len(piece)), len(piece)); ok {
+			if id, ok := t.vocab.getPacked(packAt(text, start, len(piece)), len(piece)); ok {
 				e.out = append(e.out, id)
 			} else {
 				e.mergeParts(piece, 0, false)
