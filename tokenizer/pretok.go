@@ -132,8 +132,8 @@ var asciiClass [128]uint8
 
 // bmpClass is every class of the Basic Multilingual Plane (64 KiB): a
 // CJK or accented letter costs a table read, not four searches of
-// Unicode's range tables. It is filled from those tables (well under a
-// millisecond at start-up; classOfSlow rune by rune takes tens).
+// Unicode's range tables. It is filled from those tables range by range:
+// classOfSlow rune by rune would cost every process's start-up far more.
 var bmpClass [0x10000]uint8
 
 func init() {
