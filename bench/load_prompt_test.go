@@ -148,3 +148,29 @@ func TestPromptWordsAreSingleTokens(t *testing.T) {
 		t.Fatalf("1024 words tokenize to %d o200k tokens", n)
 	}
 }
+
+// BenchmarkEncodeO200kTracePrompt encodes the text `bench load` sends for
+// a ~14k-token conversation-trace prompt (28 blocks of 512 tokens, ids as
+// the trace numbers them): what serve tokenizes in engine-compare. It
+// reports ns/token.
+//
+//	go test ./bench -run '^$' -bench EncodeO200kTracePrompt
+func BenchmarkEncodeO200kTracePrompt(b *testing.B) {
+	tok, err := tokenizer.O200k()
+	if err != nil {
+		b.Fatal(err)
+	}
+	segs := make([]segment, 28)
+	for i := range segs {
+		segs[i] = segment{ID: uint64(i), Tokens: 512}
+	}
+	text := promptText(segs)
+	n := len(tok.Encode(text))
+	b.SetBytes(int64(len(text)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		tok.Encode(text)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/token")
+	b.ReportMetric(float64(n), "tokens")
+}

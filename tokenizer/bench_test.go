@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -133,6 +134,51 @@ func BenchmarkEncodeO200kDocs(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		tok.Encode(string(text))
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/token")
+	b.ReportMetric(float64(n), "tokens")
+}
+
+// questionText is the user message of turn of the played conversation
+// (fleet's BenchmarkServeTurns): numbers, short words and commas, so
+// mostly 1–3 digit groups and single-token words.
+func questionText(turn int) string {
+	var sb strings.Builder
+	for i := range 90 {
+		sb.WriteString("question " + strconv.Itoa(turn*1000+i) + " is " + strconv.Itoa(i*7) + ", ")
+	}
+	return sb.String()
+}
+
+// BenchmarkEncodeO200kQuestions encodes 16 turns' questions (~10k tokens,
+// digit-heavy) as one text; it reports ns/token.
+func BenchmarkEncodeO200kQuestions(b *testing.B) {
+	tok := builtinBPE(b)
+	var sb strings.Builder
+	for turn := 1; turn <= 16; turn++ {
+		sb.WriteString(questionText(turn))
+	}
+	text := sb.String()
+	n := len(tok.Encode(text))
+	b.SetBytes(int64(len(text)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		tok.Encode(text)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/token")
+	b.ReportMetric(float64(n), "tokens")
+}
+
+// BenchmarkEncodeO200kQuestion encodes one turn's question (~640 tokens)
+// on its own, as serve's tokenize stage sees a new turn's text.
+func BenchmarkEncodeO200kQuestion(b *testing.B) {
+	tok := builtinBPE(b)
+	text := questionText(16)
+	n := len(tok.Encode(text))
+	b.SetBytes(int64(len(text)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		tok.Encode(text)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/token")
 	b.ReportMetric(float64(n), "tokens")

@@ -298,7 +298,49 @@ func (e *encodeState) ordinary(text string, special bool) {
 	if t.addPrefixSpace && text[0] != ' ' {
 		text = " " + text
 	}
+	if p, ok := t.split.(patternSplitter); ok {
+		e.splitPattern(p, text)
+		return
+	}
 	t.split.split(text, e.yield)
+}
+
+// splitPattern is ordinary's split by a known pattern, its loop here so
+// that each piece is a direct call, not one through the yield closure, and
+// the common piece — a whole token of a few bytes, an ASCII word for
+// o200k — takes the shortest way.
+func (e *encodeState) splitPattern(p patternSplitter, text string) {
+	t := e.t
+	for i := 0; i < len(text); {
+		var end int
+		if p.kind == kindO200k {
+			if end = o200kASCIIWord(text, i); end <= i {
+				end = matchO200kRest(text, i)
+			}
+		} else {
+			end = p.end(text, i)
+		}
+		if end <= i { // unreachable, as in end
+			_, n := at(text, i)
+			end = i + n
+		}
+		start, piece := i, text[i:end]
+		i = end
+		if t.wholeFirst && len(piece) <= shortKeyBytes {
+			if id, ok := t.vocab.getPacked(packAt(text, start, len(piece)), len(piece)); ok {
+				e.out = append(e.out, id)
+			} else {
+				e.mergeParts(piece, 0, false)
+			}
+			if e.full() {
+				return
+			}
+			continue
+		}
+		if !e.piece(piece) {
+			return
+		}
+	}
 }
 
 // maxPieceBytes bounds the pre-token BPE merges at once: a longer one (a
@@ -332,17 +374,30 @@ func (e *encodeState) merge(piece string) {
 		return
 	}
 	var h uint64
-	cacheable := len(piece) < pieceCacheMaxBytes
-	if t.wholeFirst || cacheable {
-		h = t.vocab.hash(piece)
-	}
+	hashed := false
 	if t.wholeFirst {
-		if id, ok := t.vocab.getHashed(piece, h); ok {
+		var id uint32
+		var ok bool
+		if len(piece) <= shortKeyBytes {
+			id, ok = t.vocab.getShort(piece)
+		} else {
+			h, hashed = t.vocab.hash(piece), true
+			id, ok = t.vocab.getLong(piece, h)
+		}
+		if ok {
 			e.out = append(e.out, id)
 			return
 		}
 	}
-	if !cacheable {
+	e.mergeParts(piece, h, hashed)
+}
+
+// mergeParts appends the tokens of a piece that is not a whole token (or
+// need not be one: !wholeFirst) by merging its bytes, through the call's
+// piece cache; h is the piece's vocab hash when hashed.
+func (e *encodeState) mergeParts(piece string, h uint64, hashed bool) {
+	t := e.t
+	if len(piece) >= pieceCacheMaxBytes {
 		e.out = t.bytePairMerge(e.out, piece, &e.scratch)
 		return
 	}
@@ -352,6 +407,9 @@ func (e *encodeState) merge(piece string) {
 			return
 		}
 		e.cache = newPieceCache()
+	}
+	if !hashed {
+		h = t.vocab.hash(piece)
 	}
 	if ids := e.cache.get(piece, h); ids != nil {
 		e.out = append(e.out, ids...)

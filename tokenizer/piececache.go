@@ -7,8 +7,9 @@ import "hash/maphash"
 // repeats its words, and a long prompt merges each such word once. It is
 // per call, so nothing is shared between goroutines, and bounded: once
 // full it stops adding. Keys are sub-slices of the text being encoded
-// (no copies); they hash with the vocabulary's seed, whose hash of the
-// piece the whole-token lookup has already computed.
+// (no copies); they hash with the vocabulary's seed, whose hash of a
+// piece longer than shortKeyBytes the whole-token lookup has already
+// computed.
 type pieceCache struct {
 	slots []pieceSlot
 	ids   []uint32

@@ -1,7 +1,9 @@
 package tokenizer
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"unicode"
 	"unicode/utf8"
 
@@ -128,10 +130,39 @@ const (
 
 var asciiClass [128]uint8
 
+// bmpClass is every class of the Basic Multilingual Plane (64 KiB): a
+// CJK or accented letter costs a table read, not four searches of
+// Unicode's range tables. It is filled from those tables range by range:
+// classOfSlow rune by rune would cost every process's start-up far more.
+var bmpClass [0x10000]uint8
+
 func init() {
 	for r := rune(0); r < 128; r++ {
 		asciiClass[r] = classOfSlow(r)
 	}
+	fillBMPClass(&bmpClass)
+}
+
+// fillBMPClass sets the classes classOfSlow gives, from the range tables.
+func fillBMPClass(t *[0x10000]uint8) {
+	set := func(tab *unicode.RangeTable, c uint8) {
+		for _, rg := range tab.R16 {
+			for r := int(rg.Lo); r <= int(rg.Hi); r += int(rg.Stride) {
+				t[r] |= c
+			}
+		}
+	}
+	set(unicode.L, cL)
+	set(unicode.Lu, cUp)
+	set(unicode.Lt, cUp)
+	set(unicode.Lm, cUp|cLo)
+	set(unicode.Lo, cUp|cLo)
+	set(unicode.Ll, cLo)
+	set(unicode.M, cM|cUp|cLo)
+	set(unicode.N, cN)
+	set(unicode.White_Space, cS) // unicode.IsSpace: White_Space, in Latin-1 too
+	t['\r'] |= cCRLF
+	t['\n'] |= cCRLF
 }
 
 func classOfSlow(r rune) uint8 {
@@ -171,6 +202,9 @@ func at(s string, i int) (uint8, int) {
 	if r == utf8.RuneError && n == 1 {
 		return 0, 1
 	}
+	if r < 0x10000 {
+		return bmpClass[r], n
+	}
 	return classOfSlow(r), n
 }
 
@@ -180,27 +214,33 @@ type patternSplitter struct{ kind patternKind }
 
 func (p patternSplitter) split(s string, yield func(string) bool) bool {
 	for i := 0; i < len(s); {
-		var e int
-		switch p.kind {
-		case kindO200k:
-			e = matchO200k(s, i)
-		case kindCl100k:
-			e = matchCl100k(s, i, 3)
-		case kindQwen2:
-			e = matchCl100k(s, i, 1)
-		default:
-			e = matchGPT2(s, i)
-		}
-		if e <= i { // unreachable: every character matches some branch
-			_, n := at(s, i)
-			e = i + n
-		}
+		e := p.end(s, i)
 		if !yield(s[i:e]) {
 			return false
 		}
 		i = e
 	}
 	return true
+}
+
+// end is where the piece that starts at i ends.
+func (p patternSplitter) end(s string, i int) int {
+	var e int
+	switch p.kind {
+	case kindO200k:
+		e = matchO200k(s, i)
+	case kindCl100k:
+		e = matchCl100k(s, i, 3)
+	case kindQwen2:
+		e = matchCl100k(s, i, 1)
+	default:
+		e = matchGPT2(s, i)
+	}
+	if e <= i { // unreachable: every character matches some branch
+		_, n := at(s, i)
+		e = i + n
+	}
+	return e
 }
 
 // contraction matches 's|'t|'re|'ve|'m|'ll|'d at i, case-insensitively when
@@ -312,6 +352,32 @@ func matchO200k(s string, i int) int {
 	if e := o200kASCIIWord(s, i); e > i {
 		return e
 	}
+	return matchO200kRest(s, i)
+}
+
+// matchO200kRest is matchO200k where o200kASCIIWord found no word.
+func matchO200kRest(s string, i int) int {
+	if o200kNoWordAt(s, i) {
+		if b := s[i]; b-'0' < 10 {
+			// \p{N}{1,3}: up to three ASCII digits, unless a
+			// non-ASCII byte (maybe a number) follows fewer.
+			e := i + 1
+			for e < len(s) && e < i+3 && s[e]-'0' < 10 {
+				e++
+			}
+			if e == i+3 || e == len(s) || s[e] < utf8.RuneSelf {
+				return e
+			}
+			e, _ = run(s, i, cN, 3)
+			return e
+		} else if b == ' ' && i+1 < len(s) && s[i+1]-'0' < 10 {
+			return i + 1 // a lone space before a number: \s+
+		}
+		if e := punct(s, i, true, true); e > i {
+			return e
+		}
+		return whitespace(s, i, true)
+	}
 	// Alternatives 1 and 2, each first with the optional [^\r\n\p{L}\p{N}] prefix.
 	c, w := at(s, i)
 	prefix := c&(cL|cN|cCRLF) == 0
@@ -338,17 +404,18 @@ func matchO200k(s string, i int) int {
 // o200kWord matches alternative 1 (U*L+) or 2 (U+L*) at i, plus the optional
 // contraction; it returns i when the alternative fails.
 func o200kWord(s string, i, alt int) int {
-	// positions of the maximal U run
-	var starts [64]int
-	pos := starts[:0]
-	k := i
+	// The maximal U run, and the end of its last rune that is in L too
+	// (Lm, Lo, M are in both): where alternative 1's backtracking stops.
+	k, lastLo := i, -1
 	for k < len(s) {
 		c, w := at(s, k)
 		if c&cUp == 0 {
 			break
 		}
-		pos = append(pos, k)
 		k += w
+		if c&cLo != 0 {
+			lastLo = k
+		}
 	}
 	var e int
 	if alt == 2 {
@@ -360,17 +427,10 @@ func o200kWord(s string, i, alt int) int {
 		// U* greedy; L+ must match at the first position backtracking reaches.
 		if c, _ := at2(s, k); c&cLo != 0 {
 			e, _ = run(s, k, cLo, 0)
+		} else if lastLo >= 0 {
+			e = lastLo
 		} else {
-			e = -1
-			for j := len(pos) - 1; j >= 0; j-- {
-				if c, w := at(s, pos[j]); c&cLo != 0 {
-					e = pos[j] + w
-					break
-				}
-			}
-			if e < 0 {
-				return i
-			}
+			return i
 		}
 	}
 	return contraction(s, e, true)
@@ -446,12 +506,61 @@ func o200kASCIIWord(s string, i int) int {
 	for k < len(s) && s[k]-'A' < 26 {
 		k++
 	}
-	e := k
-	for e < len(s) && s[e]-'a' < 26 {
-		e++
+	e := lowerRun(s, k)
+	if e == len(s) {
+		if e == j {
+			return i
+		}
+		return e
 	}
-	if e == j || (e < len(s) && s[e] >= utf8.RuneSelf) {
+	if e == j || s[e] >= utf8.RuneSelf {
 		return i
 	}
-	return contraction(s, e, true)
+	if s[e] == '\'' {
+		return contraction(s, e, true)
+	}
+	return e
+}
+
+// o200kNoWordAt reports, from ASCII bytes alone, that neither word
+// alternative matches at i: s[i] is an ASCII byte that is no letter, and
+// it cannot be the optional prefix of a word either — it is a digit, \r or
+// \n (no prefix), or the byte after it is ASCII and no letter. Digits,
+// spaces and punctuation then skip the word scans.
+func o200kNoWordAt(s string, i int) bool {
+	b := s[i]
+	if b >= utf8.RuneSelf || asciiClass[b]&cL != 0 {
+		return false
+	}
+	if asciiClass[b]&(cN|cCRLF) != 0 || i+1 == len(s) {
+		return true
+	}
+	n := s[i+1]
+	return n < utf8.RuneSelf && asciiClass[n]&cL == 0
+}
+
+// lowerRun is the end of the run of ASCII lowercase letters from k. It
+// tests eight bytes at a time: a byte is a-z when adding 0x80-'a' sets its
+// high bit and adding 0x80-('z'+1) does not. A byte below 0x80 carries
+// into no other; one from 0x80 on comes out no letter either way (both
+// sums keep the high bit, or the first wraps below it), and its carry
+// reaches only later bytes, after the run's end.
+func lowerRun(s string, k int) int {
+	const (
+		ones = 0x0101010101010101
+		high = 0x8080808080808080
+	)
+	for k+8 <= len(s) {
+		x := binary.LittleEndian.Uint64([]byte(s[k : k+8]))
+		lower := (x + ones*(0x80-'a')) &^ (x + ones*(0x80-'z'-1)) & high
+		if lower == high {
+			k += 8
+			continue
+		}
+		return k + bits.TrailingZeros64(^lower&high)/8
+	}
+	for k < len(s) && s[k]-'a' < 26 {
+		k++
+	}
+	return k
 }

@@ -89,3 +89,74 @@ func TestO200kASCIIWordMatchesRegex(t *testing.T) {
 		}
 	}
 }
+
+// lowerRunByBytes is lowerRun one byte at a time.
+func lowerRunByBytes(s string, k int) int {
+	for k < len(s) && s[k] >= 'a' && s[k] <= 'z' {
+		k++
+	}
+	return k
+}
+
+// TestLowerRun checks the eight-bytes-at-a-time run against the byte loop
+// on runs of every length next to every byte value (the letters' edges
+// '`', '{', and bytes from 0x80 whose carries must not leak backwards).
+func TestLowerRun(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	for n := 0; n <= 20; n++ {
+		for b := 0; b < 256; b++ {
+			run := make([]byte, n)
+			for k := range run {
+				run[k] = byte('a' + r.IntN(26))
+			}
+			s := string(run) + string([]byte{byte(b)}) + "zzzzzzzzz"
+			for k := 0; k <= min(3, len(s)); k++ {
+				if got, want := lowerRun(s, k), lowerRunByBytes(s, k); got != want {
+					t.Fatalf("lowerRun(%q, %d) = %d, want %d", s, k, got, want)
+				}
+			}
+		}
+	}
+}
+
+func FuzzLowerRun(f *testing.F) {
+	for _, s := range []string{"abcdefghij", "abc{defghijk", "abcdefg\xe1bcdefg", "`abcdefgh", "zzzzzzzzzzzzzzzzz\xff"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		for k := 0; k <= len(s); k++ {
+			if got, want := lowerRun(s, k), lowerRunByBytes(s, k); got != want {
+				t.Fatalf("lowerRun(%q, %d) = %d, want %d", s, k, got, want)
+			}
+		}
+	})
+}
+
+// TestBMPClassMatchesSlow checks the plane's table, rune by rune, against
+// the classes the unicode package's functions give.
+func TestBMPClassMatchesSlow(t *testing.T) {
+	for r := rune(0); r < 0x10000; r++ {
+		if got, want := bmpClass[r], classOfSlow(r); got != want {
+			t.Fatalf("class of %U = %07b, want %07b", r, got, want)
+		}
+	}
+}
+
+// FuzzO200kSplit checks o200k's scanner (its ASCII word, digit and
+// space-before-number shortcuts included) against regexp2 running the
+// pattern, on any text.
+func FuzzO200kSplit(f *testing.F) {
+	for _, s := range []string{"question 16001 is 7, ", "12345 ٣4 1½", " 1 22 333 4444", "a1b2 c3", ",  9\n 8", "don't 42'S", "x\u0301 9"} {
+		f.Add(s)
+	}
+	ref, err := newSplitter("(?:" + PatternO200k + ")")
+	if err != nil {
+		f.Fatal(err)
+	}
+	fast := patternSplitter{kind: kindO200k}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := pieces(fast, s), pieces(ref, s); !slices.Equal(got, want) {
+			t.Fatalf("text %q:\n got  %q\n want %q", s, got, want)
+		}
+	})
+}
