@@ -78,7 +78,7 @@ func (r *Router) ApplyReplicaEvent(ev ReplicaEvent) error {
 			prefill: ev.PrefillTokens,
 			start:   now,
 		}
-		l.add(a)
+		l.add(a, false)
 		r.chg.Add(1)
 		r.active[ev.Decision] = a
 	case ReplicaFirstToken:

@@ -378,7 +378,7 @@ func (r *Router) bookLocked(s *selection, chosen int, d *Decision) booked {
 	if !r.cfg.NoBlockTracking {
 		a.seq, a.private = d.Seq, int64(kv.BlocksNeeded(d.ISL, d.BlockSize)-len(d.Seq))
 	}
-	w.load.add(a)
+	w.load.add(a, true)
 	r.chg.Add(1)
 	r.active[d.ID] = a
 	d.a = a

@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"slices"
+	"sort"
 	"time"
 
 	"github.com/kvmesh/kvmesh/kv"
@@ -109,9 +110,15 @@ type load struct {
 	key           kv.WorkerKey
 	prefillTokens int64    // tokens still to prefill, over active requests
 	refs          blockSet // active prompt blocks, refcounted across requests
-	private       int64    // blocks no other request can share (partial tails)
-	requests      int64
-	registered    bool
+	// solo is the one request in flight while no other is (booked by this
+	// router): its blocks are read from its own sequence and go into refs
+	// only when a second request comes. A worker at light load holds one
+	// request or none, and booking and freeing a long prompt's blocks one
+	// by one is most of a decision's cost that grows with the prompt.
+	solo       *active
+	private    int64 // blocks no other request can share (partial tails)
+	requests   int64
+	registered bool
 
 	// Last load report from the worker.
 	repUsed, repTotal, repRunning, repWaiting int64
@@ -137,13 +144,24 @@ func (l *load) observeResidency(d time.Duration) {
 	l.residencyMS += residencyAlpha * (ms - l.residencyMS)
 }
 
-func (l *load) uniqueBlocks() int64 { return int64(l.refs.len()) + l.private }
+func (l *load) uniqueBlocks() int64 {
+	if l.solo != nil {
+		return int64(len(l.solo.seq)) + l.private
+	}
+	return int64(l.refs.len()) + l.private
+}
 
 // activePrefix is how many leading blocks of seq are already active on l.
 // Active sets are unions of whole request prefixes, and a sequence hash
 // names its entire prefix, so membership is monotone along seq and a binary
-// search is exact.
+// search is exact; for the same reason a block of seq is in the solo
+// request's prefix exactly when the solo sequence holds it at the same
+// position.
 func (l *load) activePrefix(seq []kv.SeqHash) int {
+	if l.solo != nil {
+		solo := l.solo.seq
+		return sort.Search(min(len(seq), len(solo)), func(i int) bool { return seq[i] != solo[i] })
+	}
 	if l.refs.len() == 0 || len(seq) == 0 {
 		return 0
 	}
@@ -159,12 +177,28 @@ func (l *load) activePrefix(seq []kv.SeqHash) int {
 	return lo
 }
 
-func (l *load) add(a *active) {
+// add books a on l. own: a's sequence was hashed by this router, so its
+// blocks are distinct and a may be the solo request (a replica's sequence
+// is counted block by block, whatever it holds).
+func (l *load) add(a *active, own bool) {
 	l.prefillTokens += a.prefill
 	l.private += a.private
 	l.requests++
-	l.refs.warm(a.seq)
-	for _, h := range a.seq {
+	if own && l.requests == 1 && l.solo == nil && l.refs.len() == 0 {
+		l.solo = a
+		return
+	}
+	if l.solo != nil {
+		l.book(l.solo.seq)
+		l.solo = nil
+	}
+	l.book(a.seq)
+}
+
+// book adds one reference to each block of seq.
+func (l *load) book(seq []kv.SeqHash) {
+	l.refs.warm(seq)
+	for _, h := range seq {
 		l.refs.inc(h)
 	}
 }
@@ -179,6 +213,10 @@ func (l *load) free(a *active) {
 	a.prefill = 0
 	l.private -= a.private
 	l.requests--
+	if l.solo == a {
+		l.solo = nil
+		return
+	}
 	l.refs.warm(a.seq)
 	for _, h := range a.seq {
 		l.refs.dec(h)
