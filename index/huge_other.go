@@ -1,0 +1,7 @@
+//go:build !linux
+
+package index
+
+import "unsafe"
+
+func populate(p unsafe.Pointer, n uintptr) {}
