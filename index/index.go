@@ -268,11 +268,7 @@ func NewWith(cfg Config) *Index {
 // newChunk returns a chunk of free nodes (zero memory reads as noParent,
 // so a successor probe never matches a node not created yet, and a new
 // chunk costs no initialising stores).
-func newChunk() *chunk {
-	c := new(chunk)
-	populate(unsafe.Pointer(c), unsafe.Sizeof(*c))
-	return c
-}
+func newChunk() *chunk { return new(chunk) }
 
 // The parent id is stored complemented so that zero means noParent.
 func mkPG(gen uint64, parent uint32) uint64 { return gen<<32 | uint64(^parent) }
