@@ -521,6 +521,51 @@ func (ix *Index) newNode(parent uint32, local, holders uint64) uint32 {
 	return id
 }
 
+// newRun creates a chain of new nodes below parent, one per block, at the
+// ids from next on (never used: their memory is zero, as newNode finds a
+// fresh id's), and appends their ids to ids. It is newNode's work for the
+// whole chain at once: the directory grown once, no free-list or
+// successor checks per node, each node but the last counted as its
+// successor's parent directly. The caller checked that no freed id is
+// waiting to be reused (alloc would take it first).
+func (ix *Index) newRun(ids []uint32, parent uint32, blocks []kv.StoredBlock, holders uint64) []uint32 {
+	first := ix.next
+	ix.next += uint32(len(blocks))
+	d := *ix.dir.Load()
+	if need := int((ix.next-1)>>chunkBits) + 1; need > len(d) {
+		nd := append(make([]*chunk, 0, need), d...)
+		for len(nd) < need {
+			nd = append(nd, newChunk())
+		}
+		ix.dir.Store(&nd)
+		d = nd
+	}
+	if parent != 0 {
+		ix.addChild(parent)
+	}
+	p := parent
+	for j, b := range blocks {
+		id := first + uint32(j)
+		c := d[id>>chunkBits]
+		k := id & chunkMask
+		n := &c.hot[k]
+		// Plain stores before the pg store, as in newNode's fresh case.
+		*(*uint64)(unsafe.Pointer(&n.local)) = uint64(b.LocalHash)
+		*(*uint64)(unsafe.Pointer(&n.holders)) = holders
+		n.pg.Store(mkPG(1, p))
+		if j+1 < len(blocks) {
+			c.nc[k] = 1 // the next node of the run
+		}
+		ids = append(ids, id)
+		p = id
+	}
+	if inTable(first, parent) {
+		ix.tableInsert(&ix.ctab, ix.ctab.Load(), ix.childHash(parent, uint64(blocks[0].LocalHash)), first, ix.rehashChild)
+	}
+	ix.st.Nodes += uint64(len(blocks))
+	return ids
+}
+
 // addChild counts a new child of id. A count takes 15 bits of the node
 // (two bytes a node, where every node paying 4 cost more than the engine
 // table); the few nodes with more children (a shared system prompt's last
@@ -827,13 +872,24 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	p0 := p
 	hw := uint64(ws.slot<<4 | 1<<tier)
 	small := len(ix.etab.slots) < ix.cfg.bindAfter()
-	for _, b := range blocks {
-		p = ix.newNode(p, uint64(b.LocalHash), hw)
-		ids = append(ids, p)
+	if ix.nfree == 0 {
+		// No freed id to reuse: the chain takes the next ids in one run.
+		ids = ix.newRun(ids, p, blocks, hw)
+		p = ids[len(ids)-1]
 		if small {
-			// A table this small stays in cache: its stores cost newNode
-			// no wait, and binding here saves the passes below.
-			ix.bindFresh(ws, p, uint64(b.EngineHash), ix.engHash(uint64(b.EngineHash)))
+			for j, b := range blocks {
+				ix.bindFresh(ws, ids[j], uint64(b.EngineHash), ix.engHash(uint64(b.EngineHash)))
+			}
+		}
+	} else {
+		for _, b := range blocks {
+			p = ix.newNode(p, uint64(b.LocalHash), hw)
+			ids = append(ids, p)
+			if small {
+				// A table this small stays in cache: its stores cost newNode
+				// no wait, and binding here saves the passes below.
+				ix.bindFresh(ws, p, uint64(b.EngineHash), ix.engHash(uint64(b.EngineHash)))
+			}
 		}
 	}
 	ix.fresh = ids
