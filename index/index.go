@@ -941,11 +941,23 @@ func (ix *Index) bindAll(ws *wstate, ids []uint32, blocks []kv.StoredBlock) {
 	for j := range min(bindAhead, len(hs)) {
 		ix.etabPrefetch(hs[j])
 	}
+	dir := *ix.dir.Load() // binding allocates no node
 	for j, b := range blocks {
 		if k := j + bindAhead; k < len(hs) {
 			ix.etabPrefetch(hs[k]) // a rebuild on the way only wastes it
 		}
-		ix.bindFresh(ws, ids[j], uint64(b.EngineHash), hs[j])
+		h, id := uint64(b.EngineHash), ids[j]
+		x, ins := ix.etabFindHashed(h, hs[j])
+		if x != 0 || len(ws.exc) > 0 {
+			ix.bindFound(ws, id, h, hs[j], x, ins)
+			continue
+		}
+		// The usual case, bindFound's without its checks: h is new and
+		// ws has no exception entry that could name it.
+		c := dir[id>>chunkBits]
+		c.eng[id&chunkMask] = h
+		c.nc[id&chunkMask] |= hasEngBit
+		ix.etabInsertHashed(h, hs[j], id, ins)
 	}
 }
 
@@ -956,6 +968,12 @@ const bindAhead = 16
 // stored.
 func (ix *Index) bindFresh(ws *wstate, c uint32, h, hash uint64) {
 	x, ins := ix.etabFindHashed(h, hash) // one probe serves resolve and insert
+	ix.bindFound(ws, c, h, hash, x, ins)
+}
+
+// bindFound is bindFresh after its probe: x and ins are etabFindHashed's
+// answer for h.
+func (ix *Index) bindFound(ws *wstate, c uint32, h, hash uint64, x uint32, ins int) {
 	var other uint32
 	ok := false
 	if len(ws.exc) > 0 {
