@@ -657,8 +657,14 @@ func (ix *Index) holderCount(h uint64) int {
 }
 
 // maskOf returns the tier mask slot holds id on.
+// (Writers only: it reads the last transition, which a chain's blocks
+// usually share, before searching a set.)
 func (ix *Index) maskOf(id, slot uint32) uint8 {
-	return maskIn(ix, nodeAt(*ix.dir.Load(), id).holders.Load(), slot)
+	h := nodeAt(*ix.dir.Load(), id).holders.Load()
+	if t := &ix.memo; h == t.from && slot == t.slot && h&ovfFlag != 0 {
+		return t.had
+	}
+	return maskIn(ix, h, slot)
 }
 
 func maskIn(ix *Index, h uint64, slot uint32) uint8 {
