@@ -350,7 +350,7 @@ func (ix *Index) find(local []uint64, dst []Match, s *scratch, sc *scatter) ([]M
 	t := ix.ctab.Load()
 	dir := *ix.dir.Load()
 	W := v.words
-	if len(v.keys) == 0 || v.ord.n == 0 {
+	if len(v.keys) == 0 || len(v.slotOf) == 0 {
 		if sc != nil {
 			sc.done = true // nobody to place
 		}
@@ -555,7 +555,7 @@ func (ix *Index) find(local []uint64, dst []Match, s *scratch, sc *scatter) ([]M
 		nm += bits.OnesCount64(hit[k])
 	}
 	if sc != nil {
-		if nm == v.ord.n && slices.Equal(hit, v.live) {
+		if nm == len(v.slotOf) && slices.Equal(hit, v.live) {
 			scatterMatches(sc.out, sc.pos, v, dep, &de)
 			sc.done = true
 		}
@@ -626,12 +626,12 @@ func appendMatches(dst []Match, v *view, hit []uint64, dep [][kv.NumTiers]uint32
 	n0 := len(dst)
 	dst = slices.Grow(dst, nm)[:n0+nm]
 	out, keys := dst[n0:], v.keys
-	if nm == v.ord.n && de.on && slices.Equal(hit, v.live) {
+	if nm == len(v.slotOf) && de.on && slices.Equal(hit, v.live) {
 		// Everyone matched (a shared prefix): no hit tests, and most
 		// workers are still alive in one dense state.
 		a0, a3 := de.alive[0], de.alive[kv.NumTiers-1]
 		all := de.all()
-		for r, sl := range v.ranks()[:len(out)] {
+		for r, sl := range v.slotOf[:len(out)] {
 			m := &out[r]
 			m.Worker = keys[sl]
 			k, b := sl>>6, sl&63
@@ -648,7 +648,7 @@ func appendMatches(dst []Match, v *view, hit []uint64, dep [][kv.NumTiers]uint32
 	}
 	// Many matches: walk the workers in key order and test each.
 	j := 0
-	for _, sl := range v.ranks() {
+	for _, sl := range v.slotOf {
 		if hit[sl>>6]>>(sl&63)&1 != 0 && j < len(out) {
 			m := &out[j]
 			m.Worker, m.Depth = keys[sl], de.depthOf(dep, sl)

@@ -45,6 +45,7 @@ package index
 
 import (
 	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -166,11 +167,10 @@ type wstate struct {
 
 // view is the readers' copy of the worker table.
 type view struct {
-	keys  []kv.WorkerKey // by slot; may share its array with later views (see publishView)
-	ord   rankOrder      // the live slots by rank (ascending WorkerKey); see ranks
-	flat  atomic.Pointer[[]uint32]
-	words int      // 64-slot words covering every slot
-	live  []uint64 // bitset of the slots in ord
+	keys   []kv.WorkerKey // by slot; may share its array with later views (see publishView)
+	slotOf []uint32       // by rank (ascending WorkerKey)
+	words  int            // 64-slot words covering every slot
+	live   []uint64       // bitset of the slots in slotOf
 }
 
 // Index is the event-driven KV index. The zero value is not usable; call New.
@@ -197,7 +197,7 @@ type Index struct {
 	slots         []*wstate
 	keys          []kv.WorkerKey // by slot: the views' keys, appended to in place
 	freeSlots     []uint32
-	order         rankOrder         // the live slots by ascending worker key (the next view's)
+	order         []uint32          // the live slots by ascending worker key (the next view's slotOf)
 	cand          []uint32          // nodes that may have become empty during an event
 	bigKids       map[uint32]uint32 // child counts of nodes past ncBig-1 children
 	found         []uint32          // prefind's answers, by position in the event
@@ -715,8 +715,7 @@ func (ix *Index) worker(w kv.WorkerKey, create bool) *wstate {
 		ix.slots = append(ix.slots, ws)
 	}
 	ix.workers[w] = ws
-	b, i := ix.order.find(w, ix.keyOf)
-	ix.order.insert(b, i, ws.slot)
+	ix.order = slices.Insert(ix.order, ix.rankIn(w), ws.slot)
 	// Readers see the new worker when its first event is applied
 	// (endEvent), not before: a find then never meets it live but
 	// holding none of the blocks that event stores, which would keep a
@@ -725,13 +724,15 @@ func (ix *Index) worker(w kv.WorkerKey, create bool) *wstate {
 	return ws
 }
 
-// keyOf is the key of the worker in slot sl.
-func (ix *Index) keyOf(sl uint32) kv.WorkerKey { return ix.slots[sl].key }
+// rankIn is where worker key w sits (or would) in ix.order.
+func (ix *Index) rankIn(w kv.WorkerKey) int {
+	return sort.Search(len(ix.order), func(i int) bool { return !less(ix.slots[ix.order[i]].key, w) })
+}
 
 // publishView gives readers a fresh view of the worker table after slot
 // joined (on) or left it. ix.order is kept sorted as workers come and go,
-// so a view costs a copy of its list of blocks and of the live bitset, no
-// sort and no pass over the workers: at thousands of workers first a sort per new worker,
+// so a view costs a copy of it and of the live bitset, no sort and no pass
+// over the workers: at thousands of workers first a sort per new worker,
 // then rebuilding every per-slot array dominated the whole replay. Keys
 // are appended in place: an older view's slice ends before a new slot, so
 // its reader never sees it change; a reused slot gets a fresh copy.
@@ -747,7 +748,7 @@ func (ix *Index) publishView(slot uint32, on bool) {
 		}
 	}
 	n := len(ix.keys)
-	v := &view{keys: ix.keys[:n:n], words: (n + 63) / 64, ord: ix.order}
+	v := &view{keys: ix.keys[:n:n], words: (n + 63) / 64, slotOf: slices.Clone(ix.order)}
 	v.live = make([]uint64, v.words)
 	copy(v.live, old.live)
 	if on {
@@ -1196,7 +1197,8 @@ func (ix *Index) RemoveWorker(w kv.WorkerKey) {
 	}
 	ix.cand = ix.cand[:0]
 	delete(ix.workers, w)
-	ix.order.remove(ix.order.find(w, ix.keyOf))
+	r := ix.rankIn(w)
+	ix.order = slices.Delete(ix.order, r, r+1)
 	ix.slots[ws.slot] = nil
 	ix.freeSlots = append(ix.freeSlots, ws.slot)
 	ix.publishView(ws.slot, false)
@@ -1217,8 +1219,8 @@ func (ix *Index) BlockCounts(w kv.WorkerKey) (c [kv.NumTiers]int) {
 // Workers lists the workers the index knows, ascending.
 func (ix *Index) Workers() []kv.WorkerKey {
 	v := ix.vw.Load()
-	out := make([]kv.WorkerKey, v.ord.n)
-	for r, s := range v.ranks() {
+	out := make([]kv.WorkerKey, len(v.slotOf))
+	for r, s := range v.slotOf {
 		out[r] = v.keys[s]
 	}
 	return out

@@ -453,7 +453,7 @@ func TestShardedWideAnswersMatchOneIndex(t *testing.T) {
 			t.Fatalf("step %d: placement of %d workers, from scratch %d", step, p.n, fresh.n)
 		}
 		for k, v := range p.views {
-			for _, sl := range v.ranks() { // other slots' entries are stale
+			for _, sl := range v.slotOf { // other slots' entries are stale
 				if p.pos[k][sl] != fresh.pos[k][sl] {
 					t.Fatalf("step %d: shard %d slot %d at %d, from scratch %d", step, k, sl, p.pos[k][sl], fresh.pos[k][sl])
 				}

@@ -108,28 +108,25 @@ func (p *placement) placeAll() {
 	n := 0
 	for k, v := range p.views {
 		p.pos[k] = make([]uint32, len(v.keys))
-		n += v.ord.n
+		n += len(v.slotOf)
 	}
 	if len(p.views) == 2 {
 		merge2(p.views[0], p.views[1], p.pos[0], p.pos[1])
 	} else {
 		heads := make([]int, len(p.views))
-		ranks := make([][]uint32, len(p.views))
-		for k, v := range p.views {
-			ranks[k] = v.ranks()
-		}
 		for g := range n {
 			// The shard whose next worker comes first (few shards: a scan).
 			best := -1
 			var bw kv.WorkerKey
 			for k, v := range p.views {
-				if h := heads[k]; h < len(ranks[k]) {
-					if w := v.keys[ranks[k][h]]; best < 0 || less(w, bw) {
+				if h := heads[k]; h < len(v.slotOf) {
+					if w := v.keys[v.slotOf[h]]; best < 0 || less(w, bw) {
 						best, bw = k, w
 					}
 				}
 			}
-			p.pos[best][ranks[best][heads[best]]] = uint32(g)
+			v := p.views[best]
+			p.pos[best][v.slotOf[heads[best]]] = uint32(g)
 			heads[best]++
 		}
 	}
@@ -141,7 +138,7 @@ func (p *placement) placeAll() {
 // interleave at random, so the merge picks a side without a branch (a
 // conditional move of the store's target and of the advance).
 func merge2(va, vb *view, pa, pb []uint32) {
-	a, b := va.ranks(), vb.ranks()
+	a, b := va.slotOf, vb.slotOf
 	i, j, g := 0, 0, uint32(0)
 	for i < len(a) && j < len(b) {
 		sa, sb := a[i], b[j]
