@@ -43,10 +43,11 @@ func BenchmarkShardWriters7000(b *testing.B) {
 	ops := timeline7000(b)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	var cpu int64
+	var cpu, sys, faults int64
 	for b.Loop() {
 		ix := index.NewSharded(2, index.Config{})
 		c0 := cputime.Thread()
+		s0, f0 := cputime.ThreadFaults()
 		for g := range ix.Shards() {
 			for i := range ops {
 				if o := &ops[i]; o.find == nil && ix.ShardOf(o.event.Worker) == g {
@@ -55,8 +56,13 @@ func BenchmarkShardWriters7000(b *testing.B) {
 			}
 		}
 		cpu += int64(cputime.Thread() - c0)
+		s1, f1 := cputime.ThreadFaults()
+		sys += int64(s1 - s0)
+		faults += f1 - f0
 	}
 	b.ReportMetric(float64(cpu)/float64(b.N)/1e6, "cpu-ms/replay")
+	b.ReportMetric(float64(sys)/float64(b.N)/1e6, "sys-ms/replay")
+	b.ReportMetric(float64(faults)/float64(b.N), "faults/replay")
 }
 
 // timeline7000 is the conversation trace's timeline spread over 7,000

@@ -22,6 +22,7 @@ type engTable struct {
 	idBits     uint   // bits of a slot's id (the tag has the rest)
 	idMask     uint32 // 1<<idBits - 1; ids stay below it (all ones is etabDead's id)
 	used, dead int
+	full, grow int // used+dead past which an insert rebuilds (7/8), or starts a build (13/16)
 }
 
 // minIDBits is the narrowest id field (a 16-bit tag below 32k nodes).
@@ -40,7 +41,8 @@ func newEngTable(n int, maxID uint32) engTable {
 		size <<= 1
 	}
 	ib := uint(min(max(bits.Len32(maxID)+1, minIDBits), 32))
-	return engTable{slots: make([]uint32, size), mask: uint64(size - 1), idBits: ib, idMask: uint32(1<<ib - 1)}
+	return engTable{slots: make([]uint32, size), mask: uint64(size - 1), idBits: ib, idMask: uint32(1<<ib - 1),
+		full: size * 7 / 8, grow: size * 13 / 16}
 }
 
 // tag is hash's tag in t (the bits a slot's id leaves; none at 32-bit ids).
@@ -63,26 +65,28 @@ func (ix *Index) etabFind(h uint64) (id uint32, ins int) {
 // etabFindHashed is etabFind with h's table hash (engHash) known.
 func (ix *Index) etabFindHashed(h, hash uint64) (id uint32, ins int) {
 	t := &ix.etab
-	tg := t.tag(hash)
-	dir := *ix.dir.Load()
+	// A slot's tag bits in place: one mask and compare per slot passed.
+	tg, idMask := t.tag(hash)<<(t.idBits&31), t.idMask
+	slots, mask := t.slots, t.mask
 	ins = -1
-	for i := hash & t.mask; ; i = (i + 1) & t.mask {
-		s := t.slots[i]
+	for i := hash & mask; ; i = (i + 1) & mask {
+		s := slots[i]
 		switch {
 		case s == etabEmpty:
 			if ins < 0 {
 				ins = int(i)
 			}
 			return 0, ins
-		case s == etabDead:
-			if ins < 0 {
-				ins = int(i)
-			}
-		case s>>t.idBits == tg:
-			id := s & t.idMask
+		case s&^idMask == tg && s != etabDead:
+			id := s & idMask
+			dir := *ix.dir.Load()
 			c := dir[id>>chunkBits]
 			if c.eng[id&chunkMask] == h && c.nc[id&chunkMask]&hasEngBit != 0 {
 				return id, int(i)
+			}
+		case s == etabDead:
+			if ins < 0 {
+				ins = int(i)
 			}
 		}
 	}
@@ -101,7 +105,7 @@ func (ix *Index) etabInsertHashed(h, hash uint64, id uint32, ins int) {
 	// only (a long run is a line or two of slots), and a fuller table is
 	// fewer bytes per entry and fewer rebuilds (each Sharded shard's
 	// table held half the entries in as many slots as one index's at 3/4).
-	if (t.used+t.dead+1)*8 > len(t.slots)*7 || id >= t.idMask {
+	if t.used+t.dead >= t.full || id >= t.idMask {
 		ix.egrow = nil // the rebuild replaces any table being built
 		ix.etabRebuild(id)
 		_, ins = ix.etabFindHashed(h, hash)
@@ -116,7 +120,7 @@ func (ix *Index) etabInsertHashed(h, hash uint64, id uint32, ins int) {
 	} else if g != nil {
 		g.note(hash, id, false)
 		g.owed += g.step
-	} else if len(t.slots) >= growFrom && (t.used+t.dead)*16 > len(t.slots)*13 {
+	} else if t.used+t.dead > t.grow && len(t.slots) >= growFrom {
 		ix.etabGrowStart()
 	}
 }

@@ -216,6 +216,7 @@ type transition struct {
 	from, to uint64
 	slot     uint32
 	m        uint8
+	had      uint8 // slot's mask in from (maskOf answers from it)
 }
 
 // withMask returns holders word h with slot's mask set to m (0 removes
@@ -234,8 +235,8 @@ func (ix *Index) withMask(h uint64, slot uint32, m uint8) uint64 {
 	var base *hset
 	if h&ovfFlag != 0 {
 		base = ix.setOf(h)
-		if out, ok := ix.withMaskNew(base, slot, m); ok {
-			ix.memo = transition{from: h, to: out, slot: slot, m: m}
+		if out, had, ok := ix.withMaskNew(base, slot, m); ok {
+			ix.memo = transition{from: h, to: out, slot: slot, m: m, had: had}
 			return out
 		}
 		ent = append(ent, base.ent...)
@@ -254,6 +255,10 @@ func (ix *Index) withMask(h uint64, slot uint32, m uint8) uint64 {
 	var hash uint64
 	if base != nil {
 		hash = base.hash
+	}
+	var had uint8
+	if found {
+		had = uint8(ent[i] & 15)
 	}
 	switch {
 	case found && m == 0:
@@ -281,7 +286,7 @@ func (ix *Index) withMask(h uint64, slot uint32, m uint8) uint64 {
 		out = ix.intern(ent, hash, base, slot)
 	}
 	if (h|out)&ovfFlag != 0 {
-		ix.memo = transition{from: h, to: out, slot: slot, m: m}
+		ix.memo = transition{from: h, to: out, slot: slot, m: m, had: had}
 	}
 	return out
 }
@@ -293,10 +298,13 @@ func (ix *Index) withMask(h uint64, slot uint32, m uint8) uint64 {
 // three (a worker joining a chain that thousands of workers hold copies
 // them all, and in the 7,000-worker replay no such set already exists).
 // ok is false when withMask must do it (a small or unchanged set, or one
-// whose content hash is interned already).
-func (ix *Index) withMaskNew(base *hset, slot uint32, m uint8) (out uint64, ok bool) {
+// whose content hash is interned already); had is slot's mask in base.
+func (ix *Index) withMaskNew(base *hset, slot uint32, m uint8) (out uint64, had uint8, ok bool) {
 	i, found := slices.BinarySearchFunc(base.ent, slot, func(e, s uint32) int { return int(e>>4) - int(s) })
 	ne := slot<<4 | uint32(m)
+	if found {
+		had = uint8(base.ent[i] & 15)
+	}
 	hash, n := base.hash, len(base.ent)
 	switch {
 	case found && m == 0:
@@ -308,13 +316,13 @@ func (ix *Index) withMaskNew(base *hset, slot uint32, m uint8) (out uint64, ok b
 		hash += entMix(ne)
 		n++
 	default:
-		return 0, false
+		return 0, 0, false
 	}
 	if n <= len(hset{}.entBuf) {
-		return 0, false
+		return 0, 0, false
 	}
 	if _, shared := ix.sets[hash]; shared {
-		return 0, false
+		return 0, 0, false
 	}
 	ent := make([]uint32, n)
 	copy(ent, base.ent[:i])
@@ -328,5 +336,5 @@ func (ix *Index) withMaskNew(base *hset, slot uint32, m uint8) (out uint64, ok b
 		ent[i] = ne
 		copy(ent[i+1:], base.ent[i:])
 	}
-	return ix.newSet(ent, hash, base, slot, false), true
+	return ix.newSet(ent, hash, base, slot, false), had, true
 }

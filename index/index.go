@@ -521,6 +521,51 @@ func (ix *Index) newNode(parent uint32, local, holders uint64) uint32 {
 	return id
 }
 
+// newRun creates a chain of new nodes below parent, one per block, at the
+// ids from next on (never used: their memory is zero, as newNode finds a
+// fresh id's), and appends their ids to ids. It is newNode's work for the
+// whole chain at once: the directory grown once, no free-list or
+// successor checks per node, each node but the last counted as its
+// successor's parent directly. The caller checked that no freed id is
+// waiting to be reused (alloc would take it first).
+func (ix *Index) newRun(ids []uint32, parent uint32, blocks []kv.StoredBlock, holders uint64) []uint32 {
+	first := ix.next
+	ix.next += uint32(len(blocks))
+	d := *ix.dir.Load()
+	if need := int((ix.next-1)>>chunkBits) + 1; need > len(d) {
+		nd := append(make([]*chunk, 0, need), d...)
+		for len(nd) < need {
+			nd = append(nd, newChunk())
+		}
+		ix.dir.Store(&nd)
+		d = nd
+	}
+	if parent != 0 {
+		ix.addChild(parent)
+	}
+	p := parent
+	for j, b := range blocks {
+		id := first + uint32(j)
+		c := d[id>>chunkBits]
+		k := id & chunkMask
+		n := &c.hot[k]
+		// Plain stores before the pg store, as in newNode's fresh case.
+		*(*uint64)(unsafe.Pointer(&n.local)) = uint64(b.LocalHash)
+		*(*uint64)(unsafe.Pointer(&n.holders)) = holders
+		n.pg.Store(mkPG(1, p))
+		if j+1 < len(blocks) {
+			c.nc[k] = 1 // the next node of the run
+		}
+		ids = append(ids, id)
+		p = id
+	}
+	if inTable(first, parent) {
+		ix.tableInsert(&ix.ctab, ix.ctab.Load(), ix.childHash(parent, uint64(blocks[0].LocalHash)), first, ix.rehashChild)
+	}
+	ix.st.Nodes += uint64(len(blocks))
+	return ids
+}
+
 // addChild counts a new child of id. A count takes 15 bits of the node
 // (two bytes a node, where every node paying 4 cost more than the engine
 // table); the few nodes with more children (a shared system prompt's last
@@ -612,8 +657,14 @@ func (ix *Index) holderCount(h uint64) int {
 }
 
 // maskOf returns the tier mask slot holds id on.
+// (Writers only: it reads the last transition, which a chain's blocks
+// usually share, before searching a set.)
 func (ix *Index) maskOf(id, slot uint32) uint8 {
-	return maskIn(ix, nodeAt(*ix.dir.Load(), id).holders.Load(), slot)
+	h := nodeAt(*ix.dir.Load(), id).holders.Load()
+	if t := &ix.memo; h == t.from && slot == t.slot && h&ovfFlag != 0 {
+		return t.had
+	}
+	return maskIn(ix, h, slot)
 }
 
 func maskIn(ix *Index, h uint64, slot uint32) uint8 {
@@ -827,13 +878,24 @@ func (ix *Index) storeFresh(ws *wstate, p uint32, blocks []kv.StoredBlock, tier 
 	p0 := p
 	hw := uint64(ws.slot<<4 | 1<<tier)
 	small := len(ix.etab.slots) < ix.cfg.bindAfter()
-	for _, b := range blocks {
-		p = ix.newNode(p, uint64(b.LocalHash), hw)
-		ids = append(ids, p)
+	if ix.nfree == 0 {
+		// No freed id to reuse: the chain takes the next ids in one run.
+		ids = ix.newRun(ids, p, blocks, hw)
+		p = ids[len(ids)-1]
 		if small {
-			// A table this small stays in cache: its stores cost newNode
-			// no wait, and binding here saves the passes below.
-			ix.bindFresh(ws, p, uint64(b.EngineHash), ix.engHash(uint64(b.EngineHash)))
+			for j, b := range blocks {
+				ix.bindFresh(ws, ids[j], uint64(b.EngineHash), ix.engHash(uint64(b.EngineHash)))
+			}
+		}
+	} else {
+		for _, b := range blocks {
+			p = ix.newNode(p, uint64(b.LocalHash), hw)
+			ids = append(ids, p)
+			if small {
+				// A table this small stays in cache: its stores cost newNode
+				// no wait, and binding here saves the passes below.
+				ix.bindFresh(ws, p, uint64(b.EngineHash), ix.engHash(uint64(b.EngineHash)))
+			}
 		}
 	}
 	ix.fresh = ids
@@ -885,11 +947,23 @@ func (ix *Index) bindAll(ws *wstate, ids []uint32, blocks []kv.StoredBlock) {
 	for j := range min(bindAhead, len(hs)) {
 		ix.etabPrefetch(hs[j])
 	}
+	dir := *ix.dir.Load() // binding allocates no node
 	for j, b := range blocks {
 		if k := j + bindAhead; k < len(hs) {
 			ix.etabPrefetch(hs[k]) // a rebuild on the way only wastes it
 		}
-		ix.bindFresh(ws, ids[j], uint64(b.EngineHash), hs[j])
+		h, id := uint64(b.EngineHash), ids[j]
+		x, ins := ix.etabFindHashed(h, hs[j])
+		if x != 0 || len(ws.exc) > 0 {
+			ix.bindFound(ws, id, h, hs[j], x, ins)
+			continue
+		}
+		// The usual case, bindFound's without its checks: h is new and
+		// ws has no exception entry that could name it.
+		c := dir[id>>chunkBits]
+		c.eng[id&chunkMask] = h
+		c.nc[id&chunkMask] |= hasEngBit
+		ix.etabInsertHashed(h, hs[j], id, ins)
 	}
 }
 
@@ -900,6 +974,12 @@ const bindAhead = 16
 // stored.
 func (ix *Index) bindFresh(ws *wstate, c uint32, h, hash uint64) {
 	x, ins := ix.etabFindHashed(h, hash) // one probe serves resolve and insert
+	ix.bindFound(ws, c, h, hash, x, ins)
+}
+
+// bindFound is bindFresh after its probe: x and ins are etabFindHashed's
+// answer for h.
+func (ix *Index) bindFound(ws *wstate, c uint32, h, hash uint64, x uint32, ins int) {
 	var other uint32
 	ok := false
 	if len(ws.exc) > 0 {

@@ -29,3 +29,14 @@ func Process() time.Duration {
 	}
 	return time.Duration(ts.Nano())
 }
+
+// ThreadFaults is the calling thread's system CPU time and its minor page
+// faults so far (getrusage RUSAGE_THREAD): where a benchmark's thread CPU
+// goes to the kernel faulting fresh memory in.
+func ThreadFaults() (sys time.Duration, minor int64) {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
+		return 0, 0
+	}
+	return time.Duration(ru.Stime.Nano()), ru.Minflt
+}

@@ -12,3 +12,6 @@ func Thread() time.Duration { return 0 }
 
 // Process is not measured off Linux: it reads 0.
 func Process() time.Duration { return 0 }
+
+// ThreadFaults is not measured off Linux: it reads 0, 0.
+func ThreadFaults() (sys time.Duration, minor int64) { return 0, 0 }
